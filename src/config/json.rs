@@ -1,0 +1,78 @@
+//! The effective config as JSON, for `GET /config`: every default filled in, durations
+//! and sizes written the way the file takes them, and no secret material (certificate
+//! and key *paths* are shown, never their contents).
+
+use serde_json::{Value, json};
+
+use super::model::*;
+use super::units::{format_duration, format_size};
+
+impl Config {
+    pub fn to_json(&self) -> Value {
+        json!({
+            "file": self.file,
+            "runtime": {
+                "worker_threads": self.runtime.worker_threads,
+            },
+            "listener": {
+                "addr": self.listener.addr.to_string(),
+                "drain_timeout": format_duration(self.listener.drain_timeout),
+                "header_read_timeout": format_duration(self.listener.header_read_timeout),
+                "max_header_bytes": format_size(self.listener.max_header_bytes as u64),
+                "max_headers": self.listener.max_headers,
+                "idle_timeout": format_duration(self.listener.idle_timeout),
+                "max_connections": self.listener.max_connections,
+            },
+            "admin": { "addr": self.admin.addr.to_string() },
+            "deadline": {
+                "header": self.deadline.header.as_str(),
+                "accept": self.deadline.accept.iter().map(|h| h.as_str()).collect::<Vec<_>>(),
+            },
+            "upstreams": self.upstreams.iter().map(|u| (u.name.clone(), u.to_json())).collect::<serde_json::Map<_, _>>(),
+        })
+    }
+}
+
+impl UpstreamConfig {
+    fn to_json(&self) -> Value {
+        let r = &self.retry;
+        json!({
+            "authorities": self.authorities,
+            "listen": self.listen.map(|a| a.to_string()),
+            "endpoints": self.endpoints.iter().map(|e| e.to_string()).collect::<Vec<_>>(),
+            "host": self.host.as_ref().and_then(|h| h.to_str().ok()),
+            "protocol": self.protocol.as_str(),
+            "connect_timeout": format_duration(self.connect_timeout),
+            "request_timeout": format_duration(self.request_timeout),
+            "attempt_timeout": format_duration(self.attempt_timeout),
+            "max_inflight": self.max_inflight,
+            "retry": {
+                "max_attempts": r.max_attempts,
+                "on": r.on.names(),
+                "methods": r.methods.iter().map(|m| m.as_str()).collect::<Vec<_>>(),
+                "idempotency_header": r.idempotency_header.as_ref().map(|h| h.as_str()),
+                "backoff_base": format_duration(r.backoff.base()),
+                "backoff_max": format_duration(r.backoff.max()),
+                "backoff_jitter": match r.backoff.jitter() {
+                    crate::retry::backoff::Jitter::Full => "full",
+                    crate::retry::backoff::Jitter::None => "none",
+                },
+                "retry_after": match r.retry_after { RetryAfterMode::Honor => "honor", RetryAfterMode::Ignore => "ignore" },
+                "max_retry_after": format_duration(r.max_retry_after),
+                "max_body": format_size(r.max_body as u64),
+                "ownership": match r.ownership { Ownership::Honor => "honor", Ownership::Ignore => "ignore" },
+            },
+            "budget": self.budget.as_ref().map(|b| json!({
+                "ratio": b.ratio,
+                "min_per_sec": b.min_per_sec,
+                "window": format_duration(b.window),
+            })),
+            "tls": self.tls.as_ref().map(|t| json!({
+                "server_name": t.server_name,
+                "ca_file": t.ca_file.as_ref().map(|p| p.display().to_string()),
+                "client_cert": t.client_cert.as_ref().map(|p| p.display().to_string()),
+                "client_key": t.client_key.as_ref().map(|p| p.display().to_string()),
+            })),
+        })
+    }
+}

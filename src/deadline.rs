@@ -1,0 +1,248 @@
+//! Deadlines that travel down the chain.
+//!
+//! The app says how long it will still wait (`x-timeout-ms: 800`, `grpc-timeout: 800m`,
+//! `x-envoy-expected-rq-timeout-ms: 800`): a duration relative to now, never a clock
+//! time, so hosts need not agree on the time. The smaller of that and the upstream's
+//! `request_timeout` becomes this request's deadline, an instant. Every attempt then
+//! tells the upstream how long *it* may take, `min(attempt_timeout, time left)`, so the
+//! next hop works to the same instant and nobody starts work no one will wait for.
+
+use std::time::Duration;
+
+use http::{HeaderMap, HeaderName, HeaderValue};
+use tokio::time::Instant;
+
+/// The gRPC deadline header, whose value has its own wire format.
+pub const GRPC_TIMEOUT: HeaderName = HeaderName::from_static("grpc-timeout");
+
+/// Anything longer is treated as "no deadline of its own" (and capped by
+/// `request_timeout` anyway); it keeps `Instant` arithmetic far from overflow.
+const MAX_CALLER_TIMEOUT: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
+
+/// A header value of whole milliseconds: `"250"`. Signs, fractions, spaces inside,
+/// empty values and overflow are rejected.
+pub fn parse_millis(value: &[u8]) -> Option<Duration> {
+    let value = value.trim_ascii();
+    if value.is_empty() || value.len() > 19 || !value.iter().all(u8::is_ascii_digit) {
+        return None;
+    }
+    let ms = std::str::from_utf8(value).ok()?.parse::<u64>().ok()?;
+    Some(Duration::from_millis(ms).min(MAX_CALLER_TIMEOUT))
+}
+
+/// gRPC's `TimeoutValue TimeoutUnit`: 1 to 8 digits, then `H`, `M`, `S`, `m`, `u` or `n`.
+pub fn parse_grpc_timeout(value: &[u8]) -> Option<Duration> {
+    let value = value.trim_ascii();
+    let (&unit, digits) = value.split_last()?;
+    if digits.is_empty() || digits.len() > 8 || !digits.iter().all(u8::is_ascii_digit) {
+        return None;
+    }
+    let n = std::str::from_utf8(digits).ok()?.parse::<u64>().ok()?;
+    let d = match unit {
+        b'H' => Duration::from_secs(n * 3600),
+        b'M' => Duration::from_secs(n * 60),
+        b'S' => Duration::from_secs(n),
+        b'm' => Duration::from_millis(n),
+        b'u' => Duration::from_micros(n),
+        b'n' => Duration::from_nanos(n),
+        _ => return None,
+    };
+    Some(d)
+}
+
+/// The gRPC wire format for `d`, in the finest unit that fits in 8 digits.
+pub fn format_grpc_timeout(d: Duration) -> HeaderValue {
+    const LIMIT: u128 = 100_000_000;
+    let nanos = d.as_nanos();
+    let (n, unit) = if nanos < LIMIT {
+        (nanos, 'n')
+    } else if nanos / 1_000 < LIMIT {
+        (nanos / 1_000, 'u')
+    } else if nanos / 1_000_000 < LIMIT {
+        (nanos / 1_000_000, 'm')
+    } else if nanos / 1_000_000_000 < LIMIT {
+        (nanos / 1_000_000_000, 'S')
+    } else if nanos / 60_000_000_000 < LIMIT {
+        (nanos / 60_000_000_000, 'M')
+    } else {
+        ((nanos / 3_600_000_000_000).min(LIMIT - 1), 'H')
+    };
+    let mut buf = itoa_buf(n as u64);
+    buf.push(unit as u8);
+    HeaderValue::from_bytes(&buf).unwrap_or(HeaderValue::from_static("0n"))
+}
+
+/// Whole milliseconds, rounded down: the time left for the next hop is a promise, and
+/// rounding up would promise time that does not exist.
+pub fn format_millis(d: Duration) -> HeaderValue {
+    let ms = u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
+    HeaderValue::from(ms)
+}
+
+fn itoa_buf(mut n: u64) -> Vec<u8> {
+    let mut digits = [0u8; 20];
+    let mut i = digits.len();
+    loop {
+        i -= 1;
+        digits[i] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 {
+            break;
+        }
+    }
+    let mut v = Vec::with_capacity(digits.len() - i + 1);
+    v.extend_from_slice(&digits[i..]);
+    v
+}
+
+/// Parses one accepted deadline header by its name: `grpc-timeout` has its own format,
+/// every other header is whole milliseconds.
+pub fn parse_header(name: &HeaderName, value: &HeaderValue) -> Option<Duration> {
+    if *name == GRPC_TIMEOUT {
+        parse_grpc_timeout(value.as_bytes())
+    } else {
+        parse_millis(value.as_bytes())
+    }
+}
+
+/// The caller's remaining patience: the smallest valid value among the accepted
+/// headers. Unparseable values are ignored (the upstream's `request_timeout` applies).
+pub fn caller_timeout(headers: &HeaderMap, accept: &[HeaderName]) -> Option<Duration> {
+    let mut best: Option<Duration> = None;
+    for name in accept {
+        for value in headers.get_all(name) {
+            if let Some(d) = parse_header(name, value) {
+                best = Some(best.map_or(d, |b| b.min(d)));
+            }
+        }
+    }
+    best
+}
+
+/// The instant by which a request must have its response head.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Deadline {
+    at: Instant,
+}
+
+impl Deadline {
+    /// `min(caller, request_timeout)` from `now`.
+    pub fn new(now: Instant, caller: Option<Duration>, request_timeout: Duration) -> Self {
+        let d = caller.map_or(request_timeout, |c| c.min(request_timeout));
+        Deadline { at: now + d }
+    }
+
+    pub fn at(&self) -> Instant {
+        self.at
+    }
+
+    pub fn remaining(&self, now: Instant) -> Duration {
+        self.at.saturating_duration_since(now)
+    }
+
+    pub fn expired(&self, now: Instant) -> bool {
+        now >= self.at
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ms(n: u64) -> Duration {
+        Duration::from_millis(n)
+    }
+
+    #[test]
+    fn milliseconds_parse_strictly() {
+        assert_eq!(parse_millis(b"250"), Some(ms(250)));
+        assert_eq!(parse_millis(b" 0 "), Some(ms(0)));
+        for bad in [
+            &b""[..],
+            b"-5",
+            b"+5",
+            b"1.5",
+            b"1e3",
+            b"12 3",
+            b"abc",
+            b"99999999999999999999999",
+        ] {
+            assert_eq!(parse_millis(bad), None, "{:?}", String::from_utf8_lossy(bad));
+        }
+        assert!(parse_millis(b"9999999999999999999").is_some(), "huge but valid: capped");
+    }
+
+    #[test]
+    fn grpc_timeouts_parse_every_unit() {
+        assert_eq!(parse_grpc_timeout(b"1H"), Some(Duration::from_secs(3600)));
+        assert_eq!(parse_grpc_timeout(b"2M"), Some(Duration::from_secs(120)));
+        assert_eq!(parse_grpc_timeout(b"3S"), Some(Duration::from_secs(3)));
+        assert_eq!(parse_grpc_timeout(b"400m"), Some(ms(400)));
+        assert_eq!(parse_grpc_timeout(b"500u"), Some(Duration::from_micros(500)));
+        assert_eq!(parse_grpc_timeout(b"600n"), Some(Duration::from_nanos(600)));
+        assert_eq!(parse_grpc_timeout(b"99999999S"), Some(Duration::from_secs(99_999_999)));
+        for bad in [
+            &b""[..],
+            b"m",
+            b"100",
+            b"100x",
+            b"123456789m",
+            b"-1S",
+            b"1.5S",
+            b"10 m",
+        ] {
+            assert_eq!(parse_grpc_timeout(bad), None, "{:?}", String::from_utf8_lossy(bad));
+        }
+    }
+
+    #[test]
+    fn grpc_timeouts_format_within_eight_digits_and_round_trip() {
+        for d in [
+            Duration::from_nanos(5),
+            ms(250),
+            Duration::from_secs(3),
+            Duration::from_secs(100_000_000),
+            Duration::from_secs(u64::MAX / 4),
+        ] {
+            let v = format_grpc_timeout(d);
+            let text = v.to_str().unwrap();
+            assert!(text.len() <= 9, "{text} is longer than 8 digits and a unit");
+            let back = parse_grpc_timeout(v.as_bytes()).unwrap();
+            assert!(back <= d, "{text} promises more than {d:?}");
+        }
+        assert_eq!(format_grpc_timeout(ms(250)), "250000u");
+        assert_eq!(format_grpc_timeout(Duration::from_secs(3)), "3000m");
+    }
+
+    #[test]
+    fn the_smallest_accepted_header_wins_and_garbage_is_ignored() {
+        let accept = [
+            HeaderName::from_static("x-timeout-ms"),
+            GRPC_TIMEOUT,
+            HeaderName::from_static("x-envoy-expected-rq-timeout-ms"),
+        ];
+        let mut h = HeaderMap::new();
+        assert_eq!(caller_timeout(&h, &accept), None);
+        h.insert("x-timeout-ms", HeaderValue::from_static("900"));
+        h.insert("grpc-timeout", HeaderValue::from_static("300m"));
+        h.insert("x-envoy-expected-rq-timeout-ms", HeaderValue::from_static("nonsense"));
+        assert_eq!(caller_timeout(&h, &accept), Some(ms(300)));
+        h.insert("x-other", HeaderValue::from_static("1"));
+        assert_eq!(caller_timeout(&h, &accept), Some(ms(300)), "only accepted headers count");
+        assert_eq!(caller_timeout(&h, &[]), None, "an empty accept list ignores the caller");
+    }
+
+    #[test]
+    fn deadline_is_the_smaller_of_caller_and_request_timeout() {
+        let now = Instant::now();
+        assert_eq!(Deadline::new(now, Some(ms(400)), ms(2000)).at(), now + ms(400));
+        assert_eq!(Deadline::new(now, Some(ms(9000)), ms(2000)).at(), now + ms(2000));
+        assert_eq!(Deadline::new(now, None, ms(2000)).at(), now + ms(2000));
+        assert!(Deadline::new(now, Some(ms(0)), ms(2000)).expired(now));
+    }
+
+    #[test]
+    fn milliseconds_round_down() {
+        assert_eq!(format_millis(Duration::from_micros(1999)), "1");
+    }
+}

@@ -1,0 +1,65 @@
+//! The `tollgate` command: parse the command line, set up logging, hand over to the
+//! library, exit with its code.
+
+use std::path::PathBuf;
+
+use clap::{Parser, Subcommand, ValueEnum};
+
+#[derive(Parser)]
+#[command(
+    name = "tollgate",
+    version,
+    about = "A sidecar proxy that owns every retry between a service and its upstreams"
+)]
+struct Cli {
+    /// Log format on stderr (level from RUST_LOG, default info).
+    #[arg(long, value_enum, global = true, default_value = "text")]
+    log_format: LogFormat,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum LogFormat {
+    Text,
+    Json,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Serve: listeners, admin endpoint, hot reload.
+    Run {
+        /// Config file [default: $TOLLGATE_CONFIG, then config/tollgate.toml].
+        #[arg(long)]
+        config: Option<PathBuf>,
+    },
+}
+
+fn init_logging(format: LogFormat) {
+    use tracing_subscriber::filter::Targets;
+    use tracing_subscriber::prelude::*;
+    let filter: Targets = std::env::var("RUST_LOG")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| Targets::new().with_default(tracing::Level::INFO));
+    let fmt = tracing_subscriber::fmt::layer().with_writer(std::io::stderr);
+    match format {
+        LogFormat::Json => tracing_subscriber::registry()
+            .with(fmt.json().with_filter(filter))
+            .init(),
+        LogFormat::Text => tracing_subscriber::registry()
+            .with(fmt.with_filter(filter))
+            .init(),
+    }
+}
+
+fn main() {
+    let cli = Cli::parse();
+    init_logging(cli.log_format);
+    let code = match cli.command {
+        Command::Run { config } => {
+            tollgate::run::run(tollgate::config::resolve_path(config))
+        }
+    };
+    std::process::exit(code);
+}

@@ -1,0 +1,475 @@
+//! Every metric tollgate exports, in one place.
+//!
+//! Label values are only upstream names from the config and fixed words; nothing a
+//! request carries ever becomes a label. Handles are resolved once per upstream (and,
+//! for the final status code, once per code on first use), so the request path does
+//! atomic adds and never formats or hashes a label.
+
+use std::sync::{Arc, OnceLock};
+
+use prometheus::{
+    Encoder, Gauge, GaugeVec, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec,
+    IntGaugeVec, Opts, Registry, TextEncoder,
+};
+
+/// Why tollgate did not simply deliver the upstream's answer: the `x-tollgate-outcome`
+/// header and the `outcome` label.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Outcome {
+    Ok,
+    AttemptsExhausted,
+    BudgetExhausted,
+    DeadlineExceeded,
+    RetryAfterTooLong,
+    NotRetryable,
+    BodyTooLarge,
+    Overloaded,
+    NoRoute,
+    UpstreamUnreachable,
+}
+
+impl Outcome {
+    pub const ALL: [Outcome; 10] = [
+        Outcome::Ok,
+        Outcome::AttemptsExhausted,
+        Outcome::BudgetExhausted,
+        Outcome::DeadlineExceeded,
+        Outcome::RetryAfterTooLong,
+        Outcome::NotRetryable,
+        Outcome::BodyTooLarge,
+        Outcome::Overloaded,
+        Outcome::NoRoute,
+        Outcome::UpstreamUnreachable,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Outcome::Ok => "ok",
+            Outcome::AttemptsExhausted => "attempts-exhausted",
+            Outcome::BudgetExhausted => "budget-exhausted",
+            Outcome::DeadlineExceeded => "deadline-exceeded",
+            Outcome::RetryAfterTooLong => "retry-after-too-long",
+            Outcome::NotRetryable => "not-retryable",
+            Outcome::BodyTooLarge => "body-too-large",
+            Outcome::Overloaded => "overloaded",
+            Outcome::NoRoute => "no-route",
+            Outcome::UpstreamUnreachable => "upstream-unreachable",
+        }
+    }
+
+    pub fn header_value(self) -> http::HeaderValue {
+        http::HeaderValue::from_static(self.as_str())
+    }
+
+    fn index(self) -> usize {
+        self as usize
+    }
+}
+
+/// The `result` label of `tollgate_attempts_total`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AttemptResult {
+    Informational,
+    Success,
+    Redirect,
+    ClientError,
+    ServerError,
+    ConnectFailure,
+    Reset,
+    Timeout,
+    Cancelled,
+}
+
+impl AttemptResult {
+    const ALL: [AttemptResult; 9] = [
+        AttemptResult::Informational,
+        AttemptResult::Success,
+        AttemptResult::Redirect,
+        AttemptResult::ClientError,
+        AttemptResult::ServerError,
+        AttemptResult::ConnectFailure,
+        AttemptResult::Reset,
+        AttemptResult::Timeout,
+        AttemptResult::Cancelled,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            AttemptResult::Informational => "1xx",
+            AttemptResult::Success => "2xx",
+            AttemptResult::Redirect => "3xx",
+            AttemptResult::ClientError => "4xx",
+            AttemptResult::ServerError => "5xx",
+            AttemptResult::ConnectFailure => "connect-failure",
+            AttemptResult::Reset => "reset",
+            AttemptResult::Timeout => "timeout",
+            AttemptResult::Cancelled => "cancelled",
+        }
+    }
+
+    pub fn of_status(status: u16) -> Self {
+        match status {
+            100..=199 => AttemptResult::Informational,
+            200..=299 => AttemptResult::Success,
+            300..=399 => AttemptResult::Redirect,
+            400..=499 => AttemptResult::ClientError,
+            _ => AttemptResult::ServerError,
+        }
+    }
+}
+
+/// The `reason` label of `tollgate_retries_denied_total`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Denied {
+    Budget,
+    Deadline,
+    Attempts,
+    RetryAfter,
+    Method,
+    BodyTooLarge,
+    Ownership,
+}
+
+impl Denied {
+    const ALL: [Denied; 7] = [
+        Denied::Budget,
+        Denied::Deadline,
+        Denied::Attempts,
+        Denied::RetryAfter,
+        Denied::Method,
+        Denied::BodyTooLarge,
+        Denied::Ownership,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Denied::Budget => "budget",
+            Denied::Deadline => "deadline",
+            Denied::Attempts => "attempts",
+            Denied::RetryAfter => "retry-after",
+            Denied::Method => "method",
+            Denied::BodyTooLarge => "body-too-large",
+            Denied::Ownership => "ownership",
+        }
+    }
+}
+
+/// Seconds; from a pooled loopback hop (~100 us) to a patient caller (~30 s).
+const LATENCY_BUCKETS: &[f64] = &[
+    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
+];
+
+/// The process-wide registry and metric families.
+pub struct Metrics {
+    registry: Registry,
+    requests: IntCounterVec,
+    attempts: IntCounterVec,
+    retries: IntCounterVec,
+    denied: IntCounterVec,
+    attempts_per_request: HistogramVec,
+    amplification: GaugeVec,
+    budget_available: GaugeVec,
+    request_duration: HistogramVec,
+    attempt_duration: HistogramVec,
+    inflight: IntGaugeVec,
+    connections: IntGaugeVec,
+    reloads: IntCounterVec,
+    last_reload: Gauge,
+}
+
+fn family<T: Clone + prometheus::core::Collector + 'static>(
+    registry: &Registry,
+    metric: prometheus::Result<T>,
+) -> T {
+    // Names and labels are constants of this file: a failure is a bug caught by tests.
+    let metric = metric.expect("metric definition");
+    registry
+        .register(Box::new(metric.clone()))
+        .expect("metric registration");
+    metric
+}
+
+impl Metrics {
+    pub fn new() -> Arc<Self> {
+        let r = Registry::new();
+        let up = &["upstream"];
+        let m = Metrics {
+            requests: family(
+                &r,
+                IntCounterVec::new(
+                    Opts::new("tollgate_requests_total", "Requests answered, by final status and outcome."),
+                    &["upstream", "code", "outcome"],
+                ),
+            ),
+            attempts: family(
+                &r,
+                IntCounterVec::new(
+                    Opts::new("tollgate_attempts_total", "Attempts sent upstream (first tries and retries), by result."),
+                    &["upstream", "result"],
+                ),
+            ),
+            retries: family(
+                &r,
+                IntCounterVec::new(
+                    Opts::new("tollgate_retries_total", "Retries started, by the retry condition that fired."),
+                    &["upstream", "reason"],
+                ),
+            ),
+            denied: family(
+                &r,
+                IntCounterVec::new(
+                    Opts::new("tollgate_retries_denied_total", "Failures not retried, by what refused the retry."),
+                    &["upstream", "reason"],
+                ),
+            ),
+            attempts_per_request: family(
+                &r,
+                HistogramVec::new(
+                    HistogramOpts::new("tollgate_attempts_per_request", "Attempts each request took.")
+                        .buckets((1..=10).map(f64::from).collect()),
+                    up,
+                ),
+            ),
+            amplification: family(
+                &r,
+                GaugeVec::new(
+                    Opts::new("tollgate_amplification", "Attempts per request over the budget window."),
+                    up,
+                ),
+            ),
+            budget_available: family(
+                &r,
+                GaugeVec::new(
+                    Opts::new("tollgate_retry_budget_available", "Retries the budget would grant now (+Inf without a budget)."),
+                    up,
+                ),
+            ),
+            request_duration: family(
+                &r,
+                HistogramVec::new(
+                    HistogramOpts::new("tollgate_request_duration_seconds", "From request head to the end of the response.")
+                        .buckets(LATENCY_BUCKETS.to_vec()),
+                    up,
+                ),
+            ),
+            attempt_duration: family(
+                &r,
+                HistogramVec::new(
+                    HistogramOpts::new("tollgate_attempt_duration_seconds", "From an attempt's start to its response head or failure.")
+                        .buckets(LATENCY_BUCKETS.to_vec()),
+                    up,
+                ),
+            ),
+            inflight: family(
+                &r,
+                IntGaugeVec::new(
+                    Opts::new("tollgate_inflight_requests", "Requests being served now."),
+                    up,
+                ),
+            ),
+            connections: family(
+                &r,
+                IntGaugeVec::new(
+                    Opts::new("tollgate_upstream_connections", "Open connections to the upstream's endpoints."),
+                    up,
+                ),
+            ),
+            reloads: family(
+                &r,
+                IntCounterVec::new(
+                    Opts::new("tollgate_config_reloads_total", "Config reloads, by result."),
+                    &["result"],
+                ),
+            ),
+            last_reload: family(
+                &r,
+                Gauge::with_opts(Opts::new(
+                    "tollgate_config_last_reload_success_timestamp_seconds",
+                    "When the config in force was loaded (Unix seconds).",
+                )),
+            ),
+            registry: r,
+        };
+        // Both results exist from the start, so `rate()` works before the first reload.
+        m.reloads.with_label_values(&["ok"]);
+        m.reloads.with_label_values(&["error"]);
+        Arc::new(m)
+    }
+
+    /// The handles of one upstream; resolving them is the only label lookup.
+    pub fn upstream(&self, name: &str, retry_on: &[String]) -> UpstreamMetrics {
+        let l = &[name];
+        let m = UpstreamMetrics {
+            name: name.to_string(),
+            attempts: AttemptResult::ALL.map(|r| self.attempts.with_label_values(&[name, r.as_str()])),
+            denied: Denied::ALL.map(|d| self.denied.with_label_values(&[name, d.as_str()])),
+            retries: retry_on
+                .iter()
+                .map(|c| (c.clone(), self.retries.with_label_values(&[name, c])))
+                .collect(),
+            attempts_per_request: self.attempts_per_request.with_label_values(l),
+            request_duration: self.request_duration.with_label_values(l),
+            attempt_duration: self.attempt_duration.with_label_values(l),
+            requests: self.requests.clone(),
+            by_code: Default::default(),
+        };
+        // The common answers exist from the start so dashboards show zeros, not gaps.
+        m.request_counter(200, Outcome::Ok);
+        self.amplification.with_label_values(l);
+        self.budget_available.with_label_values(l);
+        self.inflight.with_label_values(l);
+        self.connections.with_label_values(l);
+        m
+    }
+
+    /// Requests that matched no upstream are counted under `upstream=""`.
+    pub fn unrouted(&self) -> UpstreamMetrics {
+        self.upstream("", &[])
+    }
+
+    /// Gauges read from live state just before a scrape.
+    pub fn set_gauges(
+        &self,
+        name: &str,
+        amplification: f64,
+        budget_available: f64,
+        inflight: i64,
+        connections: i64,
+    ) {
+        let l = &[name];
+        self.amplification.with_label_values(l).set(amplification);
+        self.budget_available.with_label_values(l).set(budget_available);
+        self.inflight.with_label_values(l).set(inflight);
+        self.connections.with_label_values(l).set(connections);
+    }
+
+    /// Drops the gauges of an upstream that no longer exists (counters stay: they are
+    /// history, and Prometheus handles their disappearance worse than their staying).
+    pub fn forget_gauges(&self, name: &str) {
+        let l = &[name];
+        let _ = self.amplification.remove_label_values(l);
+        let _ = self.budget_available.remove_label_values(l);
+        let _ = self.inflight.remove_label_values(l);
+        let _ = self.connections.remove_label_values(l);
+    }
+
+    pub fn reload(&self, ok: bool) {
+        self.reloads
+            .with_label_values(&[if ok { "ok" } else { "error" }])
+            .inc();
+        if ok {
+            self.mark_loaded();
+        }
+    }
+
+    pub fn mark_loaded(&self) {
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0.0, |d| d.as_secs_f64());
+        self.last_reload.set(now);
+    }
+
+    pub fn encode(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(16 * 1024);
+        // Encoding into a Vec cannot fail for I/O; a failure would be a bug in a family.
+        let _ = TextEncoder::new().encode(&self.registry.gather(), &mut out);
+        out
+    }
+}
+
+/// One upstream's handles.
+pub struct UpstreamMetrics {
+    name: String,
+    attempts: [IntCounter; 9],
+    denied: [IntCounter; 7],
+    retries: Vec<(String, IntCounter)>,
+    pub attempts_per_request: Histogram,
+    pub request_duration: Histogram,
+    pub attempt_duration: Histogram,
+    requests: IntCounterVec,
+    /// `[outcome][status - 100]`, filled on first use of each pair.
+    by_code: [OnceLock<Box<[OnceLock<IntCounter>]>>; 10],
+}
+
+impl std::fmt::Debug for UpstreamMetrics {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("UpstreamMetrics").field("name", &self.name).finish()
+    }
+}
+
+impl UpstreamMetrics {
+    pub fn attempt(&self, r: AttemptResult) {
+        self.attempts[r as usize].inc();
+    }
+
+    pub fn denied(&self, d: Denied) {
+        self.denied[d as usize].inc();
+    }
+
+    /// `condition` is a `retry.on` word (`"503"`, `"reset"`, ...).
+    pub fn retried(&self, condition: &str) {
+        if let Some((_, c)) = self.retries.iter().find(|(name, _)| name == condition) {
+            c.inc();
+        }
+    }
+
+    fn request_counter(&self, status: u16, outcome: Outcome) -> &IntCounter {
+        let status = status.clamp(100, 599);
+        let table = self.by_code[outcome.index()]
+            .get_or_init(|| (100..600).map(|_| OnceLock::new()).collect());
+        table[usize::from(status - 100)].get_or_init(|| {
+            let code = status.to_string();
+            self.requests
+                .with_label_values(&[&self.name, &code, outcome.as_str()])
+        })
+    }
+
+    pub fn request(&self, status: u16, outcome: Outcome, attempts: u32) {
+        self.request_counter(status, outcome).inc();
+        if attempts > 0 {
+            self.attempts_per_request.observe(f64::from(attempts));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_spec_metric_is_exported() {
+        let m = Metrics::new();
+        let _u = m.upstream("payments", &["503".into()]);
+        m.set_gauges("payments", 1.0, 10.0, 0, 0);
+        let text = String::from_utf8(m.encode()).unwrap();
+        for name in [
+            "tollgate_requests_total",
+            "tollgate_attempts_total",
+            "tollgate_retries_total",
+            "tollgate_retries_denied_total",
+            "tollgate_attempts_per_request",
+            "tollgate_amplification",
+            "tollgate_retry_budget_available",
+            "tollgate_request_duration_seconds",
+            "tollgate_attempt_duration_seconds",
+            "tollgate_inflight_requests",
+            "tollgate_config_reloads_total",
+            "tollgate_config_last_reload_success_timestamp_seconds",
+        ] {
+            assert!(text.contains(&format!("# TYPE {name} ")), "{name} missing");
+        }
+    }
+
+    #[test]
+    fn request_counts_land_on_their_code_and_outcome() {
+        let m = Metrics::new();
+        let u = m.upstream("api", &[]);
+        u.request(503, Outcome::BudgetExhausted, 2);
+        u.request(503, Outcome::BudgetExhausted, 1);
+        let text = String::from_utf8(m.encode()).unwrap();
+        assert!(text.contains(
+            "tollgate_requests_total{code=\"503\",outcome=\"budget-exhausted\",upstream=\"api\"} 2"
+        ));
+        assert!(text.contains("tollgate_attempts_per_request_sum{upstream=\"api\"} 3"));
+    }
+}

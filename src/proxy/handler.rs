@@ -1,0 +1,193 @@
+//! One request, start to finish: route it, admit it, fix its deadline, clean its headers,
+//! hand it to the retry engine, and dress the answer with what the app must know
+//! (`x-tollgate-attempts`, and `x-tollgate-outcome` when tollgate gave up).
+
+use std::convert::Infallible;
+use std::sync::Arc;
+
+use http::header::{CONTENT_TYPE, HOST, RETRY_AFTER};
+use http::uri::PathAndQuery;
+use http::{HeaderValue, Method, Request, Response, StatusCode, Uri};
+use hyper::body::Incoming;
+use tokio::time::Instant;
+
+use super::Shared;
+use super::body::{RequestGuard, ResponseBody};
+use super::conn::ConnState;
+use super::headers::{is_grpc, strip_hop_by_hop};
+use super::route::authority_of;
+use crate::deadline::{self, Deadline};
+use crate::metrics::{Outcome, UpstreamMetrics};
+use crate::retry::policy::{ATTEMPT_HEADER, ATTEMPTS_HEADER, OUTCOME_HEADER};
+use crate::retry::{self, Answer, Exchange, Reply, count_value};
+
+pub async fn handle(
+    shared: Arc<Shared>,
+    fixed: Option<Arc<str>>,
+    conn: Arc<ConnState>,
+    req: Request<Incoming>,
+) -> Result<Response<ResponseBody>, Infallible> {
+    let start = Instant::now();
+    let mut guard = RequestGuard::new(conn, start);
+
+    let upstream = {
+        let snap = shared.snapshot.load();
+        match &fixed {
+            Some(name) => snap.by_name(name).cloned(),
+            None => authority_of(&req)
+                .and_then(|a| snap.routes.lookup(a))
+                .and_then(|i| snap.upstreams.get(i).cloned()),
+        }
+    };
+    let Some(up) = upstream else {
+        return Ok(local(
+            &shared.unrouted,
+            StatusCode::NOT_FOUND,
+            Outcome::NoRoute,
+            0,
+            "no upstream is configured for this authority\n",
+            None,
+            guard,
+        ));
+    };
+    if req.method() == Method::CONNECT {
+        // Tunnels would carry anything anywhere; tollgate originates TLS itself.
+        return Ok(local(
+            &up.metrics,
+            StatusCode::METHOD_NOT_ALLOWED,
+            Outcome::NotRetryable,
+            0,
+            "CONNECT is not supported: send plain HTTP, tollgate speaks TLS upstream\n",
+            None,
+            guard,
+        ));
+    }
+    if !guard.admit(&up) {
+        return Ok(local(
+            &up.metrics,
+            StatusCode::SERVICE_UNAVAILABLE,
+            Outcome::Overloaded,
+            0,
+            "too many requests in flight to this upstream\n",
+            Some(HeaderValue::from_static("1")),
+            guard,
+        ));
+    }
+
+    let caller = deadline::caller_timeout(req.headers(), &up.deadline.accept);
+    if caller.is_some_and(|c| c.is_zero()) {
+        up.metrics.denied(crate::metrics::Denied::Deadline);
+        return Ok(local(
+            &up.metrics,
+            StatusCode::GATEWAY_TIMEOUT,
+            Outcome::DeadlineExceeded,
+            0,
+            "the deadline had expired on arrival\n",
+            None,
+            guard,
+        ));
+    }
+    let deadline = Deadline::new(start, caller, up.config.request_timeout);
+    up.budget.record_request(start);
+
+    let authority = match &up.config.host {
+        Some(h) => Some(h.clone()),
+        None => authority_of(&req).and_then(|a| HeaderValue::from_str(a).ok()),
+    };
+    let (parts, body) = req.into_parts();
+    let version = parts.version;
+    let mut headers = parts.headers;
+    strip_hop_by_hop(&mut headers);
+    for name in &up.deadline.accept {
+        headers.remove(name);
+    }
+    headers.remove(&ATTEMPT_HEADER);
+    let grpc = is_grpc(&headers);
+    if let Some(a) = &authority {
+        headers.insert(HOST, a.clone());
+    }
+    let uri = origin_form(&parts.uri);
+
+    let answer = retry::forward(
+        &up,
+        Exchange {
+            method: parts.method,
+            uri,
+            version,
+            headers,
+            body,
+            deadline,
+            grpc,
+        },
+    )
+    .await;
+    Ok(respond(&up.metrics, answer, version, guard))
+}
+
+/// The path and query alone, as HTTP/1.1 origin-form.
+fn origin_form(uri: &Uri) -> Uri {
+    if uri.scheme().is_none() && uri.authority().is_none() {
+        return uri.clone();
+    }
+    let pq = uri
+        .path_and_query()
+        .cloned()
+        .unwrap_or_else(|| PathAndQuery::from_static("/"));
+    Uri::from(pq)
+}
+
+fn respond(
+    metrics: &UpstreamMetrics,
+    answer: Answer,
+    version: http::Version,
+    guard: RequestGuard,
+) -> Response<ResponseBody> {
+    match answer.reply {
+        Reply::Upstream(resp, lease) => {
+            let (mut parts, body) = resp.into_parts();
+            strip_hop_by_hop(&mut parts.headers);
+            parts.version = version;
+            parts
+                .headers
+                .insert(ATTEMPTS_HEADER, count_value(answer.attempts));
+            if answer.outcome != Outcome::Ok && !answer.owned_elsewhere {
+                parts
+                    .headers
+                    .insert(OUTCOME_HEADER, answer.outcome.header_value());
+            }
+            metrics.request(parts.status.as_u16(), answer.outcome, answer.attempts);
+            Response::from_parts(parts, ResponseBody::upstream(body, lease, guard))
+        }
+        Reply::Local(status) => {
+            let text = match status {
+                StatusCode::GATEWAY_TIMEOUT => "no response from the upstream in time\n",
+                _ => "the upstream could not be reached\n",
+            };
+            local(metrics, status, answer.outcome, answer.attempts, text, None, guard)
+        }
+    }
+}
+
+fn local(
+    metrics: &UpstreamMetrics,
+    status: StatusCode,
+    outcome: Outcome,
+    attempts: u32,
+    text: &'static str,
+    retry_after: Option<HeaderValue>,
+    guard: RequestGuard,
+) -> Response<ResponseBody> {
+    metrics.request(status.as_u16(), outcome, attempts);
+    let mut resp = Response::new(ResponseBody::full(text, Some(guard)));
+    *resp.status_mut() = status;
+    let h = resp.headers_mut();
+    h.insert(CONTENT_TYPE, HeaderValue::from_static("text/plain; charset=utf-8"));
+    h.insert(ATTEMPTS_HEADER, count_value(attempts));
+    if outcome != Outcome::Ok {
+        h.insert(OUTCOME_HEADER, outcome.header_value());
+    }
+    if let Some(ra) = retry_after {
+        h.insert(RETRY_AFTER, ra);
+    }
+    resp
+}

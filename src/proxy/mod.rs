@@ -1,0 +1,371 @@
+//! The proxy as it runs: listeners, the config snapshot every request reads, and the
+//! orderly ways it changes (reload) and ends (drain).
+//!
+//! The snapshot is an `ArcSwap`: a request loads it once, clones the `Arc` of the one
+//! upstream it needs and keeps it to the end, so a reload never changes a request
+//! midway and never makes one wait.
+
+pub mod body;
+pub mod conn;
+pub mod handler;
+pub mod headers;
+pub mod route;
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::*};
+use std::time::Duration;
+
+use arc_swap::ArcSwap;
+use tokio::net::TcpListener;
+use tokio::sync::{Notify, watch};
+use tokio::task::JoinHandle;
+
+use crate::config::Config;
+use crate::metrics::{Metrics, UpstreamMetrics};
+use crate::upstream::Upstream;
+use route::Routes;
+
+/// One consistent view of the config and the upstreams built from it.
+#[derive(Debug)]
+pub struct Snapshot {
+    pub config: Arc<Config>,
+    pub upstreams: Box<[Arc<Upstream>]>,
+    pub routes: Routes,
+    by_name: HashMap<String, usize>,
+}
+
+impl Snapshot {
+    /// Builds the upstreams of `config`, carrying state over from `previous`.
+    pub fn build(config: Config, metrics: &Metrics, previous: Option<&Snapshot>) -> Self {
+        let upstreams: Box<[Arc<Upstream>]> = config
+            .upstreams
+            .iter()
+            .map(|u| {
+                let prev = previous.and_then(|p| p.by_name(&u.name));
+                Arc::new(Upstream::build(
+                    u.clone(),
+                    config.deadline.clone(),
+                    metrics,
+                    prev.map(|p| p.as_ref()),
+                ))
+            })
+            .collect();
+        let routes = Routes::new(
+            config
+                .upstreams
+                .iter()
+                .enumerate()
+                .map(|(i, u)| (i, u.authorities.as_slice())),
+        );
+        let by_name = config
+            .upstreams
+            .iter()
+            .enumerate()
+            .map(|(i, u)| (u.name.clone(), i))
+            .collect();
+        Snapshot {
+            config: Arc::new(config),
+            upstreams,
+            routes,
+            by_name,
+        }
+    }
+
+    pub fn by_name(&self, name: &str) -> Option<&Arc<Upstream>> {
+        self.by_name.get(name).map(|i| &self.upstreams[*i])
+    }
+}
+
+/// State every connection and request of the process shares.
+pub struct Shared {
+    pub snapshot: ArcSwap<Snapshot>,
+    pub metrics: Arc<Metrics>,
+    pub unrouted: UpstreamMetrics,
+    /// Listeners bound and config loaded (and not draining): `/readyz` says 200.
+    pub ready: AtomicBool,
+    connections: AtomicUsize,
+    all_closed: Notify,
+    shutdown: watch::Sender<bool>,
+}
+
+impl Shared {
+    pub fn snapshot(&self) -> Arc<Snapshot> {
+        self.snapshot.load_full()
+    }
+
+    pub fn connections(&self) -> usize {
+        self.connections.load(Acquire)
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+#[error("cannot listen on {addr} ({what}): {source}")]
+pub struct BindError {
+    pub addr: SocketAddr,
+    pub what: String,
+    pub source: std::io::Error,
+}
+
+struct Accepting {
+    addr: SocketAddr,
+    stop: watch::Sender<bool>,
+    task: JoinHandle<()>,
+}
+
+/// A running proxy: its listeners and the handles to reload and stop it.
+pub struct Server {
+    shared: Arc<Shared>,
+    main_addr: SocketAddr,
+    /// Dedicated `listen` ports, by upstream name.
+    dedicated: std::sync::Mutex<HashMap<String, Accepting>>,
+    main: std::sync::Mutex<Option<Accepting>>,
+}
+
+async fn bind(addr: SocketAddr, what: &str) -> Result<TcpListener, BindError> {
+    TcpListener::bind(addr).await.map_err(|source| BindError {
+        addr,
+        what: what.to_string(),
+        source,
+    })
+}
+
+impl Server {
+    /// Binds every listener of `config` and starts serving.
+    pub async fn start(config: Config, metrics: Arc<Metrics>) -> Result<Self, BindError> {
+        let main_listener = bind(config.listener.addr, "listener.addr").await?;
+        let main_addr = main_listener.local_addr().map_err(|source| BindError {
+            addr: config.listener.addr,
+            what: "listener.addr".into(),
+            source,
+        })?;
+        let mut dedicated_listeners = Vec::new();
+        for u in &config.upstreams {
+            if let Some(addr) = u.listen {
+                let l = bind(addr, &format!("upstreams.{}.listen", u.name)).await?;
+                dedicated_listeners.push((u.name.clone(), l));
+            }
+        }
+        let (shutdown, _) = watch::channel(false);
+        let settings = config.listener.clone();
+        let snapshot = Snapshot::build(config, &metrics, None);
+        metrics.mark_loaded();
+        let shared = Arc::new(Shared {
+            snapshot: ArcSwap::from_pointee(snapshot),
+            unrouted: metrics.unrouted(),
+            metrics,
+            ready: AtomicBool::new(false),
+            connections: AtomicUsize::new(0),
+            all_closed: Notify::new(),
+            shutdown,
+        });
+        let main = accept(main_listener, shared.clone(), None, settings.clone());
+        let mut dedicated = HashMap::new();
+        for (name, l) in dedicated_listeners {
+            let a = accept(l, shared.clone(), Some(name.clone().into()), settings.clone());
+            dedicated.insert(name, a);
+        }
+        shared.ready.store(true, Release);
+        Ok(Server {
+            shared,
+            main_addr,
+            dedicated: std::sync::Mutex::new(dedicated),
+            main: std::sync::Mutex::new(Some(main)),
+        })
+    }
+
+    pub fn shared(&self) -> &Arc<Shared> {
+        &self.shared
+    }
+
+    /// The address the main listener is bound to (useful when configured with port 0).
+    pub fn local_addr(&self) -> SocketAddr {
+        self.main_addr
+    }
+
+    /// Where an upstream's dedicated listener is bound.
+    pub fn listen_addr(&self, upstream: &str) -> Option<SocketAddr> {
+        self.dedicated
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(upstream)
+            .map(|a| a.addr)
+    }
+
+    /// Swaps in a validated config. Requests in flight finish on the snapshot they
+    /// started with. Returns what could not be applied without a restart.
+    pub async fn apply(&self, config: Config) -> Vec<String> {
+        let mut restart_needed = Vec::new();
+        let old = self.shared.snapshot();
+        if config.listener != old.config.listener {
+            restart_needed.push("listener settings (addr, timeouts, limits)".to_string());
+        }
+        if config.admin != old.config.admin {
+            restart_needed.push("admin.addr".to_string());
+        }
+        if config.runtime != old.config.runtime {
+            restart_needed.push("runtime.worker_threads".to_string());
+        }
+        let settings = old.config.listener.clone();
+        // New dedicated ports are bound before the swap, so the new upstream answers
+        // on them as soon as it exists; removed ones are closed after it.
+        let mut to_start = Vec::new();
+        let mut wanted: HashMap<String, SocketAddr> = HashMap::new();
+        {
+            let current = self.dedicated.lock().unwrap_or_else(|p| p.into_inner());
+            for u in &config.upstreams {
+                if let Some(addr) = u.listen {
+                    wanted.insert(u.name.clone(), addr);
+                    let same = current.get(&u.name).is_some_and(|a| {
+                        a.addr == addr || (addr.port() == 0 && a.addr.ip() == addr.ip())
+                    });
+                    if !same {
+                        to_start.push((u.name.clone(), addr));
+                    }
+                }
+            }
+        }
+        let mut started = Vec::new();
+        for (name, addr) in to_start {
+            // A port moving between upstreams frees first.
+            if let Some(old) = self.take_dedicated(&name) {
+                old.stop_accepting().await;
+            }
+            match bind(addr, &format!("upstreams.{name}.listen")).await {
+                Ok(l) => started.push((name, l)),
+                Err(e) => {
+                    tracing::warn!(error = %e, "a new listen port could not be bound; restart to retry");
+                    restart_needed.push(format!("upstreams.{name}.listen ({e})"));
+                }
+            }
+        }
+        let next = Snapshot::build(config, &self.shared.metrics, Some(&old));
+        for u in old.upstreams.iter() {
+            if next.by_name(u.name()).is_none() {
+                self.shared.metrics.forget_gauges(u.name());
+            }
+        }
+        self.shared.snapshot.store(Arc::new(next));
+        for (name, l) in started {
+            let a = accept(l, self.shared.clone(), Some(name.clone().into()), settings.clone());
+            self.dedicated
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .insert(name, a);
+        }
+        let gone: Vec<String> = self
+            .dedicated
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .keys()
+            .filter(|n| !wanted.contains_key(*n))
+            .cloned()
+            .collect();
+        for name in gone {
+            if let Some(a) = self.take_dedicated(&name) {
+                a.stop_accepting().await;
+            }
+        }
+        restart_needed
+    }
+
+    fn take_dedicated(&self, name: &str) -> Option<Accepting> {
+        self.dedicated
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(name)
+    }
+
+    /// Stops accepting, asks every connection to finish, and waits for them up to
+    /// `drain_timeout`. Returns the connections still open when it gave up.
+    pub async fn shutdown(&self, drain_timeout: Duration) -> usize {
+        self.shared.ready.store(false, Release);
+        let mut listeners: Vec<Accepting> = self
+            .dedicated
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .drain()
+            .map(|(_, a)| a)
+            .collect();
+        listeners.extend(self.main.lock().unwrap_or_else(|p| p.into_inner()).take());
+        for a in listeners {
+            a.stop_accepting().await;
+        }
+        let _ = self.shared.shutdown.send(true);
+        let drained = tokio::time::timeout(drain_timeout, async {
+            loop {
+                let notified = self.shared.all_closed.notified();
+                if self.shared.connections() == 0 {
+                    return;
+                }
+                notified.await;
+            }
+        })
+        .await;
+        if drained.is_err() {
+            self.shared.connections()
+        } else {
+            0
+        }
+    }
+}
+
+impl Accepting {
+    async fn stop_accepting(self) {
+        let _ = self.stop.send(true);
+        // The listener is dropped with the task: the port refuses new connections.
+        let _ = self.task.await;
+    }
+}
+
+struct ConnCount(Arc<Shared>);
+
+impl Drop for ConnCount {
+    fn drop(&mut self) {
+        if self.0.connections.fetch_sub(1, AcqRel) == 1 {
+            self.0.all_closed.notify_waiters();
+        }
+    }
+}
+
+fn accept(
+    listener: TcpListener,
+    shared: Arc<Shared>,
+    fixed: Option<Arc<str>>,
+    settings: crate::config::ListenerConfig,
+) -> Accepting {
+    let addr = listener.local_addr().unwrap_or_else(|_| SocketAddr::from(([0, 0, 0, 0], 0)));
+    let (stop, mut stopped) = watch::channel(false);
+    let task = tokio::spawn(async move {
+        loop {
+            tokio::select! {
+                biased;
+                _ = stopped.changed() => break,
+                r = listener.accept() => match r {
+                    Ok((stream, _peer)) => {
+                        if shared.connections() >= settings.max_connections {
+                            // Over the limit: close at once rather than queue.
+                            drop(stream);
+                            continue;
+                        }
+                        shared.connections.fetch_add(1, AcqRel);
+                        let count = ConnCount(shared.clone());
+                        let shutdown = shared.shutdown.subscribe();
+                        let fut = conn::serve(stream, shared.clone(), fixed.clone(), settings.clone(), shutdown);
+                        tokio::spawn(async move {
+                            let _count = count;
+                            fut.await;
+                        });
+                    }
+                    Err(e) => {
+                        // Out of file descriptors or similar: back off instead of spinning.
+                        tracing::warn!(error = %e, "accept failed");
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                    }
+                }
+            }
+        }
+    });
+    Accepting { addr, stop, task }
+}

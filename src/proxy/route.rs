@@ -1,0 +1,108 @@
+//! Which upstream a request is for: by the authority the app called (`Host`,
+//! `:authority`, or the authority of an absolute-form URI as sent to an HTTP proxy).
+//! Anything no upstream claims gets 404: tollgate is never an open proxy.
+
+use std::collections::HashMap;
+
+use http::Request;
+use http::header::HOST;
+
+/// Authority -> upstream index.
+#[derive(Debug, Default)]
+pub struct Routes {
+    exact: HashMap<String, usize>,
+}
+
+impl Routes {
+    pub fn new<'a>(upstreams: impl Iterator<Item = (usize, &'a [String])>) -> Self {
+        let mut exact = HashMap::new();
+        for (i, authorities) in upstreams {
+            for a in authorities {
+                exact.insert(a.clone(), i);
+            }
+        }
+        Routes { exact }
+    }
+
+    /// Matches `host:port` exactly first, then the host alone, case-insensitively and
+    /// ignoring a trailing dot.
+    pub fn lookup(&self, authority: &str) -> Option<usize> {
+        let authority = authority.trim_end_matches('.');
+        if authority.bytes().any(|b| b.is_ascii_uppercase()) {
+            return self.lookup_lower(&authority.to_ascii_lowercase());
+        }
+        self.lookup_lower(authority)
+    }
+
+    fn lookup_lower(&self, authority: &str) -> Option<usize> {
+        if let Some(i) = self.exact.get(authority) {
+            return Some(*i);
+        }
+        let host = strip_port(authority);
+        if host.len() != authority.len() {
+            return self.exact.get(host.trim_end_matches('.')).copied();
+        }
+        None
+    }
+}
+
+/// `host:port` -> `host`; `[::1]:80` -> `[::1]`.
+fn strip_port(authority: &str) -> &str {
+    match authority.rfind(':') {
+        Some(i) if !authority[i..].contains(']') && authority[i + 1..].bytes().all(|b| b.is_ascii_digit()) => {
+            &authority[..i]
+        }
+        _ => authority,
+    }
+}
+
+/// The authority the app addressed: the URI's (absolute form, HTTP/2) or `Host`.
+pub fn authority_of<B>(req: &Request<B>) -> Option<&str> {
+    if let Some(a) = req.uri().authority() {
+        return Some(a.as_str());
+    }
+    req.headers().get(HOST).and_then(|h| h.to_str().ok())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn routes() -> Routes {
+        let a = vec!["payments".to_string(), "payments.default.svc.cluster.local".to_string()];
+        let b = vec!["ledger:9000".to_string()];
+        Routes::new([(0, a.as_slice()), (1, b.as_slice())].into_iter())
+    }
+
+    #[test]
+    fn host_matches_with_or_without_port_and_in_any_case() {
+        let r = routes();
+        assert_eq!(r.lookup("payments"), Some(0));
+        assert_eq!(r.lookup("payments:8080"), Some(0));
+        assert_eq!(r.lookup("PAYMENTS"), Some(0));
+        assert_eq!(r.lookup("payments.default.svc.cluster.local."), Some(0));
+        assert_eq!(r.lookup("ledger:9000"), Some(1));
+    }
+
+    #[test]
+    fn unclaimed_authorities_do_not_match() {
+        let r = routes();
+        assert_eq!(r.lookup("ledger"), None, "an authority with a port matches only that port");
+        assert_eq!(r.lookup("ledger:9001"), None);
+        assert_eq!(r.lookup("evil.example.com"), None);
+        assert_eq!(r.lookup("payments.evil.example.com"), None);
+        assert_eq!(r.lookup(""), None);
+    }
+
+    #[test]
+    fn absolute_form_uri_wins_over_host() {
+        let req = Request::builder()
+            .uri("http://payments/charge")
+            .header(HOST, "other")
+            .body(())
+            .unwrap();
+        assert_eq!(authority_of(&req), Some("payments"));
+        let req = Request::builder().uri("/charge").header(HOST, "ledger:9000").body(()).unwrap();
+        assert_eq!(authority_of(&req), Some("ledger:9000"));
+    }
+}

@@ -1,0 +1,129 @@
+//! Hot reload: the config file (and the certificate files it names) is watched, and
+//! re-read on change and on SIGHUP. A new config is validated in full before it is
+//! swapped in; an invalid one is logged with every error, counted, and the old one
+//! keeps serving.
+//!
+//! The watch polls `stat` of each path, following symlinks, and compares device,
+//! inode, size and modification time. That sees every way a file is replaced:
+//! a Kubernetes ConfigMap update (an atomic swap of the `..data` symlink in the mounted
+//! directory, so the path resolves to a new inode), an editor's write-and-rename, and a
+//! write in place. Polling never misses an event the way an inotify watch on a replaced
+//! inode or directory can, and needs no watch descriptors. A burst of changes is
+//! debounced: a reload happens once the files have stopped changing.
+
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::config::{self, Config};
+use crate::proxy::Server;
+
+/// How often the files are looked at.
+pub const POLL: Duration = Duration::from_millis(250);
+/// How long the files must stay unchanged before they are read.
+const SETTLE: Duration = Duration::from_millis(100);
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct Stamp(Vec<Option<(u64, u64, u64, i64, i64)>>);
+
+fn stamp(paths: &[PathBuf]) -> Stamp {
+    Stamp(
+        paths
+            .iter()
+            .map(|p| {
+                std::fs::metadata(p)
+                    .ok()
+                    .map(|m| (m.dev(), m.ino(), m.len(), m.mtime(), m.mtime_nsec()))
+            })
+            .collect(),
+    )
+}
+
+/// The files a config depends on: itself and its certificates.
+fn watched(path: &Path, config: &Config) -> Vec<PathBuf> {
+    let mut out = vec![path.to_path_buf()];
+    for u in &config.upstreams {
+        if let Some(t) = &u.tls {
+            out.extend(t.ca_file.iter().cloned());
+            out.extend(t.client_cert.iter().cloned());
+            out.extend(t.client_key.iter().cloned());
+        }
+    }
+    out
+}
+
+/// Reads, validates and applies the config at `path`. Returns whether it was applied.
+pub async fn reload(path: &Path, server: &Server) -> bool {
+    let metrics = server.shared().metrics.clone();
+    match config::load(path) {
+        Ok(config) => {
+            let restart = server.apply(config).await;
+            metrics.reload(true);
+            for what in &restart {
+                tracing::warn!(setting = %what, "changed in the config, but takes effect only after a restart");
+            }
+            tracing::info!(file = %path.display(), "config reloaded");
+            true
+        }
+        Err(errors) => {
+            metrics.reload(false);
+            for d in &errors.0 {
+                tracing::error!(problem = %d, "config reload rejected");
+            }
+            tracing::error!(
+                file = %path.display(),
+                problems = errors.0.len(),
+                "config reload rejected; the previous config keeps serving"
+            );
+            false
+        }
+    }
+}
+
+/// Watches `path` and listens for SIGHUP, reloading into `server`.
+pub fn spawn(path: PathBuf, server: Arc<Server>) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        let mut hup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()).ok();
+        let mut files = watched(&path, &server.shared().snapshot().config);
+        let mut last = stamp(&files);
+        let mut tick = tokio::time::interval(POLL);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            let forced = tokio::select! {
+                _ = tick.tick() => false,
+                Some(()) = async {
+                    match hup.as_mut() {
+                        Some(h) => h.recv().await,
+                        None => std::future::pending().await,
+                    }
+                } => true,
+            };
+            let now = stamp(&files);
+            if !forced && now == last {
+                continue;
+            }
+            if !forced {
+                // Let a burst of writes finish before reading.
+                let mut settled = now;
+                for _ in 0..50 {
+                    tokio::time::sleep(SETTLE).await;
+                    let again = stamp(&files);
+                    if again == settled {
+                        break;
+                    }
+                    settled = again;
+                }
+                if settled.0.first().is_some_and(|s| s.is_none()) {
+                    // The file is gone for now (mid-rename): try again on the next tick.
+                    last = settled;
+                    continue;
+                }
+            }
+            tracing::info!(signal = forced, "config change seen; reloading");
+            reload(&path, &server).await;
+            files = watched(&path, &server.shared().snapshot().config);
+            last = stamp(&files);
+        }
+    })
+}

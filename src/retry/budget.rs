@@ -1,0 +1,366 @@
+//! The retry budget: over a sliding window, retries may add at most `ratio` of the
+//! requests received, plus `min_per_sec` a second so that a quiet upstream can still
+//! retry its rare failure.
+//!
+//! # Why a budget and not only `max_attempts`
+//!
+//! A per-request cap of three attempts means the load offered to an upstream is between
+//! one and three times the traffic, and which one is decided by the upstream's health:
+//! the sicker it is, the harder it is hit. A budget makes the offered load independent of
+//! that health. Below a failure rate of `ratio` every failure gets its retry; above it,
+//! the retries the budget cannot afford return their failure at once. That is the right
+//! trade: at a high failure rate a retry is a coin toss that costs the upstream another
+//! request, and that load is part of why it fails.
+//!
+//! # The rule and the guarantee
+//!
+//! Before every retry: grant it only if, counting it, the retries sent in the window stay
+//! within `ratio * requests_received + min_per_sec * window_seconds`. Time is cut into
+//! `SLOTS` slots per window. Retries are counted over one slot *more* than the window and
+//! requests over the slots that lie wholly inside it, so the decision is never more
+//! generous than the exact sliding window: whenever a retry is granted at instant `t`,
+//! the retries granted in `(t - window, t]` do not exceed the bound computed from the
+//! requests received in that same interval (a property test checks this).
+//!
+//! # Cost on the request path
+//!
+//! Recording a request is two relaxed atomic adds; granting a retry is a compare-and-swap
+//! loop on one counter. A lock is taken only when the clock enters a new slot (at most
+//! `SLOTS` times a window), to retire the slot that falls out. Time comes from the caller
+//! (`tokio::time::Instant`), so tests and the simulator can drive it.
+
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering::*};
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use crate::config::BudgetConfig;
+
+/// Slots per window: the window's resolution is `window / SLOTS`.
+const SLOTS: u64 = 20;
+/// The ring holds one slot more than the window, for the retry count's extra slot.
+const RING: u64 = SLOTS + 1;
+
+/// The window an upstream without a budget still keeps, for the amplification gauge.
+const UNBUDGETED_WINDOW: Duration = Duration::from_secs(10);
+
+#[derive(Default)]
+struct Slot {
+    requests: AtomicU64,
+    retries: AtomicU64,
+    attempts: AtomicU64,
+}
+
+pub struct RetryBudget {
+    limit: Option<BudgetConfig>,
+    window: Duration,
+    slot_nanos: u64,
+    origin: Instant,
+    ring: Box<[Slot]>,
+    /// The newest slot number the ring has been advanced to.
+    head: AtomicU64,
+    /// Requests in slots `head - SLOTS + 1 ..= head`.
+    requests: AtomicU64,
+    /// Attempts over the same slots as `requests`.
+    attempts: AtomicU64,
+    /// Retries in slots `head - SLOTS ..= head`.
+    retries: AtomicU64,
+    rotate: Mutex<()>,
+}
+
+impl std::fmt::Debug for RetryBudget {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RetryBudget")
+            .field("limit", &self.limit)
+            .field("requests", &self.requests.load(Relaxed))
+            .field("retries", &self.retries.load(Relaxed))
+            .finish()
+    }
+}
+
+/// What the window holds right now.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct WindowStats {
+    pub requests: u64,
+    pub attempts: u64,
+    pub retries: u64,
+}
+
+impl RetryBudget {
+    /// `None`: retries are not limited, but the window is still kept for the gauges.
+    pub fn new(limit: Option<&BudgetConfig>, now: Instant) -> Self {
+        let window = limit.map_or(UNBUDGETED_WINDOW, |b| b.window);
+        let slot_nanos = (u64::try_from(window.as_nanos()).unwrap_or(u64::MAX) / SLOTS).max(1);
+        RetryBudget {
+            limit: limit.cloned(),
+            window,
+            slot_nanos,
+            origin: now,
+            ring: (0..RING).map(|_| Slot::default()).collect(),
+            head: AtomicU64::new(0),
+            requests: AtomicU64::new(0),
+            attempts: AtomicU64::new(0),
+            retries: AtomicU64::new(0),
+            rotate: Mutex::new(()),
+        }
+    }
+
+    pub fn limit(&self) -> Option<&BudgetConfig> {
+        self.limit.as_ref()
+    }
+
+    pub fn window(&self) -> Duration {
+        self.window
+    }
+
+    fn slot_of(&self, now: Instant) -> u64 {
+        let nanos = u64::try_from(now.saturating_duration_since(self.origin).as_nanos())
+            .unwrap_or(u64::MAX);
+        nanos / self.slot_nanos
+    }
+
+    /// Moves the ring forward to `now`; returns the current slot number.
+    fn advance(&self, now: Instant) -> u64 {
+        let slot = self.slot_of(now);
+        let head = self.head.load(Acquire);
+        if slot <= head {
+            return head;
+        }
+        let _guard = self.rotate.lock().unwrap_or_else(|p| p.into_inner());
+        let head = self.head.load(Acquire);
+        if slot <= head {
+            return head;
+        }
+        if slot - head >= RING {
+            for s in self.ring.iter() {
+                s.requests.store(0, Relaxed);
+                s.attempts.store(0, Relaxed);
+                s.retries.store(0, Relaxed);
+            }
+            self.requests.store(0, Relaxed);
+            self.attempts.store(0, Relaxed);
+            self.retries.store(0, Relaxed);
+        } else {
+            for k in head + 1..=slot {
+                // Period k - SLOTS leaves the request window; its slot is kept for the
+                // retry window one slot longer.
+                if let Some(p) = k.checked_sub(SLOTS) {
+                    let s = &self.ring[(p % RING) as usize];
+                    self.requests
+                        .fetch_sub(s.requests.swap(0, Relaxed), Relaxed);
+                    self.attempts
+                        .fetch_sub(s.attempts.swap(0, Relaxed), Relaxed);
+                }
+                // Period k - RING leaves the retry window; its slot becomes period k.
+                let s = &self.ring[(k % RING) as usize];
+                self.retries.fetch_sub(s.retries.swap(0, Relaxed), Relaxed);
+                s.requests.store(0, Relaxed);
+                s.attempts.store(0, Relaxed);
+            }
+        }
+        self.head.store(slot, Release);
+        slot
+    }
+
+    /// A request arrived that will be sent upstream.
+    pub fn record_request(&self, now: Instant) {
+        let slot = self.advance(now);
+        self.ring[(slot % RING) as usize]
+            .requests
+            .fetch_add(1, Relaxed);
+        self.requests.fetch_add(1, Relaxed);
+    }
+
+    /// An attempt (first try or retry) was sent upstream.
+    pub fn record_attempt(&self, now: Instant) {
+        let slot = self.advance(now);
+        self.ring[(slot % RING) as usize]
+            .attempts
+            .fetch_add(1, Relaxed);
+        self.attempts.fetch_add(1, Relaxed);
+    }
+
+    fn bound(&self, limit: &BudgetConfig, requests: u64) -> f64 {
+        limit.ratio * requests as f64 + limit.min_per_sec * self.window.as_secs_f64()
+    }
+
+    /// Asks for one retry; a granted retry is counted at once.
+    pub fn try_retry(&self, now: Instant) -> bool {
+        let slot = self.advance(now);
+        if let Some(limit) = &self.limit {
+            let granted = self.retries.fetch_update(AcqRel, Acquire, |sent| {
+                let bound = self.bound(limit, self.requests.load(Acquire));
+                ((sent + 1) as f64 <= bound).then_some(sent + 1)
+            });
+            if granted.is_err() {
+                return false;
+            }
+        } else {
+            self.retries.fetch_add(1, Relaxed);
+        }
+        self.ring[(slot % RING) as usize]
+            .retries
+            .fetch_add(1, Relaxed);
+        true
+    }
+
+    /// How many retries the budget would grant now (`f64::INFINITY` without a budget).
+    pub fn available(&self, now: Instant) -> f64 {
+        self.advance(now);
+        match &self.limit {
+            None => f64::INFINITY,
+            Some(limit) => {
+                let bound = self.bound(limit, self.requests.load(Acquire));
+                (bound - self.retries.load(Acquire) as f64).max(0.0).floor()
+            }
+        }
+    }
+
+    pub fn stats(&self, now: Instant) -> WindowStats {
+        self.advance(now);
+        WindowStats {
+            requests: self.requests.load(Acquire),
+            attempts: self.attempts.load(Acquire),
+            retries: self.retries.load(Acquire),
+        }
+    }
+
+    /// Attempts per request over the window; 0 when there were no requests.
+    pub fn amplification(&self, now: Instant) -> f64 {
+        let s = self.stats(now);
+        if s.requests == 0 {
+            0.0
+        } else {
+            s.attempts as f64 / s.requests as f64
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn budget(ratio: f64, min_per_sec: f64, window_s: u64) -> (RetryBudget, Instant) {
+        let now = Instant::now();
+        let cfg = BudgetConfig {
+            ratio,
+            min_per_sec,
+            window: Duration::from_secs(window_s),
+        };
+        (RetryBudget::new(Some(&cfg), now), now)
+    }
+
+    #[test]
+    fn ten_percent_of_requests_may_be_retried() {
+        let (b, t0) = budget(0.1, 0.0, 10);
+        for _ in 0..100 {
+            b.record_request(t0);
+        }
+        let granted = (0..50).filter(|_| b.try_retry(t0)).count();
+        assert_eq!(granted, 10);
+        assert_eq!(b.available(t0), 0.0);
+    }
+
+    #[test]
+    fn the_floor_lets_a_quiet_upstream_retry() {
+        let (b, t0) = budget(0.1, 1.0, 10);
+        b.record_request(t0);
+        // 0.1 * 1 + 1/s * 10 s = 10.1: ten retries fit, the eleventh would exceed it.
+        let granted = (0..50).filter(|_| b.try_retry(t0)).count();
+        assert_eq!(granted, 10);
+    }
+
+    #[test]
+    fn spent_retries_come_back_when_they_leave_the_window() {
+        let (b, t0) = budget(0.0, 1.0, 10);
+        assert_eq!((0..20).filter(|_| b.try_retry(t0)).count(), 10);
+        assert!(!b.try_retry(t0 + Duration::from_secs(9)));
+        // Retries are counted one slot (0.5 s) beyond the window, to stay conservative.
+        assert!(!b.try_retry(t0 + Duration::from_millis(10_400)));
+        assert!(b.try_retry(t0 + Duration::from_millis(10_600)));
+    }
+
+    #[test]
+    fn requests_leave_the_window_and_take_their_allowance_with_them() {
+        let (b, t0) = budget(0.5, 0.0, 10);
+        for _ in 0..10 {
+            b.record_request(t0);
+        }
+        assert_eq!(b.available(t0), 5.0);
+        assert_eq!(b.available(t0 + Duration::from_secs(11)), 0.0);
+        assert_eq!(b.stats(t0 + Duration::from_secs(11)).requests, 0);
+    }
+
+    #[test]
+    fn amplification_is_attempts_over_requests() {
+        let (b, t0) = budget(0.1, 10.0, 10);
+        for _ in 0..4 {
+            b.record_request(t0);
+            b.record_attempt(t0);
+        }
+        b.record_attempt(t0);
+        b.record_attempt(t0);
+        assert_eq!(b.amplification(t0), 1.5);
+    }
+
+    #[test]
+    fn without_a_budget_every_retry_is_granted_and_counted() {
+        let t0 = Instant::now();
+        let b = RetryBudget::new(None, t0);
+        assert!((0..1000).all(|_| b.try_retry(t0)));
+        assert_eq!(b.stats(t0).retries, 1000);
+        assert!(b.available(t0).is_infinite());
+    }
+
+    #[derive(Clone, Debug)]
+    enum Event {
+        Request,
+        Retry,
+    }
+
+    proptest! {
+        /// For any sequence of requests and retry attempts at any instants, whenever a
+        /// retry is granted at t, the retries granted in (t - window, t] stay within
+        /// ratio * (requests in that interval) + min_per_sec * window.
+        #[test]
+        fn granted_retries_never_exceed_the_bound(
+            ratio in 0.0f64..1.0,
+            min_per_sec in 0u32..5,
+            window_ms in 100u64..5_000,
+            events in prop::collection::vec(
+                (0u64..2_000, prop_oneof![3 => Just(Event::Request), 2 => Just(Event::Retry)]),
+                1..600,
+            ),
+        ) {
+            let t0 = Instant::now();
+            let window = Duration::from_millis(window_ms);
+            let cfg = BudgetConfig { ratio, min_per_sec: f64::from(min_per_sec), window };
+            let b = RetryBudget::new(Some(&cfg), t0);
+            let mut at = Duration::ZERO;
+            let mut requests: Vec<Duration> = Vec::new();
+            let mut grants: Vec<Duration> = Vec::new();
+            for (gap_ms, event) in events {
+                at += Duration::from_millis(gap_ms % (window_ms * 2));
+                match event {
+                    Event::Request => {
+                        b.record_request(t0 + at);
+                        requests.push(at);
+                    }
+                    Event::Retry => {
+                        if b.try_retry(t0 + at) {
+                            grants.push(at);
+                            let from = at.saturating_sub(window);
+                            let inside = |t: &&Duration| **t > from || (at < window && **t >= from);
+                            let r = requests.iter().filter(inside).count() as f64;
+                            let g = grants.iter().filter(inside).count() as f64;
+                            let bound = ratio * r + f64::from(min_per_sec) * window.as_secs_f64();
+                            prop_assert!(g <= bound + 1e-9, "{g} retries granted in a window whose bound is {bound}");
+                        }
+                    }
+                }
+            }
+        }
+    }
+}

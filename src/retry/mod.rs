@@ -1,0 +1,450 @@
+//! The attempt loop: one request in, one answer out, with every retry tollgate makes on
+//! the app's behalf in between.
+//!
+//! Each attempt picks an endpoint (a different one after a failure), connects or takes
+//! a pooled connection, tells the upstream how long it may take and which attempt this
+//! is, and waits for the response head no longer than `attempt_timeout` or the time
+//! left. A failure goes to [`policy::Policy::decide`], which either names the reason to
+//! stop or grants a retry from the budget with a full-jitter sleep. When the caller
+//! leaves or the deadline passes, the future is dropped: the attempt in flight is
+//! cancelled and its connection closed, never returned to the pool.
+
+pub mod backoff;
+pub mod budget;
+pub mod median;
+pub mod policy;
+pub mod replay;
+pub mod retry_after;
+
+use std::time::Duration;
+
+use http::{HeaderMap, HeaderValue, Method, Request, Response, StatusCode, Uri, Version};
+use http_body::Body;
+use hyper::body::Incoming;
+use tokio::time::{Instant, timeout_at};
+
+use crate::deadline::{self, Deadline};
+use crate::metrics::{AttemptResult, Outcome, UpstreamMetrics};
+use crate::upstream::Upstream;
+use crate::upstream::pool::{Conn, Lease, SendError};
+use policy::{ATTEMPT_HEADER, BodyState, Failure, Policy, Situation, Stop};
+use replay::{Recording, Replay, RequestBody, TapeHandle};
+
+/// A request ready to forward: headers already cleaned, Host already set.
+pub struct Exchange {
+    pub method: Method,
+    pub uri: Uri,
+    /// The HTTP version the app spoke (for `protocol = "auto"`).
+    pub version: Version,
+    pub headers: HeaderMap,
+    pub body: Incoming,
+    pub deadline: Deadline,
+    /// A gRPC call: `grpc-timeout` is rewritten on each attempt too.
+    pub grpc: bool,
+}
+
+/// What goes back to the app.
+pub enum Reply {
+    /// The upstream's response; `lease` is its HTTP/1.1 connection, to be released
+    /// once the body has been read to the end.
+    Upstream(Response<Incoming>, Option<Lease>),
+    /// tollgate answers itself (502 or 504).
+    Local(StatusCode),
+}
+
+pub struct Answer {
+    pub reply: Reply,
+    pub attempts: u32,
+    pub outcome: Outcome,
+    /// The response already carries another tollgate's `x-tollgate-outcome`.
+    pub owned_elsewhere: bool,
+}
+
+/// `x-tollgate-attempt` values, without formatting per attempt.
+static ATTEMPT_VALUES: [HeaderValue; 10] = [
+    HeaderValue::from_static("1"),
+    HeaderValue::from_static("2"),
+    HeaderValue::from_static("3"),
+    HeaderValue::from_static("4"),
+    HeaderValue::from_static("5"),
+    HeaderValue::from_static("6"),
+    HeaderValue::from_static("7"),
+    HeaderValue::from_static("8"),
+    HeaderValue::from_static("9"),
+    HeaderValue::from_static("10"),
+];
+
+pub fn count_value(n: u32) -> HeaderValue {
+    match ATTEMPT_VALUES.get((n as usize).wrapping_sub(1)) {
+        Some(v) => v.clone(),
+        None => HeaderValue::from(n),
+    }
+}
+
+/// Stale pooled connections skipped within one attempt before giving up on it.
+const MAX_STALE: u32 = 3;
+
+/// Records an attempt's result exactly once; an attempt dropped before it has a
+/// result (the app left, the deadline passed) counts as `cancelled`.
+struct AttemptRecord<'a> {
+    metrics: &'a UpstreamMetrics,
+    done: bool,
+}
+
+impl AttemptRecord<'_> {
+    fn finish(&mut self, up: &Upstream, result: AttemptResult, started: Instant) {
+        self.done = true;
+        let took = started.elapsed();
+        self.metrics.attempt(result);
+        self.metrics.attempt_duration.observe(took.as_secs_f64());
+        up.median.observe(took);
+    }
+}
+
+impl Drop for AttemptRecord<'_> {
+    fn drop(&mut self) {
+        if !self.done {
+            self.metrics.attempt(AttemptResult::Cancelled);
+        }
+    }
+}
+
+/// Forwards `ex` to `up`, retrying as the policy allows.
+pub async fn forward(up: &Upstream, ex: Exchange) -> Answer {
+    let cfg = &up.config;
+    let retry = &cfg.retry;
+    let Exchange {
+        method,
+        uri,
+        version,
+        mut headers,
+        body,
+        deadline,
+        grpc,
+    } = ex;
+    let request_retryable = retry.max_attempts > 1
+        && (retry.method_allowed(&method)
+            || retry
+                .idempotency_header
+                .as_ref()
+                .is_some_and(|h| headers.contains_key(h)));
+    let want = up.want(version);
+    let tls = cfg.tls.as_ref();
+
+    // The body not yet handed to any attempt, its recording once one has, and the
+    // replay the next attempt will send.
+    let mut fresh_body = (!body.is_end_stream()).then_some(body);
+    let mut tape: Option<TapeHandle> = None;
+    let mut replay_next: Option<Replay> = None;
+
+    let mut attempts = 0u32;
+    let mut avoid = None;
+    let mut rng: Option<fastrand::Rng> = None;
+
+    loop {
+        attempts += 1;
+        let start = Instant::now();
+        if deadline.expired(start) {
+            up.metrics.denied(crate::metrics::Denied::Deadline);
+            return local(StatusCode::GATEWAY_TIMEOUT, attempts - 1, Outcome::DeadlineExceeded);
+        }
+        let attempt_deadline = (start + cfg.attempt_timeout).min(deadline.at());
+        let ep_index = up.pick(avoid);
+        let endpoint = &up.endpoints[ep_index];
+        up.budget.record_attempt(start);
+        let mut record = AttemptRecord {
+            metrics: &up.metrics,
+            done: false,
+        };
+        // Whether this attempt's request may have to be sent again after it is sent.
+        let may_resend = request_retryable && attempts < retry.max_attempts;
+
+        let mut returned: Option<Request<RequestBody>> = None;
+        let mut stale = 0;
+        let result: Result<(Response<Incoming>, Option<Lease>), Failure> = loop {
+            let connect_by = (Instant::now() + cfg.connect_timeout).min(attempt_deadline);
+            let mut conn = match timeout_at(connect_by, endpoint.checkout(want, tls, cfg.connect_timeout)).await {
+                Ok(Ok(c)) => c,
+                Ok(Err(e)) => {
+                    tracing::debug!(upstream = %cfg.name, endpoint = %endpoint.addr, error = %e, "connect failed");
+                    break Err(Failure::ConnectFailure);
+                }
+                Err(_) => break Err(Failure::ConnectFailure),
+            };
+            let mut req = match returned.take() {
+                Some(r) => r,
+                None => {
+                    let body = if let Some(b) = fresh_body.take() {
+                        if may_resend {
+                            let (rec, handle) = Recording::new(b, retry.max_body);
+                            tape = Some(handle);
+                            RequestBody::Recording(rec)
+                        } else {
+                            RequestBody::Stream(b)
+                        }
+                    } else if let Some(r) = replay_next.take() {
+                        RequestBody::Replay(r)
+                    } else {
+                        RequestBody::Empty
+                    };
+                    let h = if may_resend {
+                        headers.clone()
+                    } else {
+                        std::mem::take(&mut headers)
+                    };
+                    let mut req = Request::new(body);
+                    *req.method_mut() = method.clone();
+                    *req.uri_mut() = uri.clone();
+                    *req.headers_mut() = h;
+                    req
+                }
+            };
+            stamp(&mut req, up, attempts, attempt_deadline, grpc, &conn);
+            match timeout_at(attempt_deadline, conn.send(req)).await {
+                Err(_) => break Err(Failure::Timeout),
+                Ok(Ok(resp)) => {
+                    let lease = match conn {
+                        Conn::Http1(l) => Some(l),
+                        Conn::Http2(_) => None,
+                    };
+                    break Ok((resp, lease));
+                }
+                Ok(Err(SendError::NotSent(req, _))) if stale < MAX_STALE => {
+                    // The pooled connection had closed under us: the request never
+                    // left, so it goes out on another connection as the same attempt.
+                    stale += 1;
+                    returned = Some(req);
+                }
+                Ok(Err(SendError::NotSent(req, _))) => {
+                    let (parts, body) = req.into_parts();
+                    headers = parts.headers;
+                    match body {
+                        RequestBody::Stream(b) => fresh_body = Some(b),
+                        RequestBody::Replay(r) => replay_next = Some(r),
+                        // Never sent, so never read: the app's body is untouched.
+                        RequestBody::Recording(r) => {
+                            fresh_body = Some(r.into_inner());
+                            tape = None;
+                        }
+                        RequestBody::Empty => {}
+                    }
+                    break Err(Failure::ConnectFailure);
+                }
+                Ok(Err(SendError::Failed(e))) => {
+                    tracing::debug!(upstream = %cfg.name, endpoint = %endpoint.addr, error = %e, "attempt failed");
+                    break Err(Failure::Reset);
+                }
+            }
+        };
+
+        let (failure, failed_response) = match result {
+            Ok((resp, lease)) => {
+                record.finish(up, AttemptResult::of_status(resp.status().as_u16()), start);
+                let failure = policy::classify_response(resp.status(), resp.headers(), &retry.on);
+                let owned = policy::owned_elsewhere(resp.headers());
+                match failure {
+                    None => {
+                        let outcome = if owned {
+                            outcome_of(resp.headers())
+                        } else {
+                            Outcome::Ok
+                        };
+                        return Answer {
+                            reply: Reply::Upstream(resp, lease),
+                            attempts,
+                            outcome,
+                            owned_elsewhere: owned,
+                        };
+                    }
+                    Some(f) => (f, Some((resp, lease))),
+                }
+            }
+            Err(f) => {
+                let r = match f {
+                    Failure::ConnectFailure => AttemptResult::ConnectFailure,
+                    Failure::Timeout => AttemptResult::Timeout,
+                    _ => AttemptResult::Reset,
+                };
+                record.finish(up, r, start);
+                (f, None)
+            }
+        };
+
+        let now = Instant::now();
+        let body_state = if failure.maybe_sent() {
+            match &tape {
+                Some(t) if replay_next.is_none() && fresh_body.is_none() => match t.replay() {
+                    Ok(r) => {
+                        replay_next = Some(r);
+                        Ok(())
+                    }
+                    Err(replay::NotReplayable::TooLarge) => Err(BodyState::TooLarge),
+                    Err(replay::NotReplayable::Incomplete) => Err(BodyState::Incomplete),
+                },
+                _ => Ok(()),
+            }
+        } else {
+            Ok(())
+        };
+        let decision = if failure == Failure::Timeout && deadline.expired(now) {
+            Err(Stop::Deadline)
+        } else {
+            let policy = Policy {
+                retry,
+                backoff: &retry.backoff,
+                budget: &up.budget,
+                median: up.median.get(),
+            };
+            let situation = Situation {
+                failure,
+                response: failed_response.as_ref().map(|(r, _)| r.headers()),
+                attempts,
+                request_retryable,
+                body: body_state,
+                deadline,
+                now,
+            };
+            policy.decide(&situation, rng.get_or_insert_with(fastrand::Rng::new))
+        };
+        match decision {
+            Ok(sleep) => {
+                up.metrics.retried(failure.condition());
+                if let Some((resp, lease)) = failed_response {
+                    discard(resp, lease);
+                }
+                if !sleep.is_zero() {
+                    tokio::time::sleep(sleep).await;
+                }
+                avoid = Some(ep_index);
+            }
+            Err(stop) => {
+                if let Some(d) = stop.denied() {
+                    up.metrics.denied(d);
+                }
+                let outcome = stop.outcome(failure);
+                return match failed_response {
+                    Some((resp, lease)) => {
+                        let owned = stop == Stop::Ownership;
+                        let outcome = if owned {
+                            outcome_of(resp.headers())
+                        } else {
+                            outcome
+                        };
+                        Answer {
+                            reply: Reply::Upstream(resp, lease),
+                            attempts,
+                            outcome,
+                            owned_elsewhere: owned,
+                        }
+                    }
+                    None => {
+                        let status = match failure {
+                            Failure::Timeout => StatusCode::GATEWAY_TIMEOUT,
+                            _ if outcome == Outcome::DeadlineExceeded => StatusCode::GATEWAY_TIMEOUT,
+                            _ => StatusCode::BAD_GATEWAY,
+                        };
+                        local(status, attempts, outcome)
+                    }
+                };
+            }
+        }
+    }
+}
+
+fn local(status: StatusCode, attempts: u32, outcome: Outcome) -> Answer {
+    Answer {
+        reply: Reply::Local(status),
+        attempts,
+        outcome,
+        owned_elsewhere: false,
+    }
+}
+
+/// The outcome another tollgate put on a response, for our own metrics.
+pub fn outcome_of(headers: &HeaderMap) -> Outcome {
+    headers
+        .get(&policy::OUTCOME_HEADER)
+        .and_then(|v| {
+            Outcome::ALL
+                .iter()
+                .copied()
+                .find(|o| o.as_str().as_bytes() == v.as_bytes())
+        })
+        .unwrap_or(Outcome::Ok)
+}
+
+/// Writes the per-attempt headers (the attempt number and the time this attempt may
+/// take, `min(attempt_timeout, time left)`) and fits the request line to the
+/// connection: origin-form for HTTP/1.1, scheme and authority for HTTP/2.
+fn stamp(
+    req: &mut Request<RequestBody>,
+    up: &Upstream,
+    attempt: u32,
+    by: Instant,
+    grpc: bool,
+    conn: &Conn,
+) {
+    let left = by.saturating_duration_since(Instant::now());
+    match conn {
+        Conn::Http1(_) => {
+            *req.version_mut() = Version::HTTP_11;
+            if req.uri().scheme().is_some() {
+                if let Some(pq) = req.uri().path_and_query().cloned() {
+                    *req.uri_mut() = Uri::from(pq);
+                }
+            }
+        }
+        Conn::Http2(_) => {
+            *req.version_mut() = Version::HTTP_2;
+            if req.uri().scheme().is_none() {
+                let scheme = if up.config.tls.is_some() { "https" } else { "http" };
+                let authority = req
+                    .headers()
+                    .get(http::header::HOST)
+                    .and_then(|h| h.to_str().ok())
+                    .unwrap_or("localhost");
+                let pq = req.uri().path_and_query().map_or("/", |p| p.as_str());
+                if let Ok(uri) = Uri::builder()
+                    .scheme(scheme)
+                    .authority(authority)
+                    .path_and_query(pq)
+                    .build()
+                {
+                    *req.uri_mut() = uri;
+                }
+            }
+        }
+    }
+    let h = req.headers_mut();
+    h.insert(ATTEMPT_HEADER, count_value(attempt));
+    h.insert(up.deadline.header.clone(), deadline::format_millis(left));
+    if grpc {
+        h.insert(deadline::GRPC_TIMEOUT, deadline::format_grpc_timeout(left));
+    }
+}
+
+/// Drops a failed response that will be retried. A small complete body is read in the
+/// background so its HTTP/1.1 connection can be reused: during an incident the same
+/// upstream is asked again within milliseconds, and a fresh connection per failure
+/// would add a handshake to every retry.
+fn discard(resp: Response<Incoming>, lease: Option<Lease>) {
+    let Some(lease) = lease else {
+        return;
+    };
+    let body = resp.into_body();
+    if body.is_end_stream() {
+        lease.release();
+        return;
+    }
+    match body.size_hint().exact() {
+        Some(n) if n <= 64 * 1024 => {
+            tokio::spawn(async move {
+                use http_body_util::BodyExt;
+                if let Ok(Ok(_)) = tokio::time::timeout(Duration::from_secs(1), body.collect()).await {
+                    lease.release();
+                }
+            });
+        }
+        _ => drop(lease),
+    }
+}

@@ -1,0 +1,403 @@
+//! What may be retried, and whether this failure will be: the decision made after every
+//! failed attempt, in one function, so every refusal has exactly one reason.
+//!
+//! The order of the checks is the order of their cost and of their certainty:
+//! ownership (another tollgate already decided), the failure kind, the request (method
+//! or idempotency key), attempts left, a replayable body, the upstream's own pushback,
+//! the deadline, and last the budget, because asking the budget spends it.
+
+use std::time::{Duration, SystemTime};
+
+use http::{HeaderMap, HeaderName, StatusCode};
+use tokio::time::Instant;
+
+use super::backoff::Backoff;
+use super::budget::RetryBudget;
+use super::retry_after::{Pushback, parse_pushback_ms, parse_retry_after};
+use crate::config::{Ownership, RetryAfterMode, RetryConfig, RetryOn};
+use crate::deadline::Deadline;
+use crate::metrics::{Denied, Outcome};
+
+pub const OUTCOME_HEADER: HeaderName = HeaderName::from_static("x-tollgate-outcome");
+pub const ATTEMPT_HEADER: HeaderName = HeaderName::from_static("x-tollgate-attempt");
+pub const ATTEMPTS_HEADER: HeaderName = HeaderName::from_static("x-tollgate-attempts");
+pub const GRPC_STATUS: HeaderName = HeaderName::from_static("grpc-status");
+pub const GRPC_PUSHBACK: HeaderName = HeaderName::from_static("grpc-retry-pushback-ms");
+
+/// gRPC UNAVAILABLE.
+const GRPC_UNAVAILABLE: &[u8] = b"14";
+
+/// A failed attempt, by the `retry.on` condition it matches.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Failure {
+    /// No connection could be made: the request was never sent.
+    ConnectFailure,
+    /// The connection broke after the request may have been sent.
+    Reset,
+    /// No response head within the attempt's time.
+    Timeout,
+    /// A response with a status listed in `retry.on`.
+    Status(StatusCode),
+    /// gRPC UNAVAILABLE in a trailers-only response.
+    Unavailable,
+}
+
+impl Failure {
+    /// The `retry.on` word, also the `reason` label of `tollgate_retries_total`.
+    pub fn condition(&self) -> &str {
+        match self {
+            Failure::ConnectFailure => "connect-failure",
+            Failure::Reset => "reset",
+            Failure::Timeout => "timeout",
+            Failure::Unavailable => "unavailable",
+            Failure::Status(s) => s.as_str(),
+        }
+    }
+
+    fn enabled(&self, on: &RetryOn) -> bool {
+        match self {
+            Failure::ConnectFailure => on.connect_failure,
+            Failure::Reset => on.reset,
+            Failure::Timeout => on.timeout,
+            Failure::Unavailable => on.unavailable,
+            Failure::Status(s) => on.status(s.as_u16()),
+        }
+    }
+
+    /// Whether the request may have reached the upstream.
+    pub fn maybe_sent(&self) -> bool {
+        !matches!(self, Failure::ConnectFailure)
+    }
+}
+
+/// Classifies a response head: `None` when it is not a failure `retry.on` names.
+pub fn classify_response(status: StatusCode, headers: &HeaderMap, on: &RetryOn) -> Option<Failure> {
+    if on.status(status.as_u16()) {
+        return Some(Failure::Status(status));
+    }
+    if on.unavailable
+        && headers
+            .get(&GRPC_STATUS)
+            .is_some_and(|v| v.as_bytes() == GRPC_UNAVAILABLE)
+    {
+        return Some(Failure::Unavailable);
+    }
+    None
+}
+
+/// Whether a response was already given up on by another tollgate nearer the failure.
+pub fn owned_elsewhere(headers: &HeaderMap) -> bool {
+    headers.contains_key(&OUTCOME_HEADER)
+}
+
+/// Why a failure goes back to the app instead of being retried.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Stop {
+    /// Another tollgate owned this failure: pass it back untouched.
+    Ownership,
+    /// The failure is not a condition `retry.on` lists.
+    NotListed,
+    Method,
+    BodyTooLarge,
+    Attempts,
+    RetryAfter,
+    Deadline,
+    Budget,
+}
+
+impl Stop {
+    /// The `tollgate_retries_denied_total` reason, when this is a refusal.
+    pub fn denied(self) -> Option<Denied> {
+        Some(match self {
+            Stop::NotListed => return None,
+            Stop::Ownership => Denied::Ownership,
+            Stop::Method => Denied::Method,
+            Stop::BodyTooLarge => Denied::BodyTooLarge,
+            Stop::Attempts => Denied::Attempts,
+            Stop::RetryAfter => Denied::RetryAfter,
+            Stop::Deadline => Denied::Deadline,
+            Stop::Budget => Denied::Budget,
+        })
+    }
+
+    /// The `x-tollgate-outcome` for giving up on `failure` for this reason.
+    pub fn outcome(self, failure: Failure) -> Outcome {
+        match self {
+            Stop::Ownership => Outcome::Ok,
+            Stop::NotListed | Stop::Attempts if failure == Failure::ConnectFailure => {
+                Outcome::UpstreamUnreachable
+            }
+            Stop::NotListed | Stop::Method => Outcome::NotRetryable,
+            Stop::Attempts => Outcome::AttemptsExhausted,
+            Stop::BodyTooLarge => Outcome::BodyTooLarge,
+            Stop::RetryAfter => Outcome::RetryAfterTooLong,
+            Stop::Deadline => Outcome::DeadlineExceeded,
+            Stop::Budget => Outcome::BudgetExhausted,
+        }
+    }
+}
+
+/// Everything the decision reads about the request so far.
+pub struct Situation<'a> {
+    pub failure: Failure,
+    /// The failed response's headers, when there was a response.
+    pub response: Option<&'a HeaderMap>,
+    /// Attempts made, the failed one included.
+    pub attempts: u32,
+    /// Method listed or idempotency key present.
+    pub request_retryable: bool,
+    /// Whether the body could be sent again, if it was sent at all.
+    pub body: Result<(), BodyState>,
+    pub deadline: Deadline,
+    pub now: Instant,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BodyState {
+    TooLarge,
+    Incomplete,
+}
+
+/// The retry machinery one upstream decides with.
+pub struct Policy<'a> {
+    pub retry: &'a RetryConfig,
+    pub backoff: &'a Backoff,
+    pub budget: &'a RetryBudget,
+    pub median: Option<Duration>,
+}
+
+impl Policy<'_> {
+    /// `Ok(sleep)`: retry after sleeping that long (the budget is already spent).
+    pub fn decide(&self, s: &Situation<'_>, rng: &mut fastrand::Rng) -> Result<Duration, Stop> {
+        if self.retry.ownership == Ownership::Honor && s.response.is_some_and(owned_elsewhere) {
+            return Err(Stop::Ownership);
+        }
+        if !s.failure.enabled(&self.retry.on) {
+            return Err(Stop::NotListed);
+        }
+        if s.failure.maybe_sent() && !s.request_retryable {
+            return Err(Stop::Method);
+        }
+        if s.attempts >= self.retry.max_attempts {
+            return Err(Stop::Attempts);
+        }
+        if s.failure.maybe_sent() && s.body.is_err() {
+            return Err(Stop::BodyTooLarge);
+        }
+        let left = s.deadline.remaining(s.now);
+        let pushback = match (self.retry.retry_after, s.response) {
+            (RetryAfterMode::Honor, Some(h)) => pushback(h),
+            _ => None,
+        };
+        let wait_at_least = match pushback {
+            None => Duration::ZERO,
+            Some(Pushback::Never) => return Err(Stop::RetryAfter),
+            Some(Pushback::After(d)) if d > self.retry.max_retry_after || d >= left => {
+                return Err(Stop::RetryAfter);
+            }
+            Some(Pushback::After(d)) => d,
+        };
+        let jitter = self.backoff.draw(s.attempts - 1, rng);
+        let mut sleep = wait_at_least + jitter;
+        if sleep >= left && wait_at_least < left {
+            // The upstream's wait fits but not with jitter on top: keep the wait.
+            sleep = wait_at_least;
+        }
+        if sleep >= left {
+            return Err(Stop::Deadline);
+        }
+        // An attempt that cannot finish in the time left only adds load.
+        if let Some(typical) = self.median {
+            if left - sleep < typical {
+                return Err(Stop::Deadline);
+            }
+        }
+        if !self.budget.try_retry(s.now) {
+            return Err(Stop::Budget);
+        }
+        Ok(sleep)
+    }
+}
+
+/// The wait a response asks for: `grpc-retry-pushback-ms` first (it is the more
+/// specific), else `Retry-After`. An unreadable `Retry-After` is ignored.
+pub fn pushback(headers: &HeaderMap) -> Option<Pushback> {
+    if let Some(v) = headers.get(&GRPC_PUSHBACK) {
+        return Some(parse_pushback_ms(v.as_bytes()));
+    }
+    let v = headers.get(http::header::RETRY_AFTER)?;
+    parse_retry_after(v.as_bytes(), SystemTime::now()).map(Pushback::After)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::BudgetConfig;
+    use http::HeaderValue;
+
+    struct Fixture {
+        retry: RetryConfig,
+        budget: RetryBudget,
+        now: Instant,
+    }
+
+    impl Fixture {
+        fn new() -> Self {
+            let now = Instant::now();
+            Fixture {
+                retry: RetryConfig::default(),
+                budget: RetryBudget::new(
+                    Some(&BudgetConfig {
+                        ratio: 0.1,
+                        min_per_sec: 10.0,
+                        window: Duration::from_secs(10),
+                    }),
+                    now,
+                ),
+                now,
+            }
+        }
+
+        fn decide(&self, s: &Situation<'_>, median: Option<Duration>) -> Result<Duration, Stop> {
+            let p = Policy {
+                retry: &self.retry,
+                backoff: &self.retry.backoff,
+                budget: &self.budget,
+                median,
+            };
+            p.decide(s, &mut fastrand::Rng::with_seed(1))
+        }
+
+        fn situation<'a>(&self, failure: Failure, response: Option<&'a HeaderMap>) -> Situation<'a> {
+            Situation {
+                failure,
+                response,
+                attempts: 1,
+                request_retryable: true,
+                body: Ok(()),
+                deadline: Deadline::new(self.now, None, Duration::from_secs(2)),
+                now: self.now,
+            }
+        }
+    }
+
+    fn s503() -> Failure {
+        Failure::Status(StatusCode::SERVICE_UNAVAILABLE)
+    }
+
+    #[test]
+    fn a_listed_failure_is_retried_after_a_jittered_sleep() {
+        let f = Fixture::new();
+        let sleep = f.decide(&f.situation(s503(), None), None).unwrap();
+        assert!(sleep <= f.retry.backoff.cap(0));
+    }
+
+    #[test]
+    fn every_refusal_has_its_reason() {
+        let f = Fixture::new();
+        let mut owned = HeaderMap::new();
+        owned.insert(OUTCOME_HEADER, HeaderValue::from_static("budget-exhausted"));
+        assert_eq!(f.decide(&f.situation(s503(), Some(&owned)), None), Err(Stop::Ownership));
+
+        let f500 = Failure::Status(StatusCode::INTERNAL_SERVER_ERROR);
+        assert_eq!(f.decide(&f.situation(f500, None), None), Err(Stop::NotListed));
+
+        let mut s = f.situation(s503(), None);
+        s.request_retryable = false;
+        assert_eq!(f.decide(&s, None), Err(Stop::Method));
+
+        let mut s = f.situation(Failure::ConnectFailure, None);
+        s.request_retryable = false;
+        assert!(f.decide(&s, None).is_ok(), "a request never sent may go to another endpoint");
+
+        let mut s = f.situation(s503(), None);
+        s.attempts = 3;
+        assert_eq!(f.decide(&s, None), Err(Stop::Attempts));
+
+        let mut s = f.situation(Failure::Reset, None);
+        s.body = Err(BodyState::TooLarge);
+        assert_eq!(f.decide(&s, None), Err(Stop::BodyTooLarge));
+
+        let s = f.situation(Failure::Timeout, None);
+        assert_eq!(
+            f.decide(&s, Some(Duration::from_secs(5))),
+            Err(Stop::Deadline),
+            "an attempt that typically takes longer than the time left is not started"
+        );
+    }
+
+    #[test]
+    fn retry_after_is_waited_for_when_it_fits() {
+        let f = Fixture::new();
+        let mut h = HeaderMap::new();
+        h.insert(http::header::RETRY_AFTER, HeaderValue::from_static("1"));
+        let sleep = f.decide(&f.situation(s503(), Some(&h)), None).unwrap();
+        assert!(sleep >= Duration::from_secs(1) && sleep < Duration::from_secs(2));
+
+        h.insert(http::header::RETRY_AFTER, HeaderValue::from_static("30"));
+        assert_eq!(f.decide(&f.situation(s503(), Some(&h)), None), Err(Stop::RetryAfter));
+
+        // Fits max_retry_after (5 s) but not the deadline (2 s).
+        h.insert(http::header::RETRY_AFTER, HeaderValue::from_static("3"));
+        assert_eq!(f.decide(&f.situation(s503(), Some(&h)), None), Err(Stop::RetryAfter));
+    }
+
+    #[test]
+    fn grpc_pushback_negative_means_never() {
+        let f = Fixture::new();
+        let mut h = HeaderMap::new();
+        h.insert(GRPC_STATUS, HeaderValue::from_static("14"));
+        h.insert(GRPC_PUSHBACK, HeaderValue::from_static("-1"));
+        assert_eq!(
+            f.decide(&f.situation(Failure::Unavailable, Some(&h)), None),
+            Err(Stop::RetryAfter)
+        );
+        h.insert(GRPC_PUSHBACK, HeaderValue::from_static("100"));
+        let sleep = f.decide(&f.situation(Failure::Unavailable, Some(&h)), None).unwrap();
+        assert!(sleep >= Duration::from_millis(100));
+    }
+
+    #[test]
+    fn ignoring_retry_after_uses_the_backoff_alone() {
+        let mut f = Fixture::new();
+        f.retry.retry_after = RetryAfterMode::Ignore;
+        let mut h = HeaderMap::new();
+        h.insert(http::header::RETRY_AFTER, HeaderValue::from_static("30"));
+        assert!(f.decide(&f.situation(s503(), Some(&h)), None).is_ok());
+    }
+
+    #[test]
+    fn the_budget_is_asked_last_and_refuses_when_spent() {
+        let f = Fixture::new();
+        // The floor allows 10 * 10 s = 100 retries with no traffic at all.
+        for _ in 0..100 {
+            assert!(f.decide(&f.situation(s503(), None), None).is_ok());
+        }
+        assert_eq!(f.decide(&f.situation(s503(), None), None), Err(Stop::Budget));
+    }
+
+    #[test]
+    fn grpc_unavailable_in_a_trailers_only_response_is_a_failure() {
+        let on = RetryOn::default();
+        let mut h = HeaderMap::new();
+        h.insert(GRPC_STATUS, HeaderValue::from_static("14"));
+        assert_eq!(classify_response(StatusCode::OK, &h, &on), Some(Failure::Unavailable));
+        h.insert(GRPC_STATUS, HeaderValue::from_static("0"));
+        assert_eq!(classify_response(StatusCode::OK, &h, &on), None);
+        assert_eq!(
+            classify_response(StatusCode::BAD_GATEWAY, &HeaderMap::new(), &on),
+            Some(Failure::Status(StatusCode::BAD_GATEWAY))
+        );
+    }
+
+    #[test]
+    fn outcomes_name_the_reason_for_giving_up() {
+        assert_eq!(Stop::Attempts.outcome(s503()), Outcome::AttemptsExhausted);
+        assert_eq!(
+            Stop::Attempts.outcome(Failure::ConnectFailure),
+            Outcome::UpstreamUnreachable
+        );
+        assert_eq!(Stop::Budget.outcome(Failure::ConnectFailure), Outcome::BudgetExhausted);
+        assert_eq!(Stop::Method.outcome(s503()), Outcome::NotRetryable);
+    }
+}

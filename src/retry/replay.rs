@@ -1,0 +1,206 @@
+//! The body an attempt sends, and the recording that lets a retry send it again.
+//!
+//! The app's body is forwarded as it streams, never buffered whole before the first
+//! attempt. While it streams, its frames are also kept (up to `max_body`) on a tape, so
+//! a retry can replay exactly the same bytes. A body that outgrows the cap, or whose end
+//! has not arrived when the upstream answers, cannot be replayed: the request becomes
+//! not retryable (`body-too-large`) rather than being replayed incomplete. gRPC bodies,
+//! which carry no Content-Length, are handled the same way.
+
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
+
+use bytes::Bytes;
+use http::HeaderMap;
+use http_body::{Body, Frame, SizeHint};
+use hyper::body::Incoming;
+
+/// What an attempt sends upstream.
+pub enum RequestBody {
+    /// No body.
+    Empty,
+    /// The app's body, forwarded and not kept (the request will not be retried).
+    Stream(Incoming),
+    /// The app's body, forwarded and kept for replay.
+    Recording(Recording),
+    /// A complete recorded body, sent again.
+    Replay(Replay),
+}
+
+impl std::fmt::Debug for RequestBody {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            RequestBody::Empty => "Empty",
+            RequestBody::Stream(_) => "Stream",
+            RequestBody::Recording(_) => "Recording",
+            RequestBody::Replay(_) => "Replay",
+        })
+    }
+}
+
+impl Body for RequestBody {
+    type Data = Bytes;
+    type Error = hyper::Error;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+        match self.get_mut() {
+            RequestBody::Empty => Poll::Ready(None),
+            RequestBody::Stream(b) => Pin::new(b).poll_frame(cx),
+            RequestBody::Recording(r) => r.poll_frame(cx),
+            RequestBody::Replay(r) => Poll::Ready(r.next().map(Ok)),
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        match self {
+            RequestBody::Empty => true,
+            RequestBody::Stream(b) => b.is_end_stream(),
+            RequestBody::Recording(r) => r.inner.is_end_stream(),
+            RequestBody::Replay(r) => r.is_end(),
+        }
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        match self {
+            RequestBody::Empty => SizeHint::with_exact(0),
+            RequestBody::Stream(b) => b.size_hint(),
+            RequestBody::Recording(r) => r.inner.size_hint(),
+            RequestBody::Replay(r) => SizeHint::with_exact(r.remaining as u64),
+        }
+    }
+}
+
+#[derive(Debug, Default)]
+struct Tape {
+    chunks: Vec<Bytes>,
+    trailers: Option<HeaderMap>,
+    len: usize,
+    overflowed: bool,
+    complete: bool,
+    failed: bool,
+}
+
+/// The recorder's handle on the tape, kept by the retry loop.
+#[derive(Clone, Debug)]
+pub struct TapeHandle {
+    tape: Arc<Mutex<Tape>>,
+}
+
+/// Why a recorded body cannot be replayed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum NotReplayable {
+    /// Larger than `max_body`.
+    TooLarge,
+    /// Its end had not arrived (or the app's upload failed) when the answer came.
+    Incomplete,
+}
+
+impl TapeHandle {
+    /// The recorded body, if it can be sent again byte for byte.
+    pub fn replay(&self) -> Result<Replay, NotReplayable> {
+        let tape = self.tape.lock().unwrap_or_else(|p| p.into_inner());
+        if tape.overflowed {
+            return Err(NotReplayable::TooLarge);
+        }
+        if !tape.complete || tape.failed {
+            return Err(NotReplayable::Incomplete);
+        }
+        Ok(Replay {
+            chunks: tape.chunks.clone().into_iter(),
+            trailers: tape.trailers.clone(),
+            remaining: tape.len,
+        })
+    }
+}
+
+pub struct Recording {
+    inner: Incoming,
+    cap: usize,
+    tape: Arc<Mutex<Tape>>,
+}
+
+impl Recording {
+    /// Starts recording `inner`, keeping at most `cap` bytes.
+    pub fn new(inner: Incoming, cap: usize) -> (Self, TapeHandle) {
+        let tape = Arc::new(Mutex::new(Tape {
+            // A body whose declared length is over the cap will not be replayable;
+            // knowing it now spares the copy.
+            overflowed: inner.size_hint().lower() > cap as u64,
+            ..Tape::default()
+        }));
+        (
+            Recording {
+                inner,
+                cap,
+                tape: tape.clone(),
+            },
+            TapeHandle { tape },
+        )
+    }
+
+    /// The body being recorded, for a request that was never sent.
+    pub fn into_inner(self) -> Incoming {
+        self.inner
+    }
+
+    fn poll_frame(
+        &mut self,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+        let polled = Pin::new(&mut self.inner).poll_frame(cx);
+        let Poll::Ready(item) = polled else {
+            return Poll::Pending;
+        };
+        let mut tape = self.tape.lock().unwrap_or_else(|p| p.into_inner());
+        match &item {
+            None => tape.complete = true,
+            Some(Err(_)) => tape.failed = true,
+            Some(Ok(frame)) => {
+                if let Some(data) = frame.data_ref() {
+                    if !tape.overflowed {
+                        if tape.len + data.len() > self.cap {
+                            tape.overflowed = true;
+                            tape.chunks = Vec::new();
+                        } else {
+                            tape.len += data.len();
+                            tape.chunks.push(data.clone());
+                        }
+                    }
+                } else if let Some(t) = frame.trailers_ref() {
+                    tape.trailers = Some(t.clone());
+                }
+                // hyper stops polling once the body says it has ended, so the end may
+                // never be seen as `None`.
+                if self.inner.is_end_stream() {
+                    tape.complete = true;
+                }
+            }
+        }
+        Poll::Ready(item)
+    }
+}
+
+/// A recorded body being sent again.
+pub struct Replay {
+    chunks: std::vec::IntoIter<Bytes>,
+    trailers: Option<HeaderMap>,
+    remaining: usize,
+}
+
+impl Replay {
+    fn next(&mut self) -> Option<Frame<Bytes>> {
+        if let Some(c) = self.chunks.next() {
+            self.remaining -= c.len();
+            return Some(Frame::data(c));
+        }
+        self.trailers.take().map(Frame::trailers)
+    }
+
+    fn is_end(&self) -> bool {
+        self.chunks.len() == 0 && self.trailers.is_none()
+    }
+}

@@ -1,0 +1,136 @@
+//! `tollgate run`: load the config, bind everything, serve until SIGTERM or SIGINT,
+//! then drain. Exit codes: 0 after a clean drain, 2 when the config or a bind fails.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::admin::Admin;
+use crate::config::{self, Config};
+use crate::metrics::Metrics;
+use crate::proxy::Server;
+
+/// Why `run` could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    #[error("{0}")]
+    Config(#[from] config::ConfigErrors),
+    #[error(transparent)]
+    Bind(#[from] crate::proxy::BindError),
+    #[error("cannot start the runtime: {0}")]
+    Runtime(std::io::Error),
+}
+
+/// The tokio runtime `run` serves on: `worker_threads` from the config, else the CPUs
+/// this process may use (cgroup quotas included).
+pub fn runtime(config: &Config) -> std::io::Result<tokio::runtime::Runtime> {
+    let threads = config.runtime.worker_threads.unwrap_or_else(|| {
+        std::thread::available_parallelism().map_or(1, |n| n.get())
+    });
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(threads)
+        .thread_name("tollgate")
+        .enable_all()
+        .build()
+}
+
+/// A running tollgate: proxy, admin endpoint and the config watcher.
+pub struct Running {
+    pub server: Arc<Server>,
+    pub admin: Admin,
+    watcher: Option<tokio::task::JoinHandle<()>>,
+}
+
+impl Running {
+    /// Binds and serves `config`; `path` is watched for changes when given.
+    pub async fn start(config: Config, path: Option<PathBuf>) -> Result<Self, StartError> {
+        let metrics = Metrics::new();
+        let admin_addr = config.admin.addr;
+        let server = Arc::new(Server::start(config, metrics).await?);
+        let admin = Admin::start(admin_addr, server.shared().clone()).await?;
+        let watcher = path.map(|p| crate::reload::spawn(p, server.clone()));
+        Ok(Running {
+            server,
+            admin,
+            watcher,
+        })
+    }
+
+    /// Stops accepting, drains, and stops the admin endpoint last (so `/readyz` says
+    /// 503 while draining). Returns the connections cut off by the drain timeout.
+    pub async fn shutdown(self, drain_timeout: Duration) -> usize {
+        if let Some(w) = self.watcher {
+            w.abort();
+        }
+        let left = self.server.shutdown(drain_timeout).await;
+        self.admin.stop().await;
+        left
+    }
+}
+
+/// Waits for SIGTERM or SIGINT.
+pub async fn terminated() {
+    use tokio::signal::unix::{SignalKind, signal};
+    let term = signal(SignalKind::terminate());
+    let int = signal(SignalKind::interrupt());
+    match (term, int) {
+        (Ok(mut t), Ok(mut i)) => {
+            tokio::select! {
+                _ = t.recv() => {},
+                _ = i.recv() => {},
+            }
+        }
+        _ => {
+            let _ = tokio::signal::ctrl_c().await;
+        }
+    }
+}
+
+/// `tollgate run`: returns the process exit code.
+pub fn run(path: PathBuf) -> i32 {
+    let config = match config::load(&path) {
+        Ok(c) => c,
+        Err(e) => {
+            for d in &e.0 {
+                eprintln!("{d}");
+            }
+            eprintln!("tollgate: the config has {} problem(s); not starting", e.0.len());
+            return 2;
+        }
+    };
+    for up in &config.upstreams {
+        if up.retry.max_attempts > 1 && up.budget.is_none() {
+            tracing::warn!(upstream = %up.name, "retries are on without a retry budget: add [upstreams.{}.budget]", up.name);
+        }
+    }
+    let drain = config.listener.drain_timeout;
+    let rt = match runtime(&config) {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("tollgate: {}", StartError::Runtime(e));
+            return 2;
+        }
+    };
+    rt.block_on(async move {
+        let running = match Running::start(config, Some(path)).await {
+            Ok(r) => r,
+            Err(e) => {
+                eprintln!("tollgate: {e}");
+                return 2;
+            }
+        };
+        tracing::info!(
+            listener = %running.server.local_addr(),
+            admin = %running.admin.local_addr(),
+            "tollgate is serving"
+        );
+        terminated().await;
+        tracing::info!(drain_timeout = ?drain, "draining");
+        let cut = running.shutdown(drain).await;
+        if cut > 0 {
+            tracing::warn!(connections = cut, "drain timeout reached; closing the rest");
+        }
+        tracing::info!("stopped");
+        0
+    })
+}

@@ -1,0 +1,224 @@
+//! Opening a connection to one endpoint: resolve the name (re-resolved, so Kubernetes
+//! Service DNS changes are followed), TCP connect with `TCP_NODELAY`, TLS when
+//! configured, then the HTTP/1.1 or HTTP/2 handshake. The connection's I/O task is
+//! spawned and held by an abort handle, so dropping a connection really closes it.
+
+use std::io;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use hyper::client::conn::{http1, http2};
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use tokio::net::TcpStream;
+use tokio::task::AbortHandle;
+use tokio::time::Instant;
+
+use crate::config::{EndpointAddr, TlsConfig};
+use crate::retry::replay::RequestBody;
+
+pub type Sender1 = http1::SendRequest<RequestBody>;
+pub type Sender2 = http2::SendRequest<RequestBody>;
+
+/// How long a resolved name is trusted before it is looked up again.
+const DNS_TTL: Duration = Duration::from_secs(5);
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConnectError {
+    #[error("cannot resolve {host}: {source}")]
+    Resolve { host: String, source: io::Error },
+    #[error("connect to {addr} failed: {source}")]
+    Connect { addr: SocketAddr, source: io::Error },
+    #[error("connect to {0} timed out")]
+    Timeout(String),
+    #[error("TLS handshake with {addr} failed: {source}")]
+    Tls { addr: SocketAddr, source: io::Error },
+    #[error("HTTP handshake with {addr} failed: {source}")]
+    Handshake { addr: SocketAddr, source: hyper::Error },
+}
+
+/// Resolves an endpoint's name, caching the answer briefly and rotating through the
+/// addresses it returns (a headless Service returns one per pod).
+#[derive(Debug)]
+pub struct Resolver {
+    addr: EndpointAddr,
+    literal: Option<SocketAddr>,
+    cache: Mutex<Option<(Arc<[SocketAddr]>, Instant)>>,
+    next: AtomicUsize,
+}
+
+impl Resolver {
+    pub fn new(addr: EndpointAddr) -> Self {
+        Resolver {
+            literal: addr.ip(),
+            addr,
+            cache: Mutex::new(None),
+            next: AtomicUsize::new(0),
+        }
+    }
+
+    pub async fn resolve(&self) -> Result<SocketAddr, ConnectError> {
+        if let Some(a) = self.literal {
+            return Ok(a);
+        }
+        let cached = {
+            let guard = self.cache.lock().unwrap_or_else(|p| p.into_inner());
+            guard
+                .as_ref()
+                .filter(|(_, at)| at.elapsed() < DNS_TTL)
+                .map(|(addrs, _)| addrs.clone())
+        };
+        let addrs = match cached {
+            Some(a) => a,
+            None => {
+                let found: Arc<[SocketAddr]> =
+                    tokio::net::lookup_host((self.addr.host.as_str(), self.addr.port))
+                        .await
+                        .map_err(|source| ConnectError::Resolve {
+                            host: self.addr.host.clone(),
+                            source,
+                        })?
+                        .collect();
+                if found.is_empty() {
+                    return Err(ConnectError::Resolve {
+                        host: self.addr.host.clone(),
+                        source: io::Error::new(io::ErrorKind::NotFound, "no addresses"),
+                    });
+                }
+                *self.cache.lock().unwrap_or_else(|p| p.into_inner()) =
+                    Some((found.clone(), Instant::now()));
+                found
+            }
+        };
+        let i = self.next.fetch_add(1, Relaxed) % addrs.len();
+        Ok(addrs[i])
+    }
+
+    /// Forget the cached answer (after a connect failure: the pod may be gone).
+    pub fn invalidate(&self) {
+        if self.literal.is_none() {
+            *self.cache.lock().unwrap_or_else(|p| p.into_inner()) = None;
+        }
+    }
+}
+
+/// Counts a connection as open for as long as its I/O task lives.
+struct OpenGuard(Arc<AtomicUsize>);
+
+impl Drop for OpenGuard {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Relaxed);
+    }
+}
+
+/// A transport after TCP (and TLS) is up: which protocol it will carry.
+pub enum Transport {
+    Plain(TcpStream),
+    Tls(Box<tokio_rustls::client::TlsStream<TcpStream>>),
+}
+
+impl Transport {
+    /// Whether ALPN settled on HTTP/2.
+    pub fn alpn_h2(&self) -> bool {
+        match self {
+            Transport::Plain(_) => false,
+            Transport::Tls(s) => s.get_ref().1.alpn_protocol() == Some(b"h2"),
+        }
+    }
+}
+
+/// TCP (and TLS) to `addr`, within `timeout`.
+pub async fn open(
+    addr: SocketAddr,
+    tls: Option<&TlsConfig>,
+    timeout: Duration,
+) -> Result<Transport, ConnectError> {
+    let work = async {
+        let tcp = TcpStream::connect(addr)
+            .await
+            .map_err(|source| ConnectError::Connect { addr, source })?;
+        let _ = tcp.set_nodelay(true);
+        match tls {
+            None => Ok(Transport::Plain(tcp)),
+            Some(t) => {
+                let name = rustls_pki_types::ServerName::try_from(t.server_name.clone())
+                    .map_err(|e| ConnectError::Tls {
+                        addr,
+                        source: io::Error::new(io::ErrorKind::InvalidInput, e),
+                    })?;
+                let stream = tokio_rustls::TlsConnector::from(t.client.clone())
+                    .connect(name, tcp)
+                    .await
+                    .map_err(|source| ConnectError::Tls { addr, source })?;
+                Ok(Transport::Tls(Box::new(stream)))
+            }
+        }
+    };
+    match tokio::time::timeout(timeout, work).await {
+        Ok(r) => r,
+        Err(_) => Err(ConnectError::Timeout(addr.to_string())),
+    }
+}
+
+fn spawn_counted<F>(open: &Arc<AtomicUsize>, conn: F) -> AbortHandle
+where
+    F: std::future::Future + Send + 'static,
+{
+    open.fetch_add(1, Relaxed);
+    let guard = OpenGuard(open.clone());
+    tokio::spawn(async move {
+        let _guard = guard;
+        let _ = conn.await;
+    })
+    .abort_handle()
+}
+
+pub async fn handshake_h1(
+    transport: Transport,
+    addr: SocketAddr,
+    open: &Arc<AtomicUsize>,
+) -> Result<(Sender1, AbortHandle), ConnectError> {
+    let mut builder = http1::Builder::new();
+    builder.max_buf_size(256 * 1024);
+    macro_rules! go {
+        ($io:expr) => {{
+            let (sender, conn) = builder
+                .handshake(TokioIo::new($io))
+                .await
+                .map_err(|source| ConnectError::Handshake { addr, source })?;
+            Ok((sender, spawn_counted(open, conn)))
+        }};
+    }
+    match transport {
+        Transport::Plain(s) => go!(s),
+        Transport::Tls(s) => go!(s),
+    }
+}
+
+pub async fn handshake_h2(
+    transport: Transport,
+    addr: SocketAddr,
+    open: &Arc<AtomicUsize>,
+) -> Result<(Sender2, AbortHandle), ConnectError> {
+    let mut builder = http2::Builder::new(TokioExecutor::new());
+    builder
+        .timer(TokioTimer::new())
+        .adaptive_window(true)
+        .keep_alive_interval(Duration::from_secs(20))
+        .keep_alive_timeout(Duration::from_secs(10))
+        .max_concurrent_reset_streams(1024);
+    macro_rules! go {
+        ($io:expr) => {{
+            let (sender, conn) = builder
+                .handshake(TokioIo::new($io))
+                .await
+                .map_err(|source| ConnectError::Handshake { addr, source })?;
+            Ok((sender, spawn_counted(open, conn)))
+        }};
+    }
+    match transport {
+        Transport::Plain(s) => go!(s),
+        Transport::Tls(s) => go!(*s),
+    }
+}

@@ -1,0 +1,303 @@
+//! One endpoint's connections: a bounded lock-free queue of idle HTTP/1.1
+//! connections, or one shared HTTP/2 connection.
+//!
+//! An HTTP/1.1 connection goes back to the idle queue only when its response was read
+//! to the end; a connection whose attempt was abandoned (the app left, the deadline
+//! passed, the response was not wanted) is closed at once, so the upstream sees the
+//! disconnect and no work continues that nobody waits for.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering::Relaxed};
+use std::time::Duration;
+
+use arc_swap::ArcSwapOption;
+use crossbeam_queue::ArrayQueue;
+use http::{Request, Response};
+use hyper::body::Incoming;
+use tokio::task::AbortHandle;
+use tokio::time::Instant;
+
+use super::connect::{self, ConnectError, Resolver, Sender1, Sender2};
+use crate::config::{EndpointAddr, TlsConfig};
+use crate::retry::replay::RequestBody;
+
+/// Idle HTTP/1.1 connections kept per endpoint.
+const MAX_IDLE: usize = 512;
+/// An idle connection older than this is closed rather than reused: upstream servers
+/// close idle keep-alive connections after a while, and reusing one they are about to
+/// close turns into a needless failed attempt.
+const IDLE_TIMEOUT: Duration = Duration::from_secs(50);
+
+/// Which HTTP an attempt wants on this endpoint.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Want {
+    Http1,
+    Http2,
+    /// TLS with ALPN offering both: whatever the endpoint picked last time.
+    Negotiate,
+}
+
+const ALPN_UNKNOWN: u8 = 0;
+const ALPN_H1: u8 = 1;
+const ALPN_H2: u8 = 2;
+
+struct Idle {
+    sender: Sender1,
+    task: AbortHandle,
+    since: Instant,
+}
+
+struct Shared2 {
+    sender: Sender2,
+    task: AbortHandle,
+}
+
+pub struct Endpoint {
+    pub addr: EndpointAddr,
+    resolver: Resolver,
+    idle: ArrayQueue<Idle>,
+    h2: ArcSwapOption<Shared2>,
+    h2_connecting: tokio::sync::Mutex<()>,
+    alpn: AtomicU8,
+    /// Open connections (shared by every endpoint of the upstream).
+    open: Arc<AtomicUsize>,
+}
+
+impl std::fmt::Debug for Endpoint {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Endpoint")
+            .field("addr", &self.addr)
+            .field("idle", &self.idle.len())
+            .finish()
+    }
+}
+
+impl Drop for Endpoint {
+    fn drop(&mut self) {
+        while let Some(idle) = self.idle.pop() {
+            idle.task.abort();
+        }
+        if let Some(h2) = self.h2.swap(None) {
+            h2.task.abort();
+        }
+    }
+}
+
+/// A connection checked out for one attempt.
+pub enum Conn {
+    Http1(Lease),
+    Http2(Sender2),
+}
+
+/// An HTTP/1.1 connection on loan: `release` returns it after a complete response;
+/// dropping it otherwise closes it.
+pub struct Lease {
+    sender: Option<Sender1>,
+    task: AbortHandle,
+    endpoint: Arc<Endpoint>,
+}
+
+impl Endpoint {
+    pub fn new(addr: EndpointAddr, open: Arc<AtomicUsize>) -> Self {
+        Endpoint {
+            resolver: Resolver::new(addr.clone()),
+            addr,
+            idle: ArrayQueue::new(MAX_IDLE),
+            h2: ArcSwapOption::empty(),
+            h2_connecting: tokio::sync::Mutex::new(()),
+            alpn: AtomicU8::new(ALPN_UNKNOWN),
+            open,
+        }
+    }
+
+    pub fn idle_count(&self) -> usize {
+        self.idle.len()
+    }
+
+    /// A connection for one attempt: a pooled one when there is one, else a new one
+    /// within `timeout`.
+    pub async fn checkout(
+        self: &Arc<Self>,
+        want: Want,
+        tls: Option<&TlsConfig>,
+        timeout: Duration,
+    ) -> Result<Conn, ConnectError> {
+        let want = match (want, self.alpn.load(Relaxed)) {
+            (Want::Negotiate, ALPN_H1) => Want::Http1,
+            (Want::Negotiate, ALPN_H2) => Want::Http2,
+            (w, _) => w,
+        };
+        match want {
+            Want::Http1 => {
+                if let Some(lease) = self.pop_idle() {
+                    return Ok(Conn::Http1(lease));
+                }
+                self.connect(want, tls, timeout).await
+            }
+            Want::Http2 => {
+                if let Some(s) = self.shared_h2() {
+                    return Ok(Conn::Http2(s));
+                }
+                // One connect at a time: a burst of requests shares the connection the
+                // first of them opens instead of each opening its own.
+                let _one = self.h2_connecting.lock().await;
+                if let Some(s) = self.shared_h2() {
+                    return Ok(Conn::Http2(s));
+                }
+                self.connect(want, tls, timeout).await
+            }
+            Want::Negotiate => {
+                let _one = self.h2_connecting.lock().await;
+                if let Some(s) = self.shared_h2() {
+                    return Ok(Conn::Http2(s));
+                }
+                self.connect(want, tls, timeout).await
+            }
+        }
+    }
+
+    fn shared_h2(&self) -> Option<Sender2> {
+        let cur = self.h2.load();
+        match cur.as_ref() {
+            Some(s) if !s.sender.is_closed() => Some(s.sender.clone()),
+            _ => None,
+        }
+    }
+
+    fn pop_idle(self: &Arc<Self>) -> Option<Lease> {
+        while let Some(idle) = self.idle.pop() {
+            if idle.sender.is_closed()
+                || !idle.sender.is_ready()
+                || idle.since.elapsed() > IDLE_TIMEOUT
+            {
+                idle.task.abort();
+                continue;
+            }
+            return Some(Lease {
+                sender: Some(idle.sender),
+                task: idle.task,
+                endpoint: self.clone(),
+            });
+        }
+        None
+    }
+
+    async fn connect(
+        self: &Arc<Self>,
+        want: Want,
+        tls: Option<&TlsConfig>,
+        timeout: Duration,
+    ) -> Result<Conn, ConnectError> {
+        let addr = self.resolver.resolve().await?;
+        let transport = match connect::open(addr, tls, timeout).await {
+            Ok(t) => t,
+            Err(e) => {
+                self.resolver.invalidate();
+                return Err(e);
+            }
+        };
+        let h2 = match want {
+            Want::Http1 => false,
+            Want::Http2 => true,
+            Want::Negotiate => {
+                let h2 = transport.alpn_h2();
+                self.alpn
+                    .store(if h2 { ALPN_H2 } else { ALPN_H1 }, Relaxed);
+                h2
+            }
+        };
+        if h2 {
+            let (sender, task) = connect::handshake_h2(transport, addr, &self.open).await?;
+            let old = self.h2.swap(Some(Arc::new(Shared2 {
+                sender: sender.clone(),
+                task,
+            })));
+            if let Some(old) = old {
+                // Streams still running on it finish; hyper closes it when they do.
+                drop(old);
+            }
+            Ok(Conn::Http2(sender))
+        } else {
+            let (sender, task) = connect::handshake_h1(transport, addr, &self.open).await?;
+            Ok(Conn::Http1(Lease {
+                sender: Some(sender),
+                task,
+                endpoint: self.clone(),
+            }))
+        }
+    }
+
+    fn put_idle(&self, sender: Sender1, task: AbortHandle) {
+        let idle = Idle {
+            sender,
+            task,
+            since: Instant::now(),
+        };
+        if let Err(idle) = self.idle.push(idle) {
+            idle.task.abort();
+        }
+    }
+}
+
+/// Why sending on a connection failed.
+pub enum SendError {
+    /// The request never left: the connection was already closed. The request comes
+    /// back untouched and may go out on another connection at no risk.
+    NotSent(Request<RequestBody>, Option<hyper::Error>),
+    /// The request may have reached the upstream.
+    Failed(hyper::Error),
+}
+
+impl Conn {
+    pub async fn send(
+        &mut self,
+        req: Request<RequestBody>,
+    ) -> Result<Response<Incoming>, SendError> {
+        let result = match self {
+            Conn::Http1(lease) => match lease.sender.as_mut() {
+                Some(s) => s.try_send_request(req).await,
+                // A lease holds its sender until released; never reached.
+                None => return Err(SendError::NotSent(req, None)),
+            },
+            Conn::Http2(s) => s.try_send_request(req).await,
+        };
+        result.map_err(|mut e| match e.take_message() {
+            Some(req) => SendError::NotSent(req, Some(e.into_error())),
+            None => SendError::Failed(e.into_error()),
+        })
+    }
+}
+
+impl Lease {
+    /// The response was read to its end: the connection may serve another request.
+    pub fn release(mut self) {
+        let Some(mut sender) = self.sender.take() else {
+            return;
+        };
+        let task = self.task.clone();
+        let endpoint = self.endpoint.clone();
+        if sender.is_ready() {
+            endpoint.put_idle(sender, task);
+        } else if !sender.is_closed() {
+            // hyper marks the connection ready once it has processed the end of the
+            // response, which may be a moment after the body's last byte reached us.
+            tokio::spawn(async move {
+                match tokio::time::timeout(Duration::from_secs(1), sender.ready()).await {
+                    Ok(Ok(())) => endpoint.put_idle(sender, task),
+                    _ => task.abort(),
+                }
+            });
+        } else {
+            task.abort();
+        }
+    }
+}
+
+impl Drop for Lease {
+    fn drop(&mut self) {
+        if self.sender.is_some() {
+            // Abandoned mid-exchange: close it so the upstream sees the disconnect.
+            self.task.abort();
+        }
+    }
+}
