@@ -13,8 +13,11 @@
 #![forbid(unsafe_code)]
 
 pub mod admin;
+pub mod calc;
+pub mod check;
 pub mod config;
 pub mod deadline;
+pub mod lab;
 pub mod metrics;
 pub mod proxy;
 pub mod reload;

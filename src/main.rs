@@ -33,6 +33,14 @@ enum Command {
         #[arg(long)]
         config: Option<PathBuf>,
     },
+    /// Validate a config (or a chain of them); print amplification and patience; lint.
+    Check(tollgate::check::CheckArgs),
+    /// The amplification calculator: worst case, expected, budget-capped, sensitivity.
+    Calc(tollgate::calc::CalcArgs),
+    /// The retry-storm lab: a real HTTP chain on loopback, naive vs owned retries.
+    Lab(tollgate::lab::LabArgs),
+    /// The tick simulation of a capacity dip under five retry policies.
+    Sim(tollgate::lab::SimArgs),
 }
 
 fn init_logging(format: LogFormat) {
@@ -42,7 +50,10 @@ fn init_logging(format: LogFormat) {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or_else(|| Targets::new().with_default(tracing::Level::INFO));
-    let fmt = tracing_subscriber::fmt::layer().with_writer(std::io::stderr);
+    use std::io::IsTerminal;
+    let fmt = tracing_subscriber::fmt::layer()
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal());
     match format {
         LogFormat::Json => tracing_subscriber::registry()
             .with(fmt.json().with_filter(filter))
@@ -57,9 +68,11 @@ fn main() {
     let cli = Cli::parse();
     init_logging(cli.log_format);
     let code = match cli.command {
-        Command::Run { config } => {
-            tollgate::run::run(tollgate::config::resolve_path(config))
-        }
+        Command::Run { config } => tollgate::run::run(tollgate::config::resolve_path(config)),
+        Command::Check(args) => tollgate::check::main(args),
+        Command::Calc(args) => tollgate::calc::main(args),
+        Command::Lab(args) => tollgate::lab::lab_main(args),
+        Command::Sim(args) => tollgate::lab::sim_main(args),
     };
     std::process::exit(code);
 }

@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# The whole test suite, as CI runs it: formatting, lints, unit and integration tests,
+# benches compile, deployment checks. Run from the repository root.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+step() { printf '\n==> %s\n' "$*"; }
+
+step "cargo fmt --check"
+cargo fmt --all -- --check
+
+step "cargo clippy --all-targets -- -D warnings"
+cargo clippy --all-targets --quiet -- -D warnings
+
+step "cargo test"
+cargo test --quiet
+
+if [ -x deploy/test.sh ]; then
+  step "deploy/test.sh (Kubernetes manifests, Prometheus rules, Prometheus end to end)"
+  deploy/test.sh
+fi
+
+step "all tests passed"
