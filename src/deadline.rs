@@ -167,9 +167,17 @@ mod tests {
             b"abc",
             b"99999999999999999999999",
         ] {
-            assert_eq!(parse_millis(bad), None, "{:?}", String::from_utf8_lossy(bad));
+            assert_eq!(
+                parse_millis(bad),
+                None,
+                "{:?}",
+                String::from_utf8_lossy(bad)
+            );
         }
-        assert!(parse_millis(b"9999999999999999999").is_some(), "huge but valid: capped");
+        assert!(
+            parse_millis(b"9999999999999999999").is_some(),
+            "huge but valid: capped"
+        );
     }
 
     #[test]
@@ -178,9 +186,15 @@ mod tests {
         assert_eq!(parse_grpc_timeout(b"2M"), Some(Duration::from_secs(120)));
         assert_eq!(parse_grpc_timeout(b"3S"), Some(Duration::from_secs(3)));
         assert_eq!(parse_grpc_timeout(b"400m"), Some(ms(400)));
-        assert_eq!(parse_grpc_timeout(b"500u"), Some(Duration::from_micros(500)));
+        assert_eq!(
+            parse_grpc_timeout(b"500u"),
+            Some(Duration::from_micros(500))
+        );
         assert_eq!(parse_grpc_timeout(b"600n"), Some(Duration::from_nanos(600)));
-        assert_eq!(parse_grpc_timeout(b"99999999S"), Some(Duration::from_secs(99_999_999)));
+        assert_eq!(
+            parse_grpc_timeout(b"99999999S"),
+            Some(Duration::from_secs(99_999_999))
+        );
         for bad in [
             &b""[..],
             b"m",
@@ -191,7 +205,12 @@ mod tests {
             b"1.5S",
             b"10 m",
         ] {
-            assert_eq!(parse_grpc_timeout(bad), None, "{:?}", String::from_utf8_lossy(bad));
+            assert_eq!(
+                parse_grpc_timeout(bad),
+                None,
+                "{:?}",
+                String::from_utf8_lossy(bad)
+            );
         }
     }
 
@@ -211,7 +230,7 @@ mod tests {
             assert!(back <= d, "{text} promises more than {d:?}");
         }
         assert_eq!(format_grpc_timeout(ms(250)), "250000u");
-        assert_eq!(format_grpc_timeout(Duration::from_secs(3)), "3000m");
+        assert_eq!(format_grpc_timeout(Duration::from_secs(3)), "3000000u");
     }
 
     #[test]
@@ -225,18 +244,35 @@ mod tests {
         assert_eq!(caller_timeout(&h, &accept), None);
         h.insert("x-timeout-ms", HeaderValue::from_static("900"));
         h.insert("grpc-timeout", HeaderValue::from_static("300m"));
-        h.insert("x-envoy-expected-rq-timeout-ms", HeaderValue::from_static("nonsense"));
+        h.insert(
+            "x-envoy-expected-rq-timeout-ms",
+            HeaderValue::from_static("nonsense"),
+        );
         assert_eq!(caller_timeout(&h, &accept), Some(ms(300)));
         h.insert("x-other", HeaderValue::from_static("1"));
-        assert_eq!(caller_timeout(&h, &accept), Some(ms(300)), "only accepted headers count");
-        assert_eq!(caller_timeout(&h, &[]), None, "an empty accept list ignores the caller");
+        assert_eq!(
+            caller_timeout(&h, &accept),
+            Some(ms(300)),
+            "only accepted headers count"
+        );
+        assert_eq!(
+            caller_timeout(&h, &[]),
+            None,
+            "an empty accept list ignores the caller"
+        );
     }
 
     #[test]
     fn deadline_is_the_smaller_of_caller_and_request_timeout() {
         let now = Instant::now();
-        assert_eq!(Deadline::new(now, Some(ms(400)), ms(2000)).at(), now + ms(400));
-        assert_eq!(Deadline::new(now, Some(ms(9000)), ms(2000)).at(), now + ms(2000));
+        assert_eq!(
+            Deadline::new(now, Some(ms(400)), ms(2000)).at(),
+            now + ms(400)
+        );
+        assert_eq!(
+            Deadline::new(now, Some(ms(9000)), ms(2000)).at(),
+            now + ms(2000)
+        );
         assert_eq!(Deadline::new(now, None, ms(2000)).at(), now + ms(2000));
         assert!(Deadline::new(now, Some(ms(0)), ms(2000)).expired(now));
     }

@@ -197,66 +197,93 @@ impl Metrics {
             requests: family(
                 &r,
                 IntCounterVec::new(
-                    Opts::new("tollgate_requests_total", "Requests answered, by final status and outcome."),
+                    Opts::new(
+                        "tollgate_requests_total",
+                        "Requests answered, by final status and outcome.",
+                    ),
                     &["upstream", "code", "outcome"],
                 ),
             ),
             attempts: family(
                 &r,
                 IntCounterVec::new(
-                    Opts::new("tollgate_attempts_total", "Attempts sent upstream (first tries and retries), by result."),
+                    Opts::new(
+                        "tollgate_attempts_total",
+                        "Attempts sent upstream (first tries and retries), by result.",
+                    ),
                     &["upstream", "result"],
                 ),
             ),
             retries: family(
                 &r,
                 IntCounterVec::new(
-                    Opts::new("tollgate_retries_total", "Retries started, by the retry condition that fired."),
+                    Opts::new(
+                        "tollgate_retries_total",
+                        "Retries started, by the retry condition that fired.",
+                    ),
                     &["upstream", "reason"],
                 ),
             ),
             denied: family(
                 &r,
                 IntCounterVec::new(
-                    Opts::new("tollgate_retries_denied_total", "Failures not retried, by what refused the retry."),
+                    Opts::new(
+                        "tollgate_retries_denied_total",
+                        "Failures not retried, by what refused the retry.",
+                    ),
                     &["upstream", "reason"],
                 ),
             ),
             attempts_per_request: family(
                 &r,
                 HistogramVec::new(
-                    HistogramOpts::new("tollgate_attempts_per_request", "Attempts each request took.")
-                        .buckets((1..=10).map(f64::from).collect()),
+                    HistogramOpts::new(
+                        "tollgate_attempts_per_request",
+                        "Attempts each request took.",
+                    )
+                    .buckets((1..=10).map(f64::from).collect()),
                     up,
                 ),
             ),
             amplification: family(
                 &r,
                 GaugeVec::new(
-                    Opts::new("tollgate_amplification", "Attempts per request over the budget window."),
+                    Opts::new(
+                        "tollgate_amplification",
+                        "Attempts per request over the budget window.",
+                    ),
                     up,
                 ),
             ),
             budget_available: family(
                 &r,
                 GaugeVec::new(
-                    Opts::new("tollgate_retry_budget_available", "Retries the budget would grant now (+Inf without a budget)."),
+                    Opts::new(
+                        "tollgate_retry_budget_available",
+                        "Retries the budget would grant now (+Inf without a budget).",
+                    ),
                     up,
                 ),
             ),
             request_duration: family(
                 &r,
                 HistogramVec::new(
-                    HistogramOpts::new("tollgate_request_duration_seconds", "From request head to the end of the response.")
-                        .buckets(LATENCY_BUCKETS.to_vec()),
+                    HistogramOpts::new(
+                        "tollgate_request_duration_seconds",
+                        "From request head to the end of the response.",
+                    )
+                    .buckets(LATENCY_BUCKETS.to_vec()),
                     up,
                 ),
             ),
             attempt_duration: family(
                 &r,
                 HistogramVec::new(
-                    HistogramOpts::new("tollgate_attempt_duration_seconds", "From an attempt's start to its response head or failure.")
-                        .buckets(LATENCY_BUCKETS.to_vec()),
+                    HistogramOpts::new(
+                        "tollgate_attempt_duration_seconds",
+                        "From an attempt's start to its response head or failure.",
+                    )
+                    .buckets(LATENCY_BUCKETS.to_vec()),
                     up,
                 ),
             ),
@@ -270,14 +297,20 @@ impl Metrics {
             connections: family(
                 &r,
                 IntGaugeVec::new(
-                    Opts::new("tollgate_upstream_connections", "Open connections to the upstream's endpoints."),
+                    Opts::new(
+                        "tollgate_upstream_connections",
+                        "Open connections to the upstream's endpoints.",
+                    ),
                     up,
                 ),
             ),
             reloads: family(
                 &r,
                 IntCounterVec::new(
-                    Opts::new("tollgate_config_reloads_total", "Config reloads, by result."),
+                    Opts::new(
+                        "tollgate_config_reloads_total",
+                        "Config reloads, by result.",
+                    ),
                     &["result"],
                 ),
             ),
@@ -301,7 +334,8 @@ impl Metrics {
         let l = &[name];
         let m = UpstreamMetrics {
             name: name.to_string(),
-            attempts: AttemptResult::ALL.map(|r| self.attempts.with_label_values(&[name, r.as_str()])),
+            attempts: AttemptResult::ALL
+                .map(|r| self.attempts.with_label_values(&[name, r.as_str()])),
             denied: Denied::ALL.map(|d| self.denied.with_label_values(&[name, d.as_str()])),
             retries: retry_on
                 .iter()
@@ -338,7 +372,9 @@ impl Metrics {
     ) {
         let l = &[name];
         self.amplification.with_label_values(l).set(amplification);
-        self.budget_available.with_label_values(l).set(budget_available);
+        self.budget_available
+            .with_label_values(l)
+            .set(budget_available);
         self.inflight.with_label_values(l).set(inflight);
         self.connections.with_label_values(l).set(connections);
     }
@@ -393,7 +429,9 @@ pub struct UpstreamMetrics {
 
 impl std::fmt::Debug for UpstreamMetrics {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("UpstreamMetrics").field("name", &self.name).finish()
+        f.debug_struct("UpstreamMetrics")
+            .field("name", &self.name)
+            .finish()
     }
 }
 

@@ -24,8 +24,11 @@ pub const POLL: Duration = Duration::from_millis(250);
 /// How long the files must stay unchanged before they are read.
 const SETTLE: Duration = Duration::from_millis(100);
 
+/// Device, inode, size and modification time (seconds, nanoseconds) of one file.
+type FileStamp = (u64, u64, u64, i64, i64);
+
 #[derive(Clone, Debug, PartialEq, Eq)]
-struct Stamp(Vec<Option<(u64, u64, u64, i64, i64)>>);
+struct Stamp(Vec<Option<FileStamp>>);
 
 fn stamp(paths: &[PathBuf]) -> Stamp {
     Stamp(

@@ -24,9 +24,10 @@ pub enum StartError {
 /// The tokio runtime `run` serves on: `worker_threads` from the config, else the CPUs
 /// this process may use (cgroup quotas included).
 pub fn runtime(config: &Config) -> std::io::Result<tokio::runtime::Runtime> {
-    let threads = config.runtime.worker_threads.unwrap_or_else(|| {
-        std::thread::available_parallelism().map_or(1, |n| n.get())
-    });
+    let threads = config
+        .runtime
+        .worker_threads
+        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
     tokio::runtime::Builder::new_multi_thread()
         .worker_threads(threads)
         .thread_name("tollgate")
@@ -94,7 +95,10 @@ pub fn run(path: PathBuf) -> i32 {
             for d in &e.0 {
                 eprintln!("{d}");
             }
-            eprintln!("tollgate: the config has {} problem(s); not starting", e.0.len());
+            eprintln!(
+                "tollgate: the config has {} problem(s); not starting",
+                e.0.len()
+            );
             return 2;
         }
     };

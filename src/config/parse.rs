@@ -177,7 +177,12 @@ impl<'a> Walker<'a> {
         }
     }
 
-    fn string(&mut self, table: &DeTable<'_>, path: &str, key: &str) -> Option<(String, Range<usize>)> {
+    fn string(
+        &mut self,
+        table: &DeTable<'_>,
+        path: &str,
+        key: &str,
+    ) -> Option<(String, Range<usize>)> {
         let v = self.get(table, key)?;
         match v.get_ref() {
             DeValue::String(s) => Some((s.to_string(), v.span())),
@@ -262,10 +267,7 @@ impl<'a> Walker<'a> {
                 self.error(
                     span,
                     &full,
-                    format!(
-                        "{} is out of range",
-                        super::units::format_duration(d)
-                    ),
+                    format!("{} is out of range", super::units::format_duration(d)),
                     &format!(
                         "use a value from {} to {}",
                         super::units::format_duration(range.0),
@@ -549,8 +551,7 @@ impl<'a> Walker<'a> {
                 defaults.idle_timeout,
                 (Duration::from_millis(100), secs(24 * 3600)),
             ),
-            max_connections: self.integer(t, p, "max_connections", 10_000, (1, 1_000_000))
-                as usize,
+            max_connections: self.integer(t, p, "max_connections", 10_000, (1, 1_000_000)) as usize,
         }
     }
 
@@ -570,19 +571,23 @@ impl<'a> Walker<'a> {
     fn deadline(&mut self, root: &DeTable<'_>) -> DeadlineConfig {
         let mut cfg = DeadlineConfig {
             header: HeaderName::from_static("x-timeout-ms"),
-            accept: ["x-timeout-ms", "grpc-timeout", "x-envoy-expected-rq-timeout-ms"]
-                .into_iter()
-                .map(HeaderName::from_static)
-                .collect(),
+            accept: [
+                "x-timeout-ms",
+                "grpc-timeout",
+                "x-envoy-expected-rq-timeout-ms",
+            ]
+            .into_iter()
+            .map(HeaderName::from_static)
+            .collect(),
         };
         let Some((t, _)) = self.sub_table(root, "", "deadline") else {
             return cfg;
         };
         self.keys("deadline", t, &["header", "accept"]);
-        if let Some((text, span)) = self.string(t, "deadline", "header") {
-            if let Some(h) = self.header_name(&text, span, "deadline.header") {
-                cfg.header = h;
-            }
+        if let Some((text, span)) = self.string(t, "deadline", "header")
+            && let Some(h) = self.header_name(&text, span, "deadline.header")
+        {
+            cfg.header = h;
         }
         if let Some(list) = self.strings(t, "deadline", "accept") {
             cfg.accept = list
@@ -736,7 +741,9 @@ impl<'a> Walker<'a> {
             None => {}
             Some(list) => {
                 if list.is_empty() {
-                    let span = self.get(t, "endpoints").map_or(name_span.clone(), |v| v.span());
+                    let span = self
+                        .get(t, "endpoints")
+                        .map_or(name_span.clone(), |v| v.span());
                     self.error(
                         span,
                         &format!("{path}.endpoints"),
@@ -795,10 +802,20 @@ impl<'a> Walker<'a> {
         let secs = Duration::from_secs;
         let connect_timeout =
             self.duration(t, path, "connect_timeout", ms(200), (ms(1), secs(600)));
-        let request_timeout =
-            self.duration(t, path, "request_timeout", secs(2), (ms(1), secs(24 * 3600)));
-        let attempt_timeout =
-            self.duration(t, path, "attempt_timeout", ms(600), (ms(1), secs(24 * 3600)));
+        let request_timeout = self.duration(
+            t,
+            path,
+            "request_timeout",
+            secs(2),
+            (ms(1), secs(24 * 3600)),
+        );
+        let attempt_timeout = self.duration(
+            t,
+            path,
+            "attempt_timeout",
+            ms(600),
+            (ms(1), secs(24 * 3600)),
+        );
         let max_inflight = self.integer(t, path, "max_inflight", 1000, (1, 10_000_000)) as usize;
 
         let retry = match self.sub_table(t, path, "retry") {
@@ -972,8 +989,13 @@ impl<'a> Walker<'a> {
                 }
             },
         };
-        let max_retry_after =
-            self.duration(t, path, "max_retry_after", secs(5), (Duration::ZERO, secs(3600)));
+        let max_retry_after = self.duration(
+            t,
+            path,
+            "max_retry_after",
+            secs(5),
+            (Duration::ZERO, secs(3600)),
+        );
         let max_body = self.size(t, path, "max_body", 64 * 1024, (0, 64 << 20));
 
         RetryConfig {

@@ -54,13 +54,13 @@ pub fn format_duration(d: Duration) -> String {
     if micros == 0 {
         return "0s".into();
     }
-    if micros % 3_600_000_000 == 0 {
+    if micros.is_multiple_of(3_600_000_000) {
         format!("{}h", micros / 3_600_000_000)
-    } else if micros % 60_000_000 == 0 {
+    } else if micros.is_multiple_of(60_000_000) {
         format!("{}m", micros / 60_000_000)
-    } else if micros % 1_000_000 == 0 {
+    } else if micros.is_multiple_of(1_000_000) {
         format!("{}s", micros / 1_000_000)
-    } else if micros % 1_000 == 0 {
+    } else if micros.is_multiple_of(1_000) {
         format!("{}ms", micros / 1_000)
     } else {
         format!("{micros}us")
@@ -102,7 +102,7 @@ pub fn format_size(bytes: u64) -> String {
         return "0B".into();
     }
     for (unit, scale) in [("GiB", 1u64 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)] {
-        if bytes % scale == 0 {
+        if bytes.is_multiple_of(scale) {
             return format!("{}{unit}", bytes / scale);
         }
     }

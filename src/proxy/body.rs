@@ -55,7 +55,8 @@ impl RequestGuard {
 impl Drop for RequestGuard {
     fn drop(&mut self) {
         if let Some(up) = &self.upstream {
-            up.inflight.fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
+            up.inflight
+                .fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
             up.metrics
                 .request_duration
                 .observe(self.start.elapsed().as_secs_f64());
@@ -97,12 +98,11 @@ impl ResponseBody {
 
     /// Gives the connection back once the upstream's response has ended.
     fn release_if_done(&mut self) {
-        if let Kind::Upstream { inner, lease } = &mut self.kind {
-            if inner.is_end_stream() {
-                if let Some(l) = lease.take() {
-                    l.release();
-                }
-            }
+        if let Kind::Upstream { inner, lease } = &mut self.kind
+            && inner.is_end_stream()
+            && let Some(l) = lease.take()
+        {
+            l.release();
         }
     }
 }

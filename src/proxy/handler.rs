@@ -163,7 +163,15 @@ fn respond(
                 StatusCode::GATEWAY_TIMEOUT => "no response from the upstream in time\n",
                 _ => "the upstream could not be reached\n",
             };
-            local(metrics, status, answer.outcome, answer.attempts, text, None, guard)
+            local(
+                metrics,
+                status,
+                answer.outcome,
+                answer.attempts,
+                text,
+                None,
+                guard,
+            )
         }
     }
 }
@@ -181,7 +189,10 @@ fn local(
     let mut resp = Response::new(ResponseBody::full(text, Some(guard)));
     *resp.status_mut() = status;
     let h = resp.headers_mut();
-    h.insert(CONTENT_TYPE, HeaderValue::from_static("text/plain; charset=utf-8"));
+    h.insert(
+        CONTENT_TYPE,
+        HeaderValue::from_static("text/plain; charset=utf-8"),
+    );
     h.insert(ATTEMPTS_HEADER, count_value(attempts));
     if outcome != Outcome::Ok {
         h.insert(OUTCOME_HEADER, outcome.header_value());

@@ -36,10 +36,10 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
         headers.remove(name);
     }
     if let Some(te) = headers.get(header::TE) {
-        if !te
-            .to_str()
-            .is_ok_and(|v| v.split(',').any(|t| t.trim().eq_ignore_ascii_case("trailers")))
-        {
+        if !te.to_str().is_ok_and(|v| {
+            v.split(',')
+                .any(|t| t.trim().eq_ignore_ascii_case("trailers"))
+        }) {
             headers.remove(header::TE);
         } else if te.as_bytes() != b"trailers" {
             headers.insert(header::TE, HeaderValue::from_static("trailers"));
@@ -61,13 +61,22 @@ mod tests {
     #[test]
     fn hop_by_hop_and_connection_named_headers_go() {
         let mut h = HeaderMap::new();
-        h.insert(header::CONNECTION, HeaderValue::from_static("keep-alive, x-secret-hop"));
+        h.insert(
+            header::CONNECTION,
+            HeaderValue::from_static("keep-alive, x-secret-hop"),
+        );
         h.insert("keep-alive", HeaderValue::from_static("timeout=5"));
         h.insert("x-secret-hop", HeaderValue::from_static("1"));
-        h.insert(header::TRANSFER_ENCODING, HeaderValue::from_static("chunked"));
+        h.insert(
+            header::TRANSFER_ENCODING,
+            HeaderValue::from_static("chunked"),
+        );
         h.insert(header::UPGRADE, HeaderValue::from_static("websocket"));
         h.insert("proxy-connection", HeaderValue::from_static("keep-alive"));
-        h.insert(header::PROXY_AUTHORIZATION, HeaderValue::from_static("Basic x"));
+        h.insert(
+            header::PROXY_AUTHORIZATION,
+            HeaderValue::from_static("Basic x"),
+        );
         h.insert(header::TE, HeaderValue::from_static("gzip"));
         h.insert("x-end-to-end", HeaderValue::from_static("stays"));
         strip_hop_by_hop(&mut h);

@@ -148,7 +148,7 @@ impl Server {
             }
         }
         let (shutdown, _) = watch::channel(false);
-        let settings = config.listener.clone();
+        let settings = config.listener;
         let snapshot = Snapshot::build(config, &metrics, None);
         metrics.mark_loaded();
         let shared = Arc::new(Shared {
@@ -160,10 +160,10 @@ impl Server {
             all_closed: Notify::new(),
             shutdown,
         });
-        let main = accept(main_listener, shared.clone(), None, settings.clone());
+        let main = accept(main_listener, shared.clone(), None, settings);
         let mut dedicated = HashMap::new();
         for (name, l) in dedicated_listeners {
-            let a = accept(l, shared.clone(), Some(name.clone().into()), settings.clone());
+            let a = accept(l, shared.clone(), Some(name.clone().into()), settings);
             dedicated.insert(name, a);
         }
         shared.ready.store(true, Release);
@@ -207,7 +207,7 @@ impl Server {
         if config.runtime != old.config.runtime {
             restart_needed.push("runtime.worker_threads".to_string());
         }
-        let settings = old.config.listener.clone();
+        let settings = old.config.listener;
         // New dedicated ports are bound before the swap, so the new upstream answers
         // on them as soon as it exists; removed ones are closed after it.
         let mut to_start = Vec::new();
@@ -248,7 +248,7 @@ impl Server {
         }
         self.shared.snapshot.store(Arc::new(next));
         for (name, l) in started {
-            let a = accept(l, self.shared.clone(), Some(name.clone().into()), settings.clone());
+            let a = accept(l, self.shared.clone(), Some(name.clone().into()), settings);
             self.dedicated
                 .lock()
                 .unwrap_or_else(|p| p.into_inner())
@@ -335,7 +335,9 @@ fn accept(
     fixed: Option<Arc<str>>,
     settings: crate::config::ListenerConfig,
 ) -> Accepting {
-    let addr = listener.local_addr().unwrap_or_else(|_| SocketAddr::from(([0, 0, 0, 0], 0)));
+    let addr = listener
+        .local_addr()
+        .unwrap_or_else(|_| SocketAddr::from(([0, 0, 0, 0], 0)));
     let (stop, mut stopped) = watch::channel(false);
     let task = tokio::spawn(async move {
         loop {
@@ -352,7 +354,7 @@ fn accept(
                         shared.connections.fetch_add(1, AcqRel);
                         let count = ConnCount(shared.clone());
                         let shutdown = shared.shutdown.subscribe();
-                        let fut = conn::serve(stream, shared.clone(), fixed.clone(), settings.clone(), shutdown);
+                        let fut = conn::serve(stream, shared.clone(), fixed.clone(), settings, shutdown);
                         tokio::spawn(async move {
                             let _count = count;
                             fut.await;

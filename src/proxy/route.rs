@@ -49,7 +49,10 @@ impl Routes {
 /// `host:port` -> `host`; `[::1]:80` -> `[::1]`.
 fn strip_port(authority: &str) -> &str {
     match authority.rfind(':') {
-        Some(i) if !authority[i..].contains(']') && authority[i + 1..].bytes().all(|b| b.is_ascii_digit()) => {
+        Some(i)
+            if !authority[i..].contains(']')
+                && authority[i + 1..].bytes().all(|b| b.is_ascii_digit()) =>
+        {
             &authority[..i]
         }
         _ => authority,
@@ -69,7 +72,10 @@ mod tests {
     use super::*;
 
     fn routes() -> Routes {
-        let a = vec!["payments".to_string(), "payments.default.svc.cluster.local".to_string()];
+        let a = vec![
+            "payments".to_string(),
+            "payments.default.svc.cluster.local".to_string(),
+        ];
         let b = vec!["ledger:9000".to_string()];
         Routes::new([(0, a.as_slice()), (1, b.as_slice())].into_iter())
     }
@@ -87,7 +93,11 @@ mod tests {
     #[test]
     fn unclaimed_authorities_do_not_match() {
         let r = routes();
-        assert_eq!(r.lookup("ledger"), None, "an authority with a port matches only that port");
+        assert_eq!(
+            r.lookup("ledger"),
+            None,
+            "an authority with a port matches only that port"
+        );
         assert_eq!(r.lookup("ledger:9001"), None);
         assert_eq!(r.lookup("evil.example.com"), None);
         assert_eq!(r.lookup("payments.evil.example.com"), None);
@@ -102,7 +112,11 @@ mod tests {
             .body(())
             .unwrap();
         assert_eq!(authority_of(&req), Some("payments"));
-        let req = Request::builder().uri("/charge").header(HOST, "ledger:9000").body(()).unwrap();
+        let req = Request::builder()
+            .uri("/charge")
+            .header(HOST, "ledger:9000")
+            .body(())
+            .unwrap();
         assert_eq!(authority_of(&req), Some("ledger:9000"));
     }
 }

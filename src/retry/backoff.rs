@@ -104,7 +104,11 @@ mod tests {
         let b = Backoff::try_new(ms(25), ms(1000)).unwrap();
         let caps: Vec<u64> = (0..8).map(|n| b.cap(n).as_millis() as u64).collect();
         assert_eq!(caps, vec![25, 50, 100, 200, 400, 800, 1000, 1000]);
-        assert_eq!(b.cap(1000), ms(1000), "huge exponents saturate, never overflow");
+        assert_eq!(
+            b.cap(1000),
+            ms(1000),
+            "huge exponents saturate, never overflow"
+        );
     }
 
     #[test]
@@ -128,7 +132,10 @@ mod tests {
             );
             // A quarter of the draws land in each quarter of the interval.
             let low = draws.iter().filter(|d| **d < cap / 4).count();
-            assert!((800..1200).contains(&low), "{low} draws in the lowest quarter");
+            assert!(
+                (800..1200).contains(&low),
+                "{low} draws in the lowest quarter"
+            );
         }
     }
 

@@ -64,7 +64,11 @@ mod tests {
         let mut rng = fastrand::Rng::with_seed(3);
         // 70% of attempts take ~20 ms, 30% take ~2 s: the median is ~20 ms, the mean ~600 ms.
         for _ in 0..2000 {
-            let ms = if rng.u8(0..10) < 7 { rng.u64(15..25) } else { rng.u64(1500..2500) };
+            let ms = if rng.u8(0..10) < 7 {
+                rng.u64(15..25)
+            } else {
+                rng.u64(1500..2500)
+            };
             m.observe(Duration::from_millis(ms));
         }
         let got = m.get().unwrap().as_millis();

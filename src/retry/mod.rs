@@ -146,7 +146,11 @@ pub async fn forward(up: &Upstream, ex: Exchange) -> Answer {
         let start = Instant::now();
         if deadline.expired(start) {
             up.metrics.denied(crate::metrics::Denied::Deadline);
-            return local(StatusCode::GATEWAY_TIMEOUT, attempts - 1, Outcome::DeadlineExceeded);
+            return local(
+                StatusCode::GATEWAY_TIMEOUT,
+                attempts - 1,
+                Outcome::DeadlineExceeded,
+            );
         }
         let attempt_deadline = (start + cfg.attempt_timeout).min(deadline.at());
         let ep_index = up.pick(avoid);
@@ -163,7 +167,12 @@ pub async fn forward(up: &Upstream, ex: Exchange) -> Answer {
         let mut stale = 0;
         let result: Result<(Response<Incoming>, Option<Lease>), Failure> = loop {
             let connect_by = (Instant::now() + cfg.connect_timeout).min(attempt_deadline);
-            let mut conn = match timeout_at(connect_by, endpoint.checkout(want, tls, cfg.connect_timeout)).await {
+            let mut conn = match timeout_at(
+                connect_by,
+                endpoint.checkout(want, tls, cfg.connect_timeout),
+            )
+            .await
+            {
                 Ok(Ok(c)) => c,
                 Ok(Err(e)) => {
                     tracing::debug!(upstream = %cfg.name, endpoint = %endpoint.addr, error = %e, "connect failed");
@@ -213,10 +222,10 @@ pub async fn forward(up: &Upstream, ex: Exchange) -> Answer {
                     // The pooled connection had closed under us: the request never
                     // left, so it goes out on another connection as the same attempt.
                     stale += 1;
-                    returned = Some(req);
+                    returned = Some(*req);
                 }
                 Ok(Err(SendError::NotSent(req, _))) => {
-                    let (parts, body) = req.into_parts();
+                    let (parts, body) = (*req).into_parts();
                     headers = parts.headers;
                     match body {
                         RequestBody::Stream(b) => fresh_body = Some(b),
@@ -340,7 +349,9 @@ pub async fn forward(up: &Upstream, ex: Exchange) -> Answer {
                     None => {
                         let status = match failure {
                             Failure::Timeout => StatusCode::GATEWAY_TIMEOUT,
-                            _ if outcome == Outcome::DeadlineExceeded => StatusCode::GATEWAY_TIMEOUT,
+                            _ if outcome == Outcome::DeadlineExceeded => {
+                                StatusCode::GATEWAY_TIMEOUT
+                            }
                             _ => StatusCode::BAD_GATEWAY,
                         };
                         local(status, attempts, outcome)
@@ -388,16 +399,20 @@ fn stamp(
     match conn {
         Conn::Http1(_) => {
             *req.version_mut() = Version::HTTP_11;
-            if req.uri().scheme().is_some() {
-                if let Some(pq) = req.uri().path_and_query().cloned() {
-                    *req.uri_mut() = Uri::from(pq);
-                }
+            if req.uri().scheme().is_some()
+                && let Some(pq) = req.uri().path_and_query().cloned()
+            {
+                *req.uri_mut() = Uri::from(pq);
             }
         }
         Conn::Http2(_) => {
             *req.version_mut() = Version::HTTP_2;
             if req.uri().scheme().is_none() {
-                let scheme = if up.config.tls.is_some() { "https" } else { "http" };
+                let scheme = if up.config.tls.is_some() {
+                    "https"
+                } else {
+                    "http"
+                };
                 let authority = req
                     .headers()
                     .get(http::header::HOST)
@@ -440,7 +455,9 @@ fn discard(resp: Response<Incoming>, lease: Option<Lease>) {
         Some(n) if n <= 64 * 1024 => {
             tokio::spawn(async move {
                 use http_body_util::BodyExt;
-                if let Ok(Ok(_)) = tokio::time::timeout(Duration::from_secs(1), body.collect()).await {
+                if let Ok(Ok(_)) =
+                    tokio::time::timeout(Duration::from_secs(1), body.collect()).await
+                {
                     lease.release();
                 }
             });

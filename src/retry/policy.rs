@@ -207,10 +207,10 @@ impl Policy<'_> {
             return Err(Stop::Deadline);
         }
         // An attempt that cannot finish in the time left only adds load.
-        if let Some(typical) = self.median {
-            if left - sleep < typical {
-                return Err(Stop::Deadline);
-            }
+        if let Some(typical) = self.median
+            && left - sleep < typical
+        {
+            return Err(Stop::Deadline);
         }
         if !self.budget.try_retry(s.now) {
             return Err(Stop::Budget);
@@ -268,7 +268,11 @@ mod tests {
             p.decide(s, &mut fastrand::Rng::with_seed(1))
         }
 
-        fn situation<'a>(&self, failure: Failure, response: Option<&'a HeaderMap>) -> Situation<'a> {
+        fn situation<'a>(
+            &self,
+            failure: Failure,
+            response: Option<&'a HeaderMap>,
+        ) -> Situation<'a> {
             Situation {
                 failure,
                 response,
@@ -297,10 +301,16 @@ mod tests {
         let f = Fixture::new();
         let mut owned = HeaderMap::new();
         owned.insert(OUTCOME_HEADER, HeaderValue::from_static("budget-exhausted"));
-        assert_eq!(f.decide(&f.situation(s503(), Some(&owned)), None), Err(Stop::Ownership));
+        assert_eq!(
+            f.decide(&f.situation(s503(), Some(&owned)), None),
+            Err(Stop::Ownership)
+        );
 
         let f500 = Failure::Status(StatusCode::INTERNAL_SERVER_ERROR);
-        assert_eq!(f.decide(&f.situation(f500, None), None), Err(Stop::NotListed));
+        assert_eq!(
+            f.decide(&f.situation(f500, None), None),
+            Err(Stop::NotListed)
+        );
 
         let mut s = f.situation(s503(), None);
         s.request_retryable = false;
@@ -308,7 +318,10 @@ mod tests {
 
         let mut s = f.situation(Failure::ConnectFailure, None);
         s.request_retryable = false;
-        assert!(f.decide(&s, None).is_ok(), "a request never sent may go to another endpoint");
+        assert!(
+            f.decide(&s, None).is_ok(),
+            "a request never sent may go to another endpoint"
+        );
 
         let mut s = f.situation(s503(), None);
         s.attempts = 3;
@@ -335,11 +348,17 @@ mod tests {
         assert!(sleep >= Duration::from_secs(1) && sleep < Duration::from_secs(2));
 
         h.insert(http::header::RETRY_AFTER, HeaderValue::from_static("30"));
-        assert_eq!(f.decide(&f.situation(s503(), Some(&h)), None), Err(Stop::RetryAfter));
+        assert_eq!(
+            f.decide(&f.situation(s503(), Some(&h)), None),
+            Err(Stop::RetryAfter)
+        );
 
         // Fits max_retry_after (5 s) but not the deadline (2 s).
         h.insert(http::header::RETRY_AFTER, HeaderValue::from_static("3"));
-        assert_eq!(f.decide(&f.situation(s503(), Some(&h)), None), Err(Stop::RetryAfter));
+        assert_eq!(
+            f.decide(&f.situation(s503(), Some(&h)), None),
+            Err(Stop::RetryAfter)
+        );
     }
 
     #[test]
@@ -353,7 +372,9 @@ mod tests {
             Err(Stop::RetryAfter)
         );
         h.insert(GRPC_PUSHBACK, HeaderValue::from_static("100"));
-        let sleep = f.decide(&f.situation(Failure::Unavailable, Some(&h)), None).unwrap();
+        let sleep = f
+            .decide(&f.situation(Failure::Unavailable, Some(&h)), None)
+            .unwrap();
         assert!(sleep >= Duration::from_millis(100));
     }
 
@@ -373,7 +394,10 @@ mod tests {
         for _ in 0..100 {
             assert!(f.decide(&f.situation(s503(), None), None).is_ok());
         }
-        assert_eq!(f.decide(&f.situation(s503(), None), None), Err(Stop::Budget));
+        assert_eq!(
+            f.decide(&f.situation(s503(), None), None),
+            Err(Stop::Budget)
+        );
     }
 
     #[test]
@@ -381,7 +405,10 @@ mod tests {
         let on = RetryOn::default();
         let mut h = HeaderMap::new();
         h.insert(GRPC_STATUS, HeaderValue::from_static("14"));
-        assert_eq!(classify_response(StatusCode::OK, &h, &on), Some(Failure::Unavailable));
+        assert_eq!(
+            classify_response(StatusCode::OK, &h, &on),
+            Some(Failure::Unavailable)
+        );
         h.insert(GRPC_STATUS, HeaderValue::from_static("0"));
         assert_eq!(classify_response(StatusCode::OK, &h, &on), None);
         assert_eq!(
@@ -397,7 +424,10 @@ mod tests {
             Stop::Attempts.outcome(Failure::ConnectFailure),
             Outcome::UpstreamUnreachable
         );
-        assert_eq!(Stop::Budget.outcome(Failure::ConnectFailure), Outcome::BudgetExhausted);
+        assert_eq!(
+            Stop::Budget.outcome(Failure::ConnectFailure),
+            Outcome::BudgetExhausted
+        );
         assert_eq!(Stop::Method.outcome(s503()), Outcome::NotRetryable);
     }
 }

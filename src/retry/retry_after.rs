@@ -100,8 +100,7 @@ pub fn parse_http_date(text: &str) -> Option<SystemTime> {
         return None;
     }
     let (h, mi, s): (u64, u64, u64) = (h.parse().ok()?, mi.parse().ok()?, s.parse().ok()?);
-    if !(1..=31).contains(&day) || h > 23 || mi > 59 || s > 60 || !(1970..=9999).contains(&year)
-    {
+    if !(1..=31).contains(&day) || h > 23 || mi > 59 || s > 60 || !(1970..=9999).contains(&year) {
         return None;
     }
     let days = days_from_civil(year, month, day);
@@ -147,7 +146,10 @@ mod tests {
     #[test]
     fn delta_seconds() {
         assert_eq!(parse_retry_after(b"1", at(0)), Some(Duration::from_secs(1)));
-        assert_eq!(parse_retry_after(b" 120 ", at(0)), Some(Duration::from_secs(120)));
+        assert_eq!(
+            parse_retry_after(b" 120 ", at(0)),
+            Some(Duration::from_secs(120))
+        );
         assert!(parse_retry_after(b"99999999999999999999999", at(0)).is_some());
     }
 
@@ -186,7 +188,12 @@ mod tests {
             b"Xyz, 06 Nov 1994 08:49:37 GMT",
             b"\xff\xfe",
         ] {
-            assert_eq!(parse_retry_after(bad, at(0)), None, "{:?}", String::from_utf8_lossy(bad));
+            assert_eq!(
+                parse_retry_after(bad, at(0)),
+                None,
+                "{:?}",
+                String::from_utf8_lossy(bad)
+            );
         }
     }
 
@@ -200,7 +207,10 @@ mod tests {
 
     #[test]
     fn pushback_negative_or_garbage_means_never() {
-        assert_eq!(parse_pushback_ms(b"250"), Pushback::After(Duration::from_millis(250)));
+        assert_eq!(
+            parse_pushback_ms(b"250"),
+            Pushback::After(Duration::from_millis(250))
+        );
         assert_eq!(parse_pushback_ms(b"0"), Pushback::After(Duration::ZERO));
         for bad in [&b"-1"[..], b"", b"soon", b"1.5", b"99999999999999999999999"] {
             assert_eq!(parse_pushback_ms(bad), Pushback::Never);

@@ -35,7 +35,10 @@ pub enum ConnectError {
     #[error("TLS handshake with {addr} failed: {source}")]
     Tls { addr: SocketAddr, source: io::Error },
     #[error("HTTP handshake with {addr} failed: {source}")]
-    Handshake { addr: SocketAddr, source: hyper::Error },
+    Handshake {
+        addr: SocketAddr,
+        source: hyper::Error,
+    },
 }
 
 /// Resolves an endpoint's name, caching the answer briefly and rotating through the
@@ -134,27 +137,28 @@ pub async fn open(
     tls: Option<&TlsConfig>,
     timeout: Duration,
 ) -> Result<Transport, ConnectError> {
-    let work = async {
-        let tcp = TcpStream::connect(addr)
-            .await
-            .map_err(|source| ConnectError::Connect { addr, source })?;
-        let _ = tcp.set_nodelay(true);
-        match tls {
-            None => Ok(Transport::Plain(tcp)),
-            Some(t) => {
-                let name = rustls_pki_types::ServerName::try_from(t.server_name.clone())
-                    .map_err(|e| ConnectError::Tls {
-                        addr,
-                        source: io::Error::new(io::ErrorKind::InvalidInput, e),
-                    })?;
-                let stream = tokio_rustls::TlsConnector::from(t.client.clone())
-                    .connect(name, tcp)
-                    .await
-                    .map_err(|source| ConnectError::Tls { addr, source })?;
-                Ok(Transport::Tls(Box::new(stream)))
+    let work =
+        async {
+            let tcp = TcpStream::connect(addr)
+                .await
+                .map_err(|source| ConnectError::Connect { addr, source })?;
+            let _ = tcp.set_nodelay(true);
+            match tls {
+                None => Ok(Transport::Plain(tcp)),
+                Some(t) => {
+                    let name = rustls_pki_types::ServerName::try_from(t.server_name.clone())
+                        .map_err(|e| ConnectError::Tls {
+                            addr,
+                            source: io::Error::new(io::ErrorKind::InvalidInput, e),
+                        })?;
+                    let stream = tokio_rustls::TlsConnector::from(t.client.clone())
+                        .connect(name, tcp)
+                        .await
+                        .map_err(|source| ConnectError::Tls { addr, source })?;
+                    Ok(Transport::Tls(Box::new(stream)))
+                }
             }
-        }
-    };
+        };
     match tokio::time::timeout(timeout, work).await {
         Ok(r) => r,
         Err(_) => Err(ConnectError::Timeout(addr.to_string())),

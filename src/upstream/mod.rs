@@ -51,7 +51,8 @@ impl Upstream {
                 && p.config.protocol == config.protocol
                 && p.config.tls == config.tls
         });
-        let connections = previous.map_or_else(|| Arc::new(AtomicUsize::new(0)), |p| p.connections.clone());
+        let connections =
+            previous.map_or_else(|| Arc::new(AtomicUsize::new(0)), |p| p.connections.clone());
         let endpoints = match previous {
             Some(p) if same_transport => p.endpoints.clone(),
             _ => config
@@ -73,7 +74,8 @@ impl Upstream {
             _ => Arc::new(metrics.upstream(&config.name, &config.retry.on.names())),
         };
         Upstream {
-            inflight: previous.map_or_else(|| Arc::new(AtomicUsize::new(0)), |p| p.inflight.clone()),
+            inflight: previous
+                .map_or_else(|| Arc::new(AtomicUsize::new(0)), |p| p.inflight.clone()),
             connections,
             endpoints,
             next: AtomicUsize::new(0),

@@ -201,8 +201,7 @@ impl Endpoint {
             Want::Http2 => true,
             Want::Negotiate => {
                 let h2 = transport.alpn_h2();
-                self.alpn
-                    .store(if h2 { ALPN_H2 } else { ALPN_H1 }, Relaxed);
+                self.alpn.store(if h2 { ALPN_H2 } else { ALPN_H1 }, Relaxed);
                 h2
             }
         };
@@ -243,7 +242,7 @@ impl Endpoint {
 pub enum SendError {
     /// The request never left: the connection was already closed. The request comes
     /// back untouched and may go out on another connection at no risk.
-    NotSent(Request<RequestBody>, Option<hyper::Error>),
+    NotSent(Box<Request<RequestBody>>, Option<hyper::Error>),
     /// The request may have reached the upstream.
     Failed(hyper::Error),
 }
@@ -257,12 +256,12 @@ impl Conn {
             Conn::Http1(lease) => match lease.sender.as_mut() {
                 Some(s) => s.try_send_request(req).await,
                 // A lease holds its sender until released; never reached.
-                None => return Err(SendError::NotSent(req, None)),
+                None => return Err(SendError::NotSent(Box::new(req), None)),
             },
             Conn::Http2(s) => s.try_send_request(req).await,
         };
         result.map_err(|mut e| match e.take_message() {
-            Some(req) => SendError::NotSent(req, Some(e.into_error())),
+            Some(req) => SendError::NotSent(Box::new(req), Some(e.into_error())),
             None => SendError::Failed(e.into_error()),
         })
     }

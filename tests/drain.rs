@@ -1,0 +1,83 @@
+//! Graceful shutdown of the real binary: SIGTERM stops accepting new connections, lets
+//! the request in flight finish, and exits 0.
+
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use std::time::Duration;
+
+use common::*;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_drains_in_flight_requests_and_refuses_new_connections() {
+    let up = Upstream::start(|_req| async {
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        respond(200, "finished")
+    })
+    .await;
+    let mut p = Process::start(&format!(
+        "[upstreams.slow]\nauthorities = [\"slow\"]\nendpoints = [\"{}\"]\nrequest_timeout = \"10s\"\nattempt_timeout = \"10s\"\n",
+        up.addr
+    ))
+    .await;
+    let addr = p.addr;
+    let in_flight = tokio::spawn(async move { get(addr, "/", "slow").await });
+    assert!(wait_until(Duration::from_secs(5), || up.hits() == 1).await);
+
+    p.signal("TERM");
+    // The listener closes: new connections are refused while the old one finishes.
+    let refused = {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+        loop {
+            if tokio::net::TcpStream::connect(addr).await.is_err() {
+                break true;
+            }
+            if tokio::time::Instant::now() > deadline {
+                break false;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    };
+    assert!(refused, "new connections were still accepted after SIGTERM");
+
+    let r = in_flight.await.unwrap();
+    assert_eq!(r.status, 200);
+    assert_eq!(r.body, "finished");
+    assert_eq!(
+        p.wait_exit(Duration::from_secs(10)).await,
+        Some(0),
+        "exit code after a clean drain"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_invalid_config_or_a_taken_port_exits_2() {
+    let dir = tempdir::TempDir::new("exit2");
+    let bad = dir.path().join("bad.toml");
+    std::fs::write(&bad, "[listener]\naddr = \"nowhere\"\n").unwrap();
+    let out = std::process::Command::new(binary())
+        .args(["run", "--config"])
+        .arg(&bad)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("bad.toml:2:8: listener.addr"), "{err}");
+
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = taken.local_addr().unwrap().port();
+    let cfg = dir.path().join("taken.toml");
+    std::fs::write(
+        &cfg,
+        format!("[listener]\naddr = \"127.0.0.1:{port}\"\n[admin]\naddr = \"127.0.0.1:0\"\n"),
+    )
+    .unwrap();
+    let out = std::process::Command::new(binary())
+        .args(["run", "--config"])
+        .arg(&cfg)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("cannot listen"));
+}

@@ -1,0 +1,286 @@
+//! The hop itself: routing by authority, HTTP/1.1 and HTTP/2 cleartext, streaming in both
+//! directions, header hygiene, and tollgate never being an open proxy.
+
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use std::time::Duration;
+
+use common::*;
+use http::{HeaderMap, HeaderValue, Response};
+use http_body_util::BodyExt;
+
+fn echo_upstream(
+    name: &'static str,
+) -> impl Fn(http::Request<hyper::body::Incoming>) -> std::future::Ready<Response<BoxBody>>
++ Send
++ Sync
++ 'static {
+    move |req| {
+        let host = req
+            .headers()
+            .get("host")
+            .and_then(|h| h.to_str().ok())
+            .unwrap_or("")
+            .to_string();
+        let body = format!("{name} {} {} host={host}", req.method(), req.uri());
+        std::future::ready(Response::new(full(body)))
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn routes_by_host_and_absolute_form_and_refuses_the_rest() {
+    let a = Upstream::start(echo_upstream("a")).await;
+    let b = Upstream::start(echo_upstream("b")).await;
+    let tg = Tollgate::start(&config(&format!(
+        "[upstreams.a]\nauthorities = [\"alpha\", \"alpha.default.svc.cluster.local\"]\nendpoints = [\"{}\"]\n\
+         [upstreams.b]\nauthorities = [\"beta:8080\"]\nendpoints = [\"{}\"]\n",
+        a.addr, b.addr
+    )))
+    .await;
+
+    let r = get(tg.addr, "/x?q=1", "alpha").await;
+    assert_eq!(r.status, 200);
+    assert_eq!(r.body, "a GET /x?q=1 host=alpha");
+    assert_eq!(r.attempts(), 1);
+    assert_eq!(r.outcome(), None);
+
+    let r = get(tg.addr, "/", "Alpha.Default.Svc.Cluster.Local:80").await;
+    assert_eq!(r.status, 200, "case and port of the Host do not matter");
+
+    let r = get(tg.addr, "/y", "beta:8080").await;
+    assert_eq!(r.body, "b GET /y host=beta:8080");
+
+    // HTTP_PROXY style: absolute-form request line; the upstream sees origin-form.
+    let req = request("GET", "http://alpha/proxied?z=2", "ignored")
+        .body(empty())
+        .unwrap();
+    let r = send(tg.addr, req).await;
+    assert_eq!(r.status, 200);
+    assert_eq!(r.body, "a GET /proxied?z=2 host=alpha");
+
+    for host in ["unknown", "beta", "beta:9999", "evil.example.com"] {
+        let r = get(tg.addr, "/", host).await;
+        assert_eq!(r.status, 404, "{host}");
+        assert_eq!(r.outcome(), Some("no-route"), "{host}");
+    }
+    let req = request("GET", "http://evil.example.com/", "alpha")
+        .body(empty())
+        .unwrap();
+    let r = send(tg.addr, req).await;
+    assert_eq!(
+        r.status, 404,
+        "an absolute-form URI to an unconfigured host is refused"
+    );
+    assert_eq!(a.hits() + b.hits(), 4);
+
+    let m = tg.metrics().await;
+    assert_eq!(
+        metric(
+            &m,
+            "tollgate_requests_total{code=\"404\",outcome=\"no-route\",upstream=\"\"}"
+        ),
+        Some(5.0)
+    );
+    tg.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dedicated_port_routes_whatever_the_host() {
+    let a = Upstream::start(echo_upstream("a")).await;
+    let port = free_port();
+    let tg = Tollgate::start(&config(&format!(
+        "[upstreams.a]\nlisten = \"127.0.0.1:{port}\"\nendpoints = [\"{}\"]\nhost = \"api.example\"\n",
+        a.addr
+    )))
+    .await;
+    let addr = tg.server().listen_addr("a").unwrap();
+    let r = get(addr, "/z", "anything").await;
+    assert_eq!(r.status, 200);
+    assert_eq!(
+        r.body, "a GET /z host=api.example",
+        "the configured host is sent upstream"
+    );
+    let r = get(tg.addr, "/z", "anything").await;
+    assert_eq!(r.status, 404, "the main listener still routes by authority");
+    tg.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn grpc_over_h2c_end_to_end_with_trailers() {
+    let up = Upstream::start(|req: http::Request<hyper::body::Incoming>| async move {
+        assert_eq!(req.version(), http::Version::HTTP_2, "h2 in, h2c out");
+        let te = req.headers().get("te").cloned();
+        let timeout = req.headers().get("grpc-timeout").cloned();
+        let body = req.into_body().collect().await.unwrap().to_bytes();
+        let mut trailers = HeaderMap::new();
+        trailers.insert("grpc-status", HeaderValue::from_static("0"));
+        trailers.insert("x-te", te.unwrap_or(HeaderValue::from_static("none")));
+        trailers.insert(
+            "x-grpc-timeout",
+            timeout.unwrap_or(HeaderValue::from_static("none")),
+        );
+        let mut echo = body.to_vec();
+        echo.reverse();
+        Response::builder()
+            .header("content-type", "application/grpc")
+            .body(
+                WithTrailers {
+                    data: Some(echo.into()),
+                    trailers: Some(trailers),
+                }
+                .boxed(),
+            )
+            .unwrap()
+    })
+    .await;
+    let tg = Tollgate::start(&config(&format!(
+        "[upstreams.greeter]\nauthorities = [\"greeter\"]\nendpoints = [\"{}\"]\n",
+        up.addr
+    )))
+    .await;
+    let frame = b"\x00\x00\x00\x00\x05hello".to_vec();
+    let req = http::Request::builder()
+        .method("POST")
+        .uri("http://greeter/helloworld.Greeter/SayHello")
+        .header("content-type", "application/grpc")
+        .header("te", "trailers")
+        .header("grpc-timeout", "1S")
+        .body(full(frame.clone()))
+        .unwrap();
+    let r = send_h2(tg.addr, req).await;
+    assert_eq!(r.status, 200);
+    let mut expected = frame;
+    expected.reverse();
+    assert_eq!(r.body.to_vec(), expected);
+    let t = r.trailers.expect("trailers pass through");
+    assert_eq!(t["grpc-status"], "0");
+    assert_eq!(t["x-te"], "trailers", "TE: trailers reaches a gRPC server");
+    let sent: u64 = t["x-grpc-timeout"]
+        .to_str()
+        .unwrap()
+        .trim_end_matches(|c: char| c.is_alphabetic())
+        .parse()
+        .unwrap();
+    assert!(sent > 0, "grpc-timeout is rewritten, not dropped");
+    tg.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hop_by_hop_headers_are_removed_both_ways() {
+    let up = Upstream::start(|req: http::Request<hyper::body::Incoming>| async move {
+        let mut names: Vec<String> = req.headers().keys().map(|k| k.to_string()).collect();
+        names.sort();
+        Response::builder()
+            .header("connection", "x-resp-hop")
+            .header("x-resp-hop", "1")
+            .header("keep-alive", "timeout=5")
+            .header("proxy-connection", "keep-alive")
+            .header("x-resp-end", "kept")
+            .body(full(names.join(",")))
+            .unwrap()
+    })
+    .await;
+    let tg = Tollgate::start(&config(&format!(
+        "[upstreams.a]\nauthorities = [\"a\"]\nendpoints = [\"{}\"]\n",
+        up.addr
+    )))
+    .await;
+    let req = request("GET", "/", "a")
+        .header("connection", "x-req-hop")
+        .header("x-req-hop", "secret")
+        .header("keep-alive", "timeout=5")
+        .header("proxy-authorization", "Basic Zm9vOmJhcg==")
+        .header("upgrade", "websocket")
+        .header("x-req-end", "kept")
+        .body(empty())
+        .unwrap();
+    let r = send(tg.addr, req).await;
+    let seen = String::from_utf8(r.body.to_vec()).unwrap();
+    for hop in ["x-req-hop", "keep-alive", "proxy-authorization", "upgrade"] {
+        assert!(
+            !seen.split(',').any(|h| h == hop),
+            "{hop} reached the upstream: {seen}"
+        );
+    }
+    assert!(seen.split(',').any(|h| h == "x-req-end"));
+    for hop in ["x-resp-hop", "keep-alive", "proxy-connection"] {
+        assert!(r.headers.get(hop).is_none(), "{hop} reached the app");
+    }
+    assert_eq!(r.header("x-resp-end"), Some("kept"));
+    tg.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connect_failure_is_a_502() {
+    let dead = dead_port().await;
+    let tg = Tollgate::start(&config(&format!(
+        "[upstreams.gone]\nauthorities = [\"gone\"]\nendpoints = [\"{dead}\"]\n"
+    )))
+    .await;
+    let r = get(tg.addr, "/", "gone").await;
+    assert_eq!(r.status, 502);
+    assert_eq!(r.outcome(), Some("upstream-unreachable"));
+    assert_eq!(r.attempts(), 1);
+    tg.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn streams_ten_mebibytes_each_way_intact_with_flat_memory() {
+    const LEN: usize = 10 << 20;
+    let up = Upstream::start(|req: http::Request<hyper::body::Incoming>| async move {
+        match req.uri().path() {
+            "/download" => Response::new(
+                Generated::new(7, LEN)
+                    .paced(Duration::from_millis(2))
+                    .boxed(),
+            ),
+            _ => {
+                let (hash, len) = hash_body(req.into_body()).await;
+                Response::new(full(format!("{hash} {len}")))
+            }
+        }
+    })
+    .await;
+    let p = Process::start(&format!(
+        "[upstreams.bulk]\nauthorities = [\"bulk\"]\nendpoints = [\"{}\"]\nrequest_timeout = \"60s\"\nattempt_timeout = \"60s\"\n",
+        up.addr
+    ))
+    .await;
+    // Warm up so the baseline includes pools and buffers.
+    assert_eq!(get(p.addr, "/upload", "bulk").await.status, 200);
+    let before = p.status_kib("VmHWM");
+
+    let r = get(p.addr, "/download", "bulk").await;
+    assert_eq!(r.status, 200);
+    assert_eq!(r.body.len(), LEN);
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    std::hash::Hasher::write(&mut h, &r.body);
+    assert_eq!(
+        std::hash::Hasher::finish(&h),
+        Generated::expected_hash(7, LEN),
+        "response bytes differ"
+    );
+
+    let req = request("POST", "/upload", "bulk")
+        .body(
+            Generated::new(9, LEN)
+                .paced(Duration::from_millis(2))
+                .boxed(),
+        )
+        .unwrap();
+    let r = send(p.addr, req).await;
+    assert_eq!(r.status, 200);
+    assert_eq!(
+        String::from_utf8(r.body.to_vec()).unwrap(),
+        format!("{} {LEN}", Generated::expected_hash(9, LEN)),
+        "request bytes differ"
+    );
+
+    let grown = p.status_kib("VmHWM").saturating_sub(before);
+    assert!(
+        grown < 4 * 1024,
+        "peak memory grew by {grown} KiB while streaming 2 x 10 MiB: bodies were buffered"
+    );
+}

@@ -1,0 +1,112 @@
+//! The retry budget under a hard-down upstream: whatever the concurrency, the attempts
+//! the upstream receives stay within requests × (1 + ratio) + min_per_sec × window.
+
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use common::*;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hard_down_upstream_gets_no_more_than_the_budget_allows() {
+    let up = Upstream::start(|_req| async { respond(503, "down") }).await;
+    let tg = Tollgate::start(&config(&format!(
+        "[upstreams.down]\nauthorities = [\"down\"]\nendpoints = [\"{}\"]\n\
+         [upstreams.down.retry]\nmax_attempts = 3\nbackoff_base = \"1ms\"\nbackoff_max = \"5ms\"\n\
+         [upstreams.down.budget]\nratio = 0.1\nmin_per_sec = 1\nwindow = \"10s\"\n",
+        up.addr
+    )))
+    .await;
+    const REQUESTS: usize = 400;
+    const CONCURRENCY: usize = 40;
+    let addr = tg.addr;
+    let mut tasks = tokio::task::JoinSet::new();
+    for w in 0..CONCURRENCY {
+        tasks.spawn(async move {
+            let mut outcomes = Vec::new();
+            for _ in 0..REQUESTS / CONCURRENCY {
+                let r = get(addr, &format!("/w{w}"), "down").await;
+                assert_eq!(r.status, 503);
+                outcomes.push(r.outcome().unwrap().to_string());
+            }
+            outcomes
+        });
+    }
+    let mut budget_refusals = 0;
+    while let Some(outcomes) = tasks.join_next().await {
+        for o in outcomes.unwrap() {
+            assert!(o == "budget-exhausted" || o == "attempts-exhausted", "{o}");
+            budget_refusals += usize::from(o == "budget-exhausted");
+        }
+    }
+    let attempts = up.hits();
+    let bound = REQUESTS as f64 * 1.1 + 1.0 * 10.0;
+    println!(
+        "hard-down upstream: {REQUESTS} requests, {attempts} attempts, amplification {:.3} (bound {bound})",
+        attempts as f64 / REQUESTS as f64
+    );
+    assert!(
+        attempts as f64 <= bound,
+        "{attempts} attempts exceed the budget bound {bound}"
+    );
+    assert!(
+        attempts > REQUESTS,
+        "the budget should still allow some retries"
+    );
+    assert!(
+        budget_refusals > REQUESTS / 2,
+        "most failures must be refused by the budget"
+    );
+
+    let m = tg.metrics().await;
+    let retries = metric(
+        &m,
+        "tollgate_retries_total{reason=\"503\",upstream=\"down\"}",
+    )
+    .unwrap();
+    assert_eq!(retries as usize, attempts - REQUESTS);
+    let denied = metric(
+        &m,
+        "tollgate_retries_denied_total{reason=\"budget\",upstream=\"down\"}",
+    )
+    .unwrap();
+    assert_eq!(denied as usize, budget_refusals);
+    let amp = metric(&m, "tollgate_amplification{upstream=\"down\"}").unwrap();
+    assert!(
+        (amp - attempts as f64 / REQUESTS as f64).abs() < 1e-9,
+        "gauge {amp}"
+    );
+    assert_eq!(
+        metric(&m, "tollgate_retry_budget_available{upstream=\"down\"}"),
+        Some(0.0)
+    );
+    tg.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_a_budget_every_failure_uses_every_attempt() {
+    let up = Upstream::start(|_req| async { respond(503, "down") }).await;
+    let tg = Tollgate::start(&config(&format!(
+        "[upstreams.down]\nauthorities = [\"down\"]\nendpoints = [\"{}\"]\n\
+         [upstreams.down.retry]\nmax_attempts = 3\nbackoff_base = \"1ms\"\nbackoff_max = \"2ms\"\n",
+        up.addr
+    )))
+    .await;
+    for _ in 0..20 {
+        let r = get(tg.addr, "/", "down").await;
+        assert_eq!(r.attempts(), 3);
+        assert_eq!(r.outcome(), Some("attempts-exhausted"));
+    }
+    assert_eq!(up.hits(), 60);
+    let m = tg.metrics().await;
+    assert_eq!(
+        metric(&m, "tollgate_amplification{upstream=\"down\"}"),
+        Some(3.0)
+    );
+    assert!(
+        metric(&m, "tollgate_retry_budget_available{upstream=\"down\"}")
+            .unwrap()
+            .is_infinite()
+    );
+    tg.stop().await;
+}
