@@ -86,47 +86,65 @@ pub async fn reload(path: &Path, server: &Server) -> bool {
 
 /// Watches `path` and listens for SIGHUP, reloading into `server`.
 pub fn spawn(path: PathBuf, server: Arc<Server>) -> tokio::task::JoinHandle<()> {
-    tokio::spawn(async move {
-        let mut hup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()).ok();
-        let mut files = watched(&path, &server.shared().snapshot().config);
-        let mut last = stamp(&files);
-        let mut tick = tokio::time::interval(POLL);
-        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        loop {
-            let forced = tokio::select! {
-                _ = tick.tick() => false,
-                Some(()) = async {
-                    match hup.as_mut() {
-                        Some(h) => h.recv().await,
-                        None => std::future::pending().await,
-                    }
-                } => true,
-            };
-            let now = stamp(&files);
-            if !forced && now == last {
+    // Registered before returning, so a SIGHUP right after start is not lost.
+    let hup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()).ok();
+    tokio::spawn(watch(path, server, hup))
+}
+
+async fn watch(path: PathBuf, server: Arc<Server>, mut hup: Option<tokio::signal::unix::Signal>) {
+    let mut files = watched(&path, &server.shared().snapshot().config);
+    // Unknown at first: the file may have changed between being loaded and now, so the
+    // first look compares its content with the config in force.
+    let mut last: Option<Stamp> = None;
+    let mut tick = tokio::time::interval(POLL);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        let forced = tokio::select! {
+            _ = tick.tick() => false,
+            Some(()) = async {
+                match hup.as_mut() {
+                    Some(h) => h.recv().await,
+                    None => std::future::pending().await,
+                }
+            } => true,
+        };
+        let mut now = stamp(&files);
+        if !forced && last.as_ref() == Some(&now) {
+            continue;
+        }
+        if !forced {
+            // Let a burst of writes finish before reading.
+            for _ in 0..50 {
+                tokio::time::sleep(SETTLE).await;
+                let again = stamp(&files);
+                if again == now {
+                    break;
+                }
+                now = again;
+            }
+            if now.0.first().is_some_and(|s| s.is_none()) {
+                // The file is gone for now (mid-rename): look again on the next tick.
+                last = Some(now);
                 continue;
             }
-            if !forced {
-                // Let a burst of writes finish before reading.
-                let mut settled = now;
-                for _ in 0..50 {
-                    tokio::time::sleep(SETTLE).await;
-                    let again = stamp(&files);
-                    if again == settled {
-                        break;
-                    }
-                    settled = again;
-                }
-                if settled.0.first().is_some_and(|s| s.is_none()) {
-                    // The file is gone for now (mid-rename): try again on the next tick.
-                    last = settled;
-                    continue;
-                }
+            let certificates_changed = last
+                .as_ref()
+                .is_some_and(|l| l.0.get(1..) != now.0.get(1..));
+            let serving = server.shared().snapshot().config.source_hash;
+            let same_text =
+                std::fs::read_to_string(&path).is_ok_and(|t| config::source_hash(&t) == serving);
+            if same_text && !certificates_changed {
+                last = Some(now);
+                continue;
             }
-            tracing::info!(signal = forced, "config change seen; reloading");
-            reload(&path, &server).await;
-            files = watched(&path, &server.shared().snapshot().config);
-            last = stamp(&files);
         }
-    })
+        tracing::info!(signal = forced, "config change seen; reloading");
+        reload(&path, &server).await;
+        files = watched(&path, &server.shared().snapshot().config);
+        last = Some(if files.len() == now.0.len() {
+            now
+        } else {
+            stamp(&files)
+        });
+    }
 }

@@ -9,7 +9,7 @@ pub mod units;
 
 pub use diagnostic::{ConfigErrors, Diagnostic, Severity, Source};
 pub use model::*;
-pub use parse::{load, normalize_authority, parse, parse_endpoint};
+pub use parse::{load, normalize_authority, parse, parse_endpoint, source_hash};
 
 use std::path::PathBuf;
 

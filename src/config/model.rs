@@ -25,6 +25,8 @@ pub struct Config {
     pub upstreams: Vec<UpstreamConfig>,
     /// Where each key was written (`line`, `column`), for lints that point at it.
     pub positions: Arc<BTreeMap<String, (usize, usize)>>,
+    /// A digest of the text this was parsed from: a reload of identical text is skipped.
+    pub source_hash: u64,
 }
 
 impl Config {

@@ -471,6 +471,7 @@ impl<'a> Walker<'a> {
             deadline,
             upstreams,
             positions: Arc::new(std::mem::take(&mut self.positions)),
+            source_hash: source_hash(self.src.text),
         }
     }
 
@@ -1120,6 +1121,14 @@ impl<'a> Walker<'a> {
             }
         }
     }
+}
+
+/// A digest of config text (stable within one build of tollgate).
+pub fn source_hash(text: &str) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    text.hash(&mut h);
+    h.finish()
 }
 
 /// Lower-cases an authority and checks it is `host` or `host:port`.

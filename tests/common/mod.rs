@@ -139,6 +139,32 @@ impl Tollgate {
         }
     }
 
+    /// Starts from a config file, watching it for changes as `tollgate run` does.
+    pub async fn start_file(path: &std::path::Path) -> Self {
+        let cfg =
+            tollgate::config::load(path).unwrap_or_else(|e| panic!("test config invalid:\n{e}"));
+        let running = tollgate::run::Running::start(cfg, Some(path.to_path_buf()))
+            .await
+            .unwrap();
+        let addr = running.server.local_addr();
+        let admin = running.admin.local_addr();
+        Tollgate {
+            running: Some(running),
+            addr,
+            admin,
+        }
+    }
+
+    /// `tollgate_config_reloads_total{result}`.
+    pub async fn reloads(&self, result: &str) -> f64 {
+        let m = self.metrics().await;
+        metric(
+            &m,
+            &format!("tollgate_config_reloads_total{{result=\"{result}\"}}"),
+        )
+        .unwrap()
+    }
+
     pub fn server(&self) -> &tollgate::proxy::Server {
         &self.running.as_ref().unwrap().server
     }
@@ -538,5 +564,22 @@ impl Drop for Abandoned {
         if !self.done {
             self.flag.store(true, Ordering::SeqCst);
         }
+    }
+}
+
+/// Logs to the test output when `RUST_LOG` is set (e.g. `RUST_LOG=tollgate=debug`).
+pub fn logs() {
+    use tracing_subscriber::prelude::*;
+    if let Some(filter) = std::env::var("RUST_LOG")
+        .ok()
+        .and_then(|v| v.parse::<tracing_subscriber::filter::Targets>().ok())
+    {
+        let _ = tracing_subscriber::registry()
+            .with(
+                tracing_subscriber::fmt::layer()
+                    .with_test_writer()
+                    .with_filter(filter),
+            )
+            .try_init();
     }
 }

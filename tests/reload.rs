@@ -1,0 +1,430 @@
+//! Hot reload: every way a config file gets replaced is seen, an invalid file keeps the
+//! old config serving, nothing in flight is lost, and budget windows carry over.
+
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use common::*;
+use hyper_util::rt::TokioIo;
+
+/// A config with listener and admin on ephemeral ports and one upstream `a`, plus `extra`.
+fn text(up: SocketAddr, extra: &str) -> String {
+    format!(
+        "[listener]\naddr = \"127.0.0.1:0\"\n[admin]\naddr = \"127.0.0.1:0\"\n\
+         [upstreams.a]\nauthorities = [\"a\"]\nendpoints = [\"{up}\"]\n{extra}"
+    )
+}
+
+fn with_b(up: SocketAddr) -> String {
+    text(
+        up,
+        &format!("[upstreams.b]\nauthorities = [\"b\"]\nendpoints = [\"{up}\"]\n"),
+    )
+}
+
+/// Waits (bounded) until `Host: b` routes.
+async fn b_routes(tg: &Tollgate, yes: bool) -> bool {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let ok = get(tg.addr, "/", "b").await.status == 200;
+        if ok == yes {
+            return true;
+        }
+        if tokio::time::Instant::now() > deadline {
+            return false;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+}
+
+async fn ok_upstream() -> Upstream {
+    Upstream::start(|_req| async { respond(200, "ok") }).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_write_in_place_is_reloaded() {
+    let up = ok_upstream().await;
+    let dir = tempdir::TempDir::new("inplace");
+    let path = dir.path().join("tollgate.toml");
+    std::fs::write(&path, text(up.addr, "")).unwrap();
+    let tg = Tollgate::start_file(&path).await;
+    assert_eq!(get(tg.addr, "/", "b").await.status, 404);
+    {
+        use std::io::Write;
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .truncate(true)
+            .open(&path)
+            .unwrap();
+        f.write_all(with_b(up.addr).as_bytes()).unwrap();
+    }
+    assert!(
+        b_routes(&tg, true).await,
+        "the in-place write was not picked up"
+    );
+    assert_eq!(tg.reloads("ok").await, 1.0);
+    tg.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_write_and_rename_is_reloaded() {
+    let up = ok_upstream().await;
+    let dir = tempdir::TempDir::new("rename");
+    let path = dir.path().join("tollgate.toml");
+    std::fs::write(&path, text(up.addr, "")).unwrap();
+    let tg = Tollgate::start_file(&path).await;
+    let tmp = dir.path().join(".tollgate.toml.swp");
+    std::fs::write(&tmp, with_b(up.addr)).unwrap();
+    std::fs::rename(&tmp, &path).unwrap();
+    assert!(
+        b_routes(&tg, true).await,
+        "the renamed file was not picked up"
+    );
+    tg.stop().await;
+}
+
+/// The layout kubelet makes of a mounted ConfigMap, and its atomic update.
+struct ConfigMapDir {
+    dir: tempdir::TempDir,
+    generation: usize,
+}
+
+impl ConfigMapDir {
+    fn new(content: &str) -> Self {
+        let dir = tempdir::TempDir::new("configmap");
+        let mut c = ConfigMapDir { dir, generation: 0 };
+        c.publish(content);
+        std::os::unix::fs::symlink("..data/tollgate.toml", c.path()).unwrap();
+        c
+    }
+
+    fn path(&self) -> std::path::PathBuf {
+        self.dir.path().join("tollgate.toml")
+    }
+
+    /// Writes a new timestamped directory and swaps `..data` to it atomically.
+    fn publish(&mut self, content: &str) {
+        self.generation += 1;
+        let gen_dir = format!(
+            "..2026_11_30_00_00_0{}.{}",
+            self.generation,
+            std::process::id()
+        );
+        std::fs::create_dir(self.dir.path().join(&gen_dir)).unwrap();
+        std::fs::write(
+            self.dir.path().join(&gen_dir).join("tollgate.toml"),
+            content,
+        )
+        .unwrap();
+        let tmp = self.dir.path().join("..data_tmp");
+        std::os::unix::fs::symlink(&gen_dir, &tmp).unwrap();
+        std::fs::rename(&tmp, self.dir.path().join("..data")).unwrap();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_configmap_symlink_swap_is_reloaded() {
+    let up = ok_upstream().await;
+    let mut cm = ConfigMapDir::new(&text(up.addr, ""));
+    let tg = Tollgate::start_file(&cm.path()).await;
+    assert_eq!(get(tg.addr, "/", "b").await.status, 404);
+    cm.publish(&with_b(up.addr));
+    assert!(
+        b_routes(&tg, true).await,
+        "the ConfigMap update was not picked up"
+    );
+    cm.publish(&text(up.addr, ""));
+    assert!(
+        b_routes(&tg, false).await,
+        "the second ConfigMap update was not picked up"
+    );
+    assert_eq!(tg.reloads("ok").await, 2.0);
+    tg.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_invalid_file_keeps_the_old_config_and_counts_an_error() {
+    let up = ok_upstream().await;
+    let dir = tempdir::TempDir::new("invalid");
+    let path = dir.path().join("tollgate.toml");
+    std::fs::write(&path, with_b(up.addr)).unwrap();
+    let tg = Tollgate::start_file(&path).await;
+    // b removed, but with a typo elsewhere: the whole file is refused.
+    std::fs::write(
+        &path,
+        text(up.addr, "[upstreams.a.retry]\nmax_atempts = 2\n"),
+    )
+    .unwrap();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while tg.reloads("error").await < 1.0 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the invalid file was never looked at"
+        );
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    assert_eq!(
+        get(tg.addr, "/", "b").await.status,
+        200,
+        "the old config must keep serving"
+    );
+    assert_eq!(tg.reloads("ok").await, 0.0);
+    tg.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sighup_reloads_the_file() {
+    let up = ok_upstream().await;
+    let mut p = Process::start(&format!(
+        "[upstreams.a]\nauthorities = [\"a\"]\nendpoints = [\"{}\"]\n",
+        up.addr
+    ))
+    .await;
+    let reloads = |p: &Process| {
+        let admin = p.admin;
+        async move {
+            let m = String::from_utf8(get(admin, "/metrics", "admin").await.body.to_vec()).unwrap();
+            metric(&m, "tollgate_config_reloads_total{result=\"ok\"}").unwrap()
+        }
+    };
+    // An unchanged file is never reloaded by the watcher; a SIGHUP reloads it anyway.
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    assert_eq!(reloads(&p).await, 0.0);
+    p.signal("HUP");
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while reloads(&p).await < 1.0 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "SIGHUP did not reload"
+        );
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    p.signal("TERM");
+    assert_eq!(p.wait_exit(Duration::from_secs(10)).await, Some(0));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requests_in_flight_finish_on_the_config_they_started_with() {
+    let up = Upstream::start(|_req| async {
+        tokio::time::sleep(Duration::from_millis(800)).await;
+        respond(200, "slow")
+    })
+    .await;
+    let dir = tempdir::TempDir::new("inflight");
+    let path = dir.path().join("tollgate.toml");
+    let slow_b = format!(
+        "[upstreams.b]\nauthorities = [\"b\"]\nendpoints = [\"{}\"]\nattempt_timeout = \"5s\"\n",
+        up.addr
+    );
+    std::fs::write(&path, text(up.addr, &slow_b)).unwrap();
+    let tg = Tollgate::start_file(&path).await;
+    let addr = tg.addr;
+    let slow = tokio::spawn(async move { get(addr, "/", "b").await });
+    assert!(wait_until(Duration::from_secs(5), || up.hits() == 1).await);
+    std::fs::write(&path, text(up.addr, "")).unwrap();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while tg.reloads("ok").await < 1.0 {
+        assert!(tokio::time::Instant::now() < deadline);
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    assert_eq!(
+        get(tg.addr, "/", "b").await.status,
+        404,
+        "b is gone for new requests"
+    );
+    let r = slow.await.unwrap();
+    assert_eq!(
+        r.status, 200,
+        "the request in flight finished on its own config"
+    );
+    tg.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_budget_window_survives_a_reload_that_only_changed_max_attempts() {
+    let up = Upstream::start(|_req| async { respond(503, "down") }).await;
+    let dir = tempdir::TempDir::new("budget");
+    let path = dir.path().join("tollgate.toml");
+    let cfg = |attempts: u32, ratio: &str| {
+        text(
+            up.addr,
+            &format!(
+                "[upstreams.a.retry]\nmax_attempts = {attempts}\nbackoff_base = \"1ms\"\nbackoff_max = \"1ms\"\n\
+                 [upstreams.a.budget]\nratio = {ratio}\nmin_per_sec = 0.5\nwindow = \"60s\"\n"
+            ),
+        )
+    };
+    std::fs::write(&path, cfg(3, "0.0")).unwrap();
+    let tg = Tollgate::start_file(&path).await;
+    // 0.5/s x 60 s = 30 retries in the window, then the budget is spent.
+    for _ in 0..20 {
+        get(tg.addr, "/", "a").await;
+    }
+    assert_eq!(
+        get(tg.addr, "/", "a").await.outcome(),
+        Some("budget-exhausted")
+    );
+
+    std::fs::write(&path, cfg(4, "0.0")).unwrap();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while tg.reloads("ok").await < 1.0 {
+        assert!(tokio::time::Instant::now() < deadline);
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    let r = get(tg.addr, "/", "a").await;
+    assert_eq!(
+        r.outcome(),
+        Some("budget-exhausted"),
+        "the spent window carried over"
+    );
+    assert_eq!(r.attempts(), 1);
+
+    // A changed budget starts a fresh window.
+    std::fs::write(&path, cfg(4, "0.001")).unwrap();
+    while tg.reloads("ok").await < 2.0 {
+        assert!(tokio::time::Instant::now() < deadline);
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    let r = get(tg.addr, "/", "a").await;
+    assert_eq!(r.attempts(), 4, "a new budget has its floor to spend");
+    tg.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reloads_under_load_lose_no_request_and_no_connection() {
+    logs();
+    let up = Upstream::start(|_req| async {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        respond(200, "ok")
+    })
+    .await;
+    let dir = tempdir::TempDir::new("load");
+    let path = dir.path().join("tollgate.toml");
+    // This machine may be starved of CPU by the test's own 200 clients: give connects
+    // time, the test is about reloads.
+    let generous = "connect_timeout = \"5s\"\nattempt_timeout = \"5s\"\n";
+    let b = format!(
+        "[upstreams.b]\nauthorities = [\"b\"]\nendpoints = [\"{}\"]\n{generous}",
+        up.addr
+    );
+    std::fs::write(&path, text(up.addr, &format!("{generous}{b}"))).unwrap();
+    let tg = Tollgate::start_file(&path).await;
+
+    const CLIENTS: usize = 200;
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let done = Arc::new(AtomicUsize::new(0));
+    let mut clients = tokio::task::JoinSet::new();
+    for i in 0..CLIENTS {
+        let (addr, stop, done) = (tg.addr, stop.clone(), done.clone());
+        clients.spawn(async move {
+            // One keep-alive connection per client: a dropped connection fails the test.
+            let stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+            let (mut sender, conn) =
+                hyper::client::conn::http1::handshake::<_, BoxBody>(TokioIo::new(stream))
+                    .await
+                    .unwrap();
+            let conn = tokio::spawn(conn);
+            let host = if i % 2 == 0 { "a" } else { "b" };
+            let mut n = 0;
+            while !stop.load(Ordering::SeqCst) {
+                sender.ready().await.expect("connection lost during reload");
+                let req = request("GET", "/", host).body(empty()).unwrap();
+                let resp = sender
+                    .send_request(req)
+                    .await
+                    .expect("request lost during reload");
+                assert_eq!(resp.status(), 200, "request failed during reload");
+                read(resp).await;
+                n += 1;
+                done.fetch_add(1, Ordering::SeqCst);
+            }
+            conn.abort();
+            n
+        });
+    }
+    assert!(
+        wait_until(Duration::from_secs(10), || done.load(Ordering::SeqCst)
+            > 1000)
+        .await
+    );
+    for i in 0..6u32 {
+        let before = tg.reloads("ok").await;
+        // Alternate retry settings and an extra upstream; a and b stay.
+        let extra = format!(
+            "{generous}[upstreams.a.retry]\nmax_attempts = {}\n{b}{}",
+            2 + i % 2,
+            if i % 2 == 0 {
+                format!(
+                    "[upstreams.c]\nauthorities = [\"c\"]\nendpoints = [\"{}\"]\n",
+                    up.addr
+                )
+            } else {
+                String::new()
+            }
+        );
+        std::fs::write(&path, text(up.addr, &extra)).unwrap();
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        while tg.reloads("ok").await <= before {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "reload {i} did not happen"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+    stop.store(true, Ordering::SeqCst);
+    let mut total = 0;
+    while let Some(n) = clients.join_next().await {
+        total += n.unwrap();
+    }
+    assert!(total > 1000);
+    assert_eq!(tg.reloads("error").await, 0.0);
+    println!("{total} requests over {CLIENTS} connections through 6 reloads, none lost");
+    tg.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_dedicated_port_opens_and_a_removed_one_closes() {
+    let up = ok_upstream().await;
+    let dir = tempdir::TempDir::new("listen");
+    let path = dir.path().join("tollgate.toml");
+    std::fs::write(&path, text(up.addr, "")).unwrap();
+    let tg = Tollgate::start_file(&path).await;
+    let port = free_port();
+    let dedicated: SocketAddr = ([127, 0, 0, 1], port).into();
+    std::fs::write(
+        &path,
+        text(
+            up.addr,
+            &format!(
+                "[upstreams.d]\nlisten = \"127.0.0.1:{port}\"\nendpoints = [\"{}\"]\n",
+                up.addr
+            ),
+        ),
+    )
+    .unwrap();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while tokio::net::TcpStream::connect(dedicated).await.is_err() {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the new port never opened"
+        );
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    assert_eq!(get(dedicated, "/", "whatever").await.status, 200);
+    std::fs::write(&path, text(up.addr, "")).unwrap();
+    while tokio::net::TcpStream::connect(dedicated).await.is_ok() {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the removed port stayed open"
+        );
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    tg.stop().await;
+}
