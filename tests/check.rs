@@ -1,0 +1,408 @@
+//! `tollgate check` as a user runs it, on the fixture files in tests/fixtures/check/:
+//! every lint fires on a config that breaks it and stays quiet on the shipped example,
+//! every error of a file is listed with its line, a chain that retries at every layer
+//! is flagged with its product, and the exit codes are 0, 1 and 3.
+
+#![allow(clippy::unwrap_used)]
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+const FIXTURES: &str = "tests/fixtures/check";
+
+struct Run {
+    code: i32,
+    out: String,
+}
+
+fn check(args: &[&str]) -> Run {
+    let out = Command::new(env!("CARGO_BIN_EXE_tollgate"))
+        .arg("check")
+        .args(args)
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .env_remove("TOLLGATE_CONFIG")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8(out.stderr).unwrap();
+    assert!(stderr.is_empty(), "unexpected stderr: {stderr}");
+    Run {
+        code: out.status.code().unwrap(),
+        out: String::from_utf8(out.stdout).unwrap(),
+    }
+}
+
+fn fixture(name: &str) -> String {
+    format!("{FIXTURES}/{name}")
+}
+
+fn warnings(out: &str) -> Vec<&str> {
+    out.lines().filter(|l| l.contains(": warning: ")).collect()
+}
+
+/// A copy of the shipped example with one line changed, in a scratch file. The fixture
+/// files keep to 127.0.0.1; the addresses these lints are about only ever live here.
+struct Scratch(PathBuf);
+
+impl Scratch {
+    fn example_with(name: &str, from: &str, to: &str) -> Scratch {
+        let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+        let text = std::fs::read_to_string(root.join("config/tollgate.toml")).unwrap();
+        assert!(text.contains(from));
+        let path =
+            std::env::temp_dir().join(format!("tollgate-check-{}-{name}.toml", std::process::id()));
+        std::fs::write(&path, text.replacen(from, to, 1)).unwrap();
+        Scratch(path)
+    }
+
+    fn path(&self) -> &str {
+        self.0.to_str().unwrap()
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
+#[test]
+fn the_shipped_example_is_valid_without_warnings_even_when_strict() {
+    for args in [
+        &["--config", "config/tollgate.toml"][..],
+        &["--config", "config/tollgate.toml", "--strict"],
+        &["--strict"],
+    ] {
+        let run = check(args);
+        assert_eq!(run.code, 0, "{args:?}:\n{}", run.out);
+        assert!(warnings(&run.out).is_empty(), "{}", run.out);
+        assert!(
+            run.out.contains("config/tollgate.toml: valid, 1 upstream"),
+            "{}",
+            run.out
+        );
+        assert!(
+            run.out.ends_with("valid: 1 file, no warnings\n"),
+            "{}",
+            run.out
+        );
+    }
+}
+
+#[test]
+fn the_report_gives_each_upstreams_amplification_and_patience() {
+    let run = check(&["--config", "config/tollgate.toml"]);
+    let lines: Vec<&str> = run.out.lines().map(str::trim).collect();
+    assert!(lines.contains(&"upstream payments"), "{}", run.out);
+    assert!(
+        lines.contains(
+            &"max_attempts  3: worst case 3× the requests it receives, when every attempt fails"
+        ),
+        "{}",
+        run.out
+    );
+    assert!(
+        lines
+            .iter()
+            .any(|l| l.starts_with("budget        1.10× in steady state")),
+        "{}",
+        run.out
+    );
+    assert!(
+        run.out.contains("min_per_sec = 10 retries/s allows more"),
+        "{}",
+        run.out
+    );
+    assert!(
+        lines.contains(
+            &"patience      1875ms = 3 × 600ms + 75ms backoff; within request_timeout 2s"
+        ),
+        "{}",
+        run.out
+    );
+}
+
+/// Each fixture breaks one rule: the one warning it draws, as `FILE:LINE:COLUMN: key`.
+const LINTS: [(&str, &str, &str); 7] = [
+    ("patience.toml", "10:1", "upstreams.api.retry.max_attempts"),
+    (
+        "attempt-over-request.toml",
+        "7:1",
+        "upstreams.api.attempt_timeout",
+    ),
+    ("post.toml", "11:1", "upstreams.api.retry.methods"),
+    ("loose-budget.toml", "14:1", "upstreams.api.budget.ratio"),
+    ("no-budget.toml", "3:12", "upstreams.api.budget"),
+    (
+        "no-jitter.toml",
+        "11:1",
+        "upstreams.api.retry.backoff_jitter",
+    ),
+    (
+        "ownership-ignore.toml",
+        "11:1",
+        "upstreams.api.retry.ownership",
+    ),
+];
+
+#[test]
+fn each_lint_fires_on_a_config_that_breaks_it() {
+    for (file, position, key) in LINTS {
+        let path = fixture(file);
+        let run = check(&["--config", &path]);
+        let found = warnings(&run.out);
+        assert_eq!(found.len(), 1, "{file}:\n{}", run.out);
+        let expected = format!("{path}:{position}: warning: {key}: ");
+        assert!(found[0].starts_with(&expected), "{file}: {}", found[0]);
+        // Every warning says how to fix it.
+        assert!(found[0].ends_with(')'), "{}", found[0]);
+        assert_eq!(run.code, 0, "{file}");
+        assert_eq!(check(&["--config", &path, "--strict"]).code, 3, "{file}");
+    }
+}
+
+#[test]
+fn the_lints_say_why_and_what_to_do() {
+    let says = |file: &str, words: &[&str]| {
+        let run = check(&["--config", &fixture(file)]);
+        let warning = warnings(&run.out).concat();
+        for w in words {
+            assert!(warning.contains(w), "{file}: no {w:?} in {warning}");
+        }
+    };
+    says(
+        "patience.toml",
+        &[
+            "3075ms",
+            "longer than request_timeout 2s",
+            "lower attempt_timeout to 641ms",
+            "raise request_timeout",
+        ],
+    );
+    says(
+        "post.toml",
+        &["POST and PATCH are not idempotent", "idempotency-key"],
+    );
+    says("loose-budget.toml", &["ratio 0.8", "lower it to 0.1"]);
+    says(
+        "no-budget.toml",
+        &["no retry budget", "add [upstreams.api.budget]"],
+    );
+    says("no-jitter.toml", &["synchronised", "\"full\""]);
+    says("ownership-ignore.toml", &["multiply", "\"honor\""]);
+    says(
+        "attempt-over-request.toml",
+        &["attempt_timeout 3s is longer than request_timeout 2s"],
+    );
+}
+
+#[test]
+fn exposed_admin_and_listener_addresses_are_flagged() {
+    let admin = Scratch::example_with("admin", "127.0.0.1:15090", "0.0.0.0:15090");
+    let run = check(&["--config", admin.path(), "--strict"]);
+    assert_eq!(run.code, 3, "{}", run.out);
+    let found = warnings(&run.out);
+    assert_eq!(found.len(), 1, "{}", run.out);
+    assert!(found[0].starts_with(&format!(
+        "{}:20:1: warning: admin.addr: 0.0.0.0:15090",
+        admin.path()
+    )));
+    assert!(found[0].contains("/config"), "{}", found[0]);
+
+    let listener = Scratch::example_with("listener", "127.0.0.1:15001", "0.0.0.0:15001");
+    let run = check(&["--config", listener.path()]);
+    assert_eq!(run.code, 0);
+    let found = warnings(&run.out);
+    assert_eq!(found.len(), 1, "{}", run.out);
+    assert!(
+        found[0].contains(": warning: listener.addr: 0.0.0.0:15001"),
+        "{}",
+        found[0]
+    );
+}
+
+#[test]
+fn every_mistake_of_a_file_is_listed_with_its_line() {
+    let path = fixture("three-mistakes.toml");
+    for strict in [false, true] {
+        let mut args = vec!["--config", path.as_str()];
+        if strict {
+            args.push("--strict");
+        }
+        let run = check(&args);
+        assert_eq!(run.code, 1, "{}", run.out);
+        let prefix = format!("{path}:");
+        let errors: Vec<&str> = run
+            .out
+            .lines()
+            .filter(|l| {
+                l.strip_prefix(&prefix)
+                    .is_some_and(|rest| rest.starts_with(|c: char| c.is_ascii_digit()))
+            })
+            .collect();
+        assert_eq!(errors.len(), 3, "{}", run.out);
+        assert!(errors[0].starts_with(&format!("{path}:5:14: upstreams.api.endpoints: ")));
+        assert!(errors[1].starts_with(&format!("{path}:6:19: upstreams.api.request_timeout: ")));
+        assert!(errors[2].starts_with(&format!("{path}:10:1: upstreams.api.retry.max_atempts: ")));
+        assert!(errors[2].contains("did you mean `max_attempts`?"));
+        assert!(run.out.contains("invalid: 3 errors"), "{}", run.out);
+    }
+}
+
+#[test]
+fn a_missing_file_is_an_error() {
+    let run = check(&["--config", "tests/fixtures/check/no-such-file.toml"]);
+    assert_eq!(run.code, 1);
+    assert!(
+        run.out
+            .contains("no-such-file.toml:1:1: (file): cannot read"),
+        "{}",
+        run.out
+    );
+}
+
+fn chain(files: &[&str]) -> String {
+    files
+        .iter()
+        .map(|f| fixture(f))
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+#[test]
+fn a_chain_that_retries_at_every_layer_is_flagged_with_its_product() {
+    let layers = chain(&["chain-edge.toml", "chain-service.toml", "chain-db.toml"]);
+    let run = check(&["--chain", &layers]);
+    assert_eq!(run.code, 0, "{}", run.out);
+    assert!(
+        run.out.contains("chain of 3 layers, top first"),
+        "{}",
+        run.out
+    );
+    assert!(
+        run.out
+            .contains("worst case at the bottom: 3 × 3 × 3 = 27×"),
+        "{}",
+        run.out
+    );
+    let multiply: Vec<&str> = warnings(&run.out)
+        .into_iter()
+        .filter(|w| w.contains("layers of the chain retry"))
+        .collect();
+    assert_eq!(multiply.len(), 1, "{}", run.out);
+    assert!(multiply[0].starts_with(&format!(
+        "{}:10:1: warning: upstreams.service.retry.max_attempts: 3 layers of the chain retry",
+        fixture("chain-edge.toml")
+    )));
+    assert!(multiply[0].contains("27×"));
+    assert!(multiply[0].ends_with(
+        "(retry at one layer only: set max_attempts = 1 at the others; the ownership header does the rest)"
+    ));
+    assert_eq!(check(&["--chain", &layers, "--strict"]).code, 3);
+}
+
+#[test]
+fn a_chain_that_retries_once_with_shrinking_patience_is_clean() {
+    let layers = chain(&[
+        "layered-gateway.toml",
+        "layered-service.toml",
+        "layered-db.toml",
+    ]);
+    let run = check(&["--chain", &layers, "--strict"]);
+    assert_eq!(run.code, 0, "{}", run.out);
+    assert!(run.out.contains("1 × 1 × 3 = 3×"), "{}", run.out);
+    assert!(warnings(&run.out).is_empty(), "{}", run.out);
+}
+
+#[test]
+fn patience_that_grows_with_depth_is_flagged_naming_both_files() {
+    let layers = chain(&["stagefront-api.toml", "stagefront-checkout.toml"]);
+    let run = check(&["--chain", &layers, "--strict"]);
+    assert_eq!(run.code, 3, "{}", run.out);
+    let found = warnings(&run.out);
+    assert_eq!(found.len(), 1, "{}", run.out);
+    let w = found[0];
+    assert!(w.starts_with(&format!(
+        "{}:7:1: warning: upstreams.payments.attempt_timeout: patience does not shrink with depth",
+        fixture("stagefront-checkout.toml")
+    )));
+    assert!(w.contains("4575ms (3 × 1500ms + 75ms backoff)"), "{w}");
+    assert!(
+        w.contains(&format!(
+            "{} gives up after 2s",
+            fixture("stagefront-api.toml")
+        )),
+        "{w}"
+    );
+    // Each file on its own is fine: only the chain shows the problem.
+    for file in ["stagefront-api.toml", "stagefront-checkout.toml"] {
+        assert_eq!(check(&["--config", &fixture(file), "--strict"]).code, 0);
+    }
+}
+
+#[test]
+fn a_chain_layer_can_name_the_upstream_that_calls_the_next_one() {
+    let two = fixture("two-upstreams.toml");
+    // By default the upstream with the most attempts: api, 3.
+    let run = check(&["--chain", &format!("{two},{}", fixture("layered-db.toml"))]);
+    assert!(run.out.contains("3 × 3 = 9×"), "{}", run.out);
+    // cache makes one attempt.
+    let run = check(&[
+        "--chain",
+        &format!("{two}#cache,{}", fixture("layered-db.toml")),
+    ]);
+    assert!(run.out.contains("1 × 3 = 3×"), "{}", run.out);
+    let run = check(&["--chain", &format!("{two}#nope")]);
+    assert_eq!(run.code, 1, "{}", run.out);
+    assert!(
+        run.out.contains("upstreams.nope: --chain names upstream `nope`, which this file does not have (name one of: api, cache)"),
+        "{}",
+        run.out
+    );
+}
+
+#[test]
+fn every_error_of_every_chain_file_is_reported() {
+    let layers = chain(&[
+        "chain-edge.toml",
+        "three-mistakes.toml",
+        "three-mistakes.toml",
+    ]);
+    let run = check(&["--chain", &layers]);
+    assert_eq!(run.code, 1, "{}", run.out);
+    // The file named twice is checked once.
+    assert_eq!(
+        run.out.matches(":5:14: upstreams.api.endpoints").count(),
+        1,
+        "{}",
+        run.out
+    );
+    assert!(
+        run.out
+            .contains("chain: not analysed until every file of it is valid")
+    );
+    assert!(
+        run.out.contains("invalid: 3 errors, 0 warnings in 2 files"),
+        "{}",
+        run.out
+    );
+}
+
+#[test]
+fn config_and_chain_combine() {
+    let layers = chain(&[
+        "layered-gateway.toml",
+        "layered-service.toml",
+        "layered-db.toml",
+    ]);
+    let run = check(&["--config", &fixture("no-budget.toml"), "--chain", &layers]);
+    assert_eq!(run.code, 0, "{}", run.out);
+    assert!(
+        run.out
+            .contains(&format!("{}: valid", fixture("no-budget.toml")))
+    );
+    assert!(run.out.contains("1 × 1 × 3 = 3×"), "{}", run.out);
+    assert_eq!(warnings(&run.out).len(), 1, "{}", run.out);
+    // Without --config, --chain checks only the chain's files.
+    let run = check(&["--chain", &layers]);
+    assert!(!run.out.contains("config/tollgate.toml"), "{}", run.out);
+}
