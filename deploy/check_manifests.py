@@ -1,0 +1,290 @@
+#!/usr/bin/env python3
+"""Offline checks of deploy/kubernetes/ that a schema validator cannot make.
+
+kubernetes-validate checks each built-in object against the Kubernetes OpenAPI
+schema, but it has no schema for the PodMonitor (a Prometheus Operator CRD) and it
+sees each object alone. This script:
+
+  * checks the PodMonitor's structure (the fields this example uses, their types,
+    allowed values), and
+  * checks the objects against each other and against tollgate's config: the
+    PodMonitor selects the pods and names a port they declare, the scrape
+    annotations name the admin port the ConfigMap's tollgate.toml listens on, the
+    ConfigMap is mounted as a directory (no subPath, so hot reload works) where
+    TOLLGATE_CONFIG points, the app's proxy variables point at the listener, the
+    grace period outlasts the drain (and the preStop sleep), the probes, resources
+    and securityContext are those the README promises.
+
+Usage: check_manifests.py DIR [--extract-config FILE]
+  --extract-config FILE  also write the ConfigMap's tollgate.toml to FILE, so that
+                         tollgate itself can load it.
+Exits 1 listing every problem found.
+"""
+
+import re
+import sys
+import tomllib
+from pathlib import Path
+
+import yaml
+
+problems = []
+
+
+def problem(where, what):
+    problems.append(f"{where}: {what}")
+
+
+def load_all(directory):
+    objects = []
+    for path in sorted(Path(directory).glob("*.yaml")):
+        for doc in yaml.safe_load_all(path.read_text()):
+            if doc:
+                objects.append((path.name, doc))
+    return objects
+
+
+DURATION = re.compile(r"^(0|(([0-9]+)y)?(([0-9]+)w)?(([0-9]+)d)?(([0-9]+)h)?(([0-9]+)m)?(([0-9]+)s)?(([0-9]+)ms)?)$")
+RELABEL_KEYS = {"sourceLabels", "separator", "targetLabel", "regex", "modulus", "replacement", "action"}
+RELABEL_ACTIONS = {
+    "replace", "keep", "drop", "keepequal", "dropequal", "hashmod", "labelmap",
+    "labeldrop", "labelkeep", "lowercase", "uppercase",
+}
+ENDPOINT_KEYS = {
+    "port", "portNumber", "targetPort", "path", "scheme", "params", "interval",
+    "scrapeTimeout", "honorLabels", "honorTimestamps", "relabelings",
+    "metricRelabelings", "filterRunning", "enableHttp2", "followRedirects",
+}
+SPEC_KEYS = {
+    "selector", "namespaceSelector", "podMetricsEndpoints", "jobLabel", "podTargetLabels",
+    "sampleLimit", "targetLimit", "labelLimit", "attachMetadata",
+}
+
+
+def check_podmonitor(name, pm):
+    where = f"{name} PodMonitor"
+    if pm.get("apiVersion") != "monitoring.coreos.com/v1":
+        problem(where, f"apiVersion must be monitoring.coreos.com/v1, not {pm.get('apiVersion')!r}")
+    if not isinstance(pm.get("metadata", {}).get("name"), str):
+        problem(where, "metadata.name is required")
+    spec = pm.get("spec")
+    if not isinstance(spec, dict):
+        problem(where, "spec is required")
+        return
+    for key in set(spec) - SPEC_KEYS:
+        problem(where, f"spec.{key}: unknown field")
+    labels = spec.get("selector", {}).get("matchLabels")
+    if not isinstance(labels, dict) or not labels or not all(isinstance(v, str) for v in labels.values()):
+        problem(where, "spec.selector.matchLabels must be a non-empty map of strings")
+    ns = spec.get("namespaceSelector", {})
+    if set(ns) - {"any", "matchNames"} or ("any" in ns and not isinstance(ns["any"], bool)):
+        problem(where, "spec.namespaceSelector takes any: bool or matchNames: [..]")
+    endpoints = spec.get("podMetricsEndpoints")
+    if not isinstance(endpoints, list) or not endpoints:
+        problem(where, "spec.podMetricsEndpoints must be a non-empty list")
+        return
+    for i, ep in enumerate(endpoints):
+        at = f"{where} spec.podMetricsEndpoints[{i}]"
+        for key in set(ep) - ENDPOINT_KEYS:
+            problem(at, f"{key}: unknown field")
+        if not isinstance(ep.get("port"), str):
+            problem(at, "port must be the name of a container port")
+        if not str(ep.get("path", "/metrics")).startswith("/"):
+            problem(at, "path must start with /")
+        for key in ("interval", "scrapeTimeout"):
+            if key in ep and not DURATION.match(str(ep[key])):
+                problem(at, f"{key}: {ep[key]!r} is not a Prometheus duration")
+        for j, r in enumerate(ep.get("relabelings", []) + ep.get("metricRelabelings", [])):
+            for key in set(r) - RELABEL_KEYS:
+                problem(at, f"relabelings[{j}].{key}: unknown field")
+            if str(r.get("action", "replace")).lower() not in RELABEL_ACTIONS:
+                problem(at, f"relabelings[{j}].action: {r.get('action')!r} is not a relabel action")
+            if "sourceLabels" in r and not isinstance(r["sourceLabels"], list):
+                problem(at, f"relabelings[{j}].sourceLabels must be a list")
+
+
+def port_of(addr):
+    return int(addr.rsplit(":", 1)[1])
+
+
+def seconds(duration):
+    m = re.fullmatch(r"(\d+)(ms|s|m)", duration)
+    return int(m.group(1)) * {"ms": 0.001, "s": 1, "m": 60}[m.group(2)]
+
+
+def env_of(container):
+    return {e["name"]: e.get("value") for e in container.get("env", [])}
+
+
+def check_deployment(name, dep, configmaps, podmonitors):
+    where = f"{name} Deployment/{dep['metadata']['name']}"
+    pod = dep["spec"]["template"]
+    spec = pod["spec"]
+    labels = pod["metadata"].get("labels", {})
+    annotations = pod["metadata"].get("annotations", {})
+
+    sel = dep["spec"]["selector"].get("matchLabels", {})
+    if any(labels.get(k) != v for k, v in sel.items()):
+        problem(where, "the selector does not match the pod template's labels")
+
+    inits = spec.get("initContainers", [])
+    tollgates = [c for c in inits + spec["containers"] if c["name"] == "tollgate"]
+    if len(tollgates) != 1:
+        problem(where, "expected exactly one container named tollgate")
+        return
+    tg = tollgates[0]
+    native = tg in inits
+    if native and tg.get("restartPolicy") != "Always":
+        problem(where, "a tollgate init container must have restartPolicy: Always (native sidecar)")
+    apps = [c for c in spec["containers"] if c["name"] != "tollgate"]
+    if not apps:
+        problem(where, "no app container")
+    if not native and spec["containers"][0]["name"] != "tollgate":
+        problem(where, "a plain sidecar must be the first container, so that it starts first")
+
+    # Config: a directory mount of the ConfigMap where TOLLGATE_CONFIG points.
+    cfg_path = env_of(tg).get("TOLLGATE_CONFIG")
+    if not cfg_path:
+        problem(where, "tollgate has no TOLLGATE_CONFIG")
+        return
+    cfg_dir, cfg_key = cfg_path.rsplit("/", 1)
+    volumes = {v["name"]: v for v in spec.get("volumes", [])}
+    config = None
+    for m in tg.get("volumeMounts", []):
+        if "subPath" in m or "subPathExpr" in m:
+            problem(where, f"volumeMount {m['name']} uses subPath: it would never see ConfigMap updates")
+        if m["mountPath"].rstrip("/") == cfg_dir:
+            cm_name = volumes.get(m["name"], {}).get("configMap", {}).get("name")
+            if cm_name not in configmaps:
+                problem(where, f"{cfg_dir} is not a mount of a ConfigMap in this directory")
+            elif cfg_key not in configmaps[cm_name].get("data", {}):
+                problem(where, f"ConfigMap {cm_name} has no key {cfg_key}")
+            else:
+                config = tomllib.loads(configmaps[cm_name]["data"][cfg_key])
+            if not m.get("readOnly"):
+                problem(where, "mount the config readOnly")
+    if config is None:
+        problem(where, f"nothing mounted at {cfg_dir} with {cfg_key}")
+        return
+
+    # Admin port: annotations, declared port, probes and PodMonitor agree with the config.
+    admin = config["admin"]["addr"]
+    admin_port = port_of(admin)
+    if not admin.startswith("0.0.0.0:"):
+        problem(where, f"admin.addr {admin} must listen on the pod IP (0.0.0.0) to be scraped and probed")
+    if annotations.get("prometheus.io/scrape") != "true":
+        problem(where, 'pod annotation prometheus.io/scrape must be "true"')
+    if annotations.get("prometheus.io/port") != str(admin_port):
+        problem(where, f"prometheus.io/port must be {admin_port}, the admin port")
+    if annotations.get("prometheus.io/path") != "/metrics":
+        problem(where, "prometheus.io/path must be /metrics")
+    ports = {p.get("name"): p["containerPort"] for p in tg.get("ports", [])}
+    admin_names = [n for n, p in ports.items() if p == admin_port]
+    if not admin_names:
+        problem(where, f"tollgate does not declare containerPort {admin_port}")
+    for pm_name, pm in podmonitors.items():
+        pm_sel = pm["spec"]["selector"]["matchLabels"]
+        if any(labels.get(k) != v for k, v in pm_sel.items()):
+            problem(where, f"pod labels are not selected by PodMonitor {pm_name}")
+        for ep in pm["spec"]["podMetricsEndpoints"]:
+            if ports.get(ep.get("port")) != admin_port:
+                problem(where, f"PodMonitor {pm_name} port {ep.get('port')!r} is not tollgate's admin port")
+
+    probes = {
+        "startupProbe": "/readyz",
+        "readinessProbe": "/readyz",
+        "livenessProbe": "/healthz",
+    }
+    for probe, path in probes.items():
+        get = tg.get(probe, {}).get("httpGet", {})
+        port = get.get("port")
+        port = ports.get(port, port)
+        if get.get("path") != path or port != admin_port:
+            problem(where, f"{probe} must GET {path} on the admin port {admin_port}")
+
+    # Listener: the app's proxy settings point at it.
+    listener = config["listener"]["addr"]
+    if not listener.startswith("127.0.0.1:"):
+        problem(where, f"listener.addr {listener} should be loopback: only the pod's app calls it")
+    for app in apps:
+        env = env_of(app)
+        for var in ("HTTP_PROXY", "http_proxy"):
+            if env.get(var) != f"http://{listener}":
+                problem(where, f"app container {app['name']}: {var} must be http://{listener}")
+        for var in ("NO_PROXY", "no_proxy"):
+            if "127.0.0.1" not in (env.get(var) or ""):
+                problem(where, f"app container {app['name']}: {var} must exempt 127.0.0.1")
+        for var in ("HTTPS_PROXY", "https_proxy"):
+            if var in env:
+                problem(where, f"app container {app['name']}: {var}: tollgate does not tunnel TLS (CONNECT)")
+
+    # Shutdown: the grace period outlasts the app's stop and tollgate's drain.
+    grace = spec.get("terminationGracePeriodSeconds", 30)
+    drain = seconds(config["listener"].get("drain_timeout", "20s"))
+    pre_stop = 0
+    cmd = tg.get("lifecycle", {}).get("preStop", {}).get("exec", {}).get("command", [])
+    if cmd[:1] == ["sleep"]:
+        pre_stop = int(cmd[1])
+    if not native and pre_stop <= 0:
+        problem(where, "a plain sidecar needs a preStop sleep so it outlives the app's shutdown")
+    if grace <= drain + pre_stop:
+        problem(where, f"terminationGracePeriodSeconds {grace} must exceed preStop {pre_stop}s + drain_timeout {drain}s")
+
+    # Resources and security.
+    res = tg.get("resources", {})
+    if res.get("requests", {}).get("cpu") != "100m" or res.get("requests", {}).get("memory") != "32Mi":
+        problem(where, "tollgate requests must be cpu 100m, memory 32Mi")
+    if res.get("limits", {}).get("memory") != "128Mi":
+        problem(where, "tollgate memory limit must be 128Mi")
+    sc = tg.get("securityContext", {})
+    want = {
+        "runAsNonRoot": True,
+        "runAsUser": 65532,
+        "readOnlyRootFilesystem": True,
+        "allowPrivilegeEscalation": False,
+    }
+    for key, value in want.items():
+        if sc.get(key) != value:
+            problem(where, f"tollgate securityContext.{key} must be {value}")
+    if sc.get("capabilities", {}).get("drop") != ["ALL"]:
+        problem(where, "tollgate securityContext.capabilities.drop must be [ALL]")
+    seccomp = sc.get("seccompProfile") or spec.get("securityContext", {}).get("seccompProfile") or {}
+    if seccomp.get("type") != "RuntimeDefault":
+        problem(where, "seccompProfile must be RuntimeDefault")
+    return config
+
+
+def main():
+    args = sys.argv[1:]
+    if not args:
+        sys.exit(__doc__)
+    directory = args[0]
+    extract = args[args.index("--extract-config") + 1] if "--extract-config" in args else None
+
+    objects = load_all(directory)
+    configmaps = {o["metadata"]["name"]: o for _, o in objects if o.get("kind") == "ConfigMap"}
+    podmonitors = {}
+    for name, o in objects:
+        if o.get("kind") == "PodMonitor":
+            check_podmonitor(name, o)
+            podmonitors[o["metadata"]["name"]] = o
+    if not podmonitors:
+        problem(directory, "no PodMonitor")
+    deployments = [(n, o) for n, o in objects if o.get("kind") == "Deployment"]
+    if not deployments:
+        problem(directory, "no Deployment")
+    for name, dep in deployments:
+        check_deployment(name, dep, configmaps, podmonitors)
+
+    if problems:
+        print("\n".join(problems), file=sys.stderr)
+        sys.exit(1)
+    if extract:
+        cm = next(iter(configmaps.values()))
+        Path(extract).write_text(cm["data"]["tollgate.toml"])
+    kinds = ", ".join(f"{o['kind']}/{o['metadata']['name']} ({n})" for n, o in objects)
+    print(f"consistent: {kinds}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,98 @@
+#!/usr/bin/env python3
+"""Derive test configs from deploy/prometheus/prometheus.yml.
+
+Pod discovery needs a Kubernetes API server, and Debian's Prometheus build has no
+kubernetes_sd at all. So that the relabelling of the `tollgate-pods` job is still
+checked and exercised, its kubernetes_sd_configs is replaced by static_configs that
+carry the same __meta_kubernetes_* labels pod discovery would produce: relabelling
+runs on them exactly as on discovered targets.
+
+  prom_config.py offline IN OUT
+      IN with every kubernetes_sd_configs swapped for simulated pods, for
+      `promtool check config` builds without kubernetes_sd.
+
+  prom_config.py e2e IN OUT --rules FILE --admin HOST:PORT --app-port PORT
+      A config for a local Prometheus: 1 s scrape and evaluation, rule_files FILE,
+      and the tollgate-pods job (its relabel_configs unchanged) fed with three
+      simulated pods: one annotated for scraping whose annotation names tollgate's
+      admin port (declared twice, as pod discovery lists every container port), one
+      without the annotation and one that has Succeeded; only the first must be
+      scraped.
+"""
+
+import argparse
+import copy
+import os
+
+import yaml
+
+NAMESPACE = "e2e"
+APP = "e2e-app"
+
+
+def pod(name, ports, *, scrape, admin_port, phase="Running"):
+    labels = {
+        "__meta_kubernetes_namespace": NAMESPACE,
+        "__meta_kubernetes_pod_name": name,
+        "__meta_kubernetes_pod_phase": phase,
+        "__meta_kubernetes_pod_ip": "127.0.0.1",
+        "__meta_kubernetes_pod_label_app_kubernetes_io_name": APP,
+        "__meta_kubernetes_pod_annotation_prometheus_io_port": str(admin_port),
+        "__meta_kubernetes_pod_annotation_prometheus_io_path": "/metrics",
+    }
+    if scrape:
+        labels["__meta_kubernetes_pod_annotation_prometheus_io_scrape"] = "true"
+    # Pod discovery: one target per declared container port, address podIP:port.
+    return [{"targets": [f"127.0.0.1:{p}"], "labels": dict(labels)} for p in ports]
+
+
+def swap_discovery(job, groups):
+    job = copy.deepcopy(job)
+    if "kubernetes_sd_configs" in job:
+        del job["kubernetes_sd_configs"]
+        job["static_configs"] = groups
+    return job
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("mode", choices=["offline", "e2e"])
+    ap.add_argument("input")
+    ap.add_argument("output")
+    ap.add_argument("--rules")
+    ap.add_argument("--admin")
+    ap.add_argument("--app-port", type=int)
+    a = ap.parse_args()
+
+    with open(a.input) as f:
+        cfg = yaml.safe_load(f)
+
+    if a.mode == "offline":
+        groups = pod("example", [8080, 15090], scrape=True, admin_port=15090)
+        cfg["scrape_configs"] = [swap_discovery(j, groups) for j in cfg["scrape_configs"]]
+        # rule_files are relative to the config's directory: keep them resolvable.
+        base = os.path.dirname(os.path.abspath(a.input))
+        cfg["rule_files"] = [os.path.join(base, r) for r in cfg.get("rule_files", [])]
+    else:
+        admin_port = int(a.admin.rsplit(":", 1)[1])
+        pods_job = next(j for j in cfg["scrape_configs"] if j["job_name"] == "tollgate-pods")
+        groups = (
+            pod("e2e-scraped", [a.app_port, admin_port], scrape=True, admin_port=admin_port)
+            + pod("e2e-not-annotated", [a.app_port], scrape=False, admin_port=admin_port)
+            + pod("e2e-succeeded", [a.app_port], scrape=True, admin_port=admin_port, phase="Succeeded")
+        )
+        job = swap_discovery(pods_job, groups)
+        job["scrape_interval"] = "1s"
+        job["scrape_timeout"] = "1s"
+        cfg = {
+            "global": {"scrape_interval": "1s", "scrape_timeout": "1s", "evaluation_interval": "1s"},
+            "rule_files": [a.rules],
+            "scrape_configs": [job],
+        }
+
+    with open(a.output, "w") as f:
+        yaml.safe_dump(cfg, f, sort_keys=False)
+
+
+if __name__ == "__main__":
+    main()
