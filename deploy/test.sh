@@ -159,6 +159,14 @@ cargo build --locked --quiet || fail "cargo build --locked failed"
 TOLLGATE=$ROOT/target/debug/tollgate
 [ -x "$TOLLGATE" ] || fail "no binary at $TOLLGATE"
 
+step "tollgate check on the ConfigMap's config"
+# Exit 0 = valid (1 = invalid). Warnings are allowed: the admin address on 0.0.0.0 is
+# deliberate in a pod (see the comment in configmap.yaml).
+"$TOLLGATE" check --config "$TMP/configmap.toml" >"$TMP/check.out" 2>&1 \
+  || { cat "$TMP/check.out" >&3; fail "tollgate check rejected the ConfigMap's tollgate.toml"; }
+sed 's/^/    /' "$TMP/check.out"
+pass "tollgate check: the ConfigMap's tollgate.toml is valid"
+
 step "tollgate loads the ConfigMap's config, and reloads it the way the kubelet updates it"
 # Same config, with the listener and admin moved to free loopback ports, laid out as
 # the kubelet lays out a ConfigMap volume (the key is a symlink through the "..data"
