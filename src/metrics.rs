@@ -356,9 +356,11 @@ impl Metrics {
         m
     }
 
-    /// Requests that matched no upstream are counted under `upstream=""`.
-    pub fn unrouted(&self) -> UpstreamMetrics {
-        self.upstream("", &[])
+    /// Requests that matched no upstream: `tollgate_requests_total{upstream="",
+    /// code="404", outcome="no-route"}`, and no other series for the empty name.
+    pub fn unrouted(&self) -> IntCounter {
+        self.requests
+            .with_label_values(&["", "404", Outcome::NoRoute.as_str()])
     }
 
     /// Gauges read from live state just before a scrape.

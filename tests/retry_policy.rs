@@ -90,7 +90,7 @@ async fn a_ten_kib_body_is_replayed_byte_identical() {
     .await;
     assert_eq!(r.status, 200);
     assert_eq!(r.attempts(), 3);
-    let bodies = bodies.lock().unwrap();
+    let bodies = bodies.lock().unwrap().clone();
     assert_eq!(bodies.len(), 3);
     let mut g = Generated::new(5, 10 * 1024);
     let mut original = Vec::new();

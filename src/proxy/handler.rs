@@ -40,8 +40,9 @@ pub async fn handle(
         }
     };
     let Some(up) = upstream else {
+        shared.unrouted.inc();
         return Ok(local(
-            &shared.unrouted,
+            None,
             StatusCode::NOT_FOUND,
             Outcome::NoRoute,
             0,
@@ -53,7 +54,7 @@ pub async fn handle(
     if req.method() == Method::CONNECT {
         // Tunnels would carry anything anywhere; tollgate originates TLS itself.
         return Ok(local(
-            &up.metrics,
+            Some(&up.metrics),
             StatusCode::METHOD_NOT_ALLOWED,
             Outcome::NotRetryable,
             0,
@@ -64,7 +65,7 @@ pub async fn handle(
     }
     if !guard.admit(&up) {
         return Ok(local(
-            &up.metrics,
+            Some(&up.metrics),
             StatusCode::SERVICE_UNAVAILABLE,
             Outcome::Overloaded,
             0,
@@ -78,7 +79,7 @@ pub async fn handle(
     if caller.is_some_and(|c| c.is_zero()) {
         up.metrics.denied(crate::metrics::Denied::Deadline);
         return Ok(local(
-            &up.metrics,
+            Some(&up.metrics),
             StatusCode::GATEWAY_TIMEOUT,
             Outcome::DeadlineExceeded,
             0,
@@ -164,7 +165,7 @@ fn respond(
                 _ => "the upstream could not be reached\n",
             };
             local(
-                metrics,
+                Some(metrics),
                 status,
                 answer.outcome,
                 answer.attempts,
@@ -177,7 +178,7 @@ fn respond(
 }
 
 fn local(
-    metrics: &UpstreamMetrics,
+    metrics: Option<&UpstreamMetrics>,
     status: StatusCode,
     outcome: Outcome,
     attempts: u32,
@@ -185,7 +186,9 @@ fn local(
     retry_after: Option<HeaderValue>,
     guard: RequestGuard,
 ) -> Response<ResponseBody> {
-    metrics.request(status.as_u16(), outcome, attempts);
+    if let Some(m) = metrics {
+        m.request(status.as_u16(), outcome, attempts);
+    }
     let mut resp = Response::new(ResponseBody::full(text, Some(guard)));
     *resp.status_mut() = status;
     let h = resp.headers_mut();

@@ -23,7 +23,7 @@ use tokio::sync::{Notify, watch};
 use tokio::task::JoinHandle;
 
 use crate::config::Config;
-use crate::metrics::{Metrics, UpstreamMetrics};
+use crate::metrics::Metrics;
 use crate::upstream::Upstream;
 use route::Routes;
 
@@ -82,7 +82,8 @@ impl Snapshot {
 pub struct Shared {
     pub snapshot: ArcSwap<Snapshot>,
     pub metrics: Arc<Metrics>,
-    pub unrouted: UpstreamMetrics,
+    /// Requests no upstream claimed.
+    pub unrouted: prometheus::IntCounter,
     /// Listeners bound and config loaded (and not draining): `/readyz` says 200.
     pub ready: AtomicBool,
     connections: AtomicUsize,

@@ -1,0 +1,119 @@
+//! Open-loop load: requests start on a fixed schedule whatever happens to the earlier
+//! ones. A closed loop (each client waiting for its answer before the next request)
+//! slows down as the system degrades and hides exactly the amplification the lab is
+//! there to show.
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use http::{HeaderValue, Request};
+use http_body_util::BodyExt;
+use tokio::time::Instant;
+
+use crate::config::EndpointAddr;
+use crate::retry::replay::RequestBody;
+use crate::upstream::pool::{Conn, Endpoint, Want};
+
+/// One user request as the user saw it.
+#[derive(Clone, Copy, Debug)]
+pub struct Record {
+    /// When it was sent, from the start of the run.
+    pub sent: Duration,
+    pub latency: Duration,
+    pub ok: bool,
+}
+
+#[derive(Clone, Debug)]
+pub struct LoadSpec {
+    pub rps: f64,
+    pub duration: Duration,
+    /// The user's deadline, sent as `x-timeout-ms`.
+    pub deadline: Duration,
+    /// When the user's HTTP client gives up, whatever it asked for.
+    pub patience: Duration,
+    pub host: &'static str,
+}
+
+/// Live counts, for the progress line.
+#[derive(Default)]
+pub struct Live {
+    pub sent: AtomicUsize,
+    pub done: AtomicUsize,
+    pub ok: AtomicUsize,
+    pub ok_latency_us: AtomicU64,
+}
+
+/// Sends the load at `target` and returns every request's record.
+pub async fn run(
+    target: SocketAddr,
+    spec: LoadSpec,
+    start: Instant,
+    live: Arc<Live>,
+) -> Vec<Record> {
+    let endpoint = Arc::new(Endpoint::new(
+        EndpointAddr {
+            host: target.ip().to_string(),
+            port: target.port(),
+        },
+        Arc::new(AtomicUsize::new(0)),
+    ));
+    let records: Arc<Mutex<Vec<Record>>> = Arc::default();
+    let total = (spec.rps * spec.duration.as_secs_f64()).round() as u64;
+    let interval = Duration::from_secs_f64(1.0 / spec.rps);
+    let deadline_value = HeaderValue::from(spec.deadline.as_millis() as u64);
+    let mut tasks = tokio::task::JoinSet::new();
+    for i in 0..total {
+        let at = start + interval.mul_f64(i as f64);
+        tokio::time::sleep_until(at).await;
+        let (endpoint, records, live) = (endpoint.clone(), records.clone(), live.clone());
+        let deadline_value = deadline_value.clone();
+        let patience = spec.patience;
+        let host = spec.host;
+        live.sent.fetch_add(1, Relaxed);
+        tasks.spawn(async move {
+            let sent = Instant::now();
+            let attempt = async {
+                let mut conn = endpoint.checkout(Want::Http1, None, patience).await.ok()?;
+                let mut req = Request::new(RequestBody::Empty);
+                *req.uri_mut() = http::Uri::from_static("/work");
+                req.headers_mut()
+                    .insert(http::header::HOST, HeaderValue::from_static(host));
+                req.headers_mut().insert("x-timeout-ms", deadline_value);
+                let resp = conn.send(req).await.ok()?;
+                let ok = resp.status() == http::StatusCode::OK;
+                resp.into_body().collect().await.ok()?;
+                if let Conn::Http1(lease) = conn {
+                    lease.release();
+                }
+                Some(ok)
+            };
+            let ok = matches!(
+                tokio::time::timeout(patience, attempt).await,
+                Ok(Some(true))
+            );
+            let latency = sent.elapsed().min(patience);
+            live.done.fetch_add(1, Relaxed);
+            if ok {
+                live.ok.fetch_add(1, Relaxed);
+                live.ok_latency_us
+                    .fetch_add(latency.as_micros() as u64, Relaxed);
+            }
+            records
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .push(Record {
+                    sent: sent - start,
+                    latency,
+                    ok,
+                });
+        });
+        // Reap finished tasks as we go so the set stays small.
+        while tasks.try_join_next().is_some() {}
+    }
+    while tasks.join_next().await.is_some() {}
+    let mut out = std::mem::take(&mut *records.lock().unwrap_or_else(|p| p.into_inner()));
+    out.sort_by_key(|r| r.sent);
+    out
+}

@@ -1,0 +1,377 @@
+//! The lab's scenarios and the two tollgate configurations every scenario runs.
+//!
+//! Both chains are the same tollgate code; the difference is only config:
+//!
+//! - **naive**: every hop makes three blind attempts with a fixed 50 ms backoff, no
+//!   budget, ignores the caller's deadline (`accept = []`), ignores Retry-After and
+//!   retries failures another layer already gave up on (`ownership = "ignore"`). Each
+//!   hop has a per-attempt timeout of its own choosing (600 ms at the edge, 200 ms
+//!   below it), numbers that look sensible one at a time. This is what a stack of
+//!   well-meaning client libraries does.
+//! - **owned**: what we recommend. Full-jitter backoff, the caller's deadline propagated,
+//!   a per-upstream budget (20 % of requests plus 10 retries a second, the share the
+//!   published budgeted chain used), and the ownership rule, so the layer nearest the
+//!   failure owns the retry and the edge passes its verdict back.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use super::backend::{Condition, Schedule};
+use super::load::LoadSpec;
+
+/// Figures a scenario is compared against.
+#[derive(Clone, Copy, Debug)]
+pub struct Published {
+    pub source: &'static str,
+    pub requests: u64,
+    pub succeeded: u64,
+    pub backend_calls: u64,
+    pub amplification: f64,
+    pub p50: Duration,
+    pub p99: Duration,
+}
+
+#[derive(Clone, Debug)]
+pub struct Scenario {
+    pub name: &'static str,
+    pub about: String,
+    pub load: LoadSpec,
+    pub backend: Schedule,
+    /// When the trouble ends, for scenarios that report recovery.
+    pub recovery_from: Option<Duration>,
+    pub published: Option<Published>,
+}
+
+/// Flags that override a scenario's parameters.
+#[derive(Clone, Debug, Default)]
+pub struct Overrides {
+    pub duration: Option<Duration>,
+    pub rps: Option<f64>,
+    pub error_rate: Option<f64>,
+}
+
+pub const NAMES: [&str; 4] = ["storm", "brownout", "dip", "down"];
+
+fn ms(n: u64) -> Duration {
+    Duration::from_millis(n)
+}
+
+fn secs(n: u64) -> Duration {
+    Duration::from_secs(n)
+}
+
+/// The scenario called `name`, with `o` applied; `None` for an unknown name.
+pub fn scenario(name: &str, o: &Overrides) -> Option<Scenario> {
+    let mut s = match name {
+        // The published experiment: 60 requests/s for 20 s against a backend degraded to
+        // 90 requests/s capacity with a 40% base error rate.
+        "storm" => Scenario {
+            name: "storm",
+            about: String::new(),
+            load: LoadSpec {
+                rps: 60.0,
+                duration: secs(20),
+                deadline: secs(1),
+                patience: secs(2),
+                host: "api",
+            },
+            backend: Schedule {
+                workers: 3,
+                normal: Condition {
+                    service: Duration::from_micros(33_333),
+                    error_rate: 0.4,
+                    down: false,
+                },
+                episodes: vec![],
+            },
+            recovery_from: None,
+            published: Some(Published {
+                source: "published budgeted chain (2026-07-08)",
+                requests: 1200,
+                succeeded: 921,
+                backend_calls: 1899,
+                amplification: 1.58,
+                p50: ms(10),
+                p99: ms(1103),
+            }),
+        },
+        // A payment dependency whose median goes from 150 ms to 900 ms for 30 s, behind a
+        // pool of connections sized for the good days (Stagefront's on-sale, at a fifth
+        // of its traffic: 100 charges/s and a pool of 20).
+        "brownout" => Scenario {
+            name: "brownout",
+            about: String::new(),
+            load: LoadSpec {
+                rps: 100.0,
+                duration: secs(60),
+                deadline: secs(2),
+                patience: secs(4),
+                host: "api",
+            },
+            backend: Schedule {
+                workers: 20,
+                normal: Condition {
+                    service: ms(150),
+                    error_rate: 0.0,
+                    down: false,
+                },
+                episodes: vec![(
+                    secs(10),
+                    secs(40),
+                    Condition {
+                        service: ms(900),
+                        error_rate: 0.0,
+                        down: false,
+                    },
+                )],
+            },
+            recovery_from: Some(secs(40)),
+            published: None,
+        },
+        // 95 % utilisation; capacity drops to a fifth for 2 s.
+        "dip" => Scenario {
+            name: "dip",
+            about: String::new(),
+            load: LoadSpec {
+                rps: 95.0,
+                duration: secs(20),
+                deadline: secs(1),
+                patience: secs(2),
+                host: "api",
+            },
+            backend: Schedule {
+                workers: 10,
+                normal: Condition {
+                    service: ms(100),
+                    error_rate: 0.0,
+                    down: false,
+                },
+                episodes: vec![(
+                    secs(5),
+                    secs(7),
+                    Condition {
+                        service: ms(500),
+                        error_rate: 0.0,
+                        down: false,
+                    },
+                )],
+            },
+            recovery_from: Some(secs(7)),
+            published: None,
+        },
+        // Hard down (connections refused) for 10 s, then healthy.
+        "down" => Scenario {
+            name: "down",
+            about: String::new(),
+            load: LoadSpec {
+                rps: 80.0,
+                duration: secs(25),
+                deadline: secs(1),
+                patience: secs(2),
+                host: "api",
+            },
+            backend: Schedule {
+                workers: 10,
+                normal: Condition {
+                    service: ms(100),
+                    error_rate: 0.0,
+                    down: false,
+                },
+                episodes: vec![(
+                    secs(5),
+                    secs(15),
+                    Condition {
+                        service: ms(100),
+                        error_rate: 0.0,
+                        down: true,
+                    },
+                )],
+            },
+            recovery_from: Some(secs(15)),
+            published: None,
+        },
+        _ => return None,
+    };
+    if let Some(d) = o.duration {
+        // Shorten (or stretch) the whole timeline, episodes included.
+        let k = d.as_secs_f64() / s.load.duration.as_secs_f64();
+        s.load.duration = d;
+        for (from, to, _) in &mut s.backend.episodes {
+            *from = from.mul_f64(k);
+            *to = to.mul_f64(k);
+        }
+        s.recovery_from = s.recovery_from.map(|r| r.mul_f64(k));
+    }
+    if let Some(r) = o.rps {
+        s.load.rps = r;
+    }
+    if let Some(e) = o.error_rate {
+        s.backend.normal.error_rate = e;
+        for (_, _, c) in &mut s.backend.episodes {
+            c.error_rate = e;
+        }
+    }
+    if o.duration.is_some() || o.rps.is_some() || o.error_rate.is_some() {
+        s.published = None;
+    }
+    s.about = describe(&s);
+    Some(s)
+}
+
+fn describe(s: &Scenario) -> String {
+    let cap = s.backend.capacity(&s.backend.normal);
+    let base = format!(
+        "{:.0} requests/s for {:.0} s, user deadline {} ms, against a backend of {:.0} requests/s capacity",
+        s.load.rps,
+        s.load.duration.as_secs_f64(),
+        s.load.deadline.as_millis(),
+        cap
+    );
+    let errors = if s.backend.normal.error_rate > 0.0 {
+        format!(
+            " with a {:.0}% base error rate",
+            s.backend.normal.error_rate * 100.0
+        )
+    } else {
+        String::new()
+    };
+    let episodes: Vec<String> = s
+        .backend
+        .episodes
+        .iter()
+        .map(|(from, to, c)| {
+            let what = if c.down {
+                "hard down".to_string()
+            } else if c.service != s.backend.normal.service {
+                format!(
+                    "median {} ms -> {} ms ({:.0} requests/s capacity)",
+                    s.backend.normal.service.as_millis(),
+                    c.service.as_millis(),
+                    s.backend.capacity(c)
+                )
+            } else {
+                "degraded".to_string()
+            };
+            format!(
+                "{what} from {:.0} s to {:.0} s",
+                from.as_secs_f64(),
+                to.as_secs_f64()
+            )
+        })
+        .collect();
+    if episodes.is_empty() {
+        format!("{base}{errors}")
+    } else {
+        format!("{base}{errors}; {}", episodes.join(", "))
+    }
+}
+
+/// Which of the two chains.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Chain {
+    Naive,
+    Owned,
+}
+
+impl Chain {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Chain::Naive => "naive",
+            Chain::Owned => "owned",
+        }
+    }
+}
+
+fn listener() -> &'static str {
+    "[listener]\naddr = \"127.0.0.1:0\"\nmax_connections = 100000\n[admin]\naddr = \"127.0.0.1:0\"\n"
+}
+
+/// The edge tollgate's config: it forwards `Host: api` to the api tollgate at `next`.
+pub fn edge_config(chain: Chain, next: SocketAddr, s: &Scenario) -> String {
+    hop(chain, "api", "backend", next, s, true)
+}
+
+/// The api tollgate's config: it forwards `Host: backend` to the backend at `next`.
+pub fn api_config(chain: Chain, next: SocketAddr, s: &Scenario) -> String {
+    hop(chain, "backend", "backend", next, s, false)
+}
+
+fn hop(
+    chain: Chain,
+    name: &str,
+    host_out: &str,
+    next: SocketAddr,
+    s: &Scenario,
+    edge: bool,
+) -> String {
+    let authority = if edge { "api" } else { "backend" };
+    match chain {
+        Chain::Naive => format!(
+            "{}[deadline]\naccept = []\n\
+             [upstreams.{name}]\nauthorities = [\"{authority}\"]\nendpoints = [\"{next}\"]\nhost = \"{host_out}\"\n\
+             connect_timeout = \"1s\"\nrequest_timeout = \"1h\"\nattempt_timeout = \"{}\"\nmax_inflight = 100000\n\
+             [upstreams.{name}.retry]\nmax_attempts = 3\nbackoff_base = \"50ms\"\nbackoff_max = \"50ms\"\n\
+             backoff_jitter = \"none\"\nretry_after = \"ignore\"\nownership = \"ignore\"\n",
+            listener(),
+            if edge { "600ms" } else { "200ms" }
+        ),
+        Chain::Owned => {
+            // The edge's attempt may take the whole deadline; the api's attempts are a
+            // fraction of it so a retry still fits. Patience shrinks with depth.
+            let deadline = s.load.deadline.as_millis();
+            let attempt = if edge {
+                deadline
+            } else {
+                (deadline / 2).max(50)
+            };
+            format!(
+                "{}[upstreams.{name}]\nauthorities = [\"{authority}\"]\nendpoints = [\"{next}\"]\nhost = \"{host_out}\"\n\
+                 connect_timeout = \"200ms\"\nrequest_timeout = \"{deadline}ms\"\nattempt_timeout = \"{attempt}ms\"\nmax_inflight = 100000\n\
+                 [upstreams.{name}.retry]\nmax_attempts = 3\nbackoff_base = \"25ms\"\nbackoff_max = \"1s\"\n\
+                 [upstreams.{name}.budget]\nratio = 0.2\nmin_per_sec = 10\nwindow = \"10s\"\n",
+                listener()
+            )
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_scenario_exists_and_every_config_is_valid() {
+        let addr: SocketAddr = "127.0.0.1:1".parse().unwrap();
+        for name in NAMES {
+            let s = scenario(name, &Overrides::default()).unwrap();
+            for chain in [Chain::Naive, Chain::Owned] {
+                for text in [edge_config(chain, addr, &s), api_config(chain, addr, &s)] {
+                    crate::config::parse("lab.toml", &text, std::path::Path::new("."))
+                        .unwrap_or_else(|e| panic!("{name} {chain:?}: {e}\n{text}"));
+                }
+            }
+        }
+        assert!(scenario("nope", &Overrides::default()).is_none());
+    }
+
+    #[test]
+    fn storm_matches_the_published_setup() {
+        let s = scenario("storm", &Overrides::default()).unwrap();
+        assert_eq!(s.load.rps, 60.0);
+        assert_eq!(s.load.duration, secs(20));
+        assert!((s.backend.capacity(&s.backend.normal) - 90.0).abs() < 0.01);
+        assert_eq!(s.backend.normal.error_rate, 0.4);
+    }
+
+    #[test]
+    fn shortening_scales_the_episodes() {
+        let o = Overrides {
+            duration: Some(secs(6)),
+            ..Overrides::default()
+        };
+        let s = scenario("dip", &o).unwrap();
+        assert_eq!(s.backend.episodes[0].0, Duration::from_millis(1500));
+        assert_eq!(s.recovery_from, Some(Duration::from_millis(2100)));
+        assert!(s.published.is_none());
+    }
+}
