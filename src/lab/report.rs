@@ -71,9 +71,12 @@ impl ChainResult {
                 *slot += 1.0;
             }
         }
+        // Only while load is still offered: a backend that goes quiet because the run
+        // ended has not recovered.
+        let offered = (scenario.load.duration.as_millis() / BUCKET.as_millis()) as usize;
         let recovery = scenario.recovery_from.and_then(|from| {
             recovery(
-                arrivals,
+                &arrivals[..offered.min(arrivals.len())],
                 from,
                 scenario.backend.capacity(&scenario.backend.normal),
             )

@@ -9,6 +9,10 @@
 //! connection with nothing in flight may stay open for `idle_timeout`. On shutdown the
 //! connection is closed gracefully: HTTP/1.1 after the response in flight, HTTP/2 with
 //! GOAWAY, letting streams finish.
+//!
+//! hyper refuses malformed messages (framing, sizes) itself; what it lets through and
+//! routing could be fooled by, an ambiguous or malformed `Host`, is refused here with
+//! a 400 before the request is handed over.
 
 use std::io;
 use std::pin::Pin;
@@ -18,14 +22,19 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use bytes::{Buf, Bytes};
+use http::header::{CONNECTION, CONTENT_TYPE, HOST};
+use http::uri::Authority;
+use http::{HeaderValue, Request, Response, StatusCode, Version};
+use hyper::body::Incoming;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
 use tokio::sync::watch;
-use tokio::time::{Instant, sleep_until, timeout};
+use tokio::time::{Instant, sleep_until, timeout_at};
 
 use super::Shared;
+use super::body::ResponseBody;
 use crate::config::ListenerConfig;
 
 const H2_PREFACE: &[u8; 24] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
@@ -43,9 +52,9 @@ pub struct ConnState {
 }
 
 impl ConnState {
-    fn new(track_heads: bool) -> Self {
+    fn new(track_heads: bool, epoch: Instant) -> Self {
         ConnState {
-            epoch: Instant::now(),
+            epoch,
             inflight: AtomicU32::new(0),
             head_started: AtomicU64::new(0),
             idle_since: AtomicU64::new(0),
@@ -55,7 +64,7 @@ impl ConnState {
 
     /// A state for requests that did not come over a client connection (tests, lab).
     pub fn detached() -> Arc<Self> {
-        Arc::new(Self::new(false))
+        Arc::new(Self::new(false, Instant::now()))
     }
 
     fn micros(&self) -> u64 {
@@ -74,6 +83,13 @@ impl ConnState {
     pub fn request_finished(&self) {
         if self.inflight.fetch_sub(1, AcqRel) == 1 {
             self.idle_since.store(self.micros(), Release);
+        }
+    }
+
+    /// The first request head began with the connection's first byte, the epoch.
+    fn head_began_at_epoch(&self) {
+        if self.track_heads {
+            self.head_started.store(1, Release);
         }
     }
 
@@ -175,25 +191,69 @@ impl AsyncWrite for Prefixed {
 }
 
 /// Reads until the bytes either are or cannot be the HTTP/2 preface.
-async fn sniff(stream: &mut TcpStream, settings: &ListenerConfig) -> io::Result<(bool, Bytes)> {
+///
+/// Nothing sent yet is an idle connection (`idle_timeout`); once the first byte is in,
+/// the rest of the preface must follow within `header_read_timeout` of it, counted
+/// once for all reads, so a preface dribbled a byte at a time is cut off like any
+/// other slow head. Returns when the first byte arrived, for the head limit after it.
+async fn sniff(
+    stream: &mut TcpStream,
+    settings: &ListenerConfig,
+) -> io::Result<(bool, Bytes, Instant)> {
     let mut buf = [0u8; 24];
     let mut n = 0;
-    // Nothing sent yet: an idle connection. Bytes started: a head being read.
-    let mut wait = settings.idle_timeout;
+    let mut by = Instant::now() + settings.idle_timeout;
+    let mut first = None;
     while n < buf.len() {
-        let read = timeout(wait, stream.read(&mut buf[n..]))
+        let read = timeout_at(by, stream.read(&mut buf[n..]))
             .await
             .map_err(|_| io::Error::new(io::ErrorKind::TimedOut, "no request"))??;
         if read == 0 {
             return Err(io::Error::new(io::ErrorKind::UnexpectedEof, "closed"));
         }
+        let at = *first.get_or_insert_with(Instant::now);
         n += read;
         if buf[..n] != H2_PREFACE[..n] {
-            return Ok((false, Bytes::copy_from_slice(&buf[..n])));
+            return Ok((false, Bytes::copy_from_slice(&buf[..n]), at));
         }
-        wait = settings.header_read_timeout;
+        by = at + settings.header_read_timeout;
     }
-    Ok((true, Bytes::copy_from_slice(&buf)))
+    let at = first.unwrap_or_else(Instant::now);
+    Ok((true, Bytes::copy_from_slice(&buf), at))
+}
+
+/// Why a request's `Host` cannot be trusted to route it, if it cannot: more than one
+/// `Host` line, or a value that is no `host[:port]` (RFC 9112 section 3.2 asks for a
+/// 400 for both). Two `Host` lines are the classic way to make two hops route one
+/// request differently; tollgate refuses rather than pick one. An empty `Host` is
+/// allowed (the URI may have no authority) and routes nowhere.
+fn host_problem<B>(req: &Request<B>) -> Option<&'static str> {
+    let mut hosts = req.headers().get_all(HOST).iter();
+    let first = hosts.next()?;
+    if hosts.next().is_some() {
+        return Some("more than one Host header\n");
+    }
+    let value = first.as_bytes();
+    let valid = value.is_empty()
+        || (!value.contains(&b'@')
+            && Authority::try_from(value).is_ok_and(|a| !a.host().is_empty()));
+    (!valid).then_some("the Host header is not a valid host[:port]\n")
+}
+
+/// tollgate's own 400 for a request it will not route. An HTTP/1.x connection is closed
+/// after it, as after any malformed request.
+fn bad_request(why: &'static str, version: Version) -> Response<ResponseBody> {
+    let mut resp = Response::new(ResponseBody::full(why, None));
+    *resp.status_mut() = StatusCode::BAD_REQUEST;
+    let h = resp.headers_mut();
+    h.insert(
+        CONTENT_TYPE,
+        HeaderValue::from_static("text/plain; charset=utf-8"),
+    );
+    if version < Version::HTTP_2 {
+        h.insert(CONNECTION, HeaderValue::from_static("close"));
+    }
+    resp
 }
 
 /// Serves one accepted connection until it closes, times out or is drained.
@@ -205,14 +265,14 @@ pub async fn serve(
     mut shutdown: watch::Receiver<bool>,
 ) {
     let _ = stream.set_nodelay(true);
-    let (h2, prefix) = match sniff(&mut stream, &settings).await {
+    let (h2, prefix, first_byte) = match sniff(&mut stream, &settings).await {
         Ok(v) => v,
         Err(_) => return,
     };
-    let state = Arc::new(ConnState::new(!h2));
+    let state = Arc::new(ConnState::new(!h2, first_byte));
     if !h2 {
         // The sniffed bytes were the start of a request head.
-        state.bytes_read();
+        state.head_began_at_epoch();
     }
     let io = TokioIo::new(Prefixed {
         prefix,
@@ -221,8 +281,18 @@ pub async fn serve(
     });
     let svc = {
         let state = state.clone();
-        service_fn(move |req| {
-            super::handler::handle(shared.clone(), fixed.clone(), state.clone(), req)
+        service_fn(move |req: Request<Incoming>| {
+            let (shared, fixed, state) = (shared.clone(), fixed.clone(), state.clone());
+            async move {
+                if let Some(why) = host_problem(&req) {
+                    // Counted as a request of the connection, so the watchdog sees the
+                    // head as read and the connection as idle again once answered.
+                    state.request_started();
+                    state.request_finished();
+                    return Ok(bad_request(why, req.version()));
+                }
+                super::handler::handle(shared, fixed, state, req).await
+            }
         })
     };
     macro_rules! drive {

@@ -22,6 +22,14 @@
 //! the retries granted in `(t - window, t]` do not exceed the bound computed from the
 //! requests received in that same interval (a property test checks this).
 //!
+//! # Pacing
+//!
+//! The rule alone lets a whole window's allowance go in one instant: when a dependency
+//! fails hard, every retry the window affords is granted at once, and when those grants
+//! leave the window together the next batch goes at once again, in waves one window
+//! apart. So a slot (`window / SLOTS`) may grant at most twice its even share of the
+//! allowance: the same retries in total, spread over at least half a window.
+//!
 //! # Cost on the request path
 //!
 //! Recording a request is two relaxed atomic adds; granting a retry is a compare-and-swap
@@ -41,6 +49,9 @@ use crate::config::BudgetConfig;
 const SLOTS: u64 = 20;
 /// The ring holds one slot more than the window, for the retry count's extra slot.
 const RING: u64 = SLOTS + 1;
+
+/// A slot may grant at most this many times its even share (`bound / SLOTS`).
+const PACE: f64 = 2.0;
 
 /// The window an upstream without a budget still keeps, for the amplification gauge.
 const UNBUDGETED_WINDOW: Duration = Duration::from_secs(10);
@@ -189,6 +200,14 @@ impl RetryBudget {
     pub fn try_retry(&self, now: Instant) -> bool {
         let slot = self.advance(now);
         if let Some(limit) = &self.limit {
+            // Pacing: no slot may take more than twice its share of the window's
+            // allowance, so a budget that refills is spent as a trickle, not a wave.
+            let bound = self.bound(limit, self.requests.load(Acquire));
+            let per_slot = (PACE * bound / SLOTS as f64).ceil().max(1.0);
+            let this_slot = self.ring[(slot % RING) as usize].retries.load(Acquire);
+            if (this_slot + 1) as f64 > per_slot {
+                return false;
+            }
             let granted = self.retries.fetch_update(AcqRel, Acquire, |sent| {
                 let bound = self.bound(limit, self.requests.load(Acquire));
                 ((sent + 1) as f64 <= bound).then_some(sent + 1)
@@ -252,15 +271,27 @@ mod tests {
         (RetryBudget::new(Some(&cfg), now), now)
     }
 
+    /// Asks for `n` retries at each of the instants `from, from + step, ...` until
+    /// `until`; returns how many were granted.
+    fn ask(b: &RetryBudget, from: Instant, until: Instant, step: Duration, n: usize) -> usize {
+        let mut granted = 0;
+        let mut t = from;
+        while t < until {
+            granted += (0..n).filter(|_| b.try_retry(t)).count();
+            t += step;
+        }
+        granted
+    }
+
     #[test]
     fn ten_percent_of_requests_may_be_retried() {
         let (b, t0) = budget(0.1, 0.0, 10);
         for _ in 0..100 {
             b.record_request(t0);
         }
-        let granted = (0..50).filter(|_| b.try_retry(t0)).count();
-        assert_eq!(granted, 10);
-        assert_eq!(b.available(t0), 0.0);
+        let t9 = t0 + Duration::from_secs(9);
+        assert_eq!(ask(&b, t0, t9, Duration::from_millis(100), 5), 10);
+        assert_eq!(b.available(t9), 0.0);
     }
 
     #[test]
@@ -268,16 +299,41 @@ mod tests {
         let (b, t0) = budget(0.1, 1.0, 10);
         b.record_request(t0);
         // 0.1 * 1 + 1/s * 10 s = 10.1: ten retries fit, the eleventh would exceed it.
-        let granted = (0..50).filter(|_| b.try_retry(t0)).count();
-        assert_eq!(granted, 10);
+        let t9 = t0 + Duration::from_secs(9);
+        assert_eq!(ask(&b, t0, t9, Duration::from_millis(100), 5), 10);
+    }
+
+    #[test]
+    fn a_burst_is_paced_over_the_window() {
+        let (b, t0) = budget(0.0, 10.0, 10);
+        // 100 retries allowed in the window, but at most 2 x 100 / 20 = 10 per slot.
+        assert_eq!((0..100).filter(|_| b.try_retry(t0)).count(), 10);
+        let later = t0 + Duration::from_millis(500);
+        assert_eq!((0..100).filter(|_| b.try_retry(later)).count(), 10);
+        let t9 = t0 + Duration::from_secs(9);
+        assert_eq!(
+            ask(&b, t0, t9, Duration::from_millis(100), 100),
+            80,
+            "the rest of the window's 100"
+        );
     }
 
     #[test]
     fn spent_retries_come_back_when_they_leave_the_window() {
         let (b, t0) = budget(0.0, 1.0, 10);
-        assert_eq!((0..20).filter(|_| b.try_retry(t0)).count(), 10);
+        assert_eq!(
+            ask(
+                &b,
+                t0,
+                t0 + Duration::from_secs(5),
+                Duration::from_millis(500),
+                5
+            ),
+            10
+        );
         assert!(!b.try_retry(t0 + Duration::from_secs(9)));
-        // Retries are counted one slot (0.5 s) beyond the window, to stay conservative.
+        // Retries are counted one slot (0.5 s) beyond the window, to stay conservative:
+        // the first grants (at 0 s) leave it only after 10.5 s.
         assert!(!b.try_retry(t0 + Duration::from_millis(10_400)));
         assert!(b.try_retry(t0 + Duration::from_millis(10_600)));
     }

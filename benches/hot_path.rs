@@ -1,0 +1,94 @@
+//! The per-request pieces, one by one: budget bookkeeping, a backoff draw, deadline
+//! header parsing and formatting, route lookup. Each runs on every request (or every
+//! failure), so each must cost nanoseconds, not microseconds.
+
+use std::hint::black_box;
+use std::time::Duration;
+
+use criterion::{Criterion, criterion_group, criterion_main};
+use http::{HeaderMap, HeaderName, HeaderValue};
+use tokio::time::Instant;
+
+use tollgate::config::BudgetConfig;
+use tollgate::deadline;
+use tollgate::proxy::route::Routes;
+use tollgate::retry::backoff::Backoff;
+use tollgate::retry::budget::RetryBudget;
+
+fn budget(c: &mut Criterion) {
+    let cfg = BudgetConfig {
+        ratio: 0.1,
+        min_per_sec: 10.0,
+        window: Duration::from_secs(10),
+    };
+    let b = RetryBudget::new(Some(&cfg), Instant::now());
+    c.bench_function("budget: record a request", |bench| {
+        bench.iter(|| b.record_request(black_box(Instant::now())))
+    });
+    c.bench_function("budget: record an attempt", |bench| {
+        bench.iter(|| b.record_attempt(black_box(Instant::now())))
+    });
+    c.bench_function("budget: ask for a retry", |bench| {
+        bench.iter(|| black_box(b.try_retry(Instant::now())))
+    });
+}
+
+fn backoff(c: &mut Criterion) {
+    let b = Backoff::default();
+    let mut rng = fastrand::Rng::with_seed(1);
+    c.bench_function("backoff: full-jitter draw", |bench| {
+        bench.iter(|| black_box(b.draw(black_box(2), &mut rng)))
+    });
+}
+
+fn deadlines(c: &mut Criterion) {
+    let accept = [
+        HeaderName::from_static("x-timeout-ms"),
+        deadline::GRPC_TIMEOUT,
+        HeaderName::from_static("x-envoy-expected-rq-timeout-ms"),
+    ];
+    let mut h = HeaderMap::new();
+    h.insert("x-timeout-ms", HeaderValue::from_static("850"));
+    h.insert("content-type", HeaderValue::from_static("application/json"));
+    c.bench_function("deadline: read the caller's headers", |bench| {
+        bench.iter(|| black_box(deadline::caller_timeout(black_box(&h), &accept)))
+    });
+    c.bench_function("deadline: parse grpc-timeout", |bench| {
+        bench.iter(|| black_box(deadline::parse_grpc_timeout(black_box(b"250m"))))
+    });
+    c.bench_function("deadline: format x-timeout-ms", |bench| {
+        bench.iter(|| {
+            black_box(deadline::format_millis(black_box(Duration::from_millis(
+                599,
+            ))))
+        })
+    });
+    c.bench_function("deadline: format grpc-timeout", |bench| {
+        bench.iter(|| {
+            black_box(deadline::format_grpc_timeout(black_box(
+                Duration::from_millis(599),
+            )))
+        })
+    });
+}
+
+fn routing(c: &mut Criterion) {
+    let names: Vec<Vec<String>> = (0..50)
+        .map(|i| {
+            vec![
+                format!("service-{i}"),
+                format!("service-{i}.default.svc.cluster.local"),
+            ]
+        })
+        .collect();
+    let routes = Routes::new(names.iter().enumerate().map(|(i, a)| (i, a.as_slice())));
+    c.bench_function("route: host with port, 50 upstreams", |bench| {
+        bench.iter(|| black_box(routes.lookup(black_box("service-42:8080"))))
+    });
+    c.bench_function("route: unknown host", |bench| {
+        bench.iter(|| black_box(routes.lookup(black_box("evil.example.com"))))
+    });
+}
+
+criterion_group!(benches, budget, backoff, deadlines, routing);
+criterion_main!(benches);
