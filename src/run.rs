@@ -28,6 +28,14 @@ pub fn runtime(config: &Config) -> std::io::Result<tokio::runtime::Runtime> {
         .runtime
         .worker_threads
         .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
+    if threads == 1 {
+        // One thread: the single-threaded scheduler does the same work without the
+        // cross-thread bookkeeping of work stealing.
+        return tokio::runtime::Builder::new_current_thread()
+            .thread_name("tollgate")
+            .enable_all()
+            .build();
+    }
     tokio::runtime::Builder::new_multi_thread()
         .worker_threads(threads)
         .thread_name("tollgate")

@@ -14,11 +14,11 @@ use tokio::time::Instant;
 use super::Shared;
 use super::body::{RequestGuard, ResponseBody};
 use super::conn::ConnState;
-use super::headers::{is_grpc, strip_hop_by_hop};
+use super::headers::{prepare_request, strip};
 use super::route::authority_of;
-use crate::deadline::{self, Deadline};
+use crate::deadline::Deadline;
 use crate::metrics::{Outcome, UpstreamMetrics};
-use crate::retry::policy::{ATTEMPT_HEADER, ATTEMPTS_HEADER, OUTCOME_HEADER};
+use crate::retry::policy::{ATTEMPTS_HEADER, OUTCOME_HEADER};
 use crate::retry::{self, Answer, Exchange, Reply, count_value};
 
 pub async fn handle(
@@ -75,8 +75,10 @@ pub async fn handle(
         ));
     }
 
-    let caller = deadline::caller_timeout(req.headers(), &up.deadline.accept);
-    if caller.is_some_and(|c| c.is_zero()) {
+    let (parts, body) = req.into_parts();
+    let mut headers = parts.headers;
+    let facts = prepare_request(&mut headers, &up.deadline.accept);
+    if facts.caller_timeout.is_some_and(|c| c.is_zero()) {
         up.metrics.denied(crate::metrics::Denied::Deadline);
         return Ok(local(
             Some(&up.metrics),
@@ -88,25 +90,23 @@ pub async fn handle(
             guard,
         ));
     }
-    let deadline = Deadline::new(start, caller, up.config.request_timeout);
+    let deadline = Deadline::new(start, facts.caller_timeout, up.config.request_timeout);
     up.budget.record_request(start);
 
-    let authority = match &up.config.host {
-        Some(h) => Some(h.clone()),
-        None => authority_of(&req).and_then(|a| HeaderValue::from_str(a).ok()),
-    };
-    let (parts, body) = req.into_parts();
+    // The Host sent upstream: the configured one, else the authority the app called,
+    // which for an origin-form HTTP/1.1 request is already the Host header.
+    match (&up.config.host, parts.uri.authority()) {
+        (Some(h), _) => {
+            headers.insert(HOST, h.clone());
+        }
+        (None, Some(a)) => {
+            if let Ok(v) = HeaderValue::from_str(a.as_str()) {
+                headers.insert(HOST, v);
+            }
+        }
+        (None, None) => {}
+    }
     let version = parts.version;
-    let mut headers = parts.headers;
-    strip_hop_by_hop(&mut headers);
-    for name in &up.deadline.accept {
-        headers.remove(name);
-    }
-    headers.remove(&ATTEMPT_HEADER);
-    let grpc = is_grpc(&headers);
-    if let Some(a) = &authority {
-        headers.insert(HOST, a.clone());
-    }
     let uri = origin_form(&parts.uri);
 
     let answer = retry::forward(
@@ -118,7 +118,7 @@ pub async fn handle(
             headers,
             body,
             deadline,
-            grpc,
+            grpc: facts.grpc,
         },
     )
     .await;
@@ -146,7 +146,7 @@ fn respond(
     match answer.reply {
         Reply::Upstream(resp, lease) => {
             let (mut parts, body) = resp.into_parts();
-            strip_hop_by_hop(&mut parts.headers);
+            strip(&mut parts.headers);
             parts.version = version;
             parts
                 .headers

@@ -166,19 +166,20 @@ pub async fn forward(up: &Upstream, ex: Exchange) -> Answer {
         let mut returned: Option<Request<RequestBody>> = None;
         let mut stale = 0;
         let result: Result<(Response<Incoming>, Option<Lease>), Failure> = loop {
-            let connect_by = (Instant::now() + cfg.connect_timeout).min(attempt_deadline);
-            let mut conn = match timeout_at(
-                connect_by,
-                endpoint.checkout(want, tls, cfg.connect_timeout),
-            )
-            .await
-            {
-                Ok(Ok(c)) => c,
-                Ok(Err(e)) => {
-                    tracing::debug!(upstream = %cfg.name, endpoint = %endpoint.addr, error = %e, "connect failed");
-                    break Err(Failure::ConnectFailure);
+            let mut conn = match endpoint.pooled(want) {
+                Some(c) => c,
+                None => {
+                    let connect_by = (Instant::now() + cfg.connect_timeout).min(attempt_deadline);
+                    let connecting = endpoint.checkout(want, tls, cfg.connect_timeout);
+                    match timeout_at(connect_by, connecting).await {
+                        Ok(Ok(c)) => c,
+                        Ok(Err(e)) => {
+                            tracing::debug!(upstream = %cfg.name, endpoint = %endpoint.addr, error = %e, "connect failed");
+                            break Err(Failure::ConnectFailure);
+                        }
+                        Err(_) => break Err(Failure::ConnectFailure),
+                    }
                 }
-                Err(_) => break Err(Failure::ConnectFailure),
             };
             let mut req = match returned.take() {
                 Some(r) => r,

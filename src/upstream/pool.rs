@@ -114,6 +114,16 @@ impl Endpoint {
         self.idle.len()
     }
 
+    /// A pooled connection, if one is ready now: the common case, with no timer and no
+    /// await.
+    pub fn pooled(self: &Arc<Self>, want: Want) -> Option<Conn> {
+        match (want, self.alpn.load(Relaxed)) {
+            (Want::Http1, _) | (Want::Negotiate, ALPN_H1) => self.pop_idle().map(Conn::Http1),
+            (Want::Http2, _) | (Want::Negotiate, ALPN_H2) => self.shared_h2().map(Conn::Http2),
+            (Want::Negotiate, _) => None,
+        }
+    }
+
     /// A connection for one attempt: a pooled one when there is one, else a new one
     /// within `timeout`.
     pub async fn checkout(
