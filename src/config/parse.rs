@@ -77,7 +77,10 @@ struct Walker<'a> {
     base: &'a Path,
 }
 
+/// The dotted name of `key` under `path`. An empty key (`"" = 1` is valid TOML) is
+/// written as TOML spells it, so a diagnostic always names a key.
 fn join(path: &str, key: &str) -> String {
+    let key = if key.is_empty() { "\"\"" } else { key };
     if path.is_empty() {
         key.to_string()
     } else {
@@ -1178,4 +1181,21 @@ pub fn parse_endpoint(text: &str) -> Result<EndpointAddr, String> {
         host: host.to_ascii_lowercase(),
         port,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_empty_key_is_named_as_toml_spells_it() {
+        let Err(e) = parse("t.toml", "\"\" = 1\n", Path::new(".")) else {
+            panic!("an empty key is unknown");
+        };
+        assert_eq!(e.0[0].key, "\"\"");
+        assert!(
+            e.to_string().starts_with("t.toml:1:1: \"\": unknown key"),
+            "{e}"
+        );
+    }
 }

@@ -234,10 +234,23 @@ fn host_problem<B>(req: &Request<B>) -> Option<&'static str> {
         return Some("more than one Host header\n");
     }
     let value = first.as_bytes();
-    let valid = value.is_empty()
-        || (!value.contains(&b'@')
-            && Authority::try_from(value).is_ok_and(|a| !a.host().is_empty()));
+    let valid = value.is_empty() || (!value.contains(&b'@') && authority_syntax(value));
     (!valid).then_some("the Host header is not a valid host[:port]\n")
+}
+
+/// `uri-host [ ":" port ]`: a host the URI grammar takes and, after it, nothing or a
+/// colon and digits.
+fn authority_syntax(value: &[u8]) -> bool {
+    let Ok(a) = Authority::try_from(value) else {
+        return false;
+    };
+    let host = a.host();
+    let rest = a.as_str().get(host.len()..).unwrap_or("");
+    !host.is_empty()
+        && (rest.is_empty()
+            || rest
+                .strip_prefix(':')
+                .is_some_and(|p| p.bytes().all(|b| b.is_ascii_digit())))
 }
 
 /// tollgate's own 400 for a request it will not route. An HTTP/1.x connection is closed

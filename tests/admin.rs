@@ -1,0 +1,199 @@
+//! The admin endpoint's safety: loopback by default, no key material in `/config`,
+//! read-only (GET and HEAD), nothing proxied through it, and its endpoints answering
+//! as documented.
+
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use std::path::Path;
+use std::time::Duration;
+
+use common::tempdir::TempDir;
+use common::*;
+use http::Response;
+
+#[test]
+fn admin_and_listener_default_to_loopback() {
+    let cfg = tollgate::config::parse(
+        "min.toml",
+        "[upstreams.a]\nauthorities = [\"a\"]\nendpoints = [\"127.0.0.1:1\"]\n",
+        Path::new("."),
+    )
+    .unwrap();
+    assert_eq!(cfg.admin.addr, "127.0.0.1:15090".parse().unwrap());
+    assert!(cfg.admin.addr.ip().is_loopback());
+    assert_eq!(cfg.listener.addr, "127.0.0.1:15001".parse().unwrap());
+    assert!(cfg.listener.addr.ip().is_loopback());
+}
+
+fn key_material() -> (String, String) {
+    let key = rcgen::KeyPair::generate().unwrap();
+    let cert = rcgen::CertificateParams::new(vec!["client".to_string()])
+        .unwrap()
+        .self_signed(&key)
+        .unwrap();
+    (cert.pem(), key.serialize_pem())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn config_shows_certificate_paths_never_their_contents() {
+    let dir = TempDir::new("admin-keys");
+    let (cert_pem, key_pem) = key_material();
+    let cert = dir.path().join("client.crt");
+    let key = dir.path().join("client.key");
+    std::fs::write(&cert, &cert_pem).unwrap();
+    std::fs::write(&key, &key_pem).unwrap();
+    // The client certificate doubles as the CA bundle: only the files matter here.
+    let tg = Tollgate::start(&config(&format!(
+        "[upstreams.secure]\nauthorities = [\"secure\"]\nendpoints = [\"127.0.0.1:1\"]\n\
+         [upstreams.secure.tls]\nserver_name = \"upstream.test\"\nca_file = \"{cert}\"\n\
+         client_cert = \"{cert}\"\nclient_key = \"{key}\"\n",
+        cert = cert.display(),
+        key = key.display(),
+    )))
+    .await;
+    let r = get(tg.admin, "/config", "admin").await;
+    assert_eq!(r.status, 200);
+    assert_eq!(r.header("content-type"), Some("application/json"));
+    let text = String::from_utf8(r.body.to_vec()).unwrap();
+    assert!(!text.contains("PRIVATE KEY"), "{text}");
+    assert!(!text.contains("BEGIN"), "{text}");
+    // Not a single line of the key's or the certificate's base64 either.
+    for line in key_pem.lines().chain(cert_pem.lines()) {
+        if !line.starts_with("-----") && line.len() > 16 {
+            assert!(!text.contains(line), "key material in /config: {line}");
+        }
+    }
+    let json: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let tls = &json["upstreams"]["secure"]["tls"];
+    assert_eq!(tls["client_key"], key.display().to_string());
+    assert_eq!(tls["client_cert"], cert.display().to_string());
+    assert_eq!(tls["server_name"], "upstream.test");
+    assert_eq!(
+        tls.as_object().unwrap().len(),
+        4,
+        "only the four documented keys: {tls}"
+    );
+    tg.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn endpoints_answer_and_anything_else_is_refused() {
+    let up = Upstream::start(|_req| async { Response::new(full("upstream")) }).await;
+    let tg = Tollgate::start(&config(&format!(
+        "[upstreams.a]\nauthorities = [\"a\", \"admin\"]\nendpoints = [\"{}\"]\n",
+        up.addr
+    )))
+    .await;
+    // One proxied request so the metrics have a series.
+    assert_eq!(get(tg.addr, "/", "a").await.status, 200);
+
+    let r = get(tg.admin, "/healthz", "admin").await;
+    assert_eq!((r.status.as_u16(), &r.body[..]), (200, &b"ok\n"[..]));
+    let r = get(tg.admin, "/readyz", "admin").await;
+    assert_eq!((r.status.as_u16(), &r.body[..]), (200, &b"ready\n"[..]));
+    let r = get(tg.admin, "/metrics", "admin").await;
+    assert_eq!(r.status, 200);
+    assert_eq!(
+        r.header("content-type"),
+        Some("text/plain; version=0.0.4; charset=utf-8")
+    );
+    let m = String::from_utf8(r.body.to_vec()).unwrap();
+    assert!(m.contains("# TYPE tollgate_requests_total counter"), "{m}");
+    assert_eq!(
+        metric(
+            &m,
+            "tollgate_requests_total{code=\"200\",outcome=\"ok\",upstream=\"a\"}"
+        ),
+        Some(1.0)
+    );
+    let r = send(
+        tg.admin,
+        request("HEAD", "/healthz", "admin").body(empty()).unwrap(),
+    )
+    .await;
+    assert_eq!(r.status, 200, "HEAD is a read");
+    assert!(r.body.is_empty());
+
+    // Unknown paths, and nothing is proxied through the admin port, whatever the Host.
+    for path in ["/", "/nope", "/metrics/x", "/config.json", "http://a/"] {
+        let r = send(tg.admin, request("GET", path, "a").body(empty()).unwrap()).await;
+        assert_eq!(r.status, 404, "{path}");
+        assert_eq!(r.outcome(), None, "{path}: the admin port is no proxy");
+    }
+    // Read-only.
+    for method in ["POST", "PUT", "DELETE", "PATCH", "OPTIONS"] {
+        for path in ["/metrics", "/config", "/readyz", "/nope"] {
+            let r = send(
+                tg.admin,
+                request(method, path, "admin").body(full("x")).unwrap(),
+            )
+            .await;
+            assert_eq!(r.status, 405, "{method} {path}");
+        }
+    }
+    assert_eq!(
+        up.hits(),
+        1,
+        "only the one proxied request reached the upstream"
+    );
+
+    // And the proxy port serves no admin paths: they are routed like any request.
+    let r = get(tg.addr, "/metrics", "unknown").await;
+    assert_eq!(r.status, 404);
+    assert_eq!(r.outcome(), Some("no-route"));
+    tg.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn readyz_turns_503_while_draining() {
+    let gate = std::sync::Arc::new(tokio::sync::Semaphore::new(0));
+    let g = gate.clone();
+    let up = Upstream::start(move |_req| {
+        let g = g.clone();
+        async move {
+            let _ = g.acquire().await.unwrap();
+            Response::new(full("late"))
+        }
+    })
+    .await;
+    let tg = Tollgate::start(&config(&format!(
+        "[upstreams.a]\nauthorities = [\"a\"]\nendpoints = [\"{}\"]\nrequest_timeout = \"10s\"\nattempt_timeout = \"10s\"\n",
+        up.addr
+    )))
+    .await;
+    let addr = tg.addr;
+    let admin = tg.admin;
+    let held = tokio::spawn(async move { get(addr, "/", "a").await });
+    assert!(wait_until(Duration::from_secs(5), || up.hits() == 1).await);
+    let running = {
+        let mut tg = tg;
+        tg.running.take().unwrap()
+    };
+    let drain = tokio::spawn(async move { running.shutdown(Duration::from_secs(10)).await });
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let r = get(admin, "/readyz", "admin").await;
+        if r.status == 503 {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "/readyz never said 503"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(
+        get(admin, "/healthz", "admin").await.status,
+        200,
+        "alive while draining"
+    );
+    gate.add_permits(1);
+    assert_eq!(
+        held.await.unwrap().status,
+        200,
+        "the request in flight finished"
+    );
+    assert_eq!(drain.await.unwrap(), 0);
+}
