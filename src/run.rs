@@ -8,7 +8,7 @@ use std::time::Duration;
 use crate::admin::Admin;
 use crate::config::{self, Config};
 use crate::metrics::Metrics;
-use crate::proxy::Server;
+use crate::proxy::{Server, Workers};
 
 /// Why `run` could not start.
 #[derive(Debug, thiserror::Error)]
@@ -21,26 +21,63 @@ pub enum StartError {
     Runtime(std::io::Error),
 }
 
-/// The tokio runtime `run` serves on: `worker_threads` from the config, else the CPUs
-/// this process may use (cgroup quotas included).
-pub fn runtime(config: &Config) -> std::io::Result<tokio::runtime::Runtime> {
-    let threads = config
-        .runtime
-        .worker_threads
-        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
-    if threads == 1 {
-        // One thread: the single-threaded scheduler does the same work without the
-        // cross-thread bookkeeping of work stealing.
-        return tokio::runtime::Builder::new_current_thread()
-            .thread_name("tollgate")
-            .enable_all()
-            .build();
+/// The worker threads `run` serves on: `worker_threads` from the config, else the CPUs
+/// this process may use (cgroup quotas included). Each is a single-threaded runtime on
+/// its own thread; with one worker, it is the calling thread.
+pub struct WorkerPool {
+    threads: Vec<std::thread::JoinHandle<()>>,
+    stop: Option<tokio::sync::watch::Sender<bool>>,
+    handles: Vec<tokio::runtime::Handle>,
+}
+
+impl WorkerPool {
+    pub fn start(config: &Config) -> std::io::Result<Self> {
+        let n = config
+            .runtime
+            .worker_threads
+            .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
+        let mut pool = WorkerPool {
+            threads: Vec::new(),
+            stop: None,
+            handles: Vec::new(),
+        };
+        if n <= 1 {
+            return Ok(pool);
+        }
+        let (stop, stopped) = tokio::sync::watch::channel(false);
+        for i in 0..n {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()?;
+            pool.handles.push(rt.handle().clone());
+            let mut stopped = stopped.clone();
+            let thread = std::thread::Builder::new()
+                .name(format!("tollgate-{i}"))
+                .spawn(move || {
+                    crate::proxy::set_worker(i);
+                    rt.block_on(async move {
+                        let _ = stopped.changed().await;
+                    });
+                })?;
+            pool.threads.push(thread);
+        }
+        pool.stop = Some(stop);
+        Ok(pool)
     }
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(threads)
-        .thread_name("tollgate")
-        .enable_all()
-        .build()
+
+    pub fn workers(&self) -> crate::proxy::Workers {
+        crate::proxy::Workers::new(self.handles.clone())
+    }
+
+    /// Stops every worker; their remaining tasks are dropped.
+    pub fn stop(mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(true);
+        }
+        for t in self.threads.drain(..) {
+            let _ = t.join();
+        }
+    }
 }
 
 /// A running tollgate: proxy, admin endpoint and the config watcher.
@@ -51,11 +88,22 @@ pub struct Running {
 }
 
 impl Running {
-    /// Binds and serves `config`; `path` is watched for changes when given.
+    /// Binds and serves `config` on the current runtime; `path` is watched for changes
+    /// when given.
     pub async fn start(config: Config, path: Option<PathBuf>) -> Result<Self, StartError> {
+        Self::start_on(config, path, Workers::current()).await
+    }
+
+    /// Binds and serves `config` on `workers`; admin and reload run on the current
+    /// runtime.
+    pub async fn start_on(
+        config: Config,
+        path: Option<PathBuf>,
+        workers: Workers,
+    ) -> Result<Self, StartError> {
         let metrics = Metrics::new();
         let admin_addr = config.admin.addr;
-        let server = Arc::new(Server::start(config, metrics).await?);
+        let server = Arc::new(Server::start(config, metrics, workers).await?);
         let admin = Admin::start(admin_addr, server.shared().clone()).await?;
         let watcher = path.map(|p| crate::reload::spawn(p, server.clone()));
         Ok(Running {
@@ -116,15 +164,23 @@ pub fn run(path: PathBuf) -> i32 {
         }
     }
     let drain = config.listener.drain_timeout;
-    let rt = match runtime(&config) {
-        Ok(rt) => rt,
+    // The workers serve traffic; this thread runs signals, reload and the admin
+    // endpoint (and, with a single worker, the traffic too).
+    let (pool, rt) = match WorkerPool::start(&config).and_then(|pool| {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()?;
+        Ok((pool, rt))
+    }) {
+        Ok(v) => v,
         Err(e) => {
             eprintln!("tollgate: {}", StartError::Runtime(e));
             return 2;
         }
     };
-    rt.block_on(async move {
-        let running = match Running::start(config, Some(path)).await {
+    let workers = pool.workers();
+    let code = rt.block_on(async move {
+        let running = match Running::start_on(config, Some(path), workers).await {
             Ok(r) => r,
             Err(e) => {
                 eprintln!("tollgate: {e}");
@@ -144,5 +200,7 @@ pub fn run(path: PathBuf) -> i32 {
         }
         tracing::info!("stopped");
         0
-    })
+    });
+    pool.stop();
+    code
 }

@@ -58,6 +58,7 @@ pub async fn run(
             port: target.port(),
         },
         Arc::new(AtomicUsize::new(0)),
+        1,
     ));
     let records: Arc<Mutex<Vec<Record>>> = Arc::default();
     let total = (spec.rps * spec.duration.as_secs_f64()).round() as u64;

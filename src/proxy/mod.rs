@@ -17,8 +17,11 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::*};
 use std::time::Duration;
 
+use std::cell::Cell;
+
 use arc_swap::ArcSwap;
-use tokio::net::TcpListener;
+use tokio::net::{TcpListener, TcpSocket};
+use tokio::runtime::Handle;
 use tokio::sync::{Notify, watch};
 use tokio::task::JoinHandle;
 
@@ -26,6 +29,44 @@ use crate::config::Config;
 use crate::metrics::Metrics;
 use crate::upstream::Upstream;
 use route::Routes;
+
+/// Where connections are served: the current runtime, or one single-threaded runtime
+/// per worker thread (thread per core, as nginx, HAProxy and Envoy do). Each worker has
+/// its own listening socket on the same address (`SO_REUSEPORT`: the kernel spreads the
+/// connections), and its own upstream connection pools, so a request never crosses
+/// threads; the config snapshot, budgets and metrics are shared.
+#[derive(Clone, Debug, Default)]
+pub struct Workers(Vec<Handle>);
+
+impl Workers {
+    /// Everything on the runtime the server is started from.
+    pub fn current() -> Self {
+        Workers(Vec::new())
+    }
+
+    /// One worker per handle; each handle's thread must call [`set_worker`] first.
+    pub fn new(handles: Vec<Handle>) -> Self {
+        Workers(handles)
+    }
+
+    pub fn count(&self) -> usize {
+        self.0.len().max(1)
+    }
+}
+
+thread_local! {
+    static WORKER: Cell<usize> = const { Cell::new(0) };
+}
+
+/// Marks the calling thread as worker `index` (for per-worker connection pools).
+pub fn set_worker(index: usize) {
+    WORKER.with(|w| w.set(index));
+}
+
+/// The worker the calling thread serves; 0 outside worker threads.
+pub fn worker() -> usize {
+    WORKER.with(|w| w.get())
+}
 
 /// One consistent view of the config and the upstreams built from it.
 #[derive(Debug)]
@@ -37,8 +78,14 @@ pub struct Snapshot {
 }
 
 impl Snapshot {
-    /// Builds the upstreams of `config`, carrying state over from `previous`.
-    pub fn build(config: Config, metrics: &Metrics, previous: Option<&Snapshot>) -> Self {
+    /// Builds the upstreams of `config`, carrying state over from `previous`; pools
+    /// are kept per worker.
+    pub fn build(
+        config: Config,
+        metrics: &Metrics,
+        previous: Option<&Snapshot>,
+        workers: usize,
+    ) -> Self {
         let upstreams: Box<[Arc<Upstream>]> = config
             .upstreams
             .iter()
@@ -49,6 +96,7 @@ impl Snapshot {
                     config.deadline.clone(),
                     metrics,
                     prev.map(|p| p.as_ref()),
+                    workers,
                 ))
             })
             .collect();
@@ -109,48 +157,86 @@ pub struct BindError {
     pub source: std::io::Error,
 }
 
+/// The accept loops of one address, one per worker.
 struct Accepting {
     addr: SocketAddr,
     stop: watch::Sender<bool>,
-    task: JoinHandle<()>,
+    tasks: Vec<JoinHandle<()>>,
+}
+
+/// Listening sockets for one address, one per worker.
+struct Bound {
+    addr: SocketAddr,
+    listeners: Vec<(Option<Handle>, TcpListener)>,
 }
 
 /// A running proxy: its listeners and the handles to reload and stop it.
 pub struct Server {
     shared: Arc<Shared>,
+    workers: Workers,
     main_addr: SocketAddr,
     /// Dedicated `listen` ports, by upstream name.
     dedicated: std::sync::Mutex<HashMap<String, Accepting>>,
     main: std::sync::Mutex<Option<Accepting>>,
 }
 
-async fn bind(addr: SocketAddr, what: &str) -> Result<TcpListener, BindError> {
-    TcpListener::bind(addr).await.map_err(|source| BindError {
+async fn bind(addr: SocketAddr, what: &str, workers: &Workers) -> Result<Bound, BindError> {
+    let fail = |source| BindError {
         addr,
         what: what.to_string(),
         source,
+    };
+    if workers.0.is_empty() {
+        let l = TcpListener::bind(addr).await.map_err(fail)?;
+        return Ok(Bound {
+            addr: l.local_addr().map_err(fail)?,
+            listeners: vec![(None, l)],
+        });
+    }
+    let mut actual = addr;
+    let mut listeners = Vec::new();
+    for h in &workers.0 {
+        // Registered with the worker's own reactor.
+        let _in_worker = h.enter();
+        let socket = if actual.is_ipv4() {
+            TcpSocket::new_v4()
+        } else {
+            TcpSocket::new_v6()
+        }
+        .map_err(fail)?;
+        socket.set_reuseaddr(true).map_err(fail)?;
+        socket.set_reuseport(true).map_err(fail)?;
+        socket.bind(actual).map_err(fail)?;
+        let l = socket.listen(1024).map_err(fail)?;
+        // Port 0: the others join the port the first one got.
+        actual = l.local_addr().map_err(fail)?;
+        listeners.push((Some(h.clone()), l));
+    }
+    Ok(Bound {
+        addr: actual,
+        listeners,
     })
 }
 
 impl Server {
-    /// Binds every listener of `config` and starts serving.
-    pub async fn start(config: Config, metrics: Arc<Metrics>) -> Result<Self, BindError> {
-        let main_listener = bind(config.listener.addr, "listener.addr").await?;
-        let main_addr = main_listener.local_addr().map_err(|source| BindError {
-            addr: config.listener.addr,
-            what: "listener.addr".into(),
-            source,
-        })?;
+    /// Binds every listener of `config` and starts serving on `workers`.
+    pub async fn start(
+        config: Config,
+        metrics: Arc<Metrics>,
+        workers: Workers,
+    ) -> Result<Self, BindError> {
+        let main_listener = bind(config.listener.addr, "listener.addr", &workers).await?;
+        let main_addr = main_listener.addr;
         let mut dedicated_listeners = Vec::new();
         for u in &config.upstreams {
             if let Some(addr) = u.listen {
-                let l = bind(addr, &format!("upstreams.{}.listen", u.name)).await?;
+                let l = bind(addr, &format!("upstreams.{}.listen", u.name), &workers).await?;
                 dedicated_listeners.push((u.name.clone(), l));
             }
         }
         let (shutdown, _) = watch::channel(false);
         let settings = config.listener;
-        let snapshot = Snapshot::build(config, &metrics, None);
+        let snapshot = Snapshot::build(config, &metrics, None, workers.count());
         metrics.mark_loaded();
         let shared = Arc::new(Shared {
             snapshot: ArcSwap::from_pointee(snapshot),
@@ -170,6 +256,7 @@ impl Server {
         shared.ready.store(true, Release);
         Ok(Server {
             shared,
+            workers,
             main_addr,
             dedicated: std::sync::Mutex::new(dedicated),
             main: std::sync::Mutex::new(Some(main)),
@@ -233,7 +320,7 @@ impl Server {
             if let Some(old) = self.take_dedicated(&name) {
                 old.stop_accepting().await;
             }
-            match bind(addr, &format!("upstreams.{name}.listen")).await {
+            match bind(addr, &format!("upstreams.{name}.listen"), &self.workers).await {
                 Ok(l) => started.push((name, l)),
                 Err(e) => {
                     tracing::warn!(error = %e, "a new listen port could not be bound; restart to retry");
@@ -241,7 +328,12 @@ impl Server {
                 }
             }
         }
-        let next = Snapshot::build(config, &self.shared.metrics, Some(&old));
+        let next = Snapshot::build(
+            config,
+            &self.shared.metrics,
+            Some(&old),
+            self.workers.count(),
+        );
         for u in old.upstreams.iter() {
             if next.by_name(u.name()).is_none() {
                 self.shared.metrics.forget_gauges(u.name());
@@ -315,8 +407,10 @@ impl Server {
 impl Accepting {
     async fn stop_accepting(self) {
         let _ = self.stop.send(true);
-        // The listener is dropped with the task: the port refuses new connections.
-        let _ = self.task.await;
+        // The listeners are dropped with the tasks: the port refuses new connections.
+        for t in self.tasks {
+            let _ = t.await;
+        }
     }
 }
 
@@ -331,44 +425,66 @@ impl Drop for ConnCount {
 }
 
 fn accept(
-    listener: TcpListener,
+    bound: Bound,
     shared: Arc<Shared>,
     fixed: Option<Arc<str>>,
     settings: crate::config::ListenerConfig,
 ) -> Accepting {
-    let addr = listener
-        .local_addr()
-        .unwrap_or_else(|_| SocketAddr::from(([0, 0, 0, 0], 0)));
-    let (stop, mut stopped) = watch::channel(false);
-    let task = tokio::spawn(async move {
-        loop {
-            tokio::select! {
-                biased;
-                _ = stopped.changed() => break,
-                r = listener.accept() => match r {
-                    Ok((stream, _peer)) => {
-                        if shared.connections() >= settings.max_connections {
-                            // Over the limit: close at once rather than queue.
-                            drop(stream);
-                            continue;
-                        }
-                        shared.connections.fetch_add(1, AcqRel);
-                        let count = ConnCount(shared.clone());
-                        let shutdown = shared.shutdown.subscribe();
-                        let fut = conn::serve(stream, shared.clone(), fixed.clone(), settings, shutdown);
-                        tokio::spawn(async move {
-                            let _count = count;
-                            fut.await;
-                        });
+    let (stop, _) = watch::channel(false);
+    let mut tasks = Vec::new();
+    for (handle, listener) in bound.listeners {
+        let work = accept_loop(
+            listener,
+            shared.clone(),
+            fixed.clone(),
+            settings,
+            stop.subscribe(),
+        );
+        tasks.push(match handle {
+            Some(h) => h.spawn(work),
+            None => tokio::spawn(work),
+        });
+    }
+    Accepting {
+        addr: bound.addr,
+        stop,
+        tasks,
+    }
+}
+
+async fn accept_loop(
+    listener: TcpListener,
+    shared: Arc<Shared>,
+    fixed: Option<Arc<str>>,
+    settings: crate::config::ListenerConfig,
+    mut stopped: watch::Receiver<bool>,
+) {
+    loop {
+        tokio::select! {
+            biased;
+            _ = stopped.changed() => break,
+            r = listener.accept() => match r {
+                Ok((stream, _peer)) => {
+                    if shared.connections() >= settings.max_connections {
+                        // Over the limit: close at once rather than queue.
+                        drop(stream);
+                        continue;
                     }
-                    Err(e) => {
-                        // Out of file descriptors or similar: back off instead of spinning.
-                        tracing::warn!(error = %e, "accept failed");
-                        tokio::time::sleep(Duration::from_millis(50)).await;
-                    }
+                    shared.connections.fetch_add(1, AcqRel);
+                    let count = ConnCount(shared.clone());
+                    let shutdown = shared.shutdown.subscribe();
+                    let fut = conn::serve(stream, shared.clone(), fixed.clone(), settings, shutdown);
+                    tokio::spawn(async move {
+                        let _count = count;
+                        fut.await;
+                    });
+                }
+                Err(e) => {
+                    // Out of file descriptors or similar: back off instead of spinning.
+                    tracing::warn!(error = %e, "accept failed");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
                 }
             }
         }
-    });
-    Accepting { addr, stop, task }
+    }
 }

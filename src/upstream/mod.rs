@@ -44,6 +44,7 @@ impl Upstream {
         deadline: DeadlineConfig,
         metrics: &Metrics,
         previous: Option<&Upstream>,
+        workers: usize,
     ) -> Self {
         let now = Instant::now();
         let same_transport = previous.is_some_and(|p| {
@@ -58,7 +59,7 @@ impl Upstream {
             _ => config
                 .endpoints
                 .iter()
-                .map(|a| Arc::new(Endpoint::new(a.clone(), connections.clone())))
+                .map(|a| Arc::new(Endpoint::new(a.clone(), connections.clone(), workers)))
                 .collect(),
         };
         let budget = match previous {

@@ -21,8 +21,8 @@ use super::connect::{self, ConnectError, Resolver, Sender1, Sender2};
 use crate::config::{EndpointAddr, TlsConfig};
 use crate::retry::replay::RequestBody;
 
-/// Idle HTTP/1.1 connections kept per endpoint.
-const MAX_IDLE: usize = 512;
+/// Idle HTTP/1.1 connections kept per endpoint and worker.
+const MAX_IDLE: usize = 256;
 /// An idle connection older than this is closed rather than reused: upstream servers
 /// close idle keep-alive connections after a while, and reusing one they are about to
 /// close turns into a needless failed attempt.
@@ -52,12 +52,18 @@ struct Shared2 {
     task: AbortHandle,
 }
 
-pub struct Endpoint {
-    pub addr: EndpointAddr,
-    resolver: Resolver,
+/// One worker's connections to an endpoint: a connection's I/O task runs on the worker
+/// that opened it, so requests use connections of their own worker.
+struct Local {
     idle: ArrayQueue<Idle>,
     h2: ArcSwapOption<Shared2>,
     h2_connecting: tokio::sync::Mutex<()>,
+}
+
+pub struct Endpoint {
+    pub addr: EndpointAddr,
+    resolver: Resolver,
+    workers: Box<[Local]>,
     alpn: AtomicU8,
     /// Open connections (shared by every endpoint of the upstream).
     open: Arc<AtomicUsize>,
@@ -67,18 +73,20 @@ impl std::fmt::Debug for Endpoint {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Endpoint")
             .field("addr", &self.addr)
-            .field("idle", &self.idle.len())
+            .field("idle", &self.idle_count())
             .finish()
     }
 }
 
 impl Drop for Endpoint {
     fn drop(&mut self) {
-        while let Some(idle) = self.idle.pop() {
-            idle.task.abort();
-        }
-        if let Some(h2) = self.h2.swap(None) {
-            h2.task.abort();
+        for local in self.workers.iter() {
+            while let Some(idle) = local.idle.pop() {
+                idle.task.abort();
+            }
+            if let Some(h2) = local.h2.swap(None) {
+                h2.task.abort();
+            }
         }
     }
 }
@@ -95,23 +103,34 @@ pub struct Lease {
     sender: Option<Sender1>,
     task: AbortHandle,
     endpoint: Arc<Endpoint>,
+    worker: usize,
 }
 
 impl Endpoint {
-    pub fn new(addr: EndpointAddr, open: Arc<AtomicUsize>) -> Self {
+    pub fn new(addr: EndpointAddr, open: Arc<AtomicUsize>, workers: usize) -> Self {
         Endpoint {
             resolver: Resolver::new(addr.clone()),
             addr,
-            idle: ArrayQueue::new(MAX_IDLE),
-            h2: ArcSwapOption::empty(),
-            h2_connecting: tokio::sync::Mutex::new(()),
+            workers: (0..workers.max(1))
+                .map(|_| Local {
+                    idle: ArrayQueue::new(MAX_IDLE),
+                    h2: ArcSwapOption::empty(),
+                    h2_connecting: tokio::sync::Mutex::new(()),
+                })
+                .collect(),
             alpn: AtomicU8::new(ALPN_UNKNOWN),
             open,
         }
     }
 
     pub fn idle_count(&self) -> usize {
-        self.idle.len()
+        self.workers.iter().map(|l| l.idle.len()).sum()
+    }
+
+    /// The calling worker's index and its connections.
+    fn local(&self) -> (usize, &Local) {
+        let i = crate::proxy::worker() % self.workers.len();
+        (i, &self.workers[i])
     }
 
     /// A pooled connection, if one is ready now: the common case, with no timer and no
@@ -150,14 +169,14 @@ impl Endpoint {
                 }
                 // One connect at a time: a burst of requests shares the connection the
                 // first of them opens instead of each opening its own.
-                let _one = self.h2_connecting.lock().await;
+                let _one = self.local().1.h2_connecting.lock().await;
                 if let Some(s) = self.shared_h2() {
                     return Ok(Conn::Http2(s));
                 }
                 self.connect(want, tls, timeout).await
             }
             Want::Negotiate => {
-                let _one = self.h2_connecting.lock().await;
+                let _one = self.local().1.h2_connecting.lock().await;
                 if let Some(s) = self.shared_h2() {
                     return Ok(Conn::Http2(s));
                 }
@@ -167,7 +186,7 @@ impl Endpoint {
     }
 
     fn shared_h2(&self) -> Option<Sender2> {
-        let cur = self.h2.load();
+        let cur = self.local().1.h2.load();
         match cur.as_ref() {
             Some(s) if !s.sender.is_closed() => Some(s.sender.clone()),
             _ => None,
@@ -175,7 +194,8 @@ impl Endpoint {
     }
 
     fn pop_idle(self: &Arc<Self>) -> Option<Lease> {
-        while let Some(idle) = self.idle.pop() {
+        let (worker, local) = self.local();
+        while let Some(idle) = local.idle.pop() {
             if idle.sender.is_closed()
                 || !idle.sender.is_ready()
                 || idle.since.elapsed() > IDLE_TIMEOUT
@@ -187,6 +207,7 @@ impl Endpoint {
                 sender: Some(idle.sender),
                 task: idle.task,
                 endpoint: self.clone(),
+                worker,
             });
         }
         None
@@ -217,7 +238,7 @@ impl Endpoint {
         };
         if h2 {
             let (sender, task) = connect::handshake_h2(transport, addr, &self.open).await?;
-            let old = self.h2.swap(Some(Arc::new(Shared2 {
+            let old = self.local().1.h2.swap(Some(Arc::new(Shared2 {
                 sender: sender.clone(),
                 task,
             })));
@@ -232,20 +253,29 @@ impl Endpoint {
                 sender: Some(sender),
                 task,
                 endpoint: self.clone(),
+                worker: self.local().0,
             }))
         }
     }
 
-    fn put_idle(&self, sender: Sender1, task: AbortHandle) {
+    fn put_idle(&self, worker: usize, sender: Sender1, task: AbortHandle) {
         let idle = Idle {
             sender,
             task,
             since: Instant::now(),
         };
-        if let Err(idle) = self.idle.push(idle) {
+        let Some(local) = self.workers.get(worker) else {
+            task_abort(idle);
+            return;
+        };
+        if let Err(idle) = local.idle.push(idle) {
             idle.task.abort();
         }
     }
+}
+
+fn task_abort(idle: Idle) {
+    idle.task.abort();
 }
 
 /// Why sending on a connection failed.
@@ -285,14 +315,15 @@ impl Lease {
         };
         let task = self.task.clone();
         let endpoint = self.endpoint.clone();
+        let worker = self.worker;
         if sender.is_ready() {
-            endpoint.put_idle(sender, task);
+            endpoint.put_idle(worker, sender, task);
         } else if !sender.is_closed() {
             // hyper marks the connection ready once it has processed the end of the
             // response, which may be a moment after the body's last byte reached us.
             tokio::spawn(async move {
                 match tokio::time::timeout(Duration::from_secs(1), sender.ready()).await {
-                    Ok(Ok(())) => endpoint.put_idle(sender, task),
+                    Ok(Ok(())) => endpoint.put_idle(worker, sender, task),
                     _ => task.abort(),
                 }
             });
