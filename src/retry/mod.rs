@@ -170,7 +170,9 @@ pub async fn forward(up: &Upstream, ex: Exchange) -> Answer {
                 Some(c) => c,
                 None => {
                     let connect_by = (Instant::now() + cfg.connect_timeout).min(attempt_deadline);
-                    let connecting = endpoint.checkout(want, tls, cfg.connect_timeout);
+                    // Boxed: connecting (TLS included) is a large future, and keeping it
+                    // inline would make every request's future that large to move.
+                    let connecting = Box::pin(endpoint.checkout(want, tls, cfg.connect_timeout));
                     match timeout_at(connect_by, connecting).await {
                         Ok(Ok(c)) => c,
                         Ok(Err(e)) => {
