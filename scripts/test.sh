@@ -15,6 +15,9 @@ cargo clippy --all-targets --quiet -- -D warnings
 step "cargo test"
 cargo test --quiet
 
+step "cargo bench --no-run (the benches compile)"
+cargo bench --no-run --quiet
+
 if [ -x deploy/test.sh ]; then
   step "deploy/test.sh (Kubernetes manifests, Prometheus rules, Prometheus end to end)"
   deploy/test.sh
