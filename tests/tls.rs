@@ -466,6 +466,18 @@ fn unreadable_or_invalid_certificate_files_are_config_errors() {
     );
     let key_only = write(d, "key-as-ca.pem", &client.key_pem);
     let missing = d.join("missing.pem");
+    // A pipe would block a reader forever; a huge file is no certificate.
+    let fifo = d.join("fifo.pem");
+    let made_fifo = std::process::Command::new("mkfifo")
+        .arg(&fifo)
+        .status()
+        .is_ok_and(|s| s.success());
+    let huge = d.join("huge.pem");
+    std::fs::write(
+        &huge,
+        ca.pem().repeat(17 * 1024 * 1024 / ca.pem().len() + 1),
+    )
+    .unwrap();
 
     fn check(tls: &str) -> String {
         let text = format!(
@@ -478,7 +490,7 @@ fn unreadable_or_invalid_certificate_files_are_config_errors() {
         }
     }
     let p = |p: &Path| p.display().to_string();
-    let cases: Vec<(String, &str, String)> = vec![
+    let mut cases: Vec<(String, &str, String)> = vec![
         // (the tls table, the key the error must name, words the message must carry)
         (
             format!("server_name = \"{NAME}\"\nca_file = \"{}\"\n", p(&missing)),
@@ -488,7 +500,12 @@ fn unreadable_or_invalid_certificate_files_are_config_errors() {
         (
             format!("server_name = \"{NAME}\"\nca_file = \"{}\"\n", p(d)),
             "tls.toml:6:11: upstreams.secure.tls.ca_file",
-            "cannot read".into(),
+            "not a regular file".into(),
+        ),
+        (
+            format!("server_name = \"{NAME}\"\nca_file = \"{}\"\n", p(&huge)),
+            "tls.toml:6:11: upstreams.secure.tls.ca_file",
+            "larger than 16 MiB".into(),
         ),
         (
             format!("server_name = \"{NAME}\"\nca_file = \"{}\"\n", p(&garbage)),
@@ -560,6 +577,13 @@ fn unreadable_or_invalid_certificate_files_are_config_errors() {
             "missing".into(),
         ),
     ];
+    if made_fifo {
+        cases.push((
+            format!("server_name = \"{NAME}\"\nca_file = \"{}\"\n", p(&fifo)),
+            "tls.toml:6:11: upstreams.secure.tls.ca_file",
+            "not a regular file".into(),
+        ));
+    }
     for (tls, at, words) in cases {
         let err = check(&tls);
         assert!(err.contains(at), "expected {at} in:\n{err}\nfor:\n{tls}");

@@ -6,6 +6,7 @@
 //! and an unreadable or invalid file is a config error that names the key.
 
 use std::hash::{Hash, Hasher};
+use std::io::Read;
 use std::path::Path;
 use std::sync::Arc;
 
@@ -29,12 +30,40 @@ pub struct TlsError {
     pub fix: &'static str,
 }
 
+/// The largest certificate or key file read. A CA bundle of every public root is a few
+/// hundred KiB; anything far bigger is the wrong file.
+const MAX_FILE: u64 = 16 * 1024 * 1024;
+
+/// Reads one certificate or key file. Only regular files (or symlinks to one, as
+/// Kubernetes mounts Secrets) of at most [`MAX_FILE`] bytes: a path to a device or a
+/// pipe could block a reload forever or never end.
 fn read(path: &Path, file: TlsFile, hasher: &mut impl Hasher) -> Result<Vec<u8>, TlsError> {
-    let bytes = std::fs::read(path).map_err(|e| TlsError {
+    let unreadable = |why: String| TlsError {
         file,
-        message: format!("cannot read {}: {e}", path.display()),
+        message: format!("cannot read {}: {why}", path.display()),
         fix: "check the path and that the file is mounted and readable",
-    })?;
+    };
+    // Looked at before opening: opening a pipe blocks until someone writes to it.
+    let meta = std::fs::metadata(path).map_err(|e| unreadable(e.to_string()))?;
+    if !meta.is_file() {
+        return Err(unreadable("not a regular file".into()));
+    }
+    let f = std::fs::File::open(path).map_err(|e| unreadable(e.to_string()))?;
+    let mut bytes = Vec::new();
+    f.take(MAX_FILE + 1)
+        .read_to_end(&mut bytes)
+        .map_err(|e| unreadable(e.to_string()))?;
+    if bytes.len() as u64 > MAX_FILE {
+        return Err(TlsError {
+            file,
+            message: format!(
+                "{} is larger than {} MiB: not a certificate or key file",
+                path.display(),
+                MAX_FILE / (1024 * 1024)
+            ),
+            fix: "point the key at a PEM file",
+        });
+    }
     bytes.hash(hasher);
     Ok(bytes)
 }
