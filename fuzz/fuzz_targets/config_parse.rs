@@ -1,0 +1,46 @@
+//! The config parser takes any text: it returns a config or a list of problems, each
+//! placed in the text, and never panics. A config it accepts can be shown as JSON
+//! (`/config`), linted (`tollgate check`) and checked as a one-layer chain.
+
+#![no_main]
+
+use std::path::Path;
+
+use libfuzzer_sys::fuzz_target;
+
+fuzz_target!(|data: &[u8]| {
+    let Ok(text) = std::str::from_utf8(data) else {
+        return;
+    };
+    // Certificate paths are read from disk. Keep the fuzzer off device and process
+    // files (and off `\u` escapes that could spell them), whose reads may block.
+    if ["/dev", "/proc", "/sys", "\\u", "\\U"]
+        .iter()
+        .any(|p| text.contains(p))
+    {
+        return;
+    }
+    match tollgate::config::parse("fuzz.toml", text, Path::new("/nonexistent")) {
+        Ok(config) => {
+            let _ = config.to_json().to_string();
+            for d in tollgate::check::lint(&config) {
+                assert!(d.line >= 1 && d.column >= 1, "{d}");
+            }
+            let _ = tollgate::check::check_chain(&[(&config, None)]);
+            for up in &config.upstreams {
+                let _ = up.total_patience();
+                let _ = tollgate::check::budget_cap(up);
+            }
+        }
+        Err(errors) => {
+            assert!(!errors.0.is_empty(), "an error without a problem");
+            let lines = text.split('\n').count();
+            for d in &errors.0 {
+                assert!(d.line >= 1 && d.column >= 1, "{d}");
+                assert!(d.line <= lines, "{d} is past the last line ({lines})");
+                assert!(!d.key.is_empty(), "{d} names no key");
+            }
+            let _ = errors.to_string();
+        }
+    }
+});
