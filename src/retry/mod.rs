@@ -134,6 +134,8 @@ pub async fn forward(up: &Upstream, ex: Exchange) -> Answer {
     // The body not yet handed to any attempt, its recording once one has, and the
     // replay the next attempt will send.
     let mut fresh_body = (!body.is_end_stream()).then_some(body);
+    // A body handed to an attempt that never left (no connection).
+    let mut unsent: Option<RequestBody> = None;
     let mut tape: Option<TapeHandle> = None;
     let mut replay_next: Option<Replay> = None;
 
@@ -186,7 +188,9 @@ pub async fn forward(up: &Upstream, ex: Exchange) -> Answer {
             let mut req = match returned.take() {
                 Some(r) => r,
                 None => {
-                    let body = if let Some(b) = fresh_body.take() {
+                    let body = if let Some(b) = unsent.take() {
+                        b
+                    } else if let Some(b) = fresh_body.take() {
                         if may_resend {
                             let (rec, handle) = Recording::new(b, retry.max_body);
                             tape = Some(handle);
@@ -231,14 +235,9 @@ pub async fn forward(up: &Upstream, ex: Exchange) -> Answer {
                     let (parts, body) = (*req).into_parts();
                     headers = parts.headers;
                     match body {
-                        RequestBody::Stream(b) => fresh_body = Some(b),
-                        RequestBody::Replay(r) => replay_next = Some(r),
-                        // Never sent, so never read: the app's body is untouched.
-                        RequestBody::Recording(r) => {
-                            fresh_body = Some(r.into_inner());
-                            tape = None;
-                        }
+                        // Never sent: the body goes out, as it is, on the next attempt.
                         RequestBody::Empty => {}
+                        unsent_body => unsent = Some(unsent_body),
                     }
                     break Err(Failure::ConnectFailure);
                 }
@@ -283,21 +282,6 @@ pub async fn forward(up: &Upstream, ex: Exchange) -> Answer {
         };
 
         let now = Instant::now();
-        let body_state = if failure.maybe_sent() {
-            match &tape {
-                Some(t) if replay_next.is_none() && fresh_body.is_none() => match t.replay() {
-                    Ok(r) => {
-                        replay_next = Some(r);
-                        Ok(())
-                    }
-                    Err(replay::NotReplayable::TooLarge) => Err(BodyState::TooLarge),
-                    Err(replay::NotReplayable::Incomplete) => Err(BodyState::Incomplete),
-                },
-                _ => Ok(()),
-            }
-        } else {
-            Ok(())
-        };
         let decision = if failure == Failure::Timeout && deadline.expired(now) {
             Err(Stop::Deadline)
         } else {
@@ -307,16 +291,31 @@ pub async fn forward(up: &Upstream, ex: Exchange) -> Answer {
                 budget: &up.budget,
                 median: up.median.get(),
             };
-            let situation = Situation {
+            let replay_now = &mut replay_next;
+            let pending = fresh_body.is_some() || unsent.is_some();
+            let recorded = tape.as_ref();
+            let mut situation = Situation {
                 failure,
                 response: failed_response.as_ref().map(|(r, _)| r.headers()),
                 attempts,
                 request_retryable,
-                body: body_state,
+                // The next attempt sends the body from the recording, if it can be
+                // replayed (a body never handed to an attempt needs nothing).
+                body: Box::new(move || match recorded {
+                    Some(t) if replay_now.is_none() && !pending => match t.replay() {
+                        Ok(r) => {
+                            *replay_now = Some(r);
+                            Ok(())
+                        }
+                        Err(replay::NotReplayable::TooLarge) => Err(BodyState::TooLarge),
+                        Err(replay::NotReplayable::Incomplete) => Err(BodyState::Incomplete),
+                    },
+                    _ => Ok(()),
+                }),
                 deadline,
                 now,
             };
-            policy.decide(&situation, rng.get_or_insert_with(fastrand::Rng::new))
+            policy.decide(&mut situation, rng.get_or_insert_with(fastrand::Rng::new))
         };
         match decision {
             Ok(sleep) => {

@@ -146,8 +146,10 @@ pub struct Situation<'a> {
     pub attempts: u32,
     /// Method listed or idempotency key present.
     pub request_retryable: bool,
-    /// Whether the body could be sent again, if it was sent at all.
-    pub body: Result<(), BodyState>,
+    /// Whether the body can be sent again. Asked only when everything before it in
+    /// the decision allows a retry: making the body ready for a replay reads what has
+    /// arrived of it.
+    pub body: Box<dyn FnMut() -> Result<(), BodyState> + 'a>,
     pub deadline: Deadline,
     pub now: Instant,
 }
@@ -168,7 +170,7 @@ pub struct Policy<'a> {
 
 impl Policy<'_> {
     /// `Ok(sleep)`: retry after sleeping that long (the budget is already spent).
-    pub fn decide(&self, s: &Situation<'_>, rng: &mut fastrand::Rng) -> Result<Duration, Stop> {
+    pub fn decide(&self, s: &mut Situation<'_>, rng: &mut fastrand::Rng) -> Result<Duration, Stop> {
         if self.retry.ownership == Ownership::Honor && s.response.is_some_and(owned_elsewhere) {
             return Err(Stop::Ownership);
         }
@@ -181,7 +183,7 @@ impl Policy<'_> {
         if s.attempts >= self.retry.max_attempts {
             return Err(Stop::Attempts);
         }
-        if s.failure.maybe_sent() && s.body.is_err() {
+        if s.failure.maybe_sent() && (s.body)().is_err() {
             return Err(Stop::BodyTooLarge);
         }
         let left = s.deadline.remaining(s.now);
@@ -258,7 +260,11 @@ mod tests {
             }
         }
 
-        fn decide(&self, s: &Situation<'_>, median: Option<Duration>) -> Result<Duration, Stop> {
+        fn decide(
+            &self,
+            s: &mut Situation<'_>,
+            median: Option<Duration>,
+        ) -> Result<Duration, Stop> {
             let p = Policy {
                 retry: &self.retry,
                 backoff: &self.retry.backoff,
@@ -278,7 +284,7 @@ mod tests {
                 response,
                 attempts: 1,
                 request_retryable: true,
-                body: Ok(()),
+                body: Box::new(|| Ok(())),
                 deadline: Deadline::new(self.now, None, Duration::from_secs(2)),
                 now: self.now,
             }
@@ -292,7 +298,7 @@ mod tests {
     #[test]
     fn a_listed_failure_is_retried_after_a_jittered_sleep() {
         let f = Fixture::new();
-        let sleep = f.decide(&f.situation(s503(), None), None).unwrap();
+        let sleep = f.decide(&mut f.situation(s503(), None), None).unwrap();
         assert!(sleep <= f.retry.backoff.cap(0));
     }
 
@@ -302,38 +308,38 @@ mod tests {
         let mut owned = HeaderMap::new();
         owned.insert(OUTCOME_HEADER, HeaderValue::from_static("budget-exhausted"));
         assert_eq!(
-            f.decide(&f.situation(s503(), Some(&owned)), None),
+            f.decide(&mut f.situation(s503(), Some(&owned)), None),
             Err(Stop::Ownership)
         );
 
         let f500 = Failure::Status(StatusCode::INTERNAL_SERVER_ERROR);
         assert_eq!(
-            f.decide(&f.situation(f500, None), None),
+            f.decide(&mut f.situation(f500, None), None),
             Err(Stop::NotListed)
         );
 
         let mut s = f.situation(s503(), None);
         s.request_retryable = false;
-        assert_eq!(f.decide(&s, None), Err(Stop::Method));
+        assert_eq!(f.decide(&mut s, None), Err(Stop::Method));
 
         let mut s = f.situation(Failure::ConnectFailure, None);
         s.request_retryable = false;
         assert!(
-            f.decide(&s, None).is_ok(),
+            f.decide(&mut s, None).is_ok(),
             "a request never sent may go to another endpoint"
         );
 
         let mut s = f.situation(s503(), None);
         s.attempts = 3;
-        assert_eq!(f.decide(&s, None), Err(Stop::Attempts));
+        assert_eq!(f.decide(&mut s, None), Err(Stop::Attempts));
 
         let mut s = f.situation(Failure::Reset, None);
-        s.body = Err(BodyState::TooLarge);
-        assert_eq!(f.decide(&s, None), Err(Stop::BodyTooLarge));
+        s.body = Box::new(|| Err(BodyState::TooLarge));
+        assert_eq!(f.decide(&mut s, None), Err(Stop::BodyTooLarge));
 
-        let s = f.situation(Failure::Timeout, None);
+        let mut s = f.situation(Failure::Timeout, None);
         assert_eq!(
-            f.decide(&s, Some(Duration::from_secs(5))),
+            f.decide(&mut s, Some(Duration::from_secs(5))),
             Err(Stop::Deadline),
             "an attempt that typically takes longer than the time left is not started"
         );
@@ -344,19 +350,19 @@ mod tests {
         let f = Fixture::new();
         let mut h = HeaderMap::new();
         h.insert(http::header::RETRY_AFTER, HeaderValue::from_static("1"));
-        let sleep = f.decide(&f.situation(s503(), Some(&h)), None).unwrap();
+        let sleep = f.decide(&mut f.situation(s503(), Some(&h)), None).unwrap();
         assert!(sleep >= Duration::from_secs(1) && sleep < Duration::from_secs(2));
 
         h.insert(http::header::RETRY_AFTER, HeaderValue::from_static("30"));
         assert_eq!(
-            f.decide(&f.situation(s503(), Some(&h)), None),
+            f.decide(&mut f.situation(s503(), Some(&h)), None),
             Err(Stop::RetryAfter)
         );
 
         // Fits max_retry_after (5 s) but not the deadline (2 s).
         h.insert(http::header::RETRY_AFTER, HeaderValue::from_static("3"));
         assert_eq!(
-            f.decide(&f.situation(s503(), Some(&h)), None),
+            f.decide(&mut f.situation(s503(), Some(&h)), None),
             Err(Stop::RetryAfter)
         );
     }
@@ -368,12 +374,12 @@ mod tests {
         h.insert(GRPC_STATUS, HeaderValue::from_static("14"));
         h.insert(GRPC_PUSHBACK, HeaderValue::from_static("-1"));
         assert_eq!(
-            f.decide(&f.situation(Failure::Unavailable, Some(&h)), None),
+            f.decide(&mut f.situation(Failure::Unavailable, Some(&h)), None),
             Err(Stop::RetryAfter)
         );
         h.insert(GRPC_PUSHBACK, HeaderValue::from_static("100"));
         let sleep = f
-            .decide(&f.situation(Failure::Unavailable, Some(&h)), None)
+            .decide(&mut f.situation(Failure::Unavailable, Some(&h)), None)
             .unwrap();
         assert!(sleep >= Duration::from_millis(100));
     }
@@ -384,7 +390,7 @@ mod tests {
         f.retry.retry_after = RetryAfterMode::Ignore;
         let mut h = HeaderMap::new();
         h.insert(http::header::RETRY_AFTER, HeaderValue::from_static("30"));
-        assert!(f.decide(&f.situation(s503(), Some(&h)), None).is_ok());
+        assert!(f.decide(&mut f.situation(s503(), Some(&h)), None).is_ok());
     }
 
     #[test]
@@ -393,10 +399,10 @@ mod tests {
         // The floor allows 10 * 10 s = 100 retries with no traffic at all, at most a
         // tenth of them in one instant (the budget paces them).
         for _ in 0..10 {
-            assert!(f.decide(&f.situation(s503(), None), None).is_ok());
+            assert!(f.decide(&mut f.situation(s503(), None), None).is_ok());
         }
         assert_eq!(
-            f.decide(&f.situation(s503(), None), None),
+            f.decide(&mut f.situation(s503(), None), None),
             Err(Stop::Budget)
         );
     }

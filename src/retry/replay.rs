@@ -59,7 +59,7 @@ impl Body for RequestBody {
         match self {
             RequestBody::Empty => true,
             RequestBody::Stream(b) => b.is_end_stream(),
-            RequestBody::Recording(r) => r.inner.is_end_stream(),
+            RequestBody::Recording(r) => r.is_end_stream(),
             RequestBody::Replay(r) => r.is_end(),
         }
     }
@@ -68,14 +68,19 @@ impl Body for RequestBody {
         match self {
             RequestBody::Empty => SizeHint::with_exact(0),
             RequestBody::Stream(b) => b.size_hint(),
-            RequestBody::Recording(r) => r.inner.size_hint(),
+            RequestBody::Recording(r) => r.size_hint(),
             RequestBody::Replay(r) => SizeHint::with_exact(r.remaining as u64),
         }
     }
 }
 
-#[derive(Debug, Default)]
+/// The app's body and what has been read of it. The body lives here, not in the
+/// attempt, so the retry loop can take what has already arrived even when the attempt
+/// stopped reading it (an upstream that answers before reading a small body).
+#[derive(Default)]
 struct Tape {
+    body: Option<Incoming>,
+    cap: usize,
     chunks: Vec<Bytes>,
     trailers: Option<HeaderMap>,
     len: usize,
@@ -84,10 +89,52 @@ struct Tape {
     failed: bool,
 }
 
+impl Tape {
+    /// Polls the app's body once and records what it yields.
+    fn poll(&mut self, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+        let Some(body) = self.body.as_mut() else {
+            return Poll::Ready(None);
+        };
+        let Poll::Ready(item) = Pin::new(&mut *body).poll_frame(cx) else {
+            return Poll::Pending;
+        };
+        // hyper stops polling once a body says it has ended, so the end may never be
+        // seen as `None`.
+        let ended = body.is_end_stream();
+        match &item {
+            None => self.complete = true,
+            Some(Err(_)) => self.failed = true,
+            Some(Ok(frame)) => {
+                if let Some(data) = frame.data_ref() {
+                    if !self.overflowed {
+                        if self.len + data.len() > self.cap {
+                            self.overflowed = true;
+                            self.chunks = Vec::new();
+                        } else {
+                            self.len += data.len();
+                            self.chunks.push(data.clone());
+                        }
+                    }
+                } else if let Some(t) = frame.trailers_ref() {
+                    self.trailers = Some(t.clone());
+                }
+                self.complete |= ended;
+            }
+        }
+        Poll::Ready(item)
+    }
+}
+
 /// The recorder's handle on the tape, kept by the retry loop.
-#[derive(Clone, Debug)]
+#[derive(Clone)]
 pub struct TapeHandle {
     tape: Arc<Mutex<Tape>>,
+}
+
+impl std::fmt::Debug for TapeHandle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("TapeHandle")
+    }
 }
 
 /// Why a recorded body cannot be replayed.
@@ -100,9 +147,18 @@ pub enum NotReplayable {
 }
 
 impl TapeHandle {
-    /// The recorded body, if it can be sent again byte for byte.
+    /// The recorded body, if it can be sent again byte for byte. What of the app's body
+    /// has already arrived but was not read by the attempt is read now; a body whose
+    /// end has not arrived is not waited for.
     pub fn replay(&self) -> Result<Replay, NotReplayable> {
-        let tape = self.tape.lock().unwrap_or_else(|p| p.into_inner());
+        let mut tape = self.tape.lock().unwrap_or_else(|p| p.into_inner());
+        let mut cx = Context::from_waker(std::task::Waker::noop());
+        while !tape.complete && !tape.failed && !tape.overflowed {
+            match tape.poll(&mut cx) {
+                Poll::Ready(Some(Ok(_))) => {}
+                Poll::Ready(_) | Poll::Pending => break,
+            }
+        }
         if tape.overflowed {
             return Err(NotReplayable::TooLarge);
         }
@@ -117,70 +173,46 @@ impl TapeHandle {
     }
 }
 
+/// The app's body, forwarded as it streams and recorded on the way.
 pub struct Recording {
-    inner: Incoming,
-    cap: usize,
     tape: Arc<Mutex<Tape>>,
 }
 
 impl Recording {
-    /// Starts recording `inner`, keeping at most `cap` bytes.
-    pub fn new(inner: Incoming, cap: usize) -> (Self, TapeHandle) {
+    /// Starts recording `body`, keeping at most `cap` bytes.
+    pub fn new(body: Incoming, cap: usize) -> (Self, TapeHandle) {
         let tape = Arc::new(Mutex::new(Tape {
             // A body whose declared length is over the cap will not be replayable;
             // knowing it now spares the copy.
-            overflowed: inner.size_hint().lower() > cap as u64,
+            overflowed: body.size_hint().lower() > cap as u64,
+            body: Some(body),
+            cap,
             ..Tape::default()
         }));
-        (
-            Recording {
-                inner,
-                cap,
-                tape: tape.clone(),
-            },
-            TapeHandle { tape },
-        )
+        (Recording { tape: tape.clone() }, TapeHandle { tape })
     }
 
-    /// The body being recorded, for a request that was never sent.
-    pub fn into_inner(self) -> Incoming {
-        self.inner
+    fn lock(&self) -> std::sync::MutexGuard<'_, Tape> {
+        self.tape.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn is_end_stream(&self) -> bool {
+        let tape = self.lock();
+        tape.complete || tape.body.as_ref().is_none_or(|b| b.is_end_stream())
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.lock()
+            .body
+            .as_ref()
+            .map_or(SizeHint::with_exact(0), |b| b.size_hint())
     }
 
     fn poll_frame(
         &mut self,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
-        let polled = Pin::new(&mut self.inner).poll_frame(cx);
-        let Poll::Ready(item) = polled else {
-            return Poll::Pending;
-        };
-        let mut tape = self.tape.lock().unwrap_or_else(|p| p.into_inner());
-        match &item {
-            None => tape.complete = true,
-            Some(Err(_)) => tape.failed = true,
-            Some(Ok(frame)) => {
-                if let Some(data) = frame.data_ref() {
-                    if !tape.overflowed {
-                        if tape.len + data.len() > self.cap {
-                            tape.overflowed = true;
-                            tape.chunks = Vec::new();
-                        } else {
-                            tape.len += data.len();
-                            tape.chunks.push(data.clone());
-                        }
-                    }
-                } else if let Some(t) = frame.trailers_ref() {
-                    tape.trailers = Some(t.clone());
-                }
-                // hyper stops polling once the body says it has ended, so the end may
-                // never be seen as `None`.
-                if self.inner.is_end_stream() {
-                    tape.complete = true;
-                }
-            }
-        }
-        Poll::Ready(item)
+        self.lock().poll(cx)
     }
 }
 
