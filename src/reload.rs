@@ -56,6 +56,18 @@ fn watched(path: &Path, config: &Config) -> Vec<PathBuf> {
     out
 }
 
+/// Whether every certificate file still has the content the config was built from.
+fn certificates_current(config: &Config) -> bool {
+    config
+        .upstreams
+        .iter()
+        .filter_map(|u| u.tls.as_ref())
+        .all(|t| {
+            let pair = t.client_cert.as_deref().zip(t.client_key.as_deref());
+            crate::upstream::tls::fingerprint(t.ca_file.as_deref(), pair) == Some(t.fingerprint)
+        })
+}
+
 /// Reads, validates and applies the config at `path`. Returns whether it was applied.
 pub async fn reload(path: &Path, server: &Server) -> bool {
     let metrics = server.shared().metrics.clone();
@@ -127,9 +139,11 @@ async fn watch(path: PathBuf, server: Arc<Server>, mut hup: Option<tokio::signal
                 last = Some(now);
                 continue;
             }
-            let certificates_changed = last
-                .as_ref()
-                .is_some_and(|l| l.0.get(1..) != now.0.get(1..));
+            let certificates_changed = match &last {
+                Some(l) => l.0.get(1..) != now.0.get(1..),
+                // The first look: the files may have changed since they were loaded.
+                None => !certificates_current(&server.shared().snapshot().config),
+            };
             let serving = server.shared().snapshot().config.source_hash;
             let same_text =
                 std::fs::read_to_string(&path).is_ok_and(|t| config::source_hash(&t) == serving);

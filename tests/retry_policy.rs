@@ -210,7 +210,13 @@ async fn grpc_unavailable_in_a_trailers_only_response_is_retried() {
         .unwrap();
     let r = send_h2(tg.addr, req).await;
     assert_eq!(r.status, 200);
-    assert_eq!(r.header("grpc-status"), Some("0"));
+    assert_eq!(
+        r.header("grpc-status"),
+        Some("0"),
+        "attempts {}, outcome {:?}",
+        r.attempts(),
+        r.outcome()
+    );
     assert_eq!(r.attempts(), 2);
     assert_eq!(up.hits(), 2);
     tg.stop().await;
@@ -271,5 +277,32 @@ async fn each_attempt_is_numbered_and_carries_its_deadline() {
             "x-timeout-ms {ms} exceeds what the caller has left"
         );
     }
+    tg.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_endpoint_that_refuses_connections_is_skipped() {
+    let dead = dead_port().await;
+    let healthy = Upstream::start(|_req| async { respond(200, "fine") }).await;
+    // Retries off: without skipping, every other request would go to the dead endpoint.
+    let tg = Tollgate::start(&config(&format!(
+        "[upstreams.api]\nauthorities = [\"api\"]\nendpoints = [\"{dead}\", \"{}\"]\n",
+        healthy.addr
+    )))
+    .await;
+    let mut failed = 0;
+    for _ in 0..40 {
+        let r = get(tg.addr, "/", "api").await;
+        if r.status != 200 {
+            assert_eq!(r.status, 502);
+            failed += 1;
+        }
+    }
+    // The dead endpoint is tried again after 250 ms, 500 ms, 1 s, ...: a few probes.
+    assert!(
+        failed <= 5,
+        "{failed} of 40 requests went to the dead endpoint"
+    );
+    assert_eq!(healthy.hits(), 40 - failed);
     tg.stop().await;
 }

@@ -5,9 +5,10 @@
 use std::convert::Infallible;
 use std::sync::Arc;
 
-use http::header::{CONTENT_TYPE, HOST, RETRY_AFTER};
+use http::header::{CONNECTION, CONTENT_TYPE, HOST, RETRY_AFTER};
 use http::uri::PathAndQuery;
-use http::{HeaderValue, Method, Request, Response, StatusCode, Uri};
+use http::{HeaderValue, Method, Request, Response, StatusCode, Uri, Version};
+use http_body::Body;
 use hyper::body::Incoming;
 use tokio::time::Instant;
 
@@ -29,6 +30,10 @@ pub async fn handle(
 ) -> Result<Response<ResponseBody>, Infallible> {
     let start = Instant::now();
     let mut guard = RequestGuard::new(conn, start);
+    // An HTTP/1.x body tollgate does not read to its end leaves the connection unable
+    // to carry another request: the answer must say so, or the app's next request on
+    // it meets a reset (and its HTTP client may retry that behind tollgate's back).
+    let unread_if_refused = req.version() < Version::HTTP_2 && !req.body().is_end_stream();
 
     let upstream = {
         let snap = shared.snapshot.load();
@@ -41,37 +46,46 @@ pub async fn handle(
     };
     let Some(up) = upstream else {
         shared.unrouted.inc();
-        return Ok(local(
-            None,
-            StatusCode::NOT_FOUND,
-            Outcome::NoRoute,
-            0,
-            "no upstream is configured for this authority\n",
-            None,
-            guard,
+        return Ok(closing(
+            unread_if_refused,
+            local(
+                None,
+                StatusCode::NOT_FOUND,
+                Outcome::NoRoute,
+                0,
+                "no upstream is configured for this authority\n",
+                None,
+                guard,
+            ),
         ));
     };
     if req.method() == Method::CONNECT {
         // Tunnels would carry anything anywhere; tollgate originates TLS itself.
-        return Ok(local(
-            Some(&up.metrics),
-            StatusCode::METHOD_NOT_ALLOWED,
-            Outcome::NotRetryable,
-            0,
-            "CONNECT is not supported: send plain HTTP, tollgate speaks TLS upstream\n",
-            None,
-            guard,
+        return Ok(closing(
+            unread_if_refused,
+            local(
+                Some(&up.metrics),
+                StatusCode::METHOD_NOT_ALLOWED,
+                Outcome::NotRetryable,
+                0,
+                "CONNECT is not supported: send plain HTTP, tollgate speaks TLS upstream\n",
+                None,
+                guard,
+            ),
         ));
     }
     if !guard.admit(&up) {
-        return Ok(local(
-            Some(&up.metrics),
-            StatusCode::SERVICE_UNAVAILABLE,
-            Outcome::Overloaded,
-            0,
-            "too many requests in flight to this upstream\n",
-            Some(HeaderValue::from_static("1")),
-            guard,
+        return Ok(closing(
+            unread_if_refused,
+            local(
+                Some(&up.metrics),
+                StatusCode::SERVICE_UNAVAILABLE,
+                Outcome::Overloaded,
+                0,
+                "too many requests in flight to this upstream\n",
+                Some(HeaderValue::from_static("1")),
+                guard,
+            ),
         ));
     }
 
@@ -80,14 +94,17 @@ pub async fn handle(
     let facts = prepare_request(&mut headers, &up.deadline.accept);
     if facts.caller_timeout.is_some_and(|c| c.is_zero()) {
         up.metrics.denied(crate::metrics::Denied::Deadline);
-        return Ok(local(
-            Some(&up.metrics),
-            StatusCode::GATEWAY_TIMEOUT,
-            Outcome::DeadlineExceeded,
-            0,
-            "the deadline had expired on arrival\n",
-            None,
-            guard,
+        return Ok(closing(
+            unread_if_refused,
+            local(
+                Some(&up.metrics),
+                StatusCode::GATEWAY_TIMEOUT,
+                Outcome::DeadlineExceeded,
+                0,
+                "the deadline had expired on arrival\n",
+                None,
+                guard,
+            ),
         ));
     }
     let deadline = Deadline::new(start, facts.caller_timeout, up.config.request_timeout);
@@ -122,7 +139,10 @@ pub async fn handle(
         },
     )
     .await;
-    Ok(respond(&up.metrics, answer, version, guard))
+    let close = version < Version::HTTP_2
+        && answer.body_unread
+        && (answer.outcome != Outcome::Ok || matches!(answer.reply, Reply::Local(_)));
+    Ok(closing(close, respond(&up.metrics, answer, version, guard)))
 }
 
 /// The path and query alone, as HTTP/1.1 origin-form.
@@ -175,6 +195,15 @@ fn respond(
             )
         }
     }
+}
+
+/// Adds `Connection: close` when the app's HTTP/1.x body was left unread.
+fn closing(close: bool, mut resp: Response<ResponseBody>) -> Response<ResponseBody> {
+    if close {
+        resp.headers_mut()
+            .insert(CONNECTION, HeaderValue::from_static("close"));
+    }
+    resp
 }
 
 fn local(

@@ -58,6 +58,9 @@ pub struct Answer {
     pub outcome: Outcome,
     /// The response already carries another tollgate's `x-tollgate-outcome`.
     pub owned_elsewhere: bool,
+    /// The app's body was not read to its end: the client connection cannot carry
+    /// another request.
+    pub body_unread: bool,
 }
 
 /// `x-tollgate-attempt` values, without formatting per attempt.
@@ -80,6 +83,9 @@ pub fn count_value(n: u32) -> HeaderValue {
         None => HeaderValue::from(n),
     }
 }
+
+/// How long a body still arriving when a retryable failure came may take to finish.
+const BODY_GRACE: Duration = Duration::from_millis(50);
 
 /// Stale pooled connections skipped within one attempt before giving up on it.
 const MAX_STALE: u32 = 3;
@@ -152,6 +158,7 @@ pub async fn forward(up: &Upstream, ex: Exchange) -> Answer {
                 StatusCode::GATEWAY_TIMEOUT,
                 attempts - 1,
                 Outcome::DeadlineExceeded,
+                unread(&fresh_body, &unsent, &tape),
             );
         }
         let attempt_deadline = (start + cfg.attempt_timeout).min(deadline.at());
@@ -191,13 +198,12 @@ pub async fn forward(up: &Upstream, ex: Exchange) -> Answer {
                     let body = if let Some(b) = unsent.take() {
                         b
                     } else if let Some(b) = fresh_body.take() {
-                        if may_resend {
-                            let (rec, handle) = Recording::new(b, retry.max_body);
-                            tape = Some(handle);
-                            RequestBody::Recording(rec)
-                        } else {
-                            RequestBody::Stream(b)
-                        }
+                        // Recorded for a replay when one may follow; otherwise the
+                        // recording keeps nothing and only notes whether the body ended.
+                        let keep = if may_resend { retry.max_body } else { 0 };
+                        let (rec, handle) = Recording::new(b, keep);
+                        tape = Some(handle);
+                        RequestBody::Recording(rec)
                     } else if let Some(r) = replay_next.take() {
                         RequestBody::Replay(r)
                     } else {
@@ -265,6 +271,7 @@ pub async fn forward(up: &Upstream, ex: Exchange) -> Answer {
                             attempts,
                             outcome,
                             owned_elsewhere: owned,
+                            body_unread: unread(&fresh_body, &unsent, &tape),
                         };
                     }
                     Some(f) => (f, Some((resp, lease))),
@@ -281,6 +288,19 @@ pub async fn forward(up: &Upstream, ex: Exchange) -> Answer {
             }
         };
 
+        // The response came while the app's body was still arriving (an upstream that
+        // refuses a call without reading it): give the rest a moment to arrive (the
+        // backoff before the retry, at least `BODY_GRACE`), so it can be replayed.
+        if let Some(t) = &tape {
+            if failure.maybe_sent() && request_retryable && attempts < retry.max_attempts {
+                let wait = retry
+                    .backoff
+                    .cap(attempts - 1)
+                    .max(BODY_GRACE)
+                    .min(deadline.remaining(Instant::now()) / 2);
+                t.finish_within(wait).await;
+            }
+        }
         let now = Instant::now();
         let decision = if failure == Failure::Timeout && deadline.expired(now) {
             Err(Stop::Deadline)
@@ -346,6 +366,7 @@ pub async fn forward(up: &Upstream, ex: Exchange) -> Answer {
                             attempts,
                             outcome,
                             owned_elsewhere: owned,
+                            body_unread: unread(&fresh_body, &unsent, &tape),
                         }
                     }
                     None => {
@@ -356,7 +377,12 @@ pub async fn forward(up: &Upstream, ex: Exchange) -> Answer {
                             }
                             _ => StatusCode::BAD_GATEWAY,
                         };
-                        local(status, attempts, outcome)
+                        local(
+                            status,
+                            attempts,
+                            outcome,
+                            unread(&fresh_body, &unsent, &tape),
+                        )
                     }
                 };
             }
@@ -364,13 +390,23 @@ pub async fn forward(up: &Upstream, ex: Exchange) -> Answer {
     }
 }
 
-fn local(status: StatusCode, attempts: u32, outcome: Outcome) -> Answer {
+fn local(status: StatusCode, attempts: u32, outcome: Outcome, body_unread: bool) -> Answer {
     Answer {
         reply: Reply::Local(status),
         attempts,
         outcome,
         owned_elsewhere: false,
+        body_unread,
     }
+}
+
+/// Whether some of the app's body is still unread.
+fn unread(
+    fresh: &Option<Incoming>,
+    unsent: &Option<RequestBody>,
+    tape: &Option<TapeHandle>,
+) -> bool {
+    fresh.is_some() || unsent.is_some() || tape.as_ref().is_some_and(|t| !t.complete())
 }
 
 /// The outcome another tollgate put on a response, for our own metrics.

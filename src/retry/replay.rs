@@ -10,6 +10,7 @@
 use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
+use std::time::Duration;
 
 use bytes::Bytes;
 use http::HeaderMap;
@@ -147,6 +148,32 @@ pub enum NotReplayable {
 }
 
 impl TapeHandle {
+    /// Whether the app's body has been read to its end.
+    pub fn complete(&self) -> bool {
+        let tape = self.tape.lock().unwrap_or_else(|p| p.into_inner());
+        tape.complete || tape.body.as_ref().is_some_and(|b| b.is_end_stream())
+    }
+
+    /// Gives a body that is still arriving up to `limit` to finish (or to outgrow the
+    /// cap, or fail). Returns whether it is complete.
+    pub async fn finish_within(&self, limit: Duration) -> bool {
+        let reading = std::future::poll_fn(|cx| {
+            let mut tape = self.tape.lock().unwrap_or_else(|p| p.into_inner());
+            loop {
+                if tape.complete || tape.failed || tape.overflowed || tape.body.is_none() {
+                    return Poll::Ready(());
+                }
+                match tape.poll(cx) {
+                    Poll::Pending => return Poll::Pending,
+                    Poll::Ready(Some(Ok(_))) => {}
+                    Poll::Ready(_) => return Poll::Ready(()),
+                }
+            }
+        });
+        let _ = tokio::time::timeout(limit, reading).await;
+        self.complete()
+    }
+
     /// The recorded body, if it can be sent again byte for byte. What of the app's body
     /// has already arrived but was not read by the attempt is read now; a body whose
     /// end has not arrived is not waited for.

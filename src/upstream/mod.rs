@@ -92,8 +92,8 @@ impl Upstream {
         &self.config.name
     }
 
-    /// Round-robin over the endpoints, skipping `avoid` (the one that just failed) when
-    /// there is another.
+    /// Round-robin over the endpoints, skipping `avoid` (the one that just failed) and
+    /// endpoints that refused a connection a moment ago, when there is another.
     ///
     /// Round-robin rather than least-loaded on purpose: an endpoint that fails fast has
     /// the fewest requests in flight, so a least-loaded balancer sends retries straight
@@ -103,11 +103,20 @@ impl Upstream {
         if n <= 1 {
             return 0;
         }
-        let mut i = self.next.fetch_add(1, Relaxed) % n;
-        if Some(i) == avoid {
-            i = (i + 1) % n;
+        let start = self.next.fetch_add(1, Relaxed) % n;
+        let now = pool::clock_ms();
+        for k in 0..n {
+            let i = (start + k) % n;
+            if Some(i) != avoid && !self.endpoints[i].skipped(now) {
+                return i;
+            }
         }
-        i
+        // Every other endpoint is failing too: keep trying them in turn.
+        if Some(start) == avoid {
+            (start + 1) % n
+        } else {
+            start
+        }
     }
 
     /// Which HTTP to speak to the endpoints for a request that arrived as `version`.

@@ -7,7 +7,7 @@
 //! disconnect and no work continues that nobody waits for.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering::Relaxed};
+use std::sync::atomic::{AtomicU8, AtomicU32, AtomicU64, AtomicUsize, Ordering::Relaxed};
 use std::time::Duration;
 
 use arc_swap::ArcSwapOption;
@@ -27,6 +27,16 @@ const MAX_IDLE: usize = 256;
 /// close idle keep-alive connections after a while, and reusing one they are about to
 /// close turns into a needless failed attempt.
 const IDLE_TIMEOUT: Duration = Duration::from_secs(50);
+
+const SKIP_FIRST_MS: u64 = 250;
+const SKIP_MAX_MS: u64 = 30_000;
+
+/// Milliseconds on a process-wide monotonic clock (tokio's, so tests can pause it).
+pub fn clock_ms() -> u64 {
+    static EPOCH: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
+    let epoch = *EPOCH.get_or_init(Instant::now);
+    u64::try_from(epoch.elapsed().as_millis()).unwrap_or(u64::MAX)
+}
 
 /// Which HTTP an attempt wants on this endpoint.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -65,6 +75,10 @@ pub struct Endpoint {
     resolver: Resolver,
     workers: Box<[Local]>,
     alpn: AtomicU8,
+    /// Connect failures in a row; reset by a successful connect.
+    failures: AtomicU32,
+    /// Until when (ms on [`clock_ms`]) the endpoint is skipped after a connect failure.
+    skip_until: AtomicU64,
     /// Open connections (shared by every endpoint of the upstream).
     open: Arc<AtomicUsize>,
 }
@@ -119,7 +133,30 @@ impl Endpoint {
                 })
                 .collect(),
             alpn: AtomicU8::new(ALPN_UNKNOWN),
+            failures: AtomicU32::new(0),
+            skip_until: AtomicU64::new(0),
             open,
+        }
+    }
+
+    /// Whether new requests should avoid this endpoint: it refused a connection a
+    /// moment ago. Skipping it for a while (250 ms, doubling with each failure in a row
+    /// up to 30 s, then one request tries it again) keeps a dead endpoint from eating
+    /// every other first attempt, and the retry budget with it.
+    pub fn skipped(&self, now_ms: u64) -> bool {
+        self.skip_until.load(Relaxed) > now_ms
+    }
+
+    fn connect_failed(&self) {
+        let n = self.failures.fetch_add(1, Relaxed).min(16);
+        let pause = (SKIP_FIRST_MS << n).min(SKIP_MAX_MS);
+        self.skip_until.store(clock_ms() + pause, Relaxed);
+    }
+
+    fn connect_succeeded(&self) {
+        if self.failures.load(Relaxed) != 0 {
+            self.failures.store(0, Relaxed);
+            self.skip_until.store(0, Relaxed);
         }
     }
 
@@ -219,14 +256,22 @@ impl Endpoint {
         tls: Option<&TlsConfig>,
         timeout: Duration,
     ) -> Result<Conn, ConnectError> {
-        let addr = self.resolver.resolve().await?;
+        let addr = match self.resolver.resolve().await {
+            Ok(a) => a,
+            Err(e) => {
+                self.connect_failed();
+                return Err(e);
+            }
+        };
         let transport = match connect::open(addr, tls, timeout).await {
             Ok(t) => t,
             Err(e) => {
                 self.resolver.invalidate();
+                self.connect_failed();
                 return Err(e);
             }
         };
+        self.connect_succeeded();
         let h2 = match want {
             Want::Http1 => false,
             Want::Http2 => true,

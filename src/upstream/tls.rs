@@ -77,6 +77,20 @@ pub fn alpn(protocol: Protocol) -> Vec<Vec<u8>> {
     }
 }
 
+/// The digest [`client_config`] would compute from the files as they are now; `None`
+/// when one cannot be read.
+pub fn fingerprint(ca_file: Option<&Path>, client_pair: Option<(&Path, &Path)>) -> Option<u64> {
+    let mut digest = std::collections::hash_map::DefaultHasher::new();
+    if let Some(path) = ca_file {
+        read(path, TlsFile::Ca, &mut digest).ok()?;
+    }
+    if let Some((cert, key)) = client_pair {
+        read(cert, TlsFile::Cert, &mut digest).ok()?;
+        read(key, TlsFile::Key, &mut digest).ok()?;
+    }
+    Some(digest.finish())
+}
+
 /// Builds the client config; the `u64` is a digest of the files read, so a reload can
 /// tell a rotated certificate from an unchanged one.
 pub fn client_config(
