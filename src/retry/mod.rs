@@ -291,15 +291,17 @@ pub async fn forward(up: &Upstream, ex: Exchange) -> Answer {
         // The response came while the app's body was still arriving (an upstream that
         // refuses a call without reading it): give the rest a moment to arrive (the
         // backoff before the retry, at least `BODY_GRACE`), so it can be replayed.
-        if let Some(t) = &tape {
-            if failure.maybe_sent() && request_retryable && attempts < retry.max_attempts {
-                let wait = retry
-                    .backoff
-                    .cap(attempts - 1)
-                    .max(BODY_GRACE)
-                    .min(deadline.remaining(Instant::now()) / 2);
-                t.finish_within(wait).await;
-            }
+        if let Some(t) = &tape
+            && failure.maybe_sent()
+            && request_retryable
+            && attempts < retry.max_attempts
+        {
+            let wait = retry
+                .backoff
+                .cap(attempts - 1)
+                .max(BODY_GRACE)
+                .min(deadline.remaining(Instant::now()) / 2);
+            t.finish_within(wait).await;
         }
         let now = Instant::now();
         let decision = if failure == Failure::Timeout && deadline.expired(now) {
