@@ -18,6 +18,11 @@ cargo test --quiet
 step "cargo bench --no-run (the benches compile)"
 cargo bench --no-run --quiet
 
+if [ "${TOLLGATE_FUZZ_SECONDS:-60}" != 0 ]; then
+  step "fuzzing the parsers of untrusted text (${TOLLGATE_FUZZ_SECONDS:-60} s per target; TOLLGATE_FUZZ_SECONDS=0 skips)"
+  scripts/fuzz.sh "${TOLLGATE_FUZZ_SECONDS:-60}"
+fi
+
 if [ -x deploy/test.sh ]; then
   step "deploy/test.sh (Kubernetes manifests, Prometheus rules, Prometheus end to end)"
   deploy/test.sh
