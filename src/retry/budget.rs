@@ -370,6 +370,30 @@ mod tests {
         assert!(b.available(t0).is_infinite());
     }
 
+    #[tokio::test(start_paused = true)]
+    async fn the_window_slides_on_the_runtime_clock() {
+        let cfg = BudgetConfig {
+            ratio: 0.5,
+            min_per_sec: 0.0,
+            window: Duration::from_secs(10),
+        };
+        let b = RetryBudget::new(Some(&cfg), Instant::now());
+        for _ in 0..20 {
+            b.record_request(Instant::now());
+        }
+        assert_eq!(b.available(Instant::now()), 10.0);
+        assert!(b.try_retry(Instant::now()));
+        tokio::time::advance(Duration::from_secs(5)).await;
+        assert_eq!(b.available(Instant::now()), 9.0, "still inside the window");
+        tokio::time::advance(Duration::from_secs(6)).await;
+        assert_eq!(
+            b.available(Instant::now()),
+            0.0,
+            "the requests have left the window"
+        );
+        assert_eq!(b.stats(Instant::now()).requests, 0);
+    }
+
     #[derive(Clone, Debug)]
     enum Event {
         Request,
