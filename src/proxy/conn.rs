@@ -23,7 +23,6 @@ use std::time::Duration;
 
 use bytes::{Buf, Bytes};
 use http::header::{CONNECTION, CONTENT_TYPE, HOST};
-use http::uri::Authority;
 use http::{HeaderValue, Request, Response, StatusCode, Version};
 use hyper::body::Incoming;
 use hyper::service::service_fn;
@@ -238,19 +237,54 @@ fn host_problem<B>(req: &Request<B>) -> Option<&'static str> {
     (!valid).then_some("the Host header is not a valid host[:port]\n")
 }
 
-/// `uri-host [ ":" port ]`: a host the URI grammar takes and, after it, nothing or a
-/// colon and digits.
+/// `uri-host [ ":" port ]` (RFC 3986): an IP literal in brackets or a reg-name
+/// (unreserved, percent-encoded and sub-delims characters), then nothing or a colon
+/// and digits. Checked in place: this runs on every request.
 fn authority_syntax(value: &[u8]) -> bool {
-    let Ok(a) = Authority::try_from(value) else {
-        return false;
+    let (host, port) = if value.first() == Some(&b'[') {
+        let Some(end) = value.iter().position(|b| *b == b']') else {
+            return false;
+        };
+        let literal = &value[1..end];
+        if literal.is_empty()
+            || !literal
+                .iter()
+                .all(|b| b.is_ascii_hexdigit() || matches!(b, b':' | b'.'))
+        {
+            return false;
+        }
+        (&value[..=end], &value[end + 1..])
+    } else {
+        match value.iter().rposition(|b| *b == b':') {
+            Some(i) => (&value[..i], &value[i..]),
+            None => (value, &value[value.len()..]),
+        }
     };
-    let host = a.host();
-    let rest = a.as_str().get(host.len()..).unwrap_or("");
-    !host.is_empty()
-        && (rest.is_empty()
-            || rest
-                .strip_prefix(':')
-                .is_some_and(|p| p.bytes().all(|b| b.is_ascii_digit())))
+    let reg_name = host.first() == Some(&b'[')
+        || (!host.is_empty()
+            && host.iter().all(|b| {
+                b.is_ascii_alphanumeric()
+                    || matches!(
+                        b,
+                        b'-' | b'.'
+                            | b'_'
+                            | b'~'
+                            | b'%'
+                            | b'!'
+                            | b'$'
+                            | b'&'
+                            | b'\''
+                            | b'('
+                            | b')'
+                            | b'*'
+                            | b'+'
+                            | b','
+                            | b';'
+                            | b'='
+                    )
+            }));
+    let port_ok = port.is_empty() || (port[0] == b':' && port[1..].iter().all(u8::is_ascii_digit));
+    reg_name && port_ok
 }
 
 /// tollgate's own 400 for a request it will not route. An HTTP/1.x connection is closed
@@ -361,5 +395,38 @@ pub async fn serve(
             b.max_headers(settings.max_headers);
         }
         drive!(b.serve_connection(io, svc));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::authority_syntax;
+
+    #[test]
+    fn host_values_are_checked_in_place() {
+        for good in [
+            &b"payments"[..],
+            b"payments:8080",
+            b"payments.default.svc.cluster.local",
+            b"10.0.0.5:80",
+            b"[::1]:8080",
+            b"[fe80::1]",
+            b"my_host~x",
+        ] {
+            assert!(authority_syntax(good), "{}", String::from_utf8_lossy(good));
+        }
+        for bad in [
+            &b""[..],
+            b":80",
+            b"pay ments",
+            b"payments:80x",
+            b"user@payments",
+            b"payments/x",
+            b"[::1",
+            b"[zz]:80",
+            b"payments:80:90",
+        ] {
+            assert!(!authority_syntax(bad), "{}", String::from_utf8_lossy(bad));
+        }
     }
 }
