@@ -79,7 +79,7 @@ pub fn format_millis(d: Duration) -> HeaderValue {
         // Consecutive requests mostly carry the same value (the attempt_timeout, or a
         // millisecond less): reusing it spares an allocation per attempt.
         static LAST: std::cell::RefCell<(u64, HeaderValue)> =
-            std::cell::RefCell::new((0, HeaderValue::from_static("0")));
+            const { std::cell::RefCell::new((0, HeaderValue::from_static("0"))) };
     }
     let ms = u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
     LAST.with(|last| {
