@@ -205,7 +205,7 @@ pub async fn forward(up: &Upstream, ex: Exchange) -> Answer {
                         tape = Some(handle);
                         RequestBody::Recording(rec)
                     } else if let Some(r) = replay_next.take() {
-                        RequestBody::Replay(r)
+                        RequestBody::Replay(Box::new(r))
                     } else {
                         RequestBody::Empty
                     };

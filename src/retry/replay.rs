@@ -26,7 +26,9 @@ pub enum RequestBody {
     /// The app's body, forwarded and kept for replay.
     Recording(Recording),
     /// A complete recorded body, sent again.
-    Replay(Replay),
+    /// Boxed: every pooled connection's request queue is sized by the largest
+    /// variant, and a replay is the rare one.
+    Replay(Box<Replay>),
 }
 
 impl std::fmt::Debug for RequestBody {

@@ -1,4 +1,4 @@
-//! One endpoint's connections: a bounded lock-free queue of idle HTTP/1.1
+//! One endpoint's connections: a lock-free queue of idle HTTP/1.1
 //! connections, or one shared HTTP/2 connection.
 //!
 //! An HTTP/1.1 connection goes back to the idle queue only when its response was read
@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicU8, AtomicU32, AtomicU64, AtomicUsize, Ordering::R
 use std::time::Duration;
 
 use arc_swap::ArcSwapOption;
-use crossbeam_queue::ArrayQueue;
+use crossbeam_queue::SegQueue;
 use http::{Request, Response};
 use hyper::body::Incoming;
 use tokio::task::AbortHandle;
@@ -21,8 +21,10 @@ use super::connect::{self, ConnectError, Resolver, Sender1, Sender2};
 use crate::config::{EndpointAddr, TlsConfig};
 use crate::retry::replay::RequestBody;
 
-/// Idle HTTP/1.1 connections kept per endpoint and worker.
-const MAX_IDLE: usize = 256;
+/// Idle HTTP/1.1 connections kept per endpoint and worker: as many as the app had in
+/// flight, up to this. The queue grows in small blocks as it fills, so an endpoint
+/// with few connections costs little memory.
+const MAX_IDLE: usize = 4096;
 /// An idle connection older than this is closed rather than reused: upstream servers
 /// close idle keep-alive connections after a while, and reusing one they are about to
 /// close turns into a needless failed attempt.
@@ -65,7 +67,7 @@ struct Shared2 {
 /// One worker's connections to an endpoint: a connection's I/O task runs on the worker
 /// that opened it, so requests use connections of their own worker.
 struct Local {
-    idle: ArrayQueue<Idle>,
+    idle: SegQueue<Idle>,
     h2: ArcSwapOption<Shared2>,
     h2_connecting: tokio::sync::Mutex<()>,
 }
@@ -127,7 +129,7 @@ impl Endpoint {
             addr,
             workers: (0..workers.max(1))
                 .map(|_| Local {
-                    idle: ArrayQueue::new(MAX_IDLE),
+                    idle: SegQueue::new(),
                     h2: ArcSwapOption::empty(),
                     h2_connecting: tokio::sync::Mutex::new(()),
                 })
@@ -313,8 +315,10 @@ impl Endpoint {
             task_abort(idle);
             return;
         };
-        if let Err(idle) = local.idle.push(idle) {
+        if local.idle.len() >= MAX_IDLE {
             idle.task.abort();
+        } else {
+            local.idle.push(idle);
         }
     }
 }
