@@ -57,26 +57,37 @@ EOF
 
 while [ $# -gt 0 ]; do
   case "$1" in
-    --duration) DURATION="$2"; shift 2 ;;
-    --rounds) ROUNDS="$2"; shift 2 ;;
-    --connections) CONNS="$2"; shift 2 ;;
+    --duration) DURATION="${2:?"$1 needs a value"}"; shift 2 ;;
+    --rounds) ROUNDS="${2:?"$1 needs a value"}"; shift 2 ;;
+    --connections) CONNS="${2:?"$1 needs a value"}"; shift 2 ;;
     --quick) DURATION=3; ROUNDS=1; WARMUP=1; RSS_DURATION=2; shift ;;
     --json) JSON=1; shift ;;
-    --out) OUT_DIR="$2"; shift 2 ;;
-    --tollgate) TOLLGATE_BIN="$2"; shift 2 ;;
-    --targets) TARGETS="$2"; shift 2 ;;
-    --proxy-cpu) PROXY_CPU="$2"; shift 2 ;;
-    --load-cpu) LOAD_CPU="$2"; shift 2 ;;
-    --rss-connections) RSS_CONNS="$2"; shift 2 ;;
-    --wait-quiet) WAIT_QUIET="$2"; shift 2 ;;
+    --out) OUT_DIR="${2:?"$1 needs a value"}"; shift 2 ;;
+    --tollgate) TOLLGATE_BIN="${2:?"$1 needs a value"}"; shift 2 ;;
+    --targets) TARGETS="${2:?"$1 needs a value"}"; shift 2 ;;
+    --proxy-cpu) PROXY_CPU="${2:?"$1 needs a value"}"; shift 2 ;;
+    --load-cpu) LOAD_CPU="${2:?"$1 needs a value"}"; shift 2 ;;
+    --rss-connections) RSS_CONNS="${2:?"$1 needs a value"}"; shift 2 ;;
+    --wait-quiet) WAIT_QUIET="${2:?"$1 needs a value"}"; shift 2 ;;
     --no-install) INSTALL=0; shift ;;
     -h|--help) usage; exit 0 ;;
     *) echo "bench.sh: unknown option: $1" >&2; usage >&2; exit 2 ;;
   esac
 done
 
-for v in DURATION ROUNDS CONNS RSS_CONNS PROXY_CPU LOAD_CPU WAIT_QUIET; do
-  case "${!v}" in ''|*[!0-9]*) echo "bench.sh: $v must be a whole number, got '${!v}'" >&2; exit 2 ;; esac
+for v in duration:DURATION rounds:ROUNDS connections:CONNS rss-connections:RSS_CONNS \
+  proxy-cpu:PROXY_CPU load-cpu:LOAD_CPU wait-quiet:WAIT_QUIET; do
+  name="${v#*:}"
+  val="${!name}"
+  case "$val" in ''|*[!0-9]*) echo "bench.sh: --${v%%:*} must be a whole number, got '$val'" >&2; exit 2 ;; esac
+done
+IFS=, read -r -a TARGET_LIST <<<"$TARGETS"
+[ "${#TARGET_LIST[@]}" -gt 0 ] || { echo "bench.sh: --targets is empty" >&2; exit 2; }
+for t in "${TARGET_LIST[@]}"; do
+  case "$t" in
+    direct|tollgate|tollgate-noretry|nginx|haproxy) ;;
+    *) echo "bench.sh: unknown target '$t' (known: direct,tollgate,tollgate-noretry,nginx,haproxy)" >&2; exit 2 ;;
+  esac
 done
 [ "$DURATION" -ge 1 ] && [ "$ROUNDS" -ge 1 ] && [ "$CONNS" -ge 1 ] || {
   echo "bench.sh: --duration, --rounds and --connections must be at least 1" >&2; exit 2; }
@@ -463,6 +474,7 @@ log "machine:  $NPROC CPUs, $CPU_MODEL, $KERNEL, load average $LOAD_BEFORE"
 log "software: tollgate $TOLLGATE_REV, built $TOLLGATE_BUILT; nginx $NGINX_VER, haproxy $HAPROXY_VER, wrk $WRK_VER"
 log "pinning:  proxy under test on CPU $PROXY_CPU alone; wrk and the backend share CPU $LOAD_CPU"
 log "load:     wrk -t1 -c$CONNS -d${DURATION}s --latency, $ROUNDS round(s), median reported"
+log "limits:   ulimit -n $NOFILE"
 log "work dir: $WORK"
 if compiler_running; then
   log "WARNING: a compiler (rustc/cc1) is running: it competes for the same CPUs and the figures will be noisy"
@@ -483,7 +495,6 @@ wait_ready backend "$BACKEND_PORT" "$BACKEND_PID"
 
 declare -A T_PORT=() T_PID=()
 T_PORT[direct]=$BACKEND_PORT
-IFS=, read -r -a TARGET_LIST <<<"$TARGETS"
 start_target() {
   local t="$1"
   case "$t" in
