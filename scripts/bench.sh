@@ -198,19 +198,34 @@ TOLLGATE_BUILT="$(date -u -r "$TOLLGATE_BIN" '+%Y-%m-%dT%H:%M:%SZ' 2>/dev/null |
 
 # ---------------------------------------------------------------- helpers
 
-# Free TCP ports on 127.0.0.1: not listening or bound now, not handed out before.
+# Free TCP ports on 127.0.0.1: outside the kernel's ephemeral range (where the
+# thousands of client and upstream connections of a run take their local ports),
+# not in use now, not handed out before.
+read -r EPH_LO EPH_HI < /proc/sys/net/ipv4/ip_local_port_range 2>/dev/null || { EPH_LO=32768; EPH_HI=60999; }
+if [ "$EPH_LO" -gt 12000 ]; then
+  PORT_LO=$(( EPH_LO > 30000 ? EPH_LO - 20000 : 10000 )); PORT_HI=$(( EPH_LO - 1 ))
+else
+  PORT_LO=$(( EPH_HI + 1 )); PORT_HI=65535
+fi
 declare -A TAKEN=()
-for f in /proc/net/tcp /proc/net/tcp6; do
-  [ -r "$f" ] || continue
-  while read -r _ local _; do
-    hex="${local##*:}"
-    case "$hex" in *[!0-9A-Fa-f]*|'') continue ;; esac
-    TAKEN[$((16#$hex))]=1
-  done < <(tail -n +2 "$f")
-done
-NEXT_PORT=$(( 20000 + (RANDOM % 20000) ))
+mark_taken() {
+  local f hex local_addr
+  for f in /proc/net/tcp /proc/net/tcp6; do
+    [ -r "$f" ] || continue
+    while read -r _ local_addr _; do
+      hex="${local_addr##*:}"
+      case "$hex" in *[!0-9A-Fa-f]*|'') continue ;; esac
+      TAKEN[$((16#$hex))]=1
+    done < <(tail -n +2 "$f")
+  done
+}
+mark_taken
+NEXT_PORT=$(( PORT_LO + RANDOM % ((PORT_HI - PORT_LO) / 2 + 1) ))
 free_port() {
-  while [ -n "${TAKEN[$NEXT_PORT]:-}" ]; do NEXT_PORT=$(( NEXT_PORT + 1 )); done
+  while [ -n "${TAKEN[$NEXT_PORT]:-}" ]; do
+    NEXT_PORT=$(( NEXT_PORT + 1 ))
+    [ "$NEXT_PORT" -le "$PORT_HI" ] || NEXT_PORT=$PORT_LO
+  done
   TAKEN[$NEXT_PORT]=1
   PORT="$NEXT_PORT"
 }

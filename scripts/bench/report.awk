@@ -27,6 +27,20 @@ function jnum(x, fmt) { return (x < 0) ? "null" : sprintf(fmt, x) }
 
 function ratio(a, b) { return (a > 0 && b > 0) ? a / b : -1 }
 
+# tollgate's figure over the peer's in the same round, median over the rounds where
+# both ran: runs next to each other share the machine's state, so pairing them cancels
+# slow drifts of the host that a ratio of overall medians would keep.
+function paired(p, m,    r, n, key) {
+  key = "pair" SUBSEP p SUBSEP m
+  cnt[key] = 0
+  for (r = 1; r <= maxround; r++)
+    if ((("tollgate", r, m) in rv) && ((p, r, m) in rv) && rv["tollgate", r, m] > 0 && rv[p, r, m] > 0) {
+      n = ++cnt[key]
+      val[key, n] = rv["tollgate", r, m] / rv[p, r, m]
+    }
+  return median(key)
+}
+
 function mib(kb) { return (kb == "" ? "?" : sprintf("%.1f MiB", kb / 1024)) }
 
 function known(t) { return (t in seen) }
@@ -41,6 +55,7 @@ BEGIN {
   if (!(t in seen)) { seen[t] = 1; order[++nt] = t }
   rounds_seen[t]++
   v[1] = $3; v[2] = $4; v[3] = $5; v[4] = $7; v[5] = $8; v[6] = $9
+  for (m = 1; m <= nm; m++) rv[t, $2 + 0, mname[m]] = v[m] + 0
   for (m = 1; m <= nm; m++) { k = t SUBSEP mname[m]; cnt[k]++; val[k, cnt[k]] = v[m] + 0 }
   reqs[t] += $6; non2xx[t] += $10; serr[t] += $11
   if ($12 == 1) noisy++
@@ -87,10 +102,8 @@ END {
     for (i = 1; i <= np; i++) {
       p = pr[i]
       printf "%s\n    %s: {\"rps\": %s, \"p50\": %s, \"p99\": %s, \"cpu_us_per_req\": %s}", (i > 1 ? "," : ""), jstr("tollgate/" p),
-        jnum(ratio(med["tollgate", "rps"], med[p, "rps"]), "%.3f"),
-        jnum(ratio(med["tollgate", "p50"], med[p, "p50"]), "%.3f"),
-        jnum(ratio(med["tollgate", "p99"], med[p, "p99"]), "%.3f"),
-        jnum(ratio(med["tollgate", "cpu"], med[p, "cpu"]), "%.3f")
+        jnum(paired(p, "rps"), "%.3f"), jnum(paired(p, "p50"), "%.3f"),
+        jnum(paired(p, "p99"), "%.3f"), jnum(paired(p, "cpu"), "%.3f")
     }
     printf "%s},\n", (np ? "\n  " : "")
     printf "  \"memory\": {\"idle_rss_kib\": %d, \"connections\": %d, \"idle_connections_open\": %d, \"idle_connections_answered\": %d, \"rss_idle_connections_kib\": %d, \"rss_busy_connections_kib\": %d, \"peak_rss_kib\": %d, \"rss_after_close_kib\": %d,\n",
@@ -118,13 +131,12 @@ END {
     printf "%-17s %9.0f %8.3f %8.3f %11s %6s %12.1f %8d %9d %8.1f\n", t, med[t, "rps"], med[t, "p50"], med[t, "p99"], c, u, med[t, "core"], non2xx[t], serr[t], noise[t]
   }
   if (np) {
-    printf "\ntollgate's ratios (of the medians)   req/s     p50     p99  CPU us/req\n"
+    printf "\ntollgate's ratios (per round, median) req/s     p50     p99  CPU us/req\n"
     for (i = 1; i <= np; i++) {
       p = pr[i]
-      cr = ratio(med["tollgate", "cpu"], med[p, "cpu"])
+      cr = paired(p, "cpu")
       printf "  tollgate / %-23s %7.2f %7.2f %7.2f %11s\n", p,
-        ratio(med["tollgate", "rps"], med[p, "rps"]), ratio(med["tollgate", "p50"], med[p, "p50"]),
-        ratio(med["tollgate", "p99"], med[p, "p99"]), (cr < 0 ? "-" : sprintf("%.2f", cr))
+        paired(p, "rps"), paired(p, "p50"), paired(p, "p99"), (cr < 0 ? "-" : sprintf("%.2f", cr))
     }
   }
   printf "\ntollgate memory (retries + budget, worker_threads = 1)\n"
