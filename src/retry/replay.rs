@@ -21,13 +21,11 @@ use hyper::body::Incoming;
 pub enum RequestBody {
     /// No body.
     Empty,
-    /// The app's body, forwarded and not kept (the request will not be retried).
-    Stream(Incoming),
-    /// The app's body, forwarded and kept for replay.
+    /// The app's body, forwarded as it streams and recorded (up to a cap, possibly
+    /// zero) for a replay.
     Recording(Recording),
-    /// A complete recorded body, sent again.
-    /// Boxed: every pooled connection's request queue is sized by the largest
-    /// variant, and a replay is the rare one.
+    /// A complete recorded body, sent again. Boxed: every pooled connection's request
+    /// queue is sized by the largest variant, and a replay is the rare one.
     Replay(Box<Replay>),
 }
 
@@ -35,7 +33,6 @@ impl std::fmt::Debug for RequestBody {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(match self {
             RequestBody::Empty => "Empty",
-            RequestBody::Stream(_) => "Stream",
             RequestBody::Recording(_) => "Recording",
             RequestBody::Replay(_) => "Replay",
         })
@@ -52,7 +49,6 @@ impl Body for RequestBody {
     ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
         match self.get_mut() {
             RequestBody::Empty => Poll::Ready(None),
-            RequestBody::Stream(b) => Pin::new(b).poll_frame(cx),
             RequestBody::Recording(r) => r.poll_frame(cx),
             RequestBody::Replay(r) => Poll::Ready(r.next().map(Ok)),
         }
@@ -61,7 +57,6 @@ impl Body for RequestBody {
     fn is_end_stream(&self) -> bool {
         match self {
             RequestBody::Empty => true,
-            RequestBody::Stream(b) => b.is_end_stream(),
             RequestBody::Recording(r) => r.is_end_stream(),
             RequestBody::Replay(r) => r.is_end(),
         }
@@ -70,7 +65,6 @@ impl Body for RequestBody {
     fn size_hint(&self) -> SizeHint {
         match self {
             RequestBody::Empty => SizeHint::with_exact(0),
-            RequestBody::Stream(b) => b.size_hint(),
             RequestBody::Recording(r) => r.size_hint(),
             RequestBody::Replay(r) => SizeHint::with_exact(r.remaining as u64),
         }
