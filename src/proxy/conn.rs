@@ -144,16 +144,26 @@ impl AsyncRead for Prefixed {
         cx: &mut Context<'_>,
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
-        if !self.prefix.is_empty() {
+        let prefixed = !self.prefix.is_empty();
+        if prefixed {
             let n = self.prefix.len().min(buf.remaining());
             buf.put_slice(&self.prefix[..n]);
             self.prefix.advance(n);
-            return Poll::Ready(Ok(()));
+            if buf.remaining() == 0 {
+                return Poll::Ready(Ok(()));
+            }
         }
+        // After the prefix, the same read takes what else the socket holds: the head
+        // arrives in one piece, so the HTTP reader never grows its buffer to append
+        // the rest (which would double it for the life of the connection).
         let before = buf.filled().len();
         let polled = Pin::new(&mut self.inner).poll_read(cx, buf);
         if matches!(polled, Poll::Ready(Ok(()))) && buf.filled().len() > before {
             self.state.bytes_read();
+        }
+        if prefixed {
+            // The prefix is data: an error or nothing more yet shows on the next read.
+            return Poll::Ready(Ok(()));
         }
         polled
     }
