@@ -354,8 +354,9 @@ pub async fn serve(
     };
     macro_rules! drive {
         ($conn:expr) => {{
-            let conn = $conn;
-            tokio::pin!(conn);
+            // Boxed: an HTTP/2 connection's state is far larger than an HTTP/1.1
+            // one's, and inline in this future every connection would pay for it.
+            let mut conn = Box::pin($conn);
             let mut draining = *shutdown.borrow();
             if draining {
                 conn.as_mut().graceful_shutdown();
