@@ -334,14 +334,7 @@ async fn an_h2_stream_the_app_cancels_closes_its_hung_upstream_connection() {
     .await;
     // The app speaks HTTP/2, the upstream HTTP/1.1.
     let tg = tollgate(&faulty.addr.to_string(), ok.addr, "protocol = \"http1\"").await;
-    let stream = TcpStream::connect(tg.addr).await.unwrap();
-    let (mut sender, conn) = hyper::client::conn::http2::handshake(
-        hyper_util::rt::TokioExecutor::new(),
-        TokioIo::new(stream),
-    )
-    .await
-    .unwrap();
-    let conn = tokio::spawn(conn);
+    let (mut sender, conn) = h2_client(tg.addr).await;
     let resp = timeout(
         Duration::from_secs(10),
         sender.send_request(

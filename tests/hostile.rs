@@ -197,14 +197,7 @@ async fn an_oversized_head_gets_431() {
 async fn an_oversized_h2_header_list_is_refused() {
     let (up, seen) = recording_upstream().await;
     let tg = Tollgate::start(&app(up.addr, "max_header_bytes = \"4KiB\"", "")).await;
-    let stream = TcpStream::connect(tg.addr).await.unwrap();
-    let (mut sender, conn) = hyper::client::conn::http2::handshake(
-        hyper_util::rt::TokioExecutor::new(),
-        TokioIo::new(stream),
-    )
-    .await
-    .unwrap();
-    let conn = tokio::spawn(conn);
+    let (mut sender, conn) = h2_client(tg.addr).await;
     let req = request("GET", "http://app/big", "app")
         .header("x-big", "a".repeat(8000))
         .body(empty())
@@ -474,14 +467,7 @@ async fn content_length_with_chunked_cannot_smuggle_a_request() {
 async fn an_h2_body_longer_than_its_content_length_is_not_forwarded_whole() {
     let (up, seen) = recording_upstream().await;
     let tg = Tollgate::start(&app(up.addr, "", "")).await;
-    let stream = TcpStream::connect(tg.addr).await.unwrap();
-    let (mut sender, conn) = hyper::client::conn::http2::handshake(
-        hyper_util::rt::TokioExecutor::new(),
-        TokioIo::new(stream),
-    )
-    .await
-    .unwrap();
-    let conn = tokio::spawn(conn);
+    let (mut sender, conn) = h2_client(tg.addr).await;
     let req = request("POST", "http://app/h2-cl", "app")
         .header("content-length", "5")
         .body(full("hello GET /smuggled HTTP/1.1\r\nHost: app\r\n\r\n"))

@@ -237,14 +237,25 @@ pub async fn send(addr: SocketAddr, req: Request<BoxBody>) -> Got {
     got
 }
 
-/// Sends one request over HTTP/2 with prior knowledge.
-pub async fn send_h2(addr: SocketAddr, req: Request<BoxBody>) -> Got {
+/// An HTTP/2 connection with prior knowledge, the way gRPC clients open one; abort the
+/// returned task to close it.
+pub async fn h2_client(
+    addr: SocketAddr,
+) -> (
+    hyper::client::conn::http2::SendRequest<BoxBody>,
+    tokio::task::JoinHandle<hyper::Result<()>>,
+) {
     let stream = TcpStream::connect(addr).await.unwrap();
-    let (mut sender, conn) =
+    let (sender, conn) =
         hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(stream))
             .await
             .unwrap();
-    let conn = tokio::spawn(conn);
+    (sender, tokio::spawn(conn))
+}
+
+/// Sends one request over HTTP/2 with prior knowledge.
+pub async fn send_h2(addr: SocketAddr, req: Request<BoxBody>) -> Got {
+    let (mut sender, conn) = h2_client(addr).await;
     let resp = sender.send_request(req).await.unwrap();
     let got = read(resp).await;
     conn.abort();
