@@ -143,18 +143,28 @@ pub async fn terminated() {
     }
 }
 
+/// Why `run` could not start, in the log's own format (so a JSON log stays JSON), or
+/// on plain stderr when the log filter would drop errors: a failed start is never silent.
+fn startup_error(what: impl std::fmt::Display) {
+    if tracing::enabled!(tracing::Level::ERROR) {
+        tracing::error!("{what}");
+    } else {
+        eprintln!("tollgate: {what}");
+    }
+}
+
 /// `tollgate run`: returns the process exit code.
 pub fn run(path: PathBuf) -> i32 {
     let config = match config::load(&path) {
         Ok(c) => c,
         Err(e) => {
             for d in &e.0 {
-                eprintln!("{d}");
+                startup_error(d);
             }
-            eprintln!(
-                "tollgate: the config has {} problem(s); not starting",
+            startup_error(format_args!(
+                "the config has {} problem(s); not starting",
                 e.0.len()
-            );
+            ));
             return 2;
         }
     };
@@ -174,7 +184,7 @@ pub fn run(path: PathBuf) -> i32 {
     }) {
         Ok(v) => v,
         Err(e) => {
-            eprintln!("tollgate: {}", StartError::Runtime(e));
+            startup_error(StartError::Runtime(e));
             return 2;
         }
     };
@@ -183,7 +193,7 @@ pub fn run(path: PathBuf) -> i32 {
         let running = match Running::start_on(config, Some(path), workers).await {
             Ok(r) => r,
             Err(e) => {
-                eprintln!("tollgate: {e}");
+                startup_error(e);
                 return 2;
             }
         };

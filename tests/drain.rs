@@ -65,6 +65,26 @@ async fn an_invalid_config_or_a_taken_port_exits_2() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("bad.toml:2:8: listener.addr"), "{err}");
 
+    // With JSON logs, the reasons come as JSON log records too.
+    let out = std::process::Command::new(binary())
+        .args(["run", "--log-format", "json", "--config"])
+        .arg(&bad)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    let records: Vec<serde_json::Value> = err
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("not JSON ({e}): {l}")))
+        .collect();
+    assert!(
+        records.iter().any(|r| r["level"] == "ERROR"
+            && r["fields"]["message"]
+                .as_str()
+                .is_some_and(|m| m.contains("bad.toml:2:8: listener.addr"))),
+        "{err}"
+    );
+
     let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let port = taken.local_addr().unwrap().port();
     let cfg = dir.path().join("taken.toml");
