@@ -156,7 +156,7 @@ pass "PodMonitor well-formed; manifests consistent with each other and with the 
 step "build tollgate"
 # --locked as in the Dockerfile: a stale Cargo.lock would break the image build too.
 cargo build --locked --quiet || fail "cargo build --locked failed"
-TOLLGATE=$ROOT/target/debug/tollgate
+TOLLGATE=$(readlink -m "${CARGO_TARGET_DIR:-target}")/debug/tollgate
 [ -x "$TOLLGATE" ] || fail "no binary at $TOLLGATE"
 
 step "tollgate check on the ConfigMap's config"

@@ -145,7 +145,7 @@ fi
 # ---------------------------------------------------------------- tollgate binary
 
 if [ -z "$TOLLGATE_BIN" ]; then
-  TOLLGATE_BIN="$ROOT/target/release/tollgate"
+  TOLLGATE_BIN="$(cd "$ROOT" && readlink -m "${CARGO_TARGET_DIR:-target}")/release/tollgate"
   if [ ! -x "$TOLLGATE_BIN" ]; then
     log "building tollgate (cargo build --release) ..."
     (cd "$ROOT" && cargo build --release >&2) || die "cargo build --release failed"
@@ -187,7 +187,7 @@ TG="$WORK/tollgate"
 # from (+dirty when src/ or Cargo.* differ from it).
 TOLLGATE_REV="$("$TG" --version 2>/dev/null | awk '{ print $NF }')"
 [ -n "$TOLLGATE_REV" ] || TOLLGATE_REV=unknown
-if [ "$(readlink -f "$TOLLGATE_BIN")" = "$(readlink -f "$ROOT/target/release/tollgate")" ] &&
+if [ "$(readlink -f "$TOLLGATE_BIN")" = "$(cd "$ROOT" && readlink -f "${CARGO_TARGET_DIR:-target}/release/tollgate")" ] &&
   rev="$(cd "$ROOT" && git rev-parse --short HEAD 2>/dev/null)"; then
   [ -z "$(cd "$ROOT" && git status --porcelain -- src Cargo.toml Cargo.lock 2>/dev/null)" ] || rev="$rev+dirty"
   TOLLGATE_REV="$TOLLGATE_REV ($rev)"
