@@ -271,18 +271,23 @@ async fn a_reset_before_the_head_is_retried_then_a_502() {
     tg.stop().await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_upstream_hanging_after_the_head_wedges_nothing() {
-    let ok = healthy().await;
-    let faulty = Scripted::start(|mut s, closed| async move {
+/// An upstream that answers the head and five of a hundred body bytes, then nothing,
+/// ever: it waits for tollgate to hang up.
+async fn hangs_after_first_bytes() -> Scripted {
+    Scripted::start(|mut s, closed| async move {
         read_head(&mut s).await;
         let _ = s
             .write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\nfirst")
             .await;
-        // Then nothing, ever: wait for tollgate to hang up.
         until_peer_closes(s, closed).await;
     })
-    .await;
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_upstream_hanging_after_the_head_wedges_nothing() {
+    let ok = healthy().await;
+    let faulty = hangs_after_first_bytes().await;
     let tg = tollgate(&faulty.addr.to_string(), ok.addr, "").await;
 
     // Three apps wait on the hung body at once.
@@ -324,14 +329,7 @@ async fn an_upstream_hanging_after_the_head_wedges_nothing() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_h2_stream_the_app_cancels_closes_its_hung_upstream_connection() {
     let ok = healthy().await;
-    let faulty = Scripted::start(|mut s, closed| async move {
-        read_head(&mut s).await;
-        let _ = s
-            .write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\nfirst")
-            .await;
-        until_peer_closes(s, closed).await;
-    })
-    .await;
+    let faulty = hangs_after_first_bytes().await;
     // The app speaks HTTP/2, the upstream HTTP/1.1.
     let tg = tollgate(&faulty.addr.to_string(), ok.addr, "protocol = \"http1\"").await;
     let (mut sender, conn) = h2_client(tg.addr).await;
