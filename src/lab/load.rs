@@ -8,13 +8,13 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use http::{HeaderValue, Request};
+use http::HeaderValue;
 use http_body_util::BodyExt;
 use tokio::time::Instant;
 
 use crate::config::EndpointAddr;
 use crate::retry::replay::RequestBody;
-use crate::upstream::pool::{Conn, Endpoint, Want};
+use crate::upstream::pool::{AttemptFields, Endpoint, RequestHead, Want};
 
 /// One user request as the user saw it.
 #[derive(Clone, Copy, Debug)]
@@ -76,18 +76,21 @@ pub async fn run(
         tasks.spawn(async move {
             let sent = Instant::now();
             let attempt = async {
-                let mut conn = endpoint.checkout(Want::Http1, None, patience).await.ok()?;
-                let mut req = Request::new(RequestBody::Empty);
-                *req.uri_mut() = http::Uri::from_static("/work");
-                req.headers_mut()
-                    .insert(http::header::HOST, HeaderValue::from_static(host));
-                req.headers_mut().insert("x-timeout-ms", deadline_value);
-                let resp = conn.send(req).await.ok()?;
+                let conn = endpoint.checkout(Want::Http1, None, patience).await.ok()?;
+                let mut headers = http::HeaderMap::with_capacity(2);
+                headers.insert(http::header::HOST, HeaderValue::from_static(host));
+                headers.insert("x-timeout-ms", deadline_value);
+                let head = RequestHead {
+                    method: &http::Method::GET,
+                    uri: &http::Uri::from_static("/work"),
+                    headers: &headers,
+                    fields: AttemptFields::default(),
+                    https: false,
+                };
+                let resp = conn.send(&head, RequestBody::Empty).await.ok()?;
                 let ok = resp.status() == http::StatusCode::OK;
+                // Read to its end, the body gives its connection back to the pool.
                 resp.into_body().collect().await.ok()?;
-                if let Conn::Http1(lease) = conn {
-                    lease.release();
-                }
                 Some(ok)
             };
             let ok = matches!(

@@ -10,12 +10,12 @@ use std::task::{Context, Poll};
 
 use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
-use hyper::body::Incoming;
 use tokio::time::Instant;
 
 use super::conn::ConnState;
 use crate::upstream::Upstream;
-use crate::upstream::pool::Lease;
+use crate::upstream::h1::BoxError;
+use crate::upstream::pool::UpstreamBody;
 
 /// Held for as long as a request is being answered.
 pub struct RequestGuard {
@@ -66,10 +66,7 @@ impl Drop for RequestGuard {
 }
 
 enum Kind {
-    Upstream {
-        inner: Incoming,
-        lease: Option<Lease>,
-    },
+    Upstream(UpstreamBody),
     Full(Option<Bytes>),
 }
 
@@ -79,13 +76,11 @@ pub struct ResponseBody {
 }
 
 impl ResponseBody {
-    pub fn upstream(inner: Incoming, lease: Option<Lease>, guard: RequestGuard) -> Self {
-        let mut body = ResponseBody {
-            kind: Kind::Upstream { inner, lease },
+    pub fn upstream(inner: UpstreamBody, guard: RequestGuard) -> Self {
+        ResponseBody {
+            kind: Kind::Upstream(inner),
             _guard: Some(guard),
-        };
-        body.release_if_done();
-        body
+        }
     }
 
     pub fn full(bytes: impl Into<Bytes>, guard: Option<RequestGuard>) -> Self {
@@ -95,58 +90,33 @@ impl ResponseBody {
             _guard: guard,
         }
     }
-
-    /// Gives the connection back once the upstream's response has ended.
-    fn release_if_done(&mut self) {
-        if let Kind::Upstream { inner, lease } = &mut self.kind
-            && inner.is_end_stream()
-            && let Some(l) = lease.take()
-        {
-            l.release();
-        }
-    }
 }
 
 impl Body for ResponseBody {
     type Data = Bytes;
-    type Error = hyper::Error;
+    type Error = BoxError;
 
     fn poll_frame(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
-        let this = &mut *self;
-        match &mut this.kind {
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        match &mut self.kind {
             Kind::Full(b) => Poll::Ready(b.take().map(|b| Ok(Frame::data(b)))),
-            Kind::Upstream { inner, lease } => {
-                let polled = Pin::new(&mut *inner).poll_frame(cx);
-                match &polled {
-                    Poll::Ready(None) => {
-                        if let Some(l) = lease.take() {
-                            l.release();
-                        }
-                    }
-                    Poll::Ready(Some(Ok(_))) => this.release_if_done(),
-                    // A broken upstream body: the lease is dropped with the body,
-                    // which closes the connection.
-                    Poll::Ready(Some(Err(_))) | Poll::Pending => {}
-                }
-                polled
-            }
+            Kind::Upstream(inner) => Pin::new(inner).poll_frame(cx),
         }
     }
 
     fn is_end_stream(&self) -> bool {
         match &self.kind {
             Kind::Full(b) => b.is_none(),
-            Kind::Upstream { inner, .. } => inner.is_end_stream(),
+            Kind::Upstream(inner) => inner.is_end_stream(),
         }
     }
 
     fn size_hint(&self) -> SizeHint {
         match &self.kind {
             Kind::Full(b) => SizeHint::with_exact(b.as_ref().map_or(0, |b| b.len() as u64)),
-            Kind::Upstream { inner, .. } => inner.size_hint(),
+            Kind::Upstream(inner) => inner.size_hint(),
         }
     }
 }

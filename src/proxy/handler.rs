@@ -21,6 +21,7 @@ use crate::deadline::Deadline;
 use crate::metrics::{Outcome, UpstreamMetrics};
 use crate::retry::policy::{ATTEMPTS_HEADER, OUTCOME_HEADER};
 use crate::retry::{self, Answer, Exchange, Reply, count_value};
+use crate::upstream::pool::UpstreamBody;
 
 pub async fn handle(
     shared: Arc<Shared>,
@@ -164,9 +165,12 @@ fn respond(
     guard: RequestGuard,
 ) -> Response<ResponseBody> {
     match answer.reply {
-        Reply::Upstream(resp, lease) => {
+        Reply::Upstream(resp) => {
             let (mut parts, body) = resp.into_parts();
-            strip(&mut parts.headers);
+            // An HTTP/1.1 response lost its hop-by-hop fields as it was parsed.
+            if matches!(body, UpstreamBody::Http2(_)) {
+                strip(&mut parts.headers);
+            }
             parts.version = version;
             parts
                 .headers
@@ -177,7 +181,7 @@ fn respond(
                     .insert(OUTCOME_HEADER, answer.outcome.header_value());
             }
             metrics.request(parts.status.as_u16(), answer.outcome, answer.attempts);
-            Response::from_parts(parts, ResponseBody::upstream(body, lease, guard))
+            Response::from_parts(parts, ResponseBody::upstream(body, guard))
         }
         Reply::Local(status) => {
             let text = match status {

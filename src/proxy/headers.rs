@@ -12,7 +12,7 @@ use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 
 use crate::retry::policy::ATTEMPT_HEADER;
 
-const HOP_BY_HOP: [HeaderName; 8] = [
+pub const HOP_BY_HOP: [HeaderName; 8] = [
     header::CONNECTION,
     HeaderName::from_static("keep-alive"),
     HeaderName::from_static("proxy-connection"),
@@ -25,6 +25,15 @@ const HOP_BY_HOP: [HeaderName; 8] = [
 
 fn is_hop_by_hop(name: &HeaderName) -> bool {
     HOP_BY_HOP.contains(name) || *name == header::TE
+}
+
+/// Whether a `Connection` value names headers of its own, beyond `keep-alive` and
+/// `close` (which name nothing outside the usual set).
+pub fn names_others(value: &HeaderValue) -> bool {
+    value.as_bytes().split(|b| *b == b',').any(|t| {
+        let t = t.trim_ascii();
+        !t.eq_ignore_ascii_case(b"keep-alive") && !t.eq_ignore_ascii_case(b"close")
+    })
 }
 
 /// Removes hop-by-hop headers, if there are any.
@@ -92,12 +101,7 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
         {
             present[n] = Some(name.clone());
             n += 1;
-            // `Connection: keep-alive` or `close` name nothing beyond the usual set.
-            connection_names |= *name == header::CONNECTION
-                && value.as_bytes().split(|b| *b == b',').any(|t| {
-                    let t = t.trim_ascii();
-                    !t.eq_ignore_ascii_case(b"keep-alive") && !t.eq_ignore_ascii_case(b"close")
-                });
+            connection_names |= *name == header::CONNECTION && names_others(value);
         }
     }
     // Headers listed in `Connection` are hop-by-hop too.

@@ -18,7 +18,7 @@ pub mod retry_after;
 
 use std::time::Duration;
 
-use http::{HeaderMap, HeaderValue, Method, Request, Response, StatusCode, Uri, Version};
+use http::{HeaderMap, HeaderValue, Method, Response, StatusCode, Uri, Version};
 use http_body::Body;
 use hyper::body::Incoming;
 use tokio::time::{Instant, timeout_at};
@@ -26,7 +26,7 @@ use tokio::time::{Instant, timeout_at};
 use crate::deadline::{self, Deadline};
 use crate::metrics::{AttemptResult, Outcome, UpstreamMetrics};
 use crate::upstream::Upstream;
-use crate::upstream::pool::{Conn, Lease, SendError};
+use crate::upstream::pool::{AttemptFields, RequestHead, SendError, UpstreamBody};
 use policy::{ATTEMPT_HEADER, BodyState, Failure, Policy, Situation, Stop};
 use replay::{Recording, Replay, RequestBody, TapeHandle};
 
@@ -45,9 +45,9 @@ pub struct Exchange {
 
 /// What goes back to the app.
 pub enum Reply {
-    /// The upstream's response; `lease` is its HTTP/1.1 connection, to be released
-    /// once the body has been read to the end.
-    Upstream(Response<Incoming>, Option<Lease>),
+    /// The upstream's response. An HTTP/1.1 body carries its connection, which goes
+    /// back to the pool once the body has been read to the end.
+    Upstream(Response<UpstreamBody>),
     /// tollgate answers itself (502 or 504).
     Local(StatusCode),
 }
@@ -123,7 +123,7 @@ pub async fn forward(up: &Upstream, ex: Exchange) -> Answer {
         method,
         uri,
         version,
-        mut headers,
+        headers,
         body,
         deadline,
         grpc,
@@ -172,10 +172,11 @@ pub async fn forward(up: &Upstream, ex: Exchange) -> Answer {
         // Whether this attempt's request may have to be sent again after it is sent.
         let may_resend = request_retryable && attempts < retry.max_attempts;
 
-        let mut returned: Option<Request<RequestBody>> = None;
+        // The body of a request that never left (a pooled connection found closed).
+        let mut returned: Option<RequestBody> = None;
         let mut stale = 0;
-        let result: Result<(Response<Incoming>, Option<Lease>), Failure> = loop {
-            let mut conn = match endpoint.pooled(want) {
+        let result: Result<Response<UpstreamBody>, Failure> = loop {
+            let conn = match endpoint.pooled(want) {
                 Some(c) => c,
                 None => {
                     let connect_by = (Instant::now() + cfg.connect_timeout).min(attempt_deadline);
@@ -192,10 +193,10 @@ pub async fn forward(up: &Upstream, ex: Exchange) -> Answer {
                     }
                 }
             };
-            let mut req = match returned.take() {
-                Some(r) => r,
+            let body = match returned.take() {
+                Some(b) => b,
                 None => {
-                    let body = if let Some(b) = unsent.take() {
+                    if let Some(b) = unsent.take() {
                         b
                     } else if let Some(b) = fresh_body.take() {
                         // Recorded for a replay when one may follow; otherwise the
@@ -208,38 +209,28 @@ pub async fn forward(up: &Upstream, ex: Exchange) -> Answer {
                         RequestBody::Replay(Box::new(r))
                     } else {
                         RequestBody::Empty
-                    };
-                    let h = if may_resend {
-                        headers.clone()
-                    } else {
-                        std::mem::take(&mut headers)
-                    };
-                    let mut req = Request::new(body);
-                    *req.method_mut() = method.clone();
-                    *req.uri_mut() = uri.clone();
-                    *req.headers_mut() = h;
-                    req
+                    }
                 }
             };
-            stamp(&mut req, up, attempts, attempt_deadline, grpc, &conn);
-            match timeout_at(attempt_deadline, conn.send(req)).await {
+            // The head is borrowed, not copied: every attempt sends the same one, with
+            // its own attempt number and time allowed.
+            let head = RequestHead {
+                method: &method,
+                uri: &uri,
+                headers: &headers,
+                fields: attempt_fields(up, attempts, attempt_deadline, grpc),
+                https: tls.is_some(),
+            };
+            match timeout_at(attempt_deadline, conn.send(&head, body)).await {
                 Err(_) => break Err(Failure::Timeout),
-                Ok(Ok(resp)) => {
-                    let lease = match conn {
-                        Conn::Http1(l) => Some(l),
-                        Conn::Http2(_) => None,
-                    };
-                    break Ok((resp, lease));
-                }
-                Ok(Err(SendError::NotSent(req, _))) if stale < MAX_STALE => {
+                Ok(Ok(resp)) => break Ok(resp),
+                Ok(Err(SendError::NotSent(body, _))) if stale < MAX_STALE => {
                     // The pooled connection had closed under us: the request never
                     // left, so it goes out on another connection as the same attempt.
                     stale += 1;
-                    returned = Some(*req);
+                    returned = Some(body);
                 }
-                Ok(Err(SendError::NotSent(req, _))) => {
-                    let (parts, body) = (*req).into_parts();
-                    headers = parts.headers;
+                Ok(Err(SendError::NotSent(body, _))) => {
                     match body {
                         // Never sent: the body goes out, as it is, on the next attempt.
                         RequestBody::Empty => {}
@@ -255,7 +246,7 @@ pub async fn forward(up: &Upstream, ex: Exchange) -> Answer {
         };
 
         let (failure, failed_response) = match result {
-            Ok((resp, lease)) => {
+            Ok(resp) => {
                 record.finish(up, AttemptResult::of_status(resp.status().as_u16()), start);
                 let failure = policy::classify_response(resp.status(), resp.headers(), &retry.on);
                 let owned = policy::owned_elsewhere(resp.headers());
@@ -267,14 +258,14 @@ pub async fn forward(up: &Upstream, ex: Exchange) -> Answer {
                             Outcome::Ok
                         };
                         return Answer {
-                            reply: Reply::Upstream(resp, lease),
+                            reply: Reply::Upstream(resp),
                             attempts,
                             outcome,
                             owned_elsewhere: owned,
                             body_unread: unread(&fresh_body, &unsent, &tape),
                         };
                     }
-                    Some(f) => (f, Some((resp, lease))),
+                    Some(f) => (f, Some(resp)),
                 }
             }
             Err(f) => {
@@ -318,7 +309,7 @@ pub async fn forward(up: &Upstream, ex: Exchange) -> Answer {
             let recorded = tape.as_ref();
             let mut situation = Situation {
                 failure,
-                response: failed_response.as_ref().map(|(r, _)| r.headers()),
+                response: failed_response.as_ref().map(|r| r.headers()),
                 attempts,
                 request_retryable,
                 // The next attempt sends the body from the recording, if it can be
@@ -342,8 +333,8 @@ pub async fn forward(up: &Upstream, ex: Exchange) -> Answer {
         match decision {
             Ok(sleep) => {
                 up.metrics.retried(failure.condition());
-                if let Some((resp, lease)) = failed_response {
-                    discard(resp, lease);
+                if let Some(resp) = failed_response {
+                    discard(resp);
                 }
                 if !sleep.is_zero() {
                     tokio::time::sleep(sleep).await;
@@ -356,7 +347,7 @@ pub async fn forward(up: &Upstream, ex: Exchange) -> Answer {
                 }
                 let outcome = stop.outcome(failure);
                 return match failed_response {
-                    Some((resp, lease)) => {
+                    Some(resp) => {
                         let owned = stop == Stop::Ownership;
                         let outcome = if owned {
                             outcome_of(resp.headers())
@@ -364,7 +355,7 @@ pub async fn forward(up: &Upstream, ex: Exchange) -> Answer {
                             outcome
                         };
                         Answer {
-                            reply: Reply::Upstream(resp, lease),
+                            reply: Reply::Upstream(resp),
                             attempts,
                             outcome,
                             owned_elsewhere: owned,
@@ -424,84 +415,35 @@ pub fn outcome_of(headers: &HeaderMap) -> Outcome {
         .unwrap_or(Outcome::Ok)
 }
 
-/// Writes the per-attempt headers (the attempt number and the time this attempt may
-/// take, `min(attempt_timeout, time left)`) and fits the request line to the
-/// connection: origin-form for HTTP/1.1, scheme and authority for HTTP/2.
-fn stamp(
-    req: &mut Request<RequestBody>,
-    up: &Upstream,
-    attempt: u32,
-    by: Instant,
-    grpc: bool,
-    conn: &Conn,
-) {
+/// The per-attempt headers: the attempt number and the time this attempt may take,
+/// `min(attempt_timeout, time left)`.
+fn attempt_fields(up: &Upstream, attempt: u32, by: Instant, grpc: bool) -> AttemptFields {
     let left = by.saturating_duration_since(Instant::now());
-    match conn {
-        Conn::Http1(_) => {
-            *req.version_mut() = Version::HTTP_11;
-            if req.uri().scheme().is_some()
-                && let Some(pq) = req.uri().path_and_query().cloned()
-            {
-                *req.uri_mut() = Uri::from(pq);
-            }
-        }
-        Conn::Http2(_) => {
-            *req.version_mut() = Version::HTTP_2;
-            if req.uri().scheme().is_none() {
-                let scheme = if up.config.tls.is_some() {
-                    "https"
-                } else {
-                    "http"
-                };
-                let authority = req
-                    .headers()
-                    .get(http::header::HOST)
-                    .and_then(|h| h.to_str().ok())
-                    .unwrap_or("localhost");
-                let pq = req.uri().path_and_query().map_or("/", |p| p.as_str());
-                if let Ok(uri) = Uri::builder()
-                    .scheme(scheme)
-                    .authority(authority)
-                    .path_and_query(pq)
-                    .build()
-                {
-                    *req.uri_mut() = uri;
-                }
-            }
-        }
-    }
-    let h = req.headers_mut();
-    h.insert(ATTEMPT_HEADER, count_value(attempt));
-    h.insert(up.deadline.header.clone(), deadline::format_millis(left));
-    if grpc {
-        h.insert(deadline::GRPC_TIMEOUT, deadline::format_grpc_timeout(left));
-    }
+    AttemptFields([
+        Some((ATTEMPT_HEADER, count_value(attempt))),
+        Some((up.deadline.header.clone(), deadline::format_millis(left))),
+        grpc.then(|| (deadline::GRPC_TIMEOUT, deadline::format_grpc_timeout(left))),
+    ])
 }
 
 /// Drops a failed response that will be retried. A small complete body is read in the
 /// background so its HTTP/1.1 connection can be reused: during an incident the same
 /// upstream is asked again within milliseconds, and a fresh connection per failure
 /// would add a handshake to every retry.
-fn discard(resp: Response<Incoming>, lease: Option<Lease>) {
-    let Some(lease) = lease else {
-        return;
+fn discard(resp: Response<UpstreamBody>) {
+    let body = match resp.into_body() {
+        UpstreamBody::Http1(b) => b,
+        UpstreamBody::Http2(_) => return,
     };
-    let body = resp.into_body();
+    // A body already at its end has released its connection.
     if body.is_end_stream() {
-        lease.release();
         return;
     }
-    match body.size_hint().exact() {
-        Some(n) if n <= 64 * 1024 => {
-            tokio::spawn(async move {
-                use http_body_util::BodyExt;
-                if let Ok(Ok(_)) =
-                    tokio::time::timeout(Duration::from_secs(1), body.collect()).await
-                {
-                    lease.release();
-                }
-            });
-        }
-        _ => drop(lease),
+    if body.size_hint().exact().is_some_and(|n| n <= 64 * 1024) {
+        tokio::spawn(async move {
+            use http_body_util::BodyExt;
+            // Read to the end, the body releases its connection itself.
+            let _ = tokio::time::timeout(Duration::from_secs(1), body.collect()).await;
+        });
     }
 }

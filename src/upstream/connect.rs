@@ -1,7 +1,8 @@
 //! Opening a connection to one endpoint: resolve the name (re-resolved, so Kubernetes
 //! Service DNS changes are followed), TCP connect with `TCP_NODELAY`, TLS when
-//! configured, then the HTTP/1.1 or HTTP/2 handshake. The connection's I/O task is
-//! spawned and held by an abort handle, so dropping a connection really closes it.
+//! configured, then for HTTP/2 the handshake. An HTTP/2 connection's I/O task is
+//! spawned and held by an abort handle, so dropping a connection really closes it; an
+//! HTTP/1.1 connection has no task (see [`super::h1`]).
 
 use std::io;
 use std::net::SocketAddr;
@@ -9,8 +10,12 @@ use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use hyper::client::conn::{http1, http2};
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
+use hyper::client::conn::http2;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
 use tokio::task::AbortHandle;
 use tokio::time::Instant;
@@ -18,7 +23,6 @@ use tokio::time::Instant;
 use crate::config::{EndpointAddr, TlsConfig};
 use crate::retry::replay::RequestBody;
 
-pub type Sender1 = http1::SendRequest<RequestBody>;
 pub type Sender2 = http2::SendRequest<RequestBody>;
 
 /// How long a resolved name is trusted before it is looked up again.
@@ -106,8 +110,15 @@ impl Resolver {
     }
 }
 
-/// Counts a connection as open for as long as its I/O task lives.
-struct OpenGuard(Arc<AtomicUsize>);
+/// Counts a connection as open for as long as it lives.
+pub struct OpenGuard(Arc<AtomicUsize>);
+
+impl OpenGuard {
+    pub fn new(open: &Arc<AtomicUsize>) -> Self {
+        open.fetch_add(1, Relaxed);
+        OpenGuard(open.clone())
+    }
+}
 
 impl Drop for OpenGuard {
     fn drop(&mut self) {
@@ -127,6 +138,46 @@ impl Transport {
         match self {
             Transport::Plain(_) => false,
             Transport::Tls(s) => s.get_ref().1.alpn_protocol() == Some(b"h2"),
+        }
+    }
+}
+
+impl AsyncRead for Transport {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            Transport::Plain(s) => Pin::new(s).poll_read(cx, buf),
+            Transport::Tls(s) => Pin::new(s).poll_read(cx, buf),
+        }
+    }
+}
+
+impl AsyncWrite for Transport {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        match self.get_mut() {
+            Transport::Plain(s) => Pin::new(s).poll_write(cx, buf),
+            Transport::Tls(s) => Pin::new(s).poll_write(cx, buf),
+        }
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            Transport::Plain(s) => Pin::new(s).poll_flush(cx),
+            Transport::Tls(s) => Pin::new(s).poll_flush(cx),
+        }
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            Transport::Plain(s) => Pin::new(s).poll_shutdown(cx),
+            Transport::Tls(s) => Pin::new(s).poll_shutdown(cx),
         }
     }
 }
@@ -169,35 +220,12 @@ fn spawn_counted<F>(open: &Arc<AtomicUsize>, conn: F) -> AbortHandle
 where
     F: std::future::Future + Send + 'static,
 {
-    open.fetch_add(1, Relaxed);
-    let guard = OpenGuard(open.clone());
+    let guard = OpenGuard::new(open);
     tokio::spawn(async move {
         let _guard = guard;
         let _ = conn.await;
     })
     .abort_handle()
-}
-
-pub async fn handshake_h1(
-    transport: Transport,
-    addr: SocketAddr,
-    open: &Arc<AtomicUsize>,
-) -> Result<(Sender1, AbortHandle), ConnectError> {
-    let mut builder = http1::Builder::new();
-    builder.max_buf_size(256 * 1024);
-    macro_rules! go {
-        ($io:expr) => {{
-            let (sender, conn) = builder
-                .handshake(TokioIo::new($io))
-                .await
-                .map_err(|source| ConnectError::Handshake { addr, source })?;
-            Ok((sender, spawn_counted(open, conn)))
-        }};
-    }
-    match transport {
-        Transport::Plain(s) => go!(s),
-        Transport::Tls(s) => go!(s),
-    }
 }
 
 pub async fn handshake_h2(

@@ -8,6 +8,7 @@
 //! its settings are unchanged.
 
 pub mod connect;
+pub mod h1;
 pub mod pool;
 pub mod tls;
 

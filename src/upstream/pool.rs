@@ -12,12 +12,18 @@ use std::time::Duration;
 
 use arc_swap::ArcSwapOption;
 use crossbeam_queue::SegQueue;
-use http::{Request, Response};
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
+use bytes::Bytes;
+use http::{HeaderMap, HeaderName, HeaderValue, Method, Request, Response, Uri, Version};
+use http_body::{Body, Frame, SizeHint};
 use hyper::body::Incoming;
 use tokio::task::AbortHandle;
 use tokio::time::Instant;
 
-use super::connect::{self, ConnectError, Resolver, Sender1, Sender2};
+use super::connect::{self, ConnectError, Resolver, Sender2};
+use super::h1::{self, BoxError, Connection};
 use crate::config::{EndpointAddr, TlsConfig};
 use crate::retry::replay::RequestBody;
 
@@ -54,8 +60,7 @@ const ALPN_H1: u8 = 1;
 const ALPN_H2: u8 = 2;
 
 struct Idle {
-    sender: Sender1,
-    task: AbortHandle,
+    conn: Box<Connection>,
     since: Instant,
 }
 
@@ -97,9 +102,6 @@ impl std::fmt::Debug for Endpoint {
 impl Drop for Endpoint {
     fn drop(&mut self) {
         for local in self.workers.iter() {
-            while let Some(idle) = local.idle.pop() {
-                idle.task.abort();
-            }
             if let Some(h2) = local.h2.swap(None) {
                 h2.task.abort();
             }
@@ -116,8 +118,8 @@ pub enum Conn {
 /// An HTTP/1.1 connection on loan: `release` returns it after a complete response;
 /// dropping it otherwise closes it.
 pub struct Lease {
-    sender: Option<Sender1>,
-    task: AbortHandle,
+    /// Boxed: a lease moves with the request and its response, a box is cheap to move.
+    conn: Box<Connection>,
     endpoint: Arc<Endpoint>,
     worker: usize,
 }
@@ -234,17 +236,13 @@ impl Endpoint {
 
     fn pop_idle(self: &Arc<Self>) -> Option<Lease> {
         let (worker, local) = self.local();
-        while let Some(idle) = local.idle.pop() {
-            if idle.sender.is_closed()
-                || !idle.sender.is_ready()
-                || idle.since.elapsed() > IDLE_TIMEOUT
-            {
-                idle.task.abort();
+        while let Some(mut idle) = local.idle.pop() {
+            // Closed by the endpoint while it sat idle, or kept too long: dropped.
+            if idle.since.elapsed() > IDLE_TIMEOUT || !idle.conn.usable() {
                 continue;
             }
             return Some(Lease {
-                sender: Some(idle.sender),
-                task: idle.task,
+                conn: idle.conn,
                 endpoint: self.clone(),
                 worker,
             });
@@ -295,98 +293,164 @@ impl Endpoint {
             }
             Ok(Conn::Http2(sender))
         } else {
-            let (sender, task) = connect::handshake_h1(transport, addr, &self.open).await?;
             Ok(Conn::Http1(Lease {
-                sender: Some(sender),
-                task,
+                conn: Box::new(Connection::new(transport, &self.open)),
                 endpoint: self.clone(),
                 worker: self.local().0,
             }))
         }
     }
 
-    fn put_idle(&self, worker: usize, sender: Sender1, task: AbortHandle) {
-        let idle = Idle {
-            sender,
-            task,
-            since: Instant::now(),
-        };
-        let Some(local) = self.workers.get(worker) else {
-            task_abort(idle);
-            return;
-        };
-        if local.idle.len() >= MAX_IDLE {
-            idle.task.abort();
-        } else {
-            local.idle.push(idle);
+    fn put_idle(&self, worker: usize, conn: Box<Connection>) {
+        if let Some(local) = self.workers.get(worker)
+            && local.idle.len() < MAX_IDLE
+        {
+            local.idle.push(Idle {
+                conn,
+                since: Instant::now(),
+            });
         }
     }
-}
-
-fn task_abort(idle: Idle) {
-    idle.task.abort();
 }
 
 /// Why sending on a connection failed.
 pub enum SendError {
-    /// The request never left: the connection was already closed. The request comes
+    /// The request never left: the connection was already closed. Its body comes
     /// back untouched and may go out on another connection at no risk.
-    NotSent(Box<Request<RequestBody>>, Option<hyper::Error>),
+    NotSent(RequestBody, Option<hyper::Error>),
     /// The request may have reached the upstream.
-    Failed(hyper::Error),
+    Failed(BoxError),
+}
+
+/// The header fields one attempt adds to the request, each replacing any field of
+/// the same name. Kept apart from the request's header map: an HTTP/1.1 attempt
+/// writes them straight after the request's own, and the map (shared by every
+/// attempt of the request) is never grown or rehashed for them.
+#[derive(Default)]
+pub struct AttemptFields(pub [Option<(HeaderName, HeaderValue)>; 3]);
+
+impl AttemptFields {
+    pub fn iter(&self) -> impl Iterator<Item = &(HeaderName, HeaderValue)> {
+        self.0.iter().flatten()
+    }
+
+    pub fn names(&self, name: &HeaderName) -> bool {
+        self.iter().any(|(n, _)| n == name)
+    }
+}
+
+/// What an attempt sends ahead of its body, borrowed from the request: every attempt
+/// of a request sends the same head, with its own [`AttemptFields`].
+pub struct RequestHead<'a> {
+    pub method: &'a Method,
+    /// Origin-form (path and query).
+    pub uri: &'a Uri,
+    pub headers: &'a HeaderMap,
+    pub fields: AttemptFields,
+    /// The endpoints speak TLS (the scheme of an HTTP/2 request).
+    pub https: bool,
+}
+
+impl RequestHead<'_> {
+    /// The request as hyper's HTTP/2 client takes it: its own copy of the head, with
+    /// the scheme and authority HTTP/2 requires.
+    fn to_h2(&self, body: RequestBody) -> Request<RequestBody> {
+        let mut req = Request::new(body);
+        *req.method_mut() = self.method.clone();
+        *req.version_mut() = Version::HTTP_2;
+        *req.uri_mut() = if self.uri.scheme().is_some() {
+            self.uri.clone()
+        } else {
+            let authority = self
+                .headers
+                .get(http::header::HOST)
+                .and_then(|h| h.to_str().ok())
+                .unwrap_or("localhost");
+            let pq = self.uri.path_and_query().map_or("/", |p| p.as_str());
+            Uri::builder()
+                .scheme(if self.https { "https" } else { "http" })
+                .authority(authority)
+                .path_and_query(pq)
+                .build()
+                .unwrap_or_else(|_| self.uri.clone())
+        };
+        let mut headers = self.headers.clone();
+        for (name, value) in self.fields.iter() {
+            headers.insert(name.clone(), value.clone());
+        }
+        *req.headers_mut() = headers;
+        req
+    }
+}
+
+/// A response body from an endpoint, whichever HTTP carried it.
+pub enum UpstreamBody {
+    Http1(h1::Body1),
+    Http2(Incoming),
+}
+
+impl Body for UpstreamBody {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        match self.get_mut() {
+            UpstreamBody::Http1(b) => Pin::new(b).poll_frame(cx),
+            UpstreamBody::Http2(b) => Pin::new(b)
+                .poll_frame(cx)
+                .map(|o| o.map(|r| r.map_err(BoxError::from))),
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        match self {
+            UpstreamBody::Http1(b) => b.is_end_stream(),
+            UpstreamBody::Http2(b) => b.is_end_stream(),
+        }
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        match self {
+            UpstreamBody::Http1(b) => b.size_hint(),
+            UpstreamBody::Http2(b) => b.size_hint(),
+        }
+    }
 }
 
 impl Conn {
+    /// Sends `req` and waits for the response head. An HTTP/1.1 connection travels on
+    /// in the response's body, which returns it to the pool once read to the end.
     pub async fn send(
-        &mut self,
-        req: Request<RequestBody>,
-    ) -> Result<Response<Incoming>, SendError> {
-        let result = match self {
-            Conn::Http1(lease) => match lease.sender.as_mut() {
-                Some(s) => s.try_send_request(req).await,
-                // A lease holds its sender until released; never reached.
-                None => return Err(SendError::NotSent(Box::new(req), None)),
+        self,
+        head: &RequestHead<'_>,
+        body: RequestBody,
+    ) -> Result<Response<UpstreamBody>, SendError> {
+        match self {
+            Conn::Http1(lease) => h1::send(lease, head, body)
+                .await
+                .map(|r| r.map(UpstreamBody::Http1))
+                .map_err(|e| SendError::Failed(e.into())),
+            Conn::Http2(mut s) => match s.try_send_request(head.to_h2(body)).await {
+                Ok(r) => Ok(r.map(UpstreamBody::Http2)),
+                Err(mut e) => Err(match e.take_message() {
+                    Some(req) => SendError::NotSent(req.into_body(), Some(e.into_error())),
+                    None => SendError::Failed(e.into_error().into()),
+                }),
             },
-            Conn::Http2(s) => s.try_send_request(req).await,
-        };
-        result.map_err(|mut e| match e.take_message() {
-            Some(req) => SendError::NotSent(Box::new(req), Some(e.into_error())),
-            None => SendError::Failed(e.into_error()),
-        })
+        }
     }
 }
 
 impl Lease {
-    /// The response was read to its end: the connection may serve another request.
-    pub fn release(mut self) {
-        let Some(mut sender) = self.sender.take() else {
-            return;
-        };
-        let task = self.task.clone();
-        let endpoint = self.endpoint.clone();
-        let worker = self.worker;
-        if sender.is_ready() {
-            endpoint.put_idle(worker, sender, task);
-        } else if !sender.is_closed() {
-            // hyper marks the connection ready once it has processed the end of the
-            // response, which may be a moment after the body's last byte reached us.
-            tokio::spawn(async move {
-                match tokio::time::timeout(Duration::from_secs(1), sender.ready()).await {
-                    Ok(Ok(())) => endpoint.put_idle(worker, sender, task),
-                    _ => task.abort(),
-                }
-            });
-        } else {
-            task.abort();
-        }
+    pub(super) fn conn(&mut self) -> &mut Connection {
+        &mut self.conn
     }
-}
 
-impl Drop for Lease {
-    fn drop(&mut self) {
-        if self.sender.is_some() {
-            // Abandoned mid-exchange: close it so the upstream sees the disconnect.
-            self.task.abort();
-        }
+    /// The response was read to its end: the connection may serve another request.
+    pub fn release(self) {
+        self.endpoint.put_idle(self.worker, self.conn);
     }
 }

@@ -1,0 +1,751 @@
+//! HTTP/1.1 to an endpoint, driven by the request's own task.
+//!
+//! A request on HTTP/1.1 owns its connection from the moment it is taken from the pool
+//! until its response has been read to the end, so nothing needs a task of its own: the
+//! attempt writes the request and reads the response head on the connection directly,
+//! and the response body it hands back reads the rest. No channel between the request
+//! and a connection task, no wake-up of a second task per request, and no reading ahead
+//! into a fresh buffer while the previous response still holds the old one.
+//!
+//! One buffer each way per connection, kept while it is pooled. The response head is
+//! parsed in place (`httparse`) and its header values are slices of the same buffer.
+//! Framing follows RFC 9112 section 6: a response to HEAD, a 1xx, 204 or 304 has no
+//! body; Transfer-Encoding wins over Content-Length, and a connection whose framing
+//! was in any way doubtful (both, a coding other than chunked last, no length at all,
+//! `Connection: close`, HTTP/1.0) is never reused.
+
+use std::io;
+use std::mem::MaybeUninit;
+use std::pin::{Pin, pin};
+use std::sync::Arc;
+use std::sync::atomic::AtomicUsize;
+use std::task::{Context, Poll, Waker};
+
+use bytes::{Buf, Bytes, BytesMut};
+use http::header::{CONNECTION, CONTENT_LENGTH, TE, TRANSFER_ENCODING};
+use http::{HeaderMap, HeaderName, HeaderValue, Method, Response, StatusCode, Version};
+use http_body::{Body, Frame, SizeHint};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, ReadBuf};
+
+use super::connect::{OpenGuard, Transport};
+use super::pool::{Lease, RequestHead};
+use crate::proxy::headers::{HOP_BY_HOP, names_others, strip_hop_by_hop};
+use crate::retry::replay::RequestBody;
+
+/// The largest response head (or chunk-size line, or trailer block) accepted.
+const MAX_HEAD: usize = 256 * 1024;
+/// Most header fields in a response head.
+const MAX_HEADERS: usize = 128;
+/// Response heads with up to this many fields are taken apart without an allocation.
+const FEW_HEADERS: usize = 24;
+/// Room made in the read buffer before each read.
+const READ_CHUNK: usize = 8 * 1024;
+/// Bodies are pulled into the write buffer until it holds this much, then written.
+const WRITE_BATCH: usize = 16 * 1024;
+/// A write buffer grown past this by a large body is shrunk back when it empties.
+const KEEP_WRITE: usize = 64 * 1024;
+
+pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// One HTTP/1.1 connection to an endpoint, idle or carrying one exchange.
+pub struct Connection {
+    io: Transport,
+    rbuf: BytesMut,
+    wbuf: Vec<u8>,
+    _open: OpenGuard,
+}
+
+impl Connection {
+    pub fn new(io: Transport, open: &Arc<AtomicUsize>) -> Self {
+        Connection {
+            io,
+            rbuf: BytesMut::new(),
+            wbuf: Vec::new(),
+            _open: OpenGuard::new(open),
+        }
+    }
+
+    /// Whether a pooled connection can carry another request: the endpoint has neither
+    /// closed it nor sent anything unasked. Costs no system call while the socket has
+    /// not been reported readable since the last response.
+    pub fn usable(&mut self) -> bool {
+        if !self.rbuf.is_empty() {
+            return false;
+        }
+        let mut probe = [0u8; 1];
+        let mut buf = ReadBuf::new(&mut probe);
+        let mut cx = Context::from_waker(Waker::noop());
+        matches!(
+            Pin::new(&mut self.io).poll_read(&mut cx, &mut buf),
+            Poll::Pending
+        )
+    }
+
+    fn poll_fill(&mut self, cx: &mut Context<'_>, want: usize) -> Poll<io::Result<usize>> {
+        self.rbuf.reserve(want);
+        let read = pin!(self.io.read_buf(&mut self.rbuf));
+        read.poll(cx)
+    }
+
+    /// Writes what the write buffer holds, then flushes.
+    fn poll_drain(&mut self, cx: &mut Context<'_>, pos: &mut usize) -> Poll<io::Result<()>> {
+        while *pos < self.wbuf.len() {
+            match Pin::new(&mut self.io).poll_write(cx, &self.wbuf[*pos..]) {
+                Poll::Ready(Ok(0)) => return Poll::Ready(Err(io::ErrorKind::WriteZero.into())),
+                Poll::Ready(Ok(n)) => *pos += n,
+                Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
+                Poll::Pending => return Poll::Pending,
+            }
+        }
+        std::task::ready!(Pin::new(&mut self.io).poll_flush(cx))?;
+        self.wbuf.clear();
+        if self.wbuf.capacity() > KEEP_WRITE {
+            self.wbuf.shrink_to(READ_CHUNK);
+        }
+        *pos = 0;
+        Poll::Ready(Ok(()))
+    }
+}
+
+/// How the request body is framed on the wire.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Out {
+    Length,
+    Chunked,
+}
+
+/// The request on its way out: its head, then its body as the app sends it.
+struct Upload {
+    body: RequestBody,
+    out: Out,
+    /// Written up to here in the connection's write buffer.
+    pos: usize,
+    /// The body has ended and its last bytes are in the write buffer.
+    ended: bool,
+    done: bool,
+}
+
+impl Upload {
+    /// Writes the head and as much body as there is; `Ready(Ok)` once all of it is out.
+    fn poll(&mut self, conn: &mut Connection, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        loop {
+            while !self.ended && conn.wbuf.len() < WRITE_BATCH {
+                match Pin::new(&mut self.body).poll_frame(cx) {
+                    Poll::Ready(Some(Ok(frame))) => self.encode(&mut conn.wbuf, frame),
+                    Poll::Ready(Some(Err(e))) => {
+                        return Poll::Ready(Err(io::Error::other(e)));
+                    }
+                    Poll::Ready(None) => self.end(&mut conn.wbuf, None),
+                    Poll::Pending => break,
+                }
+                if !self.ended && self.body.is_end_stream() {
+                    self.end(&mut conn.wbuf, None);
+                }
+            }
+            if conn.wbuf.is_empty() {
+                if self.ended {
+                    self.done = true;
+                    return Poll::Ready(Ok(()));
+                }
+                return Poll::Pending;
+            }
+            std::task::ready!(conn.poll_drain(cx, &mut self.pos))?;
+            if self.ended {
+                self.done = true;
+                return Poll::Ready(Ok(()));
+            }
+        }
+    }
+
+    fn encode(&mut self, wbuf: &mut Vec<u8>, frame: Frame<Bytes>) {
+        match frame.into_data() {
+            Ok(data) => {
+                if data.is_empty() {
+                    return;
+                }
+                if self.out == Out::Chunked {
+                    wbuf.extend_from_slice(format!("{:x}\r\n", data.len()).as_bytes());
+                    wbuf.extend_from_slice(&data);
+                    wbuf.extend_from_slice(b"\r\n");
+                } else {
+                    wbuf.extend_from_slice(&data);
+                }
+            }
+            Err(frame) => {
+                if let Ok(trailers) = frame.into_trailers() {
+                    self.end(wbuf, Some(trailers));
+                }
+            }
+        }
+    }
+
+    fn end(&mut self, wbuf: &mut Vec<u8>, trailers: Option<HeaderMap>) {
+        if self.ended {
+            return;
+        }
+        self.ended = true;
+        if self.out == Out::Chunked {
+            wbuf.extend_from_slice(b"0\r\n");
+            for (name, value) in trailers.iter().flatten() {
+                write_field(wbuf, name, value);
+            }
+            wbuf.extend_from_slice(b"\r\n");
+        }
+    }
+}
+
+fn write_field(wbuf: &mut Vec<u8>, name: &HeaderName, value: &HeaderValue) {
+    wbuf.extend_from_slice(name.as_str().as_bytes());
+    wbuf.extend_from_slice(b": ");
+    wbuf.extend_from_slice(value.as_bytes());
+    wbuf.extend_from_slice(b"\r\n");
+}
+
+/// Methods whose request means something with a body, so an empty one is declared.
+fn declares_empty_body(method: &Method) -> bool {
+    *method == Method::POST || *method == Method::PUT || *method == Method::PATCH
+}
+
+/// Writes the request head into the connection's write buffer and says how the body
+/// goes out after it.
+fn encode_head(wbuf: &mut Vec<u8>, head: &RequestHead<'_>, body: &RequestBody) -> (Out, bool) {
+    let fields = &head.fields;
+    let pq = head.uri.path_and_query().map_or("/", |p| p.as_str());
+    wbuf.extend_from_slice(head.method.as_str().as_bytes());
+    wbuf.push(b' ');
+    wbuf.extend_from_slice(if pq.is_empty() { b"/" } else { pq.as_bytes() });
+    wbuf.extend_from_slice(b" HTTP/1.1\r\n");
+    for (name, value) in head.headers {
+        if !fields.names(name) {
+            write_field(wbuf, name, value);
+        }
+    }
+    for (name, value) in fields.iter() {
+        write_field(wbuf, name, value);
+    }
+    let has_length = head.headers.contains_key(CONTENT_LENGTH);
+    let (out, empty) = if body.is_end_stream() {
+        if !has_length && declares_empty_body(head.method) {
+            wbuf.extend_from_slice(b"content-length: 0\r\n");
+        }
+        (Out::Length, true)
+    } else if has_length {
+        (Out::Length, false)
+    } else if let Some(n) = body.size_hint().exact() {
+        wbuf.extend_from_slice(b"content-length: ");
+        wbuf.extend_from_slice(n.to_string().as_bytes());
+        wbuf.extend_from_slice(b"\r\n");
+        (Out::Length, false)
+    } else {
+        wbuf.extend_from_slice(b"transfer-encoding: chunked\r\n");
+        (Out::Chunked, false)
+    };
+    wbuf.extend_from_slice(b"\r\n");
+    (out, empty)
+}
+
+/// Sends `req` on the leased connection and reads the response head. The response's
+/// body holds the lease and releases it once read to its end (and once the request
+/// body has gone out in full); dropped before, it closes the connection.
+pub async fn send(
+    mut lease: Lease,
+    head: &RequestHead<'_>,
+    body: RequestBody,
+) -> io::Result<Response<Body1>> {
+    let conn = lease.conn();
+    let (out, empty) = encode_head(&mut conn.wbuf, head, &body);
+    let mut upload = Upload {
+        body,
+        out,
+        pos: 0,
+        ended: empty,
+        done: false,
+    };
+    // The request goes out while the response is awaited: an endpoint may answer
+    // before it has read the whole body (and some never read it).
+    let mut upload_failed = false;
+    let head = std::future::poll_fn(|cx| {
+        if !upload.done
+            && !upload_failed
+            && let Poll::Ready(Err(e)) = upload.poll(conn, cx)
+        {
+            tracing::trace!(error = %e, "request body not sent in full");
+            upload_failed = true;
+        }
+        read_head(conn, cx, *head.method == Method::HEAD)
+    })
+    .await?;
+    let mut reuse = head.reuse && !upload_failed;
+    let upload = if upload.done || upload_failed {
+        None
+    } else {
+        Some(Box::new(upload))
+    };
+    if head.framing == Framing::Eof {
+        reuse = false;
+    }
+    let mut body = Body1 {
+        lease: Some(lease),
+        framing: head.framing,
+        reuse,
+        upload,
+        broken: None,
+    };
+    body.finish_if_done();
+    let mut resp = Response::new(body);
+    *resp.status_mut() = head.status;
+    *resp.version_mut() = head.version;
+    *resp.headers_mut() = head.headers;
+    Ok(resp)
+}
+
+/// How the response body ends.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Framing {
+    /// This many bytes still to come.
+    Length(u64),
+    Chunked(Chunk),
+    /// Until the endpoint closes the connection.
+    Eof,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Chunk {
+    Size,
+    Data(u64),
+    DataEnd,
+    Trailers,
+}
+
+struct Head {
+    status: StatusCode,
+    version: Version,
+    headers: HeaderMap,
+    framing: Framing,
+    reuse: bool,
+}
+
+fn bad(what: &'static str) -> io::Error {
+    io::Error::new(io::ErrorKind::InvalidData, what)
+}
+
+/// Reads until a final response head is in, skipping interim (1xx) responses.
+fn read_head(
+    conn: &mut Connection,
+    cx: &mut Context<'_>,
+    head_request: bool,
+) -> Poll<io::Result<Head>> {
+    loop {
+        if !conn.rbuf.is_empty() {
+            match parse_head(&mut conn.rbuf, head_request)? {
+                Some(Some(head)) => return Poll::Ready(Ok(head)),
+                // An interim response, consumed: look for the next.
+                Some(None) => continue,
+                None if conn.rbuf.len() > MAX_HEAD => {
+                    return Poll::Ready(Err(bad("response head too large")));
+                }
+                None => {}
+            }
+        }
+        let n = std::task::ready!(conn.poll_fill(cx, READ_CHUNK))?;
+        if n == 0 {
+            return Poll::Ready(Err(io::Error::new(
+                io::ErrorKind::UnexpectedEof,
+                if conn.rbuf.is_empty() {
+                    "connection closed before a response"
+                } else {
+                    "connection closed within the response head"
+                },
+            )));
+        }
+    }
+}
+
+/// Parses a response head at the front of `rbuf` and takes it off: `None` while it is
+/// incomplete, `Some(None)` for an interim response.
+fn parse_head(rbuf: &mut BytesMut, head_request: bool) -> io::Result<Option<Option<Head>>> {
+    // Uninitialised: clearing room for every possible field on each response would
+    // cost more than parsing the ones there are.
+    let mut fields = [const { MaybeUninit::<httparse::Header<'_>>::uninit() }; MAX_HEADERS];
+    let mut res = httparse::Response::new(&mut []);
+    let len = match httparse::ParserConfig::default().parse_response_with_uninit_headers(
+        &mut res,
+        rbuf,
+        &mut fields,
+    ) {
+        Ok(httparse::Status::Complete(len)) => len,
+        Ok(httparse::Status::Partial) => return Ok(None),
+        Err(httparse::Error::TooManyHeaders) => return Err(bad("too many response header fields")),
+        Err(_) => return Err(bad("malformed response head")),
+    };
+    let code = res.code.unwrap_or(0);
+    let status = StatusCode::from_u16(code).map_err(|_| bad("invalid response status"))?;
+    if status.is_informational() && code != 101 {
+        rbuf.advance(len);
+        return Ok(Some(None));
+    }
+    let version = if res.version == Some(0) {
+        Version::HTTP_10
+    } else {
+        Version::HTTP_11
+    };
+    // Where each field sits in the buffer, so the names and values can be taken from
+    // the head once it is split off (values as slices of it, not copies).
+    let base = rbuf.as_ptr() as usize;
+    let count = res.headers.len();
+    let mut few = [(0usize, 0usize, 0usize, 0usize); FEW_HEADERS];
+    let mut many = Vec::new();
+    let spans = if count <= FEW_HEADERS {
+        &mut few[..count]
+    } else {
+        many.resize(count, (0, 0, 0, 0));
+        &mut many[..]
+    };
+    for (span, f) in spans.iter_mut().zip(res.headers.iter()) {
+        *span = (
+            f.name.as_ptr() as usize - base,
+            f.name.len(),
+            f.value.as_ptr() as usize - base,
+            f.value.len(),
+        );
+    }
+    // The values are slices of the head, not copies. The read buffer is shared with
+    // them until the response has gone back to the app, which is before this
+    // connection reads again, so the buffer is then reused as it is.
+    let head = rbuf.split_to(len).freeze();
+    // Room for the headers tollgate adds on the way back.
+    let mut headers = HeaderMap::with_capacity(count + 2);
+    let mut strip = false;
+    let mut reuse = version == Version::HTTP_11;
+    let mut length: Option<u64> = None;
+    let mut chunked = false;
+    let mut coded = false;
+    for &(ns, nl, vs, vl) in spans.iter() {
+        let name = HeaderName::from_bytes(&head[ns..ns + nl])
+            .map_err(|_| bad("invalid response header name"))?;
+        let value = HeaderValue::from_maybe_shared(head.slice(vs..vs + vl))
+            .map_err(|_| bad("invalid response header value"))?;
+        if name == CONTENT_LENGTH {
+            let v = std::str::from_utf8(value.as_bytes())
+                .ok()
+                .and_then(|s| s.trim().parse::<u64>().ok())
+                .ok_or_else(|| bad("invalid Content-Length"))?;
+            if length.is_some_and(|l| l != v) {
+                return Err(bad("conflicting Content-Length"));
+            }
+            length = Some(v);
+        } else if name == TRANSFER_ENCODING {
+            coded = true;
+            chunked = value
+                .as_bytes()
+                .rsplit(|&b| b == b',')
+                .next()
+                .is_some_and(|last| last.trim_ascii().eq_ignore_ascii_case(b"chunked"));
+        } else if name == CONNECTION && has_token(value.as_bytes(), b"close") {
+            reuse = false;
+        }
+        // Hop-by-hop fields end here, read but not kept; only the rare ones that need
+        // a second look (a `Connection` naming other fields, `TE`) are left to the
+        // full strip below.
+        if HOP_BY_HOP.contains(&name) {
+            if name != CONNECTION || !names_others(&value) {
+                continue;
+            }
+            strip = true;
+        } else if name == TE {
+            strip = true;
+        }
+        headers.append(name, value);
+    }
+    if strip {
+        strip_hop_by_hop(&mut headers);
+    }
+    let no_body = head_request || status.is_informational() || code == 204 || code == 304;
+    let framing = if no_body {
+        Framing::Length(0)
+    } else if coded {
+        // Both framings at once: Transfer-Encoding wins, and the connection is not
+        // trusted with another request.
+        if length.is_some() {
+            reuse = false;
+        }
+        if chunked {
+            Framing::Chunked(Chunk::Size)
+        } else {
+            Framing::Eof
+        }
+    } else if let Some(n) = length {
+        Framing::Length(n)
+    } else {
+        Framing::Eof
+    };
+    if code == 101 {
+        reuse = false;
+    }
+    Ok(Some(Some(Head {
+        status,
+        version,
+        headers,
+        framing,
+        reuse,
+    })))
+}
+
+fn has_token(value: &[u8], token: &[u8]) -> bool {
+    value
+        .split(|&b| b == b',')
+        .any(|t| t.trim_ascii().eq_ignore_ascii_case(token))
+}
+
+/// The response body, read from the connection as the app's side asks for it.
+pub struct Body1 {
+    lease: Option<Lease>,
+    framing: Framing,
+    reuse: bool,
+    /// The request body, still going out (rarely: boxed).
+    upload: Option<Box<Upload>>,
+    /// The body broke; reported on the next poll, so that what arrived before the
+    /// break is flushed to the app first.
+    broken: Option<io::Error>,
+}
+
+impl Body1 {
+    fn ended(&self) -> bool {
+        self.framing == Framing::Length(0)
+    }
+
+    /// Once the response has ended: the connection goes back to the pool if it can
+    /// carry another request, else it is closed.
+    fn finish_if_done(&mut self) {
+        if !self.ended() {
+            return;
+        }
+        if let Some(lease) = self.lease.take()
+            && self.reuse
+            && self.upload.is_none()
+        {
+            lease.release();
+        }
+        self.upload = None;
+    }
+
+    fn poll_next(&mut self, cx: &mut Context<'_>) -> Poll<Option<io::Result<Frame<Bytes>>>> {
+        let Some(lease) = self.lease.as_mut() else {
+            return Poll::Ready(None);
+        };
+        let conn = lease.conn();
+        if let Some(up) = self.upload.as_mut() {
+            match up.poll(conn, cx) {
+                Poll::Ready(Ok(())) => self.upload = None,
+                Poll::Ready(Err(_)) => {
+                    // The endpoint stopped reading the request; its answer may still
+                    // be whole, but the connection cannot be reused.
+                    self.upload = None;
+                    self.reuse = false;
+                }
+                Poll::Pending => {}
+            }
+        }
+        loop {
+            match self.framing {
+                Framing::Length(0) => return Poll::Ready(None),
+                Framing::Length(left) => {
+                    if !conn.rbuf.is_empty() {
+                        let n = (conn.rbuf.len() as u64).min(left) as usize;
+                        self.framing = Framing::Length(left - n as u64);
+                        return Poll::Ready(Some(Ok(Frame::data(take(&mut conn.rbuf, n)))));
+                    }
+                    let want = left.clamp(READ_CHUNK as u64, 64 * 1024) as usize;
+                    let n = std::task::ready!(conn.poll_fill(cx, want))?;
+                    if n == 0 {
+                        return Poll::Ready(Some(Err(io::Error::new(
+                            io::ErrorKind::UnexpectedEof,
+                            "connection closed within the response body",
+                        ))));
+                    }
+                }
+                Framing::Eof => {
+                    if !conn.rbuf.is_empty() {
+                        let n = conn.rbuf.len();
+                        let all = take(&mut conn.rbuf, n);
+                        return Poll::Ready(Some(Ok(Frame::data(all))));
+                    }
+                    let n = std::task::ready!(conn.poll_fill(cx, 16 * 1024))?;
+                    if n == 0 {
+                        self.framing = Framing::Length(0);
+                        return Poll::Ready(None);
+                    }
+                }
+                Framing::Chunked(state) => {
+                    match decode_chunk(&mut conn.rbuf, state)? {
+                        Decoded::Data(data, next) => {
+                            self.framing = Framing::Chunked(next);
+                            return Poll::Ready(Some(Ok(Frame::data(data))));
+                        }
+                        Decoded::Next(next) => {
+                            self.framing = Framing::Chunked(next);
+                            continue;
+                        }
+                        Decoded::End(trailers) => {
+                            self.framing = Framing::Length(0);
+                            if let Some(t) = trailers {
+                                return Poll::Ready(Some(Ok(Frame::trailers(t))));
+                            }
+                            return Poll::Ready(None);
+                        }
+                        Decoded::More => {}
+                    }
+                    if conn.rbuf.len() > MAX_HEAD {
+                        return Poll::Ready(Some(Err(bad("chunk header or trailers too large"))));
+                    }
+                    let n = std::task::ready!(conn.poll_fill(cx, READ_CHUNK))?;
+                    if n == 0 {
+                        return Poll::Ready(Some(Err(io::Error::new(
+                            io::ErrorKind::UnexpectedEof,
+                            "connection closed within the chunked response body",
+                        ))));
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Takes `n` bytes off the front of the read buffer, without a copy.
+fn take(rbuf: &mut BytesMut, n: usize) -> Bytes {
+    rbuf.split_to(n).freeze()
+}
+
+enum Decoded {
+    Data(Bytes, Chunk),
+    Next(Chunk),
+    End(Option<HeaderMap>),
+    More,
+}
+
+/// One step of the chunked decoder on what the buffer holds.
+fn decode_chunk(rbuf: &mut BytesMut, state: Chunk) -> io::Result<Decoded> {
+    match state {
+        Chunk::Size => {
+            let Some(eol) = rbuf.windows(2).position(|w| w == b"\r\n") else {
+                return Ok(Decoded::More);
+            };
+            let line = &rbuf[..eol];
+            let digits = line
+                .iter()
+                .position(|&b| b == b';' || b == b' ' || b == b'\t')
+                .map_or(line, |i| &line[..i]);
+            if digits.is_empty() || digits.len() > 15 {
+                return Err(bad("invalid chunk size"));
+            }
+            let mut size = 0u64;
+            for &d in digits {
+                let v = match d {
+                    b'0'..=b'9' => d - b'0',
+                    b'a'..=b'f' => d - b'a' + 10,
+                    b'A'..=b'F' => d - b'A' + 10,
+                    _ => return Err(bad("invalid chunk size")),
+                };
+                size = size * 16 + u64::from(v);
+            }
+            rbuf.advance(eol + 2);
+            Ok(Decoded::Next(if size == 0 {
+                Chunk::Trailers
+            } else {
+                Chunk::Data(size)
+            }))
+        }
+        Chunk::Data(left) => {
+            if rbuf.is_empty() {
+                return Ok(Decoded::More);
+            }
+            let n = (rbuf.len() as u64).min(left) as usize;
+            let data = take(rbuf, n);
+            let next = if n as u64 == left {
+                Chunk::DataEnd
+            } else {
+                Chunk::Data(left - n as u64)
+            };
+            Ok(Decoded::Data(data, next))
+        }
+        Chunk::DataEnd => {
+            if rbuf.len() < 2 {
+                return Ok(Decoded::More);
+            }
+            if &rbuf[..2] != b"\r\n" {
+                return Err(bad("chunk data not followed by CRLF"));
+            }
+            rbuf.advance(2);
+            Ok(Decoded::Next(Chunk::Size))
+        }
+        Chunk::Trailers => {
+            if rbuf.starts_with(b"\r\n") {
+                rbuf.advance(2);
+                return Ok(Decoded::End(None));
+            }
+            let mut fields = [httparse::EMPTY_HEADER; MAX_HEADERS];
+            let (len, trailers) = match httparse::parse_headers(rbuf, &mut fields) {
+                Ok(httparse::Status::Complete((len, fields))) => {
+                    let mut map = HeaderMap::with_capacity(fields.len());
+                    for f in fields {
+                        if let (Ok(name), Ok(value)) = (
+                            HeaderName::from_bytes(f.name.as_bytes()),
+                            HeaderValue::from_bytes(f.value),
+                        ) {
+                            map.append(name, value);
+                        }
+                    }
+                    (len, map)
+                }
+                Ok(httparse::Status::Partial) => return Ok(Decoded::More),
+                Err(_) => return Err(bad("malformed trailers")),
+            };
+            rbuf.advance(len);
+            Ok(Decoded::End((!trailers.is_empty()).then_some(trailers)))
+        }
+    }
+}
+
+impl Body for Body1 {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        let this = self.get_mut();
+        if let Some(e) = this.broken.take() {
+            return Poll::Ready(Some(Err(e.into())));
+        }
+        match this.poll_next(cx) {
+            Poll::Ready(Some(Err(e))) => {
+                // A broken body: the connection is closed with it. The app's side
+                // is told on the next poll, after it has had the chance to send on
+                // what it holds (the head, above all): the app then sees a body cut
+                // short, not a connection closed before any answer.
+                this.lease = None;
+                this.upload = None;
+                this.broken = Some(e);
+                cx.waker().wake_by_ref();
+                Poll::Pending
+            }
+            Poll::Ready(frame) => {
+                this.finish_if_done();
+                Poll::Ready(frame.map(|r| r.map_err(BoxError::from)))
+            }
+            Poll::Pending => Poll::Pending,
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.ended() || (self.lease.is_none() && self.broken.is_none())
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        match self.framing {
+            Framing::Length(n) => SizeHint::with_exact(n),
+            _ => SizeHint::default(),
+        }
+    }
+}
