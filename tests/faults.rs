@@ -7,12 +7,7 @@
 
 mod common;
 
-use std::future::Future;
 use std::net::SocketAddr;
-use std::pin::Pin;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::task::{Context, Poll};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -20,89 +15,11 @@ use common::*;
 use http::Response;
 use http_body_util::BodyExt;
 use hyper_util::rt::TokioIo;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::{TcpListener, TcpStream};
+use tokio::io::AsyncWriteExt;
+use tokio::net::TcpStream;
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 use tokio::time::{Instant, timeout};
-
-/// A TCP server that plays a script on every connection, instead of speaking HTTP
-/// properly. Counts connections accepted and connections the peer (tollgate) closed.
-struct Scripted {
-    addr: SocketAddr,
-    accepted: Arc<AtomicUsize>,
-    peer_closed: Arc<AtomicUsize>,
-    task: JoinHandle<()>,
-}
-
-impl Scripted {
-    async fn start<F, Fut>(script: F) -> Self
-    where
-        F: Fn(TcpStream, Arc<AtomicUsize>) -> Fut + Send + Sync + 'static,
-        Fut: Future<Output = ()> + Send + 'static,
-    {
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
-        let accepted = Arc::new(AtomicUsize::new(0));
-        let peer_closed = Arc::new(AtomicUsize::new(0));
-        let task = {
-            let (accepted, peer_closed) = (accepted.clone(), peer_closed.clone());
-            tokio::spawn(async move {
-                let mut conns = tokio::task::JoinSet::new();
-                while let Ok((s, _)) = listener.accept().await {
-                    accepted.fetch_add(1, Ordering::SeqCst);
-                    conns.spawn(script(s, peer_closed.clone()));
-                }
-            })
-        };
-        Scripted {
-            addr,
-            accepted,
-            peer_closed,
-            task,
-        }
-    }
-
-    fn accepted(&self) -> usize {
-        self.accepted.load(Ordering::SeqCst)
-    }
-
-    fn peer_closed(&self) -> usize {
-        self.peer_closed.load(Ordering::SeqCst)
-    }
-}
-
-impl Drop for Scripted {
-    fn drop(&mut self) {
-        // Aborting the accept task drops the JoinSet, which aborts every script.
-        self.task.abort();
-    }
-}
-
-/// Reads one request head (up to the blank line).
-async fn read_head(s: &mut TcpStream) -> Vec<u8> {
-    let mut head = Vec::new();
-    let mut buf = [0u8; 4096];
-    while !head.windows(4).any(|w| w == b"\r\n\r\n") {
-        match s.read(&mut buf).await {
-            Ok(0) | Err(_) => break,
-            Ok(n) => head.extend_from_slice(&buf[..n]),
-        }
-    }
-    head
-}
-
-/// Waits until the peer closes the connection, then counts it.
-async fn until_peer_closes(mut s: TcpStream, closed: Arc<AtomicUsize>) {
-    let mut buf = [0u8; 4096];
-    loop {
-        match s.read(&mut buf).await {
-            Ok(0) | Err(_) => break,
-            Ok(_) => {}
-        }
-    }
-    closed.fetch_add(1, Ordering::SeqCst);
-}
 
 /// tollgate with a `faulty` upstream at `addr` and a `healthy` one.
 async fn tollgate(faulty: &str, healthy: SocketAddr, extra: &str) -> Tollgate {
@@ -495,23 +412,6 @@ async fn a_close_right_after_the_head_is_a_broken_body_not_a_short_one() {
     healthy_still_answers(&tg).await;
     tg.stop().await;
     tg2.stop().await;
-}
-
-/// A response body fed from a channel, one frame per message.
-struct ChannelBody(mpsc::Receiver<Bytes>);
-
-impl http_body::Body for ChannelBody {
-    type Data = Bytes;
-    type Error = hyper::Error;
-
-    fn poll_frame(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<http_body::Frame<Bytes>, hyper::Error>>> {
-        self.0
-            .poll_recv(cx)
-            .map(|c| c.map(|b| Ok(http_body::Frame::data(b))))
-    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -178,6 +178,38 @@ pub struct Server {
     /// Dedicated `listen` ports, by upstream name.
     dedicated: std::sync::Mutex<HashMap<String, Accepting>>,
     main: std::sync::Mutex<Option<Accepting>>,
+    sweeper: JoinHandle<()>,
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        self.sweeper.abort();
+    }
+}
+
+/// How often idle upstream connections are looked at for ones the endpoint closed.
+const SWEEP_EVERY: Duration = Duration::from_secs(2);
+
+/// Closes, every [`SWEEP_EVERY`], the idle upstream connections their endpoint has
+/// closed, so a quiet upstream does not leave sockets half-closed until its next
+/// request.
+fn sweeper(shared: &Arc<Shared>) -> JoinHandle<()> {
+    let shared = Arc::downgrade(shared);
+    tokio::spawn(async move {
+        let mut every = tokio::time::interval(SWEEP_EVERY);
+        every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            every.tick().await;
+            let Some(shared) = shared.upgrade() else {
+                return;
+            };
+            for up in shared.snapshot.load().upstreams.iter() {
+                for ep in up.endpoints.iter() {
+                    ep.sweep();
+                }
+            }
+        }
+    })
 }
 
 async fn bind(addr: SocketAddr, what: &str, workers: &Workers) -> Result<Bound, BindError> {
@@ -255,6 +287,7 @@ impl Server {
         }
         shared.ready.store(true, Release);
         Ok(Server {
+            sweeper: sweeper(&shared),
             shared,
             workers,
             main_addr,

@@ -301,6 +301,20 @@ impl Endpoint {
         }
     }
 
+    /// Closes the idle connections the endpoint has closed or that were kept too long.
+    pub fn sweep(&self) {
+        for local in self.workers.iter() {
+            for _ in 0..local.idle.len() {
+                let Some(mut idle) = local.idle.pop() else {
+                    break;
+                };
+                if idle.since.elapsed() <= IDLE_TIMEOUT && idle.conn.usable() {
+                    local.idle.push(idle);
+                }
+            }
+        }
+    }
+
     fn put_idle(&self, worker: usize, conn: Box<Connection>) {
         if let Some(local) = self.workers.get(worker)
             && local.idle.len() < MAX_IDLE

@@ -19,6 +19,7 @@ use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo};
+use tokio::io::AsyncReadExt;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
@@ -592,5 +593,100 @@ pub fn logs() {
                     .with_filter(filter),
             )
             .try_init();
+    }
+}
+
+/// A TCP server that plays a script on every connection, instead of speaking HTTP
+/// properly. Counts connections accepted and connections the peer (tollgate) closed.
+pub struct Scripted {
+    pub addr: SocketAddr,
+    accepted: Arc<AtomicUsize>,
+    peer_closed: Arc<AtomicUsize>,
+    task: JoinHandle<()>,
+}
+
+impl Scripted {
+    pub async fn start<F, Fut>(script: F) -> Self
+    where
+        F: Fn(TcpStream, Arc<AtomicUsize>) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = ()> + Send + 'static,
+    {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let accepted = Arc::new(AtomicUsize::new(0));
+        let peer_closed = Arc::new(AtomicUsize::new(0));
+        let task = {
+            let (accepted, peer_closed) = (accepted.clone(), peer_closed.clone());
+            tokio::spawn(async move {
+                let mut conns = tokio::task::JoinSet::new();
+                while let Ok((s, _)) = listener.accept().await {
+                    accepted.fetch_add(1, Ordering::SeqCst);
+                    conns.spawn(script(s, peer_closed.clone()));
+                }
+            })
+        };
+        Scripted {
+            addr,
+            accepted,
+            peer_closed,
+            task,
+        }
+    }
+
+    pub fn accepted(&self) -> usize {
+        self.accepted.load(Ordering::SeqCst)
+    }
+
+    pub fn peer_closed(&self) -> usize {
+        self.peer_closed.load(Ordering::SeqCst)
+    }
+}
+
+impl Drop for Scripted {
+    fn drop(&mut self) {
+        // Aborting the accept task drops the JoinSet, which aborts every script.
+        self.task.abort();
+    }
+}
+
+/// Reads one request head (up to the blank line).
+pub async fn read_head(s: &mut TcpStream) -> Vec<u8> {
+    let mut head = Vec::new();
+    let mut buf = [0u8; 4096];
+    while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+        match s.read(&mut buf).await {
+            Ok(0) | Err(_) => break,
+            Ok(n) => head.extend_from_slice(&buf[..n]),
+        }
+    }
+    head
+}
+
+/// Waits until the peer closes the connection, then counts it.
+pub async fn until_peer_closes(mut s: TcpStream, closed: Arc<AtomicUsize>) {
+    let mut buf = [0u8; 4096];
+    loop {
+        match s.read(&mut buf).await {
+            Ok(0) | Err(_) => break,
+            Ok(_) => {}
+        }
+    }
+    closed.fetch_add(1, Ordering::SeqCst);
+}
+
+/// A body fed from a channel, one frame per message, with no length known ahead.
+pub struct ChannelBody(pub tokio::sync::mpsc::Receiver<Bytes>);
+
+impl http_body::Body for ChannelBody {
+    type Data = Bytes;
+    type Error = hyper::Error;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<http_body::Frame<Bytes>, hyper::Error>>> {
+        self.0
+            .poll_recv(cx)
+            .map(|c| c.map(|b| Ok(http_body::Frame::data(b))))
     }
 }
