@@ -15,10 +15,10 @@
 //! a 400 before the request is handed over.
 
 use std::io;
-use std::pin::Pin;
+use std::pin::{Pin, pin};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering::*};
-use std::task::{Context, Poll};
+use std::task::{Context, Poll, Wake, Waker};
 use std::time::Duration;
 
 use bytes::{Buf, Bytes};
@@ -313,6 +313,40 @@ fn bad_request(why: &'static str, version: Version) -> Response<ResponseBody> {
     resp
 }
 
+/// What ended a wait in [`serve`].
+enum Event {
+    Closed,
+    Shutdown,
+    Watchdog,
+}
+
+/// The waker of the shutdown signal and the watchdog's timer: notes that one of them
+/// fired, then wakes the connection's task.
+#[derive(Default)]
+struct SideWake {
+    fired: std::sync::atomic::AtomicBool,
+    task: std::sync::Mutex<Option<Waker>>,
+}
+
+impl SideWake {
+    fn set_task(&self, waker: &Waker) {
+        *self.task.lock().unwrap_or_else(|p| p.into_inner()) = Some(waker.clone());
+    }
+}
+
+impl Wake for SideWake {
+    fn wake(self: Arc<Self>) {
+        self.wake_by_ref();
+    }
+
+    fn wake_by_ref(self: &Arc<Self>) {
+        self.fired.store(true, Release);
+        if let Some(w) = self.task.lock().unwrap_or_else(|p| p.into_inner()).as_ref() {
+            w.wake_by_ref();
+        }
+    }
+}
+
 /// Serves one accepted connection until it closes, times out or is drained.
 pub async fn serve(
     mut stream: TcpStream,
@@ -361,6 +395,9 @@ pub async fn serve(
             if draining {
                 conn.as_mut().graceful_shutdown();
             }
+            let side = Arc::new(SideWake::default());
+            let side_waker = Waker::from(side.clone());
+            let mut task_waker = Waker::noop().clone();
             loop {
                 let wake = match verdict(&state, &settings) {
                     Verdict::Fine(at) => at,
@@ -375,13 +412,39 @@ pub async fn serve(
                         Instant::now() + Duration::from_secs(1)
                     }
                 };
-                tokio::select! {
-                    _ = conn.as_mut() => break,
-                    _ = shutdown.changed(), if !draining => {
+                let mut changed = pin!(shutdown.changed());
+                let mut sleep = pin!(sleep_until(wake));
+                side.fired.store(true, Release);
+                // The connection is polled on every wake-up; the shutdown signal and
+                // the watchdog's timer only when their own wakers fired, not on each
+                // of the two or more wake-ups every request brings.
+                let event = std::future::poll_fn(|cx| {
+                    if !cx.waker().will_wake(&task_waker) {
+                        task_waker = cx.waker().clone();
+                        side.set_task(&task_waker);
+                    }
+                    if conn.as_mut().poll(cx).is_ready() {
+                        return Poll::Ready(Event::Closed);
+                    }
+                    if side.fired.swap(false, AcqRel) {
+                        let mut side_cx = Context::from_waker(&side_waker);
+                        if !draining && changed.as_mut().poll(&mut side_cx).is_ready() {
+                            return Poll::Ready(Event::Shutdown);
+                        }
+                        if sleep.as_mut().poll(&mut side_cx).is_ready() {
+                            return Poll::Ready(Event::Watchdog);
+                        }
+                    }
+                    Poll::Pending
+                })
+                .await;
+                match event {
+                    Event::Closed => break,
+                    Event::Shutdown => {
                         draining = true;
                         conn.as_mut().graceful_shutdown();
                     }
-                    _ = sleep_until(wake) => {}
+                    Event::Watchdog => {}
                 }
             }
         }};

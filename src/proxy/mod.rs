@@ -28,7 +28,7 @@ use tokio::task::JoinHandle;
 use crate::config::Config;
 use crate::metrics::Metrics;
 use crate::upstream::Upstream;
-use route::Routes;
+use route::{NameMap, Routes};
 
 /// Where connections are served: the current runtime, or one single-threaded runtime
 /// per worker thread (thread per core, as nginx, HAProxy and Envoy do). Each worker has
@@ -74,7 +74,7 @@ pub struct Snapshot {
     pub config: Arc<Config>,
     pub upstreams: Box<[Arc<Upstream>]>,
     pub routes: Routes,
-    by_name: HashMap<String, usize>,
+    by_name: NameMap<usize>,
 }
 
 impl Snapshot {

@@ -3,19 +3,49 @@
 //! Anything no upstream claims gets 404: tollgate is never an open proxy.
 
 use std::collections::HashMap;
+use std::hash::{BuildHasherDefault, Hasher};
 
 use http::Request;
 use http::header::HOST;
 
 /// Authority -> upstream index.
+/// A map from names in the config to what they stand for, looked up on every request.
+///
+/// Hashed with FNV-1a rather than the standard SipHash: SipHash protects maps that
+/// requests insert into from collision floods, and these maps are built from the config
+/// alone; a request only looks a name up, which hashes its name once whatever it is.
+pub type NameMap<V> = HashMap<String, V, BuildHasherDefault<Fnv>>;
+
+/// FNV-1a, 64 bits.
+#[derive(Clone, Copy, Debug)]
+pub struct Fnv(u64);
+
+impl Default for Fnv {
+    fn default() -> Self {
+        Fnv(0xcbf2_9ce4_8422_2325)
+    }
+}
+
+impl Hasher for Fnv {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        for b in bytes {
+            self.0 = (self.0 ^ u64::from(*b)).wrapping_mul(0x0100_0000_01b3);
+        }
+    }
+}
+
 #[derive(Debug, Default)]
 pub struct Routes {
-    exact: HashMap<String, usize>,
+    exact: NameMap<usize>,
 }
 
 impl Routes {
     pub fn new<'a>(upstreams: impl Iterator<Item = (usize, &'a [String])>) -> Self {
-        let mut exact = HashMap::new();
+        let mut exact = NameMap::default();
         for (i, authorities) in upstreams {
             for a in authorities {
                 exact.insert(a.clone(), i);

@@ -114,6 +114,14 @@ enum Out {
     Chunked,
 }
 
+/// Why a request did not go out in full.
+enum UploadError {
+    /// The app's body broke (its connection failed mid-body): the exchange is over.
+    Body(io::Error),
+    /// The endpoint stopped taking it; its answer may still come.
+    Write(io::Error),
+}
+
 /// The request on its way out: its head, then its body as the app sends it.
 struct Upload {
     body: RequestBody,
@@ -127,13 +135,17 @@ struct Upload {
 
 impl Upload {
     /// Writes the head and as much body as there is; `Ready(Ok)` once all of it is out.
-    fn poll(&mut self, conn: &mut Connection, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+    fn poll(
+        &mut self,
+        conn: &mut Connection,
+        cx: &mut Context<'_>,
+    ) -> Poll<Result<(), UploadError>> {
         loop {
             while !self.ended && conn.wbuf.len() < WRITE_BATCH {
                 match Pin::new(&mut self.body).poll_frame(cx) {
                     Poll::Ready(Some(Ok(frame))) => self.encode(&mut conn.wbuf, frame),
                     Poll::Ready(Some(Err(e))) => {
-                        return Poll::Ready(Err(io::Error::other(e)));
+                        return Poll::Ready(Err(UploadError::Body(io::Error::other(e))));
                     }
                     Poll::Ready(None) => self.end(&mut conn.wbuf, None),
                     Poll::Pending => break,
@@ -149,7 +161,7 @@ impl Upload {
                 }
                 return Poll::Pending;
             }
-            std::task::ready!(conn.poll_drain(cx, &mut self.pos))?;
+            std::task::ready!(conn.poll_drain(cx, &mut self.pos)).map_err(UploadError::Write)?;
             if self.ended {
                 self.done = true;
                 return Poll::Ready(Ok(()));
@@ -265,12 +277,15 @@ pub async fn send(
     // before it has read the whole body (and some never read it).
     let mut upload_failed = false;
     let head = std::future::poll_fn(|cx| {
-        if !upload.done
-            && !upload_failed
-            && let Poll::Ready(Err(e)) = upload.poll(conn, cx)
-        {
-            tracing::trace!(error = %e, "request body not sent in full");
-            upload_failed = true;
+        if !upload.done && !upload_failed {
+            match upload.poll(conn, cx) {
+                Poll::Ready(Err(UploadError::Body(e))) => return Poll::Ready(Err(e)),
+                Poll::Ready(Err(UploadError::Write(e))) => {
+                    tracing::trace!(error = %e, "request body not sent in full");
+                    upload_failed = true;
+                }
+                _ => {}
+            }
         }
         read_head(conn, cx, *head.method == Method::HEAD)
     })
@@ -537,7 +552,8 @@ impl Body1 {
         if let Some(up) = self.upload.as_mut() {
             match up.poll(conn, cx) {
                 Poll::Ready(Ok(())) => self.upload = None,
-                Poll::Ready(Err(_)) => {
+                Poll::Ready(Err(UploadError::Body(e))) => return Poll::Ready(Some(Err(e))),
+                Poll::Ready(Err(UploadError::Write(_))) => {
                     // The endpoint stopped reading the request; its answer may still
                     // be whole, but the connection cannot be reused.
                     self.upload = None;
