@@ -441,9 +441,11 @@ fn parse_head(rbuf: &mut BytesMut, head_request: bool) -> io::Result<Option<Opti
         let value = HeaderValue::from_maybe_shared(head.slice(vs..vs + vl))
             .map_err(|_| bad("invalid response header value"))?;
         if name == CONTENT_LENGTH {
-            let v = std::str::from_utf8(value.as_bytes())
+            let digits = value.as_bytes().trim_ascii();
+            let v = std::str::from_utf8(digits)
                 .ok()
-                .and_then(|s| s.trim().parse::<u64>().ok())
+                .filter(|d| !d.is_empty() && d.bytes().all(|b| b.is_ascii_digit()))
+                .and_then(|d| d.parse::<u64>().ok())
                 .ok_or_else(|| bad("invalid Content-Length"))?;
             if length.is_some_and(|l| l != v) {
                 return Err(bad("conflicting Content-Length"));
@@ -562,69 +564,153 @@ impl Body1 {
                 Poll::Pending => {}
             }
         }
+        let mut eof = false;
         loop {
-            match self.framing {
-                Framing::Length(0) => return Poll::Ready(None),
-                Framing::Length(left) => {
-                    if !conn.rbuf.is_empty() {
-                        let n = (conn.rbuf.len() as u64).min(left) as usize;
-                        self.framing = Framing::Length(left - n as u64);
-                        return Poll::Ready(Some(Ok(Frame::data(take(&mut conn.rbuf, n)))));
-                    }
-                    let want = left.clamp(READ_CHUNK as u64, 64 * 1024) as usize;
-                    let n = std::task::ready!(conn.poll_fill(cx, want))?;
-                    if n == 0 {
-                        return Poll::Ready(Some(Err(io::Error::new(
-                            io::ErrorKind::UnexpectedEof,
-                            "connection closed within the response body",
-                        ))));
-                    }
-                }
-                Framing::Eof => {
-                    if !conn.rbuf.is_empty() {
-                        let n = conn.rbuf.len();
-                        let all = take(&mut conn.rbuf, n);
-                        return Poll::Ready(Some(Ok(Frame::data(all))));
-                    }
-                    let n = std::task::ready!(conn.poll_fill(cx, 16 * 1024))?;
-                    if n == 0 {
-                        self.framing = Framing::Length(0);
-                        return Poll::Ready(None);
-                    }
-                }
-                Framing::Chunked(state) => {
-                    match decode_chunk(&mut conn.rbuf, state)? {
-                        Decoded::Data(data, next) => {
-                            self.framing = Framing::Chunked(next);
-                            return Poll::Ready(Some(Ok(Frame::data(data))));
-                        }
-                        Decoded::Next(next) => {
-                            self.framing = Framing::Chunked(next);
-                            continue;
-                        }
-                        Decoded::End(trailers) => {
-                            self.framing = Framing::Length(0);
-                            if let Some(t) = trailers {
-                                return Poll::Ready(Some(Ok(Frame::trailers(t))));
-                            }
-                            return Poll::Ready(None);
-                        }
-                        Decoded::More => {}
-                    }
-                    if conn.rbuf.len() > MAX_HEAD {
-                        return Poll::Ready(Some(Err(bad("chunk header or trailers too large"))));
-                    }
-                    let n = std::task::ready!(conn.poll_fill(cx, READ_CHUNK))?;
-                    if n == 0 {
-                        return Poll::Ready(Some(Err(io::Error::new(
-                            io::ErrorKind::UnexpectedEof,
-                            "connection closed within the chunked response body",
-                        ))));
-                    }
+            match step(&mut conn.rbuf, &mut self.framing, eof)? {
+                Step::Data(data) => return Poll::Ready(Some(Ok(Frame::data(data)))),
+                Step::Trailers(t) => return Poll::Ready(Some(Ok(Frame::trailers(t)))),
+                Step::End => return Poll::Ready(None),
+                Step::More => {
+                    let want = match self.framing {
+                        Framing::Length(left) => left.clamp(READ_CHUNK as u64, 64 * 1024) as usize,
+                        Framing::Eof => 16 * 1024,
+                        Framing::Chunked(_) => READ_CHUNK,
+                    };
+                    eof = std::task::ready!(conn.poll_fill(cx, want))? == 0;
                 }
             }
         }
     }
+}
+
+/// What the next step of reading a response body found in the buffer.
+enum Step {
+    Data(Bytes),
+    Trailers(HeaderMap),
+    End,
+    /// The buffer holds too little: read more.
+    More,
+}
+
+/// Takes the next piece of a response body off the front of `rbuf`, moving `framing`
+/// on. `eof`: the endpoint has closed the connection, so nothing more will come (and
+/// `More` is never the answer).
+fn step(rbuf: &mut BytesMut, framing: &mut Framing, eof: bool) -> io::Result<Step> {
+    loop {
+        match *framing {
+            Framing::Length(0) => return Ok(Step::End),
+            Framing::Length(left) => {
+                if !rbuf.is_empty() {
+                    let n = (rbuf.len() as u64).min(left) as usize;
+                    *framing = Framing::Length(left - n as u64);
+                    return Ok(Step::Data(take(rbuf, n)));
+                }
+                if eof {
+                    return Err(io::Error::new(
+                        io::ErrorKind::UnexpectedEof,
+                        "connection closed within the response body",
+                    ));
+                }
+                return Ok(Step::More);
+            }
+            Framing::Eof => {
+                if !rbuf.is_empty() {
+                    let n = rbuf.len();
+                    return Ok(Step::Data(take(rbuf, n)));
+                }
+                if eof {
+                    *framing = Framing::Length(0);
+                    return Ok(Step::End);
+                }
+                return Ok(Step::More);
+            }
+            Framing::Chunked(state) => match decode_chunk(rbuf, state)? {
+                Decoded::Data(data, next) => {
+                    *framing = Framing::Chunked(next);
+                    return Ok(Step::Data(data));
+                }
+                Decoded::Next(next) => *framing = Framing::Chunked(next),
+                Decoded::End(trailers) => {
+                    *framing = Framing::Length(0);
+                    return Ok(trailers.map_or(Step::End, Step::Trailers));
+                }
+                Decoded::More => {
+                    if rbuf.len() > MAX_HEAD {
+                        return Err(bad("chunk header or trailers too large"));
+                    }
+                    if eof {
+                        return Err(io::Error::new(
+                            io::ErrorKind::UnexpectedEof,
+                            "connection closed within the chunked response body",
+                        ));
+                    }
+                    return Ok(Step::More);
+                }
+            },
+        }
+    }
+}
+
+/// A whole response as the connection would read it, from `pieces` arriving one after
+/// another and then the endpoint closing: the same parser and framing as the real
+/// thing, without a socket (for tests and fuzzing).
+#[derive(Debug, PartialEq)]
+pub struct Parsed {
+    pub status: StatusCode,
+    pub headers: HeaderMap,
+    pub body: Vec<u8>,
+    pub trailers: Option<HeaderMap>,
+    /// The connection could carry another request afterwards.
+    pub reusable: bool,
+}
+
+pub fn parse_response(pieces: &[&[u8]], head_request: bool) -> io::Result<Parsed> {
+    let mut rbuf = BytesMut::new();
+    let mut pieces = pieces.iter();
+    let mut eof = false;
+    let fill = |rbuf: &mut BytesMut, eof: &mut bool, pieces: &mut std::slice::Iter<'_, &[u8]>| {
+        match pieces.next() {
+            Some(p) => rbuf.extend_from_slice(p),
+            None => *eof = true,
+        }
+    };
+    let head = loop {
+        match parse_head(&mut rbuf, head_request)? {
+            Some(Some(head)) => break head,
+            Some(None) => continue,
+            None if rbuf.len() > MAX_HEAD => return Err(bad("response head too large")),
+            None if eof => {
+                return Err(io::Error::new(
+                    io::ErrorKind::UnexpectedEof,
+                    "connection closed within the response head",
+                ));
+            }
+            None => fill(&mut rbuf, &mut eof, &mut pieces),
+        }
+    };
+    let mut framing = head.framing;
+    let mut body = Vec::new();
+    let mut trailers = None;
+    loop {
+        match step(&mut rbuf, &mut framing, eof)? {
+            Step::Data(d) => body.extend_from_slice(&d),
+            Step::Trailers(t) => trailers = Some(t),
+            Step::End => break,
+            Step::More => fill(&mut rbuf, &mut eof, &mut pieces),
+        }
+    }
+    // Bytes after the response, or a body that ran to the close: not reused.
+    let reusable = head.reuse
+        && head.framing != Framing::Eof
+        && rbuf.is_empty()
+        && pieces.all(|p| p.is_empty());
+    Ok(Parsed {
+        status: head.status,
+        headers: head.headers,
+        body,
+        trailers,
+        reusable,
+    })
 }
 
 /// Takes `n` bytes off the front of the read buffer, without a copy.
@@ -762,6 +848,180 @@ impl Body for Body1 {
         match self.framing {
             Framing::Length(n) => SizeHint::with_exact(n),
             _ => SizeHint::default(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+    use proptest::prelude::*;
+
+    /// `input` cut at the given points (taken modulo its length, in order).
+    fn cut<'a>(input: &'a [u8], points: &[usize]) -> Vec<&'a [u8]> {
+        let mut at: Vec<usize> = points.iter().map(|p| p % (input.len() + 1)).collect();
+        at.sort_unstable();
+        let mut pieces = Vec::new();
+        let mut from = 0;
+        for p in at {
+            pieces.push(&input[from..p]);
+            from = p;
+        }
+        pieces.push(&input[from..]);
+        pieces
+    }
+
+    fn whole(input: &[u8]) -> io::Result<Parsed> {
+        parse_response(&[input], false)
+    }
+
+    #[test]
+    fn framing_decides_reuse() {
+        let ok = whole(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok").unwrap();
+        assert_eq!((ok.body.as_slice(), ok.reusable), (&b"ok"[..], true));
+        for (input, why) in [
+            (&b"HTTP/1.1 200 OK\r\nConnection: close\r\nContent-Length: 2\r\n\r\nok"[..], "close"),
+            (b"HTTP/1.0 200 OK\r\nContent-Length: 2\r\n\r\nok", "HTTP/1.0"),
+            (b"HTTP/1.1 200 OK\r\n\r\nok", "ends at the close"),
+            (b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nokEXTRA", "bytes after it"),
+            (
+                b"HTTP/1.1 200 OK\r\nContent-Length: 9\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nok\r\n0\r\n\r\n",
+                "both framings",
+            ),
+        ] {
+            let r = whole(input).unwrap();
+            assert_eq!(&r.body[..2], b"ok", "{why}");
+            assert!(!r.reusable, "{why}");
+        }
+    }
+
+    #[test]
+    fn bodiless_responses_and_interim_ones() {
+        let head =
+            parse_response(&[b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\n"], true).unwrap();
+        assert_eq!((head.body.len(), head.reusable), (0, true));
+        assert_eq!(
+            head.headers["content-length"], "5",
+            "HEAD keeps the length it would have"
+        );
+        for status in ["204 No Content", "304 Not Modified"] {
+            let r = whole(format!("HTTP/1.1 {status}\r\nContent-Length: 5\r\n\r\n").as_bytes())
+                .unwrap();
+            assert_eq!((r.body.len(), r.reusable), (0, true), "{status}");
+        }
+        let r = whole(b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 103 Early Hints\r\nLink: </a>\r\n\r\nHTTP/1.1 201 Created\r\nContent-Length: 0\r\n\r\n").unwrap();
+        assert_eq!(r.status, StatusCode::CREATED);
+        assert!(!r.headers.contains_key("link"));
+    }
+
+    #[test]
+    fn hop_by_hop_fields_are_dropped_as_the_head_is_read() {
+        let r = whole(
+            b"HTTP/1.1 200 OK\r\nConnection: keep-alive, x-secret\r\nKeep-Alive: timeout=5\r\n\
+              X-Secret: 1\r\nX-Kept: 2\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n",
+        )
+        .unwrap();
+        for gone in ["connection", "keep-alive", "x-secret", "transfer-encoding"] {
+            assert!(!r.headers.contains_key(gone), "{gone}");
+        }
+        assert_eq!(r.headers["x-kept"], "2");
+    }
+
+    #[test]
+    fn broken_responses_are_errors_not_short_bodies() {
+        for input in [
+            &b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nok"[..],
+            b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nok",
+            b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\nok\r\n0\r\n\r\n",
+            b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nokX\r\n0\r\n\r\n",
+            b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nContent-Length: 3\r\n\r\nok",
+            b"HTTP/1.1 200 OK\r\nContent-Length: -1\r\n\r\n",
+            b"HTTP/1.1 200 OK\r\nContent-Length: +2\r\n\r\nok",
+            b"HTTP/1.1 200 OK\r\nContent-Len",
+            b"SSH-2.0-OpenSSH_9.6\r\n\r\n",
+            b"",
+        ] {
+            assert!(whole(input).is_err(), "{}", String::from_utf8_lossy(input));
+        }
+    }
+
+    /// A chunked encoding of `body` in chunks of the given sizes (0 sizes skipped).
+    fn chunked(body: &[u8], sizes: &[usize], ext: bool, trailers: &[(String, String)]) -> Vec<u8> {
+        let mut out = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n".to_vec();
+        let mut rest = body;
+        let mut sizes = sizes.iter().cycle();
+        while !rest.is_empty() {
+            let n = (*sizes.next().unwrap()).clamp(1, rest.len());
+            out.extend_from_slice(format!("{n:X}").as_bytes());
+            if ext {
+                out.extend_from_slice(b";name=\"v\"");
+            }
+            out.extend_from_slice(b"\r\n");
+            out.extend_from_slice(&rest[..n]);
+            out.extend_from_slice(b"\r\n");
+            rest = &rest[n..];
+        }
+        out.extend_from_slice(b"0\r\n");
+        for (k, v) in trailers {
+            out.extend_from_slice(format!("{k}: {v}\r\n").as_bytes());
+        }
+        out.extend_from_slice(b"\r\n");
+        out
+    }
+
+    proptest! {
+        /// Whatever the chunk sizes, extensions, trailers, and wherever the reads fall,
+        /// a chunked body comes out byte for byte, trailers with it, and the connection
+        /// is reusable.
+        #[test]
+        fn chunked_bodies_survive_any_chunking_and_any_reads(
+            body in prop::collection::vec(any::<u8>(), 0..3000),
+            sizes in prop::collection::vec(1usize..700, 1..8),
+            ext in any::<bool>(),
+            trailers in prop::collection::vec(("x-[a-z]{1,8}", "[a-zA-Z0-9 ]{0,12}"), 0..3),
+            points in prop::collection::vec(any::<usize>(), 0..40),
+        ) {
+            let input = chunked(&body, &sizes, ext, &trailers);
+            let r = parse_response(&cut(&input, &points), false).unwrap();
+            prop_assert_eq!(&r.body, &body);
+            prop_assert!(r.reusable);
+            match r.trailers {
+                None => prop_assert!(trailers.is_empty()),
+                Some(t) => {
+                    for (k, v) in &trailers {
+                        prop_assert!(t.get_all(k.as_str()).iter().any(|x| x.as_bytes() == v.trim().as_bytes()));
+                    }
+                }
+            }
+        }
+
+        /// Any bytes, read in any pieces: no panic, and the answer does not depend on
+        /// where the reads fell.
+        #[test]
+        fn any_input_in_any_pieces_reads_the_same(
+            input in prop::collection::vec(any::<u8>(), 0..600),
+            prefix in prop::sample::select(vec![
+                &b""[..],
+                b"HTTP/1.1 200 OK\r\n",
+                b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n",
+                b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\n",
+            ]),
+            points in prop::collection::vec(any::<usize>(), 0..20),
+            head_request in any::<bool>(),
+        ) {
+            let input = [prefix, &input[..]].concat();
+            let one = parse_response(&[&input], head_request);
+            let many = parse_response(&cut(&input, &points), head_request);
+            match (&one, &many) {
+                (Ok(a), Ok(b)) => prop_assert_eq!(a, b),
+                (Err(_), Err(_)) => {}
+                _ => prop_assert!(false, "{:?} read whole, {:?} in pieces", one, many),
+            }
+            if let Ok(r) = one {
+                prop_assert!(r.body.len() <= input.len());
+            }
         }
     }
 }
