@@ -6,6 +6,7 @@
 #   scripts/bench.sh                     # 3 rounds of 10 s per target, 64 connections
 #   scripts/bench.sh --quick             # a short smoke run (1 round of 3 s)
 #   scripts/bench.sh --json              # the results as JSON on stdout
+#   scripts/bench.sh --count             # instructions and system calls per request
 #
 # See docs/benchmarks.md for what is measured and how to read it.
 set -euo pipefail
@@ -29,6 +30,7 @@ TOLLGATE_BIN="${TOLLGATE_BIN:-}"
 TARGETS="direct,tollgate,tollgate-noretry,nginx,haproxy"
 INSTALL=1
 WAIT_QUIET=0
+COUNT=0
 NOISE_PCT=5   # a run is flagged noisy when other tasks took more than this share of a core
 
 usage() {
@@ -50,7 +52,12 @@ usage: scripts/bench.sh [options]
   --wait-quiet SECONDS before each measured run, wait up to this long for the machine
                        to be quiet: no compiler running, under 10% CPU busy (default 0:
                        do not wait; noisy runs are flagged either way)
-  --no-install         do not apt-get install missing nginx/haproxy/wrk
+  --count              instead of the load comparison: each proxy's user-space
+                       instructions (valgrind --tool=callgrind, under wrk -t1 -c8) and
+                       system calls (strace -c, under wrk -t1 -c64) per request, over
+                       one --duration run each; figures the host's noise does not move
+  --no-install         do not apt-get install missing nginx/haproxy/wrk (and, with
+                       --count, valgrind and strace)
   -h, --help           this text
 EOF
 }
@@ -70,6 +77,7 @@ while [ $# -gt 0 ]; do
     --rss-connections) RSS_CONNS="${2:?"$1 needs a value"}"; shift 2 ;;
     --wait-quiet) WAIT_QUIET="${2:?"$1 needs a value"}"; shift 2 ;;
     --no-install) INSTALL=0; shift ;;
+    --count) COUNT=1; shift ;;
     -h|--help) usage; exit 0 ;;
     *) echo "bench.sh: unknown option: $1" >&2; usage >&2; exit 2 ;;
   esac
@@ -107,6 +115,10 @@ command -v nginx >/dev/null 2>&1 || [ -x /usr/sbin/nginx ] || need_pkgs+=(nginx-
 command -v haproxy >/dev/null 2>&1 || [ -x /usr/sbin/haproxy ] || need_pkgs+=(haproxy)
 command -v wrk >/dev/null 2>&1 || need_pkgs+=(wrk)
 command -v taskset >/dev/null 2>&1 || need_pkgs+=(util-linux)
+if [ "$COUNT" -eq 1 ]; then
+  command -v valgrind >/dev/null 2>&1 || need_pkgs+=(valgrind)
+  command -v strace >/dev/null 2>&1 || need_pkgs+=(strace)
+fi
 if [ "${#need_pkgs[@]}" -gt 0 ]; then
   [ "$INSTALL" -eq 1 ] || die "missing: ${need_pkgs[*]} (run without --no-install, or install them)"
   command -v apt-get >/dev/null 2>&1 || die "missing ${need_pkgs[*]} and no apt-get to install them"
@@ -510,27 +522,35 @@ wait_ready backend "$BACKEND_PORT" "$BACKEND_PID"
 
 declare -A T_PORT=() T_PID=()
 T_PORT[direct]=$BACKEND_PORT
-start_target() {
+# The command line of a proxy target (in T_CMD) and its port.
+target_cmd() {
   local t="$1"
   case "$t" in
-    direct) return 0 ;;
     tollgate)
-      start tollgate "$PROXY_CPU" env RUST_LOG=info "$TG" run --config "$WORK/tollgate.toml"
-      T_PORT[$t]=$TG_LISTEN ;;
+      T_CMD=(env RUST_LOG=info "$TG" run --config "$WORK/tollgate.toml"); T_PORT[$t]=$TG_LISTEN ;;
     tollgate-noretry)
-      start tollgate-noretry "$PROXY_CPU" env RUST_LOG=info "$TG" run --config "$WORK/tollgate-noretry.toml"
-      T_PORT[$t]=$TGN_LISTEN ;;
+      T_CMD=(env RUST_LOG=info "$TG" run --config "$WORK/tollgate-noretry.toml"); T_PORT[$t]=$TGN_LISTEN ;;
     nginx)
-      start nginx "$PROXY_CPU" "$NGINX" -e "$WORK/nginx.log" -p "$WORK/nginx" -c "$WORK/nginx.conf"
-      T_PORT[$t]=$NGINX_PORT ;;
+      T_CMD=("$NGINX" -e "$WORK/nginx.log" -p "$WORK/nginx" -c "$WORK/nginx.conf"); T_PORT[$t]=$NGINX_PORT ;;
     haproxy)
-      start haproxy "$PROXY_CPU" "$HAPROXY" -db -f "$WORK/haproxy.cfg"
-      T_PORT[$t]=$HAPROXY_PORT ;;
+      T_CMD=("$HAPROXY" -db -f "$WORK/haproxy.cfg"); T_PORT[$t]=$HAPROXY_PORT ;;
     *) die "unknown target '$t' (known: direct,tollgate,tollgate-noretry,nginx,haproxy)" ;;
   esac
+}
+start_target() {
+  local t="$1"
+  [ "$t" != direct ] || return 0
+  target_cmd "$t"
+  start "$t" "$PROXY_CPU" "${T_CMD[@]}"
   T_PID[$t]=$PID
   wait_ready "$t" "${T_PORT[$t]}" "${T_PID[$t]}"
 }
+
+if [ "$COUNT" -eq 1 ]; then
+  . "$ROOT/scripts/bench/count.sh"
+  exit 0
+fi
+
 for t in "${TARGET_LIST[@]}"; do start_target "$t"; done
 
 # A process that went away between runs (a crash, or a signal from outside) is reported
