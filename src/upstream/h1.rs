@@ -290,19 +290,15 @@ pub async fn send(
         read_head(conn, cx, *head.method == Method::HEAD)
     })
     .await?;
-    let mut reuse = head.reuse && !upload_failed;
     let upload = if upload.done || upload_failed {
         None
     } else {
         Some(Box::new(upload))
     };
-    if head.framing == Framing::Eof {
-        reuse = false;
-    }
     let mut body = Body1 {
         lease: Some(lease),
         framing: head.framing,
-        reuse,
+        reuse: head.reuse && !upload_failed,
         upload,
         broken: None,
     };
@@ -496,7 +492,9 @@ fn parse_head(rbuf: &mut BytesMut, head_request: bool) -> io::Result<Option<Opti
     } else {
         Framing::Eof
     };
-    if code == 101 {
+    // A body that runs to the close, or a switch to another protocol, ends the
+    // connection's use for HTTP.
+    if framing == Framing::Eof || code == 101 {
         reuse = false;
     }
     Ok(Some(Some(Head {
@@ -699,11 +697,9 @@ pub fn parse_response(pieces: &[&[u8]], head_request: bool) -> io::Result<Parsed
             Step::More => fill(&mut rbuf, &mut eof, &mut pieces),
         }
     }
-    // Bytes after the response, or a body that ran to the close: not reused.
-    let reusable = head.reuse
-        && head.framing != Framing::Eof
-        && rbuf.is_empty()
-        && pieces.all(|p| p.is_empty());
+    // Bytes after the response: not reused (a pooled connection with unasked bytes is
+    // dropped before its next request).
+    let reusable = head.reuse && rbuf.is_empty() && pieces.all(|p| p.is_empty());
     Ok(Parsed {
         status: head.status,
         headers: head.headers,
