@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Fuzzes tollgate's parsers of untrusted text with cargo-fuzz (libFuzzer): the config
-# parser, the deadline headers, upstream HTTP/1.1 responses and Retry-After /
-# grpc-retry-pushback-ms. Each target
+# parser, the deadline headers, HTTP/1.1 requests from the app and responses from
+# upstreams, and Retry-After / grpc-retry-pushback-ms. Each target
 # runs for SECONDS (default 60). Run from anywhere; needs a Rust toolchain, a C++
 # compiler (libFuzzer is built from source) and crates.io.
 #

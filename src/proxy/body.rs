@@ -12,7 +12,10 @@ use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
 use tokio::time::Instant;
 
+use hyper::body::Incoming;
+
 use super::conn::ConnState;
+use super::h1::Http1Body;
 use crate::upstream::Upstream;
 use crate::upstream::h1::BoxError;
 use crate::upstream::pool::UpstreamBody;
@@ -117,6 +120,43 @@ impl Body for ResponseBody {
         match &self.kind {
             Kind::Full(b) => SizeHint::with_exact(b.as_ref().map_or(0, |b| b.len() as u64)),
             Kind::Upstream(inner) => inner.size_hint(),
+        }
+    }
+}
+
+/// The body of a request from the app, as either protocol delivers it.
+pub enum AppBody {
+    Http1(Http1Body),
+    Http2(Incoming),
+}
+
+impl Body for AppBody {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        match self.get_mut() {
+            AppBody::Http1(b) => Pin::new(b).poll_frame(cx),
+            AppBody::Http2(b) => Pin::new(b)
+                .poll_frame(cx)
+                .map(|f| f.map(|r| r.map_err(BoxError::from))),
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        match self {
+            AppBody::Http1(b) => b.is_end_stream(),
+            AppBody::Http2(b) => b.is_end_stream(),
+        }
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        match self {
+            AppBody::Http1(b) => b.size_hint(),
+            AppBody::Http2(b) => b.size_hint(),
         }
     }
 }

@@ -1,18 +1,19 @@
 //! One client connection: which HTTP it speaks, how long it may dawdle, and how it ends.
 //!
 //! The first bytes decide the protocol: the HTTP/2 connection preface means HTTP/2 with
-//! prior knowledge (gRPC in cleartext), anything else is HTTP/1.1. The bytes read to
-//! decide are handed back to hyper in front of the socket.
+//! prior knowledge (gRPC in cleartext), served by hyper; anything else is HTTP/1.1,
+//! served by tollgate's own codec (`h1`). The bytes read to decide are handed on in
+//! front of the socket.
 //!
-//! A watchdog enforces two limits hyper cannot tell apart: a request head must arrive
-//! whole within `header_read_timeout` of its first byte (slowloris), while a keep-alive
-//! connection with nothing in flight may stay open for `idle_timeout`. On shutdown the
-//! connection is closed gracefully: HTTP/1.1 after the response in flight, HTTP/2 with
-//! GOAWAY, letting streams finish.
+//! A watchdog enforces two limits a server cannot tell apart on its own: a request head
+//! must arrive whole within `header_read_timeout` of its first byte (slowloris), while a
+//! keep-alive connection with nothing in flight may stay open for `idle_timeout`. On
+//! shutdown the connection is closed gracefully: HTTP/1.1 after the response in flight,
+//! HTTP/2 with GOAWAY, letting streams finish.
 //!
-//! hyper refuses malformed messages (framing, sizes) itself; what it lets through and
-//! routing could be fooled by, an ambiguous or malformed `Host`, is refused here with
-//! a 400 before the request is handed over.
+//! Malformed messages (framing, sizes) are refused by the codec; what it lets through
+//! and routing could be fooled by, an ambiguous or malformed `Host`, is refused here
+//! with a 400 before the request is handed over.
 
 use std::io;
 use std::pin::{Pin, pin};
@@ -33,7 +34,8 @@ use tokio::sync::watch;
 use tokio::time::{Instant, sleep_until, timeout_at};
 
 use super::Shared;
-use super::body::ResponseBody;
+use super::body::{AppBody, ResponseBody};
+use super::h1::{Http1Conn, Settings};
 use crate::config::ListenerConfig;
 
 const H2_PREFACE: &[u8; 24] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
@@ -92,7 +94,7 @@ impl ConnState {
         }
     }
 
-    fn bytes_read(&self) {
+    pub(super) fn bytes_read(&self) {
         if self.track_heads
             && self.head_started.load(Relaxed) == 0
             && self.inflight.load(Relaxed) == 0
@@ -236,7 +238,7 @@ async fn sniff(
 /// 400 for both). Two `Host` lines are the classic way to make two hops route one
 /// request differently; tollgate refuses rather than pick one. An empty `Host` is
 /// allowed (the URI may have no authority) and routes nowhere.
-fn host_problem<B>(req: &Request<B>) -> Option<&'static str> {
+pub(super) fn host_problem<B>(req: &Request<B>) -> Option<&'static str> {
     let mut hosts = req.headers().get_all(HOST).iter();
     let first = hosts.next()?;
     if hosts.next().is_some() {
@@ -299,7 +301,7 @@ fn authority_syntax(value: &[u8]) -> bool {
 
 /// tollgate's own 400 for a request it will not route. An HTTP/1.x connection is closed
 /// after it, as after any malformed request.
-fn bad_request(why: &'static str, version: Version) -> Response<ResponseBody> {
+pub(super) fn bad_request(why: &'static str, version: Version) -> Response<ResponseBody> {
     let mut resp = Response::new(ResponseBody::full(why, None));
     *resp.status_mut() = StatusCode::BAD_REQUEST;
     let h = resp.headers_mut();
@@ -365,27 +367,6 @@ pub async fn serve(
         // The sniffed bytes were the start of a request head.
         state.head_began_at_epoch();
     }
-    let io = TokioIo::new(Prefixed {
-        prefix,
-        inner: stream,
-        state: state.clone(),
-    });
-    let svc = {
-        let state = state.clone();
-        service_fn(move |req: Request<Incoming>| {
-            let (shared, fixed, state) = (shared.clone(), fixed.clone(), state.clone());
-            async move {
-                if let Some(why) = host_problem(&req) {
-                    // Counted as a request of the connection, so the watchdog sees the
-                    // head as read and the connection as idle again once answered.
-                    state.request_started();
-                    state.request_finished();
-                    return Ok(bad_request(why, req.version()));
-                }
-                super::handler::handle(shared, fixed, state, req).await
-            }
-        })
-    };
     macro_rules! drive {
         ($conn:expr) => {{
             // Boxed: an HTTP/2 connection's state is far larger than an HTTP/1.1
@@ -450,6 +431,28 @@ pub async fn serve(
         }};
     }
     if h2 {
+        let io = TokioIo::new(Prefixed {
+            prefix,
+            inner: stream,
+            state: state.clone(),
+        });
+        let svc = {
+            let state = state.clone();
+            service_fn(move |req: Request<Incoming>| {
+                let (shared, fixed, state) = (shared.clone(), fixed.clone(), state.clone());
+                let req = req.map(AppBody::Http2);
+                async move {
+                    if let Some(why) = host_problem(&req) {
+                        // Counted as a request of the connection, so the watchdog sees the
+                        // head as read and the connection as idle again once answered.
+                        state.request_started();
+                        state.request_finished();
+                        return Ok(bad_request(why, req.version()));
+                    }
+                    super::handler::handle(shared, fixed, state, req).await
+                }
+            })
+        };
         let mut b = hyper::server::conn::http2::Builder::new(TokioExecutor::new());
         b.timer(TokioTimer::new())
             .max_header_list_size(u32::try_from(settings.max_header_bytes).unwrap_or(u32::MAX))
@@ -458,17 +461,18 @@ pub async fn serve(
             .keep_alive_timeout(Duration::from_secs(10));
         drive!(b.serve_connection(io, svc));
     } else {
-        let mut b = hyper::server::conn::http1::Builder::new();
-        b.timer(TokioTimer::new())
-            // The watchdog enforces head and idle limits; hyper's own timer would
-            // treat every idle keep-alive connection as a slow head.
-            .header_read_timeout(None)
-            .max_header_size(settings.max_header_bytes)
-            .max_buf_size(settings.max_header_bytes.max(8192) + 8192);
-        if settings.max_headers != 100 {
-            b.max_headers(settings.max_headers);
-        }
-        drive!(b.serve_connection(io, svc));
+        let conn = Http1Conn::new(
+            stream,
+            &prefix,
+            Settings {
+                shared,
+                fixed,
+                state: state.clone(),
+                max_header_bytes: settings.max_header_bytes,
+                max_headers: settings.max_headers,
+            },
+        );
+        drive!(conn);
     }
 }
 

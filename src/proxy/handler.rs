@@ -9,11 +9,10 @@ use http::header::{CONNECTION, CONTENT_TYPE, HOST, RETRY_AFTER};
 use http::uri::PathAndQuery;
 use http::{HeaderValue, Method, Request, Response, StatusCode, Uri, Version};
 use http_body::Body;
-use hyper::body::Incoming;
 use tokio::time::Instant;
 
 use super::Shared;
-use super::body::{RequestGuard, ResponseBody};
+use super::body::{AppBody, RequestGuard, ResponseBody};
 use super::conn::ConnState;
 use super::headers::{prepare_request, strip};
 use super::route::authority_of;
@@ -27,7 +26,7 @@ pub async fn handle(
     shared: Arc<Shared>,
     fixed: Option<Arc<str>>,
     conn: Arc<ConnState>,
-    req: Request<Incoming>,
+    req: Request<AppBody>,
 ) -> Result<Response<ResponseBody>, Infallible> {
     let start = Instant::now();
     let mut guard = RequestGuard::new(conn, start);

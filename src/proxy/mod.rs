@@ -7,6 +7,7 @@
 
 pub mod body;
 pub mod conn;
+pub mod h1;
 pub mod handler;
 pub mod headers;
 pub mod route;

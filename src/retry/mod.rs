@@ -20,11 +20,11 @@ use std::time::Duration;
 
 use http::{HeaderMap, HeaderValue, Method, Response, StatusCode, Uri, Version};
 use http_body::Body;
-use hyper::body::Incoming;
 use tokio::time::{Instant, timeout_at};
 
 use crate::deadline::{self, Deadline};
 use crate::metrics::{AttemptResult, Outcome, UpstreamMetrics};
+use crate::proxy::body::AppBody;
 use crate::upstream::Upstream;
 use crate::upstream::pool::{AttemptFields, RequestHead, SendError, UpstreamBody};
 use policy::{ATTEMPT_HEADER, BodyState, Failure, Policy, Situation, Stop};
@@ -37,7 +37,7 @@ pub struct Exchange {
     /// The HTTP version the app spoke (for `protocol = "auto"`).
     pub version: Version,
     pub headers: HeaderMap,
-    pub body: Incoming,
+    pub body: AppBody,
     pub deadline: Deadline,
     /// A gRPC call: `grpc-timeout` is rewritten on each attempt too.
     pub grpc: bool,
@@ -395,7 +395,7 @@ fn local(status: StatusCode, attempts: u32, outcome: Outcome, body_unread: bool)
 
 /// Whether some of the app's body is still unread.
 fn unread(
-    fresh: &Option<Incoming>,
+    fresh: &Option<AppBody>,
     unsent: &Option<RequestBody>,
     tape: &Option<TapeHandle>,
 ) -> bool {

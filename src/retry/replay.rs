@@ -12,10 +12,11 @@ use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
+use crate::proxy::body::AppBody;
+use crate::upstream::h1::BoxError;
 use bytes::Bytes;
 use http::HeaderMap;
 use http_body::{Body, Frame, SizeHint};
-use hyper::body::Incoming;
 
 /// What an attempt sends upstream.
 pub enum RequestBody {
@@ -41,12 +42,12 @@ impl std::fmt::Debug for RequestBody {
 
 impl Body for RequestBody {
     type Data = Bytes;
-    type Error = hyper::Error;
+    type Error = BoxError;
 
     fn poll_frame(
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
         match self.get_mut() {
             RequestBody::Empty => Poll::Ready(None),
             RequestBody::Recording(r) => r.poll_frame(cx),
@@ -76,7 +77,7 @@ impl Body for RequestBody {
 /// stopped reading it (an upstream that answers before reading a small body).
 #[derive(Default)]
 struct Tape {
-    body: Option<Incoming>,
+    body: Option<AppBody>,
     cap: usize,
     chunks: Vec<Bytes>,
     trailers: Option<HeaderMap>,
@@ -88,7 +89,7 @@ struct Tape {
 
 impl Tape {
     /// Polls the app's body once and records what it yields.
-    fn poll(&mut self, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+    fn poll(&mut self, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
         let Some(body) = self.body.as_mut() else {
             return Poll::Ready(None);
         };
@@ -203,7 +204,7 @@ pub struct Recording {
 
 impl Recording {
     /// Starts recording `body`, keeping at most `cap` bytes.
-    pub fn new(body: Incoming, cap: usize) -> (Self, TapeHandle) {
+    pub fn new(body: AppBody, cap: usize) -> (Self, TapeHandle) {
         let tape = Arc::new(Mutex::new(Tape {
             // A body whose declared length is over the cap will not be replayable;
             // knowing it now spares the copy.
@@ -231,10 +232,7 @@ impl Recording {
             .map_or(SizeHint::with_exact(0), |b| b.size_hint())
     }
 
-    fn poll_frame(
-        &mut self,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+    fn poll_frame(&mut self, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
         self.lock().poll(cx)
     }
 }

@@ -39,11 +39,11 @@ const MAX_HEADERS: usize = 128;
 /// Response heads with up to this many fields are taken apart without an allocation.
 const FEW_HEADERS: usize = 24;
 /// Room made in the read buffer before each read.
-const READ_CHUNK: usize = 8 * 1024;
+pub(crate) const READ_CHUNK: usize = 8 * 1024;
 /// Bodies are pulled into the write buffer until it holds this much, then written.
-const WRITE_BATCH: usize = 16 * 1024;
+pub(crate) const WRITE_BATCH: usize = 16 * 1024;
 /// A write buffer grown past this by a large body is shrunk back when it empties.
-const KEEP_WRITE: usize = 64 * 1024;
+pub(crate) const KEEP_WRITE: usize = 64 * 1024;
 
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
@@ -206,7 +206,7 @@ impl Upload {
     }
 }
 
-fn write_field(wbuf: &mut Vec<u8>, name: &HeaderName, value: &HeaderValue) {
+pub(crate) fn write_field(wbuf: &mut Vec<u8>, name: &HeaderName, value: &HeaderValue) {
     wbuf.extend_from_slice(name.as_str().as_bytes());
     wbuf.extend_from_slice(b": ");
     wbuf.extend_from_slice(value.as_bytes());
@@ -312,7 +312,7 @@ pub async fn send(
 
 /// How the response body ends.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Framing {
+pub(crate) enum Framing {
     /// This many bytes still to come.
     Length(u64),
     Chunked(Chunk),
@@ -321,7 +321,7 @@ enum Framing {
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Chunk {
+pub(crate) enum Chunk {
     Size,
     Data(u64),
     DataEnd,
@@ -336,7 +336,7 @@ struct Head {
     reuse: bool,
 }
 
-fn bad(what: &'static str) -> io::Error {
+pub(crate) fn bad(what: &'static str) -> io::Error {
     io::Error::new(io::ErrorKind::InvalidData, what)
 }
 
@@ -506,7 +506,7 @@ fn parse_head(rbuf: &mut BytesMut, head_request: bool) -> io::Result<Option<Opti
     })))
 }
 
-fn has_token(value: &[u8], token: &[u8]) -> bool {
+pub(crate) fn has_token(value: &[u8], token: &[u8]) -> bool {
     value
         .split(|&b| b == b',')
         .any(|t| t.trim_ascii().eq_ignore_ascii_case(token))
@@ -582,7 +582,7 @@ impl Body1 {
 }
 
 /// What the next step of reading a response body found in the buffer.
-enum Step {
+pub(crate) enum Step {
     Data(Bytes),
     Trailers(HeaderMap),
     End,
@@ -590,10 +590,10 @@ enum Step {
     More,
 }
 
-/// Takes the next piece of a response body off the front of `rbuf`, moving `framing`
+/// Takes the next piece of a message body off the front of `rbuf`, moving `framing`
 /// on. `eof`: the endpoint has closed the connection, so nothing more will come (and
 /// `More` is never the answer).
-fn step(rbuf: &mut BytesMut, framing: &mut Framing, eof: bool) -> io::Result<Step> {
+pub(crate) fn step(rbuf: &mut BytesMut, framing: &mut Framing, eof: bool) -> io::Result<Step> {
     loop {
         match *framing {
             Framing::Length(0) => return Ok(Step::End),
@@ -606,7 +606,7 @@ fn step(rbuf: &mut BytesMut, framing: &mut Framing, eof: bool) -> io::Result<Ste
                 if eof {
                     return Err(io::Error::new(
                         io::ErrorKind::UnexpectedEof,
-                        "connection closed within the response body",
+                        "connection closed within the body",
                     ));
                 }
                 return Ok(Step::More);
@@ -639,7 +639,7 @@ fn step(rbuf: &mut BytesMut, framing: &mut Framing, eof: bool) -> io::Result<Ste
                     if eof {
                         return Err(io::Error::new(
                             io::ErrorKind::UnexpectedEof,
-                            "connection closed within the chunked response body",
+                            "connection closed within the chunked body",
                         ));
                     }
                     return Ok(Step::More);
