@@ -261,3 +261,63 @@ async fn a_response_that_says_close_or_cannot_be_trusted_is_not_followed_by_anot
         tg.stop().await;
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn response_fields_reach_either_app_once_and_clean() {
+    let up = Scripted::start(|mut s, _| async move {
+        loop {
+            if read_head(&mut s).await.is_empty() {
+                return;
+            }
+            let answer = b"HTTP/1.1 200 OK\r\nX-Custom:  a b \r\nX-Tollgate-Attempts: 7\r\n\
+                           Content-Length: 2\r\nConnection: x-named\r\nX-Named: secret\r\n\
+                           Keep-Alive: timeout=5\r\nx-custom: second\r\n\r\nok";
+            if s.write_all(answer).await.is_err() {
+                return;
+            }
+        }
+    })
+    .await;
+    let tg = Tollgate::start(&h1_upstream(up.addr)).await;
+
+    // HTTP/1.1: the fields as they came, each once, this hop's attempt count only.
+    let mut s = TcpStream::connect(tg.addr).await.unwrap();
+    s.write_all(b"GET / HTTP/1.1\r\nHost: raw\r\nConnection: close\r\n\r\n")
+        .await
+        .unwrap();
+    let mut raw = Vec::new();
+    tokio::time::timeout(Duration::from_secs(10), s.read_to_end(&mut raw))
+        .await
+        .unwrap()
+        .unwrap();
+    let raw = String::from_utf8(raw).unwrap();
+    let lower = raw.to_ascii_lowercase();
+    assert!(raw.contains("\r\nX-Custom:  a b\r\n"), "{raw}");
+    assert!(raw.contains("\r\nx-custom: second\r\n"), "{raw}");
+    assert_eq!(lower.matches("x-tollgate-attempts").count(), 1, "{raw}");
+    assert!(lower.contains("x-tollgate-attempts: 1\r\n"), "{raw}");
+    assert_eq!(lower.matches("content-length").count(), 1, "{raw}");
+    for hop in ["x-named", "keep-alive", "connection: x-named"] {
+        assert!(!lower.contains(hop), "{hop}: {raw}");
+    }
+    assert!(raw.ends_with("\r\n\r\nok"), "{raw}");
+
+    // HTTP/2: the same fields, in the map.
+    let r = send_h2(
+        tg.addr,
+        request("GET", "http://raw/", "raw").body(empty()).unwrap(),
+    )
+    .await;
+    assert_eq!(&r.body[..], b"ok");
+    let all = |n: &str| -> Vec<&str> {
+        r.headers
+            .get_all(n)
+            .iter()
+            .map(|v| v.to_str().unwrap())
+            .collect()
+    };
+    assert_eq!(all("x-custom"), ["a b", "second"]);
+    assert_eq!(all("x-tollgate-attempts"), ["1"]);
+    assert!(all("x-named").is_empty() && all("keep-alive").is_empty());
+    tg.stop().await;
+}

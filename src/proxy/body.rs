@@ -17,7 +17,7 @@ use hyper::body::Incoming;
 use super::conn::ConnState;
 use super::h1::Http1Body;
 use crate::upstream::Upstream;
-use crate::upstream::h1::BoxError;
+use crate::upstream::h1::{BoxError, RawFields};
 use crate::upstream::pool::UpstreamBody;
 
 /// Held for as long as a request is being answered.
@@ -91,6 +91,17 @@ impl ResponseBody {
         ResponseBody {
             kind: Kind::Full((!bytes.is_empty()).then_some(bytes)),
             _guard: guard,
+        }
+    }
+}
+
+impl ResponseBody {
+    /// Fields of the upstream's HTTP/1.1 response head that are not in the response's
+    /// header map, to be written after it.
+    pub fn raw_fields(&self) -> Option<&RawFields> {
+        match &self.kind {
+            Kind::Upstream(b) => b.raw_fields(),
+            Kind::Full(_) => None,
         }
     }
 }

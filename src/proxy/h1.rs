@@ -701,6 +701,15 @@ async fn respond(
         dated |= name == DATE;
         write_field(wbuf, name, value);
     }
+    if let Some(raw) = body.raw_fields() {
+        let lengthless = status.is_informational() || code == 204;
+        raw.write_to(wbuf, !lengthless);
+        dated |= raw.has_date();
+        if raw.has_length() && !lengthless {
+            // The upstream's own length, which its body is framed by.
+            length = body.size_hint().exact().or(Some(0));
+        }
+    }
     let mut out = if bodiless {
         Out::None
     } else if let Some(n) = length {

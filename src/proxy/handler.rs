@@ -166,9 +166,15 @@ fn respond(
     match answer.reply {
         Reply::Upstream(resp) => {
             let (mut parts, body) = resp.into_parts();
-            // An HTTP/1.1 response lost its hop-by-hop fields as it was parsed.
-            if matches!(body, UpstreamBody::Http2(_)) {
-                strip(&mut parts.headers);
+            match &body {
+                UpstreamBody::Http2(_) => strip(&mut parts.headers),
+                // An HTTP/1.1 response lost its hop-by-hop fields as it was parsed and
+                // keeps the rest in its head, from where they go to an HTTP/1.1 app as
+                // they are; an HTTP/2 app needs them in the map.
+                UpstreamBody::Http1(b) if version == Version::HTTP_2 => {
+                    b.fields().append_to(&mut parts.headers);
+                }
+                UpstreamBody::Http1(_) => {}
             }
             parts.version = version;
             parts

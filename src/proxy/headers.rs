@@ -29,8 +29,8 @@ fn is_hop_by_hop(name: &HeaderName) -> bool {
 
 /// Whether a `Connection` value names headers of its own, beyond `keep-alive` and
 /// `close` (which name nothing outside the usual set).
-pub fn names_others(value: &HeaderValue) -> bool {
-    value.as_bytes().split(|b| *b == b',').any(|t| {
+pub fn names_others(value: &[u8]) -> bool {
+    value.split(|b| *b == b',').any(|t| {
         let t = t.trim_ascii();
         !t.eq_ignore_ascii_case(b"keep-alive") && !t.eq_ignore_ascii_case(b"close")
     })
@@ -101,7 +101,7 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
         {
             present[n] = Some(name.clone());
             n += 1;
-            connection_names |= *name == header::CONNECTION && names_others(value);
+            connection_names |= *name == header::CONNECTION && names_others(value.as_bytes());
         }
     }
     // Headers listed in `Connection` are hop-by-hop too.

@@ -26,7 +26,7 @@ use crate::deadline::{self, Deadline};
 use crate::metrics::{AttemptResult, Outcome, UpstreamMetrics};
 use crate::proxy::body::AppBody;
 use crate::upstream::Upstream;
-use crate::upstream::pool::{AttemptFields, RequestHead, SendError, UpstreamBody};
+use crate::upstream::pool::{AttemptFields, Fields, RequestHead, SendError, UpstreamBody};
 use policy::{ATTEMPT_HEADER, BodyState, Failure, Policy, Situation, Stop};
 use replay::{Recording, Replay, RequestBody, TapeHandle};
 
@@ -44,6 +44,9 @@ pub struct Exchange {
 }
 
 /// What goes back to the app.
+// Unboxed: almost every answer is the upstream's, and a box would cost an allocation
+// per request for the rare local one's sake.
+#[allow(clippy::large_enum_variant)]
 pub enum Reply {
     /// The upstream's response. An HTTP/1.1 body carries its connection, which goes
     /// back to the pool once the body has been read to the end.
@@ -248,12 +251,13 @@ pub async fn forward(up: &Upstream, ex: Exchange) -> Answer {
         let (failure, failed_response) = match result {
             Ok(resp) => {
                 record.finish(up, AttemptResult::of_status(resp.status().as_u16()), start);
-                let failure = policy::classify_response(resp.status(), resp.headers(), &retry.on);
-                let owned = policy::owned_elsewhere(resp.headers());
+                let failure =
+                    policy::classify_response(resp.status(), Fields::of(&resp), &retry.on);
+                let owned = policy::owned_elsewhere(Fields::of(&resp));
                 match failure {
                     None => {
                         let outcome = if owned {
-                            outcome_of(resp.headers())
+                            outcome_of(Fields::of(&resp))
                         } else {
                             Outcome::Ok
                         };
@@ -309,7 +313,7 @@ pub async fn forward(up: &Upstream, ex: Exchange) -> Answer {
             let recorded = tape.as_ref();
             let mut situation = Situation {
                 failure,
-                response: failed_response.as_ref().map(|r| r.headers()),
+                response: failed_response.as_ref().map(Fields::of),
                 attempts,
                 request_retryable,
                 // The next attempt sends the body from the recording, if it can be
@@ -350,7 +354,7 @@ pub async fn forward(up: &Upstream, ex: Exchange) -> Answer {
                     Some(resp) => {
                         let owned = stop == Stop::Ownership;
                         let outcome = if owned {
-                            outcome_of(resp.headers())
+                            outcome_of(Fields::of(&resp))
                         } else {
                             outcome
                         };
@@ -403,14 +407,14 @@ fn unread(
 }
 
 /// The outcome another tollgate put on a response, for our own metrics.
-pub fn outcome_of(headers: &HeaderMap) -> Outcome {
+pub fn outcome_of(headers: Fields<'_>) -> Outcome {
     headers
         .get(&policy::OUTCOME_HEADER)
         .and_then(|v| {
             Outcome::ALL
                 .iter()
                 .copied()
-                .find(|o| o.as_str().as_bytes() == v.as_bytes())
+                .find(|o| o.as_str().as_bytes() == v)
         })
         .unwrap_or(Outcome::Ok)
 }

@@ -8,7 +8,9 @@
 
 use std::time::{Duration, SystemTime};
 
-use http::{HeaderMap, HeaderName, StatusCode};
+use http::{HeaderName, StatusCode};
+
+use crate::upstream::pool::Fields;
 use tokio::time::Instant;
 
 use super::backoff::Backoff;
@@ -71,14 +73,14 @@ impl Failure {
 }
 
 /// Classifies a response head: `None` when it is not a failure `retry.on` names.
-pub fn classify_response(status: StatusCode, headers: &HeaderMap, on: &RetryOn) -> Option<Failure> {
+pub fn classify_response(status: StatusCode, headers: Fields<'_>, on: &RetryOn) -> Option<Failure> {
     if on.status(status.as_u16()) {
         return Some(Failure::Status(status));
     }
     if on.unavailable
         && headers
             .get(&GRPC_STATUS)
-            .is_some_and(|v| v.as_bytes() == GRPC_UNAVAILABLE)
+            .is_some_and(|v| v == GRPC_UNAVAILABLE)
     {
         return Some(Failure::Unavailable);
     }
@@ -86,8 +88,8 @@ pub fn classify_response(status: StatusCode, headers: &HeaderMap, on: &RetryOn) 
 }
 
 /// Whether a response was already given up on by another tollgate nearer the failure.
-pub fn owned_elsewhere(headers: &HeaderMap) -> bool {
-    headers.contains_key(&OUTCOME_HEADER)
+pub fn owned_elsewhere(headers: Fields<'_>) -> bool {
+    headers.contains(&OUTCOME_HEADER)
 }
 
 /// Why a failure goes back to the app instead of being retried.
@@ -141,7 +143,7 @@ impl Stop {
 pub struct Situation<'a> {
     pub failure: Failure,
     /// The failed response's headers, when there was a response.
-    pub response: Option<&'a HeaderMap>,
+    pub response: Option<Fields<'a>>,
     /// Attempts made, the failed one included.
     pub attempts: u32,
     /// Method listed or idempotency key present.
@@ -223,19 +225,19 @@ impl Policy<'_> {
 
 /// The wait a response asks for: `grpc-retry-pushback-ms` first (it is the more
 /// specific), else `Retry-After`. An unreadable `Retry-After` is ignored.
-pub fn pushback(headers: &HeaderMap) -> Option<Pushback> {
+pub fn pushback(headers: Fields<'_>) -> Option<Pushback> {
     if let Some(v) = headers.get(&GRPC_PUSHBACK) {
-        return Some(parse_pushback_ms(v.as_bytes()));
+        return Some(parse_pushback_ms(v));
     }
-    let v = headers.get(http::header::RETRY_AFTER)?;
-    parse_retry_after(v.as_bytes(), SystemTime::now()).map(Pushback::After)
+    let v = headers.get(&http::header::RETRY_AFTER)?;
+    parse_retry_after(v, SystemTime::now()).map(Pushback::After)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::config::BudgetConfig;
-    use http::HeaderValue;
+    use http::{HeaderMap, HeaderValue};
 
     struct Fixture {
         retry: RetryConfig,
@@ -274,11 +276,7 @@ mod tests {
             p.decide(s, &mut fastrand::Rng::with_seed(1))
         }
 
-        fn situation<'a>(
-            &self,
-            failure: Failure,
-            response: Option<&'a HeaderMap>,
-        ) -> Situation<'a> {
+        fn situation<'a>(&self, failure: Failure, response: Option<Fields<'a>>) -> Situation<'a> {
             Situation {
                 failure,
                 response,
@@ -308,7 +306,7 @@ mod tests {
         let mut owned = HeaderMap::new();
         owned.insert(OUTCOME_HEADER, HeaderValue::from_static("budget-exhausted"));
         assert_eq!(
-            f.decide(&mut f.situation(s503(), Some(&owned)), None),
+            f.decide(&mut f.situation(s503(), Some((&owned).into())), None),
             Err(Stop::Ownership)
         );
 
@@ -350,19 +348,21 @@ mod tests {
         let f = Fixture::new();
         let mut h = HeaderMap::new();
         h.insert(http::header::RETRY_AFTER, HeaderValue::from_static("1"));
-        let sleep = f.decide(&mut f.situation(s503(), Some(&h)), None).unwrap();
+        let sleep = f
+            .decide(&mut f.situation(s503(), Some((&h).into())), None)
+            .unwrap();
         assert!(sleep >= Duration::from_secs(1) && sleep < Duration::from_secs(2));
 
         h.insert(http::header::RETRY_AFTER, HeaderValue::from_static("30"));
         assert_eq!(
-            f.decide(&mut f.situation(s503(), Some(&h)), None),
+            f.decide(&mut f.situation(s503(), Some((&h).into())), None),
             Err(Stop::RetryAfter)
         );
 
         // Fits max_retry_after (5 s) but not the deadline (2 s).
         h.insert(http::header::RETRY_AFTER, HeaderValue::from_static("3"));
         assert_eq!(
-            f.decide(&mut f.situation(s503(), Some(&h)), None),
+            f.decide(&mut f.situation(s503(), Some((&h).into())), None),
             Err(Stop::RetryAfter)
         );
     }
@@ -374,12 +374,18 @@ mod tests {
         h.insert(GRPC_STATUS, HeaderValue::from_static("14"));
         h.insert(GRPC_PUSHBACK, HeaderValue::from_static("-1"));
         assert_eq!(
-            f.decide(&mut f.situation(Failure::Unavailable, Some(&h)), None),
+            f.decide(
+                &mut f.situation(Failure::Unavailable, Some((&h).into())),
+                None
+            ),
             Err(Stop::RetryAfter)
         );
         h.insert(GRPC_PUSHBACK, HeaderValue::from_static("100"));
         let sleep = f
-            .decide(&mut f.situation(Failure::Unavailable, Some(&h)), None)
+            .decide(
+                &mut f.situation(Failure::Unavailable, Some((&h).into())),
+                None,
+            )
             .unwrap();
         assert!(sleep >= Duration::from_millis(100));
     }
@@ -390,7 +396,10 @@ mod tests {
         f.retry.retry_after = RetryAfterMode::Ignore;
         let mut h = HeaderMap::new();
         h.insert(http::header::RETRY_AFTER, HeaderValue::from_static("30"));
-        assert!(f.decide(&mut f.situation(s503(), Some(&h)), None).is_ok());
+        assert!(
+            f.decide(&mut f.situation(s503(), Some((&h).into())), None)
+                .is_ok()
+        );
     }
 
     #[test]
@@ -413,13 +422,13 @@ mod tests {
         let mut h = HeaderMap::new();
         h.insert(GRPC_STATUS, HeaderValue::from_static("14"));
         assert_eq!(
-            classify_response(StatusCode::OK, &h, &on),
+            classify_response(StatusCode::OK, (&h).into(), &on),
             Some(Failure::Unavailable)
         );
         h.insert(GRPC_STATUS, HeaderValue::from_static("0"));
-        assert_eq!(classify_response(StatusCode::OK, &h, &on), None);
+        assert_eq!(classify_response(StatusCode::OK, (&h).into(), &on), None);
         assert_eq!(
-            classify_response(StatusCode::BAD_GATEWAY, &HeaderMap::new(), &on),
+            classify_response(StatusCode::BAD_GATEWAY, (&HeaderMap::new()).into(), &on),
             Some(Failure::Status(StatusCode::BAD_GATEWAY))
         );
     }

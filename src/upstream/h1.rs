@@ -22,14 +22,14 @@ use std::sync::atomic::AtomicUsize;
 use std::task::{Context, Poll, Waker};
 
 use bytes::{Buf, Bytes, BytesMut};
-use http::header::{CONNECTION, CONTENT_LENGTH, TE, TRANSFER_ENCODING};
+use http::header::CONTENT_LENGTH;
 use http::{HeaderMap, HeaderName, HeaderValue, Method, Response, StatusCode, Version};
 use http_body::{Body, Frame, SizeHint};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, ReadBuf};
 
 use super::connect::{OpenGuard, Transport};
 use super::pool::{Lease, RequestHead};
-use crate::proxy::headers::{HOP_BY_HOP, names_others, strip_hop_by_hop};
+use crate::proxy::headers::names_others;
 use crate::retry::replay::RequestBody;
 
 /// The largest response head (or chunk-size line, or trailer block) accepted.
@@ -297,6 +297,7 @@ pub async fn send(
     };
     let mut body = Body1 {
         lease: Some(lease),
+        fields: head.fields,
         framing: head.framing,
         reuse: head.reuse && !upload_failed,
         upload,
@@ -306,7 +307,6 @@ pub async fn send(
     let mut resp = Response::new(body);
     *resp.status_mut() = head.status;
     *resp.version_mut() = head.version;
-    *resp.headers_mut() = head.headers;
     Ok(resp)
 }
 
@@ -331,9 +331,109 @@ pub(crate) enum Chunk {
 struct Head {
     status: StatusCode,
     version: Version,
-    headers: HeaderMap,
+    fields: RawFields,
     framing: Framing,
     reuse: bool,
+}
+
+/// The fields of an HTTP/1.1 response head as they came, minus the hop-by-hop ones
+/// and `x-tollgate-attempts` (each hop writes its own). They go back to an HTTP/1.1
+/// app line by line from the head itself: no header map is built and torn down for
+/// the few fields tollgate reads.
+#[derive(Clone, Debug)]
+pub struct RawFields {
+    head: Bytes,
+    /// Per field: where its name starts and ends, where its value starts and ends.
+    lines: Vec<[u32; 4]>,
+    has_length: bool,
+    has_date: bool,
+}
+
+impl RawFields {
+    /// The value of the first field called `name` (lowercase, as `HeaderName`s are).
+    pub fn get(&self, name: &str) -> Option<&[u8]> {
+        self.iter()
+            .find(|(n, _)| n.len() == name.len() && n.eq_ignore_ascii_case(name.as_bytes()))
+            .map(|(_, v)| v)
+    }
+
+    /// Every field, as name and value.
+    pub fn iter(&self) -> impl Iterator<Item = (&[u8], &[u8])> {
+        self.lines.iter().map(|&[ns, ne, vs, ve]| {
+            (
+                &self.head[ns as usize..ne as usize],
+                &self.head[vs as usize..ve as usize],
+            )
+        })
+    }
+
+    /// Writes every field as a line of an HTTP/1.1 head (without `Content-Length`
+    /// when `length` is false).
+    pub fn write_to(&self, wbuf: &mut Vec<u8>, length: bool) {
+        for &[ns, ne, _, ve] in &self.lines {
+            let line = &self.head[ns as usize..ve as usize];
+            if !length && field_kind(&line[..(ne - ns) as usize]) == FieldKind::ContentLength {
+                continue;
+            }
+            wbuf.extend_from_slice(line);
+            wbuf.extend_from_slice(b"\r\n");
+        }
+    }
+
+    /// Whether the fields include `Content-Length` and `Date`.
+    pub fn has_length(&self) -> bool {
+        self.has_length
+    }
+
+    pub fn has_date(&self) -> bool {
+        self.has_date
+    }
+
+    /// Adds the fields to a header map (for an HTTP/2 app).
+    pub fn append_to(&self, map: &mut HeaderMap) {
+        map.reserve(self.lines.len());
+        for &[ns, ne, vs, ve] in &self.lines {
+            if let (Ok(name), Ok(value)) = (
+                HeaderName::from_bytes(&self.head[ns as usize..ne as usize]),
+                HeaderValue::from_maybe_shared(self.head.slice(vs as usize..ve as usize)),
+            ) {
+                map.append(name, value);
+            }
+        }
+    }
+}
+
+/// What a response field is to the reader of the head.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum FieldKind {
+    ContentLength,
+    TransferEncoding,
+    Connection,
+    /// Another hop-by-hop field (RFC 9110 section 7.6.1), or `TE`.
+    HopByHop,
+    /// `x-tollgate-attempts`: replaced by this hop's own.
+    Attempts,
+    Date,
+    Other,
+}
+
+/// Classifies a field name as it came (any case), by length first.
+fn field_kind(name: &[u8]) -> FieldKind {
+    let is = |n: &str| name.eq_ignore_ascii_case(n.as_bytes());
+    match name.len() {
+        2 if is("te") => FieldKind::HopByHop,
+        4 if is("date") => FieldKind::Date,
+        7 if is("trailer") || is("upgrade") => FieldKind::HopByHop,
+        10 if is("connection") => FieldKind::Connection,
+        10 if is("keep-alive") => FieldKind::HopByHop,
+        14 if is("content-length") => FieldKind::ContentLength,
+        16 if is("proxy-connection") => FieldKind::HopByHop,
+        17 if is("transfer-encoding") => FieldKind::TransferEncoding,
+        18 if is("proxy-authenticate") => FieldKind::HopByHop,
+        19 if is("proxy-authorization") => FieldKind::HopByHop,
+        19 if is("x-tollgate-attempts") => FieldKind::Attempts,
+        _ => FieldKind::Other,
+    }
 }
 
 pub(crate) fn bad(what: &'static str) -> io::Error {
@@ -420,59 +520,80 @@ fn parse_head(rbuf: &mut BytesMut, head_request: bool) -> io::Result<Option<Opti
             f.value.len(),
         );
     }
-    // The values are slices of the head, not copies. The read buffer is shared with
-    // them until the response has gone back to the app, which is before this
-    // connection reads again, so the buffer is then reused as it is.
+    // The fields stay in the head, not copied. The read buffer is shared with it until
+    // the response has gone back to the app, which is before this connection reads
+    // again, so the buffer is then reused as it is.
     let head = rbuf.split_to(len).freeze();
-    // Room for the headers tollgate adds on the way back.
-    let mut headers = HeaderMap::with_capacity(count + 2);
-    let mut strip = false;
+    let mut lines = Vec::with_capacity(count);
     let mut reuse = version == Version::HTTP_11;
     let mut length: Option<u64> = None;
     let mut chunked = false;
     let mut coded = false;
+    let mut has_date = false;
+    // `Connection` values naming fields of their own: those fields go too.
+    let mut named: Vec<(usize, usize)> = Vec::new();
     for &(ns, nl, vs, vl) in spans.iter() {
-        let name = HeaderName::from_bytes(&head[ns..ns + nl])
-            .map_err(|_| bad("invalid response header name"))?;
-        let value = HeaderValue::from_maybe_shared(head.slice(vs..vs + vl))
-            .map_err(|_| bad("invalid response header value"))?;
-        if name == CONTENT_LENGTH {
-            let digits = value.as_bytes().trim_ascii();
-            let v = std::str::from_utf8(digits)
-                .ok()
-                .filter(|d| !d.is_empty() && d.bytes().all(|b| b.is_ascii_digit()))
-                .and_then(|d| d.parse::<u64>().ok())
-                .ok_or_else(|| bad("invalid Content-Length"))?;
-            if length.is_some_and(|l| l != v) {
-                return Err(bad("conflicting Content-Length"));
+        let name = &head[ns..ns + nl];
+        let value = &head[vs..vs + vl];
+        match field_kind(name) {
+            FieldKind::ContentLength => {
+                let digits = value.trim_ascii();
+                let v = std::str::from_utf8(digits)
+                    .ok()
+                    .filter(|d| !d.is_empty() && d.bytes().all(|b| b.is_ascii_digit()))
+                    .and_then(|d| d.parse::<u64>().ok())
+                    .ok_or_else(|| bad("invalid Content-Length"))?;
+                if length.is_some_and(|l| l != v) {
+                    return Err(bad("conflicting Content-Length"));
+                }
+                length = Some(v);
             }
-            length = Some(v);
-        } else if name == TRANSFER_ENCODING {
-            coded = true;
-            chunked = value
-                .as_bytes()
-                .rsplit(|&b| b == b',')
-                .next()
-                .is_some_and(|last| last.trim_ascii().eq_ignore_ascii_case(b"chunked"));
-        } else if name == CONNECTION && has_token(value.as_bytes(), b"close") {
-            reuse = false;
-        }
-        // Hop-by-hop fields end here, read but not kept; only the rare ones that need
-        // a second look (a `Connection` naming other fields, `TE`) are left to the
-        // full strip below.
-        if HOP_BY_HOP.contains(&name) {
-            if name != CONNECTION || !names_others(&value) {
+            FieldKind::TransferEncoding => {
+                coded = true;
+                chunked = value
+                    .rsplit(|&b| b == b',')
+                    .next()
+                    .is_some_and(|last| last.trim_ascii().eq_ignore_ascii_case(b"chunked"));
                 continue;
             }
-            strip = true;
-        } else if name == TE {
-            strip = true;
+            FieldKind::Connection => {
+                if has_token(value, b"close") {
+                    reuse = false;
+                }
+                if names_others(value) {
+                    named.push((vs, vl));
+                }
+                continue;
+            }
+            FieldKind::HopByHop | FieldKind::Attempts => continue,
+            FieldKind::Date => has_date = true,
+            FieldKind::Other => {}
         }
-        headers.append(name, value);
+        let at = |i: usize| u32::try_from(i).map_err(|_| bad("response head too large"));
+        lines.push([at(ns)?, at(ns + nl)?, at(vs)?, at(vs + vl)?]);
     }
-    if strip {
-        strip_hop_by_hop(&mut headers);
+    if coded && length.is_some() {
+        // Transfer-Encoding wins; the stale length is not passed on.
+        lines.retain(|&[ns, ne, _, _]| {
+            field_kind(&head[ns as usize..ne as usize]) != FieldKind::ContentLength
+        });
     }
+    for &(vs, vl) in &named {
+        let value = &head[vs..vs + vl];
+        lines.retain(|&[ns, ne, _, _]| {
+            let name = &head[ns as usize..ne as usize];
+            !value
+                .split(|&b| b == b',')
+                .any(|t| t.trim_ascii().eq_ignore_ascii_case(name))
+        });
+    }
+    let has_length = length.is_some() && !coded;
+    let fields = RawFields {
+        head,
+        lines,
+        has_length,
+        has_date,
+    };
     let no_body = head_request || status.is_informational() || code == 204 || code == 304;
     let framing = if no_body {
         Framing::Length(0)
@@ -500,7 +621,7 @@ fn parse_head(rbuf: &mut BytesMut, head_request: bool) -> io::Result<Option<Opti
     Ok(Some(Some(Head {
         status,
         version,
-        headers,
+        fields,
         framing,
         reuse,
     })))
@@ -515,6 +636,8 @@ pub(crate) fn has_token(value: &[u8], token: &[u8]) -> bool {
 /// The response body, read from the connection as the app's side asks for it.
 pub struct Body1 {
     lease: Option<Lease>,
+    /// The response head's fields (the response's header map is left empty).
+    fields: RawFields,
     framing: Framing,
     reuse: bool,
     /// The request body, still going out (rarely: boxed).
@@ -525,6 +648,10 @@ pub struct Body1 {
 }
 
 impl Body1 {
+    pub fn fields(&self) -> &RawFields {
+        &self.fields
+    }
+
     fn ended(&self) -> bool {
         self.framing == Framing::Length(0)
     }
@@ -702,7 +829,11 @@ pub fn parse_response(pieces: &[&[u8]], head_request: bool) -> io::Result<Parsed
     let reusable = head.reuse && rbuf.is_empty() && pieces.all(|p| p.is_empty());
     Ok(Parsed {
         status: head.status,
-        headers: head.headers,
+        headers: {
+            let mut map = HeaderMap::new();
+            head.fields.append_to(&mut map);
+            map
+        },
         body,
         trailers,
         reusable,
@@ -923,6 +1054,16 @@ mod tests {
             assert!(!r.headers.contains_key(gone), "{gone}");
         }
         assert_eq!(r.headers["x-kept"], "2");
+
+        // Both framings: chunked wins and the stale length is not passed on.
+        let r = whole(
+            b"HTTP/1.1 200 OK\r\nContent-Length: 3\r\nTransfer-Encoding: chunked\r\n\r\n\
+              5\r\nhello\r\n0\r\n\r\n",
+        )
+        .unwrap();
+        assert_eq!(r.body, b"hello");
+        assert!(!r.headers.contains_key("content-length"));
+        assert!(!r.reusable);
     }
 
     #[test]

@@ -397,10 +397,55 @@ impl RequestHead<'_> {
     }
 }
 
+/// The fields of an upstream response head, wherever they are kept: an HTTP/1.1
+/// response's in its head as it came (`h1::RawFields`), an HTTP/2 one's in its map.
+/// Fields in the map come first.
+#[derive(Clone, Copy, Debug)]
+pub struct Fields<'a> {
+    map: &'a HeaderMap,
+    raw: Option<&'a h1::RawFields>,
+}
+
+impl<'a> Fields<'a> {
+    pub fn of(resp: &'a Response<UpstreamBody>) -> Self {
+        Fields {
+            map: resp.headers(),
+            raw: resp.body().raw_fields(),
+        }
+    }
+
+    pub fn get(&self, name: &HeaderName) -> Option<&'a [u8]> {
+        if let Some(v) = self.map.get(name) {
+            return Some(v.as_bytes());
+        }
+        self.raw?.get(name.as_str())
+    }
+
+    pub fn contains(&self, name: &HeaderName) -> bool {
+        self.get(name).is_some()
+    }
+}
+
+impl<'a> From<&'a HeaderMap> for Fields<'a> {
+    fn from(map: &'a HeaderMap) -> Self {
+        Fields { map, raw: None }
+    }
+}
+
 /// A response body from an endpoint, whichever HTTP carried it.
 pub enum UpstreamBody {
     Http1(h1::Body1),
     Http2(Incoming),
+}
+
+impl UpstreamBody {
+    /// An HTTP/1.1 response's fields, kept in its head (its header map is empty).
+    pub fn raw_fields(&self) -> Option<&h1::RawFields> {
+        match self {
+            UpstreamBody::Http1(b) => Some(b.fields()),
+            UpstreamBody::Http2(_) => None,
+        }
+    }
 }
 
 impl Body for UpstreamBody {
