@@ -16,6 +16,7 @@ use hyper::body::Incoming;
 
 use super::conn::ConnState;
 use super::h1::Http1Body;
+use crate::metrics::Outcome;
 use crate::upstream::Upstream;
 use crate::upstream::h1::{BoxError, RawFields};
 use crate::upstream::pool::UpstreamBody;
@@ -75,13 +76,23 @@ enum Kind {
 
 pub struct ResponseBody {
     kind: Kind,
+    stamp: Option<Stamp>,
     _guard: Option<RequestGuard>,
+}
+
+/// What this hop says about the exchange, for an HTTP/1.1 app: written into the head
+/// as `x-tollgate-attempts` and `x-tollgate-outcome` without a header map.
+#[derive(Clone, Copy, Debug)]
+pub struct Stamp {
+    pub attempts: u32,
+    pub outcome: Option<Outcome>,
 }
 
 impl ResponseBody {
     pub fn upstream(inner: UpstreamBody, guard: RequestGuard) -> Self {
         ResponseBody {
             kind: Kind::Upstream(inner),
+            stamp: None,
             _guard: Some(guard),
         }
     }
@@ -90,12 +101,22 @@ impl ResponseBody {
         let bytes = bytes.into();
         ResponseBody {
             kind: Kind::Full((!bytes.is_empty()).then_some(bytes)),
+            stamp: None,
             _guard: guard,
         }
     }
 }
 
 impl ResponseBody {
+    pub fn stamped(mut self, stamp: Stamp) -> Self {
+        self.stamp = Some(stamp);
+        self
+    }
+
+    pub fn stamp(&self) -> Option<Stamp> {
+        self.stamp
+    }
+
     /// Fields of the upstream's HTTP/1.1 response head that are not in the response's
     /// header map, to be written after it.
     pub fn raw_fields(&self) -> Option<&RawFields> {

@@ -242,16 +242,51 @@ pub(super) fn host_problem<B>(req: &Request<B>) -> Option<&'static str> {
     let mut hosts = req.headers().get_all(HOST).iter();
     let first = hosts.next()?;
     if hosts.next().is_some() {
-        return Some("more than one Host header\n");
+        return Some(TWO_HOSTS);
     }
-    let value = first.as_bytes();
-    let valid = value.is_empty() || (!value.contains(&b'@') && authority_syntax(value));
+    host_value_problem(first.as_bytes())
+}
+
+pub(super) const TWO_HOSTS: &str = "more than one Host header\n";
+
+/// Why one `Host` value cannot be trusted to route a request, if it cannot.
+pub(super) fn host_value_problem(value: &[u8]) -> Option<&'static str> {
+    let valid = value.is_empty() || authority_syntax(value);
     (!valid).then_some("the Host header is not a valid host[:port]\n")
 }
 
-/// `uri-host [ ":" port ]` (RFC 3986): an IP literal in brackets or a reg-name
-/// (unreserved, percent-encoded and sub-delims characters), then nothing or a colon
-/// and digits. Checked in place: this runs on every request.
+/// The characters of a reg-name (RFC 3986): unreserved, percent-encoded, sub-delims.
+const REG_NAME: [bool; 256] = {
+    let mut t = [false; 256];
+    let mut b = 0;
+    while b < 256 {
+        let c = b as u8;
+        t[b] = c.is_ascii_alphanumeric()
+            || matches!(
+                c,
+                b'-' | b'.'
+                    | b'_'
+                    | b'~'
+                    | b'%'
+                    | b'!'
+                    | b'$'
+                    | b'&'
+                    | b'\''
+                    | b'('
+                    | b')'
+                    | b'*'
+                    | b'+'
+                    | b','
+                    | b';'
+                    | b'='
+            );
+        b += 1;
+    }
+    t
+};
+
+/// `uri-host [ ":" port ]` (RFC 3986): an IP literal in brackets or a reg-name, then
+/// nothing or a colon and digits. Checked in place: this runs on every request.
 fn authority_syntax(value: &[u8]) -> bool {
     let (host, port) = if value.first() == Some(&b'[') {
         let Some(end) = value.iter().position(|b| *b == b']') else {
@@ -273,28 +308,7 @@ fn authority_syntax(value: &[u8]) -> bool {
         }
     };
     let reg_name = host.first() == Some(&b'[')
-        || (!host.is_empty()
-            && host.iter().all(|b| {
-                b.is_ascii_alphanumeric()
-                    || matches!(
-                        b,
-                        b'-' | b'.'
-                            | b'_'
-                            | b'~'
-                            | b'%'
-                            | b'!'
-                            | b'$'
-                            | b'&'
-                            | b'\''
-                            | b'('
-                            | b')'
-                            | b'*'
-                            | b'+'
-                            | b','
-                            | b';'
-                            | b'='
-                    )
-            }));
+        || (!host.is_empty() && host.iter().all(|&b| REG_NAME[usize::from(b)]));
     let port_ok = port.is_empty() || (port[0] == b':' && port[1..].iter().all(u8::is_ascii_digit));
     reg_name && port_ok
 }

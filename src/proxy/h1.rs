@@ -26,7 +26,7 @@ use std::task::{Context, Poll, ready};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use bytes::{Bytes, BytesMut};
-use http::header::{CONNECTION, CONTENT_LENGTH, DATE, EXPECT, TRANSFER_ENCODING};
+use http::header::{CONNECTION, CONTENT_LENGTH, DATE, EXPECT, HOST, TRANSFER_ENCODING};
 use http::{
     HeaderMap, HeaderName, HeaderValue, Method, Request, Response, StatusCode, Uri, Version,
 };
@@ -36,7 +36,7 @@ use tokio::net::TcpStream;
 
 use super::Shared;
 use super::body::{AppBody, ResponseBody};
-use super::conn::{ConnState, bad_request, host_problem};
+use super::conn::{ConnState, TWO_HOSTS, host_value_problem};
 use crate::upstream::h1::{
     BoxError, Chunk, Framing, KEEP_WRITE, READ_CHUNK, Step, WRITE_BATCH, has_token, step,
     write_field,
@@ -288,41 +288,30 @@ async fn run(io: Arc<Mutex<Io>>, settings: Settings, closing: Arc<AtomicBool>) {
                 return;
             }
         };
+        // The Host was checked as the head was read.
         let Head { req, keep_alive } = head;
         let version = req.version();
         let head_request = req.method() == Method::HEAD;
-        let resp = match host_problem(&req) {
-            Some(why) => {
-                // Counted as a request of the connection, so the watchdog sees the head
-                // as read and the connection as idle again once answered.
-                settings.state.request_started();
-                settings.state.request_finished();
-                bad_request(why, version)
+        let answer = super::handler::handle(
+            settings.shared.clone(),
+            settings.fixed.clone(),
+            settings.state.clone(),
+            req,
+        );
+        let mut answer = pin!(answer);
+        let answered = poll_fn(|cx| {
+            if let Poll::Ready(Ok(resp)) = answer.as_mut().poll(cx) {
+                return Poll::Ready(Some(resp));
             }
-            None => {
-                let answer = super::handler::handle(
-                    settings.shared.clone(),
-                    settings.fixed.clone(),
-                    settings.state.clone(),
-                    req,
-                );
-                let mut answer = pin!(answer);
-                let answered = poll_fn(|cx| {
-                    if let Poll::Ready(Ok(resp)) = answer.as_mut().poll(cx) {
-                        return Poll::Ready(Some(resp));
-                    }
-                    // Nobody waits for the answer: dropping the request cancels it.
-                    match lock(&io).poll_gone(cx) {
-                        Poll::Ready(()) => Poll::Ready(None),
-                        Poll::Pending => Poll::Pending,
-                    }
-                })
-                .await;
-                match answered {
-                    Some(resp) => resp,
-                    None => return,
-                }
+            // Nobody waits for the answer: dropping the request cancels it.
+            match lock(&io).poll_gone(cx) {
+                Poll::Ready(()) => Poll::Ready(None),
+                Poll::Pending => Poll::Pending,
             }
+        })
+        .await;
+        let Some(resp) = answered else {
+            return;
         };
         let keep_alive = keep_alive && !closing.load(Acquire);
         let Ok(kept) = respond(&io, &mut wbuf, resp, version, head_request, keep_alive).await
@@ -348,6 +337,9 @@ fn poll_head(
     cx: &mut Context<'_>,
 ) -> Poll<Next> {
     let mut io = lock(shared);
+    // Bytes came in this call: if they are not a whole head, its timer starts (a head
+    // that arrives in one read, the usual case, never needs the clock).
+    let mut fresh = false;
     loop {
         if !io.rbuf.is_empty() {
             match parse(
@@ -379,6 +371,10 @@ fn poll_head(
                         "the request head is larger than this proxy accepts\n",
                     ));
                 }
+                Ok(None) if fresh => {
+                    settings.state.bytes_read();
+                    fresh = false;
+                }
                 Ok(None) => {}
                 Err((status, why)) => return Poll::Ready(Next::Refused(status, why)),
             }
@@ -391,7 +387,7 @@ fn poll_head(
         }
         match ready!(io.poll_fill(cx, 1024, READ_CHUNK)) {
             Ok(0) => {}
-            Ok(_) => settings.state.bytes_read(),
+            Ok(_) => fresh = true,
             Err(_) => return Poll::Ready(Next::Closed),
         }
     }
@@ -480,6 +476,7 @@ fn parse(
     let mut coded = false;
     let mut chunked = false;
     let mut expect = false;
+    let mut hosts = 0;
     let mut keep_alive = version == Version::HTTP_11;
     for &(ns, nl, vs, vl) in spans.iter() {
         let name = HeaderName::from_bytes(&head[ns..ns + nl])
@@ -513,6 +510,15 @@ fn parse(
             }
         } else if name == EXPECT {
             expect = value.as_bytes().eq_ignore_ascii_case(b"100-continue");
+        } else if name == HOST {
+            // One Host, and a valid one, or routing could be fooled (see `conn`).
+            if hosts > 0 {
+                return Err(malformed(TWO_HOSTS));
+            }
+            hosts += 1;
+            if let Some(why) = host_value_problem(value.as_bytes()) {
+                return Err(malformed(why));
+            }
         }
         headers.append(name, value);
     }
@@ -701,6 +707,17 @@ async fn respond(
         dated |= name == DATE;
         write_field(wbuf, name, value);
     }
+    if let Some(stamp) = body.stamp() {
+        wbuf.extend_from_slice(b"x-tollgate-attempts: ");
+        let mut digits = [0u8; 10];
+        wbuf.extend_from_slice(decimal(stamp.attempts, &mut digits));
+        wbuf.extend_from_slice(b"\r\n");
+        if let Some(outcome) = stamp.outcome {
+            wbuf.extend_from_slice(b"x-tollgate-outcome: ");
+            wbuf.extend_from_slice(outcome.as_str().as_bytes());
+            wbuf.extend_from_slice(b"\r\n");
+        }
+    }
     if let Some(raw) = body.raw_fields() {
         let lengthless = status.is_informational() || code == 204;
         raw.write_to(wbuf, !lengthless);
@@ -860,6 +877,18 @@ fn itoa3(code: u16) -> [u8; 3] {
         b'0' + (code / 10 % 10) as u8,
         b'0' + (code % 10) as u8,
     ]
+}
+
+fn decimal(mut n: u32, buf: &mut [u8; 10]) -> &[u8] {
+    let mut i = buf.len();
+    loop {
+        i -= 1;
+        buf[i] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 {
+            return &buf[i..];
+        }
+    }
 }
 
 fn hex_digits(mut n: usize, buf: &mut [u8; 16]) -> &[u8] {

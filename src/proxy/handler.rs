@@ -12,7 +12,7 @@ use http_body::Body;
 use tokio::time::Instant;
 
 use super::Shared;
-use super::body::{AppBody, RequestGuard, ResponseBody};
+use super::body::{AppBody, RequestGuard, ResponseBody, Stamp};
 use super::conn::ConnState;
 use super::headers::{prepare_request, strip};
 use super::route::authority_of;
@@ -177,16 +177,29 @@ fn respond(
                 UpstreamBody::Http1(_) => {}
             }
             parts.version = version;
+            let outcome = (answer.outcome != Outcome::Ok && !answer.owned_elsewhere)
+                .then_some(answer.outcome);
+            metrics.request(parts.status.as_u16(), answer.outcome, answer.attempts);
+            let body = ResponseBody::upstream(body, guard);
+            if version < Version::HTTP_2 {
+                // Written straight into the head by the HTTP/1.1 writer; an upstream's
+                // own count goes (an HTTP/1.1 one's went as its head was read).
+                if !parts.headers.is_empty() {
+                    parts.headers.remove(ATTEMPTS_HEADER);
+                }
+                let stamp = Stamp {
+                    attempts: answer.attempts,
+                    outcome,
+                };
+                return Response::from_parts(parts, body.stamped(stamp));
+            }
             parts
                 .headers
                 .insert(ATTEMPTS_HEADER, count_value(answer.attempts));
-            if answer.outcome != Outcome::Ok && !answer.owned_elsewhere {
-                parts
-                    .headers
-                    .insert(OUTCOME_HEADER, answer.outcome.header_value());
+            if let Some(o) = outcome {
+                parts.headers.insert(OUTCOME_HEADER, o.header_value());
             }
-            metrics.request(parts.status.as_u16(), answer.outcome, answer.attempts);
-            Response::from_parts(parts, ResponseBody::upstream(body, guard))
+            Response::from_parts(parts, body)
         }
         Reply::Local(status) => {
             let text = match status {
