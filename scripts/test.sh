@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The whole test suite, as CI runs it: formatting, lints, unit and integration tests,
-# benches compile, deployment checks. Run from the repository root.
+# benches compile, interop with nginx and HAProxy, fuzzing, deployment checks. Run from
+# the repository root.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -17,6 +18,9 @@ cargo test --quiet
 
 step "cargo bench --no-run (the benches compile)"
 cargo bench --no-run --quiet
+
+step "scripts/interop.sh (nginx and HAProxy in front of tollgate, nginx behind it)"
+scripts/interop.sh
 
 if [ "${TOLLGATE_FUZZ_SECONDS:-60}" != 0 ]; then
   step "fuzzing the parsers of untrusted text (${TOLLGATE_FUZZ_SECONDS:-60} s per target; TOLLGATE_FUZZ_SECONDS=0 skips)"

@@ -337,9 +337,6 @@ fn poll_head(
     cx: &mut Context<'_>,
 ) -> Poll<Next> {
     let mut io = lock(shared);
-    // Bytes came in this call: if they are not a whole head, its timer starts (a head
-    // that arrives in one read, the usual case, never needs the clock).
-    let mut fresh = false;
     loop {
         if !io.rbuf.is_empty() {
             match parse(
@@ -371,24 +368,21 @@ fn poll_head(
                         "the request head is larger than this proxy accepts\n",
                     ));
                 }
-                Ok(None) if fresh => {
-                    settings.state.bytes_read();
-                    fresh = false;
-                }
-                Ok(None) => {}
+                // Part of a head: its timer starts (a head that arrives whole, the
+                // usual case, never needs the clock).
+                Ok(None) => settings.state.bytes_read(),
                 Err((status, why)) => return Poll::Ready(Next::Refused(status, why)),
             }
-        } else if closing.load(Acquire) || io.eof {
+        } else if closing.load(Acquire) {
             return Poll::Ready(Next::Closed);
         }
         if io.eof {
-            // Closed within a head: nothing to answer.
+            // Closed, between requests or within a head: nothing to answer.
             return Poll::Ready(Next::Closed);
         }
-        match ready!(io.poll_fill(cx, 1024, READ_CHUNK)) {
-            Ok(0) => {}
-            Ok(_) => fresh = true,
-            Err(_) => return Poll::Ready(Next::Closed),
+        if let Err(_) | Ok(0) = ready!(io.poll_fill(cx, 1024, READ_CHUNK)) {
+            // An error or the end: either way the next turn ends the connection.
+            io.eof = true;
         }
     }
 }
@@ -399,8 +393,6 @@ fn malformed(why: &'static str) -> Refusal {
     (StatusCode::BAD_REQUEST, why)
 }
 
-/// Parses a request head at the front of the read buffer and takes it off; `None`
-/// while it is incomplete.
 /// A request head taken off the read buffer, and how its body follows.
 struct Parsed {
     parts: Parts,
@@ -409,6 +401,8 @@ struct Parsed {
     expect: bool,
 }
 
+/// Parses a request head at the front of the read buffer and takes it off; `None`
+/// while it is incomplete.
 fn parse(
     rbuf: &mut BytesMut,
     max_header_bytes: usize,
