@@ -79,18 +79,8 @@ trap cleanup EXIT
 trap 'exit 130' INT
 trap 'exit 143' TERM
 
-# N free loopback ports, distinct (all held open until all are chosen).
-free_ports() {
-  python3 - "$1" <<'EOF'
-import socket, sys
-socks = []
-for _ in range(int(sys.argv[1])):
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    socks.append(s)
-print(" ".join(str(s.getsockname()[1]) for s in socks))
-EOF
-}
+# N free loopback ports, distinct.
+free_ports() { python3 "$ROOT/scripts/free-ports.py" "$1"; }
 
 # wait_until SECONDS DESCRIPTION COMMAND...: poll every 0.25 s.
 wait_until() {

@@ -61,18 +61,18 @@ cleanup() {
 }
 trap cleanup EXIT
 
-free_ports() {
-  python3 - "$1" <<'EOF'
-import socket, sys
-socks = []
-for _ in range(int(sys.argv[1])):
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    socks.append(s)
-print(" ".join(str(s.getsockname()[1]) for s in socks))
-EOF
+read -r BACKEND ECHO_PORT UNUSED TG ADMIN NGX HAP <<<"$(python3 "$ROOT/scripts/free-ports.py" 7)"
+
+# An nginx config NAME.conf in the work directory, serving HTTP as given on stdin.
+nginx_conf() {
+  {
+    printf 'daemon off;\nworker_processes 1;\nerror_log %s/%s.err warn;\npid %s/%s.pid;\n' \
+      "$WORK" "$1" "$WORK" "$1"
+    printf 'events { worker_connections 256; }\nhttp {\n  access_log off;\n'
+    cat
+    printf '}\n'
+  } >"$WORK/$1.conf"
 }
-read -r BACKEND ECHO_PORT UNUSED TG ADMIN NGX HAP <<<"$(free_ports 7)"
 
 # Upstreams.
 head -c 1048576 /dev/urandom >"$WORK/big.bin"
@@ -80,21 +80,13 @@ mkdir -p "$WORK/www"
 mv "$WORK/big.bin" "$WORK/www/big.bin"
 chmod 755 "$WORK/www"
 chmod 644 "$WORK/www/big.bin"
-cat >"$WORK/backend.conf" <<EOF
-daemon off;
-worker_processes 1;
-error_log $WORK/backend.err warn;
-pid $WORK/backend.pid;
-events { worker_connections 256; }
-http {
-  access_log off;
+nginx_conf backend <<EOF
   server {
     listen 127.0.0.1:$BACKEND;
     root $WORK/www;
     location = /ok { return 200 "ok\n"; }
     location = /empty { return 204; }
   }
-}
 EOF
 "$NGINX" -c "$WORK/backend.conf" -p "$WORK" 2>"$WORK/backend.out" &
 PIDS+=($!)
@@ -123,14 +115,7 @@ EOF
 PIDS+=($!)
 
 # Peers in front of tollgate.
-cat >"$WORK/front.conf" <<EOF
-daemon off;
-worker_processes 1;
-error_log $WORK/front.err warn;
-pid $WORK/front.pid;
-events { worker_connections 256; }
-http {
-  access_log off;
+nginx_conf front <<EOF
   client_max_body_size 16m;
   upstream tg_keep { server 127.0.0.1:$TG; keepalive 8; }
   server {
@@ -149,7 +134,6 @@ http {
       proxy_request_buffering off;
     }
   }
-}
 EOF
 "$NGINX" -c "$WORK/front.conf" -p "$WORK" 2>"$WORK/front.out" &
 PIDS+=($!)

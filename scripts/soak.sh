@@ -35,13 +35,12 @@ cleanup() {
 trap cleanup EXIT
 
 step() { printf '\n==> %s\n' "$*"; }
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 
 step "building tollgate (release)"
 cargo build --release --quiet --bin tollgate
 bin="$target_dir/release/tollgate"
 
-port=$(free_port); admin=$(free_port); flap=$(free_port); stable=$(free_port)
+read -r port admin flap stable <<<"$(python3 scripts/free-ports.py 4)"
 config="$work/tollgate.toml"
 
 write_config() { # $1: a or b

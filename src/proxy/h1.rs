@@ -38,12 +38,10 @@ use super::Shared;
 use super::body::{AppBody, ResponseBody};
 use super::conn::{ConnState, TWO_HOSTS, host_value_problem};
 use crate::upstream::h1::{
-    BoxError, Chunk, Framing, KEEP_WRITE, READ_CHUNK, Step, WRITE_BATCH, has_token, step,
-    write_field,
+    BoxError, Chunk, FEW_HEADERS, Framing, KEEP_WRITE, READ_CHUNK, Step, WRITE_BATCH, field_spans,
+    has_token, step, write_field,
 };
 
-/// Heads with up to this many fields are taken apart without an allocation.
-const FEW_HEADERS: usize = 24;
 /// The most fields `max_headers` may allow (the config refuses more).
 const MOST_HEADERS: usize = 1000;
 /// While a request is answered, bytes the app sends ahead (a pipelined request) are
@@ -441,26 +439,11 @@ fn parse(
     };
     // Where the target and each field sit in the buffer, so they can be taken from
     // the head once it is split off (slices of it, not copies).
-    let base = rbuf.as_ptr() as usize;
     let path = parsed.path.unwrap_or_default();
-    let target = (path.as_ptr() as usize - base, path.len());
+    let target = (path.as_ptr() as usize - rbuf.as_ptr() as usize, path.len());
     let count = parsed.headers.len();
-    let mut few = [(0usize, 0usize, 0usize, 0usize); FEW_HEADERS];
-    let mut many = Vec::new();
-    let spans = if count <= FEW_HEADERS {
-        &mut few[..count]
-    } else {
-        many.resize(count, (0, 0, 0, 0));
-        &mut many[..]
-    };
-    for (span, f) in spans.iter_mut().zip(parsed.headers.iter()) {
-        *span = (
-            f.name.as_ptr() as usize - base,
-            f.name.len(),
-            f.value.as_ptr() as usize - base,
-            f.value.len(),
-        );
-    }
+    let (mut few, mut many) = ([(0, 0, 0, 0); FEW_HEADERS], Vec::new());
+    let spans = field_spans(rbuf, parsed.headers, &mut few, &mut many);
     let head = rbuf.split_to(len).freeze();
     let uri = Uri::from_maybe_shared(head.slice(target.0..target.0 + target.1))
         .map_err(|_| malformed("invalid request target\n"))?;
@@ -971,6 +954,7 @@ mod tests {
     #![allow(clippy::unwrap_used)]
 
     use super::*;
+    use crate::upstream::h1::tests::{chunked_body, cut};
     use proptest::prelude::*;
 
     fn whole(input: &[u8]) -> Vec<Result<ParsedRequest, Refused>> {
@@ -1077,21 +1061,6 @@ mod tests {
         );
     }
 
-    fn chunked(body: &[u8], sizes: &[usize]) -> Vec<u8> {
-        let mut out = Vec::new();
-        let mut rest = body;
-        let mut sizes = sizes.iter().cycle();
-        while !rest.is_empty() {
-            let n = (*sizes.next().unwrap()).clamp(1, rest.len());
-            out.extend_from_slice(format!("{n:x}\r\n").as_bytes());
-            out.extend_from_slice(&rest[..n]);
-            out.extend_from_slice(b"\r\n");
-            rest = &rest[n..];
-        }
-        out.extend_from_slice(b"0\r\n\r\n");
-        out
-    }
-
     proptest! {
         #[test]
         fn pipelined_requests_read_the_same_in_any_pieces(
@@ -1110,18 +1079,10 @@ mod tests {
                     input.extend_from_slice(
                         format!("PUT /{i} HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n").as_bytes(),
                     );
-                    input.extend_from_slice(&chunked(body, &sizes));
+                    input.extend_from_slice(&chunked_body(body, &sizes, i % 4 == 1, &[]));
                 }
             }
-            let mut at: Vec<usize> = cuts.iter().map(|c| c % (input.len() + 1)).collect();
-            at.sort_unstable();
-            let mut pieces = Vec::new();
-            let mut from = 0;
-            for c in at {
-                pieces.push(&input[from..c]);
-                from = c;
-            }
-            pieces.push(&input[from..]);
+            let pieces = cut(&input, &cuts);
             let read = parse_requests(&pieces, 32 * 1024, 100);
             prop_assert_eq!(read.len(), bodies.len());
             for (i, (r, body)) in read.iter().zip(&bodies).enumerate() {

@@ -36,8 +36,39 @@ use crate::retry::replay::RequestBody;
 const MAX_HEAD: usize = 256 * 1024;
 /// Most header fields in a response head.
 const MAX_HEADERS: usize = 128;
-/// Response heads with up to this many fields are taken apart without an allocation.
-const FEW_HEADERS: usize = 24;
+/// Heads with up to this many fields are taken apart without an allocation.
+pub(crate) const FEW_HEADERS: usize = 24;
+
+/// Where a field of a parsed head sits in its buffer: name start and length, value
+/// start and length.
+pub(crate) type Span = (usize, usize, usize, usize);
+
+/// The spans of `fields`, parsed from `buf`: in `few` when they fit, else in `many`.
+/// Kept so the names and values can be taken from the head once it is split off the
+/// buffer (values as slices of it, not copies).
+pub(crate) fn field_spans<'s>(
+    buf: &[u8],
+    fields: &[httparse::Header<'_>],
+    few: &'s mut [Span; FEW_HEADERS],
+    many: &'s mut Vec<Span>,
+) -> &'s [Span] {
+    let base = buf.as_ptr() as usize;
+    let spans = if fields.len() <= FEW_HEADERS {
+        &mut few[..fields.len()]
+    } else {
+        many.resize(fields.len(), (0, 0, 0, 0));
+        &mut many[..]
+    };
+    for (span, f) in spans.iter_mut().zip(fields) {
+        *span = (
+            f.name.as_ptr() as usize - base,
+            f.name.len(),
+            f.value.as_ptr() as usize - base,
+            f.value.len(),
+        );
+    }
+    spans
+}
 /// Room made in the read buffer before each read.
 pub(crate) const READ_CHUNK: usize = 8 * 1024;
 /// Bodies are pulled into the write buffer until it holds this much, then written.
@@ -500,26 +531,9 @@ fn parse_head(rbuf: &mut BytesMut, head_request: bool) -> io::Result<Option<Opti
     } else {
         Version::HTTP_11
     };
-    // Where each field sits in the buffer, so the names and values can be taken from
-    // the head once it is split off (values as slices of it, not copies).
-    let base = rbuf.as_ptr() as usize;
     let count = res.headers.len();
-    let mut few = [(0usize, 0usize, 0usize, 0usize); FEW_HEADERS];
-    let mut many = Vec::new();
-    let spans = if count <= FEW_HEADERS {
-        &mut few[..count]
-    } else {
-        many.resize(count, (0, 0, 0, 0));
-        &mut many[..]
-    };
-    for (span, f) in spans.iter_mut().zip(res.headers.iter()) {
-        *span = (
-            f.name.as_ptr() as usize - base,
-            f.name.len(),
-            f.value.as_ptr() as usize - base,
-            f.value.len(),
-        );
-    }
+    let (mut few, mut many) = ([(0, 0, 0, 0); FEW_HEADERS], Vec::new());
+    let spans = field_spans(rbuf, res.headers, &mut few, &mut many);
     // The fields stay in the head, not copied. The read buffer is shared with it until
     // the response has gone back to the app, which is before this connection reads
     // again, so the buffer is then reused as it is.
@@ -980,14 +994,14 @@ impl Body for Body1 {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     #![allow(clippy::unwrap_used)]
 
     use super::*;
     use proptest::prelude::*;
 
     /// `input` cut at the given points (taken modulo its length, in order).
-    fn cut<'a>(input: &'a [u8], points: &[usize]) -> Vec<&'a [u8]> {
+    pub(crate) fn cut<'a>(input: &'a [u8], points: &[usize]) -> Vec<&'a [u8]> {
         let mut at: Vec<usize> = points.iter().map(|p| p % (input.len() + 1)).collect();
         at.sort_unstable();
         let mut pieces = Vec::new();
@@ -1087,6 +1101,19 @@ mod tests {
     /// A chunked encoding of `body` in chunks of the given sizes (0 sizes skipped).
     fn chunked(body: &[u8], sizes: &[usize], ext: bool, trailers: &[(String, String)]) -> Vec<u8> {
         let mut out = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n".to_vec();
+        out.extend_from_slice(&chunked_body(body, sizes, ext, trailers));
+        out
+    }
+
+    /// `body` in chunks of the given sizes (repeated as needed), with an extension on
+    /// each chunk-size line if `ext`, then the trailers.
+    pub(crate) fn chunked_body(
+        body: &[u8],
+        sizes: &[usize],
+        ext: bool,
+        trailers: &[(String, String)],
+    ) -> Vec<u8> {
+        let mut out = Vec::new();
         let mut rest = body;
         let mut sizes = sizes.iter().cycle();
         while !rest.is_empty() {
