@@ -12,14 +12,12 @@ use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
 use tokio::time::Instant;
 
-use hyper::body::Incoming;
-
 use super::conn::ConnState;
 use super::h1::Http1Body;
 use crate::metrics::Outcome;
 use crate::upstream::Upstream;
 use crate::upstream::h1::{BoxError, RawFields};
-use crate::upstream::pool::UpstreamBody;
+use crate::upstream::pool::{ByProtocol, UpstreamBody};
 
 /// Held for as long as a request is being answered.
 pub struct RequestGuard {
@@ -157,38 +155,4 @@ impl Body for ResponseBody {
 }
 
 /// The body of a request from the app, as either protocol delivers it.
-pub enum AppBody {
-    Http1(Http1Body),
-    Http2(Incoming),
-}
-
-impl Body for AppBody {
-    type Data = Bytes;
-    type Error = BoxError;
-
-    fn poll_frame(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
-        match self.get_mut() {
-            AppBody::Http1(b) => Pin::new(b).poll_frame(cx),
-            AppBody::Http2(b) => Pin::new(b)
-                .poll_frame(cx)
-                .map(|f| f.map(|r| r.map_err(BoxError::from))),
-        }
-    }
-
-    fn is_end_stream(&self) -> bool {
-        match self {
-            AppBody::Http1(b) => b.is_end_stream(),
-            AppBody::Http2(b) => b.is_end_stream(),
-        }
-    }
-
-    fn size_hint(&self) -> SizeHint {
-        match self {
-            AppBody::Http1(b) => b.size_hint(),
-            AppBody::Http2(b) => b.size_hint(),
-        }
-    }
-}
+pub type AppBody = ByProtocol<Http1Body>;

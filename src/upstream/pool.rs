@@ -433,8 +433,11 @@ impl<'a> From<&'a HeaderMap> for Fields<'a> {
 }
 
 /// A response body from an endpoint, whichever HTTP carried it.
-pub enum UpstreamBody {
-    Http1(h1::Body1),
+pub type UpstreamBody = ByProtocol<h1::Body1>;
+
+/// A body that came over HTTP/1.1 (read by tollgate's own codec) or HTTP/2 (hyper's).
+pub enum ByProtocol<H1> {
+    Http1(H1),
     Http2(Incoming),
 }
 
@@ -448,7 +451,10 @@ impl UpstreamBody {
     }
 }
 
-impl Body for UpstreamBody {
+impl<H1> Body for ByProtocol<H1>
+where
+    H1: Body<Data = Bytes, Error = BoxError> + Unpin,
+{
     type Data = Bytes;
     type Error = BoxError;
 
@@ -457,8 +463,8 @@ impl Body for UpstreamBody {
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
         match self.get_mut() {
-            UpstreamBody::Http1(b) => Pin::new(b).poll_frame(cx),
-            UpstreamBody::Http2(b) => Pin::new(b)
+            ByProtocol::Http1(b) => Pin::new(b).poll_frame(cx),
+            ByProtocol::Http2(b) => Pin::new(b)
                 .poll_frame(cx)
                 .map(|o| o.map(|r| r.map_err(BoxError::from))),
         }
@@ -466,15 +472,15 @@ impl Body for UpstreamBody {
 
     fn is_end_stream(&self) -> bool {
         match self {
-            UpstreamBody::Http1(b) => b.is_end_stream(),
-            UpstreamBody::Http2(b) => b.is_end_stream(),
+            ByProtocol::Http1(b) => b.is_end_stream(),
+            ByProtocol::Http2(b) => b.is_end_stream(),
         }
     }
 
     fn size_hint(&self) -> SizeHint {
         match self {
-            UpstreamBody::Http1(b) => b.size_hint(),
-            UpstreamBody::Http2(b) => b.size_hint(),
+            ByProtocol::Http1(b) => b.size_hint(),
+            ByProtocol::Http2(b) => b.size_hint(),
         }
     }
 }
