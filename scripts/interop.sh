@@ -47,8 +47,10 @@ HAPROXY="$(command -v haproxy || echo /usr/sbin/haproxy)"
 
 if [ -z "$TOLLGATE_BIN" ]; then
   step "building tollgate"
-  (cd "$ROOT" && cargo build --quiet)
-  TOLLGATE_BIN="$ROOT/target/debug/tollgate"
+  (cd "$ROOT" && cargo build --quiet --bin tollgate)
+  target_dir="${CARGO_TARGET_DIR:-target}"
+  case "$target_dir" in /*) ;; *) target_dir="$ROOT/$target_dir" ;; esac
+  TOLLGATE_BIN="$target_dir/debug/tollgate"
 fi
 
 WORK="$(mktemp -d /tmp/tollgate-interop.XXXXXX)"
@@ -161,11 +163,21 @@ EOF
 PIDS+=($!)
 
 step "waiting for the peers (tollgate :$TG, nginx :$NGX, HAProxy :$HAP)"
-for port in "$BACKEND" "$ECHO_PORT" "$TG" "$NGX" "$HAP"; do
+for peer in "backend:$BACKEND" "echo.out:$ECHO_PORT" "tollgate:$TG" "front:$NGX" "haproxy.out:$HAP"; do
+  port=${peer#*:}
+  up=0
   for _ in $(seq 100); do
-    if (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then break; fi
+    if (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then
+      up=1
+      break
+    fi
     sleep 0.1
   done
+  if [ "$up" = 0 ]; then
+    echo "${peer%%:*} did not start listening on :$port; its log:" >&2
+    tail -n 20 "$WORK/${peer%%:*}".* 2>/dev/null >&2 || true
+    exit 1
+  fi
 done
 
 failed=0
