@@ -246,3 +246,53 @@ fn httpdate_like(v: &str) -> bool {
     let b = v.as_bytes();
     b.len() == 29 && v.ends_with(" GMT") && b[3] == b',' && b[19] == b':' && b[22] == b':'
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bodies_from_http11_apps_reach_an_h2c_upstream_whole() {
+    let up = Upstream::start(|req: http::Request<hyper::body::Incoming>| async move {
+        assert_eq!(req.version(), http::Version::HTTP_2, "h1 in, h2c out");
+        let body = req.into_body().collect().await.unwrap().to_bytes();
+        respond(
+            200,
+            format!(
+                "{} bytes, sum {}",
+                body.len(),
+                body.iter().map(|b| u64::from(*b)).sum::<u64>()
+            ),
+        )
+    })
+    .await;
+    let tg = Tollgate::start(&config(&format!(
+        "[upstreams.app]\nauthorities = [\"app\"]\nendpoints = [\"{}\"]\nprotocol = \"h2c\"\n",
+        up.addr
+    )))
+    .await;
+    let body: Vec<u8> = (0..200_000u32).map(|i| (i % 251) as u8).collect();
+    let sum: u64 = body.iter().map(|b| u64::from(*b)).sum();
+    let mut s = TcpStream::connect(tg.addr).await.unwrap();
+    let mut pending = Vec::new();
+    for expect in [false, true] {
+        let head = format!(
+            "POST /up HTTP/1.1\r\nHost: app\r\nContent-Length: {}\r\n{}\r\n",
+            body.len(),
+            if expect {
+                "Expect: 100-continue\r\n"
+            } else {
+                ""
+            }
+        );
+        s.write_all(head.as_bytes()).await.unwrap();
+        if expect {
+            let interim = timeout(LIMIT, read_head(&mut s)).await.unwrap();
+            assert_eq!(interim, b"HTTP/1.1 100 Continue\r\n\r\n");
+        }
+        s.write_all(&body).await.unwrap();
+        let resp = one_response(&mut s, &mut pending).await;
+        assert!(resp.starts_with("HTTP/1.1 200 OK\r\n"), "{resp}");
+        assert!(
+            resp.ends_with(&format!("\r\n\r\n200000 bytes, sum {sum}")),
+            "{resp}"
+        );
+    }
+    tg.stop().await;
+}

@@ -650,6 +650,9 @@ async fn respond(
     let status = parts.status;
     let code = status.as_u16();
     let bodiless = head_request || status.is_informational() || code == 204 || code == 304;
+    // The answer is final: no `100 Continue` may follow it, whoever reads the body
+    // later (an HTTP/2 upstream's connection reads it on a task of its own).
+    lock(io).continue_left = 0;
     wbuf.clear();
     wbuf.extend_from_slice(if version == Version::HTTP_10 {
         b"HTTP/1.0 "
