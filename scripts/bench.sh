@@ -3,7 +3,7 @@
 # HAProxy, each pinned to the same single core, in alternating rounds, medians reported.
 # Also tollgate's idle RSS and its RSS with 1,000 client connections open.
 #
-#   scripts/bench.sh                     # 3 rounds of 10 s per target, 64 connections
+#   scripts/bench.sh                     # 12 rounds of 3 s per target, 64 connections
 #   scripts/bench.sh --quick             # a short smoke run (1 round of 3 s)
 #   scripts/bench.sh --json              # the results as JSON on stdout
 #   scripts/bench.sh --count             # instructions and system calls per request
@@ -16,8 +16,11 @@ REPORT_AWK="$ROOT/scripts/bench/report.awk"
 ORIG_CMD="$(printf '%q ' "$0" "$@")"
 ORIG_CMD="${ORIG_CMD% }"
 
-DURATION=10
-ROUNDS=3
+# Many short rounds rather than a few long ones: the host's speed drifts over tens of
+# seconds, so runs next to each other compare better, and a median over 12 paired
+# rounds is steadier than one over 3.
+DURATION=3
+ROUNDS=12
 CONNS=64
 WARMUP=2
 RSS_CONNS=1000
@@ -37,8 +40,8 @@ usage() {
   cat <<'EOF'
 usage: scripts/bench.sh [options]
 
-  --duration SECONDS   length of one measured wrk run (default 10)
-  --rounds N           rounds; each round runs every target once (default 3)
+  --duration SECONDS   length of one measured wrk run (default 3)
+  --rounds N           rounds; each round runs every target once (default 12)
   --connections N      wrk keep-alive connections (default 64)
   --quick              smoke run: --duration 3 --rounds 1, 1 s warm-up, 2 s RSS load
   --json               print the results as JSON on stdout (progress goes to stderr)
