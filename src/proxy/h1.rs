@@ -38,8 +38,8 @@ use super::Shared;
 use super::body::{AppBody, ResponseBody};
 use super::conn::{ConnState, TWO_HOSTS, host_value_problem};
 use crate::upstream::h1::{
-    BoxError, Chunk, FEW_HEADERS, Framing, KEEP_WRITE, READ_CHUNK, Step, WRITE_BATCH, field_spans,
-    has_token, step, write_field,
+    BoxError, Chunk, FEW_HEADERS, Framing, KEEP_WRITE, READ_CHUNK, Step, WRITE_BATCH,
+    content_length, field_spans, has_token, step, write_field,
 };
 
 /// The most fields `max_headers` may allow (the config refuses more).
@@ -615,14 +615,6 @@ pub fn parse_requests(
             return out;
         }
     }
-}
-
-/// `Content-Length`: digits only (no sign, no spaces inside, no hex).
-fn content_length(digits: &[u8]) -> Option<u64> {
-    if digits.is_empty() || digits.len() > 19 || !digits.iter().all(u8::is_ascii_digit) {
-        return None;
-    }
-    std::str::from_utf8(digits).ok()?.parse().ok()
 }
 
 /// How the response body goes out.

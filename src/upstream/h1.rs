@@ -551,11 +551,7 @@ fn parse_head(rbuf: &mut BytesMut, head_request: bool) -> io::Result<Option<Opti
         let value = &head[vs..vs + vl];
         match field_kind(name) {
             FieldKind::ContentLength => {
-                let digits = value.trim_ascii();
-                let v = std::str::from_utf8(digits)
-                    .ok()
-                    .filter(|d| !d.is_empty() && d.bytes().all(|b| b.is_ascii_digit()))
-                    .and_then(|d| d.parse::<u64>().ok())
+                let v = content_length(value.trim_ascii())
                     .ok_or_else(|| bad("invalid Content-Length"))?;
                 if length.is_some_and(|l| l != v) {
                     return Err(bad("conflicting Content-Length"));
@@ -639,6 +635,14 @@ fn parse_head(rbuf: &mut BytesMut, head_request: bool) -> io::Result<Option<Opti
         framing,
         reuse,
     })))
+}
+
+/// A `Content-Length` value: digits only (no sign, no spaces inside, no hex).
+pub(crate) fn content_length(digits: &[u8]) -> Option<u64> {
+    if digits.is_empty() || digits.len() > 19 || !digits.iter().all(u8::is_ascii_digit) {
+        return None;
+    }
+    std::str::from_utf8(digits).ok()?.parse().ok()
 }
 
 pub(crate) fn has_token(value: &[u8], token: &[u8]) -> bool {
