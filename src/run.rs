@@ -8,7 +8,8 @@ use std::time::Duration;
 use crate::admin::Admin;
 use crate::config::{self, Config};
 use crate::metrics::Metrics;
-use crate::proxy::{Server, Workers};
+use crate::proxy::Server;
+use crate::worker::{WorkerPool, Workers};
 
 /// Why `run` could not start.
 #[derive(Debug, thiserror::Error)]
@@ -19,65 +20,6 @@ pub enum StartError {
     Bind(#[from] crate::proxy::BindError),
     #[error("cannot start the runtime: {0}")]
     Runtime(std::io::Error),
-}
-
-/// The worker threads `run` serves on: `worker_threads` from the config, else the CPUs
-/// this process may use (cgroup quotas included). Each is a single-threaded runtime on
-/// its own thread; with one worker, it is the calling thread.
-pub struct WorkerPool {
-    threads: Vec<std::thread::JoinHandle<()>>,
-    stop: Option<tokio::sync::watch::Sender<bool>>,
-    handles: Vec<tokio::runtime::Handle>,
-}
-
-impl WorkerPool {
-    pub fn start(config: &Config) -> std::io::Result<Self> {
-        let n = config
-            .runtime
-            .worker_threads
-            .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
-        let mut pool = WorkerPool {
-            threads: Vec::new(),
-            stop: None,
-            handles: Vec::new(),
-        };
-        if n <= 1 {
-            return Ok(pool);
-        }
-        let (stop, stopped) = tokio::sync::watch::channel(false);
-        for i in 0..n {
-            let rt = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()?;
-            pool.handles.push(rt.handle().clone());
-            let mut stopped = stopped.clone();
-            let thread = std::thread::Builder::new()
-                .name(format!("tollgate-{i}"))
-                .spawn(move || {
-                    crate::proxy::set_worker(i);
-                    rt.block_on(async move {
-                        let _ = stopped.changed().await;
-                    });
-                })?;
-            pool.threads.push(thread);
-        }
-        pool.stop = Some(stop);
-        Ok(pool)
-    }
-
-    pub fn workers(&self) -> crate::proxy::Workers {
-        crate::proxy::Workers::new(self.handles.clone())
-    }
-
-    /// Stops every worker; their remaining tasks are dropped.
-    pub fn stop(mut self) {
-        if let Some(stop) = self.stop.take() {
-            let _ = stop.send(true);
-        }
-        for t in self.threads.drain(..) {
-            let _ = t.join();
-        }
-    }
 }
 
 /// A running tollgate: proxy, admin endpoint and the config watcher.

@@ -13,8 +13,9 @@ use http_body_util::BodyExt;
 use tokio::time::Instant;
 
 use crate::config::EndpointAddr;
-use crate::retry::replay::RequestBody;
-use crate::upstream::pool::{AttemptFields, Endpoint, RequestHead, Want};
+use crate::http::NoBody;
+use crate::upstream::pool::{Endpoint, Want};
+use crate::upstream::request::{AttemptFields, RequestHead};
 
 /// One user request as the user saw it.
 #[derive(Clone, Copy, Debug)]
@@ -52,7 +53,7 @@ pub async fn run(
     start: Instant,
     live: Arc<Live>,
 ) -> Vec<Record> {
-    let endpoint = Arc::new(Endpoint::new(
+    let endpoint = Arc::new(Endpoint::<NoBody>::new(
         EndpointAddr {
             host: target.ip().to_string(),
             port: target.port(),
@@ -87,7 +88,7 @@ pub async fn run(
                     fields: AttemptFields::default(),
                     https: false,
                 };
-                let resp = conn.send(&head, RequestBody::Empty).await.ok()?;
+                let resp = conn.send(&head, NoBody).await.ok()?;
                 let ok = resp.status() == http::StatusCode::OK;
                 // Read to its end, the body gives its connection back to the pool.
                 resp.into_body().collect().await.ok()?;

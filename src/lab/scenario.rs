@@ -63,133 +63,10 @@ fn secs(n: u64) -> Duration {
 /// The scenario called `name`, with `o` applied; `None` for an unknown name.
 pub fn scenario(name: &str, o: &Overrides) -> Option<Scenario> {
     let mut s = match name {
-        // The published experiment: 60 requests/s for 20 s against a backend degraded to
-        // 90 requests/s capacity with a 40% base error rate.
-        "storm" => Scenario {
-            name: "storm",
-            about: String::new(),
-            load: LoadSpec {
-                rps: 60.0,
-                duration: secs(20),
-                deadline: secs(1),
-                patience: secs(2),
-                host: "api",
-            },
-            backend: Schedule {
-                workers: 3,
-                normal: Condition {
-                    service: Duration::from_micros(33_333),
-                    error_rate: 0.4,
-                    down: false,
-                },
-                episodes: vec![],
-            },
-            recovery_from: None,
-            published: Some(Published {
-                source: "published budgeted chain (2026-07-08)",
-                requests: 1200,
-                succeeded: 921,
-                backend_calls: 1899,
-                amplification: 1.58,
-                p50: ms(10),
-                p99: ms(1103),
-            }),
-        },
-        // A payment dependency whose median goes from 150 ms to 900 ms for 30 s, behind a
-        // pool of connections sized for the good days (Stagefront's on-sale, at a fifth
-        // of its traffic: 100 charges/s and a pool of 20).
-        "brownout" => Scenario {
-            name: "brownout",
-            about: String::new(),
-            load: LoadSpec {
-                rps: 100.0,
-                duration: secs(60),
-                deadline: secs(2),
-                patience: secs(4),
-                host: "api",
-            },
-            backend: Schedule {
-                workers: 20,
-                normal: Condition {
-                    service: ms(150),
-                    error_rate: 0.0,
-                    down: false,
-                },
-                episodes: vec![(
-                    secs(10),
-                    secs(40),
-                    Condition {
-                        service: ms(900),
-                        error_rate: 0.0,
-                        down: false,
-                    },
-                )],
-            },
-            recovery_from: Some(secs(40)),
-            published: None,
-        },
-        // 95 % utilisation; capacity drops to a fifth for 2 s.
-        "dip" => Scenario {
-            name: "dip",
-            about: String::new(),
-            load: LoadSpec {
-                rps: 95.0,
-                duration: secs(20),
-                deadline: secs(1),
-                patience: secs(2),
-                host: "api",
-            },
-            backend: Schedule {
-                workers: 10,
-                normal: Condition {
-                    service: ms(100),
-                    error_rate: 0.0,
-                    down: false,
-                },
-                episodes: vec![(
-                    secs(5),
-                    secs(7),
-                    Condition {
-                        service: ms(500),
-                        error_rate: 0.0,
-                        down: false,
-                    },
-                )],
-            },
-            recovery_from: Some(secs(7)),
-            published: None,
-        },
-        // Hard down (connections refused) for 10 s, then healthy.
-        "down" => Scenario {
-            name: "down",
-            about: String::new(),
-            load: LoadSpec {
-                rps: 80.0,
-                duration: secs(25),
-                deadline: secs(1),
-                patience: secs(2),
-                host: "api",
-            },
-            backend: Schedule {
-                workers: 10,
-                normal: Condition {
-                    service: ms(100),
-                    error_rate: 0.0,
-                    down: false,
-                },
-                episodes: vec![(
-                    secs(5),
-                    secs(15),
-                    Condition {
-                        service: ms(100),
-                        error_rate: 0.0,
-                        down: true,
-                    },
-                )],
-            },
-            recovery_from: Some(secs(15)),
-            published: None,
-        },
+        "storm" => storm(),
+        "brownout" => brownout(),
+        "dip" => dip(),
+        "down" => down(),
         _ => return None,
     };
     if let Some(d) = o.duration {
@@ -216,6 +93,145 @@ pub fn scenario(name: &str, o: &Overrides) -> Option<Scenario> {
     }
     s.about = describe(&s);
     Some(s)
+}
+
+/// The published experiment: 60 requests/s for 20 s against a backend degraded to
+/// 90 requests/s capacity with a 40% base error rate.
+fn storm() -> Scenario {
+    Scenario {
+        name: "storm",
+        about: String::new(),
+        load: LoadSpec {
+            rps: 60.0,
+            duration: secs(20),
+            deadline: secs(1),
+            patience: secs(2),
+            host: "api",
+        },
+        backend: Schedule {
+            workers: 3,
+            normal: Condition {
+                service: Duration::from_micros(33_333),
+                error_rate: 0.4,
+                down: false,
+            },
+            episodes: vec![],
+        },
+        recovery_from: None,
+        published: Some(Published {
+            source: "published budgeted chain (2026-07-08)",
+            requests: 1200,
+            succeeded: 921,
+            backend_calls: 1899,
+            amplification: 1.58,
+            p50: ms(10),
+            p99: ms(1103),
+        }),
+    }
+}
+
+/// A payment dependency whose median goes from 150 ms to 900 ms for 30 s, behind a
+/// pool of connections sized for the good days (Stagefront's on-sale, at a fifth
+/// of its traffic: 100 charges/s and a pool of 20).
+fn brownout() -> Scenario {
+    Scenario {
+        name: "brownout",
+        about: String::new(),
+        load: LoadSpec {
+            rps: 100.0,
+            duration: secs(60),
+            deadline: secs(2),
+            patience: secs(4),
+            host: "api",
+        },
+        backend: Schedule {
+            workers: 20,
+            normal: Condition {
+                service: ms(150),
+                error_rate: 0.0,
+                down: false,
+            },
+            episodes: vec![(
+                secs(10),
+                secs(40),
+                Condition {
+                    service: ms(900),
+                    error_rate: 0.0,
+                    down: false,
+                },
+            )],
+        },
+        recovery_from: Some(secs(40)),
+        published: None,
+    }
+}
+
+/// 95 % utilisation; capacity drops to a fifth for 2 s.
+fn dip() -> Scenario {
+    Scenario {
+        name: "dip",
+        about: String::new(),
+        load: LoadSpec {
+            rps: 95.0,
+            duration: secs(20),
+            deadline: secs(1),
+            patience: secs(2),
+            host: "api",
+        },
+        backend: Schedule {
+            workers: 10,
+            normal: Condition {
+                service: ms(100),
+                error_rate: 0.0,
+                down: false,
+            },
+            episodes: vec![(
+                secs(5),
+                secs(7),
+                Condition {
+                    service: ms(500),
+                    error_rate: 0.0,
+                    down: false,
+                },
+            )],
+        },
+        recovery_from: Some(secs(7)),
+        published: None,
+    }
+}
+
+/// Hard down (connections refused) for 10 s, then healthy.
+fn down() -> Scenario {
+    Scenario {
+        name: "down",
+        about: String::new(),
+        load: LoadSpec {
+            rps: 80.0,
+            duration: secs(25),
+            deadline: secs(1),
+            patience: secs(2),
+            host: "api",
+        },
+        backend: Schedule {
+            workers: 10,
+            normal: Condition {
+                service: ms(100),
+                error_rate: 0.0,
+                down: false,
+            },
+            episodes: vec![(
+                secs(5),
+                secs(15),
+                Condition {
+                    service: ms(100),
+                    error_rate: 0.0,
+                    down: true,
+                },
+            )],
+        },
+        recovery_from: Some(secs(15)),
+        published: None,
+    }
 }
 
 fn describe(s: &Scenario) -> String {

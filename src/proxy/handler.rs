@@ -1,9 +1,10 @@
-//! One request, start to finish: route it, admit it, fix its deadline, clean its headers,
-//! hand it to the retry engine, and dress the answer with what the app must know
-//! (`x-tollgate-attempts`, and `x-tollgate-outcome` when tollgate gave up).
+//! The outbound service: one request from the app, start to finish. Route it, admit it,
+//! fix its deadline, clean its headers, hand it to the retry engine, and dress the
+//! answer with what the app must know (`x-tollgate-attempts`, and
+//! `x-tollgate-outcome` when tollgate gave up).
 
-use std::convert::Infallible;
 use std::sync::Arc;
+use std::sync::atomic::Ordering::AcqRel;
 
 use http::header::{CONNECTION, CONTENT_TYPE, HOST, RETRY_AFTER};
 use http::uri::PathAndQuery;
@@ -11,33 +12,69 @@ use http::{HeaderValue, Method, Request, Response, StatusCode, Uri, Version};
 use http_body::Body;
 use tokio::time::Instant;
 
-use super::Shared;
-use super::body::{AppBody, RequestGuard, ResponseBody, Stamp};
-use super::conn::ConnState;
-use super::headers::{prepare_request, strip};
+use super::headers::prepare_request;
 use super::route::authority_of;
+use super::server::{Admission, AppBody, ConnState, RequestGuard, ResponseBody, Service};
+use super::{Shared, Upstream};
 use crate::deadline::Deadline;
+use crate::http::ByProtocol;
+use crate::http::fields::{ExtraFields, strip};
 use crate::metrics::{Outcome, UpstreamMetrics};
-use crate::retry::policy::{ATTEMPTS_HEADER, OUTCOME_HEADER};
-use crate::retry::{self, Answer, Exchange, Reply, count_value};
-use crate::upstream::pool::UpstreamBody;
+use crate::retry::headers::{ATTEMPTS_HEADER, OUTCOME_HEADER, count_value};
+use crate::retry::{self, Answer, Exchange, Reply};
 
-pub async fn handle(
+/// The app's outbound requests, routed to upstreams by authority, or all to one
+/// upstream on its dedicated `listen` port.
+#[derive(Clone)]
+pub struct Outbound {
+    pub shared: Arc<Shared>,
+    /// The upstream of a dedicated listener.
+    pub dedicated: Option<Arc<str>>,
+}
+
+impl Service for Outbound {
+    fn call(
+        &self,
+        req: Request<AppBody>,
+        conn: &Arc<ConnState>,
+    ) -> impl Future<Output = Response<ResponseBody>> + Send + use<> {
+        handle(
+            self.shared.clone(),
+            self.dedicated.clone(),
+            conn.clone(),
+            req,
+        )
+    }
+}
+
+async fn handle(
     shared: Arc<Shared>,
-    fixed: Option<Arc<str>>,
+    dedicated: Option<Arc<str>>,
     conn: Arc<ConnState>,
     req: Request<AppBody>,
-) -> Result<Response<ResponseBody>, Infallible> {
+) -> Response<ResponseBody> {
     let start = Instant::now();
     let mut guard = RequestGuard::new(conn, start);
     // An HTTP/1.x body tollgate does not read to its end leaves the connection unable
     // to carry another request: the answer must say so, or the app's next request on
     // it meets a reset (and its HTTP client may retry that behind tollgate's back).
-    let unread_if_refused = req.version() < Version::HTTP_2 && !req.body().is_end_stream();
+    let unread = req.version() < Version::HTTP_2 && !req.body().is_end_stream();
+    let refuse = |metrics: Option<&UpstreamMetrics>, r: Refusal, guard| {
+        let resp = local_answer(
+            metrics,
+            r.status,
+            r.outcome,
+            0,
+            r.text,
+            r.retry_after,
+            guard,
+        );
+        closing(unread, resp)
+    };
 
     let upstream = {
         let snap = shared.snapshot.load();
-        match &fixed {
+        match &dedicated {
             Some(name) => snap.by_name(name).cloned(),
             None => authority_of(&req)
                 .and_then(|a| snap.routes.lookup(a))
@@ -46,73 +83,82 @@ pub async fn handle(
     };
     let Some(up) = upstream else {
         shared.unrouted.inc();
-        return Ok(closing(
-            unread_if_refused,
-            local(
-                None,
-                StatusCode::NOT_FOUND,
-                Outcome::NoRoute,
-                0,
-                "no upstream is configured for this authority\n",
-                None,
-                guard,
-            ),
-        ));
+        return refuse(None, NO_ROUTE, guard);
     };
     if req.method() == Method::CONNECT {
-        // Tunnels would carry anything anywhere; tollgate originates TLS itself.
-        return Ok(closing(
-            unread_if_refused,
-            local(
-                Some(&up.metrics),
-                StatusCode::METHOD_NOT_ALLOWED,
-                Outcome::NotRetryable,
-                0,
-                "CONNECT is not supported: send plain HTTP, tollgate speaks TLS upstream\n",
-                None,
-                guard,
-            ),
-        ));
+        return refuse(Some(&up.metrics), CONNECT, guard);
     }
-    if !guard.admit(&up) {
-        return Ok(closing(
-            unread_if_refused,
-            local(
-                Some(&up.metrics),
-                StatusCode::SERVICE_UNAVAILABLE,
-                Outcome::Overloaded,
-                0,
-                "too many requests in flight to this upstream\n",
-                Some(HeaderValue::from_static("1")),
-                guard,
-            ),
-        ));
+    if !admit(&up, &mut guard) {
+        return refuse(Some(&up.metrics), OVERLOADED, guard);
     }
-
     let (parts, body) = req.into_parts();
     let mut headers = parts.headers;
     let facts = prepare_request(&mut headers, &up.deadline.accept);
     if facts.caller_timeout.is_some_and(|c| c.is_zero()) {
         up.metrics.denied(crate::metrics::Denied::Deadline);
-        return Ok(closing(
-            unread_if_refused,
-            local(
-                Some(&up.metrics),
-                StatusCode::GATEWAY_TIMEOUT,
-                Outcome::DeadlineExceeded,
-                0,
-                "the deadline had expired on arrival\n",
-                None,
-                guard,
-            ),
-        ));
+        return refuse(Some(&up.metrics), EXPIRED, guard);
     }
     let deadline = Deadline::new(start, facts.caller_timeout, up.config.request_timeout);
     up.budget.record_request(start);
+    set_upstream_host(&up, &parts.uri, &mut headers);
+    let version = parts.version;
+    let exchange = Exchange {
+        method: parts.method,
+        uri: origin_form(&parts.uri),
+        version,
+        headers,
+        body,
+        deadline,
+        grpc: facts.grpc,
+    };
+    let answer = retry::forward(&up, exchange).await;
+    let close = version < Version::HTTP_2
+        && answer.body_unread
+        && (answer.outcome != Outcome::Ok || matches!(answer.reply, Reply::Local(_)));
+    closing(close, answer_app(&up.metrics, answer, version, guard))
+}
 
-    // The Host sent upstream: the configured one, else the authority the app called,
-    // which for an origin-form HTTP/1.1 request is already the Host header.
-    match (&up.config.host, parts.uri.authority()) {
+/// An answer tollgate gives before any upstream call.
+struct Refusal {
+    status: StatusCode,
+    outcome: Outcome,
+    text: &'static str,
+    retry_after: Option<HeaderValue>,
+}
+
+const NO_ROUTE: Refusal = Refusal {
+    status: StatusCode::NOT_FOUND,
+    outcome: Outcome::NoRoute,
+    text: "no upstream is configured for this authority\n",
+    retry_after: None,
+};
+
+/// Tunnels would carry anything anywhere; tollgate originates TLS itself.
+const CONNECT: Refusal = Refusal {
+    status: StatusCode::METHOD_NOT_ALLOWED,
+    outcome: Outcome::NotRetryable,
+    text: "CONNECT is not supported: send plain HTTP, tollgate speaks TLS upstream\n",
+    retry_after: None,
+};
+
+const OVERLOADED: Refusal = Refusal {
+    status: StatusCode::SERVICE_UNAVAILABLE,
+    outcome: Outcome::Overloaded,
+    text: "too many requests in flight to this upstream\n",
+    retry_after: Some(HeaderValue::from_static("1")),
+};
+
+const EXPIRED: Refusal = Refusal {
+    status: StatusCode::GATEWAY_TIMEOUT,
+    outcome: Outcome::DeadlineExceeded,
+    text: "the deadline had expired on arrival\n",
+    retry_after: None,
+};
+
+/// The Host sent upstream: the configured one, else the authority the app called,
+/// which for an origin-form HTTP/1.1 request is already the Host header.
+fn set_upstream_host(up: &Upstream, uri: &Uri, headers: &mut http::HeaderMap) {
+    match (&up.config.host, uri.authority()) {
         (Some(h), _) => {
             headers.insert(HOST, h.clone());
         }
@@ -123,26 +169,29 @@ pub async fn handle(
         }
         (None, None) => {}
     }
-    let version = parts.version;
-    let uri = origin_form(&parts.uri);
+}
 
-    let answer = retry::forward(
-        &up,
-        Exchange {
-            method: parts.method,
-            uri,
-            version,
-            headers,
-            body,
-            deadline,
-            grpc: facts.grpc,
-        },
-    )
-    .await;
-    let close = version < Version::HTTP_2
-        && answer.body_unread
-        && (answer.outcome != Outcome::Ok || matches!(answer.reply, Reply::Local(_)));
-    Ok(closing(close, respond(&up.metrics, answer, version, guard)))
+/// Counts the request against the upstream's `max_inflight`; `false` (and nothing
+/// counted) when it is full.
+fn admit(up: &Arc<Upstream>, guard: &mut RequestGuard) -> bool {
+    let before = up.inflight.fetch_add(1, AcqRel);
+    if before >= up.config.max_inflight {
+        up.inflight.fetch_sub(1, AcqRel);
+        return false;
+    }
+    guard.admitted(up.clone());
+    true
+}
+
+/// An admitted request has been answered: it leaves the in-flight count, and its
+/// duration is observed.
+impl Admission for Upstream {
+    fn release(&self, started: Instant) {
+        self.inflight.fetch_sub(1, AcqRel);
+        self.metrics
+            .request_duration
+            .observe(started.elapsed().as_secs_f64());
+    }
 }
 
 /// The path and query alone, as HTTP/1.1 origin-form.
@@ -157,7 +206,8 @@ fn origin_form(uri: &Uri) -> Uri {
     Uri::from(pq)
 }
 
-fn respond(
+/// The answer as it goes back to the app, with this hop's fields.
+fn answer_app(
     metrics: &UpstreamMetrics,
     answer: Answer,
     version: http::Version,
@@ -167,14 +217,14 @@ fn respond(
         Reply::Upstream(resp) => {
             let (mut parts, body) = resp.into_parts();
             match &body {
-                UpstreamBody::Http2(_) => strip(&mut parts.headers),
+                ByProtocol::Http2(_) => strip(&mut parts.headers),
                 // An HTTP/1.1 response lost its hop-by-hop fields as it was parsed and
                 // keeps the rest in its head, from where they go to an HTTP/1.1 app as
                 // they are; an HTTP/2 app needs them in the map.
-                UpstreamBody::Http1(b) if version == Version::HTTP_2 => {
+                ByProtocol::Http1(b) if version == Version::HTTP_2 => {
                     b.fields().append_to(&mut parts.headers);
                 }
-                UpstreamBody::Http1(_) => {}
+                ByProtocol::Http1(_) => {}
             }
             parts.version = version;
             let outcome = (answer.outcome != Outcome::Ok && !answer.owned_elsewhere)
@@ -182,16 +232,13 @@ fn respond(
             metrics.request(parts.status.as_u16(), answer.outcome, answer.attempts);
             let body = ResponseBody::upstream(body, guard);
             if version < Version::HTTP_2 {
-                // Written straight into the head by the HTTP/1.1 writer; an upstream's
-                // own count goes (an HTTP/1.1 one's went as its head was read).
-                if !parts.headers.is_empty() {
-                    parts.headers.remove(ATTEMPTS_HEADER);
-                }
-                let stamp = Stamp {
-                    attempts: answer.attempts,
-                    outcome,
-                };
-                return Response::from_parts(parts, body.stamped(stamp));
+                // Written straight into the head by the HTTP/1.1 writer, in place of an
+                // upstream's own fields of the same names.
+                let added = ExtraFields([
+                    Some((ATTEMPTS_HEADER, count_value(answer.attempts))),
+                    outcome.map(|o| (OUTCOME_HEADER, o.header_value())),
+                ]);
+                return Response::from_parts(parts, body.with_fields(added));
             }
             parts
                 .headers
@@ -206,7 +253,7 @@ fn respond(
                 StatusCode::GATEWAY_TIMEOUT => "no response from the upstream in time\n",
                 _ => "the upstream could not be reached\n",
             };
-            local(
+            local_answer(
                 Some(metrics),
                 status,
                 answer.outcome,
@@ -228,7 +275,8 @@ fn closing(close: bool, mut resp: Response<ResponseBody>) -> Response<ResponseBo
     resp
 }
 
-fn local(
+/// An answer tollgate makes itself.
+fn local_answer(
     metrics: Option<&UpstreamMetrics>,
     status: StatusCode,
     outcome: Outcome,

@@ -1,24 +1,26 @@
-//! The proxy as it runs: listeners, the config snapshot every request reads, and the
-//! orderly ways it changes (reload) and ends (drain).
+//! The proxy as it runs: the app-facing listeners and their connections, the config
+//! snapshot every request reads, and the orderly ways it changes (reload) and ends
+//! (drain).
+//!
+//! - [`server`]: client connections and their codecs, handed a [`server::Service`];
+//! - [`handler`]: the outbound service: route, admit, deadline, retry, answer;
+//! - [`headers`], [`route`], [`snapshot`]: what the handler works with.
 //!
 //! The snapshot is an `ArcSwap`: a request loads it once, clones the `Arc` of the one
 //! upstream it needs and keeps it to the end, so a reload never changes a request
 //! midway and never makes one wait.
 
-pub mod body;
-pub mod conn;
-pub mod h1;
 pub mod handler;
 pub mod headers;
 pub mod route;
+pub mod server;
+pub mod snapshot;
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::*};
 use std::time::Duration;
-
-use std::cell::Cell;
 
 use arc_swap::ArcSwap;
 use tokio::net::{TcpListener, TcpSocket};
@@ -28,104 +30,13 @@ use tokio::task::JoinHandle;
 
 use crate::config::Config;
 use crate::metrics::Metrics;
-use crate::upstream::Upstream;
-use route::{NameMap, Routes};
+use crate::worker::Workers;
+use handler::Outbound;
+use server::AppBody;
+pub use snapshot::Snapshot;
 
-/// Where connections are served: the current runtime, or one single-threaded runtime
-/// per worker thread (thread per core, as nginx, HAProxy and Envoy do). Each worker has
-/// its own listening socket on the same address (`SO_REUSEPORT`: the kernel spreads the
-/// connections), and its own upstream connection pools, so a request never crosses
-/// threads; the config snapshot, budgets and metrics are shared.
-#[derive(Clone, Debug, Default)]
-pub struct Workers(Vec<Handle>);
-
-impl Workers {
-    /// Everything on the runtime the server is started from.
-    pub fn current() -> Self {
-        Workers(Vec::new())
-    }
-
-    /// One worker per handle; each handle's thread must call [`set_worker`] first.
-    pub fn new(handles: Vec<Handle>) -> Self {
-        Workers(handles)
-    }
-
-    pub fn count(&self) -> usize {
-        self.0.len().max(1)
-    }
-}
-
-thread_local! {
-    static WORKER: Cell<usize> = const { Cell::new(0) };
-}
-
-/// Marks the calling thread as worker `index` (for per-worker connection pools).
-pub fn set_worker(index: usize) {
-    WORKER.with(|w| w.set(index));
-}
-
-/// The worker the calling thread serves; 0 outside worker threads.
-pub fn worker() -> usize {
-    WORKER.with(|w| w.get())
-}
-
-/// One consistent view of the config and the upstreams built from it.
-#[derive(Debug)]
-pub struct Snapshot {
-    pub config: Arc<Config>,
-    pub upstreams: Box<[Arc<Upstream>]>,
-    pub routes: Routes,
-    by_name: NameMap<usize>,
-}
-
-impl Snapshot {
-    /// Builds the upstreams of `config`, carrying state over from `previous`; pools
-    /// are kept per worker.
-    pub fn build(
-        config: Config,
-        metrics: &Metrics,
-        previous: Option<&Snapshot>,
-        workers: usize,
-    ) -> Self {
-        let upstreams: Box<[Arc<Upstream>]> = config
-            .upstreams
-            .iter()
-            .map(|u| {
-                let prev = previous.and_then(|p| p.by_name(&u.name));
-                Arc::new(Upstream::build(
-                    u.clone(),
-                    config.deadline.clone(),
-                    metrics,
-                    prev.map(|p| p.as_ref()),
-                    workers,
-                ))
-            })
-            .collect();
-        let routes = Routes::new(
-            config
-                .upstreams
-                .iter()
-                .enumerate()
-                .map(|(i, u)| (i, u.authorities.as_slice())),
-        );
-        let by_name = config
-            .upstreams
-            .iter()
-            .enumerate()
-            .map(|(i, u)| (u.name.clone(), i))
-            .collect();
-        Snapshot {
-            config: Arc::new(config),
-            upstreams,
-            routes,
-            by_name,
-        }
-    }
-
-    pub fn by_name(&self, name: &str) -> Option<&Arc<Upstream>> {
-        self.by_name.get(name).map(|i| &self.upstreams[*i])
-    }
-}
+/// An upstream as the proxy runs it: the retry engine's, sending the app's bodies.
+pub type Upstream = crate::retry::Upstream<AppBody>;
 
 /// State every connection and request of the process shares.
 pub struct Shared {
@@ -219,7 +130,7 @@ async fn bind(addr: SocketAddr, what: &str, workers: &Workers) -> Result<Bound, 
         what: what.to_string(),
         source,
     };
-    if workers.0.is_empty() {
+    if workers.handles().is_empty() {
         let l = TcpListener::bind(addr).await.map_err(fail)?;
         return Ok(Bound {
             addr: l.local_addr().map_err(fail)?,
@@ -228,7 +139,7 @@ async fn bind(addr: SocketAddr, what: &str, workers: &Workers) -> Result<Bound, 
     }
     let mut actual = addr;
     let mut listeners = Vec::new();
-    for h in &workers.0 {
+    for h in workers.handles() {
         // Registered with the worker's own reactor.
         let _in_worker = h.enter();
         let socket = if actual.is_ipv4() {
@@ -461,7 +372,7 @@ impl Drop for ConnCount {
 fn accept(
     bound: Bound,
     shared: Arc<Shared>,
-    fixed: Option<Arc<str>>,
+    dedicated: Option<Arc<str>>,
     settings: crate::config::ListenerConfig,
 ) -> Accepting {
     let (stop, _) = watch::channel(false);
@@ -470,7 +381,7 @@ fn accept(
         let work = accept_loop(
             listener,
             shared.clone(),
-            fixed.clone(),
+            dedicated.clone(),
             settings,
             stop.subscribe(),
         );
@@ -489,7 +400,7 @@ fn accept(
 async fn accept_loop(
     listener: TcpListener,
     shared: Arc<Shared>,
-    fixed: Option<Arc<str>>,
+    dedicated: Option<Arc<str>>,
     settings: crate::config::ListenerConfig,
     mut stopped: watch::Receiver<bool>,
 ) {
@@ -507,7 +418,11 @@ async fn accept_loop(
                     shared.connections.fetch_add(1, AcqRel);
                     let count = ConnCount(shared.clone());
                     let shutdown = shared.shutdown.subscribe();
-                    let fut = conn::serve(stream, shared.clone(), fixed.clone(), settings, shutdown);
+                    let service = Outbound {
+                        shared: shared.clone(),
+                        dedicated: dedicated.clone(),
+                    };
+                    let fut = server::serve(stream, service, settings, shutdown);
                     tokio::spawn(async move {
                         let _count = count;
                         fut.await;

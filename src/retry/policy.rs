@@ -8,23 +8,18 @@
 
 use std::time::{Duration, SystemTime};
 
-use http::{HeaderName, StatusCode};
+use http::StatusCode;
 
-use crate::upstream::pool::Fields;
 use tokio::time::Instant;
 
 use super::backoff::Backoff;
 use super::budget::RetryBudget;
+use super::headers::{GRPC_PUSHBACK, GRPC_STATUS, owned_elsewhere};
 use super::retry_after::{Pushback, parse_pushback_ms, parse_retry_after};
 use crate::config::{Ownership, RetryAfterMode, RetryConfig, RetryOn};
 use crate::deadline::Deadline;
 use crate::metrics::{Denied, Outcome};
-
-pub const OUTCOME_HEADER: HeaderName = HeaderName::from_static("x-tollgate-outcome");
-pub const ATTEMPT_HEADER: HeaderName = HeaderName::from_static("x-tollgate-attempt");
-pub const ATTEMPTS_HEADER: HeaderName = HeaderName::from_static("x-tollgate-attempts");
-pub const GRPC_STATUS: HeaderName = HeaderName::from_static("grpc-status");
-pub const GRPC_PUSHBACK: HeaderName = HeaderName::from_static("grpc-retry-pushback-ms");
+use crate::upstream::response::Fields;
 
 /// gRPC UNAVAILABLE.
 const GRPC_UNAVAILABLE: &[u8] = b"14";
@@ -87,11 +82,6 @@ pub fn classify_response(status: StatusCode, headers: Fields<'_>, on: &RetryOn) 
     None
 }
 
-/// Whether a response was already given up on by another tollgate nearer the failure.
-pub fn owned_elsewhere(headers: Fields<'_>) -> bool {
-    headers.contains(&OUTCOME_HEADER)
-}
-
 /// Why a failure goes back to the app instead of being retried.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Stop {
@@ -139,6 +129,13 @@ impl Stop {
     }
 }
 
+/// Whether the request's body can be sent again. Asked only when everything before it
+/// in the decision allows a retry: making the body ready for a replay reads what has
+/// arrived of it.
+pub trait Replayable {
+    fn ready_for_retry(&mut self) -> Result<(), BodyState>;
+}
+
 /// Everything the decision reads about the request so far.
 pub struct Situation<'a> {
     pub failure: Failure,
@@ -148,17 +145,16 @@ pub struct Situation<'a> {
     pub attempts: u32,
     /// Method listed or idempotency key present.
     pub request_retryable: bool,
-    /// Whether the body can be sent again. Asked only when everything before it in
-    /// the decision allows a retry: making the body ready for a replay reads what has
-    /// arrived of it.
-    pub body: Box<dyn FnMut() -> Result<(), BodyState> + 'a>,
     pub deadline: Deadline,
     pub now: Instant,
 }
 
+/// Why a request's body cannot be sent again.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum BodyState {
+    /// Larger than `max_body`.
     TooLarge,
+    /// Its end had not arrived (or the app's upload failed) when the answer came.
     Incomplete,
 }
 
@@ -172,7 +168,12 @@ pub struct Policy<'a> {
 
 impl Policy<'_> {
     /// `Ok(sleep)`: retry after sleeping that long (the budget is already spent).
-    pub fn decide(&self, s: &mut Situation<'_>, rng: &mut fastrand::Rng) -> Result<Duration, Stop> {
+    pub fn decide(
+        &self,
+        s: &Situation<'_>,
+        body: &mut impl Replayable,
+        rng: &mut fastrand::Rng,
+    ) -> Result<Duration, Stop> {
         if self.retry.ownership == Ownership::Honor && s.response.is_some_and(owned_elsewhere) {
             return Err(Stop::Ownership);
         }
@@ -185,7 +186,7 @@ impl Policy<'_> {
         if s.attempts >= self.retry.max_attempts {
             return Err(Stop::Attempts);
         }
-        if s.failure.maybe_sent() && (s.body)().is_err() {
+        if s.failure.maybe_sent() && body.ready_for_retry().is_err() {
             return Err(Stop::BodyTooLarge);
         }
         let left = s.deadline.remaining(s.now);
@@ -237,7 +238,15 @@ pub fn pushback(headers: Fields<'_>) -> Option<Pushback> {
 mod tests {
     use super::*;
     use crate::config::BudgetConfig;
+    use crate::retry::headers::OUTCOME_HEADER;
     use http::{HeaderMap, HeaderValue};
+
+    /// A body whose readiness is given.
+    impl Replayable for Result<(), BodyState> {
+        fn ready_for_retry(&mut self) -> Result<(), BodyState> {
+            *self
+        }
+    }
 
     struct Fixture {
         retry: RetryConfig,
@@ -267,13 +276,22 @@ mod tests {
             s: &mut Situation<'_>,
             median: Option<Duration>,
         ) -> Result<Duration, Stop> {
+            self.decide_with_body(s, median, Ok(()))
+        }
+
+        fn decide_with_body(
+            &self,
+            s: &mut Situation<'_>,
+            median: Option<Duration>,
+            mut body: Result<(), BodyState>,
+        ) -> Result<Duration, Stop> {
             let p = Policy {
                 retry: &self.retry,
                 backoff: &self.retry.backoff,
                 budget: &self.budget,
                 median,
             };
-            p.decide(s, &mut fastrand::Rng::with_seed(1))
+            p.decide(s, &mut body, &mut fastrand::Rng::with_seed(1))
         }
 
         fn situation<'a>(&self, failure: Failure, response: Option<Fields<'a>>) -> Situation<'a> {
@@ -282,7 +300,6 @@ mod tests {
                 response,
                 attempts: 1,
                 request_retryable: true,
-                body: Box::new(|| Ok(())),
                 deadline: Deadline::new(self.now, None, Duration::from_secs(2)),
                 now: self.now,
             }
@@ -332,8 +349,10 @@ mod tests {
         assert_eq!(f.decide(&mut s, None), Err(Stop::Attempts));
 
         let mut s = f.situation(Failure::Reset, None);
-        s.body = Box::new(|| Err(BodyState::TooLarge));
-        assert_eq!(f.decide(&mut s, None), Err(Stop::BodyTooLarge));
+        assert_eq!(
+            f.decide_with_body(&mut s, None, Err(BodyState::TooLarge)),
+            Err(Stop::BodyTooLarge)
+        );
 
         let mut s = f.situation(Failure::Timeout, None);
         assert_eq!(

@@ -1,4 +1,5 @@
 //! The body an attempt sends, and the recording that lets a retry send it again.
+//! Generic over the app's body `A`, as linkerd2-proxy's `ReplayBody<B>`.
 //!
 //! The app's body is forwarded as it streams, never buffered whole before the first
 //! attempt. While it streams, its frames are also kept (up to `max_body`) on a tape, so
@@ -12,35 +13,36 @@ use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use crate::proxy::body::AppBody;
-use crate::upstream::h1::BoxError;
 use bytes::Bytes;
 use http::HeaderMap;
 use http_body::{Body, Frame, SizeHint};
 
-/// What an attempt sends upstream.
-pub enum RequestBody {
+use super::policy::{BodyState, Replayable};
+use crate::http::BoxError;
+
+/// What an attempt sends upstream, the app's body being `A`.
+pub enum ReplayBody<A> {
     /// No body.
     Empty,
     /// The app's body, forwarded as it streams and recorded (up to a cap, possibly
     /// zero) for a replay.
-    Recording(Recording),
+    Recording(Recording<A>),
     /// A complete recorded body, sent again. Boxed: every pooled connection's request
     /// queue is sized by the largest variant, and a replay is the rare one.
     Replay(Box<Replay>),
 }
 
-impl std::fmt::Debug for RequestBody {
+impl<A> std::fmt::Debug for ReplayBody<A> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(match self {
-            RequestBody::Empty => "Empty",
-            RequestBody::Recording(_) => "Recording",
-            RequestBody::Replay(_) => "Replay",
+            ReplayBody::Empty => "Empty",
+            ReplayBody::Recording(_) => "Recording",
+            ReplayBody::Replay(_) => "Replay",
         })
     }
 }
 
-impl Body for RequestBody {
+impl<A: AppBody> Body for ReplayBody<A> {
     type Data = Bytes;
     type Error = BoxError;
 
@@ -49,25 +51,25 @@ impl Body for RequestBody {
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
         match self.get_mut() {
-            RequestBody::Empty => Poll::Ready(None),
-            RequestBody::Recording(r) => r.poll_frame(cx),
-            RequestBody::Replay(r) => Poll::Ready(r.next().map(Ok)),
+            ReplayBody::Empty => Poll::Ready(None),
+            ReplayBody::Recording(r) => r.poll_frame(cx),
+            ReplayBody::Replay(r) => Poll::Ready(r.next().map(Ok)),
         }
     }
 
     fn is_end_stream(&self) -> bool {
         match self {
-            RequestBody::Empty => true,
-            RequestBody::Recording(r) => r.is_end_stream(),
-            RequestBody::Replay(r) => r.is_end(),
+            ReplayBody::Empty => true,
+            ReplayBody::Recording(r) => r.is_end_stream(),
+            ReplayBody::Replay(r) => r.is_end(),
         }
     }
 
     fn size_hint(&self) -> SizeHint {
         match self {
-            RequestBody::Empty => SizeHint::with_exact(0),
-            RequestBody::Recording(r) => r.size_hint(),
-            RequestBody::Replay(r) => SizeHint::with_exact(r.remaining as u64),
+            ReplayBody::Empty => SizeHint::with_exact(0),
+            ReplayBody::Recording(r) => r.size_hint(),
+            ReplayBody::Replay(r) => SizeHint::with_exact(r.remaining as u64),
         }
     }
 }
@@ -75,9 +77,8 @@ impl Body for RequestBody {
 /// The app's body and what has been read of it. The body lives here, not in the
 /// attempt, so the retry loop can take what has already arrived even when the attempt
 /// stopped reading it (an upstream that answers before reading a small body).
-#[derive(Default)]
-struct Tape {
-    body: Option<AppBody>,
+struct Tape<A> {
+    body: Option<A>,
     cap: usize,
     chunks: Vec<Bytes>,
     trailers: Option<HeaderMap>,
@@ -87,7 +88,7 @@ struct Tape {
     failed: bool,
 }
 
-impl Tape {
+impl<A: AppBody> Tape<A> {
     /// Polls the app's body once and records what it yields.
     fn poll(&mut self, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
         let Some(body) = self.body.as_mut() else {
@@ -124,36 +125,20 @@ impl Tape {
 }
 
 /// The recorder's handle on the tape, kept by the retry loop.
-#[derive(Clone)]
-pub struct TapeHandle {
-    tape: Arc<Mutex<Tape>>,
+struct TapeHandle<A> {
+    tape: Arc<Mutex<Tape<A>>>,
 }
 
-impl std::fmt::Debug for TapeHandle {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("TapeHandle")
-    }
-}
-
-/// Why a recorded body cannot be replayed.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum NotReplayable {
-    /// Larger than `max_body`.
-    TooLarge,
-    /// Its end had not arrived (or the app's upload failed) when the answer came.
-    Incomplete,
-}
-
-impl TapeHandle {
+impl<A: AppBody> TapeHandle<A> {
     /// Whether the app's body has been read to its end.
-    pub fn complete(&self) -> bool {
+    fn complete(&self) -> bool {
         let tape = self.tape.lock().unwrap_or_else(|p| p.into_inner());
         tape.complete || tape.body.as_ref().is_some_and(|b| b.is_end_stream())
     }
 
     /// Gives a body that is still arriving up to `limit` to finish (or to outgrow the
     /// cap, or fail). Returns whether it is complete.
-    pub async fn finish_within(&self, limit: Duration) -> bool {
+    async fn finish_within(&self, limit: Duration) -> bool {
         let reading = std::future::poll_fn(|cx| {
             let mut tape = self.tape.lock().unwrap_or_else(|p| p.into_inner());
             loop {
@@ -174,7 +159,7 @@ impl TapeHandle {
     /// The recorded body, if it can be sent again byte for byte. What of the app's body
     /// has already arrived but was not read by the attempt is read now; a body whose
     /// end has not arrived is not waited for.
-    pub fn replay(&self) -> Result<Replay, NotReplayable> {
+    fn replay(&self) -> Result<Replay, BodyState> {
         let mut tape = self.tape.lock().unwrap_or_else(|p| p.into_inner());
         let mut cx = Context::from_waker(std::task::Waker::noop());
         while !tape.complete && !tape.failed && !tape.overflowed {
@@ -184,10 +169,10 @@ impl TapeHandle {
             }
         }
         if tape.overflowed {
-            return Err(NotReplayable::TooLarge);
+            return Err(BodyState::TooLarge);
         }
         if !tape.complete || tape.failed {
-            return Err(NotReplayable::Incomplete);
+            return Err(BodyState::Incomplete);
         }
         Ok(Replay {
             chunks: tape.chunks.clone().into_iter(),
@@ -198,25 +183,29 @@ impl TapeHandle {
 }
 
 /// The app's body, forwarded as it streams and recorded on the way.
-pub struct Recording {
-    tape: Arc<Mutex<Tape>>,
+pub struct Recording<A> {
+    tape: Arc<Mutex<Tape<A>>>,
 }
 
-impl Recording {
+impl<A: AppBody> Recording<A> {
     /// Starts recording `body`, keeping at most `cap` bytes.
-    pub fn new(body: AppBody, cap: usize) -> (Self, TapeHandle) {
+    fn new(body: A, cap: usize) -> (Self, TapeHandle<A>) {
         let tape = Arc::new(Mutex::new(Tape {
             // A body whose declared length is over the cap will not be replayable;
             // knowing it now spares the copy.
             overflowed: body.size_hint().lower() > cap as u64,
             body: Some(body),
             cap,
-            ..Tape::default()
+            chunks: Vec::new(),
+            trailers: None,
+            len: 0,
+            complete: false,
+            failed: false,
         }));
         (Recording { tape: tape.clone() }, TapeHandle { tape })
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, Tape> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Tape<A>> {
         self.tape.lock().unwrap_or_else(|p| p.into_inner())
     }
 
@@ -255,5 +244,101 @@ impl Replay {
 
     fn is_end(&self) -> bool {
         self.chunks.len() == 0 && self.trailers.is_none()
+    }
+}
+
+/// What the retry engine asks of the app's body.
+pub trait AppBody: Body<Data = Bytes, Error = BoxError> + Unpin + Send + 'static {}
+
+impl<T> AppBody for T where T: Body<Data = Bytes, Error = BoxError> + Unpin + Send + 'static {}
+
+/// What the next attempt sends.
+enum Next<A> {
+    /// Nothing: the request has no body, or the recording is not readied yet.
+    Nothing,
+    /// The app's body, not yet handed to any attempt.
+    Fresh(A),
+    /// A body handed to an attempt that never sent it (no connection): it goes out as
+    /// it is.
+    Unsent(ReplayBody<A>),
+    /// The recording, readied to be sent again.
+    Replay(Replay),
+}
+
+/// The app's body across the attempts of one request: which body each attempt sends,
+/// and the recording a retry replays. One place owns that state, so every way out of
+/// the attempt loop reads it the same way.
+pub struct BodySource<A> {
+    next: Next<A>,
+    /// The recording of the app's body, once an attempt has taken it.
+    tape: Option<TapeHandle<A>>,
+}
+
+impl<A: AppBody> BodySource<A> {
+    pub fn new(body: A) -> Self {
+        BodySource {
+            next: if body.is_end_stream() {
+                Next::Nothing
+            } else {
+                Next::Fresh(body)
+            },
+            tape: None,
+        }
+    }
+
+    /// The body for the next attempt. The app's body is recorded (keeping up to `keep`
+    /// bytes; 0 when no retry may follow, so the recording only notes whether the
+    /// body ended) as the attempt sends it.
+    pub fn take(&mut self, keep: usize) -> ReplayBody<A> {
+        match std::mem::replace(&mut self.next, Next::Nothing) {
+            Next::Nothing => ReplayBody::Empty,
+            Next::Fresh(body) => {
+                let (recording, tape) = Recording::new(body, keep);
+                self.tape = Some(tape);
+                ReplayBody::Recording(recording)
+            }
+            Next::Unsent(body) => body,
+            Next::Replay(r) => ReplayBody::Replay(Box::new(r)),
+        }
+    }
+
+    /// A body that never left (no connection took it): the next attempt sends it.
+    pub fn give_back(&mut self, body: ReplayBody<A>) {
+        if !matches!(body, ReplayBody::Empty) {
+            self.next = Next::Unsent(body);
+        }
+    }
+
+    /// Whether some of the app's body is still unread: the app's connection cannot
+    /// carry another request.
+    pub fn unread(&self) -> bool {
+        matches!(self.next, Next::Fresh(_) | Next::Unsent(_))
+            || self.tape.as_ref().is_some_and(|t| !t.complete())
+    }
+
+    /// Whether the app's body was handed to an attempt (and is recorded).
+    pub fn recorded(&self) -> bool {
+        self.tape.is_some()
+    }
+
+    /// Gives a body still arriving up to `limit` to finish, so it can be replayed.
+    pub async fn finish_within(&self, limit: Duration) {
+        if let Some(t) = &self.tape {
+            t.finish_within(limit).await;
+        }
+    }
+}
+
+impl<A: AppBody> Replayable for BodySource<A> {
+    fn ready_for_retry(&mut self) -> Result<(), BodyState> {
+        let Some(tape) = &self.tape else {
+            return Ok(());
+        };
+        if !matches!(self.next, Next::Nothing) {
+            // Never sent, or readied already.
+            return Ok(());
+        }
+        self.next = Next::Replay(tape.replay()?);
+        Ok(())
     }
 }

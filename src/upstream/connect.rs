@@ -1,13 +1,12 @@
-//! Opening a connection to one endpoint: resolve the name (re-resolved, so Kubernetes
-//! Service DNS changes are followed), TCP connect with `TCP_NODELAY`, TLS when
-//! configured, then for HTTP/2 the handshake. An HTTP/2 connection's I/O task is
+//! Opening a connection to one endpoint, its name resolved by [`super::dns`]: TCP
+//! connect with `TCP_NODELAY`, TLS when configured, then for HTTP/2 the handshake. An HTTP/2 connection's I/O task is
 //! spawned and held by an abort handle, so dropping a connection really closes it; an
 //! HTTP/1.1 connection has no task (see [`super::h1`]).
 
 use std::io;
 use std::net::SocketAddr;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use std::pin::Pin;
@@ -18,20 +17,18 @@ use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
 use tokio::task::AbortHandle;
-use tokio::time::Instant;
 
-use crate::config::{EndpointAddr, TlsConfig};
-use crate::retry::replay::RequestBody;
+use super::OutgoingBody;
+use super::dns::ResolveError;
+use crate::config::TlsConfig;
 
-pub type Sender2 = http2::SendRequest<RequestBody>;
-
-/// How long a resolved name is trusted before it is looked up again.
-const DNS_TTL: Duration = Duration::from_secs(5);
+/// hyper's HTTP/2 client handle, sending bodies of type `B`.
+pub type H2Sender<B> = http2::SendRequest<B>;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ConnectError {
-    #[error("cannot resolve {host}: {source}")]
-    Resolve { host: String, source: io::Error },
+    #[error(transparent)]
+    Resolve(#[from] ResolveError),
     #[error("connect to {addr} failed: {source}")]
     Connect { addr: SocketAddr, source: io::Error },
     #[error("connect to {0} timed out")]
@@ -43,71 +40,6 @@ pub enum ConnectError {
         addr: SocketAddr,
         source: hyper::Error,
     },
-}
-
-/// Resolves an endpoint's name, caching the answer briefly and rotating through the
-/// addresses it returns (a headless Service returns one per pod).
-#[derive(Debug)]
-pub struct Resolver {
-    addr: EndpointAddr,
-    literal: Option<SocketAddr>,
-    cache: Mutex<Option<(Arc<[SocketAddr]>, Instant)>>,
-    next: AtomicUsize,
-}
-
-impl Resolver {
-    pub fn new(addr: EndpointAddr) -> Self {
-        Resolver {
-            literal: addr.ip(),
-            addr,
-            cache: Mutex::new(None),
-            next: AtomicUsize::new(0),
-        }
-    }
-
-    pub async fn resolve(&self) -> Result<SocketAddr, ConnectError> {
-        if let Some(a) = self.literal {
-            return Ok(a);
-        }
-        let cached = {
-            let guard = self.cache.lock().unwrap_or_else(|p| p.into_inner());
-            guard
-                .as_ref()
-                .filter(|(_, at)| at.elapsed() < DNS_TTL)
-                .map(|(addrs, _)| addrs.clone())
-        };
-        let addrs = match cached {
-            Some(a) => a,
-            None => {
-                let found: Arc<[SocketAddr]> =
-                    tokio::net::lookup_host((self.addr.host.as_str(), self.addr.port))
-                        .await
-                        .map_err(|source| ConnectError::Resolve {
-                            host: self.addr.host.clone(),
-                            source,
-                        })?
-                        .collect();
-                if found.is_empty() {
-                    return Err(ConnectError::Resolve {
-                        host: self.addr.host.clone(),
-                        source: io::Error::new(io::ErrorKind::NotFound, "no addresses"),
-                    });
-                }
-                *self.cache.lock().unwrap_or_else(|p| p.into_inner()) =
-                    Some((found.clone(), Instant::now()));
-                found
-            }
-        };
-        let i = self.next.fetch_add(1, Relaxed) % addrs.len();
-        Ok(addrs[i])
-    }
-
-    /// Forget the cached answer (after a connect failure: the pod may be gone).
-    pub fn invalidate(&self) {
-        if self.literal.is_none() {
-            *self.cache.lock().unwrap_or_else(|p| p.into_inner()) = None;
-        }
-    }
 }
 
 /// Counts a connection as open for as long as it lives.
@@ -228,11 +160,14 @@ where
     .abort_handle()
 }
 
-pub async fn handshake_h2(
+pub async fn handshake_h2<B>(
     transport: Transport,
     addr: SocketAddr,
     open: &Arc<AtomicUsize>,
-) -> Result<(Sender2, AbortHandle), ConnectError> {
+) -> Result<(H2Sender<B>, AbortHandle), ConnectError>
+where
+    B: OutgoingBody,
+{
     let mut builder = http2::Builder::new(TokioExecutor::new());
     builder
         .timer(TokioTimer::new())

@@ -1,96 +1,76 @@
-//! An upstream as it runs: its validated config, endpoints with their connection pools,
-//! the retry budget, the recent median attempt time, the in-flight count and the metric
-//! handles.
+//! Talking to an upstream's endpoints: which endpoint an attempt goes to, the
+//! connections to each (pooled per worker), and one exchange on a connection.
 //!
-//! Built from config on start and on every reload. What must survive a reload is carried
-//! over from the previous build: metric handles and the in-flight count always, pools
-//! while the endpoints and transport settings are unchanged, the budget's window while
-//! its settings are unchanged.
+//! Generic over the request body `B` it sends: this layer moves bodies, it does not
+//! decide what they are. It knows nothing of retries, budgets or the app.
+//!
+//! From the bottom: [`dns`], [`connect`] and [`tls`] open a connection; [`request`] is
+//! what an attempt sends ahead of its body; [`h1`] is HTTP/1.1 on tollgate's own codec
+//! (HTTP/2 is hyper's client); [`response`] is what comes back; [`pool`] keeps one
+//! endpoint's connections and sends on one of them; this file chooses the endpoint.
 
 pub mod connect;
+pub mod dns;
 pub mod h1;
 pub mod pool;
+pub mod request;
+pub mod response;
 pub mod tls;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
 
+use bytes::Bytes;
 use http::Version;
-use tokio::time::Instant;
+use http_body::Body;
 
-use crate::config::{DeadlineConfig, Protocol, UpstreamConfig};
-use crate::metrics::{Metrics, UpstreamMetrics};
-use crate::retry::budget::RetryBudget;
-use crate::retry::median::RecentMedian;
+use crate::config::{Protocol, UpstreamConfig};
+use crate::http::BoxError;
 use pool::{Endpoint, Want};
 
-#[derive(Debug)]
-pub struct Upstream {
-    pub config: UpstreamConfig,
-    pub deadline: DeadlineConfig,
-    pub endpoints: Box<[Arc<Endpoint>]>,
-    next: AtomicUsize,
-    pub budget: Arc<RetryBudget>,
-    pub median: Arc<RecentMedian>,
-    pub inflight: Arc<AtomicUsize>,
-    pub connections: Arc<AtomicUsize>,
-    pub metrics: Arc<UpstreamMetrics>,
+/// What this layer can send as a request body: any body of bytes, its errors boxed.
+pub trait OutgoingBody:
+    Body<Data = Bytes, Error = BoxError> + Unpin + Send + Sync + 'static
+{
 }
 
-impl Upstream {
-    /// Builds the running upstream, reusing what `previous` (the same name in the config
-    /// being replaced) can hand over.
-    pub fn build(
-        config: UpstreamConfig,
-        deadline: DeadlineConfig,
-        metrics: &Metrics,
-        previous: Option<&Upstream>,
-        workers: usize,
-    ) -> Self {
-        let now = Instant::now();
-        let same_transport = previous.is_some_and(|p| {
-            p.config.endpoints == config.endpoints
-                && p.config.protocol == config.protocol
-                && p.config.tls == config.tls
-        });
-        let connections =
-            previous.map_or_else(|| Arc::new(AtomicUsize::new(0)), |p| p.connections.clone());
-        let endpoints = match previous {
-            Some(p) if same_transport => p.endpoints.clone(),
-            _ => config
+impl<T> OutgoingBody for T where
+    T: Body<Data = Bytes, Error = BoxError> + Unpin + Send + Sync + 'static
+{
+}
+
+/// The endpoints of one upstream, and the choice among them.
+pub struct Endpoints<B> {
+    list: Box<[Arc<Endpoint<B>>]>,
+    next: AtomicUsize,
+}
+
+impl<B> std::fmt::Debug for Endpoints<B> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_list().entries(self.list.iter()).finish()
+    }
+}
+
+impl<B: OutgoingBody> Endpoints<B> {
+    /// The endpoints of `config`, with `workers` pools each; `open` counts their
+    /// connections.
+    pub fn new(config: &UpstreamConfig, open: &Arc<AtomicUsize>, workers: usize) -> Self {
+        Endpoints {
+            list: config
                 .endpoints
                 .iter()
-                .map(|a| Arc::new(Endpoint::new(a.clone(), connections.clone(), workers)))
+                .map(|a| Arc::new(Endpoint::new(a.clone(), open.clone(), workers)))
                 .collect(),
-        };
-        let budget = match previous {
-            Some(p) if p.budget.limit() == config.budget.as_ref() => p.budget.clone(),
-            _ => Arc::new(RetryBudget::new(config.budget.as_ref(), now)),
-        };
-        let median = match previous {
-            Some(p) if same_transport => p.median.clone(),
-            _ => Arc::new(RecentMedian::new()),
-        };
-        let metrics = match previous {
-            Some(p) if p.config.retry.on == config.retry.on => p.metrics.clone(),
-            _ => Arc::new(metrics.upstream(&config.name, &config.retry.on.names())),
-        };
-        Upstream {
-            inflight: previous
-                .map_or_else(|| Arc::new(AtomicUsize::new(0)), |p| p.inflight.clone()),
-            connections,
-            endpoints,
             next: AtomicUsize::new(0),
-            budget,
-            median,
-            metrics,
-            deadline,
-            config,
         }
     }
 
-    pub fn name(&self) -> &str {
-        &self.config.name
+    /// The same endpoints (and their pools), with a choice of their own.
+    pub fn share(&self) -> Self {
+        Endpoints {
+            list: self.list.clone(),
+            next: AtomicUsize::new(0),
+        }
     }
 
     /// Round-robin over the endpoints, skipping `avoid` (the one that just failed) and
@@ -100,7 +80,7 @@ impl Upstream {
     /// the fewest requests in flight, so a least-loaded balancer sends retries straight
     /// back to the broken one.
     pub fn pick(&self, avoid: Option<usize>) -> usize {
-        let n = self.endpoints.len();
+        let n = self.list.len();
         if n <= 1 {
             return 0;
         }
@@ -108,7 +88,7 @@ impl Upstream {
         let now = pool::clock_ms();
         for k in 0..n {
             let i = (start + k) % n;
-            if Some(i) != avoid && !self.endpoints[i].skipped(now) {
+            if Some(i) != avoid && !self.list[i].skipped(now) {
                 return i;
             }
         }
@@ -119,15 +99,26 @@ impl Upstream {
             start
         }
     }
+}
 
-    /// Which HTTP to speak to the endpoints for a request that arrived as `version`.
-    pub fn want(&self, version: Version) -> Want {
-        match (self.config.protocol, self.config.tls.is_some()) {
-            (Protocol::Http1, _) => Want::Http1,
-            (Protocol::H2, _) => Want::Http2,
-            (Protocol::Auto, true) => Want::Negotiate,
-            (Protocol::Auto, false) if version == Version::HTTP_2 => Want::Http2,
-            (Protocol::Auto, false) => Want::Http1,
-        }
+impl<B> Endpoints<B> {
+    pub fn get(&self, i: usize) -> &Endpoint<B> {
+        &self.list[i]
+    }
+
+    pub fn iter(&self) -> impl Iterator<Item = &Endpoint<B>> {
+        self.list.iter().map(|e| &**e)
+    }
+}
+
+/// Which HTTP to speak to an upstream's endpoints for a request that arrived as
+/// `version`.
+pub fn want(config: &UpstreamConfig, version: Version) -> Want {
+    match (config.protocol, config.tls.is_some()) {
+        (Protocol::Http1, _) => Want::Http1,
+        (Protocol::H2, _) => Want::Http2,
+        (Protocol::Auto, true) => Want::Negotiate,
+        (Protocol::Auto, false) if version == Version::HTTP_2 => Want::Http2,
+        (Protocol::Auto, false) => Want::Http1,
     }
 }

@@ -1,8 +1,10 @@
-//! The body that goes back to the app: the upstream's, streamed frame by frame, or a
-//! short one tollgate writes itself. It carries the request's guard, so the in-flight
-//! count and the request duration cover the whole response, not just its head; and the
-//! HTTP/1.1 connection it came on, which goes back to the pool only when the body was
-//! read to its end.
+//! The bodies that cross the app's side: the app's request body as either protocol
+//! delivers it, and the response body that goes back to it, the upstream's streamed
+//! frame by frame or a short one the service writes itself.
+//!
+//! The response body carries the request's guard, so the in-flight count and the
+//! request duration cover the whole response, not just its head; and the fields this
+//! hop adds to the head, handed to the HTTP/1.1 writer as data.
 
 use std::pin::Pin;
 use std::sync::Arc;
@@ -12,16 +14,29 @@ use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
 use tokio::time::Instant;
 
-use super::conn::ConnState;
-use super::h1::Http1Body;
-use crate::metrics::Outcome;
-use crate::upstream::Upstream;
-use crate::upstream::h1::{BoxError, RawFields};
-use crate::upstream::pool::{ByProtocol, UpstreamBody};
+use super::socket::Http1Body;
+use super::watchdog::ConnState;
+use crate::http::fields::ExtraFields;
+use crate::http::response::RawFields;
+use crate::http::{BoxError, ByProtocol};
+use crate::upstream::response::UpstreamBody;
 
-/// Held for as long as a request is being answered.
+/// The body of a request from the app, as either protocol delivers it.
+pub type AppBody = ByProtocol<Http1Body>;
+
+/// Fields this hop adds to a response head for an HTTP/1.1 app (the attempt count and
+/// the outcome), written after the response's own and replacing any of the same name.
+pub type AddedFields = ExtraFields<2>;
+
+/// What admitted a request (a concurrency limit, say) and must hear when its answer
+/// has gone out.
+pub trait Admission: Send + Sync {
+    fn release(&self, started: Instant);
+}
+
+/// Held for as long as a request is being answered: the whole response, body included.
 pub struct RequestGuard {
-    upstream: Option<Arc<Upstream>>,
+    admitted: Option<Arc<dyn Admission>>,
     conn: Arc<ConnState>,
     start: Instant,
 }
@@ -30,38 +45,22 @@ impl RequestGuard {
     pub fn new(conn: Arc<ConnState>, start: Instant) -> Self {
         conn.request_started();
         RequestGuard {
-            upstream: None,
+            admitted: None,
             conn,
             start,
         }
     }
 
-    /// Counts the request against the upstream's `max_inflight`; `false` (and nothing
-    /// counted) when it is full.
-    pub fn admit(&mut self, upstream: &Arc<Upstream>) -> bool {
-        let max = upstream.config.max_inflight;
-        let before = upstream
-            .inflight
-            .fetch_add(1, std::sync::atomic::Ordering::AcqRel);
-        if before >= max {
-            upstream
-                .inflight
-                .fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
-            return false;
-        }
-        self.upstream = Some(upstream.clone());
-        true
+    /// Tells `admission` when the request has been answered.
+    pub fn admitted(&mut self, admission: Arc<dyn Admission>) {
+        self.admitted = Some(admission);
     }
 }
 
 impl Drop for RequestGuard {
     fn drop(&mut self) {
-        if let Some(up) = &self.upstream {
-            up.inflight
-                .fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
-            up.metrics
-                .request_duration
-                .observe(self.start.elapsed().as_secs_f64());
+        if let Some(a) = &self.admitted {
+            a.release(self.start);
         }
         self.conn.request_finished();
     }
@@ -74,23 +73,15 @@ enum Kind {
 
 pub struct ResponseBody {
     kind: Kind,
-    stamp: Option<Stamp>,
+    added: AddedFields,
     _guard: Option<RequestGuard>,
-}
-
-/// What this hop says about the exchange, for an HTTP/1.1 app: written into the head
-/// as `x-tollgate-attempts` and `x-tollgate-outcome` without a header map.
-#[derive(Clone, Copy, Debug)]
-pub struct Stamp {
-    pub attempts: u32,
-    pub outcome: Option<Outcome>,
 }
 
 impl ResponseBody {
     pub fn upstream(inner: UpstreamBody, guard: RequestGuard) -> Self {
         ResponseBody {
             kind: Kind::Upstream(inner),
-            stamp: None,
+            added: AddedFields::default(),
             _guard: Some(guard),
         }
     }
@@ -99,20 +90,19 @@ impl ResponseBody {
         let bytes = bytes.into();
         ResponseBody {
             kind: Kind::Full((!bytes.is_empty()).then_some(bytes)),
-            stamp: None,
+            added: AddedFields::default(),
             _guard: guard,
         }
     }
-}
 
-impl ResponseBody {
-    pub fn stamped(mut self, stamp: Stamp) -> Self {
-        self.stamp = Some(stamp);
+    /// Adds fields to the head (for an HTTP/1.1 app; an HTTP/2 one gets them in the map).
+    pub fn with_fields(mut self, added: AddedFields) -> Self {
+        self.added = added;
         self
     }
 
-    pub fn stamp(&self) -> Option<Stamp> {
-        self.stamp
+    pub fn added_fields(&self) -> &AddedFields {
+        &self.added
     }
 
     /// Fields of the upstream's HTTP/1.1 response head that are not in the response's
@@ -153,6 +143,3 @@ impl Body for ResponseBody {
         }
     }
 }
-
-/// The body of a request from the app, as either protocol delivers it.
-pub type AppBody = ByProtocol<Http1Body>;

@@ -1,0 +1,335 @@
+//! Field rules every hop keeps (RFC 9110 and 9112): reading `Content-Length` and token
+//! lists, the hop-by-hop fields that belong to one connection, a `Host` that can be
+//! trusted to route a request, and where the fields of a parsed head sit in its buffer.
+
+use http::Request;
+use http::header::{self, HeaderMap, HeaderName, HeaderValue};
+
+/// A `Content-Length` value: digits only (no sign, no spaces inside, no hex).
+pub fn content_length(digits: &[u8]) -> Option<u64> {
+    if digits.is_empty() || digits.len() > 19 || !digits.iter().all(u8::is_ascii_digit) {
+        return None;
+    }
+    std::str::from_utf8(digits).ok()?.parse().ok()
+}
+
+/// Whether a comma-separated field value lists `token` (any case).
+pub fn has_token(value: &[u8], token: &[u8]) -> bool {
+    value
+        .split(|&b| b == b',')
+        .any(|t| t.trim_ascii().eq_ignore_ascii_case(token))
+}
+
+/// Whether a `Connection` value names fields of its own, beyond `keep-alive` and
+/// `close` (which name nothing outside the usual set).
+pub fn names_others(value: &[u8]) -> bool {
+    value.split(|b| *b == b',').any(|t| {
+        let t = t.trim_ascii();
+        !t.eq_ignore_ascii_case(b"keep-alive") && !t.eq_ignore_ascii_case(b"close")
+    })
+}
+
+/// Writes one field as a line of an HTTP/1.1 head.
+pub fn write_field(wbuf: &mut Vec<u8>, name: &HeaderName, value: &HeaderValue) {
+    wbuf.extend_from_slice(name.as_str().as_bytes());
+    wbuf.extend_from_slice(b": ");
+    wbuf.extend_from_slice(value.as_bytes());
+    wbuf.extend_from_slice(b"\r\n");
+}
+
+/// A few fields added to a head as it is written, each replacing any field of the same
+/// name. Kept apart from the head's own map, which is neither grown nor rehashed for
+/// them: they are written straight after its fields.
+#[derive(Clone, Debug)]
+pub struct ExtraFields<const N: usize>(pub [Option<(HeaderName, HeaderValue)>; N]);
+
+impl<const N: usize> Default for ExtraFields<N> {
+    fn default() -> Self {
+        ExtraFields([const { None }; N])
+    }
+}
+
+impl<const N: usize> ExtraFields<N> {
+    pub fn iter(&self) -> impl Iterator<Item = &(HeaderName, HeaderValue)> {
+        self.0.iter().flatten()
+    }
+
+    /// Whether one of the fields is called `name`.
+    pub fn names(&self, name: &HeaderName) -> bool {
+        self.iter().any(|(n, _)| n == name)
+    }
+
+    /// Whether one of the fields is called `name` as it came on the wire (any case).
+    pub fn names_raw(&self, name: &[u8]) -> bool {
+        self.iter().any(|(n, _)| {
+            n.as_str().len() == name.len() && n.as_str().as_bytes().eq_ignore_ascii_case(name)
+        })
+    }
+
+    /// Writes each field as a line of an HTTP/1.1 head.
+    pub fn write_to(&self, wbuf: &mut Vec<u8>) {
+        for (name, value) in self.iter() {
+            write_field(wbuf, name, value);
+        }
+    }
+}
+
+/// Heads with up to this many fields are taken apart without an allocation.
+pub const FEW_HEADERS: usize = 24;
+
+/// Where a field of a parsed head sits in its buffer: name start and length, value
+/// start and length.
+pub type Span = (usize, usize, usize, usize);
+
+/// The spans of `fields`, parsed from `buf`: in `few` when they fit, else in `many`.
+/// Kept so the names and values can be taken from the head once it is split off the
+/// buffer (values as slices of it, not copies).
+pub fn field_spans<'s>(
+    buf: &[u8],
+    fields: &[httparse::Header<'_>],
+    few: &'s mut [Span; FEW_HEADERS],
+    many: &'s mut Vec<Span>,
+) -> &'s [Span] {
+    let base = buf.as_ptr() as usize;
+    let spans = if fields.len() <= FEW_HEADERS {
+        &mut few[..fields.len()]
+    } else {
+        many.resize(fields.len(), (0, 0, 0, 0));
+        &mut many[..]
+    };
+    for (span, f) in spans.iter_mut().zip(fields) {
+        *span = (
+            f.name.as_ptr() as usize - base,
+            f.name.len(),
+            f.value.as_ptr() as usize - base,
+            f.value.len(),
+        );
+    }
+    spans
+}
+
+/// The hop-by-hop fields of RFC 9110 section 7.6.1 (and the ones that were, in
+/// practice). `TE` is handled apart: `TE: trailers` is kept, gRPC needs it end to end.
+pub const HOP_BY_HOP: [HeaderName; 8] = [
+    header::CONNECTION,
+    HeaderName::from_static("keep-alive"),
+    HeaderName::from_static("proxy-connection"),
+    header::PROXY_AUTHENTICATE,
+    header::PROXY_AUTHORIZATION,
+    header::TRAILER,
+    header::TRANSFER_ENCODING,
+    header::UPGRADE,
+];
+
+pub fn is_hop_by_hop(name: &HeaderName) -> bool {
+    HOP_BY_HOP.contains(name) || *name == header::TE
+}
+
+/// Removes hop-by-hop fields, if there are any.
+///
+/// Almost no message carries one, so the map is read once and changed only where
+/// something was found: removing a field that is not there still costs a hash and a
+/// probe, and it would be a dozen per message.
+pub fn strip(headers: &mut HeaderMap) {
+    if headers.keys().any(is_hop_by_hop) {
+        strip_hop_by_hop(headers);
+    }
+}
+
+/// Removes hop-by-hop fields in place, touching only those present, and every field
+/// a `Connection` names.
+pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
+    let mut present: [Option<HeaderName>; 8] = Default::default();
+    let mut n = 0;
+    let mut connection_names = false;
+    let mut te = None;
+    for (name, value) in headers.iter() {
+        if *name == header::TE {
+            te = Some(value.clone());
+        } else if n < present.len()
+            && HOP_BY_HOP.contains(name)
+            && !present.contains(&Some(name.clone()))
+        {
+            present[n] = Some(name.clone());
+            n += 1;
+            connection_names |= *name == header::CONNECTION && names_others(value.as_bytes());
+        }
+    }
+    // Fields listed in `Connection` are hop-by-hop too.
+    if connection_names {
+        let named: Vec<HeaderName> = headers
+            .get_all(header::CONNECTION)
+            .iter()
+            .filter_map(|v| v.to_str().ok())
+            .flat_map(|v| v.split(','))
+            .filter_map(|t| HeaderName::from_bytes(t.trim().as_bytes()).ok())
+            .collect();
+        for name in named {
+            if name != header::TE {
+                headers.remove(name);
+            }
+        }
+    }
+    for name in present.iter().flatten() {
+        headers.remove(name);
+    }
+    if let Some(te) = te {
+        let trailers = te.to_str().is_ok_and(|v| {
+            v.split(',')
+                .any(|t| t.trim().eq_ignore_ascii_case("trailers"))
+        });
+        if !trailers {
+            headers.remove(header::TE);
+        } else if te.as_bytes() != b"trailers" || headers.get_all(header::TE).iter().count() > 1 {
+            headers.insert(header::TE, HeaderValue::from_static("trailers"));
+        }
+    }
+}
+
+/// Why a request's `Host` cannot be trusted to route it, if it cannot: more than one
+/// `Host` line, or a value that is no `host[:port]` (RFC 9112 section 3.2 asks for a
+/// 400 for both). Two `Host` lines are the classic way to make two hops route one
+/// request differently; tollgate refuses rather than pick one. An empty `Host` is
+/// allowed (the URI may have no authority) and routes nowhere.
+pub fn host_problem<B>(req: &Request<B>) -> Option<&'static str> {
+    let mut hosts = req.headers().get_all(header::HOST).iter();
+    let first = hosts.next()?;
+    if hosts.next().is_some() {
+        return Some(TWO_HOSTS);
+    }
+    host_value_problem(first.as_bytes())
+}
+
+pub const TWO_HOSTS: &str = "more than one Host header\n";
+
+/// Why one `Host` value cannot be trusted to route a request, if it cannot.
+pub fn host_value_problem(value: &[u8]) -> Option<&'static str> {
+    let valid = value.is_empty() || authority_syntax(value);
+    (!valid).then_some("the Host header is not a valid host[:port]\n")
+}
+
+/// The characters of a reg-name (RFC 3986): unreserved, percent-encoded, sub-delims.
+const REG_NAME: [bool; 256] = {
+    let mut t = [false; 256];
+    let mut b = 0;
+    while b < 256 {
+        let c = b as u8;
+        t[b] = c.is_ascii_alphanumeric()
+            || matches!(
+                c,
+                b'-' | b'.'
+                    | b'_'
+                    | b'~'
+                    | b'%'
+                    | b'!'
+                    | b'$'
+                    | b'&'
+                    | b'\''
+                    | b'('
+                    | b')'
+                    | b'*'
+                    | b'+'
+                    | b','
+                    | b';'
+                    | b'='
+            );
+        b += 1;
+    }
+    t
+};
+
+/// `uri-host [ ":" port ]` (RFC 3986): an IP literal in brackets or a reg-name, then
+/// nothing or a colon and digits. Checked in place: this runs on every request.
+pub fn authority_syntax(value: &[u8]) -> bool {
+    let (host, port) = if value.first() == Some(&b'[') {
+        let Some(end) = value.iter().position(|b| *b == b']') else {
+            return false;
+        };
+        let literal = &value[1..end];
+        if literal.is_empty()
+            || !literal
+                .iter()
+                .all(|b| b.is_ascii_hexdigit() || matches!(b, b':' | b'.'))
+        {
+            return false;
+        }
+        (&value[..=end], &value[end + 1..])
+    } else {
+        match value.iter().rposition(|b| *b == b':') {
+            Some(i) => (&value[..i], &value[i..]),
+            None => (value, &value[value.len()..]),
+        }
+    };
+    let reg_name = host.first() == Some(&b'[')
+        || (!host.is_empty() && host.iter().all(|&b| REG_NAME[usize::from(b)]));
+    let port_ok = port.is_empty() || (port[0] == b':' && port[1..].iter().all(u8::is_ascii_digit));
+    reg_name && port_ok
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn host_values_are_checked_in_place() {
+        for good in [
+            &b"payments"[..],
+            b"payments:8080",
+            b"payments.default.svc.cluster.local",
+            b"10.0.0.5:80",
+            b"[::1]:8080",
+            b"[fe80::1]",
+            b"my_host~x",
+        ] {
+            assert!(authority_syntax(good), "{}", String::from_utf8_lossy(good));
+        }
+        for bad in [
+            &b""[..],
+            b":80",
+            b"pay ments",
+            b"payments:80x",
+            b"user@payments",
+            b"payments/x",
+            b"[::1",
+            b"[zz]:80",
+            b"payments:80:90",
+        ] {
+            assert!(!authority_syntax(bad), "{}", String::from_utf8_lossy(bad));
+        }
+    }
+
+    #[test]
+    fn hop_by_hop_and_connection_named_fields_go() {
+        let mut h = HeaderMap::new();
+        h.insert(
+            header::CONNECTION,
+            HeaderValue::from_static("keep-alive, x-secret-hop"),
+        );
+        h.insert("keep-alive", HeaderValue::from_static("timeout=5"));
+        h.insert("x-secret-hop", HeaderValue::from_static("1"));
+        h.insert(
+            header::TRANSFER_ENCODING,
+            HeaderValue::from_static("chunked"),
+        );
+        h.insert(header::UPGRADE, HeaderValue::from_static("websocket"));
+        h.insert("proxy-connection", HeaderValue::from_static("keep-alive"));
+        h.insert(
+            header::PROXY_AUTHORIZATION,
+            HeaderValue::from_static("Basic x"),
+        );
+        h.insert(header::TE, HeaderValue::from_static("gzip"));
+        h.insert("x-end-to-end", HeaderValue::from_static("stays"));
+        strip_hop_by_hop(&mut h);
+        assert_eq!(h.len(), 1, "left: {h:?}");
+        assert_eq!(h["x-end-to-end"], "stays");
+    }
+
+    #[test]
+    fn te_trailers_survives_for_grpc() {
+        let mut h = HeaderMap::new();
+        h.insert(header::TE, HeaderValue::from_static("trailers, deflate"));
+        h.insert(header::CONNECTION, HeaderValue::from_static("te"));
+        strip_hop_by_hop(&mut h);
+        assert_eq!(h[header::TE], "trailers");
+    }
+}

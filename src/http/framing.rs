@@ -1,0 +1,203 @@
+//! How a message body ends, and reading it off the front of a buffer: a known length,
+//! chunked (RFC 9112 section 7.1, with trailers), or the close of the connection. The
+//! same reader serves request bodies (the server's side) and response bodies (the
+//! client's side); neither needs a copy of the data it hands on.
+
+use std::io;
+
+use bytes::{Buf, Bytes, BytesMut};
+use http::{HeaderMap, HeaderName, HeaderValue};
+
+use super::bad;
+
+/// The longest chunk-size line or trailer block accepted.
+pub const MAX_CHUNK_META: usize = 256 * 1024;
+/// Most fields in a trailer block.
+const MAX_TRAILERS: usize = 128;
+
+/// How a message body ends.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Framing {
+    /// This many bytes still to come (`Length(0)`: none, or all read).
+    Length(u64),
+    Chunked(Chunk),
+    /// Until the peer closes the connection (responses only).
+    Eof,
+}
+
+/// Where a chunked body's reader is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Chunk {
+    Size,
+    Data(u64),
+    DataEnd,
+    Trailers,
+}
+
+/// What the next step of reading a body found in the buffer.
+pub enum Step {
+    Data(Bytes),
+    Trailers(HeaderMap),
+    End,
+    /// The buffer holds too little: read more.
+    More,
+}
+
+/// Takes the next piece of a message body off the front of `rbuf`, moving `framing`
+/// on. `eof`: the peer has closed the connection, so nothing more will come (and
+/// `More` is never the answer).
+pub fn step(rbuf: &mut BytesMut, framing: &mut Framing, eof: bool) -> io::Result<Step> {
+    loop {
+        match *framing {
+            Framing::Length(0) => return Ok(Step::End),
+            Framing::Length(left) => {
+                if !rbuf.is_empty() {
+                    let n = (rbuf.len() as u64).min(left) as usize;
+                    *framing = Framing::Length(left - n as u64);
+                    return Ok(Step::Data(take(rbuf, n)));
+                }
+                if eof {
+                    return Err(io::Error::new(
+                        io::ErrorKind::UnexpectedEof,
+                        "connection closed within the body",
+                    ));
+                }
+                return Ok(Step::More);
+            }
+            Framing::Eof => {
+                if !rbuf.is_empty() {
+                    let n = rbuf.len();
+                    return Ok(Step::Data(take(rbuf, n)));
+                }
+                if eof {
+                    *framing = Framing::Length(0);
+                    return Ok(Step::End);
+                }
+                return Ok(Step::More);
+            }
+            Framing::Chunked(state) => match decode_chunk(rbuf, state)? {
+                Decoded::Data(data, next) => {
+                    *framing = Framing::Chunked(next);
+                    return Ok(Step::Data(data));
+                }
+                Decoded::Next(next) => *framing = Framing::Chunked(next),
+                Decoded::End(trailers) => {
+                    *framing = Framing::Length(0);
+                    return Ok(trailers.map_or(Step::End, Step::Trailers));
+                }
+                Decoded::More => {
+                    if rbuf.len() > MAX_CHUNK_META {
+                        return Err(bad("chunk header or trailers too large"));
+                    }
+                    if eof {
+                        return Err(io::Error::new(
+                            io::ErrorKind::UnexpectedEof,
+                            "connection closed within the chunked body",
+                        ));
+                    }
+                    return Ok(Step::More);
+                }
+            },
+        }
+    }
+}
+
+/// Takes `n` bytes off the front of the read buffer, without a copy.
+fn take(rbuf: &mut BytesMut, n: usize) -> Bytes {
+    rbuf.split_to(n).freeze()
+}
+
+enum Decoded {
+    Data(Bytes, Chunk),
+    Next(Chunk),
+    End(Option<HeaderMap>),
+    More,
+}
+
+/// One step of the chunked decoder on what the buffer holds.
+fn decode_chunk(rbuf: &mut BytesMut, state: Chunk) -> io::Result<Decoded> {
+    match state {
+        Chunk::Size => {
+            let Some(eol) = rbuf.windows(2).position(|w| w == b"\r\n") else {
+                return Ok(Decoded::More);
+            };
+            let size = chunk_size(&rbuf[..eol])?;
+            rbuf.advance(eol + 2);
+            Ok(Decoded::Next(if size == 0 {
+                Chunk::Trailers
+            } else {
+                Chunk::Data(size)
+            }))
+        }
+        Chunk::Data(left) => {
+            if rbuf.is_empty() {
+                return Ok(Decoded::More);
+            }
+            let n = (rbuf.len() as u64).min(left) as usize;
+            let data = take(rbuf, n);
+            let next = if n as u64 == left {
+                Chunk::DataEnd
+            } else {
+                Chunk::Data(left - n as u64)
+            };
+            Ok(Decoded::Data(data, next))
+        }
+        Chunk::DataEnd => {
+            if rbuf.len() < 2 {
+                return Ok(Decoded::More);
+            }
+            if &rbuf[..2] != b"\r\n" {
+                return Err(bad("chunk data not followed by CRLF"));
+            }
+            rbuf.advance(2);
+            Ok(Decoded::Next(Chunk::Size))
+        }
+        Chunk::Trailers => {
+            if rbuf.starts_with(b"\r\n") {
+                rbuf.advance(2);
+                return Ok(Decoded::End(None));
+            }
+            let mut fields = [httparse::EMPTY_HEADER; MAX_TRAILERS];
+            let (len, trailers) = match httparse::parse_headers(rbuf, &mut fields) {
+                Ok(httparse::Status::Complete((len, fields))) => {
+                    let mut map = HeaderMap::with_capacity(fields.len());
+                    for f in fields {
+                        if let (Ok(name), Ok(value)) = (
+                            HeaderName::from_bytes(f.name.as_bytes()),
+                            HeaderValue::from_bytes(f.value),
+                        ) {
+                            map.append(name, value);
+                        }
+                    }
+                    (len, map)
+                }
+                Ok(httparse::Status::Partial) => return Ok(Decoded::More),
+                Err(_) => return Err(bad("malformed trailers")),
+            };
+            rbuf.advance(len);
+            Ok(Decoded::End((!trailers.is_empty()).then_some(trailers)))
+        }
+    }
+}
+
+/// The size on a chunk-size line (without its CRLF).
+fn chunk_size(line: &[u8]) -> io::Result<u64> {
+    let digits = line
+        .iter()
+        .position(|&b| b == b';' || b == b' ' || b == b'\t')
+        .map_or(line, |i| &line[..i]);
+    if digits.is_empty() || digits.len() > 15 {
+        return Err(bad("invalid chunk size"));
+    }
+    let mut size = 0u64;
+    for &d in digits {
+        let v = match d {
+            b'0'..=b'9' => d - b'0',
+            b'a'..=b'f' => d - b'a' + 10,
+            b'A'..=b'F' => d - b'A' + 10,
+            _ => return Err(bad("invalid chunk size")),
+        };
+        size = size * 16 + u64::from(v);
+    }
+    Ok(size)
+}

@@ -1,0 +1,509 @@
+//! Reading a response head (the client's role). The head is parsed in place
+//! (`httparse`) and its fields stay in the bytes they came in ([`RawFields`]): a proxy
+//! reads a few of them and passes the rest on as they are. Framing follows RFC 9112
+//! section 6: a response to HEAD, a 1xx, 204 or 304 has no body; Transfer-Encoding
+//! wins over Content-Length, and a connection whose framing was in any way doubtful
+//! (both, a coding other than chunked last, no length at all, `Connection: close`,
+//! HTTP/1.0, a protocol switch) is not reused. Interim responses are skipped.
+
+use std::io;
+use std::mem::MaybeUninit;
+
+use bytes::{Buf, Bytes, BytesMut};
+use http::{HeaderMap, HeaderName, HeaderValue, StatusCode, Version};
+
+use super::bad;
+use super::fields::{FEW_HEADERS, Span, content_length, field_spans, has_token, names_others};
+use super::framing::{Chunk, Framing, Step, step};
+
+/// The largest response head accepted.
+pub const MAX_HEAD: usize = 256 * 1024;
+/// Most header fields in a response head.
+const MAX_HEADERS: usize = 128;
+
+/// A final response head as read: its fields stay in the bytes they came in.
+pub struct ResponseHead {
+    pub status: StatusCode,
+    pub version: Version,
+    pub fields: RawFields,
+    pub framing: Framing,
+    /// The connection may carry another request after this response.
+    pub reuse: bool,
+}
+
+/// The fields of an HTTP/1.1 response head as they came, minus the hop-by-hop ones.
+/// They go on to an HTTP/1.1 peer line by line from the head itself: no header map is
+/// built and torn down for the few fields a proxy reads.
+#[derive(Clone, Debug)]
+pub struct RawFields {
+    head: Bytes,
+    /// Per field: where its name starts and ends, where its value starts and ends.
+    lines: Vec<[u32; 4]>,
+    has_length: bool,
+    has_date: bool,
+}
+
+impl RawFields {
+    /// The value of the first field called `name` (lowercase, as `HeaderName`s are).
+    pub fn get(&self, name: &str) -> Option<&[u8]> {
+        self.iter()
+            .find(|(n, _)| n.len() == name.len() && n.eq_ignore_ascii_case(name.as_bytes()))
+            .map(|(_, v)| v)
+    }
+
+    /// Every field, as name and value.
+    pub fn iter(&self) -> impl Iterator<Item = (&[u8], &[u8])> {
+        self.lines.iter().map(|&[ns, ne, vs, ve]| {
+            (
+                &self.head[ns as usize..ne as usize],
+                &self.head[vs as usize..ve as usize],
+            )
+        })
+    }
+
+    /// Writes every field as a line of an HTTP/1.1 head, except `Content-Length` when
+    /// `length` is false and the fields `replaced` names (the writer adds its own).
+    pub fn write_to(&self, wbuf: &mut Vec<u8>, length: bool, replaced: impl Fn(&[u8]) -> bool) {
+        for &[ns, ne, _, ve] in &self.lines {
+            let line = &self.head[ns as usize..ve as usize];
+            let name = &line[..(ne - ns) as usize];
+            if !length && field_kind(name) == FieldKind::ContentLength {
+                continue;
+            }
+            if replaced(name) {
+                continue;
+            }
+            wbuf.extend_from_slice(line);
+            wbuf.extend_from_slice(b"\r\n");
+        }
+    }
+
+    /// Whether the fields include `Content-Length` and `Date`.
+    pub fn has_length(&self) -> bool {
+        self.has_length
+    }
+
+    pub fn has_date(&self) -> bool {
+        self.has_date
+    }
+
+    /// Adds the fields to a header map (for an HTTP/2 app).
+    pub fn append_to(&self, map: &mut HeaderMap) {
+        map.reserve(self.lines.len());
+        for &[ns, ne, vs, ve] in &self.lines {
+            if let (Ok(name), Ok(value)) = (
+                HeaderName::from_bytes(&self.head[ns as usize..ne as usize]),
+                HeaderValue::from_maybe_shared(self.head.slice(vs as usize..ve as usize)),
+            ) {
+                map.append(name, value);
+            }
+        }
+    }
+}
+
+/// What a response field is to the reader of the head.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum FieldKind {
+    ContentLength,
+    TransferEncoding,
+    Connection,
+    /// Another hop-by-hop field (RFC 9110 section 7.6.1), or `TE`.
+    HopByHop,
+    Date,
+    Other,
+}
+
+/// Classifies a field name as it came (any case), by length first.
+fn field_kind(name: &[u8]) -> FieldKind {
+    let is = |n: &str| name.eq_ignore_ascii_case(n.as_bytes());
+    match name.len() {
+        2 if is("te") => FieldKind::HopByHop,
+        4 if is("date") => FieldKind::Date,
+        7 if is("trailer") || is("upgrade") => FieldKind::HopByHop,
+        10 if is("connection") => FieldKind::Connection,
+        10 if is("keep-alive") => FieldKind::HopByHop,
+        14 if is("content-length") => FieldKind::ContentLength,
+        16 if is("proxy-connection") => FieldKind::HopByHop,
+        17 if is("transfer-encoding") => FieldKind::TransferEncoding,
+        18 if is("proxy-authenticate") => FieldKind::HopByHop,
+        19 if is("proxy-authorization") => FieldKind::HopByHop,
+        _ => FieldKind::Other,
+    }
+}
+
+/// Parses a response head at the front of `rbuf` and takes it off: `None` while it is
+/// incomplete, `Some(None)` for an interim response.
+pub fn parse_response_head(
+    rbuf: &mut BytesMut,
+    head_request: bool,
+) -> io::Result<Option<Option<ResponseHead>>> {
+    // Uninitialised: clearing room for every possible field on each response would
+    // cost more than parsing the ones there are.
+    let mut fields = [const { MaybeUninit::<httparse::Header<'_>>::uninit() }; MAX_HEADERS];
+    let mut res = httparse::Response::new(&mut []);
+    let len = match httparse::ParserConfig::default().parse_response_with_uninit_headers(
+        &mut res,
+        rbuf,
+        &mut fields,
+    ) {
+        Ok(httparse::Status::Complete(len)) => len,
+        Ok(httparse::Status::Partial) => return Ok(None),
+        Err(httparse::Error::TooManyHeaders) => return Err(bad("too many response header fields")),
+        Err(_) => return Err(bad("malformed response head")),
+    };
+    let code = res.code.unwrap_or(0);
+    let status = StatusCode::from_u16(code).map_err(|_| bad("invalid response status"))?;
+    if status.is_informational() && code != 101 {
+        rbuf.advance(len);
+        return Ok(Some(None));
+    }
+    let version = if res.version == Some(0) {
+        Version::HTTP_10
+    } else {
+        Version::HTTP_11
+    };
+    let (mut few, mut many) = ([(0, 0, 0, 0); FEW_HEADERS], Vec::new());
+    let spans = field_spans(rbuf, res.headers, &mut few, &mut many);
+    // The fields stay in the head, not copied. The read buffer is shared with it until
+    // the response has gone back to the app, which is before this connection reads
+    // again, so the buffer is then reused as it is.
+    let head = rbuf.split_to(len).freeze();
+    let read = read_fields(&head, spans)?;
+    let length = read.length;
+    let coded = read.coded;
+    let mut reuse = version == Version::HTTP_11 && !read.close;
+    let fields = RawFields {
+        head,
+        lines: read.lines,
+        has_length: length.is_some() && !coded,
+        has_date: read.has_date,
+    };
+    let no_body = head_request || status.is_informational() || code == 204 || code == 304;
+    let framing = if no_body {
+        Framing::Length(0)
+    } else if coded {
+        // Both framings at once: Transfer-Encoding wins, and the connection is not
+        // trusted with another request.
+        if length.is_some() {
+            reuse = false;
+        }
+        if read.chunked {
+            Framing::Chunked(Chunk::Size)
+        } else {
+            Framing::Eof
+        }
+    } else if let Some(n) = length {
+        Framing::Length(n)
+    } else {
+        Framing::Eof
+    };
+    // A body that runs to the close, or a switch to another protocol, ends the
+    // connection's use for HTTP.
+    if framing == Framing::Eof || code == 101 {
+        reuse = false;
+    }
+    Ok(Some(Some(ResponseHead {
+        status,
+        version,
+        fields,
+        framing,
+        reuse,
+    })))
+}
+
+/// What the fields of a response head say, and which of them pass on.
+struct ReadFields {
+    /// The fields that pass on: where each name and value starts and ends in the head.
+    lines: Vec<[u32; 4]>,
+    length: Option<u64>,
+    /// `Transfer-Encoding` is present; `chunked` is its last coding.
+    coded: bool,
+    chunked: bool,
+    has_date: bool,
+    /// `Connection: close`.
+    close: bool,
+}
+
+/// Reads the fields of a response head: framing and `Connection` are noted and not
+/// passed on, nor is any other hop-by-hop field or one a `Connection` names.
+fn read_fields(head: &Bytes, spans: &[Span]) -> io::Result<ReadFields> {
+    let mut read = ReadFields {
+        lines: Vec::with_capacity(spans.len()),
+        length: None,
+        coded: false,
+        chunked: false,
+        has_date: false,
+        close: false,
+    };
+    // `Connection` values naming fields of their own: those fields go too.
+    let mut named: Vec<(usize, usize)> = Vec::new();
+    for &(ns, nl, vs, vl) in spans {
+        let name = &head[ns..ns + nl];
+        let value = &head[vs..vs + vl];
+        match field_kind(name) {
+            FieldKind::ContentLength => {
+                let v = content_length(value.trim_ascii())
+                    .ok_or_else(|| bad("invalid Content-Length"))?;
+                if read.length.is_some_and(|l| l != v) {
+                    return Err(bad("conflicting Content-Length"));
+                }
+                read.length = Some(v);
+            }
+            FieldKind::TransferEncoding => {
+                read.coded = true;
+                read.chunked = value
+                    .rsplit(|&b| b == b',')
+                    .next()
+                    .is_some_and(|last| last.trim_ascii().eq_ignore_ascii_case(b"chunked"));
+                continue;
+            }
+            FieldKind::Connection => {
+                read.close |= has_token(value, b"close");
+                if names_others(value) {
+                    named.push((vs, vl));
+                }
+                continue;
+            }
+            FieldKind::HopByHop => continue,
+            FieldKind::Date => read.has_date = true,
+            FieldKind::Other => {}
+        }
+        let at = |i: usize| u32::try_from(i).map_err(|_| bad("response head too large"));
+        read.lines
+            .push([at(ns)?, at(ns + nl)?, at(vs)?, at(vs + vl)?]);
+    }
+    if read.coded && read.length.is_some() {
+        // Transfer-Encoding wins; the stale length is not passed on.
+        read.lines.retain(|&[ns, ne, _, _]| {
+            field_kind(&head[ns as usize..ne as usize]) != FieldKind::ContentLength
+        });
+    }
+    for &(vs, vl) in &named {
+        let value = &head[vs..vs + vl];
+        read.lines.retain(|&[ns, ne, _, _]| {
+            let name = &head[ns as usize..ne as usize];
+            !value
+                .split(|&b| b == b',')
+                .any(|t| t.trim_ascii().eq_ignore_ascii_case(name))
+        });
+    }
+    Ok(read)
+}
+
+/// A whole response as the connection would read it, from `pieces` arriving one after
+/// another and then the endpoint closing: the same parser and framing as the real
+/// thing, without a socket (for tests and fuzzing).
+#[derive(Debug, PartialEq)]
+pub struct ParsedResponse {
+    pub status: StatusCode,
+    pub headers: HeaderMap,
+    pub body: Vec<u8>,
+    pub trailers: Option<HeaderMap>,
+    /// The connection could carry another request afterwards.
+    pub reusable: bool,
+}
+
+pub fn parse_response(pieces: &[&[u8]], head_request: bool) -> io::Result<ParsedResponse> {
+    let mut rbuf = BytesMut::new();
+    let mut pieces = pieces.iter();
+    let mut eof = false;
+    let fill = |rbuf: &mut BytesMut, eof: &mut bool, pieces: &mut std::slice::Iter<'_, &[u8]>| {
+        match pieces.next() {
+            Some(p) => rbuf.extend_from_slice(p),
+            None => *eof = true,
+        }
+    };
+    let head = loop {
+        match parse_response_head(&mut rbuf, head_request)? {
+            Some(Some(head)) => break head,
+            Some(None) => continue,
+            None if rbuf.len() > MAX_HEAD => return Err(bad("response head too large")),
+            None if eof => {
+                return Err(io::Error::new(
+                    io::ErrorKind::UnexpectedEof,
+                    "connection closed within the response head",
+                ));
+            }
+            None => fill(&mut rbuf, &mut eof, &mut pieces),
+        }
+    };
+    let mut framing = head.framing;
+    let mut body = Vec::new();
+    let mut trailers = None;
+    loop {
+        match step(&mut rbuf, &mut framing, eof)? {
+            Step::Data(d) => body.extend_from_slice(&d),
+            Step::Trailers(t) => trailers = Some(t),
+            Step::End => break,
+            Step::More => fill(&mut rbuf, &mut eof, &mut pieces),
+        }
+    }
+    // Bytes after the response: not reused (a pooled connection with unasked bytes is
+    // dropped before its next request).
+    let reusable = head.reuse && rbuf.is_empty() && pieces.all(|p| p.is_empty());
+    Ok(ParsedResponse {
+        status: head.status,
+        headers: {
+            let mut map = HeaderMap::new();
+            head.fields.append_to(&mut map);
+            map
+        },
+        body,
+        trailers,
+        reusable,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+    use crate::http::testing::{chunked_body, cut};
+    use proptest::prelude::*;
+
+    fn whole(input: &[u8]) -> io::Result<ParsedResponse> {
+        parse_response(&[input], false)
+    }
+
+    #[test]
+    fn framing_decides_reuse() {
+        let ok = whole(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok").unwrap();
+        assert_eq!((ok.body.as_slice(), ok.reusable), (&b"ok"[..], true));
+        for (input, why) in [
+            (&b"HTTP/1.1 200 OK\r\nConnection: close\r\nContent-Length: 2\r\n\r\nok"[..], "close"),
+            (b"HTTP/1.0 200 OK\r\nContent-Length: 2\r\n\r\nok", "HTTP/1.0"),
+            (b"HTTP/1.1 200 OK\r\n\r\nok", "ends at the close"),
+            (b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nokEXTRA", "bytes after it"),
+            (
+                b"HTTP/1.1 200 OK\r\nContent-Length: 9\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nok\r\n0\r\n\r\n",
+                "both framings",
+            ),
+        ] {
+            let r = whole(input).unwrap();
+            assert_eq!(&r.body[..2], b"ok", "{why}");
+            assert!(!r.reusable, "{why}");
+        }
+    }
+
+    #[test]
+    fn bodiless_responses_and_interim_ones() {
+        let head =
+            parse_response(&[b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\n"], true).unwrap();
+        assert_eq!((head.body.len(), head.reusable), (0, true));
+        assert_eq!(
+            head.headers["content-length"], "5",
+            "HEAD keeps the length it would have"
+        );
+        for status in ["204 No Content", "304 Not Modified"] {
+            let r = whole(format!("HTTP/1.1 {status}\r\nContent-Length: 5\r\n\r\n").as_bytes())
+                .unwrap();
+            assert_eq!((r.body.len(), r.reusable), (0, true), "{status}");
+        }
+        let r = whole(b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 103 Early Hints\r\nLink: </a>\r\n\r\nHTTP/1.1 201 Created\r\nContent-Length: 0\r\n\r\n").unwrap();
+        assert_eq!(r.status, StatusCode::CREATED);
+        assert!(!r.headers.contains_key("link"));
+    }
+
+    #[test]
+    fn hop_by_hop_fields_are_dropped_as_the_head_is_read() {
+        let r = whole(
+            b"HTTP/1.1 200 OK\r\nConnection: keep-alive, x-secret\r\nKeep-Alive: timeout=5\r\n\
+              X-Secret: 1\r\nX-Kept: 2\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n",
+        )
+        .unwrap();
+        for gone in ["connection", "keep-alive", "x-secret", "transfer-encoding"] {
+            assert!(!r.headers.contains_key(gone), "{gone}");
+        }
+        assert_eq!(r.headers["x-kept"], "2");
+
+        // Both framings: chunked wins and the stale length is not passed on.
+        let r = whole(
+            b"HTTP/1.1 200 OK\r\nContent-Length: 3\r\nTransfer-Encoding: chunked\r\n\r\n\
+              5\r\nhello\r\n0\r\n\r\n",
+        )
+        .unwrap();
+        assert_eq!(r.body, b"hello");
+        assert!(!r.headers.contains_key("content-length"));
+        assert!(!r.reusable);
+    }
+
+    #[test]
+    fn broken_responses_are_errors_not_short_bodies() {
+        for input in [
+            &b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nok"[..],
+            b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nok",
+            b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\nok\r\n0\r\n\r\n",
+            b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nokX\r\n0\r\n\r\n",
+            b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nContent-Length: 3\r\n\r\nok",
+            b"HTTP/1.1 200 OK\r\nContent-Length: -1\r\n\r\n",
+            b"HTTP/1.1 200 OK\r\nContent-Length: +2\r\n\r\nok",
+            b"HTTP/1.1 200 OK\r\nContent-Len",
+            b"SSH-2.0-OpenSSH_9.6\r\n\r\n",
+            b"",
+        ] {
+            assert!(whole(input).is_err(), "{}", String::from_utf8_lossy(input));
+        }
+    }
+
+    /// A chunked encoding of `body` in chunks of the given sizes (0 sizes skipped).
+    fn chunked(body: &[u8], sizes: &[usize], ext: bool, trailers: &[(String, String)]) -> Vec<u8> {
+        let mut out = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n".to_vec();
+        out.extend_from_slice(&chunked_body(body, sizes, ext, trailers));
+        out
+    }
+
+    proptest! {
+        /// Whatever the chunk sizes, extensions, trailers, and wherever the reads fall,
+        /// a chunked body comes out byte for byte, trailers with it, and the connection
+        /// is reusable.
+        #[test]
+        fn chunked_bodies_survive_any_chunking_and_any_reads(
+            body in prop::collection::vec(any::<u8>(), 0..3000),
+            sizes in prop::collection::vec(1usize..700, 1..8),
+            ext in any::<bool>(),
+            trailers in prop::collection::vec(("x-[a-z]{1,8}", "[a-zA-Z0-9 ]{0,12}"), 0..3),
+            points in prop::collection::vec(any::<usize>(), 0..40),
+        ) {
+            let input = chunked(&body, &sizes, ext, &trailers);
+            let r = parse_response(&cut(&input, &points), false).unwrap();
+            prop_assert_eq!(&r.body, &body);
+            prop_assert!(r.reusable);
+            match r.trailers {
+                None => prop_assert!(trailers.is_empty()),
+                Some(t) => {
+                    for (k, v) in &trailers {
+                        prop_assert!(t.get_all(k.as_str()).iter().any(|x| x.as_bytes() == v.trim().as_bytes()));
+                    }
+                }
+            }
+        }
+
+        /// Any bytes, read in any pieces: no panic, and the answer does not depend on
+        /// where the reads fell.
+        #[test]
+        fn any_input_in_any_pieces_reads_the_same(
+            input in prop::collection::vec(any::<u8>(), 0..600),
+            prefix in prop::sample::select(vec![
+                &b""[..],
+                b"HTTP/1.1 200 OK\r\n",
+                b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n",
+                b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\n",
+            ]),
+            points in prop::collection::vec(any::<usize>(), 0..20),
+            head_request in any::<bool>(),
+        ) {
+            let input = [prefix, &input[..]].concat();
+            let one = parse_response(&[&input], head_request);
+            let many = parse_response(&cut(&input, &points), head_request);
+            match (&one, &many) {
+                (Ok(a), Ok(b)) => prop_assert_eq!(a, b),
+                (Err(_), Err(_)) => {}
+                _ => prop_assert!(false, "{:?} read whole, {:?} in pieces", one, many),
+            }
+            if let Ok(r) = one {
+                prop_assert!(r.body.len() <= input.len());
+            }
+        }
+    }
+}

@@ -1,0 +1,374 @@
+//! HTTP/1.1 from the app, read and answered on the connection's own task: the server's
+//! side of tollgate's HTTP/1.1 codec. It is handed the [`Service`] that answers each
+//! request; what a request is and what tollgate adds to its answer are the service's.
+//!
+//! One read buffer and one write buffer per connection, kept for its life. A request
+//! head is read in place ([`crate::http::request`]) and its header values are slices
+//! of the buffer; the next head is read only once the response has gone out, by which
+//! time nothing holds the old one, so the buffer is reused as it is rather than
+//! replaced. The response head, and as much of its body as is already there, leave in
+//! one write. A refused head gets its status and the connection is closed.
+//!
+//! While a request is answered the socket is still watched: the app closing its side
+//! cancels the request (and every attempt in flight), as nobody waits for the answer.
+
+use std::future::{Future, poll_fn};
+use std::io;
+use std::pin::{Pin, pin};
+use std::sync::atomic::{AtomicBool, Ordering::*};
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll, ready};
+
+use bytes::BytesMut;
+use http::header::{CONNECTION, CONTENT_LENGTH, DATE, TRANSFER_ENCODING};
+use http::{HeaderValue, Method, Request, Response, StatusCode, Version};
+use http_body::Body;
+use tokio::net::TcpStream;
+
+use super::body::{AppBody, ResponseBody};
+use super::service::Service;
+use super::socket::{CONTINUE, Http1Body, Io, close, lock};
+use super::watchdog::ConnState;
+use crate::http::encode::{
+    BodyEncoder, BodyFraming, status_digits, write_content_length, write_date,
+};
+use crate::http::fields::{content_length, has_token, write_field};
+use crate::http::framing::Framing;
+use crate::http::request::parse_request_head;
+use crate::http::{KEEP_WRITE, READ_CHUNK, WRITE_BATCH};
+
+/// What one client connection needs to answer its requests.
+pub struct Settings<S> {
+    pub service: S,
+    pub state: Arc<ConnState>,
+    pub max_header_bytes: usize,
+    pub max_headers: usize,
+}
+
+/// An HTTP/1.1 client connection being served; a future that ends when it closes.
+pub struct Http1Conn {
+    run: Pin<Box<dyn Future<Output = ()> + Send>>,
+    closing: Arc<AtomicBool>,
+}
+
+impl Http1Conn {
+    /// Serves `stream`, whose first bytes (`prefix`) were already read.
+    pub fn new<S: Service>(stream: TcpStream, prefix: &[u8], settings: Settings<S>) -> Self {
+        let mut rbuf = BytesMut::with_capacity(READ_CHUNK.max(prefix.len()));
+        rbuf.extend_from_slice(prefix);
+        let io = Arc::new(Mutex::new(Io {
+            stream,
+            rbuf,
+            body: Framing::Length(0),
+            body_failed: false,
+            continue_left: 0,
+            eof: false,
+        }));
+        let closing = Arc::new(AtomicBool::new(false));
+        Http1Conn {
+            run: Box::pin(run(io, settings, closing.clone())),
+            closing,
+        }
+    }
+
+    /// Closes the connection after the response in flight, or at once when idle.
+    pub fn graceful_shutdown(self: Pin<&mut Self>) {
+        self.closing.store(true, Release);
+    }
+}
+
+impl Future for Http1Conn {
+    type Output = ();
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+        self.run.as_mut().poll(cx)
+    }
+}
+
+/// A request as read, and whether its connection may carry another.
+struct Incoming {
+    req: Request<AppBody>,
+    keep_alive: bool,
+}
+
+/// What waiting for the next request head found. Unboxed: it is unpacked as soon as
+/// it is returned, and a box would cost an allocation per request.
+#[allow(clippy::large_enum_variant)]
+enum Next {
+    Request(Incoming),
+    /// The app closed the connection, or it is being drained and nothing is pending.
+    Closed,
+    /// A head that will not be served.
+    Refused(StatusCode, &'static str),
+}
+
+async fn run<S: Service>(io: Arc<Mutex<Io>>, settings: Settings<S>, closing: Arc<AtomicBool>) {
+    let mut wbuf: Vec<u8> = Vec::new();
+    loop {
+        let head = match poll_fn(|cx| poll_head(&io, &settings, &closing, cx)).await {
+            Next::Request(head) => head,
+            Next::Closed => return,
+            Next::Refused(status, why) => {
+                refuse(&io, &mut wbuf, status, why).await;
+                return;
+            }
+        };
+        // The Host was checked as the head was read.
+        let Incoming { req, keep_alive } = head;
+        let version = req.version();
+        let head_request = req.method() == Method::HEAD;
+        let answer = settings.service.call(req, &settings.state);
+        let mut answer = pin!(answer);
+        let answered = poll_fn(|cx| {
+            if let Poll::Ready(resp) = answer.as_mut().poll(cx) {
+                return Poll::Ready(Some(resp));
+            }
+            // Nobody waits for the answer: dropping the request cancels it.
+            match lock(&io).poll_gone(cx) {
+                Poll::Ready(()) => Poll::Ready(None),
+                Poll::Pending => Poll::Pending,
+            }
+        })
+        .await;
+        let Some(resp) = answered else {
+            return;
+        };
+        let keep_alive = keep_alive && !closing.load(Acquire);
+        let Ok(kept) =
+            write_response(&io, &mut wbuf, resp, version, head_request, keep_alive).await
+        else {
+            return;
+        };
+        let unread = !lock(&io).body_done();
+        if !kept || unread {
+            close(&io, unread).await;
+            return;
+        }
+        if wbuf.capacity() > KEEP_WRITE {
+            wbuf = Vec::new();
+        }
+    }
+}
+
+/// Reads until a whole request head is in the buffer, and takes it.
+fn poll_head<S>(
+    shared: &Arc<Mutex<Io>>,
+    settings: &Settings<S>,
+    closing: &AtomicBool,
+    cx: &mut Context<'_>,
+) -> Poll<Next> {
+    let mut io = lock(shared);
+    loop {
+        if !io.rbuf.is_empty() {
+            match parse_request_head(
+                &mut io.rbuf,
+                settings.max_header_bytes,
+                settings.max_headers,
+            ) {
+                Ok(Some(head)) => {
+                    io.body = head.framing;
+                    io.body_failed = false;
+                    io.continue_left = if head.expect_continue {
+                        CONTINUE.len()
+                    } else {
+                        0
+                    };
+                    let mut req = Request::new(AppBody::Http1(Http1Body { io: shared.clone() }));
+                    *req.method_mut() = head.method;
+                    *req.uri_mut() = head.uri;
+                    *req.version_mut() = head.version;
+                    *req.headers_mut() = head.headers;
+                    return Poll::Ready(Next::Request(Incoming {
+                        req,
+                        keep_alive: head.keep_alive,
+                    }));
+                }
+                Ok(None) if io.rbuf.len() >= settings.max_header_bytes => {
+                    return Poll::Ready(Next::Refused(
+                        StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
+                        "the request head is larger than this proxy accepts\n",
+                    ));
+                }
+                // Part of a head: its timer starts (a head that arrives whole, the
+                // usual case, never needs the clock).
+                Ok(None) => settings.state.bytes_read(),
+                Err((status, why)) => return Poll::Ready(Next::Refused(status, why)),
+            }
+        } else if closing.load(Acquire) {
+            return Poll::Ready(Next::Closed);
+        }
+        if io.eof {
+            // Closed, between requests or within a head: nothing to answer.
+            return Poll::Ready(Next::Closed);
+        }
+        if let Err(_) | Ok(0) = ready!(io.poll_fill(cx, 1024, READ_CHUNK)) {
+            // An error or the end: either way the next turn ends the connection.
+            io.eof = true;
+        }
+    }
+}
+
+/// Writes the response; `Ok(true)` when the connection may carry another request.
+async fn write_response(
+    io: &Mutex<Io>,
+    wbuf: &mut Vec<u8>,
+    resp: Response<ResponseBody>,
+    version: Version,
+    head_request: bool,
+    keep_alive: bool,
+) -> io::Result<bool> {
+    let (parts, mut body) = resp.into_parts();
+    // The answer is final: no `100 Continue` may follow it, whoever reads the body
+    // later (an HTTP/2 upstream's connection reads it on a task of its own).
+    lock(io).continue_left = 0;
+    wbuf.clear();
+    let (framing, keep_alive) = write_head(wbuf, &parts, &body, version, head_request, keep_alive);
+    let mut encoder = BodyEncoder::new(framing);
+    let mut pos = 0;
+    poll_fn(|cx| {
+        loop {
+            let mut waiting = false;
+            while !encoder.ended() && wbuf.len() < WRITE_BATCH {
+                match Pin::new(&mut body).poll_frame(cx) {
+                    Poll::Ready(Some(Ok(frame))) => encoder.frame(wbuf, frame),
+                    Poll::Ready(Some(Err(e))) => {
+                        tracing::debug!(error = %e, "response body broke; closing");
+                        encoder.abort();
+                    }
+                    Poll::Ready(None) => encoder.finish(wbuf, None),
+                    Poll::Pending => {
+                        waiting = true;
+                        break;
+                    }
+                }
+                if !encoder.ended() && body.is_end_stream() {
+                    encoder.finish(wbuf, None);
+                }
+            }
+            let mut io = lock(io);
+            ready!(io.poll_write_all(cx, wbuf, &mut pos))?;
+            wbuf.clear();
+            pos = 0;
+            if encoder.ended() {
+                return Poll::Ready(Ok::<(), io::Error>(()));
+            }
+            if waiting {
+                // Nobody left to send the rest to.
+                if io.poll_gone(cx).is_ready() {
+                    return Poll::Ready(Err(io::ErrorKind::ConnectionAborted.into()));
+                }
+                return Poll::Pending;
+            }
+        }
+    })
+    .await?;
+    Ok(keep_alive && !encoder.broken() && !encoder.to_close())
+}
+
+/// Writes the response head: the response's own fields (hop-by-hop ones dropped), the
+/// fields the service added, the upstream's fields kept in their head, then framing,
+/// `Connection` and `Date` as this connection needs them. Returns how the body goes
+/// out and whether the connection may be kept.
+fn write_head(
+    wbuf: &mut Vec<u8>,
+    parts: &http::response::Parts,
+    body: &ResponseBody,
+    version: Version,
+    head_request: bool,
+    mut keep_alive: bool,
+) -> (BodyFraming, bool) {
+    let status = parts.status;
+    let code = status.as_u16();
+    let bodiless = head_request || status.is_informational() || code == 204 || code == 304;
+    let lengthless = status.is_informational() || code == 204;
+    wbuf.extend_from_slice(if version == Version::HTTP_10 {
+        b"HTTP/1.0 "
+    } else {
+        b"HTTP/1.1 "
+    });
+    wbuf.extend_from_slice(&status_digits(code));
+    wbuf.push(b' ');
+    wbuf.extend_from_slice(status.canonical_reason().unwrap_or("").as_bytes());
+    wbuf.extend_from_slice(b"\r\n");
+    let added = body.added_fields();
+    let mut length = None;
+    let mut dated = false;
+    for (name, value) in &parts.headers {
+        if name == CONNECTION {
+            if has_token(value.as_bytes(), b"close") {
+                keep_alive = false;
+            }
+            continue;
+        }
+        if name == TRANSFER_ENCODING || added.names(name) {
+            continue;
+        }
+        if name == CONTENT_LENGTH {
+            if lengthless {
+                continue;
+            }
+            length = content_length(value.as_bytes().trim_ascii());
+            if length.is_none() {
+                continue;
+            }
+        }
+        dated |= name == DATE;
+        write_field(wbuf, name, value);
+    }
+    added.write_to(wbuf);
+    if let Some(raw) = body.raw_fields() {
+        raw.write_to(wbuf, !lengthless, |name| added.names_raw(name));
+        dated |= raw.has_date();
+        if raw.has_length() && !lengthless {
+            // The upstream's own length, which its body is framed by.
+            length = body.size_hint().exact().or(Some(0));
+        }
+    }
+    let framing = if bodiless {
+        BodyFraming::None
+    } else if let Some(n) = length {
+        BodyFraming::Length(n)
+    } else if let Some(n) = body.size_hint().exact() {
+        write_content_length(wbuf, n);
+        BodyFraming::Length(n)
+    } else if version == Version::HTTP_11 {
+        wbuf.extend_from_slice(b"transfer-encoding: chunked\r\n");
+        BodyFraming::Chunked
+    } else {
+        keep_alive = false;
+        BodyFraming::Close
+    };
+    if !keep_alive {
+        wbuf.extend_from_slice(b"connection: close\r\n");
+    } else if version == Version::HTTP_10 {
+        wbuf.extend_from_slice(b"connection: keep-alive\r\n");
+    }
+    if !dated {
+        wbuf.extend_from_slice(b"date: ");
+        write_date(wbuf);
+        wbuf.extend_from_slice(b"\r\n");
+    }
+    wbuf.extend_from_slice(b"\r\n");
+    (framing, keep_alive)
+}
+
+/// Answers a head that will not be served, and closes.
+async fn refuse(io: &Mutex<Io>, wbuf: &mut Vec<u8>, status: StatusCode, why: &'static str) {
+    tracing::debug!(
+        status = status.as_u16(),
+        reason = why.trim_end(),
+        "request head refused"
+    );
+    let mut resp = Response::new(ResponseBody::full(why, None));
+    *resp.status_mut() = status;
+    resp.headers_mut().insert(
+        http::header::CONTENT_TYPE,
+        HeaderValue::from_static("text/plain; charset=utf-8"),
+    );
+    if write_response(io, wbuf, resp, Version::HTTP_11, false, false)
+        .await
+        .is_ok()
+    {
+        close(io, true).await;
+    }
+}

@@ -1,0 +1,20 @@
+//! The app-facing server: client connections, HTTP/1.1 on tollgate's own codec and
+//! HTTP/2 on hyper's, each request handed to a [`Service`]. Nothing here knows what the
+//! service does with it: routes, retries and tollgate's headers are the service's.
+//!
+//! From the bottom: [`watchdog`] (slow heads, idle connections), [`socket`] (an
+//! HTTP/1.1 connection's socket and request body), [`body`] (the bodies that cross),
+//! [`service`] (the trait), [`h1`] (the HTTP/1.1 codec's loop and writer), [`conn`]
+//! (one connection: protocol sniff, drain).
+
+pub mod body;
+pub mod conn;
+pub mod h1;
+pub mod service;
+pub mod socket;
+pub mod watchdog;
+
+pub use body::{AddedFields, Admission, AppBody, RequestGuard, ResponseBody};
+pub use conn::serve;
+pub use service::Service;
+pub use watchdog::ConnState;

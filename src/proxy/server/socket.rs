@@ -1,0 +1,203 @@
+//! The socket of an HTTP/1.1 client connection and what has been read from it, shared
+//! between the connection's loop and the body of the request being read (both run on
+//! the connection's task, one at a time): the request body as the attempts ask for it,
+//! `100 Continue` owed before it, the app leaving while it is answered, and the
+//! lingering close after a refused head or an unread body.
+
+use std::future::poll_fn;
+use std::io;
+use std::pin::{Pin, pin};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::task::{Context, Poll, ready};
+use std::time::Duration;
+
+use bytes::{Bytes, BytesMut};
+use http_body::{Body, Frame, SizeHint};
+use tokio::io::{AsyncReadExt, AsyncWrite};
+use tokio::net::TcpStream;
+
+use crate::http::framing::{Framing, Step, step};
+use crate::http::{BoxError, READ_CHUNK};
+
+/// While a request is answered, bytes the app sends ahead (a pipelined request) are
+/// read up to this much; beyond it the socket is left alone until the response is out.
+const READ_AHEAD: usize = 64 * 1024;
+/// After a refused head or an unread body, what the app still sends is read and thrown
+/// away for up to this long (and this much) before the socket is closed, so the close
+/// does not reset the connection under the response.
+const LINGER: Duration = Duration::from_secs(1);
+const LINGER_BYTES: usize = 1024 * 1024;
+
+pub(super) const CONTINUE: &[u8] = b"HTTP/1.1 100 Continue\r\n\r\n";
+
+pub(super) fn lock(io: &Mutex<Io>) -> MutexGuard<'_, Io> {
+    io.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// The socket and what has been read from it. Shared between the connection and the
+/// body of the request being read; both run on the connection's task, one at a time.
+pub(super) struct Io {
+    pub(super) stream: TcpStream,
+    pub(super) rbuf: BytesMut,
+    /// What is left of the current request's body (`Length(0)`: none, or all read).
+    pub(super) body: Framing,
+    /// The body broke: the app went away mid-body, or sent a malformed chunk.
+    pub(super) body_failed: bool,
+    /// Bytes of `100 Continue` still owed before the body is read.
+    pub(super) continue_left: usize,
+    /// The app has closed its side.
+    pub(super) eof: bool,
+}
+
+impl Io {
+    /// Reads what the socket holds into the read buffer, first making room for `want`
+    /// bytes if less than `min` is free.
+    pub(super) fn poll_fill(
+        &mut self,
+        cx: &mut Context<'_>,
+        min: usize,
+        want: usize,
+    ) -> Poll<io::Result<usize>> {
+        if self.rbuf.capacity() - self.rbuf.len() < min {
+            self.rbuf.reserve(want);
+        }
+        let read = pin!(self.stream.read_buf(&mut self.rbuf));
+        let n = ready!(read.poll(cx))?;
+        if n == 0 {
+            self.eof = true;
+        }
+        Poll::Ready(Ok(n))
+    }
+
+    pub(super) fn poll_write_all(
+        &mut self,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+        pos: &mut usize,
+    ) -> Poll<io::Result<()>> {
+        while *pos < buf.len() {
+            match ready!(Pin::new(&mut self.stream).poll_write(cx, &buf[*pos..])) {
+                Ok(0) => return Poll::Ready(Err(io::ErrorKind::WriteZero.into())),
+                Ok(n) => *pos += n,
+                Err(e) => return Poll::Ready(Err(e)),
+            }
+        }
+        Poll::Ready(Ok(()))
+    }
+
+    pub(super) fn body_done(&self) -> bool {
+        self.body == Framing::Length(0) && !self.body_failed
+    }
+
+    /// The next piece of the request body.
+    fn poll_body(&mut self, cx: &mut Context<'_>) -> Poll<Option<io::Result<Frame<Bytes>>>> {
+        if self.body_failed {
+            return Poll::Ready(None);
+        }
+        while self.continue_left > 0 {
+            let at = CONTINUE.len() - self.continue_left;
+            match ready!(Pin::new(&mut self.stream).poll_write(cx, &CONTINUE[at..])) {
+                Ok(n) if n > 0 => self.continue_left -= n,
+                Ok(_) => return self.fail(io::ErrorKind::WriteZero.into()),
+                Err(e) => return self.fail(e),
+            }
+        }
+        loop {
+            match step(&mut self.rbuf, &mut self.body, self.eof) {
+                Ok(Step::Data(data)) => return Poll::Ready(Some(Ok(Frame::data(data)))),
+                Ok(Step::Trailers(t)) => return Poll::Ready(Some(Ok(Frame::trailers(t)))),
+                Ok(Step::End) => return Poll::Ready(None),
+                Ok(Step::More) => {
+                    let want = match self.body {
+                        Framing::Length(left) => left.clamp(READ_CHUNK as u64, 64 * 1024) as usize,
+                        _ => READ_CHUNK,
+                    };
+                    if let Err(e) = ready!(self.poll_fill(cx, 1024, want)) {
+                        return self.fail(e);
+                    }
+                }
+                Err(e) => return self.fail(e),
+            }
+        }
+    }
+
+    fn fail(&mut self, e: io::Error) -> Poll<Option<io::Result<Frame<Bytes>>>> {
+        self.body_failed = true;
+        Poll::Ready(Some(Err(e)))
+    }
+
+    /// While a request is being answered: `Ready` once the app has closed its side (or
+    /// its socket failed). Bytes it sends ahead are kept for the next head.
+    pub(super) fn poll_gone(&mut self, cx: &mut Context<'_>) -> Poll<()> {
+        // A body still being read is watched by its reader.
+        while self.body_done() && !self.eof && self.rbuf.len() < READ_AHEAD {
+            match ready!(self.poll_fill(cx, 512, 4096)) {
+                Ok(0) | Err(_) => return Poll::Ready(()),
+                Ok(_) => {}
+            }
+        }
+        if self.eof {
+            Poll::Ready(())
+        } else {
+            Poll::Pending
+        }
+    }
+}
+
+/// The body of a request that came over HTTP/1.1, read from the connection as the
+/// request's attempts ask for it.
+pub struct Http1Body {
+    pub(super) io: Arc<Mutex<Io>>,
+}
+
+impl Body for Http1Body {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        lock(&self.io)
+            .poll_body(cx)
+            .map(|f| f.map(|r| r.map_err(BoxError::from)))
+    }
+
+    fn is_end_stream(&self) -> bool {
+        lock(&self.io).body_done()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        match lock(&self.io).body {
+            Framing::Length(n) => SizeHint::with_exact(n),
+            _ => SizeHint::default(),
+        }
+    }
+}
+
+/// Ends the connection: the write side first, then, when the app may still be
+/// sending (a body or head not read), a short wait for it to finish, so that closing
+/// with unread bytes does not reset the connection before the app has read the answer.
+pub(super) async fn close(io: &Mutex<Io>, linger: bool) {
+    let shut = poll_fn(|cx| Pin::new(&mut lock(io).stream).poll_shutdown(cx)).await;
+    if shut.is_err() || !linger {
+        return;
+    }
+    let mut thrown = 0usize;
+    let drain = poll_fn(|cx| {
+        let mut io = lock(io);
+        loop {
+            io.rbuf.clear();
+            match ready!(io.poll_fill(cx, 4096, 16 * 1024)) {
+                Ok(0) | Err(_) => return Poll::Ready(()),
+                Ok(n) => {
+                    thrown += n;
+                    if thrown > LINGER_BYTES {
+                        return Poll::Ready(());
+                    }
+                }
+            }
+        }
+    });
+    let _ = tokio::time::timeout(LINGER, drain).await;
+}

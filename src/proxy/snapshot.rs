@@ -1,0 +1,68 @@
+//! One consistent view of the config and the upstreams built from it: what a request
+//! reads, once, when it starts. A reload builds a new one, carrying state over from the
+//! old, and swaps it in.
+
+use std::sync::Arc;
+
+use super::Upstream;
+use super::route::{NameMap, Routes};
+use crate::config::Config;
+use crate::metrics::Metrics;
+
+/// One consistent view of the config and the upstreams built from it.
+#[derive(Debug)]
+pub struct Snapshot {
+    pub config: Arc<Config>,
+    pub upstreams: Box<[Arc<Upstream>]>,
+    pub routes: Routes,
+    by_name: NameMap<usize>,
+}
+
+impl Snapshot {
+    /// Builds the upstreams of `config`, carrying state over from `previous`; pools
+    /// are kept per worker.
+    pub fn build(
+        config: Config,
+        metrics: &Metrics,
+        previous: Option<&Snapshot>,
+        workers: usize,
+    ) -> Self {
+        let upstreams: Box<[Arc<Upstream>]> = config
+            .upstreams
+            .iter()
+            .map(|u| {
+                let prev = previous.and_then(|p| p.by_name(&u.name));
+                Arc::new(Upstream::build(
+                    u.clone(),
+                    config.deadline.clone(),
+                    metrics,
+                    prev.map(|p| p.as_ref()),
+                    workers,
+                ))
+            })
+            .collect();
+        let routes = Routes::new(
+            config
+                .upstreams
+                .iter()
+                .enumerate()
+                .map(|(i, u)| (i, u.authorities.as_slice())),
+        );
+        let by_name = config
+            .upstreams
+            .iter()
+            .enumerate()
+            .map(|(i, u)| (u.name.clone(), i))
+            .collect();
+        Snapshot {
+            config: Arc::new(config),
+            upstreams,
+            routes,
+            by_name,
+        }
+    }
+
+    pub fn by_name(&self, name: &str) -> Option<&Arc<Upstream>> {
+        self.by_name.get(name).map(|i| &self.upstreams[*i])
+    }
+}

@@ -1,0 +1,298 @@
+//! The attempt loop: one request in, one answer out, with every retry tollgate makes on
+//! the app's behalf in between.
+//!
+//! Each turn picks an endpoint (a different one after a failure), runs an [`Attempt`],
+//! and judges what came back. A failure goes to [`Policy::decide`], which either names
+//! the reason to stop or grants a retry from the budget with a full-jitter sleep. The
+//! app's body across attempts is the [`BodySource`]'s to keep. When the caller leaves
+//! or the deadline passes, the future is dropped: the attempt in flight is cancelled
+//! and its connection closed, never returned to the pool.
+
+use std::time::Duration;
+
+use http::{HeaderMap, Method, Response, StatusCode, Uri, Version};
+use http_body::Body;
+use tokio::time::Instant;
+
+use super::attempt::Attempt;
+use super::headers::{outcome_of, owned_elsewhere};
+use super::policy::{self, Failure, Policy, Situation, Stop};
+use super::replay::{AppBody, BodySource};
+use super::upstream::Upstream;
+use crate::deadline::Deadline;
+use crate::metrics::{Denied, Outcome};
+use crate::upstream::pool::Want;
+use crate::upstream::request::{AttemptFields, RequestHead};
+use crate::upstream::response::{Fields, UpstreamBody};
+use crate::upstream::want;
+
+/// A request ready to forward: headers already cleaned, Host already set.
+pub struct Exchange<A> {
+    pub method: Method,
+    pub uri: Uri,
+    /// The HTTP version the app spoke (for `protocol = "auto"`).
+    pub version: Version,
+    pub headers: HeaderMap,
+    pub body: A,
+    pub deadline: Deadline,
+    /// A gRPC call: `grpc-timeout` is rewritten on each attempt too.
+    pub grpc: bool,
+}
+
+/// What goes back to the app.
+// Unboxed: almost every answer is the upstream's, and a box would cost an allocation
+// per request for the rare local one's sake.
+#[allow(clippy::large_enum_variant)]
+pub enum Reply {
+    /// The upstream's response. An HTTP/1.1 body carries its connection, which goes
+    /// back to the pool once the body has been read to the end.
+    Upstream(Response<UpstreamBody>),
+    /// tollgate answers itself (502 or 504).
+    Local(StatusCode),
+}
+
+pub struct Answer {
+    pub reply: Reply,
+    pub attempts: u32,
+    pub outcome: Outcome,
+    /// The response already carries another tollgate's `x-tollgate-outcome`.
+    pub owned_elsewhere: bool,
+    /// The app's body was not read to its end: the client connection cannot carry
+    /// another request.
+    pub body_unread: bool,
+}
+
+/// How long a body still arriving when a retryable failure came may take to finish.
+const BODY_GRACE: Duration = Duration::from_millis(50);
+
+/// One request on its way through its attempts.
+struct Call<'a, A> {
+    up: &'a Upstream<A>,
+    method: Method,
+    uri: Uri,
+    headers: HeaderMap,
+    deadline: Deadline,
+    grpc: bool,
+    want: Want,
+    /// A listed method or an idempotency key: the request may be sent again.
+    retryable: bool,
+    body: BodySource<A>,
+    /// Attempts started.
+    attempts: u32,
+    /// The endpoint that failed last.
+    avoid: Option<usize>,
+    rng: Option<fastrand::Rng>,
+}
+
+/// Forwards `ex` to `up`, retrying as the policy allows.
+pub async fn forward<A: AppBody>(up: &Upstream<A>, ex: Exchange<A>) -> Answer {
+    let mut call = Call::new(up, ex);
+    loop {
+        let started = Instant::now();
+        if call.deadline.expired(started) {
+            up.metrics.denied(Denied::Deadline);
+            return call.local(StatusCode::GATEWAY_TIMEOUT, Outcome::DeadlineExceeded);
+        }
+        call.attempts += 1;
+        let endpoint = up.endpoints.pick(call.avoid);
+        up.budget.record_attempt(started);
+        let cfg = &up.config;
+        let attempt = Attempt {
+            up,
+            endpoint,
+            number: call.attempts,
+            want: call.want,
+            started,
+            by: (started + cfg.attempt_timeout).min(call.deadline.at()),
+            grpc: call.grpc,
+            // Whether this attempt's request may have to be sent again after it is sent.
+            keep: if call.retryable && call.attempts < cfg.retry.max_attempts {
+                cfg.retry.max_body
+            } else {
+                0
+            },
+        };
+        let mut head = RequestHead {
+            method: &call.method,
+            uri: &call.uri,
+            headers: &call.headers,
+            fields: AttemptFields::default(),
+            https: cfg.tls.is_some(),
+        };
+        let (failure, response) = match attempt.run(&mut head, &mut call.body).await {
+            Ok(resp) => {
+                match policy::classify_response(resp.status(), Fields::of(&resp), &cfg.retry.on) {
+                    None => return call.answer(resp, Outcome::Ok),
+                    Some(f) => (f, Some(resp)),
+                }
+            }
+            Err(f) => (f, None),
+        };
+        match call.decide(failure, response.as_ref()).await {
+            Ok(sleep) => {
+                up.metrics.retried(failure.condition());
+                if let Some(resp) = response {
+                    discard(resp);
+                }
+                if !sleep.is_zero() {
+                    tokio::time::sleep(sleep).await;
+                }
+                call.avoid = Some(endpoint);
+            }
+            Err(stop) => return call.give_up(stop, failure, response),
+        }
+    }
+}
+
+impl<'a, A: AppBody> Call<'a, A> {
+    fn new(up: &'a Upstream<A>, ex: Exchange<A>) -> Self {
+        let retry = &up.config.retry;
+        let retryable = retry.max_attempts > 1
+            && (retry.method_allowed(&ex.method)
+                || retry
+                    .idempotency_header
+                    .as_ref()
+                    .is_some_and(|h| ex.headers.contains_key(h)));
+        Call {
+            up,
+            want: want(&up.config, ex.version),
+            method: ex.method,
+            uri: ex.uri,
+            headers: ex.headers,
+            deadline: ex.deadline,
+            grpc: ex.grpc,
+            retryable,
+            body: BodySource::new(ex.body),
+            attempts: 0,
+            avoid: None,
+            rng: None,
+        }
+    }
+
+    /// Whether the failure of the last attempt is retried: `Ok(sleep)` with the budget
+    /// already spent, or why not.
+    async fn decide(
+        &mut self,
+        failure: Failure,
+        response: Option<&Response<UpstreamBody>>,
+    ) -> Result<Duration, Stop> {
+        let retry = &self.up.config.retry;
+        // The response came while the app's body was still arriving (an upstream that
+        // refuses a call without reading it): give the rest a moment to arrive (the
+        // backoff before the retry, at least `BODY_GRACE`), so it can be replayed.
+        if self.body.recorded()
+            && failure.maybe_sent()
+            && self.retryable
+            && self.attempts < retry.max_attempts
+        {
+            let wait = retry
+                .backoff
+                .cap(self.attempts - 1)
+                .max(BODY_GRACE)
+                .min(self.deadline.remaining(Instant::now()) / 2);
+            self.body.finish_within(wait).await;
+        }
+        let now = Instant::now();
+        if failure == Failure::Timeout && self.deadline.expired(now) {
+            return Err(Stop::Deadline);
+        }
+        let policy = Policy {
+            retry,
+            backoff: &retry.backoff,
+            budget: &self.up.budget,
+            median: self.up.median.get(),
+        };
+        let situation = Situation {
+            failure,
+            response: response.map(Fields::of),
+            attempts: self.attempts,
+            request_retryable: self.retryable,
+            deadline: self.deadline,
+            now,
+        };
+        let rng = self.rng.get_or_insert_with(fastrand::Rng::new);
+        policy.decide(&situation, &mut self.body, rng)
+    }
+
+    /// The upstream's response goes back: a success, or a failure that another tollgate
+    /// already owned.
+    fn answer(&self, resp: Response<UpstreamBody>, outcome: Outcome) -> Answer {
+        let owned = owned_elsewhere(Fields::of(&resp));
+        Answer {
+            outcome: if owned {
+                outcome_of(Fields::of(&resp))
+            } else {
+                outcome
+            },
+            reply: Reply::Upstream(resp),
+            attempts: self.attempts,
+            owned_elsewhere: owned,
+            body_unread: self.body.unread(),
+        }
+    }
+
+    /// No more attempts: the last failure goes back, the upstream's own response or
+    /// tollgate's 502/504.
+    fn give_up(
+        &self,
+        stop: Stop,
+        failure: Failure,
+        response: Option<Response<UpstreamBody>>,
+    ) -> Answer {
+        if let Some(d) = stop.denied() {
+            self.up.metrics.denied(d);
+        }
+        let outcome = stop.outcome(failure);
+        match response {
+            Some(resp) if stop == Stop::Ownership => self.answer(resp, Outcome::Ok),
+            Some(resp) => Answer {
+                reply: Reply::Upstream(resp),
+                attempts: self.attempts,
+                outcome,
+                owned_elsewhere: false,
+                body_unread: self.body.unread(),
+            },
+            None => {
+                let status = match failure {
+                    Failure::Timeout => StatusCode::GATEWAY_TIMEOUT,
+                    _ if outcome == Outcome::DeadlineExceeded => StatusCode::GATEWAY_TIMEOUT,
+                    _ => StatusCode::BAD_GATEWAY,
+                };
+                self.local(status, outcome)
+            }
+        }
+    }
+
+    /// tollgate answers itself.
+    fn local(&self, status: StatusCode, outcome: Outcome) -> Answer {
+        Answer {
+            reply: Reply::Local(status),
+            attempts: self.attempts,
+            outcome,
+            owned_elsewhere: false,
+            body_unread: self.body.unread(),
+        }
+    }
+}
+
+/// Drops a failed response that will be retried. A small complete body is read in the
+/// background so its HTTP/1.1 connection can be reused: during an incident the same
+/// upstream is asked again within milliseconds, and a fresh connection per failure
+/// would add a handshake to every retry.
+fn discard(resp: Response<UpstreamBody>) {
+    let body = match resp.into_body() {
+        crate::http::ByProtocol::Http1(b) => b,
+        crate::http::ByProtocol::Http2(_) => return,
+    };
+    // A body already at its end has released its connection.
+    if body.is_end_stream() {
+        return;
+    }
+    if body.size_hint().exact().is_some_and(|n| n <= 64 * 1024) {
+        tokio::spawn(async move {
+            use http_body_util::BodyExt;
+            // Read to the end, the body releases its connection itself.
+            let _ = tokio::time::timeout(Duration::from_secs(1), body.collect()).await;
+        });
+    }
+}

@@ -1,0 +1,57 @@
+//! tollgate's own headers, by which the hops of a chain tell each other what happened:
+//! the attempt number an upstream receives, and the attempt count and outcome the app
+//! receives. Names and the values written on every request, made without formatting.
+
+use http::{HeaderName, HeaderValue};
+
+use crate::metrics::Outcome;
+use crate::upstream::response::Fields;
+
+/// Why tollgate stopped, on a response it made or a failure it gave up on.
+pub const OUTCOME_HEADER: HeaderName = HeaderName::from_static("x-tollgate-outcome");
+/// Which attempt this is: 1 for the first try (tollgate -> upstream).
+pub const ATTEMPT_HEADER: HeaderName = HeaderName::from_static("x-tollgate-attempt");
+/// How many attempts the response took (tollgate -> app).
+pub const ATTEMPTS_HEADER: HeaderName = HeaderName::from_static("x-tollgate-attempts");
+pub const GRPC_STATUS: HeaderName = HeaderName::from_static("grpc-status");
+pub const GRPC_PUSHBACK: HeaderName = HeaderName::from_static("grpc-retry-pushback-ms");
+
+/// Counts up to 10, as header values, so no attempt formats its number.
+static COUNT_VALUES: [HeaderValue; 10] = [
+    HeaderValue::from_static("1"),
+    HeaderValue::from_static("2"),
+    HeaderValue::from_static("3"),
+    HeaderValue::from_static("4"),
+    HeaderValue::from_static("5"),
+    HeaderValue::from_static("6"),
+    HeaderValue::from_static("7"),
+    HeaderValue::from_static("8"),
+    HeaderValue::from_static("9"),
+    HeaderValue::from_static("10"),
+];
+
+/// A count as a header value.
+pub fn count_value(n: u32) -> HeaderValue {
+    match COUNT_VALUES.get((n as usize).wrapping_sub(1)) {
+        Some(v) => v.clone(),
+        None => HeaderValue::from(n),
+    }
+}
+
+/// Whether a response was already given up on by another tollgate nearer the failure.
+pub fn owned_elsewhere(fields: Fields<'_>) -> bool {
+    fields.contains(&OUTCOME_HEADER)
+}
+
+/// The outcome another tollgate put on a response, for our own metrics.
+pub fn outcome_of(fields: Fields<'_>) -> Outcome {
+    fields
+        .get(&OUTCOME_HEADER)
+        .and_then(|v| {
+            Outcome::ALL
+                .iter()
+                .copied()
+                .find(|o| o.as_str().as_bytes() == v)
+        })
+        .unwrap_or(Outcome::Ok)
+}

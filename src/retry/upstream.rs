@@ -1,0 +1,96 @@
+//! An upstream as the retry engine drives it: its validated config, its endpoints, the
+//! retry budget, the recent median attempt time, the in-flight count and the metric
+//! handles.
+//!
+//! Built from config on start and on every reload. What must survive a reload is carried
+//! over from the previous build: metric handles and the in-flight count always, pools
+//! while the endpoints and transport settings are unchanged, the budget's window while
+//! its settings are unchanged.
+
+use std::sync::Arc;
+use std::sync::atomic::AtomicUsize;
+
+use tokio::time::Instant;
+
+use super::budget::RetryBudget;
+use super::median::RecentMedian;
+use super::replay::{AppBody, ReplayBody};
+use crate::config::{DeadlineConfig, UpstreamConfig};
+use crate::metrics::{Metrics, UpstreamMetrics};
+use crate::upstream::Endpoints;
+
+/// One upstream, sending the app's bodies of type `A`.
+pub struct Upstream<A> {
+    pub config: UpstreamConfig,
+    pub deadline: DeadlineConfig,
+    pub endpoints: Endpoints<ReplayBody<A>>,
+    pub budget: Arc<RetryBudget>,
+    pub median: Arc<RecentMedian>,
+    pub inflight: Arc<AtomicUsize>,
+    /// Open connections to every endpoint.
+    pub connections: Arc<AtomicUsize>,
+    pub metrics: Arc<UpstreamMetrics>,
+}
+
+impl<A: AppBody> Upstream<A> {
+    /// Builds the running upstream, reusing what `previous` (the same name in the config
+    /// being replaced) can hand over.
+    pub fn build(
+        config: UpstreamConfig,
+        deadline: DeadlineConfig,
+        metrics: &Metrics,
+        previous: Option<&Upstream<A>>,
+        workers: usize,
+    ) -> Self {
+        let now = Instant::now();
+        let same_transport = previous.is_some_and(|p| {
+            p.config.endpoints == config.endpoints
+                && p.config.protocol == config.protocol
+                && p.config.tls == config.tls
+        });
+        let connections =
+            previous.map_or_else(|| Arc::new(AtomicUsize::new(0)), |p| p.connections.clone());
+        let endpoints = match previous {
+            Some(p) if same_transport => p.endpoints.share(),
+            _ => Endpoints::new(&config, &connections, workers),
+        };
+        let budget = match previous {
+            Some(p) if p.budget.limit() == config.budget.as_ref() => p.budget.clone(),
+            _ => Arc::new(RetryBudget::new(config.budget.as_ref(), now)),
+        };
+        let median = match previous {
+            Some(p) if same_transport => p.median.clone(),
+            _ => Arc::new(RecentMedian::new()),
+        };
+        let metrics = match previous {
+            Some(p) if p.config.retry.on == config.retry.on => p.metrics.clone(),
+            _ => Arc::new(metrics.upstream(&config.name, &config.retry.on.names())),
+        };
+        Upstream {
+            inflight: previous
+                .map_or_else(|| Arc::new(AtomicUsize::new(0)), |p| p.inflight.clone()),
+            connections,
+            endpoints,
+            budget,
+            median,
+            metrics,
+            deadline,
+            config,
+        }
+    }
+}
+
+impl<A> std::fmt::Debug for Upstream<A> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Upstream")
+            .field("name", &self.config.name)
+            .field("endpoints", &self.endpoints)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<A> Upstream<A> {
+    pub fn name(&self) -> &str {
+        &self.config.name
+    }
+}
