@@ -7,8 +7,9 @@
   * every runbook_url is FILE#ANCHOR with FILE a file of this repository (relative
     to its root) and ANCHOR the anchor of one of its headings, as a Markdown
     renderer makes it (lower case, punctuation dropped, spaces to hyphens);
-  * every repository path the rules file mentions (docs/..., deploy/..., ...)
-    exists.
+  * every file the rules file mentions exists in the repository: paths
+    (docs/..., deploy/...) from its root, bare file names (prometheus.yml) beside
+    the rules file or at the root.
 
 Usage: check_rules.py RULES_FILE REPOSITORY_ROOT
 Exits 1 listing every problem found.
@@ -22,6 +23,7 @@ import yaml
 
 REQUIRED = ("summary", "description", "runbook_url")
 PATH = re.compile(r"\b(?:docs|deploy|config|scripts|src|tests)/[\w./-]*\w")
+NAME = re.compile(r"(?<![\w./-])[\w-]+\.(?:md|ya?ml|toml|sh|py|rs)\b")
 
 
 def anchors(markdown):
@@ -71,6 +73,9 @@ def main():
     for path in sorted(set(PATH.findall(text))):
         if not (root / path).exists():
             problems.append(f"{rules_path}: mentions {path}, which is not in the repository")
+    for name in sorted(set(NAME.findall(text))):
+        if not ((rules_path.parent / name).exists() or (root / name).exists()):
+            problems.append(f"{rules_path}: mentions {name}, which is neither beside it nor at the repository's root")
     if problems:
         print("\n".join(problems), file=sys.stderr)
         sys.exit(1)

@@ -115,7 +115,14 @@ grep -q 'cargo build --release --locked' deploy/Dockerfile || fail "deploy/Docke
 for ignored in target/ .git/; do
   grep -qx "$ignored" .dockerignore || fail ".dockerignore must exclude $ignored"
 done
-pass "Dockerfile lints clean (hadolint) and has the user, ports, entrypoint and config path the manifests use"
+# One license everywhere: Cargo.toml, the image's label, and the LICENSE file's text.
+license=$(sed -n 's/^license = "\(.*\)"$/\1/p' Cargo.toml)
+[ "$license" = Apache-2.0 ] || fail "Cargo.toml's license is '$license'; LICENSE and the image label say Apache-2.0"
+grep -qF "org.opencontainers.image.licenses=\"$license\"" deploy/Dockerfile \
+  || fail "deploy/Dockerfile's licenses label is not $license"
+head -n 5 LICENSE | grep -q 'Apache License' && head -n 5 LICENSE | grep -q 'Version 2.0, January 2004' \
+  && grep -q 'END OF TERMS AND CONDITIONS' LICENSE || fail "LICENSE is not the full Apache License 2.0 text"
+pass "Dockerfile lints clean (hadolint) and has the user, ports, entrypoint and config path the manifests use; LICENSE, Cargo.toml and the image agree (Apache-2.0)"
 
 # ---------------------------------------------------------------------------
 step "Kubernetes manifests"
