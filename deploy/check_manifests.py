@@ -13,7 +13,8 @@ sees each object alone. This script:
     ConfigMap is mounted as a directory (no subPath, so hot reload works) where
     TOLLGATE_CONFIG points, the app's proxy variables point at the listener, the
     grace period outlasts the drain (and the preStop sleep), the probes, resources
-    and securityContext are those the README promises.
+    and securityContext are those the README promises, and a NetworkPolicy admits
+    the admin port (which listens on the pod's interface) only from chosen peers.
 
 Usage: check_manifests.py DIR [--extract-config FILE]
   --extract-config FILE  also write the ConfigMap's tollgate.toml to FILE, so that
@@ -101,6 +102,10 @@ def check_podmonitor(name, pm):
                 problem(at, f"relabelings[{j}].action: {r.get('action')!r} is not a relabel action")
             if "sourceLabels" in r and not isinstance(r["sourceLabels"], list):
                 problem(at, f"relabelings[{j}].sourceLabels must be a list")
+        # The alerts on missing targets in deploy/prometheus/rules.yml select job="tollgate".
+        if not any(r.get("targetLabel") == "job" and r.get("replacement") == "tollgate"
+                   and "sourceLabels" not in r for r in ep.get("relabelings", [])):
+            problem(at, 'relabelings must set job="tollgate" (the rules select on it)')
 
 
 def port_of(addr):
@@ -116,7 +121,41 @@ def env_of(container):
     return {e["name"]: e.get("value") for e in container.get("env", [])}
 
 
-def check_deployment(name, dep, configmaps, podmonitors):
+def check_admin_policy(where, labels, admin_port, ports, policies):
+    """A NetworkPolicy selects the pods for Ingress and admits the admin port only
+    from listed peers: `tollgate check` warns that 0.0.0.0 exposes /config and
+    /metrics, and names this as the fix."""
+    selecting = []
+    for pol_name, pol in policies.items():
+        spec = pol.get("spec", {})
+        sel = spec.get("podSelector", {}).get("matchLabels", {})
+        types = spec.get("policyTypes", ["Ingress"])
+        if sel and all(labels.get(k) == v for k, v in sel.items()) and "Ingress" in types:
+            selecting.append((pol_name, spec))
+    if not selecting:
+        problem(where, f"no NetworkPolicy selects the pods for Ingress: the admin port {admin_port} is open to the cluster")
+        return
+    admitted = False
+    for pol_name, spec in selecting:
+        for i, rule in enumerate(spec.get("ingress", [])):
+            rule_ports = rule.get("ports")
+            covers = rule_ports is None or any(
+                ports.get(p.get("port"), p.get("port")) == admin_port for p in rule_ports
+            )
+            if not covers:
+                continue
+            peers = rule.get("from")
+            if not peers:
+                problem(where, f"NetworkPolicy {pol_name} ingress[{i}] admits the admin port {admin_port} from anywhere")
+            elif any(not peer for peer in peers):
+                problem(where, f"NetworkPolicy {pol_name} ingress[{i}] has an empty peer (anywhere)")
+            else:
+                admitted = True
+    if not admitted:
+        problem(where, f"no NetworkPolicy admits the admin port {admin_port}: Prometheus could not scrape it")
+
+
+def check_deployment(name, dep, configmaps, podmonitors, policies):
     where = f"{name} Deployment/{dep['metadata']['name']}"
     pod = dep["spec"]["template"]
     spec = pod["spec"]
@@ -178,10 +217,13 @@ def check_deployment(name, dep, configmaps, podmonitors):
         problem(where, f"prometheus.io/port must be {admin_port}, the admin port")
     if annotations.get("prometheus.io/path") != "/metrics":
         problem(where, "prometheus.io/path must be /metrics")
+    if labels.get("tollgate/sidecar") != "true":
+        problem(where, 'pod label tollgate/sidecar must be "true": the tollgate-pods job keeps only those pods')
     ports = {p.get("name"): p["containerPort"] for p in tg.get("ports", [])}
     admin_names = [n for n, p in ports.items() if p == admin_port]
     if not admin_names:
         problem(where, f"tollgate does not declare containerPort {admin_port}")
+    check_admin_policy(where, labels, admin_port, ports, policies)
     for pm_name, pm in podmonitors.items():
         pm_sel = pm["spec"]["selector"]["matchLabels"]
         if any(labels.get(k) != v for k, v in pm_sel.items()):
@@ -273,8 +315,9 @@ def main():
     deployments = [(n, o) for n, o in objects if o.get("kind") == "Deployment"]
     if not deployments:
         problem(directory, "no Deployment")
+    policies = {o["metadata"]["name"]: o for _, o in objects if o.get("kind") == "NetworkPolicy"}
     for name, dep in deployments:
-        check_deployment(name, dep, configmaps, podmonitors)
+        check_deployment(name, dep, configmaps, podmonitors, policies)
 
     if problems:
         print("\n".join(problems), file=sys.stderr)

@@ -26,7 +26,10 @@ if [ "${#apt_missing[@]}" -gt 0 ]; then
   mapfile -t apt_missing < <(printf '%s\n' "${apt_missing[@]}" | awk '!seen[$0]++')
   echo "deploy/ci-deps.sh: apt-get install ${apt_missing[*]}"
   log=$(mktemp)
-  if ! { apt-get update -qq && apt-get install -y -qq --no-install-recommends "${apt_missing[@]}"; } >"$log" 2>&1; then
+  # Wait (bounded) for another apt/dpkg run to finish rather than fail at once.
+  lock=(-o DPkg::Lock::Timeout=600)
+  if ! { apt-get "${lock[@]}" update -qq \
+    && apt-get "${lock[@]}" install -y -qq --no-install-recommends "${apt_missing[@]}"; } >"$log" 2>&1; then
     cat "$log" >&2
     rm -f "$log"
     exit 1

@@ -13,11 +13,11 @@ runs on them exactly as on discovered targets.
 
   prom_config.py e2e IN OUT --rules FILE --admin HOST:PORT --app-port PORT
       A config for a local Prometheus: 1 s scrape and evaluation, rule_files FILE,
-      and the tollgate-pods job (its relabel_configs unchanged) fed with three
-      simulated pods: one annotated for scraping whose annotation names tollgate's
-      admin port (declared twice, as pod discovery lists every container port), one
-      without the annotation and one that has Succeeded; only the first must be
-      scraped.
+      and the tollgate-pods job (its relabel_configs unchanged) fed with four
+      simulated pods: one annotated for scraping and labelled tollgate/sidecar=true
+      whose annotation names tollgate's admin port (declared twice, as pod discovery
+      lists every container port), one without the annotation, one without the
+      tollgate label and one that has Succeeded; only the first must be scraped.
 """
 
 import argparse
@@ -30,7 +30,7 @@ NAMESPACE = "e2e"
 APP = "e2e-app"
 
 
-def pod(name, ports, *, scrape, admin_port, phase="Running"):
+def pod(name, ports, *, scrape, admin_port, phase="Running", sidecar=True):
     labels = {
         "__meta_kubernetes_namespace": NAMESPACE,
         "__meta_kubernetes_pod_name": name,
@@ -42,6 +42,8 @@ def pod(name, ports, *, scrape, admin_port, phase="Running"):
     }
     if scrape:
         labels["__meta_kubernetes_pod_annotation_prometheus_io_scrape"] = "true"
+    if sidecar:
+        labels["__meta_kubernetes_pod_label_tollgate_sidecar"] = "true"
     # Pod discovery: one target per declared container port, address podIP:port.
     return [{"targets": [f"127.0.0.1:{p}"], "labels": dict(labels)} for p in ports]
 
@@ -79,6 +81,7 @@ def main():
         groups = (
             pod("e2e-scraped", [a.app_port, admin_port], scrape=True, admin_port=admin_port)
             + pod("e2e-not-annotated", [a.app_port], scrape=False, admin_port=admin_port)
+            + pod("e2e-no-tollgate", [a.app_port], scrape=True, admin_port=admin_port, sidecar=False)
             + pod("e2e-succeeded", [a.app_port], scrape=True, admin_port=admin_port, phase="Succeeded")
         )
         job = swap_discovery(pods_job, groups)

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The whole test suite, as CI runs it: formatting, lints, unit and integration tests,
-# benches compile, interop with nginx and HAProxy, fuzzing, deployment checks. Run from
-# the repository root.
+# the README's first run, benches compile, interop with nginx and HAProxy, fuzzing,
+# deployment checks. Run from the repository root.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -15,6 +15,9 @@ cargo clippy --all-targets --quiet -- -D warnings
 
 step "cargo test"
 cargo test --quiet
+
+step "scripts/first-run.sh (the README's first run prints what the README shows)"
+scripts/first-run.sh
 
 step "cargo bench --no-run (the benches compile)"
 cargo bench --no-run --quiet

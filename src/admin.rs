@@ -123,9 +123,10 @@ fn refresh_gauges(shared: &Shared) {
     let snap = shared.snapshot();
     let now = Instant::now();
     for up in snap.upstreams.iter() {
+        let window = up.budget.stats(now);
         shared.metrics.set_gauges(
             up.name(),
-            up.budget.amplification(now),
+            crate::metrics::amplification(window.attempts, window.requests),
             up.budget.available(now),
             up.inflight.load(Relaxed) as i64,
             up.connections.load(Relaxed) as i64,

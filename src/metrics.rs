@@ -4,12 +4,19 @@
 //! request carries ever becomes a label. Handles are resolved once per upstream (and,
 //! for the final status code, once per code on first use), so the request path does
 //! atomic adds and never formats or hashes a label.
+//!
+//! Beside tollgate's own families the registry carries `tollgate_build_info` (which
+//! version is running) and the standard `process_*` metrics every Prometheus client
+//! exports ([`process`]), so the usual dashboards and alerts for CPU, memory and file
+//! descriptors work on a tollgate as on any other service.
+
+pub mod process;
 
 use std::sync::{Arc, OnceLock};
 
 use prometheus::{
     Encoder, Gauge, GaugeVec, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec,
-    IntGaugeVec, Opts, Registry, TextEncoder,
+    IntGauge, IntGaugeVec, Opts, Registry, TextEncoder,
 };
 
 /// Why tollgate did not simply deliver the upstream's answer: the `x-tollgate-outcome`
@@ -175,6 +182,18 @@ pub struct Metrics {
     connections: IntGaugeVec,
     reloads: IntCounterVec,
     last_reload: Gauge,
+    last_reload_ok: IntGauge,
+}
+
+/// `tollgate_amplification`: attempts per request over the window, NaN when the
+/// window holds no request (no traffic, no ratio: 0 would read as "fewer attempts than
+/// requests", and 1 as "healthy", and neither was observed).
+pub fn amplification(attempts: u64, requests: u64) -> f64 {
+    if requests == 0 {
+        f64::NAN
+    } else {
+        attempts as f64 / requests as f64
+    }
 }
 
 fn family<T: Clone + prometheus::core::Collector + 'static>(
@@ -321,11 +340,38 @@ impl Metrics {
                     "When the config in force was loaded (Unix seconds).",
                 )),
             ),
+            last_reload_ok: family(
+                &r,
+                IntGauge::with_opts(Opts::new(
+                    "tollgate_config_last_reload_successful",
+                    "1 when the last load of the config file succeeded, 0 while a refused \
+                     one is waiting to be fixed (the previous config stays in force).",
+                )),
+            ),
             registry: r,
         };
-        // Both results exist from the start, so `rate()` works before the first reload.
-        m.reloads.with_label_values(&["ok"]);
-        m.reloads.with_label_values(&["error"]);
+        let build_info = family(
+            &m.registry,
+            IntGaugeVec::new(
+                Opts::new(
+                    "tollgate_build_info",
+                    "Always 1; the labels say which build of tollgate is running.",
+                ),
+                &["version"],
+            ),
+        );
+        build_info
+            .with_label_values(&[env!("CARGO_PKG_VERSION")])
+            .set(1);
+        // Its names are constants too, and clash with nothing above.
+        m.registry
+            .register(Box::new(process::ProcessCollector::new()))
+            .expect("metric registration");
+        // Every result exists from the start, so `rate()` and `increase()` see the first
+        // reload of each kind (a series born at 1 shows no increase).
+        for result in ["ok", "error", "partial"] {
+            m.reloads.with_label_values(&[result]);
+        }
         Arc::new(m)
     }
 
@@ -391,16 +437,22 @@ impl Metrics {
         let _ = self.connections.remove_label_values(l);
     }
 
+    /// A reload: counted by result; `tollgate_config_last_reload_successful` says
+    /// whether the newest file is the one in force, so an alert can last as long as a
+    /// broken config stays in place (the error counter only moves once per edit).
     pub fn reload(&self, ok: bool) {
         self.reloads
             .with_label_values(&[if ok { "ok" } else { "error" }])
             .inc();
         if ok {
             self.mark_loaded();
+        } else {
+            self.last_reload_ok.set(0);
         }
     }
 
     pub fn mark_loaded(&self) {
+        self.last_reload_ok.set(1);
         let now = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0.0, |d| d.as_secs_f64());
@@ -495,9 +547,81 @@ mod tests {
             "tollgate_inflight_requests",
             "tollgate_config_reloads_total",
             "tollgate_config_last_reload_success_timestamp_seconds",
+            "tollgate_build_info",
+            "tollgate_config_last_reload_successful",
         ] {
             assert!(text.contains(&format!("# TYPE {name} ")), "{name} missing");
         }
+        assert!(text.contains(&format!(
+            "tollgate_build_info{{version=\"{}\"}} 1\n",
+            env!("CARGO_PKG_VERSION")
+        )));
+        for result in ["ok", "error", "partial"] {
+            assert!(
+                text.contains(&format!(
+                    "tollgate_config_reloads_total{{result=\"{result}\"}} 0\n"
+                )),
+                "reload result {result} missing"
+            );
+        }
+    }
+
+    #[test]
+    fn last_reload_successful_follows_the_newest_load() {
+        let m = Metrics::new();
+        let value = |m: &Metrics| {
+            let text = String::from_utf8(m.encode()).unwrap();
+            text.lines()
+                .find_map(|l| l.strip_prefix("tollgate_config_last_reload_successful "))
+                .map(str::to_string)
+        };
+        m.mark_loaded();
+        assert_eq!(value(&m).as_deref(), Some("1"));
+        m.reload(false);
+        assert_eq!(
+            value(&m).as_deref(),
+            Some("0"),
+            "a refused file is not in force"
+        );
+        m.reload(false);
+        assert_eq!(value(&m).as_deref(), Some("0"));
+        m.reload(true);
+        assert_eq!(value(&m).as_deref(), Some("1"));
+    }
+
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn process_metrics_are_exported_with_their_standard_types() {
+        let text = String::from_utf8(Metrics::new().encode()).unwrap();
+        for (name, kind) in [
+            ("process_cpu_seconds_total", "counter"),
+            ("process_resident_memory_bytes", "gauge"),
+            ("process_virtual_memory_bytes", "gauge"),
+            ("process_open_fds", "gauge"),
+            ("process_max_fds", "gauge"),
+            ("process_start_time_seconds", "gauge"),
+            ("process_threads", "gauge"),
+        ] {
+            assert!(
+                text.contains(&format!("# TYPE {name} {kind}\n")),
+                "{name} {kind} missing:\n{text}"
+            );
+        }
+    }
+
+    #[test]
+    fn amplification_is_nan_without_requests() {
+        assert!(amplification(0, 0).is_nan());
+        assert!(amplification(3, 0).is_nan(), "attempts still in the window");
+        assert_eq!(amplification(3, 2), 1.5);
+        let m = Metrics::new();
+        let _u = m.upstream("quiet", &[]);
+        m.set_gauges("quiet", amplification(0, 0), 10.0, 0, 0);
+        let text = String::from_utf8(m.encode()).unwrap();
+        assert!(
+            text.contains("tollgate_amplification{upstream=\"quiet\"} NaN\n"),
+            "{text}"
+        );
     }
 
     #[test]

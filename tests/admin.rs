@@ -1,6 +1,7 @@
 //! The admin endpoint's safety: loopback by default, no key material in `/config`,
 //! read-only (GET and HEAD), nothing proxied through it, and its endpoints answering
-//! as documented.
+//! as documented; `/metrics` of a real `tollgate run` process carries the build and
+//! process metrics with its own values, and no ratio for an upstream without traffic.
 
 #![allow(clippy::unwrap_used)]
 
@@ -196,4 +197,103 @@ async fn readyz_turns_503_while_draining() {
         "the request in flight finished"
     );
     assert_eq!(drain.await.unwrap(), 0);
+}
+
+/// The value of the one sample of `name` (a metric without labels).
+fn sample(text: &str, name: &str) -> f64 {
+    metric(text, &format!("{name} ")).unwrap_or_else(|| panic!("no {name} in:\n{text}"))
+}
+
+fn unix_now() -> f64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs_f64()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_of_a_running_process_carry_build_and_process_series() {
+    let before = unix_now();
+    let up = Upstream::start(|_req| async { Response::new(full("upstream")) }).await;
+    let p = Process::start(&format!(
+        "[upstreams.busy]\nauthorities = [\"busy\"]\nendpoints = [\"{addr}\"]\n\
+         [upstreams.quiet]\nauthorities = [\"quiet\"]\nendpoints = [\"{addr}\"]\n",
+        addr = up.addr
+    ))
+    .await;
+    assert_eq!(get(p.addr, "/", "busy").await.status, 200);
+
+    let r = get(p.admin, "/metrics", "admin").await;
+    assert_eq!(r.status, 200);
+    let m = String::from_utf8(r.body.to_vec()).unwrap();
+
+    assert_eq!(
+        metric(
+            &m,
+            &format!(
+                "tollgate_build_info{{version=\"{}\"}}",
+                env!("CARGO_PKG_VERSION")
+            )
+        ),
+        Some(1.0),
+        "{m}"
+    );
+
+    // No traffic, no ratio: NaN for the quiet upstream, attempts/requests for the other.
+    let quiet = metric(&m, "tollgate_amplification{upstream=\"quiet\"}").unwrap();
+    assert!(quiet.is_nan(), "quiet upstream's amplification: {quiet}");
+    assert_eq!(
+        metric(&m, "tollgate_amplification{upstream=\"busy\"}"),
+        Some(1.0)
+    );
+
+    // The process metrics are the tollgate process's own, not this test's.
+    let start = sample(&m, "process_start_time_seconds");
+    assert!(
+        start >= before - 2.0 && start <= unix_now() + 1.0,
+        "started at {start}, the test began at {before}"
+    );
+    assert!(unix_now() - start < 60.0, "started within the last minute");
+
+    let open = sample(&m, "process_open_fds");
+    let listed = std::fs::read_dir(format!("/proc/{}/fd", p.pid()))
+        .unwrap()
+        .count() as f64;
+    // Listeners, the epoll instance, the upstream connection: a handful, give or take
+    // the descriptor that reading the directory itself opens.
+    assert!(open >= 3.0, "open fds {open}");
+    assert!(
+        (open - listed).abs() <= 4.0,
+        "open fds {open}, /proc lists {listed}"
+    );
+
+    let limits = std::fs::read_to_string(format!("/proc/{}/limits", p.pid())).unwrap();
+    let soft: Option<f64> = limits
+        .lines()
+        .find(|l| l.starts_with("Max open files"))
+        .and_then(|l| l.split_whitespace().nth(3))
+        .and_then(|v| v.parse().ok());
+    if let Some(soft) = soft {
+        assert_eq!(sample(&m, "process_max_fds"), soft);
+    }
+
+    let rss = sample(&m, "process_resident_memory_bytes");
+    let vm_rss = p.status_kib("VmRSS") as f64 * 1024.0;
+    assert!(
+        rss > vm_rss / 2.0 && rss < vm_rss * 2.0,
+        "resident {rss} bytes, /proc/PID/status says {vm_rss}"
+    );
+    let virt = sample(&m, "process_virtual_memory_bytes");
+    assert!(virt >= rss, "virtual {virt} < resident {rss}");
+    assert!(sample(&m, "process_threads") >= 1.0);
+
+    // CPU time is a counter: never negative, never going back.
+    let cpu = sample(&m, "process_cpu_seconds_total");
+    assert!(cpu >= 0.0);
+    for i in 0..20 {
+        assert_eq!(get(p.addr, &format!("/{i}"), "busy").await.status, 200);
+    }
+    let m2 = String::from_utf8(get(p.admin, "/metrics", "admin").await.body.to_vec()).unwrap();
+    assert!(sample(&m2, "process_cpu_seconds_total") >= cpu);
+    assert!(m2.contains("# TYPE process_cpu_seconds_total counter\n"));
 }
