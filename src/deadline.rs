@@ -67,7 +67,8 @@ pub fn format_grpc_timeout(d: Duration) -> HeaderValue {
     } else {
         ((nanos / 3_600_000_000_000).min(LIMIT - 1), 'H')
     };
-    let mut buf = itoa_buf(n as u64);
+    let mut buf = Vec::with_capacity(10);
+    crate::http::encode::write_decimal(&mut buf, n as u64);
     buf.push(unit as u8);
     HeaderValue::from_bytes(&buf).unwrap_or(HeaderValue::from_static("0n"))
 }
@@ -89,22 +90,6 @@ pub fn format_millis(d: Duration) -> HeaderValue {
         }
         last.1.clone()
     })
-}
-
-fn itoa_buf(mut n: u64) -> Vec<u8> {
-    let mut digits = [0u8; 20];
-    let mut i = digits.len();
-    loop {
-        i -= 1;
-        digits[i] = b'0' + (n % 10) as u8;
-        n /= 10;
-        if n == 0 {
-            break;
-        }
-    }
-    let mut v = Vec::with_capacity(digits.len() - i + 1);
-    v.extend_from_slice(&digits[i..]);
-    v
 }
 
 /// Parses one accepted deadline header by its name: `grpc-timeout` has its own format,

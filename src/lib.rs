@@ -5,10 +5,11 @@
 //! full-jitter backoff, inside the caller's deadline, honouring Retry-After, and marks
 //! every failure it gave up on so that no other layer retries it again.
 //!
-//! The layout follows the request: [`config`] (the file), [`proxy`] (listeners,
-//! routing, header hygiene), [`retry`] (policy, budget, backoff, replay, the attempt
-//! loop), [`upstream`] (pools, endpoints, TLS), [`deadline`], [`metrics`], [`admin`],
-//! [`reload`]; and the tools around it: [`calc`], [`check`] and [`lab`].
+//! Layers import downwards only (docs/architecture.md). From the bottom: [`config`],
+//! [`metrics`], [`deadline`], [`worker`] and the wire, [`http`]; [`upstream`] (the
+//! endpoints, generic over the body it sends); [`retry`] (deciding and looping, generic
+//! over the app's body); [`proxy`] (the app's side); [`run`], [`reload`], [`admin`];
+//! and the tools on top: [`check`], [`calc`] and [`lab`].
 
 #![forbid(unsafe_code)]
 

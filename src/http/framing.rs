@@ -7,6 +7,7 @@ use std::io;
 
 use bytes::{Buf, Bytes, BytesMut};
 use http::{HeaderMap, HeaderName, HeaderValue};
+use http_body::SizeHint;
 
 use super::bad;
 
@@ -23,6 +24,16 @@ pub enum Framing {
     Chunked(Chunk),
     /// Until the peer closes the connection (responses only).
     Eof,
+}
+
+impl Framing {
+    /// What is known of the rest of the body's size.
+    pub fn size_hint(&self) -> SizeHint {
+        match self {
+            Framing::Length(n) => SizeHint::with_exact(*n),
+            _ => SizeHint::default(),
+        }
+    }
 }
 
 /// Where a chunked body's reader is.

@@ -539,9 +539,6 @@ impl Body for Http1Response {
     }
 
     fn size_hint(&self) -> SizeHint {
-        match self.framing {
-            Framing::Length(n) => SizeHint::with_exact(n),
-            _ => SizeHint::default(),
-        }
+        self.framing.size_hint()
     }
 }

@@ -168,10 +168,7 @@ impl Body for Http1Body {
     }
 
     fn size_hint(&self) -> SizeHint {
-        match lock(&self.io).body {
-            Framing::Length(n) => SizeHint::with_exact(n),
-            _ => SizeHint::default(),
-        }
+        lock(&self.io).body.size_hint()
     }
 }
 
