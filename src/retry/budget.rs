@@ -196,16 +196,21 @@ impl RetryBudget {
         limit.ratio * requests as f64 + limit.min_per_sec * self.window.as_secs_f64()
     }
 
+    /// The most retries the current slot may still grant, by the pacing rule: no slot
+    /// takes more than [`PACE`] times its even share of the window's allowance.
+    fn slot_allowance(&self, slot: u64, bound: f64) -> u64 {
+        let per_slot = (PACE * bound / SLOTS as f64).ceil().max(1.0) as u64;
+        let this_slot = self.ring[(slot % RING) as usize].retries.load(Acquire);
+        per_slot.saturating_sub(this_slot)
+    }
+
     /// Asks for one retry; a granted retry is counted at once.
     pub fn try_retry(&self, now: Instant) -> bool {
         let slot = self.advance(now);
         if let Some(limit) = &self.limit {
-            // Pacing: no slot may take more than twice its share of the window's
-            // allowance, so a budget that refills is spent as a trickle, not a wave.
+            // Pacing: a budget that refills is spent as a trickle, not a wave.
             let bound = self.bound(limit, self.requests.load(Acquire));
-            let per_slot = (PACE * bound / SLOTS as f64).ceil().max(1.0);
-            let this_slot = self.ring[(slot % RING) as usize].retries.load(Acquire);
-            if (this_slot + 1) as f64 > per_slot {
+            if self.slot_allowance(slot, bound) == 0 {
                 return false;
             }
             let granted = self.retries.fetch_update(AcqRel, Acquire, |sent| {
@@ -224,8 +229,25 @@ impl RetryBudget {
         true
     }
 
-    /// How many retries the budget would grant now (`f64::INFINITY` without a budget).
+    /// How many retries the budget would grant if asked now, one after another: what is
+    /// left of the window's allowance, and no more than the current slot's pacing lets
+    /// through (`f64::INFINITY` without a budget). This is the
+    /// `tollgate_retry_budget_available` gauge.
     pub fn available(&self, now: Instant) -> f64 {
+        let slot = self.advance(now);
+        match &self.limit {
+            None => f64::INFINITY,
+            Some(limit) => {
+                let bound = self.bound(limit, self.requests.load(Acquire));
+                let left = (bound - self.retries.load(Acquire) as f64).max(0.0).floor();
+                left.min(self.slot_allowance(slot, bound) as f64)
+            }
+        }
+    }
+
+    /// What is left of the window's allowance, pacing aside (`f64::INFINITY` without a
+    /// budget).
+    pub fn window_left(&self, now: Instant) -> f64 {
         self.advance(now);
         match &self.limit {
             None => f64::INFINITY,
@@ -242,16 +264,6 @@ impl RetryBudget {
             requests: self.requests.load(Acquire),
             attempts: self.attempts.load(Acquire),
             retries: self.retries.load(Acquire),
-        }
-    }
-
-    /// Attempts per request over the window; 0 when there were no requests.
-    pub fn amplification(&self, now: Instant) -> f64 {
-        let s = self.stats(now);
-        if s.requests == 0 {
-            0.0
-        } else {
-            s.attempts as f64 / s.requests as f64
         }
     }
 }
@@ -304,6 +316,23 @@ mod tests {
     }
 
     #[test]
+    fn the_gauge_says_what_the_next_retries_would_get() {
+        // ratio 0.1, floor 1/s over 10 s, 40 requests: the window allows
+        // 0.1 * 40 + 1 * 10 = 14, a slot (0.5 s) at most ceil(2 * 14 / 20) = 2.
+        let (b, t0) = budget(0.1, 1.0, 10);
+        for _ in 0..40 {
+            b.record_request(t0);
+        }
+        let mut t = t0;
+        for _ in 0..30 {
+            let said = b.available(t);
+            let got = (0..100).filter(|_| b.try_retry(t)).count();
+            assert_eq!(said, got as f64, "at {:?}", t - t0);
+            t += Duration::from_millis(250);
+        }
+    }
+
+    #[test]
     fn a_burst_is_paced_over_the_window() {
         let (b, t0) = budget(0.0, 10.0, 10);
         // 100 retries allowed in the window, but at most 2 x 100 / 20 = 10 per slot.
@@ -344,13 +373,13 @@ mod tests {
         for _ in 0..10 {
             b.record_request(t0);
         }
-        assert_eq!(b.available(t0), 5.0);
-        assert_eq!(b.available(t0 + Duration::from_secs(11)), 0.0);
+        assert_eq!(b.window_left(t0), 5.0);
+        assert_eq!(b.window_left(t0 + Duration::from_secs(11)), 0.0);
         assert_eq!(b.stats(t0 + Duration::from_secs(11)).requests, 0);
     }
 
     #[test]
-    fn amplification_is_attempts_over_requests() {
+    fn the_window_counts_attempts_and_requests() {
         let (b, t0) = budget(0.1, 10.0, 10);
         for _ in 0..4 {
             b.record_request(t0);
@@ -358,7 +387,8 @@ mod tests {
         }
         b.record_attempt(t0);
         b.record_attempt(t0);
-        assert_eq!(b.amplification(t0), 1.5);
+        let w = b.stats(t0);
+        assert_eq!(crate::metrics::amplification(w.attempts, w.requests), 1.5);
     }
 
     #[test]
@@ -381,13 +411,13 @@ mod tests {
         for _ in 0..20 {
             b.record_request(Instant::now());
         }
-        assert_eq!(b.available(Instant::now()), 10.0);
+        assert_eq!(b.window_left(Instant::now()), 10.0);
         assert!(b.try_retry(Instant::now()));
         tokio::time::advance(Duration::from_secs(5)).await;
-        assert_eq!(b.available(Instant::now()), 9.0, "still inside the window");
+        assert_eq!(b.window_left(Instant::now()), 9.0, "still inside the window");
         tokio::time::advance(Duration::from_secs(6)).await;
         assert_eq!(
-            b.available(Instant::now()),
+            b.window_left(Instant::now()),
             0.0,
             "the requests have left the window"
         );
