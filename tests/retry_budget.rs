@@ -76,12 +76,15 @@ async fn a_hard_down_upstream_gets_no_more_than_the_budget_allows() {
         (amp - attempts as f64 / REQUESTS as f64).abs() < 1e-9,
         "gauge {amp}"
     );
-    // What is left of the window's allowance (the budget paces it out over time).
+    // What the next retries would get: what is left of the window's allowance, no
+    // more than the current slot's pacing lets through (the exact figure is checked
+    // on a controlled clock in the budget's own tests).
     let available = metric(&m, "tollgate_retry_budget_available{upstream=\"down\"}").unwrap();
     let retry_bound = 0.1 * REQUESTS as f64 + 1.0 * 10.0;
-    assert_eq!(
-        available,
-        (retry_bound - (attempts - REQUESTS) as f64).floor()
+    let window_left = (retry_bound - (attempts - REQUESTS) as f64).floor();
+    assert!(
+        (0.0..=window_left).contains(&available),
+        "gauge {available}, window allowance left {window_left}"
     );
     tg.stop().await;
 }
