@@ -27,6 +27,7 @@ use crate::metrics::{AttemptResult, Outcome, UpstreamMetrics};
 use crate::proxy::body::AppBody;
 use crate::upstream::Upstream;
 use crate::upstream::pool::{AttemptFields, Fields, RequestHead, SendError, UpstreamBody};
+use backoff::Backoff;
 use policy::{ATTEMPT_HEADER, BodyState, Failure, Policy, Situation, Stop};
 use replay::{Recording, Replay, RequestBody, TapeHandle};
 
@@ -138,7 +139,7 @@ pub async fn forward(up: &Upstream, ex: Exchange) -> Answer {
                 .as_ref()
                 .is_some_and(|h| headers.contains_key(h)));
     let want = up.want(version);
-    let tls = cfg.tls.as_ref();
+    let tls = up.tls.as_deref();
 
     // The body not yet handed to any attempt, its recording once one has, and the
     // replay the next attempt will send.
@@ -304,7 +305,7 @@ pub async fn forward(up: &Upstream, ex: Exchange) -> Answer {
         } else {
             let policy = Policy {
                 retry,
-                backoff: &retry.backoff,
+                backoff: &Backoff::from(&retry.backoff),
                 budget: &up.budget,
                 median: up.median.get(),
             };

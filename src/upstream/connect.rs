@@ -20,7 +20,8 @@ use tokio::net::TcpStream;
 use tokio::task::AbortHandle;
 use tokio::time::Instant;
 
-use crate::config::{EndpointAddr, TlsConfig};
+use super::tls::TlsClient;
+use crate::config::EndpointAddr;
 use crate::retry::replay::RequestBody;
 
 pub type Sender2 = http2::SendRequest<RequestBody>;
@@ -185,31 +186,25 @@ impl AsyncWrite for Transport {
 /// TCP (and TLS) to `addr`, within `timeout`.
 pub async fn open(
     addr: SocketAddr,
-    tls: Option<&TlsConfig>,
+    tls: Option<&TlsClient>,
     timeout: Duration,
 ) -> Result<Transport, ConnectError> {
-    let work =
-        async {
-            let tcp = TcpStream::connect(addr)
-                .await
-                .map_err(|source| ConnectError::Connect { addr, source })?;
-            let _ = tcp.set_nodelay(true);
-            match tls {
-                None => Ok(Transport::Plain(tcp)),
-                Some(t) => {
-                    let name = rustls_pki_types::ServerName::try_from(t.server_name.clone())
-                        .map_err(|e| ConnectError::Tls {
-                            addr,
-                            source: io::Error::new(io::ErrorKind::InvalidInput, e),
-                        })?;
-                    let stream = tokio_rustls::TlsConnector::from(t.client.clone())
-                        .connect(name, tcp)
-                        .await
-                        .map_err(|source| ConnectError::Tls { addr, source })?;
-                    Ok(Transport::Tls(Box::new(stream)))
-                }
+    let work = async {
+        let tcp = TcpStream::connect(addr)
+            .await
+            .map_err(|source| ConnectError::Connect { addr, source })?;
+        let _ = tcp.set_nodelay(true);
+        match tls {
+            None => Ok(Transport::Plain(tcp)),
+            Some(t) => {
+                let stream = t
+                    .connect(tcp)
+                    .await
+                    .map_err(|source| ConnectError::Tls { addr, source })?;
+                Ok(Transport::Tls(Box::new(stream)))
             }
-        };
+        }
+    };
     match tokio::time::timeout(timeout, work).await {
         Ok(r) => r,
         Err(_) => Err(ConnectError::Timeout(addr.to_string())),

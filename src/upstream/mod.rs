@@ -35,6 +35,8 @@ pub struct Upstream {
     pub inflight: Arc<AtomicUsize>,
     pub connections: Arc<AtomicUsize>,
     pub metrics: Arc<UpstreamMetrics>,
+    /// The TLS client of `config.tls`.
+    pub tls: Option<Arc<tls::TlsClient>>,
 }
 
 impl Upstream {
@@ -67,6 +69,13 @@ impl Upstream {
             Some(p) if p.budget.limit() == config.budget.as_ref() => p.budget.clone(),
             _ => Arc::new(RetryBudget::new(config.budget.as_ref(), now)),
         };
+        let tls = match previous {
+            Some(p) if same_transport => p.tls.clone(),
+            _ => config
+                .tls
+                .as_ref()
+                .map(|t| Arc::new(tls::TlsClient::new(t, config.protocol))),
+        };
         let median = match previous {
             Some(p) if same_transport => p.median.clone(),
             _ => Arc::new(RecentMedian::new()),
@@ -84,6 +93,7 @@ impl Upstream {
             budget,
             median,
             metrics,
+            tls,
             deadline,
             config,
         }

@@ -24,7 +24,8 @@ use tokio::time::Instant;
 
 use super::connect::{self, ConnectError, Resolver, Sender2};
 use super::h1::{self, BoxError, Connection};
-use crate::config::{EndpointAddr, TlsConfig};
+use super::tls::TlsClient;
+use crate::config::EndpointAddr;
 use crate::retry::replay::RequestBody;
 
 /// Idle HTTP/1.1 connections kept per endpoint and worker: as many as the app had in
@@ -189,7 +190,7 @@ impl Endpoint {
     pub async fn checkout(
         self: &Arc<Self>,
         want: Want,
-        tls: Option<&TlsConfig>,
+        tls: Option<&TlsClient>,
         timeout: Duration,
     ) -> Result<Conn, ConnectError> {
         let want = match (want, self.alpn.load(Relaxed)) {
@@ -253,7 +254,7 @@ impl Endpoint {
     async fn connect(
         self: &Arc<Self>,
         want: Want,
-        tls: Option<&TlsConfig>,
+        tls: Option<&TlsClient>,
         timeout: Duration,
     ) -> Result<Conn, ConnectError> {
         let addr = match self.resolver.resolve().await {
