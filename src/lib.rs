@@ -8,7 +8,8 @@
 //! The layout follows the request: [`config`] (the file), [`proxy`] (listeners,
 //! routing, header hygiene), [`retry`] (policy, budget, backoff, replay, the attempt
 //! loop), [`upstream`] (pools, endpoints, TLS), [`deadline`], [`metrics`], [`admin`],
-//! [`reload`]; and the tools around it: [`calc`], [`check`] and [`lab`].
+//! [`reload`]; and the tools around it: [`calc`], [`check`] and [`lab`], which print
+//! through [`print`].
 
 #![forbid(unsafe_code)]
 
@@ -19,6 +20,7 @@ pub mod config;
 pub mod deadline;
 pub mod lab;
 pub mod metrics;
+pub mod print;
 pub mod proxy;
 pub mod reload;
 pub mod retry;
