@@ -9,7 +9,8 @@
 //! [`metrics`], [`deadline`], [`worker`] and the wire, [`http`]; [`upstream`] (the
 //! endpoints, generic over the body it sends); [`retry`] (deciding and looping, generic
 //! over the app's body); [`proxy`] (the app's side); [`run`], [`reload`], [`admin`];
-//! and the tools on top: [`check`], [`calc`] and [`lab`].
+//! and the tools on top: [`check`], [`calc`] and [`lab`], which print through
+//! [`print`].
 
 #![forbid(unsafe_code)]
 
@@ -21,6 +22,7 @@ pub mod deadline;
 pub mod http;
 pub mod lab;
 pub mod metrics;
+pub mod print;
 pub mod proxy;
 pub mod reload;
 pub mod retry;

@@ -1,7 +1,9 @@
 //! Hot reload: the config file (and the certificate files it names) is watched, and
 //! re-read on change and on SIGHUP. A new config is validated in full before it is
 //! swapped in; an invalid one is logged with every error, counted, and the old one
-//! keeps serving.
+//! keeps serving. That includes a config that serves nothing
+//! ([`Config::serves_anything`]): a shell redirect (`>`) truncates the file before it
+//! writes, and a reload that reads it in between must not drop every upstream.
 //!
 //! The watch polls `stat` of each path, following symlinks, and compares device,
 //! inode, size and modification time. That sees every way a file is replaced:
@@ -48,24 +50,10 @@ fn watched(path: &Path, config: &Config) -> Vec<PathBuf> {
     let mut out = vec![path.to_path_buf()];
     for u in &config.upstreams {
         if let Some(t) = &u.tls {
-            out.extend(t.ca_file.iter().cloned());
-            out.extend(t.client_cert.iter().cloned());
-            out.extend(t.client_key.iter().cloned());
+            out.extend(t.files().map(|(_, f)| f.path.clone()));
         }
     }
     out
-}
-
-/// Whether every certificate file still has the content the config was built from.
-fn certificates_current(config: &Config) -> bool {
-    config
-        .upstreams
-        .iter()
-        .filter_map(|u| u.tls.as_ref())
-        .all(|t| {
-            let pair = t.client_cert.as_deref().zip(t.client_key.as_deref());
-            crate::upstream::tls::fingerprint(t.ca_file.as_deref(), pair) == Some(t.fingerprint)
-        })
 }
 
 /// Reads, validates and applies the config at `path`. Returns whether it was applied.
@@ -85,6 +73,9 @@ pub async fn reload(path: &Path, server: &Server) -> bool {
             metrics.reload(false);
             for d in &errors.0 {
                 tracing::error!(problem = %d, "config reload rejected");
+            }
+            if std::fs::metadata(path).is_ok_and(|m| m.len() == 0) {
+                tracing::warn!(file = %path.display(), "the config file is empty: still being written? It is read again when it changes");
             }
             tracing::error!(
                 file = %path.display(),
@@ -142,7 +133,7 @@ async fn watch(path: PathBuf, server: Arc<Server>, mut hup: Option<tokio::signal
             let certificates_changed = match &last {
                 Some(l) => l.0.get(1..) != now.0.get(1..),
                 // The first look: the files may have changed since they were loaded.
-                None => !certificates_current(&server.shared().snapshot().config),
+                None => !config::files_unchanged(&server.shared().snapshot().config),
             };
             let serving = server.shared().snapshot().config.source_hash;
             let same_text =

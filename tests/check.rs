@@ -15,6 +15,13 @@ struct Run {
     out: String,
 }
 
+impl Run {
+    /// Asserts that the output says `text`.
+    fn says(&self, text: &str) {
+        assert!(self.out.contains(text), "no {text:?} in:\n{}", self.out);
+    }
+}
+
 fn check(args: &[&str]) -> Run {
     let out = Command::new(env!("CARGO_BIN_EXE_tollgate"))
         .arg("check")
@@ -75,11 +82,7 @@ fn the_shipped_example_is_valid_without_warnings_even_when_strict() {
         let run = check(args);
         assert_eq!(run.code, 0, "{args:?}:\n{}", run.out);
         assert!(warnings(&run.out).is_empty(), "{}", run.out);
-        assert!(
-            run.out.contains("config/tollgate.toml: valid, 1 upstream"),
-            "{}",
-            run.out
-        );
+        run.says("config/tollgate.toml: valid, 1 upstream");
         assert!(
             run.out.ends_with("valid: 1 file, no warnings\n"),
             "{}",
@@ -107,11 +110,7 @@ fn the_report_gives_each_upstreams_amplification_and_patience() {
         "{}",
         run.out
     );
-    assert!(
-        run.out.contains("min_per_sec = 10 retries/s allows more"),
-        "{}",
-        run.out
-    );
+    run.says("min_per_sec = 10 retries/s allows more");
     assert!(
         lines.contains(
             &"patience      1875ms = 3 × 600ms + 75ms backoff; within request_timeout 2s"
@@ -122,7 +121,7 @@ fn the_report_gives_each_upstreams_amplification_and_patience() {
 }
 
 /// Each fixture breaks one rule: the one warning it draws, as `FILE:LINE:COLUMN: key`.
-const LINTS: [(&str, &str, &str); 7] = [
+const LINTS: [(&str, &str, &str); 9] = [
     ("patience.toml", "10:1", "upstreams.api.retry.max_attempts"),
     (
         "attempt-over-request.toml",
@@ -131,6 +130,16 @@ const LINTS: [(&str, &str, &str); 7] = [
     ),
     ("post.toml", "11:1", "upstreams.api.retry.methods"),
     ("loose-budget.toml", "14:1", "upstreams.api.budget.ratio"),
+    (
+        "budget-without-room.toml",
+        "13:1",
+        "upstreams.api.budget.ratio",
+    ),
+    (
+        "budget-never-binds.toml",
+        "13:1",
+        "upstreams.api.budget.ratio",
+    ),
     ("no-budget.toml", "3:12", "upstreams.api.budget"),
     (
         "no-jitter.toml",
@@ -183,6 +192,23 @@ fn the_lints_say_why_and_what_to_do() {
         &["POST and PATCH are not idempotent", "idempotency-key"],
     );
     says("loose-budget.toml", &["ratio 0.8", "lower it to 0.1"]);
+    says(
+        "budget-without-room.toml",
+        &[
+            "ratio = 0 and min_per_sec = 0",
+            "with max_attempts = 3 retries are configured but can never happen",
+            "max_attempts = 1",
+        ],
+    );
+    says(
+        "budget-never-binds.toml",
+        &[
+            "ratio 5 can never bind",
+            "at most 2 retries",
+            "the effective cap is 3× (max_attempts)",
+            "lower it to 0.1",
+        ],
+    );
     says(
         "no-budget.toml",
         &["no retry budget", "add [upstreams.api.budget]"],
@@ -244,7 +270,21 @@ fn every_mistake_of_a_file_is_listed_with_its_line() {
         assert!(errors[1].starts_with(&format!("{path}:6:19: upstreams.api.request_timeout: ")));
         assert!(errors[2].starts_with(&format!("{path}:10:1: upstreams.api.retry.max_atempts: ")));
         assert!(errors[2].contains("did you mean `max_attempts`?"));
-        assert!(run.out.contains("invalid: 3 errors"), "{}", run.out);
+        run.says("invalid: 3 errors");
+    }
+}
+
+#[test]
+fn a_config_that_serves_nothing_is_invalid_even_empty() {
+    for strict in [false, true] {
+        let mut args = vec!["--config", "tests/fixtures/check/empty.toml"];
+        if strict {
+            args.push("--strict");
+        }
+        let run = check(&args);
+        assert_eq!(run.code, 1, "{}", run.out);
+        run.says("tests/fixtures/check/empty.toml:1:1: upstreams: no upstream is configured");
+        run.says("invalid: 1 error");
     }
 }
 
@@ -252,12 +292,7 @@ fn every_mistake_of_a_file_is_listed_with_its_line() {
 fn a_missing_file_is_an_error() {
     let run = check(&["--config", "tests/fixtures/check/no-such-file.toml"]);
     assert_eq!(run.code, 1);
-    assert!(
-        run.out
-            .contains("no-such-file.toml:1:1: (file): cannot read"),
-        "{}",
-        run.out
-    );
+    run.says("no-such-file.toml:1:1: (file): cannot read");
 }
 
 fn chain(files: &[&str]) -> String {
@@ -273,17 +308,8 @@ fn a_chain_that_retries_at_every_layer_is_flagged_with_its_product() {
     let layers = chain(&["chain-edge.toml", "chain-service.toml", "chain-db.toml"]);
     let run = check(&["--chain", &layers]);
     assert_eq!(run.code, 0, "{}", run.out);
-    assert!(
-        run.out.contains("chain of 3 layers, top first"),
-        "{}",
-        run.out
-    );
-    assert!(
-        run.out
-            .contains("worst case at the bottom: 3 × 3 × 3 = 27×"),
-        "{}",
-        run.out
-    );
+    run.says("chain of 3 layers, top first");
+    run.says("worst case at the bottom: 3 × 3 × 3 = 27×");
     let multiply: Vec<&str> = warnings(&run.out)
         .into_iter()
         .filter(|w| w.contains("layers of the chain retry"))
@@ -309,7 +335,7 @@ fn a_chain_that_retries_once_with_shrinking_patience_is_clean() {
     ]);
     let run = check(&["--chain", &layers, "--strict"]);
     assert_eq!(run.code, 0, "{}", run.out);
-    assert!(run.out.contains("1 × 1 × 3 = 3×"), "{}", run.out);
+    run.says("1 × 1 × 3 = 3×");
     assert!(warnings(&run.out).is_empty(), "{}", run.out);
 }
 
@@ -344,20 +370,16 @@ fn a_chain_layer_can_name_the_upstream_that_calls_the_next_one() {
     let two = fixture("two-upstreams.toml");
     // By default the upstream with the most attempts: api, 3.
     let run = check(&["--chain", &format!("{two},{}", fixture("layered-db.toml"))]);
-    assert!(run.out.contains("3 × 3 = 9×"), "{}", run.out);
+    run.says("3 × 3 = 9×");
     // cache makes one attempt.
     let run = check(&[
         "--chain",
         &format!("{two}#cache,{}", fixture("layered-db.toml")),
     ]);
-    assert!(run.out.contains("1 × 3 = 3×"), "{}", run.out);
+    run.says("1 × 3 = 3×");
     let run = check(&["--chain", &format!("{two}#nope")]);
     assert_eq!(run.code, 1, "{}", run.out);
-    assert!(
-        run.out.contains("upstreams.nope: --chain names upstream `nope`, which this file does not have (name one of: api, cache)"),
-        "{}",
-        run.out
-    );
+    run.says("upstreams.nope: --chain names upstream `nope`, which this file does not have (name one of: api, cache)");
 }
 
 #[test]
@@ -376,15 +398,8 @@ fn every_error_of_every_chain_file_is_reported() {
         "{}",
         run.out
     );
-    assert!(
-        run.out
-            .contains("chain: not analysed until every file of it is valid")
-    );
-    assert!(
-        run.out.contains("invalid: 3 errors, 0 warnings in 2 files"),
-        "{}",
-        run.out
-    );
+    run.says("chain: not analysed until every file of it is valid");
+    run.says("invalid: 3 errors, 0 warnings in 2 files");
 }
 
 #[test]
@@ -396,11 +411,8 @@ fn config_and_chain_combine() {
     ]);
     let run = check(&["--config", &fixture("no-budget.toml"), "--chain", &layers]);
     assert_eq!(run.code, 0, "{}", run.out);
-    assert!(
-        run.out
-            .contains(&format!("{}: valid", fixture("no-budget.toml")))
-    );
-    assert!(run.out.contains("1 × 1 × 3 = 3×"), "{}", run.out);
+    run.says(&format!("{}: valid", fixture("no-budget.toml")));
+    run.says("1 × 1 × 3 = 3×");
     assert_eq!(warnings(&run.out).len(), 1, "{}", run.out);
     // Without --config, --chain checks only the chain's files.
     let run = check(&["--chain", &layers]);

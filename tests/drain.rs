@@ -85,12 +85,30 @@ async fn an_invalid_config_or_a_taken_port_exits_2() {
         "{err}"
     );
 
+    // A config that serves nothing is refused before anything is bound.
+    let empty = dir.path().join("empty.toml");
+    std::fs::write(&empty, "").unwrap();
+    let out = std::process::Command::new(binary())
+        .args(["run", "--config"])
+        .arg(&empty)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("empty.toml:1:1: upstreams: no upstream is configured"),
+        "{err}"
+    );
+
     let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let port = taken.local_addr().unwrap().port();
     let cfg = dir.path().join("taken.toml");
     std::fs::write(
         &cfg,
-        format!("[listener]\naddr = \"127.0.0.1:{port}\"\n[admin]\naddr = \"127.0.0.1:0\"\n"),
+        format!(
+            "[listener]\naddr = \"127.0.0.1:{port}\"\n[admin]\naddr = \"127.0.0.1:0\"\n\
+             [upstreams.a]\nauthorities = [\"a\"]\nendpoints = [\"127.0.0.1:1\"]\n"
+        ),
     )
     .unwrap();
     let out = std::process::Command::new(binary())

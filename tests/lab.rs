@@ -85,3 +85,17 @@ fn sim_shows_the_published_shape() {
         .unwrap();
     assert!(budget["peak_load"].as_u64().unwrap() <= 120);
 }
+
+#[test]
+fn the_lab_table_names_its_scenario_once() {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_tollgate"))
+        .args(["lab", "--scenario", "down", "--duration", "1"])
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let stdout = String::from_utf8(out.stdout).unwrap();
+    let stderr = String::from_utf8(out.stderr).unwrap();
+    assert!(stdout.starts_with("tollgate lab: down\n"), "{stdout}");
+    let both = format!("{stdout}{stderr}");
+    assert_eq!(both.matches("tollgate lab: down").count(), 1, "{both}");
+}

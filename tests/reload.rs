@@ -28,19 +28,26 @@ fn with_b(up: SocketAddr) -> String {
     )
 }
 
-/// Waits (bounded) until `Host: b` routes.
-async fn b_routes(tg: &Tollgate, yes: bool) -> bool {
+/// Waits (at most 10 s) until `Host: b` routes (`yes`) or not; fails the test with
+/// `what` was not picked up otherwise.
+async fn b_routes(tg: &Tollgate, yes: bool, what: &str) {
     let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-    loop {
-        let ok = get(tg.addr, "/", "b").await.status == 200;
-        if ok == yes {
-            return true;
-        }
-        if tokio::time::Instant::now() > deadline {
-            return false;
-        }
+    while (get(tg.addr, "/", "b").await.status == 200) != yes {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{what} was not picked up"
+        );
         tokio::time::sleep(Duration::from_millis(25)).await;
     }
+}
+
+/// A config file written with `content` in a fresh directory, and tollgate watching it.
+async fn watched(name: &str, content: &str) -> (tempdir::TempDir, std::path::PathBuf, Tollgate) {
+    let dir = tempdir::TempDir::new(name);
+    let path = dir.path().join("tollgate.toml");
+    std::fs::write(&path, content).unwrap();
+    let tg = Tollgate::start_file(&path).await;
+    (dir, path, tg)
 }
 
 async fn ok_upstream() -> Upstream {
@@ -50,10 +57,7 @@ async fn ok_upstream() -> Upstream {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_write_in_place_is_reloaded() {
     let up = ok_upstream().await;
-    let dir = tempdir::TempDir::new("inplace");
-    let path = dir.path().join("tollgate.toml");
-    std::fs::write(&path, text(up.addr, "")).unwrap();
-    let tg = Tollgate::start_file(&path).await;
+    let (_dir, path, tg) = watched("inplace", &text(up.addr, "")).await;
     assert_eq!(get(tg.addr, "/", "b").await.status, 404);
     {
         use std::io::Write;
@@ -64,10 +68,7 @@ async fn a_write_in_place_is_reloaded() {
             .unwrap();
         f.write_all(with_b(up.addr).as_bytes()).unwrap();
     }
-    assert!(
-        b_routes(&tg, true).await,
-        "the in-place write was not picked up"
-    );
+    b_routes(&tg, true, "the in-place write").await;
     assert_eq!(tg.reloads("ok").await, 1.0);
     tg.stop().await;
 }
@@ -75,17 +76,11 @@ async fn a_write_in_place_is_reloaded() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_write_and_rename_is_reloaded() {
     let up = ok_upstream().await;
-    let dir = tempdir::TempDir::new("rename");
-    let path = dir.path().join("tollgate.toml");
-    std::fs::write(&path, text(up.addr, "")).unwrap();
-    let tg = Tollgate::start_file(&path).await;
+    let (dir, path, tg) = watched("rename", &text(up.addr, "")).await;
     let tmp = dir.path().join(".tollgate.toml.swp");
     std::fs::write(&tmp, with_b(up.addr)).unwrap();
     std::fs::rename(&tmp, &path).unwrap();
-    assert!(
-        b_routes(&tg, true).await,
-        "the renamed file was not picked up"
-    );
+    b_routes(&tg, true, "the renamed file").await;
     tg.stop().await;
 }
 
@@ -135,15 +130,9 @@ async fn a_configmap_symlink_swap_is_reloaded() {
     let tg = Tollgate::start_file(&cm.path()).await;
     assert_eq!(get(tg.addr, "/", "b").await.status, 404);
     cm.publish(&with_b(up.addr));
-    assert!(
-        b_routes(&tg, true).await,
-        "the ConfigMap update was not picked up"
-    );
+    b_routes(&tg, true, "the ConfigMap update").await;
     cm.publish(&text(up.addr, ""));
-    assert!(
-        b_routes(&tg, false).await,
-        "the second ConfigMap update was not picked up"
-    );
+    b_routes(&tg, false, "the second ConfigMap update").await;
     assert_eq!(tg.reloads("ok").await, 2.0);
     tg.stop().await;
 }
@@ -151,30 +140,73 @@ async fn a_configmap_symlink_swap_is_reloaded() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_invalid_file_keeps_the_old_config_and_counts_an_error() {
     let up = ok_upstream().await;
-    let dir = tempdir::TempDir::new("invalid");
-    let path = dir.path().join("tollgate.toml");
-    std::fs::write(&path, with_b(up.addr)).unwrap();
-    let tg = Tollgate::start_file(&path).await;
+    let (_dir, path, tg) = watched("invalid", &with_b(up.addr)).await;
     // b removed, but with a typo elsewhere: the whole file is refused.
     std::fs::write(
         &path,
         text(up.addr, "[upstreams.a.retry]\nmax_atempts = 2\n"),
     )
     .unwrap();
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-    while tg.reloads("error").await < 1.0 {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "the invalid file was never looked at"
-        );
-        tokio::time::sleep(Duration::from_millis(25)).await;
-    }
+    tg.wait_reloads("error", 1.0).await;
     assert_eq!(
         get(tg.addr, "/", "b").await.status,
         200,
         "the old config must keep serving"
     );
     assert_eq!(tg.reloads("ok").await, 0.0);
+    tg.stop().await;
+}
+
+/// A shell redirect (`cat new.toml > tollgate.toml`) truncates the file before it writes
+/// the new text. A reload that reads it in between finds an empty file, which serves
+/// nothing: it is refused and counted, and the old config keeps answering.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_file_truncated_by_a_shell_redirect_keeps_the_old_config() {
+    use std::io::Write;
+    let up = ok_upstream().await;
+    let (_dir, path, tg) = watched("redirect", &with_b(up.addr)).await;
+
+    // Requests to `b` all along; anything but 200 (a 404 no-route) is kept.
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let (addr, stopped) = (tg.addr, stop.clone());
+    let client = tokio::spawn(async move {
+        let (mut answered, mut failed) = (0, Vec::new());
+        while !stopped.load(Ordering::SeqCst) {
+            let status = get(addr, "/", "b").await.status;
+            if status == 200 {
+                answered += 1;
+            } else {
+                failed.push(status);
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        (answered, failed)
+    });
+
+    // `>` opens with O_TRUNC: the file is 0 bytes, and stays so until the watcher has
+    // read it and refused it.
+    let mut file = std::fs::OpenOptions::new()
+        .write(true)
+        .truncate(true)
+        .open(&path)
+        .unwrap();
+    tg.wait_reloads("error", 1.0).await;
+    assert_eq!(tg.reloads("ok").await, 0.0);
+    // Then the shell writes the new text: it is loaded.
+    let new = format!(
+        "{}[upstreams.c]\nauthorities = [\"c\"]\nendpoints = [\"{}\"]\n",
+        with_b(up.addr),
+        up.addr
+    );
+    file.write_all(new.as_bytes()).unwrap();
+    drop(file);
+    tg.wait_reloads("ok", 1.0).await;
+    assert_eq!(get(tg.addr, "/", "c").await.status, 200);
+
+    stop.store(true, Ordering::SeqCst);
+    let (answered, failed) = client.await.unwrap();
+    assert!(failed.is_empty(), "answers other than 200: {failed:?}");
+    assert!(answered > 0);
     tg.stop().await;
 }
 
@@ -216,23 +248,16 @@ async fn requests_in_flight_finish_on_the_config_they_started_with() {
         respond(200, "slow")
     })
     .await;
-    let dir = tempdir::TempDir::new("inflight");
-    let path = dir.path().join("tollgate.toml");
     let slow_b = format!(
         "[upstreams.b]\nauthorities = [\"b\"]\nendpoints = [\"{}\"]\nattempt_timeout = \"5s\"\n",
         up.addr
     );
-    std::fs::write(&path, text(up.addr, &slow_b)).unwrap();
-    let tg = Tollgate::start_file(&path).await;
+    let (_dir, path, tg) = watched("inflight", &text(up.addr, &slow_b)).await;
     let addr = tg.addr;
     let slow = tokio::spawn(async move { get(addr, "/", "b").await });
     assert!(wait_until(Duration::from_secs(5), || up.hits() == 1).await);
     std::fs::write(&path, text(up.addr, "")).unwrap();
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-    while tg.reloads("ok").await < 1.0 {
-        assert!(tokio::time::Instant::now() < deadline);
-        tokio::time::sleep(Duration::from_millis(25)).await;
-    }
+    tg.wait_reloads("ok", 1.0).await;
     assert_eq!(
         get(tg.addr, "/", "b").await.status,
         404,
@@ -249,8 +274,6 @@ async fn requests_in_flight_finish_on_the_config_they_started_with() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_budget_window_survives_a_reload_that_only_changed_max_attempts() {
     let up = Upstream::start(|_req| async { respond(503, "down") }).await;
-    let dir = tempdir::TempDir::new("budget");
-    let path = dir.path().join("tollgate.toml");
     let cfg = |attempts: u32, ratio: &str| {
         text(
             up.addr,
@@ -260,8 +283,7 @@ async fn a_budget_window_survives_a_reload_that_only_changed_max_attempts() {
             ),
         )
     };
-    std::fs::write(&path, cfg(3, "0.0")).unwrap();
-    let tg = Tollgate::start_file(&path).await;
+    let (_dir, path, tg) = watched("budget", &cfg(3, "0.0")).await;
     // 0.5/s x 60 s = 30 retries in the window, then the budget is spent.
     for _ in 0..20 {
         get(tg.addr, "/", "a").await;
@@ -272,11 +294,7 @@ async fn a_budget_window_survives_a_reload_that_only_changed_max_attempts() {
     );
 
     std::fs::write(&path, cfg(4, "0.0")).unwrap();
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-    while tg.reloads("ok").await < 1.0 {
-        assert!(tokio::time::Instant::now() < deadline);
-        tokio::time::sleep(Duration::from_millis(25)).await;
-    }
+    tg.wait_reloads("ok", 1.0).await;
     let r = get(tg.addr, "/", "a").await;
     assert_eq!(
         r.outcome(),
@@ -287,10 +305,7 @@ async fn a_budget_window_survives_a_reload_that_only_changed_max_attempts() {
 
     // A changed budget starts a fresh window.
     std::fs::write(&path, cfg(4, "0.001")).unwrap();
-    while tg.reloads("ok").await < 2.0 {
-        assert!(tokio::time::Instant::now() < deadline);
-        tokio::time::sleep(Duration::from_millis(25)).await;
-    }
+    tg.wait_reloads("ok", 2.0).await;
     let r = get(tg.addr, "/", "a").await;
     assert_eq!(r.attempts(), 4, "a new budget has its floor to spend");
     tg.stop().await;
@@ -304,8 +319,6 @@ async fn reloads_under_load_lose_no_request_and_no_connection() {
         respond(200, "ok")
     })
     .await;
-    let dir = tempdir::TempDir::new("load");
-    let path = dir.path().join("tollgate.toml");
     // This machine may be starved of CPU by the test's own 200 clients: give connects
     // time, the test is about reloads.
     let generous = "connect_timeout = \"5s\"\nattempt_timeout = \"5s\"\n";
@@ -313,8 +326,7 @@ async fn reloads_under_load_lose_no_request_and_no_connection() {
         "[upstreams.b]\nauthorities = [\"b\"]\nendpoints = [\"{}\"]\n{generous}",
         up.addr
     );
-    std::fs::write(&path, text(up.addr, &format!("{generous}{b}"))).unwrap();
-    let tg = Tollgate::start_file(&path).await;
+    let (_dir, path, tg) = watched("load", &text(up.addr, &format!("{generous}{b}"))).await;
 
     const CLIENTS: usize = 200;
     let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
@@ -369,14 +381,7 @@ async fn reloads_under_load_lose_no_request_and_no_connection() {
             }
         );
         std::fs::write(&path, text(up.addr, &extra)).unwrap();
-        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-        while tg.reloads("ok").await <= before {
-            assert!(
-                tokio::time::Instant::now() < deadline,
-                "reload {i} did not happen"
-            );
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+        tg.wait_reloads("ok", before + 1.0).await;
     }
     stop.store(true, Ordering::SeqCst);
     let mut total = 0;
@@ -392,10 +397,7 @@ async fn reloads_under_load_lose_no_request_and_no_connection() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_new_dedicated_port_opens_and_a_removed_one_closes() {
     let up = ok_upstream().await;
-    let dir = tempdir::TempDir::new("listen");
-    let path = dir.path().join("tollgate.toml");
-    std::fs::write(&path, text(up.addr, "")).unwrap();
-    let tg = Tollgate::start_file(&path).await;
+    let (_dir, path, tg) = watched("listen", &text(up.addr, "")).await;
     let port = free_port();
     let dedicated: SocketAddr = ([127, 0, 0, 1], port).into();
     std::fs::write(

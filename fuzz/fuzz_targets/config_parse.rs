@@ -1,6 +1,8 @@
 //! The config parser takes any text: it returns a config or a list of problems, each
 //! placed in the text, and never panics. A config it accepts can be shown as JSON
-//! (`/config`), linted (`tollgate check`) and checked as a one-layer chain.
+//! (`/config`), linted (`tollgate check`) and checked as a one-layer chain. Parsing
+//! opens no file (certificate files are read by a later step), so any text is safe to
+//! feed it.
 
 #![no_main]
 
@@ -12,14 +14,6 @@ fuzz_target!(|data: &[u8]| {
     let Ok(text) = std::str::from_utf8(data) else {
         return;
     };
-    // Certificate paths are read from disk. Keep the fuzzer off device and process
-    // files (and off `\u` escapes that could spell them), whose reads may block.
-    if ["/dev", "/proc", "/sys", "\\u", "\\U"]
-        .iter()
-        .any(|p| text.contains(p))
-    {
-        return;
-    }
     match tollgate::config::parse("fuzz.toml", text, Path::new("/nonexistent")) {
         Ok(config) => {
             let _ = config.to_json().to_string();

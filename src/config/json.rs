@@ -53,10 +53,7 @@ impl UpstreamConfig {
                 "idempotency_header": r.idempotency_header.as_ref().map(|h| h.as_str()),
                 "backoff_base": format_duration(r.backoff.base()),
                 "backoff_max": format_duration(r.backoff.max()),
-                "backoff_jitter": match r.backoff.jitter() {
-                    crate::retry::backoff::Jitter::Full => "full",
-                    crate::retry::backoff::Jitter::None => "none",
-                },
+                "backoff_jitter": r.backoff.jitter().as_str(),
                 "retry_after": match r.retry_after { RetryAfterMode::Honor => "honor", RetryAfterMode::Ignore => "ignore" },
                 "max_retry_after": format_duration(r.max_retry_after),
                 "max_body": format_size(r.max_body as u64),
@@ -69,9 +66,9 @@ impl UpstreamConfig {
             })),
             "tls": self.tls.as_ref().map(|t| json!({
                 "server_name": t.server_name,
-                "ca_file": t.ca_file.as_ref().map(|p| p.display().to_string()),
-                "client_cert": t.client_cert.as_ref().map(|p| p.display().to_string()),
-                "client_key": t.client_key.as_ref().map(|p| p.display().to_string()),
+                "ca_file": t.ca_file.as_ref().map(|f| f.path.display().to_string()),
+                "client_cert": t.client_cert.as_ref().map(|f| f.path.display().to_string()),
+                "client_key": t.client_key.as_ref().map(|f| f.path.display().to_string()),
             })),
         })
     }

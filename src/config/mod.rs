@@ -1,17 +1,49 @@
 //! The config file: raw TOML with spans -> a validated `Config`, or every problem
 //! found, each at `FILE:LINE:COLUMN` with its key and the fix.
+//!
+//! Loading is two steps: [`parse`] turns the text into a `Config` and opens no file;
+//! [`read_files`] then reads the certificate files the text names. [`load`] and
+//! [`load_text`] do both, and are what `run`, `check` and a reload use.
+//!
+//! This is the lowest layer: it imports nothing from the rest of tollgate.
 
 mod diagnostic;
+mod files;
 mod json;
 mod model;
 mod parse;
 pub mod units;
 
 pub use diagnostic::{ConfigErrors, Diagnostic, Severity, Source};
+pub use files::{MAX_FILE, files_unchanged, read_files};
 pub use model::*;
-pub use parse::{load, normalize_authority, parse, parse_endpoint, source_hash};
+pub use parse::{normalize_authority, parse, parse_endpoint, source_hash};
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
+
+/// Reads and validates a config file and the files it names.
+pub fn load(path: &Path) -> Result<Config, ConfigErrors> {
+    let name = path.display().to_string();
+    let text = std::fs::read_to_string(path).map_err(|e| {
+        ConfigErrors(vec![Diagnostic {
+            severity: Severity::Error,
+            file: name.clone(),
+            line: 1,
+            column: 1,
+            key: "(file)".into(),
+            message: format!("cannot read the config file: {e}"),
+            fix: "pass --config PATH or set TOLLGATE_CONFIG to a readable TOML file".into(),
+        }])
+    })?;
+    let base = path.parent().unwrap_or(Path::new("."));
+    load_text(&name, &text, base)
+}
+
+/// Validates config text and reads the files it names; `file` is the name diagnostics
+/// give it, `base` the directory relative file paths are found in.
+pub fn load_text(file: &str, text: &str, base: &Path) -> Result<Config, ConfigErrors> {
+    read_files(parse(file, text, base)?)
+}
 
 /// `--config`, else `$TOLLGATE_CONFIG`, else `config/tollgate.toml`.
 pub fn resolve_path(flag: Option<PathBuf>) -> PathBuf {

@@ -228,9 +228,14 @@ pub fn lab_main(args: LabArgs) -> i32 {
             return 1;
         }
     };
+    // The table printed at the end starts with the scenario's name and description;
+    // while it runs, stderr only says how long that will be.
     let progress = !args.json && std::io::stderr().is_terminal();
-    if !args.json {
-        eprintln!("tollgate lab: {} ({})", s.name, s.about);
+    if progress {
+        crate::print::stderr_line(&format!(
+            "running two chains side by side for {:.0}s ...",
+            s.load.duration.as_secs_f64()
+        ));
     }
     let result = match rt.block_on(run(s, progress)) {
         Ok(r) => r,
@@ -246,18 +251,16 @@ pub fn lab_main(args: LabArgs) -> i32 {
             return 1;
         }
     }
-    if args.json {
+    let mut out = if args.json {
         let v = report::to_json(&result.scenario, &result.naive, &result.owned);
-        println!("{}", serde_json::to_string_pretty(&v).unwrap_or_default());
+        serde_json::to_string_pretty(&v).unwrap_or_default() + "\n"
     } else {
-        print!(
-            "{}",
-            report::table(&result.scenario, &result.naive, &result.owned)
-        );
-        if let Some(path) = &args.plot {
-            println!("\n  plot written to {}", path.display());
-        }
+        report::table(&result.scenario, &result.naive, &result.owned)
+    };
+    if let Some(path) = args.plot.as_ref().filter(|_| !args.json) {
+        out.push_str(&format!("\n  plot written to {}\n", path.display()));
     }
+    crate::print::stdout(&out);
     0
 }
 
@@ -265,12 +268,10 @@ pub fn lab_main(args: LabArgs) -> i32 {
 pub fn sim_main(args: SimArgs) -> i32 {
     let results = sim::run_all(args.seed);
     if args.json {
-        println!(
-            "{}",
-            serde_json::to_string_pretty(&sim::to_json(&results)).unwrap_or_default()
-        );
+        let json = serde_json::to_string_pretty(&sim::to_json(&results)).unwrap_or_default();
+        crate::print::stdout(&(json + "\n"));
     } else {
-        print!("{}", sim::table(&results));
+        crate::print::stdout(&sim::table(&results));
     }
     0
 }

@@ -69,7 +69,7 @@ impl<A: AppBody> Attempt<'_, A> {
     ) -> Result<Response<UpstreamBody>, Failure> {
         let cfg = &self.up.config;
         let endpoint = self.up.endpoints.get(self.endpoint);
-        let tls = cfg.tls.as_ref();
+        let tls = self.up.tls.as_deref();
         let mut stale = 0;
         loop {
             let conn = match endpoint.pooled(self.want) {

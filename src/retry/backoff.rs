@@ -9,84 +9,59 @@
 //!
 //! `Jitter::None` exists so the lab can show what a fixed schedule does; it is never
 //! the default.
+//!
+//! The schedule itself is config data ([`BackoffConfig`]); this is the part that draws.
 
 use std::time::Duration;
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Jitter {
-    /// Uniform over `[0, cap]`.
-    Full,
-    /// Exactly `cap`: synchronised retries, for comparison only.
-    None,
-}
+pub use crate::config::{BackoffConfig, InvalidBackoff, Jitter};
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Backoff {
-    base: Duration,
-    max: Duration,
-    jitter: Jitter,
-}
+/// A backoff schedule that draws sleeps. One that exists is valid: it is built from a
+/// validated [`BackoffConfig`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Backoff(BackoffConfig);
 
-#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-#[error("backoff_base ({base:?}) is larger than backoff_max ({max:?})")]
-pub struct InvalidBackoff {
-    pub base: Duration,
-    pub max: Duration,
+impl From<&BackoffConfig> for Backoff {
+    fn from(config: &BackoffConfig) -> Self {
+        Backoff(*config)
+    }
 }
 
 impl Backoff {
     pub fn try_new(base: Duration, max: Duration) -> Result<Self, InvalidBackoff> {
-        if base > max {
-            return Err(InvalidBackoff { base, max });
-        }
-        Ok(Backoff {
-            base,
-            max,
-            jitter: Jitter::Full,
-        })
+        BackoffConfig::try_new(base, max).map(Backoff)
     }
 
     pub fn with_jitter(self, jitter: Jitter) -> Self {
-        Backoff { jitter, ..self }
+        Backoff(self.0.with_jitter(jitter))
     }
 
     pub fn base(&self) -> Duration {
-        self.base
+        self.0.base()
     }
 
     pub fn max(&self) -> Duration {
-        self.max
+        self.0.max()
     }
 
     pub fn jitter(&self) -> Jitter {
-        self.jitter
+        self.0.jitter()
     }
 
     /// The longest sleep before retry number `retries_so_far + 1`: `min(max, base * 2^n)`.
     pub fn cap(&self, retries_so_far: u32) -> Duration {
-        let factor = 1u32.checked_shl(retries_so_far.min(31)).unwrap_or(u32::MAX);
-        self.base.saturating_mul(factor).min(self.max)
+        self.0.cap(retries_so_far)
     }
 
     /// The sleep before the next retry.
     pub fn draw(&self, retries_so_far: u32, rng: &mut fastrand::Rng) -> Duration {
         let cap = self.cap(retries_so_far);
-        match self.jitter {
+        match self.jitter() {
             Jitter::None => cap,
             Jitter::Full => {
                 let nanos = u64::try_from(cap.as_nanos()).unwrap_or(u64::MAX);
                 Duration::from_nanos(rng.u64(0..=nanos))
             }
-        }
-    }
-}
-
-impl Default for Backoff {
-    fn default() -> Self {
-        Backoff {
-            base: Duration::from_millis(25),
-            max: Duration::from_secs(1),
-            jitter: Jitter::Full,
         }
     }
 }

@@ -414,7 +414,11 @@ mod tests {
         assert_eq!(b.window_left(Instant::now()), 10.0);
         assert!(b.try_retry(Instant::now()));
         tokio::time::advance(Duration::from_secs(5)).await;
-        assert_eq!(b.window_left(Instant::now()), 9.0, "still inside the window");
+        assert_eq!(
+            b.window_left(Instant::now()),
+            9.0,
+            "still inside the window"
+        );
         tokio::time::advance(Duration::from_secs(6)).await;
         assert_eq!(
             b.window_left(Instant::now()),

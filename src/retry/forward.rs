@@ -15,6 +15,7 @@ use http_body::Body;
 use tokio::time::Instant;
 
 use super::attempt::Attempt;
+use super::backoff::Backoff;
 use super::headers::{outcome_of, owned_elsewhere};
 use super::policy::{self, Failure, Policy, Situation, Stop};
 use super::replay::{AppBody, BodySource};
@@ -198,7 +199,7 @@ impl<'a, A: AppBody> Call<'a, A> {
         }
         let policy = Policy {
             retry,
-            backoff: &retry.backoff,
+            backoff: &Backoff::from(&retry.backoff),
             budget: &self.up.budget,
             median: self.up.median.get(),
         };

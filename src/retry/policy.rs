@@ -287,7 +287,7 @@ mod tests {
         ) -> Result<Duration, Stop> {
             let p = Policy {
                 retry: &self.retry,
-                backoff: &self.retry.backoff,
+                backoff: &Backoff::from(&self.retry.backoff),
                 budget: &self.budget,
                 median,
             };

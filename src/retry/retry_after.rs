@@ -46,11 +46,14 @@ pub fn parse_pushback_ms(value: &[u8]) -> Pushback {
     }
 }
 
-const MONTHS: [&str; 12] = [
+/// The month names of an HTTP-date, January first.
+pub const MONTHS: [&str; 12] = [
     "Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec",
 ];
-const DAYS: [&str; 7] = ["Mon", "Tue", "Wed", "Thu", "Fri", "Sat", "Sun"];
-const LONG_DAYS: [&str; 7] = [
+/// The weekday names of IMF-fixdate and asctime, Monday first.
+pub const DAYS: [&str; 7] = ["Mon", "Tue", "Wed", "Thu", "Fri", "Sat", "Sun"];
+/// The weekday names of RFC 850 dates, Monday first.
+pub const LONG_DAYS: [&str; 7] = [
     "Monday",
     "Tuesday",
     "Wednesday",

@@ -18,6 +18,7 @@ use super::replay::{AppBody, ReplayBody};
 use crate::config::{DeadlineConfig, UpstreamConfig};
 use crate::metrics::{Metrics, UpstreamMetrics};
 use crate::upstream::Endpoints;
+use crate::upstream::tls::TlsClient;
 
 /// One upstream, sending the app's bodies of type `A`.
 pub struct Upstream<A> {
@@ -30,6 +31,8 @@ pub struct Upstream<A> {
     /// Open connections to every endpoint.
     pub connections: Arc<AtomicUsize>,
     pub metrics: Arc<UpstreamMetrics>,
+    /// The TLS client of `config.tls`.
+    pub tls: Option<Arc<TlsClient>>,
 }
 
 impl<A: AppBody> Upstream<A> {
@@ -58,6 +61,13 @@ impl<A: AppBody> Upstream<A> {
             Some(p) if p.budget.limit() == config.budget.as_ref() => p.budget.clone(),
             _ => Arc::new(RetryBudget::new(config.budget.as_ref(), now)),
         };
+        let tls = match previous {
+            Some(p) if same_transport => p.tls.clone(),
+            _ => config
+                .tls
+                .as_ref()
+                .map(|t| Arc::new(TlsClient::new(t, config.protocol))),
+        };
         let median = match previous {
             Some(p) if same_transport => p.median.clone(),
             _ => Arc::new(RecentMedian::new()),
@@ -74,6 +84,7 @@ impl<A: AppBody> Upstream<A> {
             budget,
             median,
             metrics,
+            tls,
             deadline,
             config,
         }

@@ -20,7 +20,7 @@ use tokio::task::AbortHandle;
 
 use super::OutgoingBody;
 use super::dns::ResolveError;
-use crate::config::TlsConfig;
+use super::tls::TlsClient;
 
 /// hyper's HTTP/2 client handle, sending bodies of type `B`.
 pub type H2Sender<B> = http2::SendRequest<B>;
@@ -117,31 +117,25 @@ impl AsyncWrite for Transport {
 /// TCP (and TLS) to `addr`, within `timeout`.
 pub async fn open(
     addr: SocketAddr,
-    tls: Option<&TlsConfig>,
+    tls: Option<&TlsClient>,
     timeout: Duration,
 ) -> Result<Transport, ConnectError> {
-    let work =
-        async {
-            let tcp = TcpStream::connect(addr)
-                .await
-                .map_err(|source| ConnectError::Connect { addr, source })?;
-            let _ = tcp.set_nodelay(true);
-            match tls {
-                None => Ok(Transport::Plain(tcp)),
-                Some(t) => {
-                    let name = rustls_pki_types::ServerName::try_from(t.server_name.clone())
-                        .map_err(|e| ConnectError::Tls {
-                            addr,
-                            source: io::Error::new(io::ErrorKind::InvalidInput, e),
-                        })?;
-                    let stream = tokio_rustls::TlsConnector::from(t.client.clone())
-                        .connect(name, tcp)
-                        .await
-                        .map_err(|source| ConnectError::Tls { addr, source })?;
-                    Ok(Transport::Tls(Box::new(stream)))
-                }
+    let work = async {
+        let tcp = TcpStream::connect(addr)
+            .await
+            .map_err(|source| ConnectError::Connect { addr, source })?;
+        let _ = tcp.set_nodelay(true);
+        match tls {
+            None => Ok(Transport::Plain(tcp)),
+            Some(t) => {
+                let stream = t
+                    .connect(tcp)
+                    .await
+                    .map_err(|source| ConnectError::Tls { addr, source })?;
+                Ok(Transport::Tls(Box::new(stream)))
             }
-        };
+        }
+    };
     match tokio::time::timeout(timeout, work).await {
         Ok(r) => r,
         Err(_) => Err(ConnectError::Timeout(addr.to_string())),

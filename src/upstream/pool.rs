@@ -17,7 +17,8 @@ use super::dns::Resolver;
 use super::h1::{self, Connection, IdleQueues, Lease};
 use super::request::RequestHead;
 use super::response::UpstreamBody;
-use crate::config::{EndpointAddr, TlsConfig};
+use super::tls::TlsClient;
+use crate::config::EndpointAddr;
 use crate::http::{BoxError, ByProtocol};
 
 const SKIP_FIRST_MS: u64 = 250;
@@ -150,7 +151,7 @@ impl<B: OutgoingBody> Endpoint<B> {
     pub async fn checkout(
         &self,
         want: Want,
-        tls: Option<&TlsConfig>,
+        tls: Option<&TlsClient>,
         timeout: Duration,
     ) -> Result<Conn<B>, ConnectError> {
         let want = match (want, self.alpn.load(Relaxed)) {
@@ -191,7 +192,7 @@ impl<B: OutgoingBody> Endpoint<B> {
     async fn connect(
         &self,
         want: Want,
-        tls: Option<&TlsConfig>,
+        tls: Option<&TlsClient>,
         timeout: Duration,
     ) -> Result<Conn<B>, ConnectError> {
         let addr = match self.resolver.resolve().await {

@@ -2,71 +2,20 @@
 //! to the upstream, verifying its certificate against a CA bundle (or the webpki roots)
 //! and presenting a client certificate for mTLS when one is configured.
 //!
-//! Certificates are read when the config is loaded, so a reload picks up rotated files
-//! and an unreadable or invalid file is a config error that names the key.
+//! Certificates are read by the config loader (`config::read_files`), on every load and
+//! reload, so a reload picks up rotated files and an unreadable or invalid file is a
+//! config error that names the key. This builds the rustls client from what it read,
+//! once per upstream build, and opens no file.
 
-use std::hash::{Hash, Hasher};
-use std::io::Read;
-use std::path::Path;
+use std::io;
 use std::sync::Arc;
 
 use rustls::RootCertStore;
-use rustls_pki_types::pem::PemObject;
-use rustls_pki_types::{CertificateDer, PrivateKeyDer};
+use rustls_pki_types::ServerName;
+use tokio::net::TcpStream;
+use tokio_rustls::client::TlsStream;
 
-use crate::config::Protocol;
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum TlsFile {
-    Ca,
-    Cert,
-    Key,
-}
-
-#[derive(Clone, Debug)]
-pub struct TlsError {
-    pub file: TlsFile,
-    pub message: String,
-    pub fix: &'static str,
-}
-
-/// The largest certificate or key file read. A CA bundle of every public root is a few
-/// hundred KiB; anything far bigger is the wrong file.
-const MAX_FILE: u64 = 16 * 1024 * 1024;
-
-/// Reads one certificate or key file. Only regular files (or symlinks to one, as
-/// Kubernetes mounts Secrets) of at most [`MAX_FILE`] bytes: a path to a device or a
-/// pipe could block a reload forever or never end.
-fn read(path: &Path, file: TlsFile, hasher: &mut impl Hasher) -> Result<Vec<u8>, TlsError> {
-    let unreadable = |why: String| TlsError {
-        file,
-        message: format!("cannot read {}: {why}", path.display()),
-        fix: "check the path and that the file is mounted and readable",
-    };
-    // Looked at before opening: opening a pipe blocks until someone writes to it.
-    let meta = std::fs::metadata(path).map_err(|e| unreadable(e.to_string()))?;
-    if !meta.is_file() {
-        return Err(unreadable("not a regular file".into()));
-    }
-    let f = std::fs::File::open(path).map_err(|e| unreadable(e.to_string()))?;
-    let mut bytes = Vec::new();
-    f.take(MAX_FILE + 1)
-        .read_to_end(&mut bytes)
-        .map_err(|e| unreadable(e.to_string()))?;
-    if bytes.len() as u64 > MAX_FILE {
-        return Err(TlsError {
-            file,
-            message: format!(
-                "{} is larger than {} MiB: not a certificate or key file",
-                path.display(),
-                MAX_FILE / (1024 * 1024)
-            ),
-            fix: "point the key at a PEM file",
-        });
-    }
-    bytes.hash(hasher);
-    Ok(bytes)
-}
+use crate::config::{Protocol, TlsConfig};
 
 /// ALPN offers for the configured protocol.
 pub fn alpn(protocol: Protocol) -> Vec<Vec<u8>> {
@@ -77,98 +26,65 @@ pub fn alpn(protocol: Protocol) -> Vec<Vec<u8>> {
     }
 }
 
-/// The digest [`client_config`] would compute from the files as they are now; `None`
-/// when one cannot be read.
-pub fn fingerprint(ca_file: Option<&Path>, client_pair: Option<(&Path, &Path)>) -> Option<u64> {
-    let mut digest = std::collections::hash_map::DefaultHasher::new();
-    if let Some(path) = ca_file {
-        read(path, TlsFile::Ca, &mut digest).ok()?;
-    }
-    if let Some((cert, key)) = client_pair {
-        read(cert, TlsFile::Cert, &mut digest).ok()?;
-        read(key, TlsFile::Key, &mut digest).ok()?;
-    }
-    Some(digest.finish())
+/// What a TLS connect to one upstream needs: the name to verify and the rustls client,
+/// built once per upstream build. A setup that failed fails every handshake with the
+/// reason; the config loader has checked the material, so that is not expected.
+#[derive(Debug)]
+pub struct TlsClient {
+    setup: Result<(ServerName<'static>, Arc<rustls::ClientConfig>), String>,
 }
 
-/// Builds the client config; the `u64` is a digest of the files read, so a reload can
-/// tell a rotated certificate from an unchanged one.
-pub fn client_config(
-    ca_file: Option<&Path>,
-    client_pair: Option<(&Path, &Path)>,
-    protocol: Protocol,
-) -> Result<(rustls::ClientConfig, u64), TlsError> {
-    let mut digest = std::collections::hash_map::DefaultHasher::new();
+impl TlsClient {
+    pub fn new(tls: &TlsConfig, protocol: Protocol) -> Self {
+        let setup = ServerName::try_from(tls.server_name.clone())
+            .map_err(|e| format!("server_name `{}`: {e}", tls.server_name))
+            .and_then(|name| Ok((name, Arc::new(client_config(tls, protocol)?))));
+        if let Err(e) = &setup {
+            tracing::error!(problem = %e, "TLS setup failed; every handshake will fail");
+        }
+        TlsClient { setup }
+    }
+
+    /// The TLS handshake over `tcp`.
+    pub async fn connect(&self, tcp: TcpStream) -> io::Result<TlsStream<TcpStream>> {
+        let (name, client) = self
+            .setup
+            .as_ref()
+            .map_err(|e| io::Error::other(e.clone()))?;
+        tokio_rustls::TlsConnector::from(client.clone())
+            .connect(name.clone(), tcp)
+            .await
+    }
+}
+
+/// The rustls client for `tls`, from the certificates and key the config loader read.
+pub fn client_config(tls: &TlsConfig, protocol: Protocol) -> Result<rustls::ClientConfig, String> {
+    let material = tls
+        .material
+        .as_ref()
+        .ok_or("the certificate files were never read (the config was parsed, not loaded)")?;
     let mut roots = RootCertStore::empty();
-    match ca_file {
+    match &material.ca {
         None => roots.extend(webpki_roots::TLS_SERVER_ROOTS.iter().cloned()),
-        Some(path) => {
-            let pem = read(path, TlsFile::Ca, &mut digest)?;
-            let mut found = 0;
-            for cert in CertificateDer::pem_slice_iter(&pem) {
-                let cert = cert.map_err(|e| TlsError {
-                    file: TlsFile::Ca,
-                    message: format!("{} is not valid PEM: {e}", path.display()),
-                    fix: "point ca_file at a PEM bundle of CA certificates",
-                })?;
-                roots.add(cert).map_err(|e| TlsError {
-                    file: TlsFile::Ca,
-                    message: format!("{} holds a certificate rustls rejects: {e}", path.display()),
-                    fix: "point ca_file at a PEM bundle of CA certificates",
-                })?;
-                found += 1;
-            }
-            if found == 0 {
-                return Err(TlsError {
-                    file: TlsFile::Ca,
-                    message: format!("{} holds no certificate", path.display()),
-                    fix: "point ca_file at a PEM bundle with at least one CERTIFICATE block",
-                });
+        Some(certs) => {
+            for cert in certs {
+                roots
+                    .add(cert.clone())
+                    .map_err(|e| format!("CA certificate: {e}"))?;
             }
         }
     }
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let builder = rustls::ClientConfig::builder_with_provider(provider)
         .with_safe_default_protocol_versions()
-        .map_err(|e| TlsError {
-            file: TlsFile::Ca,
-            message: format!("TLS setup failed: {e}"),
-            fix: "report this as a bug",
-        })?
+        .map_err(|e| e.to_string())?
         .with_root_certificates(roots);
-    let mut config = match client_pair {
+    let mut config = match &material.identity {
         None => builder.with_no_client_auth(),
-        Some((cert_path, key_path)) => {
-            let cert_pem = read(cert_path, TlsFile::Cert, &mut digest)?;
-            let chain: Vec<CertificateDer<'static>> = CertificateDer::pem_slice_iter(&cert_pem)
-                .collect::<Result<_, _>>()
-                .map_err(|e| TlsError {
-                    file: TlsFile::Cert,
-                    message: format!("{} is not valid PEM: {e}", cert_path.display()),
-                    fix: "point client_cert at a PEM certificate chain",
-                })?;
-            if chain.is_empty() {
-                return Err(TlsError {
-                    file: TlsFile::Cert,
-                    message: format!("{} holds no certificate", cert_path.display()),
-                    fix: "point client_cert at a PEM certificate chain",
-                });
-            }
-            let key_pem = read(key_path, TlsFile::Key, &mut digest)?;
-            let key = PrivateKeyDer::from_pem_slice(&key_pem).map_err(|e| TlsError {
-                file: TlsFile::Key,
-                message: format!("{} holds no usable private key: {e}", key_path.display()),
-                fix: "point client_key at a PEM private key (PKCS#8, PKCS#1 or SEC1)",
-            })?;
-            builder
-                .with_client_auth_cert(chain, key)
-                .map_err(|e| TlsError {
-                    file: TlsFile::Key,
-                    message: format!("the client key does not fit the certificate: {e}"),
-                    fix: "use the key that belongs to client_cert",
-                })?
-        }
+        Some(id) => builder
+            .with_client_auth_cert(id.chain.clone(), id.key.clone_key())
+            .map_err(|e| format!("client certificate: {e}"))?,
     };
     config.alpn_protocols = alpn(protocol);
-    Ok((config, digest.finish()))
+    Ok(config)
 }

@@ -128,7 +128,7 @@ pub struct Tollgate {
 
 impl Tollgate {
     pub async fn start(toml: &str) -> Self {
-        let cfg = tollgate::config::parse("test.toml", toml, std::path::Path::new("."))
+        let cfg = tollgate::config::load_text("test.toml", toml, std::path::Path::new("."))
             .unwrap_or_else(|e| panic!("test config invalid:\n{e}"));
         let running = tollgate::run::Running::start(cfg, None).await.unwrap();
         let addr = running.server.local_addr();
@@ -164,6 +164,19 @@ impl Tollgate {
             &format!("tollgate_config_reloads_total{{result=\"{result}\"}}"),
         )
         .unwrap()
+    }
+
+    /// Waits (at most 10 s, then fails the test) until
+    /// `tollgate_config_reloads_total{result}` reaches `at_least`.
+    pub async fn wait_reloads(&self, result: &str, at_least: f64) {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        while self.reloads(result).await < at_least {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "no {at_least} reloads with result {result} within 10 s"
+            );
+            tokio::time::sleep(Duration::from_millis(25)).await;
+        }
     }
 
     pub fn server(&self) -> &tollgate::proxy::Server {

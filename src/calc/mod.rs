@@ -1,0 +1,194 @@
+//! `tollgate calc`: the amplification calculator.
+//!
+//! When several layers of a call chain each retry, their attempts multiply: a layer
+//! that makes up to `1 + r` attempts per call it receives turns every one of those
+//! attempts into a full set of attempts at the layer below. The worst case, every
+//! attempt failing, is the product `Π (1 + r_i)`: 2, 3 and 3 retries turn 1,000
+//! requests per second at the top into 48,000 at the bottom.
+//!
+//! With failures that are independent, at a rate `p` per attempt at the bottom, the
+//! picture is milder. A layer stops at its first success, so with a failure chance `q`
+//! per call it makes `1 + q + … + q^r = (1 − q^(r+1)) / (1 − q)` calls on average
+//! (`E`) and gives up with chance `q^(r+1)` (`f`). The bottom layer sees `q = p`; every
+//! layer above sees the give-up chance of the one below, which shrinks fast, so the
+//! upper retries rarely fire. Multiplying the layers' `E` is Wald's identity, and the
+//! product telescopes: `Π E_i = (1 − p^W) / (1 − p)`, `W` the worst case. A chain costs
+//! what one layer making `W` attempts would, which stays near `1 / (1 − p)` until `p`
+//! nears 1 and then rushes up to `W`.
+//!
+//! Overload is not independent, though: a saturated dependency fails most calls, and
+//! the expected figure climbs towards the worst case exactly when the dependency can
+//! least take it. The sensitivity table shows where that happens. A retry budget `b`
+//! caps each layer at `1 + b` calls per call whatever the failure rate:
+//! `Π min(1 + r_i, 1 + b)` at worst, `≈ Π min(E_i, 1 + b)` expected (approximate,
+//! because a budget also changes how often each layer gives up).
+//!
+//! The parts: [`math`] the formulas, [`report`] what they give for one scenario (and
+//! its JSON), [`text`] the tables printed for people. This file takes the command line.
+
+mod math;
+mod report;
+mod text;
+
+pub use math::*;
+pub use report::*;
+
+/// Arguments of `tollgate calc`.
+#[derive(clap::Args, Debug, Clone)]
+pub struct CalcArgs {
+    /// Retries per layer, top layer first (e.g. 2,3,3): a layer with max_attempts = 3
+    /// retries 2 times.
+    #[arg(long, value_delimiter = ',', required = true)]
+    pub retries: Vec<u32>,
+    /// Failure rate per attempt at the bottom dependency, 0..=1.
+    #[arg(long, default_value_t = 0.5, allow_negative_numbers = true)]
+    pub failure_rate: f64,
+    /// Retry budget per layer (retries as a share of requests), e.g. 0.1 [default: none;
+    /// the budget figures are left out, null in JSON].
+    #[arg(long, allow_negative_numbers = true)]
+    pub budget: Option<f64>,
+    /// Requests per second offered by users at the top.
+    #[arg(long, default_value_t = 1000.0, allow_negative_numbers = true)]
+    pub rps: f64,
+    /// Print one JSON object instead of tables.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// Runs `tollgate calc`; returns the exit code.
+pub fn main(args: CalcArgs) -> i32 {
+    let scenario = match Scenario::try_new(args.retries, args.failure_rate, args.budget, args.rps) {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("tollgate calc: {e}");
+            return 2;
+        }
+    };
+    let report = scenario.report();
+    if args.json {
+        crate::print::stdout(&format!("{:#}\n", report.to_json()));
+    } else {
+        crate::print::stdout(&report.render());
+    }
+    0
+}
+
+/// Why the calculator's input cannot be used.
+#[derive(Clone, Debug, PartialEq, thiserror::Error)]
+pub enum InvalidInput {
+    #[error("--retries needs at least one layer, e.g. --retries 2,3,3")]
+    NoLayers,
+    #[error("--failure-rate must be from 0 to 1 (0.5 is 50%), got {0}")]
+    FailureRate(f64),
+    #[error("--budget must be a number of at least 0 (0.1 is 10%), got {0}")]
+    Budget(f64),
+    #[error("--rps must be a number of at least 0, got {0}")]
+    Rps(f64),
+    #[error(
+        "the worst case of these {0} layers is too large to compute: use fewer layers or retries"
+    )]
+    Overflow(usize),
+}
+
+/// A validated calculator input: at least one layer, a failure rate in `0..=1`, a
+/// budget and a request rate that are finite and not negative.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Scenario {
+    retries: Vec<u32>,
+    failure_rate: f64,
+    budget: Option<f64>,
+    rps: f64,
+}
+
+impl Scenario {
+    pub fn try_new(
+        retries: Vec<u32>,
+        failure_rate: f64,
+        budget: Option<f64>,
+        rps: f64,
+    ) -> Result<Self, InvalidInput> {
+        if retries.is_empty() {
+            return Err(InvalidInput::NoLayers);
+        }
+        if !(0.0..=1.0).contains(&failure_rate) {
+            return Err(InvalidInput::FailureRate(failure_rate));
+        }
+        if let Some(b) = budget.filter(|b| !(b.is_finite() && *b >= 0.0)) {
+            return Err(InvalidInput::Budget(b));
+        }
+        if !(rps.is_finite() && rps >= 0.0) {
+            return Err(InvalidInput::Rps(rps));
+        }
+        if !(worst_case(&retries) * rps).is_finite() {
+            return Err(InvalidInput::Overflow(retries.len()));
+        }
+        Ok(Scenario {
+            retries,
+            failure_rate,
+            budget,
+            rps,
+        })
+    }
+
+    /// Retries per layer, top first.
+    pub fn retries(&self) -> &[u32] {
+        &self.retries
+    }
+
+    pub fn failure_rate(&self) -> f64 {
+        self.failure_rate
+    }
+
+    pub fn budget(&self) -> Option<f64> {
+        self.budget
+    }
+
+    pub fn rps(&self) -> f64 {
+        self.rps
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bad_input_is_refused() {
+        let ok = |r: Vec<u32>, p, b, rps| Scenario::try_new(r, p, b, rps);
+        assert_eq!(ok(vec![], 0.5, None, 1.0), Err(InvalidInput::NoLayers));
+        assert!(matches!(
+            ok(vec![1], 1.5, None, 1.0),
+            Err(InvalidInput::FailureRate(_))
+        ));
+        assert!(matches!(
+            ok(vec![1], -0.1, None, 1.0),
+            Err(InvalidInput::FailureRate(_))
+        ));
+        assert!(matches!(
+            ok(vec![1], f64::NAN, None, 1.0),
+            Err(InvalidInput::FailureRate(_))
+        ));
+        assert!(matches!(
+            ok(vec![1], 0.5, Some(-0.1), 1.0),
+            Err(InvalidInput::Budget(_))
+        ));
+        assert!(matches!(
+            ok(vec![1], 0.5, Some(f64::INFINITY), 1.0),
+            Err(InvalidInput::Budget(_))
+        ));
+        assert!(matches!(
+            ok(vec![1], 0.5, None, -1.0),
+            Err(InvalidInput::Rps(_))
+        ));
+        assert!(matches!(
+            ok(vec![1], 0.5, None, f64::NAN),
+            Err(InvalidInput::Rps(_))
+        ));
+        assert!(matches!(
+            ok(vec![u32::MAX; 40], 0.5, None, 1.0),
+            Err(InvalidInput::Overflow(40))
+        ));
+        assert!(ok(vec![0], 0.0, Some(0.0), 0.0).is_ok());
+        assert!(ok(vec![3], 1.0, None, 0.0).is_ok());
+    }
+}

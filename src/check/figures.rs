@@ -1,0 +1,70 @@
+//! What an upstream's settings cost: the amplification its budget allows, and the
+//! patience of its attempts (how long a caller can wait on it) set against deadlines.
+
+use std::time::Duration;
+
+use crate::config::UpstreamConfig;
+
+/// The steady-state amplification a budget allows: `min(max_attempts, 1 + ratio)`.
+/// `None` without a budget. The `min_per_sec` floor allows more at low traffic.
+pub fn budget_cap(up: &UpstreamConfig) -> Option<f64> {
+    up.budget
+        .as_ref()
+        .map(|b| f64::from(up.retry.max_attempts).min(1.0 + b.ratio))
+}
+
+/// The model's total patience for `attempts` attempts instead of `max_attempts`.
+pub(super) fn patience_with(up: &UpstreamConfig, attempts: u32) -> Duration {
+    let mut fewer = up.clone();
+    fewer.retry.max_attempts = attempts;
+    fewer.total_patience()
+}
+
+/// How many attempts, with their backoffs, fit whole within `limit`.
+pub(super) fn attempts_that_fit(up: &UpstreamConfig, limit: Duration) -> u32 {
+    (1..=up.retry.max_attempts)
+        .take_while(|n| patience_with(up, *n) <= limit)
+        .last()
+        .unwrap_or(0)
+}
+
+/// What the attempts cost a caller's deadline: total patience, but never longer than
+/// `request_timeout`, since the deadline cancels whatever is still running then.
+pub(super) fn effective_patience(up: &UpstreamConfig) -> Duration {
+    up.total_patience().min(up.request_timeout)
+}
+
+/// The backoff share of [`UpstreamConfig::total_patience`]: every backoff at its cap.
+pub(super) fn total_backoff(up: &UpstreamConfig) -> Duration {
+    up.total_patience()
+        .saturating_sub(up.attempt_timeout * up.retry.max_attempts)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::check::tests::{BASE, parse};
+
+    #[test]
+    fn budget_cap_is_the_lower_of_attempts_and_one_plus_ratio() {
+        let config = parse(BASE);
+        assert_eq!(budget_cap(&config.upstreams[0]), Some(1.1));
+        let loose = parse(&BASE.replacen("ratio = 0.1", "ratio = 5", 1));
+        assert_eq!(budget_cap(&loose.upstreams[0]), Some(3.0));
+        let none = parse(&BASE.replacen("[upstreams.api.budget]\nratio = 0.1", "", 1));
+        assert_eq!(budget_cap(&none.upstreams[0]), None);
+    }
+
+    #[test]
+    fn the_deadline_caps_an_inner_layers_patience() {
+        let inner = parse(&BASE.replacen(
+            r#"attempt_timeout = "600ms""#,
+            r#"attempt_timeout = "1s""#,
+            1,
+        ));
+        assert_eq!(
+            effective_patience(&inner.upstreams[0]),
+            Duration::from_secs(2)
+        );
+    }
+}

@@ -1,0 +1,218 @@
+//! The text `tollgate check` prints: each file's verdict and its upstreams' figures,
+//! every problem, the chain, and a one-line summary. Everything goes to stdout so that
+//! `tollgate check | grep warning:` works.
+
+use std::fmt::Write as _;
+
+use super::chain::ChainReport;
+use super::figures::{attempts_that_fit, budget_cap, effective_patience, total_backoff};
+use super::{ChainCheck, CheckedFile, EXIT_WARNINGS, Report};
+use crate::config::UpstreamConfig;
+use crate::config::units::format_duration;
+
+impl Report {
+    pub fn render(&self, strict: bool) -> String {
+        let mut out = String::new();
+        for file in &self.files {
+            render_file(&mut out, file);
+            out.push('\n');
+        }
+        match &self.chain {
+            Some(ChainCheck::Analysed(chain)) => {
+                render_chain(&mut out, chain);
+                out.push('\n');
+            }
+            Some(ChainCheck::Skipped) => {
+                out.push_str("chain: not analysed until every file of it is valid\n\n");
+            }
+            None => {}
+        }
+        let (errors, warnings) = (self.errors(), self.warnings());
+        let files = plural(self.files.len(), "file", "files");
+        let _ = match (errors, warnings) {
+            (0, 0) => writeln!(out, "valid: {files}, no warnings"),
+            (0, w) if strict => writeln!(
+                out,
+                "valid with {} (exit {EXIT_WARNINGS}: --strict)",
+                plural(w, "warning", "warnings")
+            ),
+            (0, w) => writeln!(
+                out,
+                "valid with {} (--strict would exit {EXIT_WARNINGS})",
+                plural(w, "warning", "warnings")
+            ),
+            (e, w) => writeln!(
+                out,
+                "invalid: {}, {} in {files}",
+                plural(e, "error", "errors"),
+                plural(w, "warning", "warnings")
+            ),
+        };
+        out
+    }
+}
+
+pub(super) fn plural(n: usize, one: &str, many: &str) -> String {
+    format!("{n} {}", if n == 1 { one } else { many })
+}
+
+fn render_file(out: &mut String, file: &CheckedFile) {
+    let config = match &file.config {
+        Ok(config) => config,
+        Err(errors) => {
+            let _ = writeln!(
+                out,
+                "{}: invalid, {}",
+                file.name,
+                plural(errors.len(), "error", "errors")
+            );
+            for e in errors {
+                let _ = writeln!(out, "{e}");
+            }
+            return;
+        }
+    };
+    let _ = writeln!(
+        out,
+        "{}: valid, {}",
+        file.name,
+        plural(config.upstreams.len(), "upstream", "upstreams")
+    );
+    for up in &config.upstreams {
+        render_upstream(out, up);
+    }
+    for w in &file.warnings {
+        let _ = writeln!(out, "{w}");
+    }
+}
+
+fn render_upstream(out: &mut String, up: &UpstreamConfig) {
+    let attempts = up.retry.max_attempts;
+    let _ = writeln!(out, "  upstream {}", up.name);
+    if attempts > 1 {
+        let _ = writeln!(
+            out,
+            "    max_attempts  {attempts}: worst case {attempts}× the requests it receives, when every attempt fails"
+        );
+    } else {
+        let _ = writeln!(out, "    max_attempts  1: retries off, 1×");
+    }
+    match &up.budget {
+        _ if attempts == 1 => {}
+        None => {
+            let _ = writeln!(
+                out,
+                "    budget        none: only max_attempts caps retries, {attempts}× during an outage"
+            );
+        }
+        Some(b) => {
+            let cap = budget_cap(up).unwrap_or(f64::from(attempts));
+            let _ = writeln!(
+                out,
+                "    budget        {cap:.2}× in steady state: the lower of {attempts} and 1 + ratio {}",
+                b.ratio
+            );
+            if b.min_per_sec > 0.0 && cap < f64::from(attempts) {
+                let quiet = if b.ratio > 0.0 {
+                    format!("below {} requests/s", short(b.min_per_sec / b.ratio))
+                } else {
+                    "at any rate".to_string()
+                };
+                let _ = writeln!(
+                    out,
+                    "                  {quiet} the floor of min_per_sec = {} retries/s allows more, up to {attempts}× on a quiet upstream",
+                    b.min_per_sec
+                );
+            }
+        }
+    }
+    let patience = up.total_patience();
+    let backoff = total_backoff(up);
+    let verdict = if patience <= up.request_timeout {
+        "within".to_string()
+    } else {
+        let fit = attempts_that_fit(up, up.request_timeout);
+        let verb = if fit == 1 { "fits" } else { "fit" };
+        format!("{fit} of {attempts} attempts {verb} in")
+    };
+    let how = if attempts > 1 {
+        format!(
+            "= {attempts} × {} + {} backoff",
+            format_duration(up.attempt_timeout),
+            format_duration(backoff)
+        )
+    } else {
+        "for its one attempt".to_string()
+    };
+    let _ = writeln!(
+        out,
+        "    patience      {} {how}; {verdict} request_timeout {}",
+        format_duration(patience),
+        format_duration(up.request_timeout),
+    );
+}
+
+fn render_chain(out: &mut String, chain: &ChainReport) {
+    let n = chain.layers.len();
+    let _ = writeln!(
+        out,
+        "chain of {}, top first (each file a layer; its upstream calls the next one)",
+        plural(n, "layer", "layers")
+    );
+    let width = chain.layers.iter().map(|l| l.file.len()).max().unwrap_or(0);
+    for (i, layer) in chain.layers.iter().enumerate() {
+        let _ = match &layer.upstream {
+            Some(u) => writeln!(
+                out,
+                "  {:>2}  {:<width$}  upstream {:<12}  max_attempts {:<2}  attempt_timeout {:<7}  patience {}",
+                i + 1,
+                layer.file,
+                u.name,
+                u.retry.max_attempts,
+                format_duration(u.attempt_timeout),
+                format_duration(effective_patience(u)),
+            ),
+            None => writeln!(
+                out,
+                "  {:>2}  {:<width$}  (no upstream to the next layer)",
+                i + 1,
+                layer.file
+            ),
+        };
+    }
+    let factors: Vec<String> = chain
+        .layers
+        .iter()
+        .map(|l| l.max_attempts().to_string())
+        .collect();
+    let retries: Vec<String> = chain
+        .layers
+        .iter()
+        .map(|l| (l.max_attempts() - 1).to_string())
+        .collect();
+    let _ = writeln!(
+        out,
+        "  worst case at the bottom: {} = {}× (expected load: tollgate calc --retries {})",
+        factors.join(" × "),
+        plain(chain.worst_case),
+        retries.join(","),
+    );
+    for d in &chain.diagnostics {
+        let _ = writeln!(out, "{d}");
+    }
+}
+
+/// At most two decimals, without trailing zeros: `100`, `33.33`, `0.5`.
+fn short(x: f64) -> String {
+    let text = format!("{x:.2}");
+    text.trim_end_matches('0').trim_end_matches('.').to_string()
+}
+
+/// A whole number without a fraction, or scientific notation when it is huge.
+pub(super) fn plain(x: f64) -> String {
+    if x < 1e15 {
+        format!("{x:.0}")
+    } else {
+        format!("{x:.3e}")
+    }
+}

@@ -1,0 +1,217 @@
+//! The validated configuration: plain data, checked once. A `Config` that exists is a
+//! valid one; turning it into running listeners, pools and budgets is the job of
+//! `proxy::Server` (and `upstream::Upstream::build` for each upstream), which reads it
+//! and never writes it back.
+//!
+//! The types of the retry sections and of TLS live in [`retry`] and [`tls`]; they are
+//! plain data too, so that the layers above build their running parts from them
+//! without the config depending on any of those layers.
+
+mod retry;
+mod tls;
+
+pub use retry::*;
+pub use tls::*;
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use http::{HeaderName, HeaderValue};
+
+#[derive(Clone, Debug)]
+pub struct Config {
+    /// The file this came from, as named in diagnostics.
+    pub file: String,
+    pub runtime: RuntimeConfig,
+    pub listener: ListenerConfig,
+    pub admin: AdminConfig,
+    pub deadline: DeadlineConfig,
+    /// Sorted by name.
+    pub upstreams: Vec<UpstreamConfig>,
+    /// Where each key was written (`line`, `column`), for lints that point at it.
+    pub positions: Arc<BTreeMap<String, (usize, usize)>>,
+    /// A digest of the text this was parsed from: a reload of identical text is skipped.
+    pub source_hash: u64,
+}
+
+impl Config {
+    pub fn upstream(&self, name: &str) -> Option<&UpstreamConfig> {
+        self.upstreams.iter().find(|u| u.name == name)
+    }
+
+    /// Whether this config gives tollgate something to serve. A config that serves
+    /// nothing answers every request with `404 no-route`: it is refused by `run`,
+    /// `check` and a reload, because it is far more often an empty or half-written file
+    /// than an intent. Today that means at least one upstream; the inbound side, when
+    /// it exists, counts as something to serve too.
+    pub fn serves_anything(&self) -> bool {
+        !self.upstreams.is_empty()
+    }
+
+    /// Where `key` (or the nearest enclosing table that was written) is in the file.
+    pub fn position(&self, key: &str) -> (usize, usize) {
+        let mut key = key;
+        loop {
+            if let Some(pos) = self.positions.get(key) {
+                return *pos;
+            }
+            match key.rfind('.') {
+                Some(i) => key = &key[..i],
+                None => return (1, 1),
+            }
+        }
+    }
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct RuntimeConfig {
+    /// `None`: the CPUs this process may use.
+    pub worker_threads: Option<usize>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ListenerConfig {
+    pub addr: SocketAddr,
+    pub drain_timeout: Duration,
+    pub header_read_timeout: Duration,
+    pub max_header_bytes: usize,
+    pub max_headers: usize,
+    /// A client connection with no request in flight for this long is closed.
+    pub idle_timeout: Duration,
+    /// Accepted client connections beyond this are closed at once.
+    pub max_connections: usize,
+}
+
+impl Default for ListenerConfig {
+    fn default() -> Self {
+        ListenerConfig {
+            addr: SocketAddr::from(([127, 0, 0, 1], 15001)),
+            drain_timeout: Duration::from_secs(20),
+            header_read_timeout: Duration::from_secs(5),
+            max_header_bytes: 32 * 1024,
+            max_headers: 100,
+            idle_timeout: Duration::from_secs(60),
+            max_connections: 10_000,
+        }
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct AdminConfig {
+    pub addr: SocketAddr,
+}
+
+impl Default for AdminConfig {
+    fn default() -> Self {
+        AdminConfig {
+            addr: SocketAddr::from(([127, 0, 0, 1], 15090)),
+        }
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DeadlineConfig {
+    /// The header written on every attempt.
+    pub header: HeaderName,
+    /// The headers read from the app, in order of preference; the smallest value wins.
+    pub accept: Vec<HeaderName>,
+}
+
+impl Default for DeadlineConfig {
+    fn default() -> Self {
+        DeadlineConfig {
+            header: HeaderName::from_static("x-timeout-ms"),
+            accept: [
+                "x-timeout-ms",
+                "grpc-timeout",
+                "x-envoy-expected-rq-timeout-ms",
+            ]
+            .into_iter()
+            .map(HeaderName::from_static)
+            .collect(),
+        }
+    }
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct UpstreamConfig {
+    pub name: String,
+    /// Lower-case `host` or `host:port`.
+    pub authorities: Vec<String>,
+    pub listen: Option<SocketAddr>,
+    pub endpoints: Vec<EndpointAddr>,
+    pub host: Option<HeaderValue>,
+    pub protocol: Protocol,
+    pub connect_timeout: Duration,
+    pub request_timeout: Duration,
+    pub attempt_timeout: Duration,
+    pub max_inflight: usize,
+    pub retry: RetryConfig,
+    /// `None`: no retry budget (retries are capped only by `max_attempts`).
+    pub budget: Option<BudgetConfig>,
+    pub tls: Option<TlsConfig>,
+}
+
+impl UpstreamConfig {
+    /// The longest a caller can wait on this upstream when every attempt times out and
+    /// every backoff draws its maximum: attempts × attempt_timeout + the backoff caps.
+    pub fn total_patience(&self) -> Duration {
+        let attempts = self.retry.max_attempts;
+        let mut total = self.attempt_timeout * attempts;
+        for n in 0..attempts.saturating_sub(1) {
+            total += self.retry.backoff.cap(n);
+        }
+        total
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct EndpointAddr {
+    pub host: String,
+    pub port: u16,
+}
+
+impl fmt::Display for EndpointAddr {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.host.contains(':') {
+            write!(f, "[{}]:{}", self.host, self.port)
+        } else {
+            write!(f, "{}:{}", self.host, self.port)
+        }
+    }
+}
+
+impl EndpointAddr {
+    /// The socket address when the host is an IP literal (no resolution needed).
+    pub fn ip(&self) -> Option<SocketAddr> {
+        self.host
+            .parse::<std::net::IpAddr>()
+            .ok()
+            .map(|ip| SocketAddr::new(ip, self.port))
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Protocol {
+    Http1,
+    /// HTTP/2 with prior knowledge in cleartext; with TLS, HTTP/2 by ALPN.
+    H2,
+    /// Cleartext: the protocol the app used. TLS: whatever ALPN picks.
+    Auto,
+}
+
+impl Protocol {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Protocol::Http1 => "http1",
+            Protocol::H2 => "h2c",
+            Protocol::Auto => "auto",
+        }
+    }
+}
+
+/// Where `run` and `check` look when neither `--config` nor `$TOLLGATE_CONFIG` names a file.
+pub const DEFAULT_CONFIG_PATH: &str = "config/tollgate.toml";

@@ -1,0 +1,220 @@
+//! From TOML text to a validated `Config`, collecting every problem on the way.
+//!
+//! The document is parsed into toml's spanned tree and walked by hand rather than
+//! deserialised with serde: serde stops at the first error, and a user fixing a file
+//! wants every mistake at once, each at its line and column and with the fix.
+//!
+//! Parsing is a function of the text: it opens no file. The certificate files a
+//! config names are read afterwards by [`crate::config::read_files`].
+//!
+//! The walk is split by section: this file has the top level and the small sections,
+//! [`upstream`] an upstream and the clashes between upstreams, [`retry`] its retry and
+//! budget sections, [`tls`] its TLS section; [`walker`] reads typed values and
+//! [`schema`] knows which keys each section takes.
+
+mod retry;
+mod schema;
+mod syntax;
+mod tls;
+mod upstream;
+mod walker;
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use toml::de::{DeTable, DeValue};
+
+use super::diagnostic::{ConfigErrors, Diagnostic, Source};
+use super::model::*;
+use schema::Section;
+pub use upstream::{normalize_authority, parse_endpoint};
+use walker::{Size, Table, Walker};
+
+/// Validates config text. `base` is where relative file paths (certificates) are
+/// resolved; nothing is read from it.
+pub fn parse(file: &str, text: &str, base: &Path) -> Result<Config, ConfigErrors> {
+    let source = Source::new(file, text);
+    let (root, syntax_errors) = DeTable::parse_recoverable(text);
+    if !syntax_errors.is_empty() {
+        return Err(ConfigErrors(syntax::diagnostics(&source, syntax_errors)));
+    }
+    let mut w = Walker::new(source);
+    let config = top_level(&mut w, root.get_ref(), base);
+    let mut errors: Vec<Diagnostic> = w.diags;
+    errors.sort_by_key(|d| (d.line, d.column));
+    errors.dedup();
+    if errors.is_empty() {
+        Ok(config)
+    } else {
+        Err(ConfigErrors(errors))
+    }
+}
+
+/// A digest of config text (stable within one build of tollgate).
+pub fn source_hash(text: &str) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    text.hash(&mut h);
+    h.finish()
+}
+
+fn top_level(w: &mut Walker<'_>, root: &DeTable<'_>, base: &Path) -> Config {
+    let root = Table::new(root, "");
+    w.check_keys(Section::Root, "", &root);
+    let runtime = runtime(w, &root);
+    let listener = listener(w, &root);
+    let admin = admin(w, &root);
+    let deadline = deadline(w, &root);
+    let upstreams = upstream::upstreams(w, &root, &listener, &admin, base);
+    let config = Config {
+        file: w.src.file.to_string(),
+        runtime,
+        listener,
+        admin,
+        deadline,
+        upstreams,
+        positions: Arc::new(std::mem::take(&mut w.positions)),
+        source_hash: source_hash(w.src.text),
+    };
+    require_something_to_serve(w, &root, &config);
+    config
+}
+
+/// The rule of [`Config::serves_anything`], as an error that says what to add. Only
+/// when no upstream was written at all: one that was written but is invalid has its
+/// own errors already.
+fn require_something_to_serve(w: &mut Walker<'_>, root: &Table, config: &Config) {
+    if config.serves_anything() {
+        return;
+    }
+    let span = match root.get("upstreams") {
+        None => 0..0,
+        Some(v) => match v.get_ref() {
+            DeValue::Table(t) if t.is_empty() => v.span(),
+            _ => return,
+        },
+    };
+    w.error(
+        span,
+        "upstreams",
+        "no upstream is configured: tollgate would answer every request with 404 no-route \
+         (an empty or half-written file reads this way)",
+        "add an [upstreams.NAME] section with authorities and endpoints, as in \
+         config/tollgate.toml",
+    );
+}
+
+fn runtime(w: &mut Walker<'_>, root: &Table) -> RuntimeConfig {
+    let Some((t, _)) = w.table(root, "runtime") else {
+        return RuntimeConfig::default();
+    };
+    w.check_keys(Section::Runtime, "", &t);
+    RuntimeConfig {
+        worker_threads: w
+            .optional(&t, "worker_threads", 1..=1024u64)
+            .map(|n| n as usize),
+    }
+}
+
+fn listener(w: &mut Walker<'_>, root: &Table) -> ListenerConfig {
+    let d = ListenerConfig::default();
+    let Some((t, _)) = w.table(root, "listener") else {
+        return d;
+    };
+    w.check_keys(Section::Listener, "", &t);
+    let ms = Duration::from_millis;
+    let secs = Duration::from_secs;
+    let max_header_bytes = Size(1024)..=Size(1 << 20);
+    ListenerConfig {
+        addr: w.socket_addr(&t, "addr").map_or(d.addr, |(a, _)| a),
+        drain_timeout: w.ranged(
+            &t,
+            "drain_timeout",
+            d.drain_timeout,
+            Duration::ZERO..=secs(3600),
+        ),
+        header_read_timeout: w.ranged(
+            &t,
+            "header_read_timeout",
+            d.header_read_timeout,
+            ms(10)..=secs(600),
+        ),
+        max_header_bytes: w
+            .ranged(
+                &t,
+                "max_header_bytes",
+                Size(d.max_header_bytes),
+                max_header_bytes,
+            )
+            .0,
+        max_headers: w.ranged(&t, "max_headers", 100, 1..=1000u64) as usize,
+        idle_timeout: w.ranged(
+            &t,
+            "idle_timeout",
+            d.idle_timeout,
+            ms(100)..=secs(24 * 3600),
+        ),
+        max_connections: w.ranged(&t, "max_connections", 10_000, 1..=1_000_000u64) as usize,
+    }
+}
+
+fn admin(w: &mut Walker<'_>, root: &Table) -> AdminConfig {
+    let d = AdminConfig::default();
+    let Some((t, _)) = w.table(root, "admin") else {
+        return d;
+    };
+    w.check_keys(Section::Admin, "", &t);
+    AdminConfig {
+        addr: w.socket_addr(&t, "addr").map_or(d.addr, |(a, _)| a),
+    }
+}
+
+fn deadline(w: &mut Walker<'_>, root: &Table) -> DeadlineConfig {
+    let mut cfg = DeadlineConfig::default();
+    let Some((t, _)) = w.table(root, "deadline") else {
+        return cfg;
+    };
+    w.check_keys(Section::Deadline, "", &t);
+    if let Some(written) = w.string(&t, "header")
+        && let Some(h) = w.header_name(written, "deadline.header")
+    {
+        cfg.header = h;
+    }
+    if let Some(list) = w.strings(&t, "accept") {
+        cfg.accept = list
+            .into_iter()
+            .filter_map(|written| w.header_name(written, "deadline.accept"))
+            .collect();
+    }
+    cfg
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_empty_key_is_named_as_toml_spells_it() {
+        let Err(e) = parse("t.toml", "\"\" = 1\n", Path::new(".")) else {
+            panic!("an empty key is unknown");
+        };
+        assert_eq!(e.0[0].key, "\"\"");
+        assert!(
+            e.to_string().starts_with("t.toml:1:1: \"\": unknown key"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn parsing_reads_no_file() {
+        let text = "[upstreams.p]\nauthorities = [\"p\"]\nendpoints = [\"127.0.0.1:1\"]\n\
+                    [upstreams.p.tls]\nserver_name = \"p.example\"\nca_file = \"/nonexistent/ca.pem\"\n";
+        let config = parse("t.toml", text, Path::new("/base")).unwrap();
+        let tls = config.upstreams[0].tls.as_ref().unwrap();
+        let ca = tls.ca_file.as_ref().unwrap();
+        assert_eq!(ca.path, Path::new("/nonexistent/ca.pem"));
+        assert_eq!(ca.named_at, (6, 11));
+        assert!(tls.material.is_none(), "the file is named, not read");
+    }
+}

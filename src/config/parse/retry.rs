@@ -1,0 +1,170 @@
+//! `[upstreams.NAME.retry]` and `[upstreams.NAME.budget]`: what may be retried, how
+//! often, the sleep between attempts, and the share of retries an upstream may take.
+
+use std::time::Duration;
+
+use http::Method;
+
+use super::schema::Section;
+use super::walker::{Choice, Size, Table, Walker};
+use crate::config::model::*;
+
+/// Envoy's `retry_on` words that people carry over, each with what to write instead.
+/// `connect-failure` and `reset` are tollgate's words too and stay valid.
+const ENVOY_WORDS: [(&str, &str); 4] = [
+    (
+        "5xx",
+        "list the statuses from 500 to 599 you mean, e.g. \"500\", \"502\", \"503\", \"504\"",
+    ),
+    ("gateway-error", "write \"502\", \"503\", \"504\""),
+    ("retriable-4xx", "write \"409\""),
+    ("refused-stream", "write \"reset\""),
+];
+
+/// `[upstreams.NAME.retry]`; a key not written takes its default.
+pub(super) fn retry(w: &mut Walker<'_>, upstream: &str, t: &Table) -> RetryConfig {
+    w.check_keys(Section::Retry, upstream, t);
+    let d = RetryConfig::default();
+    let secs = Duration::from_secs;
+    let idempotency_header = match w.string(t, "idempotency_header") {
+        None => d.idempotency_header.clone(),
+        Some((text, _)) if text.is_empty() => None,
+        Some(written) => w.header_name(written, &t.key("idempotency_header")),
+    };
+    let max_body = Size(0)..=Size(64 << 20);
+    RetryConfig {
+        max_attempts: w.ranged(t, "max_attempts", 3, 1..=10u64) as u32,
+        on: retry_on(w, t).unwrap_or(d.on),
+        methods: methods(w, t).unwrap_or(d.methods),
+        idempotency_header,
+        backoff: backoff(w, t),
+        retry_after: match honors(w, t, "retry_after", "a Retry-After mode") {
+            true => RetryAfterMode::Honor,
+            false => RetryAfterMode::Ignore,
+        },
+        max_retry_after: w.ranged(t, "max_retry_after", secs(5), Duration::ZERO..=secs(3600)),
+        max_body: w.ranged(t, "max_body", Size(64 * 1024), max_body).0,
+        ownership: match honors(w, t, "ownership", "an ownership mode") {
+            true => Ownership::Honor,
+            false => Ownership::Ignore,
+        },
+    }
+}
+
+/// The failure conditions of `on`; `None` when the key is absent or not a list.
+fn retry_on(w: &mut Walker<'_>, t: &Table) -> Option<RetryOn> {
+    let key = t.key("on");
+    let list = w.strings(t, "on")?;
+    let mut on = RetryOn::none();
+    for (word, span) in list {
+        match word.as_str() {
+            "connect-failure" => on.connect_failure = true,
+            "reset" => on.reset = true,
+            "timeout" => on.timeout = true,
+            "unavailable" => on.unavailable = true,
+            code => match (
+                code.parse::<u16>(),
+                ENVOY_WORDS.iter().find(|(e, _)| *e == code),
+            ) {
+                (Ok(c), _) if (400..600).contains(&c) => on.add_status(c),
+                (_, Some((_, instead))) => w.reject(
+                    span,
+                    &key,
+                    format!("`{word}` is Envoy's retry_on word, not a tollgate retry condition"),
+                    instead,
+                ),
+                _ => w.reject(
+                    span,
+                    &key,
+                    format!("`{word}` is not a retry condition"),
+                    "use connect-failure, reset, timeout, unavailable or a status from 400 to 599",
+                ),
+            },
+        }
+    }
+    Some(on)
+}
+
+fn methods(w: &mut Walker<'_>, t: &Table) -> Option<Vec<Method>> {
+    let key = t.key("methods");
+    let list = w.strings(t, "methods")?;
+    let mut out = Vec::new();
+    for (m, span) in list {
+        let upper = !m.is_empty() && m.bytes().all(|b| b.is_ascii_uppercase());
+        match Method::from_bytes(m.as_bytes()) {
+            Ok(method) if upper => out.push(method),
+            _ => w.reject(
+                span,
+                &key,
+                format!("`{m}` is not an HTTP method"),
+                "write methods in upper case, e.g. \"GET\"",
+            ),
+        }
+    }
+    Some(out)
+}
+
+/// `backoff_base`, `backoff_max` and `backoff_jitter`. The base must not be longer than
+/// the maximum; that is checked only when both were readable, since a default standing
+/// in for an unreadable one would make up a second problem.
+fn backoff(w: &mut Walker<'_>, t: &Table) -> BackoffConfig {
+    let ms = Duration::from_millis;
+    let secs = Duration::from_secs;
+    let d = BackoffConfig::default();
+    let base = w.ranged(t, "backoff_base", d.base(), ms(1)..=secs(60));
+    let max = w.ranged(t, "backoff_max", d.max(), ms(1)..=secs(600));
+    let jitter = w.word(t, "backoff_jitter", &JITTER).unwrap_or(Jitter::Full);
+    let (base_key, max_key) = (t.key("backoff_base"), t.key("backoff_max"));
+    if w.is_invalid(&base_key) || w.is_invalid(&max_key) {
+        return d.with_jitter(jitter);
+    }
+    match BackoffConfig::try_new(base, max) {
+        Ok(b) => b.with_jitter(jitter),
+        Err(e) => {
+            // At the key that was written: a base above the default maximum, or a
+            // maximum below the default base.
+            let (key, span) = match (t.get("backoff_base"), t.get("backoff_max")) {
+                (Some(v), _) => (base_key, v.span()),
+                (None, Some(v)) => (max_key, v.span()),
+                (None, None) => (base_key, 0..0),
+            };
+            w.error(
+                span,
+                &key,
+                e.to_string(),
+                "make backoff_base at most backoff_max",
+            );
+            d.with_jitter(jitter)
+        }
+    }
+}
+
+/// `[upstreams.NAME.budget]`; a key not written takes its default.
+pub(super) fn budget(w: &mut Walker<'_>, upstream: &str, t: &Table) -> BudgetConfig {
+    w.check_keys(Section::Budget, upstream, t);
+    let d = BudgetConfig::default();
+    let window = Duration::from_millis(100)..=Duration::from_secs(3600);
+    BudgetConfig {
+        ratio: w.ranged(t, "ratio", d.ratio, 0.0..=1000.0),
+        min_per_sec: w.ranged(t, "min_per_sec", d.min_per_sec, 0.0..=1e6),
+        window: w.ranged(t, "window", d.window, window),
+    }
+}
+
+/// `backoff_jitter`: `none` only to demonstrate synchronised retries.
+const JITTER: Choice<Jitter> = Choice {
+    what: "a jitter mode",
+    fix: "use \"full\" (recommended) or \"none\"",
+    words: &[("full", Jitter::Full), ("none", Jitter::None)],
+};
+
+/// Whether the switch `key` says `honor` (or `honour`, and the default) rather than
+/// `ignore`.
+fn honors(w: &mut Walker<'_>, t: &Table, key: &str, what: &'static str) -> bool {
+    let choice = Choice {
+        what,
+        fix: "use \"honor\" (the default) or \"ignore\"",
+        words: &[("honor", true), ("honour", true), ("ignore", false)],
+    };
+    w.word(t, key, &choice).unwrap_or(true)
+}

@@ -1,0 +1,265 @@
+//! Every section of the config file and the keys it takes, in one table.
+//!
+//! Unknown keys are errors (a typo must never silently disable a safety limit), and
+//! the most common unknown key is a known one in the wrong section: `max_attempts`
+//! written under `[upstreams.p]` instead of `[upstreams.p.retry]`. Knowing every
+//! section's keys in one place lets the error say where such a key belongs, and a
+//! near miss which key was meant.
+
+/// A section of the file. The sections of an upstream are written once per upstream,
+/// under its name.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Section {
+    Root,
+    Runtime,
+    Listener,
+    Admin,
+    Deadline,
+    Upstream,
+    Retry,
+    Budget,
+    Tls,
+}
+
+impl Section {
+    const ALL: [Section; 9] = [
+        Section::Root,
+        Section::Runtime,
+        Section::Listener,
+        Section::Admin,
+        Section::Deadline,
+        Section::Upstream,
+        Section::Retry,
+        Section::Budget,
+        Section::Tls,
+    ];
+
+    /// The keys this section takes.
+    pub(super) fn keys(self) -> &'static [&'static str] {
+        match self {
+            Section::Root => &["runtime", "listener", "admin", "deadline", "upstreams"],
+            Section::Runtime => &["worker_threads"],
+            Section::Listener => &[
+                "addr",
+                "drain_timeout",
+                "header_read_timeout",
+                "max_header_bytes",
+                "max_headers",
+                "idle_timeout",
+                "max_connections",
+            ],
+            Section::Admin => &["addr"],
+            Section::Deadline => &["header", "accept"],
+            Section::Upstream => &[
+                "authorities",
+                "listen",
+                "endpoints",
+                "host",
+                "protocol",
+                "connect_timeout",
+                "request_timeout",
+                "attempt_timeout",
+                "max_inflight",
+                "retry",
+                "tls",
+                "budget",
+            ],
+            Section::Retry => &[
+                "max_attempts",
+                "on",
+                "methods",
+                "idempotency_header",
+                "backoff_base",
+                "backoff_max",
+                "backoff_jitter",
+                "retry_after",
+                "max_retry_after",
+                "max_body",
+                "ownership",
+            ],
+            Section::Budget => &["ratio", "min_per_sec", "window"],
+            Section::Tls => &["server_name", "ca_file", "client_cert", "client_key"],
+        }
+    }
+
+    /// The section this one is written inside, and the key it is written as there.
+    fn parent(self) -> Option<(Section, &'static str)> {
+        match self {
+            Section::Root | Section::Upstream => None,
+            Section::Runtime => Some((Section::Root, "runtime")),
+            Section::Listener => Some((Section::Root, "listener")),
+            Section::Admin => Some((Section::Root, "admin")),
+            Section::Deadline => Some((Section::Root, "deadline")),
+            Section::Retry => Some((Section::Upstream, "retry")),
+            Section::Budget => Some((Section::Upstream, "budget")),
+            Section::Tls => Some((Section::Upstream, "tls")),
+        }
+    }
+
+    /// The dotted path of this section; `upstream` names the upstream for its sections.
+    pub(super) fn path(self, upstream: &str) -> String {
+        match self {
+            Section::Root => String::new(),
+            Section::Upstream => format!("upstreams.{upstream}"),
+            _ => match self.parent() {
+                Some((Section::Root, key)) => key.to_string(),
+                Some((parent, key)) => format!("{}.{key}", parent.path(upstream)),
+                None => String::new(),
+            },
+        }
+    }
+
+    fn is_upstreams(self) -> bool {
+        matches!(
+            self,
+            Section::Upstream | Section::Retry | Section::Budget | Section::Tls
+        )
+    }
+}
+
+/// Where a section is, as a message says it: `in [upstreams.p.retry]`, `at the top level`.
+pub(super) fn place(path: &str) -> String {
+    if path.is_empty() {
+        "at the top level".to_string()
+    } else {
+        format!("in [{path}]")
+    }
+}
+
+/// What is wrong with `key`, unknown in `here` (written for `upstream` when `here` is one
+/// of an upstream's sections), and how to fix it.
+pub(super) fn unknown_key(here: Section, upstream: &str, key: &str) -> (String, String) {
+    let upstream = if here.is_upstreams() {
+        upstream
+    } else {
+        "NAME"
+    };
+    let here_place = place(&here.path(upstream));
+    let homes: Vec<String> = Section::ALL
+        .iter()
+        .filter(|s| **s != here && s.keys().contains(&key))
+        .map(|s| home(*s, upstream, key))
+        .collect();
+    if !homes.is_empty() {
+        return (
+            format!("`{key}` does not belong {here_place}"),
+            format!("it belongs {}", homes.join(" or ")),
+        );
+    }
+    let message = format!("unknown key `{key}`");
+    if let Some(near) = suggest(key, here.keys()) {
+        return (message, format!("did you mean `{near}`?"));
+    }
+    let elsewhere = Section::ALL
+        .iter()
+        .filter(|s| **s != here)
+        .find_map(|s| suggest(key, s.keys()).map(|near| (*s, near)));
+    if let Some((section, near)) = elsewhere {
+        let at = home(section, upstream, near);
+        return (message, format!("did you mean `{near}`? it belongs {at}"));
+    }
+    (
+        message,
+        format!("allowed {here_place}: {}", here.keys().join(", ")),
+    )
+}
+
+/// Where `key` of `section` is written: the section itself, or, for a key that is a
+/// section of its own (`retry`), that section.
+fn home(section: Section, upstream: &str, key: &str) -> String {
+    let own = Section::ALL
+        .iter()
+        .find(|s| s.parent() == Some((section, key)));
+    match own {
+        Some(s) => format!("in its own section, [{}]", s.path(upstream)),
+        None => place(&section.path(upstream)),
+    }
+}
+
+/// The closest allowed key, when it is close enough to be a typo.
+fn suggest<'k>(key: &str, allowed: &[&'k str]) -> Option<&'k str> {
+    allowed
+        .iter()
+        .map(|k| (edit_distance(key, k), *k))
+        .filter(|(d, k)| *d <= 2.max(k.len() / 3))
+        .min()
+        .map(|(_, k)| k)
+}
+
+/// Levenshtein distance, in characters.
+fn edit_distance(a: &str, b: &str) -> usize {
+    let b: Vec<char> = b.chars().collect();
+    let mut prev: Vec<usize> = (0..=b.len()).collect();
+    for (i, ca) in a.chars().enumerate() {
+        let mut cur = vec![i + 1];
+        for (j, cb) in b.iter().enumerate() {
+            let cost = usize::from(ca != *cb);
+            cur.push((prev[j] + cost).min(prev[j + 1] + 1).min(cur[j] + 1));
+        }
+        prev = cur;
+    }
+    prev[b.len()]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_key_of_another_section_is_sent_where_it_belongs() {
+        let (message, _) = unknown_key(Section::Upstream, "p", "max_attempts");
+        assert_eq!(message, "`max_attempts` does not belong in [upstreams.p]");
+        let (message, _) = unknown_key(Section::Root, "", "addr");
+        assert_eq!(message, "`addr` does not belong at the top level");
+        let fixes = [
+            (Section::Upstream, "max_attempts", "in [upstreams.p.retry]"),
+            (Section::Retry, "endpoints", "in [upstreams.p]"),
+            (
+                Section::Budget,
+                "retry",
+                "in its own section, [upstreams.p.retry]",
+            ),
+            (Section::Root, "addr", "in [listener] or in [admin]"),
+            (Section::Upstream, "upstreams", "at the top level"),
+            (Section::Listener, "ratio", "in [upstreams.NAME.budget]"),
+        ];
+        for (here, key, place) in fixes {
+            let (_, fix) = unknown_key(here, "p", key);
+            assert_eq!(fix, format!("it belongs {place}"), "{key} in {here:?}");
+        }
+    }
+
+    #[test]
+    fn every_key_of_every_section_has_a_home_from_every_other_section() {
+        for here in Section::ALL {
+            for there in Section::ALL.iter().filter(|s| **s != here) {
+                for key in there.keys().iter().filter(|k| !here.keys().contains(k)) {
+                    let (message, fix) = unknown_key(here, "p", key);
+                    assert!(message.contains("does not belong "), "{key}: {message}");
+                    assert!(fix.starts_with("it belongs "), "{key}: {fix}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn near_misses_are_suggested_here_first_then_elsewhere() {
+        let (message, fix) = unknown_key(Section::Retry, "p", "max_atempts");
+        assert_eq!(message, "unknown key `max_atempts`");
+        assert_eq!(fix, "did you mean `max_attempts`?");
+        let (_, fix) = unknown_key(Section::Upstream, "p", "max_atempts");
+        assert_eq!(
+            fix,
+            "did you mean `max_attempts`? it belongs in [upstreams.p.retry]"
+        );
+        let (_, fix) = unknown_key(Section::Admin, "", "zzzzzzzzzz");
+        assert_eq!(fix, "allowed in [admin]: addr");
+    }
+
+    #[test]
+    fn sections_know_their_paths() {
+        assert_eq!(Section::Tls.path("p"), "upstreams.p.tls");
+        assert_eq!(Section::Listener.path("p"), "listener");
+        assert_eq!(Section::Root.path("p"), "");
+    }
+}

@@ -1,0 +1,318 @@
+//! `[upstreams.NAME]`: one upstream, and what upstreams must not share (an authority,
+//! a port). A clash is reported at the second place, naming the first.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::ops::Range;
+use std::path::Path;
+use std::time::Duration;
+
+use http::HeaderValue;
+
+use super::schema::Section;
+use super::walker::{At, Choice, Table, Walker};
+use crate::config::model::*;
+
+/// `protocol`: the HTTP the upstream is spoken to in (`h2` and `http2` mean `h2c`).
+const PROTOCOL: Choice<Protocol> = Choice {
+    what: "a protocol",
+    fix: "use \"http1\", \"h2c\" or \"auto\"",
+    words: &[
+        ("http1", Protocol::Http1),
+        ("h2c", Protocol::H2),
+        ("h2", Protocol::H2),
+        ("http2", Protocol::H2),
+        ("auto", Protocol::Auto),
+    ],
+};
+
+/// Where something was first claimed: by whom, and at which line and column when it
+/// was written (a default address was not).
+struct Claim {
+    by: String,
+    at: Option<(usize, usize)>,
+}
+
+impl Claim {
+    fn describe(&self) -> String {
+        match self.at {
+            Some((line, column)) => format!("{} at {line}:{column}", self.by),
+            None => format!("{} (the default)", self.by),
+        }
+    }
+}
+
+/// What the upstreams claimed so far, to report the second claim of anything at the
+/// second place, naming the first.
+struct Claims {
+    authorities: HashMap<String, Claim>,
+    ports: HashMap<SocketAddr, Claim>,
+}
+
+impl Claims {
+    fn new(w: &Walker<'_>, listener: &ListenerConfig, admin: &AdminConfig) -> Self {
+        let mut ports = HashMap::new();
+        for (addr, key) in [(listener.addr, "listener.addr"), (admin.addr, "admin.addr")] {
+            ports.entry(addr).or_insert(Claim {
+                by: key.to_string(),
+                at: w.positions.get(key).copied(),
+            });
+        }
+        Claims {
+            authorities: HashMap::new(),
+            ports,
+        }
+    }
+
+    /// Each authority belongs to one upstream.
+    fn authority(&mut self, w: &mut Walker<'_>, auth: &str, span: Range<usize>, upstream: &str) {
+        match self.authorities.get(auth) {
+            Some(first) => w.error(
+                span,
+                &format!("upstreams.{upstream}.authorities"),
+                format!("`{auth}` is already claimed by {}", first.describe()),
+                "give each authority to exactly one upstream",
+            ),
+            None => {
+                let claim = Claim {
+                    by: format!("upstream `{upstream}`"),
+                    at: Some(w.src.position(span.start)),
+                };
+                self.authorities.insert(auth.to_string(), claim);
+            }
+        }
+    }
+
+    /// Each port is bound once: the listener, the admin endpoint, each `listen`.
+    fn port(&mut self, w: &mut Walker<'_>, addr: SocketAddr, span: Range<usize>, key: String) {
+        match self.ports.get(&addr) {
+            Some(first) => w.error(
+                span,
+                &key,
+                format!("{addr} is already used by {}", first.describe()),
+                "give every listener its own port",
+            ),
+            None => {
+                let at = Some(w.src.position(span.start));
+                self.ports.insert(addr, Claim { by: key, at });
+            }
+        }
+    }
+}
+
+/// Every `[upstreams.NAME]`, sorted by name.
+pub(super) fn upstreams(
+    w: &mut Walker<'_>,
+    root: &Table,
+    listener: &ListenerConfig,
+    admin: &AdminConfig,
+    base: &Path,
+) -> Vec<UpstreamConfig> {
+    let mut out = Vec::new();
+    let Some((all, _)) = w.table(root, "upstreams") else {
+        return out;
+    };
+    let mut claims = Claims::new(w, listener, admin);
+    for (name, _) in all.items.iter() {
+        let name_str = name.get_ref().to_string();
+        let path = all.key(&name_str);
+        w.note_position(&path, &name.span());
+        let usable = !name_str.is_empty()
+            && name_str
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_');
+        if !usable {
+            w.error(
+                name.span(),
+                &path,
+                format!("`{name_str}` is not a usable upstream name"),
+                "use letters, digits, `-` and `_` (it becomes a metric label)",
+            );
+        }
+        let Some((t, _)) = w.table(&all, &name_str) else {
+            continue;
+        };
+        out.push(upstream(w, &name_str, &t, name.span(), &mut claims, base));
+    }
+    out.sort_by(|a, b| a.name.cmp(&b.name));
+    out
+}
+
+/// One upstream; `name_span` is where its name is written.
+fn upstream(
+    w: &mut Walker<'_>,
+    name: &str,
+    t: &Table,
+    name_span: Range<usize>,
+    claims: &mut Claims,
+    base: &Path,
+) -> UpstreamConfig {
+    w.check_keys(Section::Upstream, name, t);
+    let mut authorities = Vec::new();
+    for (auth, span) in self::authorities(w, t) {
+        claims.authority(w, &auth, span, name);
+        authorities.push(auth);
+    }
+    let listen = w.socket_addr(t, "listen").map(|(addr, span)| {
+        claims.port(w, addr, span, t.key("listen"));
+        addr
+    });
+    let unreachable = authorities.is_empty()
+        && listen.is_none()
+        && !w.is_invalid(&t.key("authorities"))
+        && !w.is_invalid(&t.key("listen"));
+    if unreachable {
+        w.error(
+            name_span.clone(),
+            &t.path,
+            "no way to reach this upstream: neither `authorities` nor `listen` is set",
+            "add authorities = [\"<name the app calls>\"] or listen = \"127.0.0.1:<port>\"",
+        );
+    }
+    let protocol = w.word(t, "protocol", &PROTOCOL).unwrap_or(Protocol::Auto);
+    let ms = Duration::from_millis;
+    let secs = Duration::from_secs;
+    let day = secs(24 * 3600);
+    UpstreamConfig {
+        name: name.to_string(),
+        authorities,
+        listen,
+        endpoints: endpoints(w, t, &name_span),
+        host: host(w, t),
+        protocol,
+        connect_timeout: w.ranged(t, "connect_timeout", ms(200), ms(1)..=secs(600)),
+        request_timeout: w.ranged(t, "request_timeout", secs(2), ms(1)..=day),
+        attempt_timeout: w.ranged(t, "attempt_timeout", ms(600), ms(1)..=day),
+        max_inflight: w.ranged(t, "max_inflight", 1000, 1..=10_000_000u64) as usize,
+        retry: match w.table(t, "retry") {
+            Some((retry, _)) => super::retry::retry(w, name, &retry),
+            None => RetryConfig::off(),
+        },
+        budget: w
+            .table(t, "budget")
+            .map(|(budget, _)| super::retry::budget(w, name, &budget)),
+        tls: w
+            .table(t, "tls")
+            .and_then(|(tls, span)| super::tls::tls(w, name, &tls, span, base)),
+    }
+}
+
+/// The valid authorities, each with where it was written.
+fn authorities(w: &mut Walker<'_>, t: &Table) -> Vec<At<String>> {
+    let key = t.key("authorities");
+    let mut out = Vec::new();
+    for (text, span) in w.strings(t, "authorities").unwrap_or_default() {
+        match normalize_authority(&text) {
+            Some(a) => out.push((a, span)),
+            None => w.reject(
+                span,
+                &key,
+                format!("`{text}` is not a host name or host:port"),
+                "write the name the app calls, e.g. \"payments\" or \"payments:8080\"",
+            ),
+        }
+    }
+    out
+}
+
+fn endpoints(w: &mut Walker<'_>, t: &Table, name_span: &Range<usize>) -> Vec<EndpointAddr> {
+    let key = t.key("endpoints");
+    let Some(list) = w.strings(t, "endpoints") else {
+        if t.get("endpoints").is_none() {
+            w.error(
+                name_span.clone(),
+                &key,
+                "missing: an upstream needs at least one endpoint",
+                "add endpoints = [\"host:port\"]",
+            );
+        }
+        return Vec::new();
+    };
+    if list.is_empty() {
+        let span = t.span_of("endpoints", name_span);
+        w.error(
+            span,
+            &key,
+            "the list is empty",
+            "add at least one \"host:port\"",
+        );
+    }
+    let mut out = Vec::new();
+    for (text, span) in list {
+        match parse_endpoint(&text) {
+            Ok(e) => out.push(e),
+            Err(msg) => w.reject(
+                span,
+                &key,
+                msg,
+                "write each endpoint as \"host:port\" or \"10.0.0.5:8080\"",
+            ),
+        }
+    }
+    out
+}
+
+fn host(w: &mut Walker<'_>, t: &Table) -> Option<HeaderValue> {
+    let (text, span) = w.string(t, "host")?;
+    match (normalize_authority(&text), HeaderValue::from_str(&text)) {
+        (Some(_), Ok(v)) => Some(v),
+        _ => {
+            w.reject(
+                span,
+                &t.key("host"),
+                format!("`{text}` is not a valid Host value"),
+                "write a host name, optionally with :port",
+            );
+            None
+        }
+    }
+}
+
+/// Lower-cases an authority and checks it is `host` or `host:port`.
+pub fn normalize_authority(text: &str) -> Option<String> {
+    let lower = text.trim().trim_end_matches('.').to_ascii_lowercase();
+    if lower.is_empty() {
+        return None;
+    }
+    let auth: http::uri::Authority = lower.parse().ok()?;
+    if auth.as_str().contains('@') || auth.host().is_empty() {
+        return None;
+    }
+    Some(lower)
+}
+
+/// `host:port`, `[v6]:port`.
+pub fn parse_endpoint(text: &str) -> Result<EndpointAddr, String> {
+    let text = text.trim();
+    if text.contains("://") {
+        return Err(format!(
+            "`{text}` has a scheme; endpoints are host:port (TLS is set in the tls section)"
+        ));
+    }
+    if let Ok(sa) = text.parse::<SocketAddr>() {
+        return Ok(EndpointAddr {
+            host: sa.ip().to_string(),
+            port: sa.port(),
+        });
+    }
+    let (host, port) = text
+        .rsplit_once(':')
+        .ok_or_else(|| format!("`{text}` has no port"))?;
+    let port: u16 = port
+        .parse()
+        .ok()
+        .filter(|p| *p != 0)
+        .ok_or_else(|| format!("`{port}` is not a port number in `{text}`"))?;
+    let valid_host = !host.is_empty()
+        && host.len() <= 253
+        && host
+            .split('.')
+            .all(|l| !l.is_empty() && l.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-'));
+    if !valid_host {
+        return Err(format!("`{host}` is not a host name in `{text}`"));
+    }
+    Ok(EndpointAddr {
+        host: host.to_ascii_lowercase(),
+        port,
+    })
+}
