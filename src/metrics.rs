@@ -208,130 +208,115 @@ fn family<T: Clone + prometheus::core::Collector + 'static>(
     metric
 }
 
+/// A labelled counter family, registered.
+fn counters(r: &Registry, name: &str, help: &str, labels: &[&str]) -> IntCounterVec {
+    family(r, IntCounterVec::new(Opts::new(name, help), labels))
+}
+
+/// A labelled gauge family, registered.
+fn gauges(r: &Registry, name: &str, help: &str, labels: &[&str]) -> GaugeVec {
+    family(r, GaugeVec::new(Opts::new(name, help), labels))
+}
+
+/// A labelled integer gauge family, registered.
+fn int_gauges(r: &Registry, name: &str, help: &str, labels: &[&str]) -> IntGaugeVec {
+    family(r, IntGaugeVec::new(Opts::new(name, help), labels))
+}
+
+/// A labelled histogram family with these buckets, registered.
+fn histograms(
+    r: &Registry,
+    name: &str,
+    help: &str,
+    labels: &[&str],
+    buckets: Vec<f64>,
+) -> HistogramVec {
+    family(
+        r,
+        HistogramVec::new(HistogramOpts::new(name, help).buckets(buckets), labels),
+    )
+}
+
 impl Metrics {
     pub fn new() -> Arc<Self> {
         let r = Registry::new();
         let up = &["upstream"];
+        let latency = || LATENCY_BUCKETS.to_vec();
         let m = Metrics {
-            requests: family(
+            requests: counters(
                 &r,
-                IntCounterVec::new(
-                    Opts::new(
-                        "tollgate_requests_total",
-                        "Requests answered, by final status and outcome.",
-                    ),
-                    &["upstream", "code", "outcome"],
-                ),
+                "tollgate_requests_total",
+                "Requests answered, by final status and outcome.",
+                &["upstream", "code", "outcome"],
             ),
-            attempts: family(
+            attempts: counters(
                 &r,
-                IntCounterVec::new(
-                    Opts::new(
-                        "tollgate_attempts_total",
-                        "Attempts sent upstream (first tries and retries), by result.",
-                    ),
-                    &["upstream", "result"],
-                ),
+                "tollgate_attempts_total",
+                "Attempts sent upstream (first tries and retries), by result.",
+                &["upstream", "result"],
             ),
-            retries: family(
+            retries: counters(
                 &r,
-                IntCounterVec::new(
-                    Opts::new(
-                        "tollgate_retries_total",
-                        "Retries started, by the retry condition that fired.",
-                    ),
-                    &["upstream", "reason"],
-                ),
+                "tollgate_retries_total",
+                "Retries started, by the retry condition that fired.",
+                &["upstream", "reason"],
             ),
-            denied: family(
+            denied: counters(
                 &r,
-                IntCounterVec::new(
-                    Opts::new(
-                        "tollgate_retries_denied_total",
-                        "Failures not retried, by what refused the retry.",
-                    ),
-                    &["upstream", "reason"],
-                ),
+                "tollgate_retries_denied_total",
+                "Failures not retried, by what refused the retry.",
+                &["upstream", "reason"],
             ),
-            attempts_per_request: family(
+            attempts_per_request: histograms(
                 &r,
-                HistogramVec::new(
-                    HistogramOpts::new(
-                        "tollgate_attempts_per_request",
-                        "Attempts each request took.",
-                    )
-                    .buckets((1..=10).map(f64::from).collect()),
-                    up,
-                ),
+                "tollgate_attempts_per_request",
+                "Attempts each request took.",
+                up,
+                (1..=10).map(f64::from).collect(),
             ),
-            amplification: family(
+            amplification: gauges(
                 &r,
-                GaugeVec::new(
-                    Opts::new(
-                        "tollgate_amplification",
-                        "Attempts per request over the budget window.",
-                    ),
-                    up,
-                ),
+                "tollgate_amplification",
+                "Attempts per request over the budget window.",
+                up,
             ),
-            budget_available: family(
+            budget_available: gauges(
                 &r,
-                GaugeVec::new(
-                    Opts::new(
-                        "tollgate_retry_budget_available",
-                        "Retries the budget would grant now (+Inf without a budget).",
-                    ),
-                    up,
-                ),
+                "tollgate_retry_budget_available",
+                "Retries the budget would grant now (+Inf without a budget).",
+                up,
             ),
-            request_duration: family(
+            request_duration: histograms(
                 &r,
-                HistogramVec::new(
-                    HistogramOpts::new(
-                        "tollgate_request_duration_seconds",
-                        "From request head to the end of the response.",
-                    )
-                    .buckets(LATENCY_BUCKETS.to_vec()),
-                    up,
-                ),
+                "tollgate_request_duration_seconds",
+                "From request head to the end of the response.",
+                up,
+                latency(),
             ),
-            attempt_duration: family(
+            attempt_duration: histograms(
                 &r,
-                HistogramVec::new(
-                    HistogramOpts::new(
-                        "tollgate_attempt_duration_seconds",
-                        "From an attempt's start to its response head or failure.",
-                    )
-                    .buckets(LATENCY_BUCKETS.to_vec()),
-                    up,
-                ),
+                "tollgate_attempt_duration_seconds",
+                "From an attempt's start to its response head or failure.",
+                up,
+                latency(),
             ),
-            inflight: family(
+            inflight: int_gauges(
                 &r,
-                IntGaugeVec::new(
-                    Opts::new("tollgate_inflight_requests", "Requests being served now."),
-                    up,
-                ),
+                "tollgate_inflight_requests",
+                "Requests being served now.",
+                up,
             ),
-            connections: family(
+            connections: int_gauges(
                 &r,
-                IntGaugeVec::new(
-                    Opts::new(
-                        "tollgate_upstream_connections",
-                        "Open connections to the upstream's endpoints.",
-                    ),
-                    up,
-                ),
+                "tollgate_upstream_connections",
+                "Open connections to the upstream's endpoints.",
+                up,
             ),
-            reloads: family(
+            reloads: counters(
                 &r,
-                IntCounterVec::new(
-                    Opts::new(
-                        "tollgate_config_reloads_total",
-                        "Config reloads, by result.",
-                    ),
-                    &["result"],
-                ),
+                "tollgate_config_reloads_total",
+                "Config reloads, by result.",
+                &["result"],
             ),
             last_reload: family(
                 &r,
@@ -350,19 +335,14 @@ impl Metrics {
             ),
             registry: r,
         };
-        let build_info = family(
+        int_gauges(
             &m.registry,
-            IntGaugeVec::new(
-                Opts::new(
-                    "tollgate_build_info",
-                    "Always 1; the labels say which build of tollgate is running.",
-                ),
-                &["version"],
-            ),
-        );
-        build_info
-            .with_label_values(&[env!("CARGO_PKG_VERSION")])
-            .set(1);
+            "tollgate_build_info",
+            "Always 1; the labels say which build of tollgate is running.",
+            &["version"],
+        )
+        .with_label_values(&[env!("CARGO_PKG_VERSION")])
+        .set(1);
         // Its names are constants too, and clash with nothing above.
         m.registry
             .register(Box::new(process::ProcessCollector::new()))

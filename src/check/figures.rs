@@ -68,3 +68,12 @@ mod tests {
         );
     }
 }
+
+/// A whole number without a fraction, or scientific notation when it is huge.
+pub(super) fn plain(x: f64) -> String {
+    if x < 1e15 {
+        format!("{x:.0}")
+    } else {
+        format!("{x:.3e}")
+    }
+}

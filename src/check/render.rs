@@ -5,7 +5,7 @@
 use std::fmt::Write as _;
 
 use super::chain::ChainReport;
-use super::figures::{attempts_that_fit, budget_cap, effective_patience, total_backoff};
+use super::figures::{attempts_that_fit, budget_cap, effective_patience, plain, total_backoff};
 use super::{ChainCheck, CheckedFile, EXIT_WARNINGS, Report};
 use crate::config::UpstreamConfig;
 use crate::config::units::format_duration;
@@ -206,13 +206,4 @@ fn render_chain(out: &mut String, chain: &ChainReport) {
 fn short(x: f64) -> String {
     let text = format!("{x:.2}");
     text.trim_end_matches('0').trim_end_matches('.').to_string()
-}
-
-/// A whole number without a fraction, or scientific notation when it is huge.
-pub(super) fn plain(x: f64) -> String {
-    if x < 1e15 {
-        format!("{x:.0}")
-    } else {
-        format!("{x:.3e}")
-    }
 }
