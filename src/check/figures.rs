@@ -40,6 +40,15 @@ pub(super) fn total_backoff(up: &UpstreamConfig) -> Duration {
         .saturating_sub(up.attempt_timeout * up.retry.max_attempts)
 }
 
+/// A whole number without a fraction, or scientific notation when it is huge.
+pub(super) fn plain(x: f64) -> String {
+    if x < 1e15 {
+        format!("{x:.0}")
+    } else {
+        format!("{x:.3e}")
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -66,14 +75,5 @@ mod tests {
             effective_patience(&inner.upstreams[0]),
             Duration::from_secs(2)
         );
-    }
-}
-
-/// A whole number without a fraction, or scientific notation when it is huge.
-pub(super) fn plain(x: f64) -> String {
-    if x < 1e15 {
-        format!("{x:.0}")
-    } else {
-        format!("{x:.3e}")
     }
 }
