@@ -1,7 +1,8 @@
 //! The admin endpoint: `/metrics` (Prometheus text), `/healthz` (the process is alive),
 //! `/readyz` (listeners bound and config loaded, not draining) and `/config` (the
-//! effective config as JSON, without secrets). It binds loopback by default: it is for
-//! the kubelet and Prometheus in the same pod, not for the network.
+//! config in force as JSON, without secrets). It binds loopback by default; in a pod
+//! it listens on every address for the kubelet and Prometheus, and `/config` is then
+//! still answered on loopback only.
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -42,12 +43,12 @@ impl Admin {
                 tokio::select! {
                     _ = stopped.changed() => break,
                     r = listener.accept() => {
-                        let Ok((stream, _)) = r else { continue };
+                        let Ok((stream, peer)) = r else { continue };
                         let shared = shared.clone();
                         tokio::spawn(async move {
                             let svc = service_fn(move |req| {
                                 let shared = shared.clone();
-                                async move { Ok::<_, Infallible>(route(&shared, req)) }
+                                async move { Ok::<_, Infallible>(route(&shared, req, peer)) }
                             });
                             let mut b = hyper::server::conn::http1::Builder::new();
                             b.timer(TokioTimer::new())
@@ -83,9 +84,24 @@ fn reply(
     r
 }
 
-fn route(shared: &Shared, req: Request<Incoming>) -> Response<Full<Bytes>> {
+/// Whether `path` may be served to `peer`. `/config` shows the whole config
+/// (upstreams, endpoints, certificate paths): it is served on the pod's own loopback
+/// only, so the admin port can listen on every address for the kubelet's probes and
+/// Prometheus without showing it to the network.
+fn served_to(path: &str, peer: SocketAddr) -> bool {
+    path != "/config" || peer.ip().is_loopback()
+}
+
+fn route(shared: &Shared, req: Request<Incoming>, peer: SocketAddr) -> Response<Full<Bytes>> {
     if req.method() != Method::GET && req.method() != Method::HEAD {
         return reply(StatusCode::METHOD_NOT_ALLOWED, "text/plain", "GET only\n");
+    }
+    if !served_to(req.uri().path(), peer) {
+        return reply(
+            StatusCode::FORBIDDEN,
+            "text/plain",
+            "/config is served to localhost only\n",
+        );
     }
     match req.uri().path() {
         "/metrics" => {
@@ -97,16 +113,12 @@ fn route(shared: &Shared, req: Request<Incoming>) -> Response<Full<Bytes>> {
             )
         }
         "/healthz" => reply(StatusCode::OK, "text/plain", "ok\n"),
-        "/readyz" => {
-            if shared.ready.load(Acquire) {
-                reply(StatusCode::OK, "text/plain", "ready\n")
-            } else {
-                reply(StatusCode::SERVICE_UNAVAILABLE, "text/plain", "not ready\n")
-            }
-        }
+        "/readyz" => readyz(shared),
         "/config" => {
             let snap = shared.snapshot();
-            let body = serde_json::to_vec_pretty(&snap.config.to_json()).unwrap_or_default();
+            let mut json = snap.config.to_json();
+            json["pending_restart"] = snap.pending_restart.clone().into();
+            let body = serde_json::to_vec_pretty(&json).unwrap_or_default();
             reply(StatusCode::OK, "application/json", body)
         }
         _ => reply(
@@ -115,6 +127,26 @@ fn route(shared: &Shared, req: Request<Incoming>) -> Response<Full<Bytes>> {
             "try /metrics, /healthz, /readyz or /config\n",
         ),
     }
+}
+
+/// 200 once the listeners are bound and the config loaded, 503 while draining. The
+/// body says what is not as configured: an upstream's own listen port a reload could
+/// not bind (the rest serves, so the pod stays ready), a change waiting for a restart.
+fn readyz(shared: &Shared) -> Response<Full<Bytes>> {
+    if !shared.ready.load(Acquire) {
+        return reply(StatusCode::SERVICE_UNAVAILABLE, "text/plain", "not ready\n");
+    }
+    let snap = shared.snapshot();
+    let mut body = String::from("ready\n");
+    for (upstream, error) in &snap.listeners_down {
+        body.push_str(&format!(
+            "listener of upstream {upstream} not bound: {error}\n"
+        ));
+    }
+    for what in &snap.pending_restart {
+        body.push_str(&format!("waiting for a restart: {what}\n"));
+    }
+    reply(StatusCode::OK, "text/plain", body)
 }
 
 /// Gauges are read from live state at scrape time rather than kept up to date on the
@@ -131,5 +163,22 @@ fn refresh_gauges(shared: &Shared) {
             up.inflight.load(Relaxed) as i64,
             up.connections.load(Relaxed) as i64,
         );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::served_to;
+
+    #[test]
+    fn the_config_is_shown_on_loopback_only() {
+        let pod: std::net::SocketAddr = "10.1.2.3:40000".parse().unwrap_or_else(|_| unreachable!());
+        let local: std::net::SocketAddr =
+            "127.0.0.1:40000".parse().unwrap_or_else(|_| unreachable!());
+        assert!(served_to("/config", local));
+        assert!(!served_to("/config", pod));
+        for path in ["/metrics", "/healthz", "/readyz"] {
+            assert!(served_to(path, pod), "{path}");
+        }
     }
 }

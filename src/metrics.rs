@@ -183,6 +183,18 @@ pub struct Metrics {
     reloads: IntCounterVec,
     last_reload: Gauge,
     last_reload_ok: IntGauge,
+    listener_up: IntGaugeVec,
+}
+
+/// How a reload ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ReloadResult {
+    /// Applied in full.
+    Ok,
+    /// Refused: the previous config stays in force.
+    Error,
+    /// Applied, but an upstream's own `listen` port could not be bound.
+    Partial,
 }
 
 /// `tollgate_amplification`: attempts per request over the window, NaN when the
@@ -333,6 +345,13 @@ impl Metrics {
                      one is waiting to be fixed (the previous config stays in force).",
                 )),
             ),
+            listener_up: int_gauges(
+                &r,
+                "tollgate_listener_up",
+                "1 when an upstream's own listen port is bound, 0 when a reload could not \
+                 bind it.",
+                up,
+            ),
             registry: r,
         };
         int_gauges(
@@ -419,16 +438,32 @@ impl Metrics {
 
     /// A reload: counted by result; `tollgate_config_last_reload_successful` says
     /// whether the newest file is the one in force, so an alert can last as long as a
-    /// broken config stays in place (the error counter only moves once per edit).
-    pub fn reload(&self, ok: bool) {
-        self.reloads
-            .with_label_values(&[if ok { "ok" } else { "error" }])
-            .inc();
-        if ok {
-            self.mark_loaded();
-        } else {
+    /// broken config stays in place (the error counter only moves once per edit). A
+    /// partial reload is in force.
+    pub fn reload(&self, result: ReloadResult) {
+        let label = match result {
+            ReloadResult::Ok => "ok",
+            ReloadResult::Error => "error",
+            ReloadResult::Partial => "partial",
+        };
+        self.reloads.with_label_values(&[label]).inc();
+        if result == ReloadResult::Error {
             self.last_reload_ok.set(0);
+        } else {
+            self.mark_loaded();
         }
+    }
+
+    /// Whether an upstream's own `listen` port is bound.
+    pub fn listener_up(&self, upstream: &str, up: bool) {
+        self.listener_up
+            .with_label_values(&[upstream])
+            .set(i64::from(up));
+    }
+
+    /// An upstream's own `listen` port is gone from the config.
+    pub fn forget_listener(&self, upstream: &str) {
+        let _ = self.listener_up.remove_label_values(&[upstream]);
     }
 
     pub fn mark_loaded(&self) {
@@ -557,15 +592,15 @@ mod tests {
         };
         m.mark_loaded();
         assert_eq!(value(&m).as_deref(), Some("1"));
-        m.reload(false);
+        m.reload(ReloadResult::Error);
         assert_eq!(
             value(&m).as_deref(),
             Some("0"),
             "a refused file is not in force"
         );
-        m.reload(false);
+        m.reload(ReloadResult::Error);
         assert_eq!(value(&m).as_deref(), Some("0"));
-        m.reload(true);
+        m.reload(ReloadResult::Ok);
         assert_eq!(value(&m).as_deref(), Some("1"));
     }
 

@@ -19,6 +19,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::config::{self, Config};
+use crate::metrics::ReloadResult;
 use crate::proxy::Server;
 
 /// How often the files are looked at.
@@ -56,21 +57,25 @@ fn watched(path: &Path, config: &Config) -> Vec<PathBuf> {
     out
 }
 
-/// Reads, validates and applies the config at `path`. Returns whether it was applied.
-pub async fn reload(path: &Path, server: &Server) -> bool {
+/// What a reload did, for the watcher.
+#[derive(Debug)]
+pub struct Reloaded {
+    pub result: ReloadResult,
+    /// The certificate files a refused config names: they are watched too, so fixing
+    /// only a certificate (a Secret that lands after its ConfigMap) is seen.
+    pub refused_files: Vec<PathBuf>,
+}
+
+/// Reads, validates and applies the config at `path`, and says what it changed: one
+/// line per upstream added, removed or changed, every setting that waits for a
+/// restart, and the lints of the new config (in Kubernetes nearly every change
+/// arrives by reload, so they are not left to `run`'s start).
+pub async fn reload(path: &Path, server: &Server) -> Reloaded {
     let metrics = server.shared().metrics.clone();
-    match config::load(path) {
-        Ok(config) => {
-            let restart = server.apply(config).await;
-            metrics.reload(true);
-            for what in &restart {
-                tracing::warn!(setting = %what, "changed in the config, but takes effect only after a restart");
-            }
-            tracing::info!(file = %path.display(), "config reloaded");
-            true
-        }
+    let config = match config::load(path) {
+        Ok(c) => c,
         Err(errors) => {
-            metrics.reload(false);
+            metrics.reload(ReloadResult::Error);
             for d in &errors.0 {
                 tracing::error!(problem = %d, "config reload rejected");
             }
@@ -82,8 +87,53 @@ pub async fn reload(path: &Path, server: &Server) -> bool {
                 problems = errors.0.len(),
                 "config reload rejected; the previous config keeps serving"
             );
-            false
+            return Reloaded {
+                result: ReloadResult::Error,
+                refused_files: files_named(path),
+            };
         }
+    };
+    let running = server.shared().snapshot().config.clone();
+    let reconciled = config::diff::reconcile(&running, config);
+    for change in &reconciled.changes {
+        tracing::info!("{change}");
+    }
+    for what in &reconciled.restart_needed {
+        tracing::warn!(setting = %what, "changed in the config, but takes effect only after a restart");
+    }
+    for d in config::lint(&reconciled.in_effect) {
+        tracing::warn!(lint = %d, "config warning");
+    }
+    let applied = server
+        .apply(reconciled.in_effect, reconciled.restart_needed)
+        .await;
+    for (upstream, error) in &applied.unbound {
+        tracing::warn!(%upstream, %error, "its listen port could not be bound; the rest of the config is in force, and the port is tried again at the next reload");
+    }
+    let result = if applied.unbound.is_empty() {
+        tracing::info!(file = %path.display(), "config reloaded");
+        ReloadResult::Ok
+    } else {
+        tracing::warn!(file = %path.display(), "config reloaded in part");
+        ReloadResult::Partial
+    };
+    metrics.reload(result);
+    Reloaded {
+        result,
+        refused_files: Vec::new(),
+    }
+}
+
+/// The certificate files a config file names, read from its text alone (a config
+/// refused for a missing certificate still parses).
+fn files_named(path: &Path) -> Vec<PathBuf> {
+    let Ok(text) = std::fs::read_to_string(path) else {
+        return Vec::new();
+    };
+    let base = path.parent().unwrap_or(Path::new("."));
+    match config::parse(&path.display().to_string(), &text, base) {
+        Ok(c) => watched(path, &c).split_off(1),
+        Err(_) => Vec::new(),
     }
 }
 
@@ -144,8 +194,13 @@ async fn watch(path: PathBuf, server: Arc<Server>, mut hup: Option<tokio::signal
             }
         }
         tracing::info!(signal = forced, "config change seen; reloading");
-        reload(&path, &server).await;
+        let reloaded = reload(&path, &server).await;
         files = watched(&path, &server.shared().snapshot().config);
+        for f in reloaded.refused_files {
+            if !files.contains(&f) {
+                files.push(f);
+            }
+        }
         last = Some(if files.len() == now.0.len() {
             now
         } else {

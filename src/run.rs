@@ -110,10 +110,8 @@ pub fn run(path: PathBuf) -> i32 {
             return 2;
         }
     };
-    for up in &config.upstreams {
-        if up.retry.max_attempts > 1 && up.budget.is_none() {
-            tracing::warn!(upstream = %up.name, "retries are on without a retry budget: add [upstreams.{}.budget]", up.name);
-        }
+    for d in config::lint(&config) {
+        tracing::warn!(lint = %d, "config warning");
     }
     let drain = config.listener.drain_timeout;
     // The workers serve traffic; this thread runs signals, reload and the admin

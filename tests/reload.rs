@@ -430,3 +430,130 @@ async fn a_new_dedicated_port_opens_and_a_removed_one_closes() {
     }
     tg.stop().await;
 }
+
+/// Fetches `/config` from the admin endpoint.
+async fn config_json(tg: &Tollgate) -> serde_json::Value {
+    let r = get(tg.admin, "/config", "admin").await;
+    assert_eq!(r.status, 200);
+    serde_json::from_slice(&r.body).unwrap()
+}
+
+/// A setting that needs a restart is not applied by a reload: `/config` and `/readyz`
+/// show what is in effect and what waits, and every later reload still reports it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_setting_that_needs_a_restart_is_shown_as_it_runs_until_restarted() {
+    let up = ok_upstream().await;
+    let (_dir, path, tg) = watched("restart-needed", &text(up.addr, "")).await;
+    let slow = text(up.addr, "").replace("[admin]", "idle_timeout = \"5s\"\n[admin]");
+    std::fs::write(&path, &slow).unwrap();
+    tg.wait_reloads("ok", 1.0).await;
+    let waiting = "listener.idle_timeout: 1m in effect, 5s in the file";
+    let c = config_json(&tg).await;
+    assert_eq!(c["listener"]["idle_timeout"], "1m", "{c}");
+    assert_eq!(c["pending_restart"], serde_json::json!([waiting]));
+    let ready = get(tg.admin, "/readyz", "admin").await;
+    assert_eq!(ready.status, 200);
+    assert!(
+        String::from_utf8_lossy(&ready.body).contains(waiting),
+        "{:?}",
+        ready.body
+    );
+
+    // A later reload of something else still reports it (it is still not in effect).
+    std::fs::write(
+        &path,
+        format!(
+            "{slow}[upstreams.b]\nauthorities = [\"b\"]\nendpoints = [\"{}\"]\n",
+            up.addr
+        ),
+    )
+    .unwrap();
+    tg.wait_reloads("ok", 2.0).await;
+    b_routes(&tg, true, "upstream b").await;
+    let c = config_json(&tg).await;
+    assert_eq!(c["listener"]["idle_timeout"], "1m");
+    assert_eq!(c["pending_restart"], serde_json::json!([waiting]));
+    tg.stop().await;
+}
+
+/// An upstream's own listen port that a reload cannot bind: the rest is applied, the
+/// reload is counted as partial, and the listener shows down until a later reload binds
+/// it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_listen_port_a_reload_cannot_bind_makes_it_partial() {
+    let up = ok_upstream().await;
+    let (_dir, path, tg) = watched("partial", &text(up.addr, "")).await;
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = taken.local_addr().unwrap().port();
+    let with_listen = format!(
+        "{}[upstreams.b]\nauthorities = [\"b\"]\nendpoints = [\"{}\"]\nlisten = \"127.0.0.1:{port}\"\n",
+        text(up.addr, ""),
+        up.addr
+    );
+    std::fs::write(&path, &with_listen).unwrap();
+    tg.wait_reloads("partial", 1.0).await;
+    assert_eq!(tg.reloads("ok").await, 0.0);
+    b_routes(&tg, true, "upstream b by its authority").await;
+    let m = tg.metrics().await;
+    assert_eq!(
+        metric(&m, "tollgate_listener_up{upstream=\"b\"}"),
+        Some(0.0),
+        "{m}"
+    );
+    let ready = get(tg.admin, "/readyz", "admin").await;
+    assert_eq!(ready.status, 200, "the rest of the config serves");
+    assert!(
+        String::from_utf8_lossy(&ready.body).contains("listener of upstream b not bound"),
+        "{:?}",
+        ready.body
+    );
+    assert!(config_json(&tg).await["upstreams"]["b"]["listen"].is_null());
+
+    // The port is freed and the file touched: the next reload binds it.
+    drop(taken);
+    std::fs::write(&path, format!("{with_listen}# again\n")).unwrap();
+    tg.wait_reloads("ok", 1.0).await;
+    let m = tg.metrics().await;
+    assert_eq!(
+        metric(&m, "tollgate_listener_up{upstream=\"b\"}"),
+        Some(1.0)
+    );
+    let direct = get(SocketAddr::from(([127, 0, 0, 1], port)), "/", "anything").await;
+    assert_eq!(direct.status, 200);
+    tg.stop().await;
+}
+
+/// Every reload says what it changed, one line per upstream, and logs the lints `run`
+/// logs at start: in Kubernetes nearly every change arrives by reload.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reload_names_each_change_and_warns_as_a_start_does() {
+    let up = ok_upstream().await;
+    let a = format!(
+        "[upstreams.a]\nauthorities = [\"a\"]\nendpoints = [\"{}\"]\n",
+        up.addr
+    );
+    let p = Process::start_logged(&a).await;
+    let config = p.dir.path().join("tollgate.toml");
+    let base = std::fs::read_to_string(&config).unwrap();
+    let changed = base.replace(
+        "[upstreams.a]\n",
+        "[upstreams.a]\nrequest_timeout = \"3s\"\n",
+    ) + &format!(
+        "[upstreams.b]\nauthorities = [\"b\"]\nendpoints = [\"{}\"]\n[upstreams.b.retry]\nmax_attempts = 3\n",
+        up.addr
+    );
+    std::fs::write(&config, changed).unwrap();
+    let logged = wait_until(Duration::from_secs(10), || {
+        p.log().contains("config reloaded")
+    })
+    .await;
+    assert!(logged, "no reload logged:\n{}", p.log());
+    let log = p.log();
+    for line in [
+        "upstream a changed: request_timeout",
+        "upstream b added",
+        "upstreams.b.budget: no retry budget",
+    ] {
+        assert!(log.contains(line), "{line:?} not in the log:\n{log}");
+    }
+}

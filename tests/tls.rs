@@ -689,3 +689,39 @@ async fn a_ca_rotated_before_the_first_look_is_picked_up() {
     assert_eq!(get(tg.addr, "/", "secure").await.status, 200);
     tg.stop().await;
 }
+
+/// A ConfigMap that names a certificate its Secret has not delivered yet: the reload is
+/// refused, and once the certificate lands (the config file untouched) it is applied.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_config_refused_for_a_missing_certificate_is_applied_when_it_lands() {
+    let ca = Ca::new("late CA");
+    let leaf = ca.leaf(&[NAME], ExtendedKeyUsagePurpose::ServerAuth);
+    let server = TlsUpstream::start(server_config(&leaf, &["http/1.1"], None)).await;
+    let plain = Upstream::start(|_req| async { respond(200, "plain") }).await;
+    let dir = TempDir::new("tls-late-secret");
+    let first = config(&format!(
+        "[upstreams.plain]\nauthorities = [\"plain\"]\nendpoints = [\"{}\"]\n",
+        plain.addr
+    ));
+    let path = write(dir.path(), "tollgate.toml", &first);
+    let tg = Tollgate::start_file(&path).await;
+
+    // The ConfigMap lands first: its CA file does not exist yet.
+    let second = format!(
+        "{first}[upstreams.secure]\nauthorities = [\"secure\"]\nendpoints = [\"{}\"]\n\
+         connect_timeout = \"5s\"\nattempt_timeout = \"5s\"\n\
+         [upstreams.secure.tls]\nserver_name = \"{NAME}\"\nca_file = \"secret/ca.pem\"\n",
+        server.addr
+    );
+    write(dir.path(), "tollgate.toml", &second);
+    tg.wait_reloads("error", 1.0).await;
+    assert_eq!(get(tg.addr, "/", "secure").await.status, 404);
+    assert_eq!(get(tg.addr, "/", "plain").await.status, 200);
+
+    // Then the Secret: only the certificate file appears.
+    std::fs::create_dir_all(dir.path().join("secret")).unwrap();
+    write(&dir.path().join("secret"), "ca.pem", &ca.pem());
+    tg.wait_reloads("ok", 1.0).await;
+    assert_eq!(get(tg.addr, "/", "secure").await.status, 200);
+    tg.stop().await;
+}

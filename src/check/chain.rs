@@ -6,8 +6,8 @@
 use crate::config::units::format_duration;
 use crate::config::{Config, Diagnostic, Severity, UpstreamConfig};
 
-use super::figures::{effective_patience, plain, total_backoff};
-use super::lint::warning;
+use crate::config::figures::{effective_patience, plain, total_backoff};
+use crate::config::lint::warning;
 
 /// One layer of a chain: a file and the upstream through which it calls the next layer.
 #[derive(Clone, Debug)]

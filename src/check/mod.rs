@@ -20,16 +20,14 @@
 //! code.
 
 mod chain;
-mod figures;
-mod lint;
 mod render;
 
 use std::path::{Path, PathBuf};
 
+pub use crate::config::figures::budget_cap;
+pub use crate::config::lint::{LOOSE_BUDGET_RATIO, lint};
 use crate::config::{self, Config, Diagnostic};
 pub use chain::{ChainLayer, ChainReport, check_chain};
-pub use figures::budget_cap;
-pub use lint::{LOOSE_BUDGET_RATIO, lint};
 
 /// Exit codes of `tollgate check`.
 pub const EXIT_VALID: i32 = 0;

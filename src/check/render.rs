@@ -5,9 +5,11 @@
 use std::fmt::Write as _;
 
 use super::chain::ChainReport;
-use super::figures::{attempts_that_fit, budget_cap, effective_patience, plain, total_backoff};
 use super::{ChainCheck, CheckedFile, EXIT_WARNINGS, Report};
 use crate::config::UpstreamConfig;
+use crate::config::figures::{
+    attempts_that_fit, budget_cap, effective_patience, plain, total_backoff,
+};
 use crate::config::units::format_duration;
 
 impl Report {

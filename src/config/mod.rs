@@ -3,19 +3,25 @@
 //!
 //! Loading is two steps: [`parse`] turns the text into a `Config` and opens no file;
 //! [`read_files`] then reads the certificate files the text names. [`load`] and
-//! [`load_text`] do both, and are what `run`, `check` and a reload use.
+//! [`load_text`] do both, and are what `run`, `check` and a reload use. A valid config
+//! may still deserve a warning: [`lint`] says which (`check` prints them; `run` and
+//! every reload log them), with the figures of [`figures`].
 //!
 //! This is the lowest layer: it imports nothing from the rest of tollgate.
 
 mod diagnostic;
+pub mod diff;
+pub mod figures;
 mod files;
 mod json;
+pub mod lint;
 mod model;
 mod parse;
 pub mod units;
 
 pub use diagnostic::{ConfigErrors, Diagnostic, Severity, Source};
 pub use files::{MAX_FILE, files_unchanged, read_files};
+pub use lint::lint;
 pub use model::*;
 pub use parse::{normalize_authority, parse, parse_endpoint, source_hash};
 

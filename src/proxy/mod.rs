@@ -10,6 +10,7 @@
 //! upstream it needs and keeps it to the end, so a reload never changes a request
 //! midway and never makes one wait.
 
+mod apply;
 pub mod handler;
 pub mod headers;
 pub mod route;
@@ -195,6 +196,7 @@ impl Server {
         let mut dedicated = HashMap::new();
         for (name, l) in dedicated_listeners {
             let a = accept(l, shared.clone(), Some(name.clone().into()), settings);
+            shared.metrics.listener_up(&name, true);
             dedicated.insert(name, a);
         }
         shared.ready.store(true, Release);
@@ -224,88 +226,6 @@ impl Server {
             .unwrap_or_else(|p| p.into_inner())
             .get(upstream)
             .map(|a| a.addr)
-    }
-
-    /// Swaps in a validated config. Requests in flight finish on the snapshot they
-    /// started with. Returns what could not be applied without a restart.
-    pub async fn apply(&self, config: Config) -> Vec<String> {
-        let mut restart_needed = Vec::new();
-        let old = self.shared.snapshot();
-        if config.listener != old.config.listener {
-            restart_needed.push("listener settings (addr, timeouts, limits)".to_string());
-        }
-        if config.admin != old.config.admin {
-            restart_needed.push("admin.addr".to_string());
-        }
-        if config.runtime != old.config.runtime {
-            restart_needed.push("runtime.worker_threads".to_string());
-        }
-        let settings = old.config.listener;
-        // New dedicated ports are bound before the swap, so the new upstream answers
-        // on them as soon as it exists; removed ones are closed after it.
-        let mut to_start = Vec::new();
-        let mut wanted: HashMap<String, SocketAddr> = HashMap::new();
-        {
-            let current = self.dedicated.lock().unwrap_or_else(|p| p.into_inner());
-            for u in &config.upstreams {
-                if let Some(addr) = u.listen {
-                    wanted.insert(u.name.clone(), addr);
-                    let same = current.get(&u.name).is_some_and(|a| {
-                        a.addr == addr || (addr.port() == 0 && a.addr.ip() == addr.ip())
-                    });
-                    if !same {
-                        to_start.push((u.name.clone(), addr));
-                    }
-                }
-            }
-        }
-        let mut started = Vec::new();
-        for (name, addr) in to_start {
-            // A port moving between upstreams frees first.
-            if let Some(old) = self.take_dedicated(&name) {
-                old.stop_accepting().await;
-            }
-            match bind(addr, &format!("upstreams.{name}.listen"), &self.workers).await {
-                Ok(l) => started.push((name, l)),
-                Err(e) => {
-                    tracing::warn!(error = %e, "a new listen port could not be bound; restart to retry");
-                    restart_needed.push(format!("upstreams.{name}.listen ({e})"));
-                }
-            }
-        }
-        let next = Snapshot::build(
-            config,
-            &self.shared.metrics,
-            Some(&old),
-            self.workers.count(),
-        );
-        for u in old.upstreams.iter() {
-            if next.by_name(u.name()).is_none() {
-                self.shared.metrics.forget_gauges(u.name());
-            }
-        }
-        self.shared.snapshot.store(Arc::new(next));
-        for (name, l) in started {
-            let a = accept(l, self.shared.clone(), Some(name.clone().into()), settings);
-            self.dedicated
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .insert(name, a);
-        }
-        let gone: Vec<String> = self
-            .dedicated
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .keys()
-            .filter(|n| !wanted.contains_key(*n))
-            .cloned()
-            .collect();
-        for name in gone {
-            if let Some(a) = self.take_dedicated(&name) {
-                a.stop_accepting().await;
-            }
-        }
-        restart_needed
     }
 
     fn take_dedicated(&self, name: &str) -> Option<Accepting> {

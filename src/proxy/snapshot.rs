@@ -16,6 +16,10 @@ pub struct Snapshot {
     pub upstreams: Box<[Arc<Upstream>]>,
     pub routes: Routes,
     by_name: NameMap<usize>,
+    /// Settings the file changed that take effect only after a restart.
+    pub pending_restart: Vec<String>,
+    /// Upstreams whose own `listen` port could not be bound, with why.
+    pub listeners_down: Vec<(String, String)>,
 }
 
 impl Snapshot {
@@ -59,6 +63,8 @@ impl Snapshot {
             upstreams,
             routes,
             by_name,
+            pending_restart: Vec::new(),
+            listeners_down: Vec::new(),
         }
     }
 

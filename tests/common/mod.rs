@@ -375,6 +375,20 @@ impl Process {
     /// Starts `tollgate run` on a config made of fixed listener/admin ports and
     /// `upstreams`, and waits (bounded) until `/readyz` answers 200.
     pub async fn start(upstreams: &str) -> Self {
+        Self::start_with_log(upstreams, false).await
+    }
+
+    /// As [`Process::start`], with its log (at info) kept for [`Process::log`].
+    pub async fn start_logged(upstreams: &str) -> Self {
+        Self::start_with_log(upstreams, true).await
+    }
+
+    /// What the process has logged so far (started with [`Process::start_logged`]).
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("tollgate.log")).unwrap_or_default()
+    }
+
+    async fn start_with_log(upstreams: &str, logged: bool) -> Self {
         let dir = tempdir::TempDir::new("proc");
         let port = free_port();
         let admin_port = free_port();
@@ -383,12 +397,18 @@ impl Process {
         );
         let path = dir.path().join("tollgate.toml");
         std::fs::write(&path, text).unwrap();
+        let (level, stderr) = if logged {
+            let log = std::fs::File::create(dir.path().join("tollgate.log")).unwrap();
+            ("info", Stdio::from(log))
+        } else {
+            ("warn", Stdio::inherit())
+        };
         let child = Command::new(binary())
             .args(["run", "--config"])
             .arg(&path)
-            .env("RUST_LOG", "warn")
+            .env("RUST_LOG", level)
             .stdout(Stdio::null())
-            .stderr(Stdio::inherit())
+            .stderr(stderr)
             .spawn()
             .unwrap();
         let p = Process {

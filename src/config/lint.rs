@@ -8,13 +8,13 @@ use std::time::Duration;
 use http::Method;
 
 use super::figures::{attempts_that_fit, total_backoff};
-use crate::config::units::format_duration;
-use crate::config::{Config, Diagnostic, Jitter, Ownership, Severity, UpstreamConfig};
+use super::units::format_duration;
+use super::{Config, Diagnostic, Jitter, Ownership, Severity, UpstreamConfig};
 
 /// A retry budget above this share of requests barely caps a storm.
 pub const LOOSE_BUDGET_RATIO: f64 = 0.5;
 
-pub(super) fn warning(config: &Config, key: &str, message: String, fix: String) -> Diagnostic {
+pub fn warning(config: &Config, key: &str, message: String, fix: String) -> Diagnostic {
     let (line, column) = config.position(key);
     Diagnostic {
         severity: Severity::Warning,
@@ -35,22 +35,6 @@ pub fn lint(config: &Config) -> Vec<Diagnostic> {
             config,
             "listener.addr",
             config.listener.addr,
-        ));
-    }
-    if !config.admin.addr.ip().is_loopback() {
-        out.push(warning(
-            config,
-            "admin.addr",
-            format!(
-                "{} is reachable from other hosts: /config shows the whole config (upstreams, \
-                 endpoints, certificate paths) and /metrics the traffic",
-                config.admin.addr
-            ),
-            format!(
-                "bind it to 127.0.0.1:{}; if Prometheus must scrape it from outside, allow only \
-                 the scraper, with a NetworkPolicy for instance",
-                config.admin.addr.port()
-            ),
         ));
     }
     for up in &config.upstreams {
@@ -390,11 +374,6 @@ mod tests {
                 "max_attempts = 3",
                 "max_attempts = 3\nownership = \"ignore\"",
                 "upstreams.api.retry.ownership",
-            ),
-            (
-                r#"addr = "127.0.0.1:15090""#,
-                r#"addr = "0.0.0.0:15090""#,
-                "admin.addr",
             ),
             (
                 r#"addr = "127.0.0.1:15001""#,

@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use crate::config::UpstreamConfig;
+use super::UpstreamConfig;
 
 /// The steady-state amplification a budget allows: `min(max_attempts, 1 + ratio)`.
 /// `None` without a budget. The `min_per_sec` floor allows more at low traffic.
@@ -14,14 +14,14 @@ pub fn budget_cap(up: &UpstreamConfig) -> Option<f64> {
 }
 
 /// The model's total patience for `attempts` attempts instead of `max_attempts`.
-pub(super) fn patience_with(up: &UpstreamConfig, attempts: u32) -> Duration {
+pub fn patience_with(up: &UpstreamConfig, attempts: u32) -> Duration {
     let mut fewer = up.clone();
     fewer.retry.max_attempts = attempts;
     fewer.total_patience()
 }
 
 /// How many attempts, with their backoffs, fit whole within `limit`.
-pub(super) fn attempts_that_fit(up: &UpstreamConfig, limit: Duration) -> u32 {
+pub fn attempts_that_fit(up: &UpstreamConfig, limit: Duration) -> u32 {
     (1..=up.retry.max_attempts)
         .take_while(|n| patience_with(up, *n) <= limit)
         .last()
@@ -30,18 +30,18 @@ pub(super) fn attempts_that_fit(up: &UpstreamConfig, limit: Duration) -> u32 {
 
 /// What the attempts cost a caller's deadline: total patience, but never longer than
 /// `request_timeout`, since the deadline cancels whatever is still running then.
-pub(super) fn effective_patience(up: &UpstreamConfig) -> Duration {
+pub fn effective_patience(up: &UpstreamConfig) -> Duration {
     up.total_patience().min(up.request_timeout)
 }
 
 /// The backoff share of [`UpstreamConfig::total_patience`]: every backoff at its cap.
-pub(super) fn total_backoff(up: &UpstreamConfig) -> Duration {
+pub fn total_backoff(up: &UpstreamConfig) -> Duration {
     up.total_patience()
         .saturating_sub(up.attempt_timeout * up.retry.max_attempts)
 }
 
 /// A whole number without a fraction, or scientific notation when it is huge.
-pub(super) fn plain(x: f64) -> String {
+pub fn plain(x: f64) -> String {
     if x < 1e15 {
         format!("{x:.0}")
     } else {

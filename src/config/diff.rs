@@ -1,0 +1,201 @@
+//! What a reload changes: a new file set against the config in force. Some settings
+//! take effect only at a restart (the listeners, the admin address, the worker
+//! threads): the config in force keeps their running values, so that `/config` shows
+//! what is really in effect and every later reload keeps reporting the difference
+//! until a restart. Everything else is applied, and each upstream added, removed or
+//! changed is named, so a reload says what it did.
+
+use super::Config;
+use super::model::UpstreamConfig;
+use super::units::{format_duration, format_size};
+
+/// A new file, reconciled with the config in force.
+#[derive(Debug)]
+pub struct Reconciled {
+    /// The new file's config with the settings that need a restart as they run now.
+    pub in_effect: Config,
+    /// The settings that differ in the file but need a restart, each with both values.
+    pub restart_needed: Vec<String>,
+    /// One line per upstream added, removed or changed.
+    pub changes: Vec<String>,
+}
+
+/// Reconciles the file's `new` config with the `running` one.
+pub fn reconcile(running: &Config, new: Config) -> Reconciled {
+    let mut restart_needed = Vec::new();
+    let mut differs = |what: &str, was: String, is: String| {
+        if was != is {
+            restart_needed.push(format!("{what}: {was} in effect, {is} in the file"));
+        }
+    };
+    let (l, n) = (&running.listener, &new.listener);
+    differs("listener.addr", l.addr.to_string(), n.addr.to_string());
+    let d = format_duration;
+    differs(
+        "listener.drain_timeout",
+        d(l.drain_timeout),
+        d(n.drain_timeout),
+    );
+    differs(
+        "listener.header_read_timeout",
+        d(l.header_read_timeout),
+        d(n.header_read_timeout),
+    );
+    differs(
+        "listener.idle_timeout",
+        d(l.idle_timeout),
+        d(n.idle_timeout),
+    );
+    differs(
+        "listener.max_header_bytes",
+        format_size(l.max_header_bytes as u64),
+        format_size(n.max_header_bytes as u64),
+    );
+    differs(
+        "listener.max_headers",
+        l.max_headers.to_string(),
+        n.max_headers.to_string(),
+    );
+    differs(
+        "listener.max_connections",
+        l.max_connections.to_string(),
+        n.max_connections.to_string(),
+    );
+    differs(
+        "admin.addr",
+        running.admin.addr.to_string(),
+        new.admin.addr.to_string(),
+    );
+    differs(
+        "runtime.worker_threads",
+        format!("{:?}", running.runtime.worker_threads),
+        format!("{:?}", new.runtime.worker_threads),
+    );
+    let changes = upstream_changes(running, &new);
+    let in_effect = Config {
+        listener: running.listener,
+        admin: running.admin.clone(),
+        runtime: running.runtime.clone(),
+        ..new
+    };
+    Reconciled {
+        in_effect,
+        restart_needed,
+        changes,
+    }
+}
+
+/// One line per upstream added, removed or changed, in name order.
+pub fn upstream_changes(old: &Config, new: &Config) -> Vec<String> {
+    let mut lines = Vec::new();
+    for u in &new.upstreams {
+        match old.upstream(&u.name) {
+            None => lines.push(format!("upstream {} added", u.name)),
+            Some(o) => {
+                let fields = changed_fields(o, u);
+                if !fields.is_empty() {
+                    lines.push(format!(
+                        "upstream {} changed: {}",
+                        u.name,
+                        fields.join(", ")
+                    ));
+                }
+            }
+        }
+    }
+    for o in &old.upstreams {
+        if new.upstream(&o.name).is_none() {
+            lines.push(format!("upstream {} removed", o.name));
+        }
+    }
+    lines.sort();
+    lines
+}
+
+/// The settings of an upstream that differ, by the names the file gives them.
+fn changed_fields(a: &UpstreamConfig, b: &UpstreamConfig) -> Vec<&'static str> {
+    let mut out = Vec::new();
+    let mut check = |name: &'static str, same: bool| {
+        if !same {
+            out.push(name);
+        }
+    };
+    check("authorities", a.authorities == b.authorities);
+    check("listen", a.listen == b.listen);
+    check("endpoints", a.endpoints == b.endpoints);
+    check("host", a.host == b.host);
+    check("protocol", a.protocol == b.protocol);
+    check("connect_timeout", a.connect_timeout == b.connect_timeout);
+    check("request_timeout", a.request_timeout == b.request_timeout);
+    check("attempt_timeout", a.attempt_timeout == b.attempt_timeout);
+    check("max_inflight", a.max_inflight == b.max_inflight);
+    check("retry", a.retry == b.retry);
+    check("budget", a.budget == b.budget);
+    check("tls", a.tls == b.tls);
+    // Anything not named above (a key added later): still a change, said plainly.
+    if out.is_empty() && a != b {
+        out.push("other settings");
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+    use std::path::Path;
+
+    fn config(text: &str) -> Config {
+        crate::config::parse("t.toml", text, Path::new(".")).unwrap()
+    }
+
+    const BASE: &str = "[upstreams.a]\nauthorities = [\"a\"]\nendpoints = [\"127.0.0.1:1\"]\n\
+                        [upstreams.b]\nauthorities = [\"b\"]\nendpoints = [\"127.0.0.1:2\"]\n";
+
+    #[test]
+    fn every_upstream_added_removed_or_changed_is_named() {
+        let old = config(BASE);
+        let new = config(
+            "[upstreams.a]\nauthorities = [\"a\"]\nendpoints = [\"127.0.0.1:9\"]\n\
+             request_timeout = \"3s\"\n\
+             [upstreams.c]\nauthorities = [\"c\"]\nendpoints = [\"127.0.0.1:3\"]\n",
+        );
+        assert_eq!(
+            upstream_changes(&old, &new),
+            [
+                "upstream a changed: endpoints, request_timeout",
+                "upstream b removed",
+                "upstream c added",
+            ]
+        );
+        assert!(upstream_changes(&old, &config(BASE)).is_empty());
+    }
+
+    #[test]
+    fn settings_that_need_a_restart_keep_their_running_values() {
+        let running = config(BASE);
+        let new = config(&format!(
+            "[admin]\naddr = \"127.0.0.1:19999\"\n[listener]\nidle_timeout = \"5s\"\n{BASE}"
+        ));
+        let r = reconcile(&running, new);
+        assert_eq!(r.in_effect.admin, running.admin);
+        assert_eq!(r.in_effect.listener, running.listener);
+        assert_eq!(r.restart_needed.len(), 2, "{:?}", r.restart_needed);
+        assert_eq!(
+            r.restart_needed[0],
+            "listener.idle_timeout: 1m in effect, 5s in the file"
+        );
+        assert!(
+            r.restart_needed[1]
+                .starts_with("admin.addr: 127.0.0.1:15090 in effect, 127.0.0.1:19999 in the file")
+        );
+        assert!(r.changes.is_empty());
+        // Reconciled again against what is in effect, the difference is still there.
+        let again = reconcile(
+            &r.in_effect,
+            config(&format!("[admin]\naddr = \"127.0.0.1:19999\"\n{BASE}")),
+        );
+        assert_eq!(again.restart_needed.len(), 1);
+    }
+}
