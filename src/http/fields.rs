@@ -58,20 +58,6 @@ impl<const N: usize> ExtraFields<N> {
     pub fn names(&self, name: &HeaderName) -> bool {
         self.iter().any(|(n, _)| n == name)
     }
-
-    /// Whether one of the fields is called `name` as it came on the wire (any case).
-    pub fn names_raw(&self, name: &[u8]) -> bool {
-        self.iter().any(|(n, _)| {
-            n.as_str().len() == name.len() && n.as_str().as_bytes().eq_ignore_ascii_case(name)
-        })
-    }
-
-    /// Writes each field as a line of an HTTP/1.1 head.
-    pub fn write_to(&self, wbuf: &mut Vec<u8>) {
-        for (name, value) in self.iter() {
-            write_field(wbuf, name, value);
-        }
-    }
 }
 
 /// Heads with up to this many fields are taken apart without an allocation.

@@ -14,13 +14,17 @@ use tokio::time::Instant;
 
 use super::headers::prepare_request;
 use super::route::authority_of;
-use super::server::{Admission, AppBody, ConnState, RequestGuard, ResponseBody, Service};
+use super::server::{
+    AddedFields, Admission, AppBody, ConnState, RequestGuard, ResponseBody, Service,
+};
 use super::{Shared, Upstream};
 use crate::deadline::Deadline;
 use crate::http::ByProtocol;
-use crate::http::fields::{ExtraFields, strip};
+use crate::http::fields::strip;
 use crate::metrics::{Outcome, UpstreamMetrics};
-use crate::retry::headers::{ATTEMPTS_HEADER, OUTCOME_HEADER, count_value};
+use crate::retry::headers::{
+    ATTEMPTS_HEADER, OUTCOME_HEADER, attempts_line, count_value, outcome_line,
+};
 use crate::retry::{self, Answer, Exchange, Reply};
 
 /// The app's outbound requests, routed to upstreams by authority, or all to one
@@ -231,13 +235,12 @@ fn answer_app(
                 .then_some(answer.outcome);
             metrics.request(parts.status.as_u16(), answer.outcome, answer.attempts);
             let body = ResponseBody::upstream(body, guard);
-            if version < Version::HTTP_2 {
+            if let (true, Some(attempts)) =
+                (version < Version::HTTP_2, attempts_line(answer.attempts))
+            {
                 // Written straight into the head by the HTTP/1.1 writer, in place of an
                 // upstream's own fields of the same names.
-                let added = ExtraFields([
-                    Some((ATTEMPTS_HEADER, count_value(answer.attempts))),
-                    outcome.map(|o| (OUTCOME_HEADER, o.header_value())),
-                ]);
+                let added = AddedFields([Some(attempts), outcome.map(outcome_line)]);
                 return Response::from_parts(parts, body.with_fields(added));
             }
             parts

@@ -38,6 +38,34 @@ pub fn count_value(n: u32) -> HeaderValue {
     }
 }
 
+/// `x-tollgate-attempts: N` as a whole head line, for counts up to 16 (a request
+/// makes at most 10 attempts); made once.
+pub fn attempts_line(n: u32) -> Option<&'static str> {
+    static LINES: std::sync::OnceLock<Vec<String>> = std::sync::OnceLock::new();
+    let lines = LINES.get_or_init(|| {
+        (1..=16)
+            .map(|i| format!("{}: {i}", ATTEMPTS_HEADER.as_str()))
+            .collect()
+    });
+    lines.get((n as usize).wrapping_sub(1)).map(String::as_str)
+}
+
+/// `x-tollgate-outcome: OUTCOME` as a whole head line; made once.
+pub fn outcome_line(o: Outcome) -> &'static str {
+    static LINES: std::sync::OnceLock<Vec<String>> = std::sync::OnceLock::new();
+    let lines = LINES.get_or_init(|| {
+        Outcome::ALL
+            .iter()
+            .map(|o| format!("{}: {}", OUTCOME_HEADER.as_str(), o.as_str()))
+            .collect()
+    });
+    Outcome::ALL
+        .iter()
+        .position(|x| *x == o)
+        .and_then(|i| lines.get(i))
+        .map_or("", String::as_str)
+}
+
 /// Whether a response was already given up on by another tollgate nearer the failure.
 pub fn owned_elsewhere(fields: Fields<'_>) -> bool {
     fields.contains(&OUTCOME_HEADER)
@@ -54,4 +82,21 @@ pub fn outcome_of(fields: Fields<'_>) -> Outcome {
                 .find(|o| o.as_str().as_bytes() == v)
         })
         .unwrap_or(Outcome::Ok)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn head_lines_are_the_header_and_its_value() {
+        assert_eq!(attempts_line(3), Some("x-tollgate-attempts: 3"));
+        assert_eq!(attempts_line(0), None);
+        for o in Outcome::ALL {
+            assert_eq!(
+                outcome_line(o),
+                format!("x-tollgate-outcome: {}", o.as_str())
+            );
+        }
+    }
 }

@@ -11,12 +11,12 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use bytes::Bytes;
+use http::HeaderName;
 use http_body::{Body, Frame, SizeHint};
 use tokio::time::Instant;
 
 use super::socket::Http1Body;
 use super::watchdog::ConnState;
-use crate::http::fields::ExtraFields;
 use crate::http::response::RawFields;
 use crate::http::{BoxError, ByProtocol};
 use crate::upstream::response::UpstreamBody;
@@ -24,9 +24,42 @@ use crate::upstream::response::UpstreamBody;
 /// The body of a request from the app, as either protocol delivers it.
 pub type AppBody = ByProtocol<Http1Body>;
 
-/// Fields this hop adds to a response head for an HTTP/1.1 app (the attempt count and
-/// the outcome), written after the response's own and replacing any of the same name.
-pub type AddedFields = ExtraFields<2>;
+/// Up to two whole field lines (`name: value`) this hop adds to a response head for an
+/// HTTP/1.1 app, written after the response's own and replacing any field of the same
+/// name. Lines from tables made once, so nothing is formatted per response and the
+/// response stays small to move.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct AddedFields(pub [Option<&'static str>; 2]);
+
+impl AddedFields {
+    fn lines(&self) -> impl Iterator<Item = &'static str> {
+        self.0.into_iter().flatten()
+    }
+
+    /// Whether one of the lines is a field called `name`.
+    pub fn names(&self, name: &HeaderName) -> bool {
+        self.names_raw(name.as_str().as_bytes())
+    }
+
+    /// Whether one of the lines is a field called `name` as it came on the wire (any
+    /// case).
+    pub fn names_raw(&self, name: &[u8]) -> bool {
+        self.lines().any(|l| {
+            let l = l.as_bytes();
+            l.len() > name.len()
+                && l[name.len()] == b':'
+                && l[..name.len()].eq_ignore_ascii_case(name)
+        })
+    }
+
+    /// Writes the lines into an HTTP/1.1 head.
+    pub fn write_to(&self, wbuf: &mut Vec<u8>) {
+        for line in self.lines() {
+            wbuf.extend_from_slice(line.as_bytes());
+            wbuf.extend_from_slice(b"\r\n");
+        }
+    }
+}
 
 /// What admitted a request (a concurrency limit, say) and must hear when its answer
 /// has gone out.
@@ -101,8 +134,8 @@ impl ResponseBody {
         self
     }
 
-    pub fn added_fields(&self) -> &AddedFields {
-        &self.added
+    pub fn added_fields(&self) -> AddedFields {
+        self.added
     }
 
     /// Fields of the upstream's HTTP/1.1 response head that are not in the response's
