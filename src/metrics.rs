@@ -82,19 +82,22 @@ pub enum AttemptResult {
     ClientError,
     ServerError,
     ConnectFailure,
+    /// The TLS handshake failed, or the server refused the connection right after it.
+    Tls,
     Reset,
     Timeout,
     Cancelled,
 }
 
 impl AttemptResult {
-    const ALL: [AttemptResult; 9] = [
+    const ALL: [AttemptResult; 10] = [
         AttemptResult::Informational,
         AttemptResult::Success,
         AttemptResult::Redirect,
         AttemptResult::ClientError,
         AttemptResult::ServerError,
         AttemptResult::ConnectFailure,
+        AttemptResult::Tls,
         AttemptResult::Reset,
         AttemptResult::Timeout,
         AttemptResult::Cancelled,
@@ -108,6 +111,7 @@ impl AttemptResult {
             AttemptResult::ClientError => "4xx",
             AttemptResult::ServerError => "5xx",
             AttemptResult::ConnectFailure => "connect-failure",
+            AttemptResult::Tls => "tls",
             AttemptResult::Reset => "reset",
             AttemptResult::Timeout => "timeout",
             AttemptResult::Cancelled => "cancelled",
@@ -470,7 +474,7 @@ impl Metrics {
 /// One upstream's handles.
 pub struct UpstreamMetrics {
     name: String,
-    attempts: [IntCounter; 9],
+    attempts: [IntCounter; 10],
     denied: [IntCounter; 7],
     retries: Vec<(String, IntCounter)>,
     pub attempts_per_request: Histogram,

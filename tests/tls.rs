@@ -352,9 +352,10 @@ async fn a_certificate_from_an_untrusted_ca_is_refused() {
     assert_eq!(
         metric(
             &m,
-            "tollgate_attempts_total{result=\"connect-failure\",upstream=\"secure\"}"
+            "tollgate_attempts_total{result=\"tls\",upstream=\"secure\"}"
         ),
-        Some(1.0)
+        Some(1.0),
+        "a TLS failure, not retried on the same endpoint"
     );
     tg.stop().await;
 }

@@ -4,12 +4,13 @@
 //!
 //! - [`server`]: client connections and their codecs, handed a [`server::Service`];
 //! - [`handler`]: the outbound service: route, admit, deadline, retry, answer;
-//! - [`headers`], [`route`], [`snapshot`]: what the handler works with.
+//! - [`headers`], [`route`], [`snapshot`], [`grpc`]: what the handler works with.
 //!
 //! The snapshot is an `ArcSwap`: a request loads it once, clones the `Arc` of the one
 //! upstream it needs and keeps it to the end, so a reload never changes a request
 //! midway and never makes one wait.
 
+pub mod grpc;
 pub mod handler;
 pub mod headers;
 pub mod route;

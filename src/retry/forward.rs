@@ -35,7 +35,8 @@ pub struct Exchange<A> {
     pub headers: HeaderMap,
     pub body: A,
     pub deadline: Deadline,
-    /// A gRPC call: `grpc-timeout` is rewritten on each attempt too.
+    /// A gRPC call: `grpc-timeout` carries the caller's own deadline, and tollgate's
+    /// own answers are gRPC answers.
     pub grpc: bool,
 }
 
@@ -55,6 +56,11 @@ pub struct Answer {
     pub reply: Reply,
     pub attempts: u32,
     pub outcome: Outcome,
+    /// The failure tollgate gave up on, when it gave up.
+    pub failure: Option<Failure>,
+    /// What went wrong, in words for the app, when there is more to say than the
+    /// status (a TLS failure's reason).
+    pub detail: Option<String>,
     /// The response already carries another tollgate's `x-tollgate-outcome`.
     pub owned_elsewhere: bool,
     /// The app's body was not read to its end: the client connection cannot carry
@@ -81,6 +87,11 @@ struct Call<'a, A> {
     attempts: u32,
     /// The endpoint that failed last.
     avoid: Option<usize>,
+    /// Endpoints (by index, the first 64) whose TLS failed for this request: a
+    /// verification failure is not retried on the same endpoint.
+    tls_failed: u64,
+    /// What the last attempt's failure had to say.
+    detail: Option<String>,
     rng: Option<fastrand::Rng>,
 }
 
@@ -94,7 +105,8 @@ pub async fn forward<A: AppBody>(up: &Upstream<A>, ex: Exchange<A>) -> Answer {
             return call.local(StatusCode::GATEWAY_TIMEOUT, Outcome::DeadlineExceeded);
         }
         call.attempts += 1;
-        let endpoint = up.endpoints.pick(call.avoid);
+        call.detail = None;
+        let endpoint = call.pick();
         up.budget.record_attempt(started);
         let cfg = &up.config;
         let attempt = Attempt {
@@ -104,7 +116,7 @@ pub async fn forward<A: AppBody>(up: &Upstream<A>, ex: Exchange<A>) -> Answer {
             want: call.want,
             started,
             by: (started + cfg.attempt_timeout).min(call.deadline.at()),
-            grpc: call.grpc,
+            grpc_deadline: call.deadline.caller_at().filter(|_| call.grpc),
             // Whether this attempt's request may have to be sent again after it is sent.
             keep: if call.retryable && call.attempts < cfg.retry.max_attempts {
                 cfg.retry.max_body
@@ -119,7 +131,10 @@ pub async fn forward<A: AppBody>(up: &Upstream<A>, ex: Exchange<A>) -> Answer {
             fields: AttemptFields::default(),
             https: cfg.tls.is_some(),
         };
-        let (failure, response) = match attempt.run(&mut head, &mut call.body).await {
+        let (failure, response) = match attempt
+            .run(&mut head, &mut call.body, &mut call.detail)
+            .await
+        {
             Ok(resp) => {
                 match policy::classify_response(resp.status(), Fields::of(&resp), &cfg.retry.on) {
                     None => return call.answer(resp, Outcome::Ok),
@@ -128,6 +143,12 @@ pub async fn forward<A: AppBody>(up: &Upstream<A>, ex: Exchange<A>) -> Answer {
             }
             Err(f) => (f, None),
         };
+        if failure == Failure::Tls {
+            call.tls_failed |= 1 << (endpoint % 64);
+            if call.tls_failed.count_ones() as usize >= up.endpoints.len().min(64) {
+                return call.give_up(Stop::NoOtherEndpoint, failure, None);
+            }
+        }
         match call.decide(failure, response.as_ref()).await {
             Ok(sleep) => {
                 up.metrics.retried(failure.condition());
@@ -165,8 +186,24 @@ impl<'a, A: AppBody> Call<'a, A> {
             body: BodySource::new(ex.body),
             attempts: 0,
             avoid: None,
+            tls_failed: 0,
+            detail: None,
             rng: None,
         }
+    }
+
+    /// The endpoint for the next attempt: round-robin, away from the one that just
+    /// failed and from any whose TLS failed for this request.
+    fn pick(&self) -> usize {
+        let endpoints = &self.up.endpoints;
+        let mut i = endpoints.pick(self.avoid);
+        for _ in 0..endpoints.len() {
+            if self.tls_failed & (1 << (i % 64)) == 0 {
+                break;
+            }
+            i = endpoints.pick(self.avoid);
+        }
+        i
     }
 
     /// Whether the failure of the last attempt is retried: `Ok(sleep)` with the budget
@@ -226,6 +263,8 @@ impl<'a, A: AppBody> Call<'a, A> {
             },
             reply: Reply::Upstream(resp),
             attempts: self.attempts,
+            failure: None,
+            detail: None,
             owned_elsewhere: owned,
             body_unread: self.body.unread(),
         }
@@ -234,7 +273,7 @@ impl<'a, A: AppBody> Call<'a, A> {
     /// No more attempts: the last failure goes back, the upstream's own response or
     /// tollgate's 502/504.
     fn give_up(
-        &self,
+        &mut self,
         stop: Stop,
         failure: Failure,
         response: Option<Response<UpstreamBody>>,
@@ -249,6 +288,8 @@ impl<'a, A: AppBody> Call<'a, A> {
                 reply: Reply::Upstream(resp),
                 attempts: self.attempts,
                 outcome,
+                failure: Some(failure),
+                detail: None,
                 owned_elsewhere: false,
                 body_unread: self.body.unread(),
             },
@@ -258,7 +299,10 @@ impl<'a, A: AppBody> Call<'a, A> {
                     _ if outcome == Outcome::DeadlineExceeded => StatusCode::GATEWAY_TIMEOUT,
                     _ => StatusCode::BAD_GATEWAY,
                 };
-                self.local(status, outcome)
+                let mut answer = self.local(status, outcome);
+                answer.failure = Some(failure);
+                answer.detail = self.detail.take();
+                answer
             }
         }
     }
@@ -269,6 +313,8 @@ impl<'a, A: AppBody> Call<'a, A> {
             reply: Reply::Local(status),
             attempts: self.attempts,
             outcome,
+            failure: None,
+            detail: None,
             owned_elsewhere: false,
             body_unread: self.body.unread(),
         }

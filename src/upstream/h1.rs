@@ -23,7 +23,7 @@ use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
-use http::header::CONTENT_LENGTH;
+use http::header::{CONTENT_LENGTH, COOKIE};
 use http::{Method, Response};
 use http_body::{Body, Frame, SizeHint};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, ReadBuf};
@@ -314,6 +314,18 @@ impl<B: OutgoingBody> PendingUpload for Upload<B> {
     }
 }
 
+/// Writes the request's `Cookie` fields as one line.
+fn write_cookies(wbuf: &mut Vec<u8>, headers: &http::HeaderMap) {
+    wbuf.extend_from_slice(b"cookie: ");
+    for (i, value) in headers.get_all(COOKIE).iter().enumerate() {
+        if i > 0 {
+            wbuf.extend_from_slice(b"; ");
+        }
+        wbuf.extend_from_slice(value.as_bytes());
+    }
+    wbuf.extend_from_slice(b"\r\n");
+}
+
 /// Methods whose request means something with a body, so an empty one is declared.
 fn declares_empty_body(method: &Method) -> bool {
     *method == Method::POST || *method == Method::PUT || *method == Method::PATCH
@@ -334,8 +346,16 @@ fn encode_head<B: Body>(
     wbuf.push(b' ');
     wbuf.extend_from_slice(if pq.is_empty() { b"/" } else { pq.as_bytes() });
     wbuf.extend_from_slice(b" HTTP/1.1\r\n");
+    let mut cookies = false;
     for (name, value) in head.headers {
-        if !fields.names(name) {
+        if *name == COOKIE {
+            // An HTTP/2 app may split its cookies over several fields; HTTP/1.1 wants
+            // them in one, joined by "; " (RFC 9113 section 8.2.3).
+            if !cookies {
+                cookies = true;
+                write_cookies(wbuf, head.headers);
+            }
+        } else if !fields.names(name) {
             write_field(wbuf, name, value);
         }
     }

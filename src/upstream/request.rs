@@ -24,7 +24,9 @@ pub struct RequestHead<'a> {
 
 impl RequestHead<'_> {
     /// The request as hyper's HTTP/2 client takes it: its own copy of the head, with
-    /// the scheme and authority HTTP/2 requires.
+    /// the scheme and authority HTTP/2 requires. The authority comes from `Host`, and
+    /// `Host` itself is not sent: HTTP/2 carries it as `:authority` (RFC 9113 section
+    /// 8.3.1), and servers such as nginx refuse a request that has both.
     pub(super) fn to_h2<B>(&self, body: B) -> Request<B> {
         let mut req = Request::new(body);
         *req.method_mut() = self.method.clone();
@@ -46,6 +48,7 @@ impl RequestHead<'_> {
                 .unwrap_or_else(|_| self.uri.clone())
         };
         let mut headers = self.headers.clone();
+        headers.remove(http::header::HOST);
         for (name, value) in self.fields.iter() {
             headers.insert(name.clone(), value.clone());
         }

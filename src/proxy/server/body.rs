@@ -24,9 +24,10 @@ use crate::upstream::response::UpstreamBody;
 /// The body of a request from the app, as either protocol delivers it.
 pub type AppBody = ByProtocol<Http1Body>;
 
-/// Fields this hop adds to a response head for an HTTP/1.1 app (the attempt count and
-/// the outcome), written after the response's own and replacing any of the same name.
-pub type AddedFields = ExtraFields<2>;
+/// Fields this hop adds to a response head for an HTTP/1.1 app (the attempt count, the
+/// outcome, a gRPC pushback), written after the response's own and replacing any of
+/// the same name.
+pub type AddedFields = ExtraFields<3>;
 
 /// What admitted a request (a concurrency limit, say) and must hear when its answer
 /// has gone out.
