@@ -95,7 +95,10 @@ impl<A: AppBody> Attempt<'_, A> {
                             tracing::debug!(upstream = %cfg.name, endpoint = %endpoint.addr, error = %e, "connect failed");
                             return Err(Failure::ConnectFailure);
                         }
-                        Err(_) => return Err(Failure::ConnectFailure),
+                        Err(_) => {
+                            tracing::debug!(upstream = %cfg.name, endpoint = %endpoint.addr, "connect timed out");
+                            return Err(Failure::ConnectFailure);
+                        }
                     }
                 }
             };

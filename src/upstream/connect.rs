@@ -204,10 +204,39 @@ impl FirstBytes {
     }
 }
 
-/// A socket whose first bytes read are noted in a [`FirstBytes`].
+/// A socket whose first bytes read are noted in a [`FirstBytes`]. Nothing is written
+/// after the HTTP/2 preface until they are in: an HTTP/1.1 server answers the preface
+/// and closes, and a write racing that close would fail before its answer is read.
 struct Sniffed<T> {
     inner: T,
     first: Arc<FirstBytes>,
+    /// Bytes written so far, up to the preface's length.
+    written: usize,
+    /// Bytes read while writes waited for the first ones, not yet handed on.
+    ahead: Vec<u8>,
+}
+
+/// The HTTP/2 client connection preface's length.
+const PREFACE_LEN: usize = 24;
+
+impl<T: AsyncRead + Unpin> Sniffed<T> {
+    /// Reads the first bytes, to note them, while a write waits for them.
+    fn poll_first(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        let mut chunk = [0u8; 64];
+        let mut buf = ReadBuf::new(&mut chunk);
+        match Pin::new(&mut self.inner).poll_read(cx, &mut buf) {
+            Poll::Ready(Ok(())) => {
+                self.ahead.extend_from_slice(buf.filled());
+                self.first.note(buf.filled());
+                Poll::Ready(Ok(()))
+            }
+            Poll::Ready(Err(e)) => {
+                self.first.note(&[]);
+                Poll::Ready(Err(e))
+            }
+            Poll::Pending => Poll::Pending,
+        }
+    }
 }
 
 impl<T: AsyncRead + Unpin> AsyncRead for Sniffed<T> {
@@ -216,14 +245,17 @@ impl<T: AsyncRead + Unpin> AsyncRead for Sniffed<T> {
         cx: &mut Context<'_>,
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
+        if !self.ahead.is_empty() {
+            let n = self.ahead.len().min(buf.remaining());
+            buf.put_slice(&self.ahead[..n]);
+            self.ahead.drain(..n);
+            return Poll::Ready(Ok(()));
+        }
         let before = buf.filled().len();
         let polled = Pin::new(&mut self.inner).poll_read(cx, buf);
         if self.first.bytes.get().is_none() {
             match &polled {
-                Poll::Ready(Ok(())) => {
-                    let got = &buf.filled()[before..];
-                    self.first.note(&got[..got.len().min(16)]);
-                }
+                Poll::Ready(Ok(())) => self.first.note(&buf.filled()[before..]),
                 Poll::Ready(Err(_)) => self.first.note(&[]),
                 Poll::Pending => {}
             }
@@ -232,13 +264,23 @@ impl<T: AsyncRead + Unpin> AsyncRead for Sniffed<T> {
     }
 }
 
-impl<T: AsyncWrite + Unpin> AsyncWrite for Sniffed<T> {
+impl<T: AsyncRead + AsyncWrite + Unpin> AsyncWrite for Sniffed<T> {
     fn poll_write(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.inner).poll_write(cx, buf)
+        let this = &mut *self;
+        if this.first.bytes.get().is_none() {
+            if this.written < PREFACE_LEN {
+                let n = buf.len().min(PREFACE_LEN - this.written);
+                let n = std::task::ready!(Pin::new(&mut this.inner).poll_write(cx, &buf[..n]))?;
+                this.written += n;
+                return Poll::Ready(Ok(n));
+            }
+            std::task::ready!(this.poll_first(cx))?;
+        }
+        Pin::new(&mut this.inner).poll_write(cx, buf)
     }
 
     fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
@@ -284,6 +326,8 @@ where
             let (sender, task) = go!(Sniffed {
                 inner: s,
                 first: first.clone(),
+                written: 0,
+                ahead: Vec::new(),
             });
             if first.wait().await.starts_with(b"HTTP/1.") {
                 task.abort();
