@@ -17,7 +17,7 @@ use std::error::Error;
 use std::io;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering::Relaxed};
 
-use rustls::{AlertDescription, CertificateError};
+use rustls::CertificateError;
 
 /// At most one warning per endpoint in this many milliseconds.
 pub const WARN_EVERY_MS: u64 = 5_000;
@@ -36,6 +36,12 @@ pub fn describe(err: &(dyn Error + 'static)) -> String {
 pub fn rejection(err: &(dyn Error + 'static), client_cert: bool) -> Option<String> {
     if let Some(e) = find_rustls(err) {
         return Some(rustls_reason(e));
+    }
+    if let Some(alert) = alert_in_words(err) {
+        return Some(alert_reason(
+            &alert,
+            CLIENT_CERT_ALERTS.contains(&alert.as_str()),
+        ));
     }
     if client_cert && closed_early(err) {
         return Some(
@@ -92,11 +98,11 @@ fn closed_early(err: &(dyn Error + 'static)) -> bool {
 fn rustls_reason(e: &rustls::Error) -> String {
     match e {
         rustls::Error::InvalidCertificate(c) => certificate_reason(c),
-        rustls::Error::AlertReceived(a) if client_certificate_alert(*a) => format!(
-            "the server refused tollgate's client certificate (TLS alert {a:?}); check \
-             client_cert and client_key against the CAs the server trusts"
-        ),
-        rustls::Error::AlertReceived(a) => format!("the server sent the TLS alert {a:?}"),
+        rustls::Error::AlertReceived(a) => {
+            let name = format!("{a:?}");
+            let client = CLIENT_CERT_ALERTS.contains(&name.as_str());
+            alert_reason(&name, client)
+        }
         other => other.to_string(),
     }
 }
@@ -119,19 +125,46 @@ fn certificate_reason(c: &CertificateError) -> String {
     }
 }
 
-/// The alerts a server sends when it refuses (or wanted) the client's certificate.
-fn client_certificate_alert(a: AlertDescription) -> bool {
-    matches!(
-        a,
-        AlertDescription::BadCertificate
-            | AlertDescription::CertificateRequired
-            | AlertDescription::UnknownCA
-            | AlertDescription::CertificateUnknown
-            | AlertDescription::CertificateExpired
-            | AlertDescription::CertificateRevoked
-            | AlertDescription::UnsupportedCertificate
-            | AlertDescription::AccessDenied
-    )
+/// The alerts a server sends when it refuses (or wanted) the client's certificate, by
+/// their names in rustls.
+const CLIENT_CERT_ALERTS: [&str; 8] = [
+    "BadCertificate",
+    "CertificateRequired",
+    "UnknownCA",
+    "CertificateUnknown",
+    "CertificateExpired",
+    "CertificateRevoked",
+    "UnsupportedCertificate",
+    "AccessDenied",
+];
+
+fn alert_reason(name: &str, client_cert: bool) -> String {
+    if client_cert {
+        format!(
+            "the server refused tollgate's client certificate (TLS alert {name}); check \
+             client_cert and client_key against the CAs the server trusts"
+        )
+    } else {
+        format!("the server sent the TLS alert {name}")
+    }
+}
+
+/// An alert that reached the request only in words: HTTP/2 hands each stream of a
+/// connection that failed a copy of the connection's I/O error, as text.
+fn alert_in_words(err: &(dyn Error + 'static)) -> Option<String> {
+    let mut cur = Some(err);
+    while let Some(e) = cur {
+        if let Some(io) = e.downcast_ref::<io::Error>()
+            && io.kind() == io::ErrorKind::InvalidData
+        {
+            let text = io.to_string();
+            if let Some(name) = text.strip_prefix("received fatal alert: ") {
+                return Some(name.trim().to_string());
+            }
+        }
+        cur = e.source();
+    }
+    None
 }
 
 /// Lets one warning through per [`WARN_EVERY_MS`], counting the ones held back.
@@ -184,7 +217,16 @@ mod tests {
         assert!(describe(&io).contains("ca_file"), "{}", describe(&io));
         let alert = io::Error::new(
             io::ErrorKind::InvalidData,
-            rustls::Error::AlertReceived(AlertDescription::CertificateRequired),
+            rustls::Error::AlertReceived(rustls::AlertDescription::CertificateRequired),
+        );
+        let words = io::Error::new(
+            io::ErrorKind::InvalidData,
+            "received fatal alert: UnknownCA",
+        );
+        assert!(
+            rejection(&words, false)
+                .unwrap()
+                .contains("client certificate")
         );
         let why = rejection(&alert, false).unwrap();
         assert!(why.contains("client certificate"), "{why}");
