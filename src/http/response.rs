@@ -131,12 +131,16 @@ fn field_kind(name: &[u8]) -> FieldKind {
     }
 }
 
+/// A response head taken off the buffer.
+pub enum Parsed {
+    /// An interim response (1xx but 101), consumed: its status.
+    Interim(StatusCode),
+    Final(ResponseHead),
+}
+
 /// Parses a response head at the front of `rbuf` and takes it off: `None` while it is
-/// incomplete, `Some(None)` for an interim response.
-pub fn parse_response_head(
-    rbuf: &mut BytesMut,
-    head_request: bool,
-) -> io::Result<Option<Option<ResponseHead>>> {
+/// incomplete.
+pub fn parse_response_head(rbuf: &mut BytesMut, head_request: bool) -> io::Result<Option<Parsed>> {
     // Uninitialised: clearing room for every possible field on each response would
     // cost more than parsing the ones there are.
     let mut fields = [const { MaybeUninit::<httparse::Header<'_>>::uninit() }; MAX_HEADERS];
@@ -155,7 +159,7 @@ pub fn parse_response_head(
     let status = StatusCode::from_u16(code).map_err(|_| bad("invalid response status"))?;
     if status.is_informational() && code != 101 {
         rbuf.advance(len);
-        return Ok(Some(None));
+        return Ok(Some(Parsed::Interim(status)));
     }
     let version = if res.version == Some(0) {
         Version::HTTP_10
@@ -202,7 +206,7 @@ pub fn parse_response_head(
     if framing == Framing::Eof || code == 101 {
         reuse = false;
     }
-    Ok(Some(Some(ResponseHead {
+    Ok(Some(Parsed::Final(ResponseHead {
         status,
         version,
         fields,
@@ -315,8 +319,8 @@ pub fn parse_response(pieces: &[&[u8]], head_request: bool) -> io::Result<Parsed
     };
     let head = loop {
         match parse_response_head(&mut rbuf, head_request)? {
-            Some(Some(head)) => break head,
-            Some(None) => continue,
+            Some(Parsed::Final(head)) => break head,
+            Some(Parsed::Interim(_)) => continue,
             None if rbuf.len() > MAX_HEAD => return Err(bad("response head too large")),
             None if eof => {
                 return Err(io::Error::new(

@@ -117,9 +117,13 @@ async fn handle(
         grpc: facts.grpc,
     };
     let answer = retry::forward(&up, exchange).await;
+    // A body still streaming to the upstream may yet be read to its end; one that was
+    // never touched (an answer at `Expect: 100-continue`) will not.
     let close = version < Version::HTTP_2
         && answer.body_unread
-        && (answer.outcome != Outcome::Ok || matches!(answer.reply, Reply::Local(_)));
+        && (answer.outcome != Outcome::Ok
+            || answer.body_untouched
+            || matches!(answer.reply, Reply::Local(_)));
     closing(close, answer_app(&up.metrics, answer, version, grpc, guard))
 }
 

@@ -66,10 +66,16 @@ pub struct Answer {
     /// The app's body was not read to its end: the client connection cannot carry
     /// another request.
     pub body_unread: bool,
+    /// Nothing of the app's body was read, and nothing will be: an endpoint answered
+    /// before its `100 Continue`, or no attempt took the body.
+    pub body_untouched: bool,
 }
 
 /// How long a body still arriving when a retryable failure came may take to finish.
 const BODY_GRACE: Duration = Duration::from_millis(50);
+/// How long a body not sent at all (the endpoint refused at `Expect: 100-continue`)
+/// may take to arrive, once tollgate asks the app for it to retry.
+const EXPECT_GRACE: Duration = Duration::from_secs(1);
 
 /// One request on its way through its attempts.
 struct Call<'a, A> {
@@ -222,10 +228,15 @@ impl<'a, A: AppBody> Call<'a, A> {
             && self.retryable
             && self.attempts < retry.max_attempts
         {
+            let grace = if self.body.started() {
+                BODY_GRACE
+            } else {
+                EXPECT_GRACE
+            };
             let wait = retry
                 .backoff
                 .cap(self.attempts - 1)
-                .max(BODY_GRACE)
+                .max(grace)
                 .min(self.deadline.remaining(Instant::now()) / 2);
             self.body.finish_within(wait).await;
         }
@@ -267,6 +278,7 @@ impl<'a, A: AppBody> Call<'a, A> {
             detail: None,
             owned_elsewhere: owned,
             body_unread: self.body.unread(),
+            body_untouched: !self.body.started(),
         }
     }
 
@@ -292,6 +304,7 @@ impl<'a, A: AppBody> Call<'a, A> {
                 detail: None,
                 owned_elsewhere: false,
                 body_unread: self.body.unread(),
+                body_untouched: !self.body.started(),
             },
             None => {
                 let status = match failure {
@@ -317,6 +330,7 @@ impl<'a, A: AppBody> Call<'a, A> {
             detail: None,
             owned_elsewhere: false,
             body_unread: self.body.unread(),
+            body_untouched: !self.body.started(),
         }
     }
 }
