@@ -4,7 +4,8 @@
 //! section 6: a response to HEAD, a 1xx, 204 or 304 has no body; Transfer-Encoding
 //! wins over Content-Length, and a connection whose framing was in any way doubtful
 //! (both, a coding other than chunked last, no length at all, `Connection: close`,
-//! HTTP/1.0, a protocol switch) is not reused. Interim responses are skipped.
+//! HTTP/1.0, a protocol switch) is not reused. Interim responses are skipped. A `101`
+//! keeps its `Upgrade` field: the client must see which protocol it switched to.
 
 use std::io;
 use std::mem::MaybeUninit;
@@ -172,7 +173,7 @@ pub fn parse_response_head(rbuf: &mut BytesMut, head_request: bool) -> io::Resul
     // the response has gone back to the app, which is before this connection reads
     // again, so the buffer is then reused as it is.
     let head = rbuf.split_to(len).freeze();
-    let read = read_fields(&head, spans)?;
+    let read = read_fields(&head, spans, code == 101)?;
     let length = read.length;
     let coded = read.coded;
     let mut reuse = version == Version::HTTP_11 && !read.close;
@@ -229,8 +230,9 @@ struct ReadFields {
 }
 
 /// Reads the fields of a response head: framing and `Connection` are noted and not
-/// passed on, nor is any other hop-by-hop field or one a `Connection` names.
-fn read_fields(head: &Bytes, spans: &[Span]) -> io::Result<ReadFields> {
+/// passed on, nor is any other hop-by-hop field or one a `Connection` names, but for
+/// the `Upgrade` of a protocol switch (`switching`), which the client must see.
+fn read_fields(head: &Bytes, spans: &[Span], switching: bool) -> io::Result<ReadFields> {
     let mut read = ReadFields {
         lines: Vec::with_capacity(spans.len()),
         length: None,
@@ -268,6 +270,7 @@ fn read_fields(head: &Bytes, spans: &[Span]) -> io::Result<ReadFields> {
                 }
                 continue;
             }
+            FieldKind::HopByHop if switching && name.eq_ignore_ascii_case(b"upgrade") => {}
             FieldKind::HopByHop => continue,
             FieldKind::Date => read.has_date = true,
             FieldKind::Other => {}
@@ -286,9 +289,10 @@ fn read_fields(head: &Bytes, spans: &[Span]) -> io::Result<ReadFields> {
         let value = &head[vs..vs + vl];
         read.lines.retain(|&[ns, ne, _, _]| {
             let name = &head[ns as usize..ne as usize];
-            !value
-                .split(|&b| b == b',')
-                .any(|t| t.trim_ascii().eq_ignore_ascii_case(name))
+            (switching && name.eq_ignore_ascii_case(b"upgrade"))
+                || !value
+                    .split(|&b| b == b',')
+                    .any(|t| t.trim_ascii().eq_ignore_ascii_case(name))
         });
     }
     Ok(read)

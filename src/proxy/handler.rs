@@ -98,7 +98,11 @@ async fn handle(
     }
     let (parts, body) = req.into_parts();
     let mut headers = parts.headers;
-    let facts = prepare_request(&mut headers, &up.deadline.accept);
+    let facts = prepare_request(
+        &mut headers,
+        &up.deadline.accept,
+        parts.version == Version::HTTP_11,
+    );
     if facts.caller_timeout.is_some_and(|c| c.is_zero()) {
         up.metrics.denied(crate::metrics::Denied::Deadline);
         return refuse(Some(&up.metrics), EXPIRED, guard);
@@ -115,6 +119,7 @@ async fn handle(
         body,
         deadline,
         grpc: facts.grpc,
+        upgrade: facts.upgrade,
     };
     let answer = retry::forward(&up, exchange).await;
     // A body still streaming to the upstream may yet be read to its end; one that was

@@ -38,6 +38,9 @@ pub struct Exchange<A> {
     /// A gRPC call: `grpc-timeout` carries the caller's own deadline, and tollgate's
     /// own answers are gRPC answers.
     pub grpc: bool,
+    /// An HTTP/1.1 upgrade (`Connection: upgrade`, `Upgrade: websocket`): sent over
+    /// HTTP/1.1, never retried once sent, and a `101` is its answer.
+    pub upgrade: bool,
 }
 
 /// What goes back to the app.
@@ -85,6 +88,7 @@ struct Call<'a, A> {
     headers: HeaderMap,
     deadline: Deadline,
     grpc: bool,
+    upgrade: bool,
     want: Want,
     /// A listed method or an idempotency key: the request may be sent again.
     retryable: bool,
@@ -141,6 +145,14 @@ pub async fn forward<A: AppBody>(up: &Upstream<A>, ex: Exchange<A>) -> Answer {
             .run(&mut head, &mut call.body, &mut call.detail)
             .await
         {
+            Ok(resp) if resp.status() == StatusCode::SWITCHING_PROTOCOLS && !call.upgrade => {
+                // A switch nobody asked for: the connection speaks something else now,
+                // and is closed with the response.
+                drop(resp);
+                let mut answer = call.local(StatusCode::BAD_GATEWAY, Outcome::NotRetryable);
+                answer.detail = Some("the upstream switched protocols unasked (101)\n".into());
+                return answer;
+            }
             Ok(resp) => {
                 match policy::classify_response(resp.status(), Fields::of(&resp), &cfg.retry.on) {
                     None => return call.answer(resp, Outcome::Ok),
@@ -174,7 +186,10 @@ pub async fn forward<A: AppBody>(up: &Upstream<A>, ex: Exchange<A>) -> Answer {
 impl<'a, A: AppBody> Call<'a, A> {
     fn new(up: &'a Upstream<A>, ex: Exchange<A>) -> Self {
         let retry = &up.config.retry;
+        // An upgrade changes the connection for good once it is answered: never sent
+        // twice.
         let retryable = retry.max_attempts > 1
+            && !ex.upgrade
             && (retry.method_allowed(&ex.method)
                 || retry
                     .idempotency_header
@@ -182,12 +197,17 @@ impl<'a, A: AppBody> Call<'a, A> {
                     .is_some_and(|h| ex.headers.contains_key(h)));
         Call {
             up,
-            want: want(&up.config, ex.version),
+            want: if ex.upgrade {
+                Want::Http1
+            } else {
+                want(&up.config, ex.version)
+            },
             method: ex.method,
             uri: ex.uri,
             headers: ex.headers,
             deadline: ex.deadline,
             grpc: ex.grpc,
+            upgrade: ex.upgrade,
             retryable,
             body: BodySource::new(ex.body),
             attempts: 0,

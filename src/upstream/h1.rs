@@ -39,6 +39,7 @@ use tokio::time::Instant;
 use super::OutgoingBody;
 use super::connect::{OpenGuard, Transport};
 use super::request::RequestHead;
+use super::upgraded::Upgraded;
 use crate::http::encode::{BodyEncoder, BodyFraming, write_content_length};
 use crate::http::fields::{content_length, write_field};
 use crate::http::framing::{Framing, Step, step};
@@ -489,7 +490,10 @@ where
         upload,
         broken: None,
     };
-    body.finish_if_done();
+    // A protocol switch keeps its connection for the tunnel (see `take_upgraded`).
+    if head.status != http::StatusCode::SWITCHING_PROTOCOLS {
+        body.finish_if_done();
+    }
     let mut resp = Response::new(body);
     *resp.status_mut() = head.status;
     *resp.version_mut() = head.version;
@@ -514,6 +518,14 @@ pub struct Http1Response {
 impl Http1Response {
     pub fn fields(&self) -> &RawFields {
         &self.fields
+    }
+
+    /// The connection of a `101 Switching Protocols`, to tunnel: what the endpoint
+    /// sent after the head comes first. `None` once taken (or for any other response,
+    /// whose connection was released when it ended).
+    pub fn take_upgraded(&mut self) -> Option<Upgraded> {
+        let conn = *self.lease.take()?.conn;
+        Some(Upgraded::new(conn.io, conn.rbuf, conn._open))
     }
 
     fn ended(&self) -> bool {

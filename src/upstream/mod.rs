@@ -5,10 +5,11 @@
 //! decide what they are. It knows nothing of retries, budgets or the app.
 //!
 //! From the bottom: [`dns`], [`connect`] and [`tls`] open a connection
-//! ([`tls_failure`] says why one failed); [`request`] is
-//! what an attempt sends ahead of its body; [`h1`] is HTTP/1.1 on tollgate's own codec
-//! (HTTP/2 is hyper's client); [`response`] is what comes back; [`pool`] keeps one
-//! endpoint's connections and sends on one of them; this file chooses the endpoint.
+//! ([`tls_failure`] says why one failed); [`request`] is what an attempt sends ahead of
+//! its body; [`h1`] is HTTP/1.1 on tollgate's own codec (HTTP/2 is hyper's client);
+//! [`response`] is what comes back ([`upgraded`]: a connection after `101`, to
+//! tunnel); [`pool`] keeps one endpoint's connections and sends on one of them; this
+//! file chooses the endpoint.
 
 pub mod connect;
 pub mod dns;
@@ -18,6 +19,7 @@ pub mod request;
 pub mod response;
 pub mod tls;
 pub mod tls_failure;
+pub mod upgraded;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};

@@ -20,6 +20,7 @@ use crate::http::fields::ExtraFields;
 use crate::http::response::RawFields;
 use crate::http::{BoxError, ByProtocol};
 use crate::upstream::response::UpstreamBody;
+use crate::upstream::upgraded::Upgraded;
 
 /// The body of a request from the app, as either protocol delivers it.
 pub type AppBody = ByProtocol<Http1Body>;
@@ -104,6 +105,16 @@ impl ResponseBody {
 
     pub fn added_fields(&self) -> &AddedFields {
         &self.added
+    }
+
+    /// A `101`'s connection to the upstream, to tunnel, and the request's guard, which
+    /// the tunnel holds for as long as it lasts (the request is still being answered).
+    pub fn take_upgrade(&mut self) -> Option<(Upgraded, Option<RequestGuard>)> {
+        let Kind::Upstream(ByProtocol::Http1(b)) = &mut self.kind else {
+            return None;
+        };
+        let upgraded = b.take_upgraded()?;
+        Some((upgraded, self._guard.take()))
     }
 
     /// Fields of the upstream's HTTP/1.1 response head that are not in the response's
