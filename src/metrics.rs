@@ -407,10 +407,12 @@ impl Metrics {
     }
 
     /// Requests that matched no upstream: `tollgate_requests_total{upstream="",
-    /// code="404", outcome="no-route"}`, and no other series for the empty name.
-    pub fn unrouted(&self) -> IntCounter {
+    /// code="404", outcome="no-route"}` (`code="200"` for gRPC calls, answered with a
+    /// gRPC status), and no other series for the empty name.
+    pub fn unrouted(&self, grpc: bool) -> IntCounter {
+        let code = if grpc { "200" } else { "404" };
         self.requests
-            .with_label_values(&["", "404", Outcome::NoRoute.as_str()])
+            .with_label_values(&["", code, Outcome::NoRoute.as_str()])
     }
 
     /// Gauges read from live state just before a scrape.

@@ -152,6 +152,7 @@ async fn tollgates_own_failures_are_grpc_statuses_a_client_does_not_retry() {
 
     let m = tg.metrics().await;
     for (outcome, upstream, n) in [
+        ("no-route", "", 1.0),
         ("upstream-unreachable", "down", 1.0),
         ("overloaded", "greeter", 1.0),
         ("not-retryable", "greeter", 3.0),

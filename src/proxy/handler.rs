@@ -87,7 +87,7 @@ async fn handle(
         }
     };
     let Some(up) = upstream else {
-        shared.unrouted.inc();
+        shared.unrouted[usize::from(grpc)].inc();
         return refuse(None, NO_ROUTE, guard);
     };
     if req.method() == Method::CONNECT {

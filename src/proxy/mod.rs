@@ -43,8 +43,8 @@ pub type Upstream = crate::retry::Upstream<AppBody>;
 pub struct Shared {
     pub snapshot: ArcSwap<Snapshot>,
     pub metrics: Arc<Metrics>,
-    /// Requests no upstream claimed.
-    pub unrouted: prometheus::IntCounter,
+    /// Requests no upstream claimed (plain HTTP, and gRPC calls).
+    pub unrouted: [prometheus::IntCounter; 2],
     /// Listeners bound and config loaded (and not draining): `/readyz` says 200.
     pub ready: AtomicBool,
     connections: AtomicUsize,
@@ -185,7 +185,7 @@ impl Server {
         metrics.mark_loaded();
         let shared = Arc::new(Shared {
             snapshot: ArcSwap::from_pointee(snapshot),
-            unrouted: metrics.unrouted(),
+            unrouted: [metrics.unrouted(false), metrics.unrouted(true)],
             metrics,
             ready: AtomicBool::new(false),
             connections: AtomicUsize::new(0),
