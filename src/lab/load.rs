@@ -88,6 +88,7 @@ pub async fn run(
                     headers: &headers,
                     fields: AttemptFields::default(),
                     https: false,
+                    continue_wait: std::time::Duration::ZERO,
                 };
                 let resp = conn.send(&head, NoBody).await.ok()?;
                 let ok = resp.status() == http::StatusCode::OK;

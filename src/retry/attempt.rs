@@ -21,6 +21,9 @@ use crate::upstream::tls_failure;
 
 /// Stale pooled connections skipped within one attempt before giving up on it.
 const MAX_STALE: u32 = 3;
+/// How long a body behind `Expect: 100-continue` waits for `100 Continue` at most
+/// (some servers never send one).
+const CONTINUE_WAIT: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// One attempt, before it runs.
 pub(super) struct Attempt<'a, A> {
@@ -103,6 +106,9 @@ impl<A: AppBody> Attempt<'_, A> {
                 }
             };
             head.fields = self.fields();
+            // As curl waits, but leaving most of the attempt's time to the exchange.
+            head.continue_wait =
+                CONTINUE_WAIT.min(self.by.saturating_duration_since(Instant::now()) / 4);
             match timeout_at(self.by, conn.send(head, body.take(self.keep))).await {
                 Err(_) => return Err(Failure::Timeout),
                 Ok(Ok(resp)) => return Ok(resp),

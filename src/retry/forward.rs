@@ -140,6 +140,7 @@ pub async fn forward<A: AppBody>(up: &Upstream<A>, ex: Exchange<A>) -> Answer {
             headers: &call.headers,
             fields: AttemptFields::default(),
             https: cfg.tls.is_some(),
+            continue_wait: std::time::Duration::ZERO,
         };
         let (failure, response) = match attempt
             .run(&mut head, &mut call.body, &mut call.detail)

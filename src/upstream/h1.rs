@@ -13,9 +13,9 @@
 //! no work continues that nobody waits for.
 //!
 //! A request that says `Expect: 100-continue` keeps its body until the endpoint answers
-//! `100 Continue` (or for at most [`CONTINUE_WAIT`]); a final answer first means the body
-//! is never sent, and the app, whose body is read only as it goes out, is never told
-//! to send it.
+//! `100 Continue` (or for at most its `continue_wait`); a final answer first means the
+//! body is never sent, and the app, whose body is read only as it goes out, is never
+//! told to send it.
 //!
 //! One buffer each way per connection, kept while it is pooled. The head is read by
 //! [`crate::http::response`], in place; the body is read by [`crate::http::framing`].
@@ -253,10 +253,6 @@ enum UploadError {
     Write(io::Error),
 }
 
-/// How long a request that expects `100 Continue` waits for it before its body goes
-/// out anyway (as curl waits): some servers never send one.
-const CONTINUE_WAIT: Duration = Duration::from_secs(1);
-
 /// The request on its way out: its head, then its body as the app sends it.
 struct Upload<B> {
     body: B,
@@ -447,7 +443,7 @@ where
         encoder: BodyEncoder::new(framing),
         pos: 0,
         done: false,
-        expecting: expects.then(|| Box::pin(tokio::time::sleep(CONTINUE_WAIT))),
+        expecting: expects.then(|| Box::pin(tokio::time::sleep(head.continue_wait))),
     };
     // The request goes out while the response is awaited: an endpoint may answer
     // before it has read the whole body (and some never read it).

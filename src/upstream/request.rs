@@ -1,6 +1,8 @@
 //! What an attempt sends ahead of its body: the request's head, borrowed (every attempt
 //! of a request sends the same one), and the few fields each attempt adds to it.
 
+use std::time::Duration;
+
 use http::{HeaderMap, Method, Request, Uri, Version};
 
 use crate::http::fields::ExtraFields;
@@ -20,6 +22,9 @@ pub struct RequestHead<'a> {
     pub fields: AttemptFields,
     /// The endpoints speak TLS (the scheme of an HTTP/2 request).
     pub https: bool,
+    /// How long a body behind `Expect: 100-continue` waits for `100 Continue` before it
+    /// goes out anyway (HTTP/1.1).
+    pub continue_wait: Duration,
 }
 
 impl RequestHead<'_> {
