@@ -63,7 +63,7 @@ cleanup() {
 }
 trap cleanup EXIT
 
-read -r BACKEND ECHO_PORT UNUSED TG ADMIN NGX HAP <<<"$(python3 "$ROOT/scripts/free-ports.py" 7)"
+read -r BACKEND ECHO_PORT UNUSED TG ADMIN NGX HAP H2C <<<"$(python3 "$ROOT/scripts/free-ports.py" 8)"
 
 # An nginx config NAME.conf in the work directory, serving HTTP as given on stdin.
 nginx_conf() {
@@ -89,6 +89,12 @@ nginx_conf backend <<EOF
     location = /ok { return 200 "ok\n"; }
     location = /empty { return 204; }
   }
+  # HTTP/2 with prior knowledge (h2c), as gRPC servers behind nginx are reached. nginx
+  # refuses a request that carries a host field beside :authority.
+  server {
+    listen 127.0.0.1:$H2C http2;
+    location = /ok { return 200 "h2 ok\n"; }
+  }
 EOF
 "$NGINX" -c "$WORK/backend.conf" -p "$WORK" 2>"$WORK/backend.out" &
 PIDS+=($!)
@@ -112,6 +118,11 @@ endpoints = ["127.0.0.1:$BACKEND"]
 [upstreams.echo]
 authorities = ["echo"]
 endpoints = ["127.0.0.1:$ECHO_PORT"]
+
+[upstreams.web2]
+authorities = ["web2"]
+endpoints = ["127.0.0.1:$H2C"]
+protocol = "h2c"
 EOF
 "$TOLLGATE_BIN" run --config "$WORK/tollgate.toml" 2>"$WORK/tollgate.err" &
 PIDS+=($!)
@@ -163,7 +174,7 @@ EOF
 PIDS+=($!)
 
 step "waiting for the peers (tollgate :$TG, nginx :$NGX, HAProxy :$HAP)"
-for peer in "backend:$BACKEND" "echo.out:$ECHO_PORT" "tollgate:$TG" "front:$NGX" "haproxy.out:$HAP"; do
+for peer in "backend:$BACKEND" "backend:$H2C" "echo.out:$ECHO_PORT" "tollgate:$TG" "front:$NGX" "haproxy.out:$HAP"; do
   port=${peer#*:}
   up=0
   for _ in $(seq 100); do
@@ -221,6 +232,10 @@ check "POST chunked" "200 $(md5 $'stable POST 300000\n')" \
   "$(fetch "http://127.0.0.1:$TG/up" -H 'Host: echo' -H 'Transfer-Encoding: chunked' --data-binary @"$WORK/upload.bin")"
 check "no route" "404" "$(fetch "http://127.0.0.1:$TG/" -H 'Host: nowhere' | cut -d' ' -f1)"
 check "absolute-form (HTTP_PROXY)" "200 $(md5 $'ok\n')" "$(fetch "http://web/ok" --proxy "http://127.0.0.1:$TG")"
+check "h2c upstream (nginx): :authority without host" "200 $(md5 $'h2 ok\n')" \
+  "$(fetch "http://127.0.0.1:$TG/ok" -H 'Host: web2')"
+check "h2c app, HTTP/1.1-only upstream (nginx): sent as HTTP/1.1" "200 $(md5 $'ok\n') 1" \
+  "$(fetch "http://127.0.0.1:$TG/ok" --http2-prior-knowledge -H 'Host: web') $(curl -sS --max-time 20 --http2-prior-knowledge -o /dev/null -D - -H 'Host: web' "http://127.0.0.1:$TG/ok" | tr -d '\r' | grep -i '^x-tollgate-attempts:' | cut -d' ' -f2)"
 check "five requests on one connection" "$(printf '200\n200\n200\n200\n200')" \
   "$(many 'Host: web' "http://127.0.0.1:$TG/ok" "http://127.0.0.1:$TG/ok" \
       "http://127.0.0.1:$TG/big.bin" "http://127.0.0.1:$TG/ok" "http://127.0.0.1:$TG/ok")"

@@ -6,6 +6,12 @@
 //! `request_timeout` becomes this request's deadline, an instant. Every attempt then
 //! tells the upstream how long *it* may take, `min(attempt_timeout, time left)`, so the
 //! next hop works to the same instant and nobody starts work no one will wait for.
+//!
+//! gRPC is the exception: a gRPC server applies `grpc-timeout` to the whole call, its
+//! streams included, not just to the response head. So a gRPC call carries the time
+//! left of the caller's *own* deadline, uncapped by `request_timeout` or
+//! `attempt_timeout` (which bound only tollgate's wait for the head), and no
+//! `grpc-timeout` at all when the caller set none: [`Deadline::caller_left`].
 
 use std::time::Duration;
 
@@ -116,21 +122,39 @@ pub fn caller_timeout(headers: &HeaderMap, accept: &[HeaderName]) -> Option<Dura
     best
 }
 
-/// The instant by which a request must have its response head.
+/// The instant by which a request must have its response head, and the caller's own
+/// deadline, which may lie beyond it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Deadline {
     at: Instant,
+    /// When the caller stops waiting, as it said itself (not capped by
+    /// `request_timeout`); `None` when it said nothing.
+    caller: Option<Instant>,
 }
 
 impl Deadline {
     /// `min(caller, request_timeout)` from `now`.
     pub fn new(now: Instant, caller: Option<Duration>, request_timeout: Duration) -> Self {
         let d = caller.map_or(request_timeout, |c| c.min(request_timeout));
-        Deadline { at: now + d }
+        Deadline {
+            at: now + d,
+            caller: caller.map(|c| now + c.min(MAX_CALLER_TIMEOUT)),
+        }
     }
 
     pub fn at(&self) -> Instant {
         self.at
+    }
+
+    /// When the caller's own deadline ends; `None` when it set none.
+    pub fn caller_at(&self) -> Option<Instant> {
+        self.caller
+    }
+
+    /// The time left of the caller's own deadline (the `grpc-timeout` a gRPC call
+    /// carries upstream); `None` when the caller set no deadline.
+    pub fn caller_left(&self, now: Instant) -> Option<Duration> {
+        self.caller.map(|c| c.saturating_duration_since(now))
     }
 
     pub fn remaining(&self, now: Instant) -> Duration {
@@ -272,6 +296,16 @@ mod tests {
         );
         assert_eq!(Deadline::new(now, None, ms(2000)).at(), now + ms(2000));
         assert!(Deadline::new(now, Some(ms(0)), ms(2000)).expired(now));
+    }
+
+    #[test]
+    fn the_callers_own_deadline_is_kept_uncapped() {
+        let now = Instant::now();
+        let d = Deadline::new(now, Some(ms(9000)), ms(2000));
+        assert_eq!(d.caller_left(now), Some(ms(9000)), "not capped");
+        assert_eq!(d.caller_left(now + ms(1000)), Some(ms(8000)));
+        assert_eq!(d.caller_left(now + ms(10_000)), Some(ms(0)));
+        assert_eq!(Deadline::new(now, None, ms(2000)).caller_left(now), None);
     }
 
     #[test]

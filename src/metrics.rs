@@ -82,19 +82,22 @@ pub enum AttemptResult {
     ClientError,
     ServerError,
     ConnectFailure,
+    /// The TLS handshake failed, or the server refused the connection right after it.
+    Tls,
     Reset,
     Timeout,
     Cancelled,
 }
 
 impl AttemptResult {
-    const ALL: [AttemptResult; 9] = [
+    const ALL: [AttemptResult; 10] = [
         AttemptResult::Informational,
         AttemptResult::Success,
         AttemptResult::Redirect,
         AttemptResult::ClientError,
         AttemptResult::ServerError,
         AttemptResult::ConnectFailure,
+        AttemptResult::Tls,
         AttemptResult::Reset,
         AttemptResult::Timeout,
         AttemptResult::Cancelled,
@@ -108,6 +111,7 @@ impl AttemptResult {
             AttemptResult::ClientError => "4xx",
             AttemptResult::ServerError => "5xx",
             AttemptResult::ConnectFailure => "connect-failure",
+            AttemptResult::Tls => "tls",
             AttemptResult::Reset => "reset",
             AttemptResult::Timeout => "timeout",
             AttemptResult::Cancelled => "cancelled",
@@ -402,10 +406,12 @@ impl Metrics {
     }
 
     /// Requests that matched no upstream: `tollgate_requests_total{upstream="",
-    /// code="404", outcome="no-route"}`, and no other series for the empty name.
-    pub fn unrouted(&self) -> IntCounter {
+    /// code="404", outcome="no-route"}` (`code="200"` for gRPC calls, answered with a
+    /// gRPC status), and no other series for the empty name.
+    pub fn unrouted(&self, grpc: bool) -> IntCounter {
+        let code = if grpc { "200" } else { "404" };
         self.requests
-            .with_label_values(&["", "404", Outcome::NoRoute.as_str()])
+            .with_label_values(&["", code, Outcome::NoRoute.as_str()])
     }
 
     /// Gauges read from live state just before a scrape.
@@ -485,7 +491,7 @@ impl Metrics {
 /// One upstream's handles.
 pub struct UpstreamMetrics {
     name: String,
-    attempts: [IntCounter; 9],
+    attempts: [IntCounter; 10],
     denied: [IntCounter; 7],
     retries: Vec<(String, IntCounter)>,
     pub attempts_per_request: Histogram,

@@ -4,7 +4,8 @@
 //! section 6: a response to HEAD, a 1xx, 204 or 304 has no body; Transfer-Encoding
 //! wins over Content-Length, and a connection whose framing was in any way doubtful
 //! (both, a coding other than chunked last, no length at all, `Connection: close`,
-//! HTTP/1.0, a protocol switch) is not reused. Interim responses are skipped.
+//! HTTP/1.0, a protocol switch) is not reused. Interim responses are skipped. A `101`
+//! keeps its `Upgrade` field: the client must see which protocol it switched to.
 
 use std::io;
 use std::mem::MaybeUninit;
@@ -131,12 +132,16 @@ fn field_kind(name: &[u8]) -> FieldKind {
     }
 }
 
+/// A response head taken off the buffer.
+pub enum Parsed {
+    /// An interim response (1xx but 101), consumed: its status.
+    Interim(StatusCode),
+    Final(ResponseHead),
+}
+
 /// Parses a response head at the front of `rbuf` and takes it off: `None` while it is
-/// incomplete, `Some(None)` for an interim response.
-pub fn parse_response_head(
-    rbuf: &mut BytesMut,
-    head_request: bool,
-) -> io::Result<Option<Option<ResponseHead>>> {
+/// incomplete.
+pub fn parse_response_head(rbuf: &mut BytesMut, head_request: bool) -> io::Result<Option<Parsed>> {
     // Uninitialised: clearing room for every possible field on each response would
     // cost more than parsing the ones there are.
     let mut fields = [const { MaybeUninit::<httparse::Header<'_>>::uninit() }; MAX_HEADERS];
@@ -155,7 +160,7 @@ pub fn parse_response_head(
     let status = StatusCode::from_u16(code).map_err(|_| bad("invalid response status"))?;
     if status.is_informational() && code != 101 {
         rbuf.advance(len);
-        return Ok(Some(None));
+        return Ok(Some(Parsed::Interim(status)));
     }
     let version = if res.version == Some(0) {
         Version::HTTP_10
@@ -168,7 +173,7 @@ pub fn parse_response_head(
     // the response has gone back to the app, which is before this connection reads
     // again, so the buffer is then reused as it is.
     let head = rbuf.split_to(len).freeze();
-    let read = read_fields(&head, spans)?;
+    let read = read_fields(&head, spans, code == 101)?;
     let length = read.length;
     let coded = read.coded;
     let mut reuse = version == Version::HTTP_11 && !read.close;
@@ -202,7 +207,7 @@ pub fn parse_response_head(
     if framing == Framing::Eof || code == 101 {
         reuse = false;
     }
-    Ok(Some(Some(ResponseHead {
+    Ok(Some(Parsed::Final(ResponseHead {
         status,
         version,
         fields,
@@ -225,8 +230,9 @@ struct ReadFields {
 }
 
 /// Reads the fields of a response head: framing and `Connection` are noted and not
-/// passed on, nor is any other hop-by-hop field or one a `Connection` names.
-fn read_fields(head: &Bytes, spans: &[Span]) -> io::Result<ReadFields> {
+/// passed on, nor is any other hop-by-hop field or one a `Connection` names, but for
+/// the `Upgrade` of a protocol switch (`switching`), which the client must see.
+fn read_fields(head: &Bytes, spans: &[Span], switching: bool) -> io::Result<ReadFields> {
     let mut read = ReadFields {
         lines: Vec::with_capacity(spans.len()),
         length: None,
@@ -264,6 +270,7 @@ fn read_fields(head: &Bytes, spans: &[Span]) -> io::Result<ReadFields> {
                 }
                 continue;
             }
+            FieldKind::HopByHop if switching && name.eq_ignore_ascii_case(b"upgrade") => {}
             FieldKind::HopByHop => continue,
             FieldKind::Date => read.has_date = true,
             FieldKind::Other => {}
@@ -282,9 +289,10 @@ fn read_fields(head: &Bytes, spans: &[Span]) -> io::Result<ReadFields> {
         let value = &head[vs..vs + vl];
         read.lines.retain(|&[ns, ne, _, _]| {
             let name = &head[ns as usize..ne as usize];
-            !value
-                .split(|&b| b == b',')
-                .any(|t| t.trim_ascii().eq_ignore_ascii_case(name))
+            (switching && name.eq_ignore_ascii_case(b"upgrade"))
+                || !value
+                    .split(|&b| b == b',')
+                    .any(|t| t.trim_ascii().eq_ignore_ascii_case(name))
         });
     }
     Ok(read)
@@ -315,8 +323,8 @@ pub fn parse_response(pieces: &[&[u8]], head_request: bool) -> io::Result<Parsed
     };
     let head = loop {
         match parse_response_head(&mut rbuf, head_request)? {
-            Some(Some(head)) => break head,
-            Some(None) => continue,
+            Some(Parsed::Final(head)) => break head,
+            Some(Parsed::Interim(_)) => continue,
             None if rbuf.len() > MAX_HEAD => return Err(bad("response head too large")),
             None if eof => {
                 return Err(io::Error::new(

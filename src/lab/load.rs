@@ -54,6 +54,7 @@ pub async fn run(
     live: Arc<Live>,
 ) -> Vec<Record> {
     let endpoint = Arc::new(Endpoint::<NoBody>::new(
+        "load".into(),
         EndpointAddr {
             host: target.ip().to_string(),
             port: target.port(),
@@ -77,7 +78,7 @@ pub async fn run(
         tasks.spawn(async move {
             let sent = Instant::now();
             let attempt = async {
-                let conn = endpoint.checkout(Want::Http1, None, patience).await.ok()?;
+                let (conn, _) = endpoint.checkout(Want::Http1, None, patience).await.ok()?;
                 let mut headers = http::HeaderMap::with_capacity(2);
                 headers.insert(http::header::HOST, HeaderValue::from_static(host));
                 headers.insert("x-timeout-ms", deadline_value);
@@ -87,6 +88,7 @@ pub async fn run(
                     headers: &headers,
                     fields: AttemptFields::default(),
                     https: false,
+                    continue_wait: std::time::Duration::ZERO,
                 };
                 let resp = conn.send(&head, NoBody).await.ok()?;
                 let ok = resp.status() == http::StatusCode::OK;

@@ -1,17 +1,20 @@
 //! The outbound service: one request from the app, start to finish. Route it, admit it,
 //! fix its deadline, clean its headers, hand it to the retry engine, and dress the
 //! answer with what the app must know (`x-tollgate-attempts`, and
-//! `x-tollgate-outcome` when tollgate gave up).
+//! `x-tollgate-outcome` when tollgate gave up). A gRPC call's answers are gRPC
+//! answers ([`super::grpc`]).
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering::AcqRel;
 
+use bytes::Bytes;
 use http::header::{CONNECTION, CONTENT_TYPE, HOST, RETRY_AFTER};
 use http::uri::PathAndQuery;
 use http::{HeaderValue, Method, Request, Response, StatusCode, Uri, Version};
 use http_body::Body;
 use tokio::time::Instant;
 
+use super::grpc;
 use super::headers::prepare_request;
 use super::route::authority_of;
 use super::server::{
@@ -21,10 +24,12 @@ use super::{Shared, Upstream};
 use crate::deadline::Deadline;
 use crate::http::ByProtocol;
 use crate::http::fields::strip;
+use crate::http::grpc::{GRPC_PUSHBACK, GRPC_STATUS, is_grpc, is_grpc_answer};
 use crate::metrics::{Outcome, UpstreamMetrics};
 use crate::retry::headers::{
     ATTEMPTS_HEADER, OUTCOME_HEADER, attempts_line, count_value, outcome_line,
 };
+use crate::retry::policy::Failure;
 use crate::retry::{self, Answer, Exchange, Reply};
 
 /// The app's outbound requests, routed to upstreams by authority, or all to one
@@ -63,17 +68,17 @@ async fn handle(
     // to carry another request: the answer must say so, or the app's next request on
     // it meets a reset (and its HTTP client may retry that behind tollgate's back).
     let unread = req.version() < Version::HTTP_2 && !req.body().is_end_stream();
+    let grpc = is_grpc(req.headers());
     let refuse = |metrics: Option<&UpstreamMetrics>, r: Refusal, guard| {
-        let resp = local_answer(
-            metrics,
-            r.status,
-            r.outcome,
-            0,
-            r.text,
-            r.retry_after,
-            guard,
-        );
-        closing(unread, resp)
+        let local = Local {
+            status: r.status,
+            outcome: r.outcome,
+            attempts: 0,
+            failure: None,
+            text: r.text,
+            retry_after: r.retry_after,
+        };
+        closing(unread, local_answer(metrics, local, grpc, guard))
     };
 
     let upstream = {
@@ -86,7 +91,7 @@ async fn handle(
         }
     };
     let Some(up) = upstream else {
-        shared.unrouted.inc();
+        shared.unrouted[usize::from(grpc)].inc();
         return refuse(None, NO_ROUTE, guard);
     };
     if req.method() == Method::CONNECT {
@@ -97,7 +102,11 @@ async fn handle(
     }
     let (parts, body) = req.into_parts();
     let mut headers = parts.headers;
-    let facts = prepare_request(&mut headers, &up.deadline.accept);
+    let facts = prepare_request(
+        &mut headers,
+        &up.deadline.accept,
+        parts.version == Version::HTTP_11,
+    );
     if facts.caller_timeout.is_some_and(|c| c.is_zero()) {
         up.metrics.denied(crate::metrics::Denied::Deadline);
         return refuse(Some(&up.metrics), EXPIRED, guard);
@@ -114,12 +123,17 @@ async fn handle(
         body,
         deadline,
         grpc: facts.grpc,
+        upgrade: facts.upgrade,
     };
     let answer = retry::forward(&up, exchange).await;
+    // A body still streaming to the upstream may yet be read to its end; one that was
+    // never touched (an answer at `Expect: 100-continue`) will not.
     let close = version < Version::HTTP_2
         && answer.body_unread
-        && (answer.outcome != Outcome::Ok || matches!(answer.reply, Reply::Local(_)));
-    closing(close, answer_app(&up.metrics, answer, version, guard))
+        && (answer.outcome != Outcome::Ok
+            || answer.body_untouched
+            || matches!(answer.reply, Reply::Local(_)));
+    closing(close, answer_app(&up.metrics, answer, version, grpc, guard))
 }
 
 /// An answer tollgate gives before any upstream call.
@@ -215,58 +229,93 @@ fn answer_app(
     metrics: &UpstreamMetrics,
     answer: Answer,
     version: http::Version,
+    grpc: bool,
     guard: RequestGuard,
 ) -> Response<ResponseBody> {
-    match answer.reply {
-        Reply::Upstream(resp) => {
-            let (mut parts, body) = resp.into_parts();
-            match &body {
-                ByProtocol::Http2(_) => strip(&mut parts.headers),
-                // An HTTP/1.1 response lost its hop-by-hop fields as it was parsed and
-                // keeps the rest in its head, from where they go to an HTTP/1.1 app as
-                // they are; an HTTP/2 app needs them in the map.
-                ByProtocol::Http1(b) if version == Version::HTTP_2 => {
-                    b.fields().append_to(&mut parts.headers);
-                }
-                ByProtocol::Http1(_) => {}
-            }
-            parts.version = version;
-            let outcome = (answer.outcome != Outcome::Ok && !answer.owned_elsewhere)
-                .then_some(answer.outcome);
-            metrics.request(parts.status.as_u16(), answer.outcome, answer.attempts);
-            let body = ResponseBody::upstream(body, guard);
-            if let (true, Some(attempts)) =
-                (version < Version::HTTP_2, attempts_line(answer.attempts))
-            {
-                // Written straight into the head by the HTTP/1.1 writer, in place of an
-                // upstream's own fields of the same names.
-                let added = AddedFields([Some(attempts), outcome.map(outcome_line)]);
-                return Response::from_parts(parts, body.with_fields(added));
-            }
-            parts
-                .headers
-                .insert(ATTEMPTS_HEADER, count_value(answer.attempts));
-            if let Some(o) = outcome {
-                parts.headers.insert(OUTCOME_HEADER, o.header_value());
-            }
-            Response::from_parts(parts, body)
-        }
+    let resp = match answer.reply {
+        Reply::Upstream(resp) => resp,
         Reply::Local(status) => {
-            let text = match status {
-                StatusCode::GATEWAY_TIMEOUT => "no response from the upstream in time\n",
-                _ => "the upstream could not be reached\n",
+            let text = match (&answer.detail, status) {
+                (Some(d), _) => d.as_str(),
+                (None, StatusCode::GATEWAY_TIMEOUT) => "no response from the upstream in time\n",
+                (None, _) => "the upstream could not be reached\n",
             };
-            local_answer(
-                Some(metrics),
+            let local = Local {
                 status,
-                answer.outcome,
-                answer.attempts,
+                outcome: answer.outcome,
+                attempts: answer.attempts,
+                failure: answer.failure,
                 text,
-                None,
-                guard,
-            )
+                retry_after: None,
+            };
+            return local_answer(Some(metrics), local, grpc, guard);
         }
+    };
+    // Given up on: a failure listed in `retry.on` that no other tollgate owned.
+    let outcome =
+        (answer.outcome != Outcome::Ok && !answer.owned_elsewhere).then_some(answer.outcome);
+    if grpc && outcome.is_some() && !is_grpc_answer_head(&resp) {
+        // Not a gRPC answer (an HTTP 503 from a proxy in front of the server, say): a
+        // gRPC client would make UNAVAILABLE of it and retry it. tollgate answers in
+        // its place.
+        let status = resp.status();
+        drop(resp);
+        let text = format!("the upstream answered HTTP {}", status.as_u16());
+        let local = Local {
+            status,
+            outcome: answer.outcome,
+            attempts: answer.attempts,
+            failure: answer.failure,
+            text: &text,
+            retry_after: None,
+        };
+        return local_answer(Some(metrics), local, grpc, guard);
     }
+    let pushback = grpc && outcome.is_some();
+    let (mut parts, body) = resp.into_parts();
+    match &body {
+        ByProtocol::Http2(_) => strip(&mut parts.headers),
+        // An HTTP/1.1 response lost its hop-by-hop fields as it was parsed and
+        // keeps the rest in its head, from where they go to an HTTP/1.1 app as
+        // they are; an HTTP/2 app needs them in the map.
+        ByProtocol::Http1(b) if version == Version::HTTP_2 => {
+            b.fields().append_to(&mut parts.headers);
+        }
+        ByProtocol::Http1(_) => {}
+    }
+    parts.version = version;
+    metrics.request(parts.status.as_u16(), answer.outcome, answer.attempts);
+    let body = ResponseBody::upstream(body, guard);
+    if let (true, Some(attempts)) = (version < Version::HTTP_2, attempts_line(answer.attempts)) {
+        // Written straight into the head by the HTTP/1.1 writer, in place of an
+        // upstream's own fields of the same names.
+        let added = AddedFields([
+            Some(attempts),
+            outcome.map(outcome_line),
+            pushback.then_some(grpc::NO_RETRY_LINE),
+        ]);
+        return Response::from_parts(parts, body.with_fields(added));
+    }
+    parts
+        .headers
+        .insert(ATTEMPTS_HEADER, count_value(answer.attempts));
+    if let Some(o) = outcome {
+        parts.headers.insert(OUTCOME_HEADER, o.header_value());
+    }
+    if pushback {
+        parts.headers.insert(GRPC_PUSHBACK, grpc::NO_RETRY);
+    }
+    Response::from_parts(parts, body)
+}
+
+/// Whether an upstream's response head is a gRPC answer.
+fn is_grpc_answer_head(resp: &Response<crate::upstream::response::UpstreamBody>) -> bool {
+    let fields = crate::upstream::response::Fields::of(resp);
+    is_grpc_answer(
+        resp.status(),
+        fields.get(&CONTENT_TYPE),
+        fields.contains(&GRPC_STATUS),
+    )
 }
 
 /// Adds `Connection: close` when the app's HTTP/1.x body was left unread.
@@ -278,31 +327,50 @@ fn closing(close: bool, mut resp: Response<ResponseBody>) -> Response<ResponseBo
     resp
 }
 
-/// An answer tollgate makes itself.
-fn local_answer(
-    metrics: Option<&UpstreamMetrics>,
+/// An answer tollgate makes itself, and why.
+struct Local<'a> {
     status: StatusCode,
     outcome: Outcome,
     attempts: u32,
-    text: &'static str,
+    /// The failure tollgate gave up on, if any.
+    failure: Option<Failure>,
+    text: &'a str,
     retry_after: Option<HeaderValue>,
+}
+
+/// Writes an answer tollgate makes itself: plain text, or for a gRPC call a
+/// trailers-only gRPC answer.
+fn local_answer(
+    metrics: Option<&UpstreamMetrics>,
+    local: Local<'_>,
+    grpc: bool,
     guard: RequestGuard,
 ) -> Response<ResponseBody> {
-    if let Some(m) = metrics {
-        m.request(status.as_u16(), outcome, attempts);
+    if grpc {
+        if let Some(m) = metrics {
+            m.request(StatusCode::OK.as_u16(), local.outcome, local.attempts);
+        }
+        let code = grpc::code(local.outcome, local.failure, local.status);
+        let mut resp = Response::new(ResponseBody::full(Bytes::new(), Some(guard)));
+        *resp.headers_mut() = grpc::answer_head(code, local.text, local.outcome, local.attempts);
+        return resp;
     }
+    if let Some(m) = metrics {
+        m.request(local.status.as_u16(), local.outcome, local.attempts);
+    }
+    let text = Bytes::copy_from_slice(local.text.as_bytes());
     let mut resp = Response::new(ResponseBody::full(text, Some(guard)));
-    *resp.status_mut() = status;
+    *resp.status_mut() = local.status;
     let h = resp.headers_mut();
     h.insert(
         CONTENT_TYPE,
         HeaderValue::from_static("text/plain; charset=utf-8"),
     );
-    h.insert(ATTEMPTS_HEADER, count_value(attempts));
-    if outcome != Outcome::Ok {
-        h.insert(OUTCOME_HEADER, outcome.header_value());
+    h.insert(ATTEMPTS_HEADER, count_value(local.attempts));
+    if local.outcome != Outcome::Ok {
+        h.insert(OUTCOME_HEADER, local.outcome.header_value());
     }
-    if let Some(ra) = retry_after {
+    if let Some(ra) = local.retry_after {
         h.insert(RETRY_AFTER, ra);
     }
     resp

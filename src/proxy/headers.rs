@@ -9,9 +9,10 @@
 
 use std::time::Duration;
 
+use http::HeaderValue;
 use http::header::{self, HeaderMap, HeaderName};
 
-use crate::http::fields::{is_hop_by_hop, strip_hop_by_hop};
+use crate::http::fields::{has_token, is_hop_by_hop, strip_hop_by_hop};
 use crate::retry::headers::ATTEMPT_HEADER;
 
 /// What a request's headers say, read in one pass.
@@ -21,19 +22,35 @@ pub struct RequestFacts {
     pub caller_timeout: Option<Duration>,
     /// A gRPC call: its deadline travels as `grpc-timeout` too.
     pub grpc: bool,
+    /// An HTTP/1.1 upgrade: `Connection: upgrade` and `Upgrade` were kept.
+    pub upgrade: bool,
 }
 
 /// Reads what the request says and cleans it for the upstream: hop-by-hop headers go,
 /// and so do the accepted deadline headers and any `x-tollgate-attempt` (each attempt
 /// writes its own).
-pub fn prepare_request(headers: &mut HeaderMap, accept: &[HeaderName]) -> RequestFacts {
+///
+/// With `http1` (an HTTP/1.1 request), `Connection: upgrade` with an `Upgrade` keeps
+/// both for this exchange (a WebSocket handshake, say): an upgrade is end to end.
+pub fn prepare_request(
+    headers: &mut HeaderMap,
+    accept: &[HeaderName],
+    http1: bool,
+) -> RequestFacts {
     let mut facts = RequestFacts::default();
     let (mut hop, mut deadline, mut attempt) = (false, false, false);
+    let mut upgrade = None;
+    let mut asks_upgrade = false;
     for (name, value) in headers.iter() {
         if *name == header::CONTENT_TYPE {
             facts.grpc = value.as_bytes().starts_with(b"application/grpc");
         } else if is_hop_by_hop(name) {
             hop = true;
+            if *name == header::UPGRADE {
+                upgrade = Some(value.clone());
+            } else if *name == header::CONNECTION {
+                asks_upgrade |= has_token(value.as_bytes(), b"upgrade");
+            }
         } else if *name == ATTEMPT_HEADER {
             attempt = true;
         } else if accept.contains(name) {
@@ -45,6 +62,11 @@ pub fn prepare_request(headers: &mut HeaderMap, accept: &[HeaderName]) -> Reques
     }
     if hop {
         strip_hop_by_hop(headers);
+    }
+    if let Some(protocol) = upgrade.filter(|_| http1 && asks_upgrade) {
+        headers.insert(header::UPGRADE, protocol);
+        headers.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
+        facts.upgrade = true;
     }
     if deadline {
         for name in accept {
@@ -60,7 +82,6 @@ pub fn prepare_request(headers: &mut HeaderMap, accept: &[HeaderName]) -> Reques
 #[cfg(test)]
 mod tests {
     use super::*;
-    use http::HeaderValue;
 
     #[test]
     fn one_pass_reads_the_deadline_and_grpc_and_cleans_up() {
@@ -78,7 +99,7 @@ mod tests {
         h.insert("x-tollgate-attempt", HeaderValue::from_static("7"));
         h.insert("connection", HeaderValue::from_static("keep-alive"));
         h.insert("x-app", HeaderValue::from_static("kept"));
-        let facts = prepare_request(&mut h, &accept);
+        let facts = prepare_request(&mut h, &accept, true);
         assert_eq!(facts.caller_timeout, Some(Duration::from_millis(250)));
         assert!(facts.grpc);
         let mut left: Vec<&str> = h.keys().map(|k| k.as_str()).collect();
@@ -88,9 +109,42 @@ mod tests {
         let mut plain = HeaderMap::new();
         plain.insert("accept", HeaderValue::from_static("*/*"));
         assert_eq!(
-            prepare_request(&mut plain, &accept),
+            prepare_request(&mut plain, &accept, true),
             RequestFacts::default()
         );
         assert_eq!(plain.len(), 1);
+    }
+
+    #[test]
+    fn an_http1_upgrade_keeps_its_fields_and_nothing_else_does() {
+        let ws = || {
+            let mut h = HeaderMap::new();
+            h.insert(
+                "connection",
+                HeaderValue::from_static("keep-alive, Upgrade"),
+            );
+            h.insert("upgrade", HeaderValue::from_static("websocket"));
+            h.insert("keep-alive", HeaderValue::from_static("timeout=5"));
+            h
+        };
+        let mut h = ws();
+        assert!(prepare_request(&mut h, &[], true).upgrade);
+        assert_eq!(h["connection"], "upgrade");
+        assert_eq!(h["upgrade"], "websocket");
+        assert!(h.get("keep-alive").is_none());
+
+        let mut h = ws();
+        assert!(
+            !prepare_request(&mut h, &[], false).upgrade,
+            "HTTP/2 has none"
+        );
+        assert!(h.is_empty());
+        let mut h = ws();
+        h.insert("connection", HeaderValue::from_static("keep-alive"));
+        assert!(
+            !prepare_request(&mut h, &[], true).upgrade,
+            "Upgrade alone asks nothing"
+        );
+        assert!(h.is_empty());
     }
 }

@@ -4,13 +4,14 @@
 //!
 //! - [`server`]: client connections and their codecs, handed a [`server::Service`];
 //! - [`handler`]: the outbound service: route, admit, deadline, retry, answer;
-//! - [`headers`], [`route`], [`snapshot`]: what the handler works with.
+//! - [`headers`], [`route`], [`snapshot`], [`grpc`]: what the handler works with.
 //!
 //! The snapshot is an `ArcSwap`: a request loads it once, clones the `Arc` of the one
 //! upstream it needs and keeps it to the end, so a reload never changes a request
 //! midway and never makes one wait.
 
 mod apply;
+pub mod grpc;
 pub mod handler;
 pub mod headers;
 pub mod route;
@@ -43,8 +44,8 @@ pub type Upstream = crate::retry::Upstream<AppBody>;
 pub struct Shared {
     pub snapshot: ArcSwap<Snapshot>,
     pub metrics: Arc<Metrics>,
-    /// Requests no upstream claimed.
-    pub unrouted: prometheus::IntCounter,
+    /// Requests no upstream claimed (plain HTTP, and gRPC calls).
+    pub unrouted: [prometheus::IntCounter; 2],
     /// Listeners bound and config loaded (and not draining): `/readyz` says 200.
     pub ready: AtomicBool,
     connections: AtomicUsize,
@@ -185,7 +186,7 @@ impl Server {
         metrics.mark_loaded();
         let shared = Arc::new(Shared {
             snapshot: ArcSwap::from_pointee(snapshot),
-            unrouted: metrics.unrouted(),
+            unrouted: [metrics.unrouted(false), metrics.unrouted(true)],
             metrics,
             ready: AtomicBool::new(false),
             connections: AtomicUsize::new(0),

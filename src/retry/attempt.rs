@@ -14,13 +14,16 @@ use super::upstream::Upstream;
 use crate::deadline;
 use crate::http::fields::ExtraFields;
 use crate::metrics::{AttemptResult, UpstreamMetrics};
-use crate::upstream::pool::SendError;
-use crate::upstream::pool::Want;
+use crate::upstream::pool::{SendError, Want, clock_ms};
 use crate::upstream::request::{AttemptFields, RequestHead};
 use crate::upstream::response::UpstreamBody;
+use crate::upstream::tls_failure;
 
 /// Stale pooled connections skipped within one attempt before giving up on it.
 const MAX_STALE: u32 = 3;
+/// How long a body behind `Expect: 100-continue` waits for `100 Continue` at most
+/// (some servers never send one).
+const CONTINUE_WAIT: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// One attempt, before it runs.
 pub(super) struct Attempt<'a, A> {
@@ -33,8 +36,9 @@ pub(super) struct Attempt<'a, A> {
     pub started: Instant,
     /// When tollgate stops waiting for this attempt's response head.
     pub by: Instant,
-    /// A gRPC call: the deadline travels as `grpc-timeout` too.
-    pub grpc: bool,
+    /// A gRPC call with a deadline of its caller's own: when that ends (sent as
+    /// `grpc-timeout`, which a gRPC server applies to the whole call).
+    pub grpc_deadline: Option<Instant>,
     /// How much of the app's body to keep for a replay (0: no retry can follow).
     pub keep: usize,
 }
@@ -42,19 +46,23 @@ pub(super) struct Attempt<'a, A> {
 impl<A: AppBody> Attempt<'_, A> {
     /// Runs the attempt: `head` goes out with this attempt's fields, the body is taken
     /// from `body` (and given back when it never left).
+    /// `detail` is set to what went wrong when it is worth telling the app (a TLS
+    /// failure's reason).
     pub async fn run(
         self,
         head: &mut RequestHead<'_>,
         body: &mut BodySource<A>,
+        detail: &mut Option<String>,
     ) -> Result<Response<UpstreamBody>, Failure> {
         let mut record = Record {
             metrics: &self.up.metrics,
             done: false,
         };
-        let result = self.exchange(head, body).await;
+        let result = self.exchange(head, body, detail).await;
         let r = match &result {
             Ok(resp) => AttemptResult::of_status(resp.status().as_u16()),
             Err(Failure::ConnectFailure) => AttemptResult::ConnectFailure,
+            Err(Failure::Tls) => AttemptResult::Tls,
             Err(Failure::Timeout) => AttemptResult::Timeout,
             Err(_) => AttemptResult::Reset,
         };
@@ -66,14 +74,15 @@ impl<A: AppBody> Attempt<'_, A> {
         &self,
         head: &mut RequestHead<'_>,
         body: &mut BodySource<A>,
+        detail: &mut Option<String>,
     ) -> Result<Response<UpstreamBody>, Failure> {
         let cfg = &self.up.config;
         let endpoint = self.up.endpoints.get(self.endpoint);
         let tls = self.up.tls.as_deref();
         let mut stale = 0;
         loop {
-            let conn = match endpoint.pooled(self.want) {
-                Some(c) => c,
+            let (conn, fresh) = match endpoint.pooled(self.want) {
+                Some(c) => (c, false),
                 None => {
                     let connect_by = (Instant::now() + cfg.connect_timeout).min(self.by);
                     // Boxed: connecting (TLS included) is a large future, and keeping it
@@ -83,14 +92,23 @@ impl<A: AppBody> Attempt<'_, A> {
                     match timeout_at(connect_by, connecting).await {
                         Ok(Ok(c)) => c,
                         Ok(Err(e)) => {
+                            if let Some(reason) = e.tls_reason() {
+                                return Err(self.tls_failed(reason, detail));
+                            }
                             tracing::debug!(upstream = %cfg.name, endpoint = %endpoint.addr, error = %e, "connect failed");
                             return Err(Failure::ConnectFailure);
                         }
-                        Err(_) => return Err(Failure::ConnectFailure),
+                        Err(_) => {
+                            tracing::debug!(upstream = %cfg.name, endpoint = %endpoint.addr, "connect timed out");
+                            return Err(Failure::ConnectFailure);
+                        }
                     }
                 }
             };
             head.fields = self.fields();
+            // As curl waits, but leaving most of the attempt's time to the exchange.
+            head.continue_wait =
+                CONTINUE_WAIT.min(self.by.saturating_duration_since(Instant::now()) / 4);
             match timeout_at(self.by, conn.send(head, body.take(self.keep))).await {
                 Err(_) => return Err(Failure::Timeout),
                 Ok(Ok(resp)) => return Ok(resp),
@@ -105,6 +123,14 @@ impl<A: AppBody> Attempt<'_, A> {
                     }
                 }
                 Ok(Err(SendError::Failed(e))) => {
+                    // A server that refuses tollgate's client certificate may say so
+                    // only once the handshake seemed done: on a new connection's first
+                    // exchange, that is a TLS failure too.
+                    if let Some(t) = cfg.tls.as_ref().filter(|_| fresh)
+                        && let Some(reason) = tls_failure::rejection(&*e, t.client_cert.is_some())
+                    {
+                        return Err(self.tls_failed(reason, detail));
+                    }
                     tracing::debug!(upstream = %cfg.name, endpoint = %endpoint.addr, error = %e, "attempt failed");
                     return Err(Failure::Reset);
                 }
@@ -112,18 +138,39 @@ impl<A: AppBody> Attempt<'_, A> {
         }
     }
 
-    /// The per-attempt fields: the attempt number and the time this attempt may take,
-    /// `min(attempt_timeout, time left)`.
+    /// A TLS failure: warned about (at most once every few seconds per endpoint) and
+    /// named for the app.
+    fn tls_failed(&self, reason: String, detail: &mut Option<String>) -> Failure {
+        let endpoint = self.up.endpoints.get(self.endpoint);
+        let text = format!("TLS handshake with {} failed: {reason}", endpoint.addr);
+        if let Some(suppressed) = endpoint.tls_warn.allow(clock_ms()) {
+            tracing::warn!(
+                upstream = %self.up.config.name,
+                endpoint = %endpoint.addr,
+                suppressed,
+                "{text}"
+            );
+        }
+        *detail = Some(text);
+        Failure::Tls
+    }
+
+    /// The per-attempt fields: the attempt number, the time this attempt may take,
+    /// `min(attempt_timeout, time left)`, and for a gRPC call with a deadline the time
+    /// left of the caller's own.
     fn fields(&self) -> AttemptFields {
-        let left = self.by.saturating_duration_since(Instant::now());
+        let now = Instant::now();
+        let left = self.by.saturating_duration_since(now);
         ExtraFields([
             Some((ATTEMPT_HEADER, count_value(self.number))),
             Some((
                 self.up.deadline.header.clone(),
                 deadline::format_millis(left),
             )),
-            self.grpc
-                .then(|| (deadline::GRPC_TIMEOUT, deadline::format_grpc_timeout(left))),
+            self.grpc_deadline.map(|at| {
+                let left = at.saturating_duration_since(now);
+                (deadline::GRPC_TIMEOUT, deadline::format_grpc_timeout(left))
+            }),
         ])
     }
 }

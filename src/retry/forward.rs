@@ -36,8 +36,12 @@ pub struct Exchange<A> {
     pub headers: HeaderMap,
     pub body: A,
     pub deadline: Deadline,
-    /// A gRPC call: `grpc-timeout` is rewritten on each attempt too.
+    /// A gRPC call: `grpc-timeout` carries the caller's own deadline, and tollgate's
+    /// own answers are gRPC answers.
     pub grpc: bool,
+    /// An HTTP/1.1 upgrade (`Connection: upgrade`, `Upgrade: websocket`): sent over
+    /// HTTP/1.1, never retried once sent, and a `101` is its answer.
+    pub upgrade: bool,
 }
 
 /// What goes back to the app.
@@ -56,15 +60,26 @@ pub struct Answer {
     pub reply: Reply,
     pub attempts: u32,
     pub outcome: Outcome,
+    /// The failure tollgate gave up on, when it gave up.
+    pub failure: Option<Failure>,
+    /// What went wrong, in words for the app, when there is more to say than the
+    /// status (a TLS failure's reason).
+    pub detail: Option<String>,
     /// The response already carries another tollgate's `x-tollgate-outcome`.
     pub owned_elsewhere: bool,
     /// The app's body was not read to its end: the client connection cannot carry
     /// another request.
     pub body_unread: bool,
+    /// Nothing of the app's body was read, and nothing will be: an endpoint answered
+    /// before its `100 Continue`, or no attempt took the body.
+    pub body_untouched: bool,
 }
 
 /// How long a body still arriving when a retryable failure came may take to finish.
 const BODY_GRACE: Duration = Duration::from_millis(50);
+/// How long a body not sent at all (the endpoint refused at `Expect: 100-continue`)
+/// may take to arrive, once tollgate asks the app for it to retry.
+const EXPECT_GRACE: Duration = Duration::from_secs(1);
 
 /// One request on its way through its attempts.
 struct Call<'a, A> {
@@ -74,6 +89,7 @@ struct Call<'a, A> {
     headers: HeaderMap,
     deadline: Deadline,
     grpc: bool,
+    upgrade: bool,
     want: Want,
     /// A listed method or an idempotency key: the request may be sent again.
     retryable: bool,
@@ -82,6 +98,11 @@ struct Call<'a, A> {
     attempts: u32,
     /// The endpoint that failed last.
     avoid: Option<usize>,
+    /// Endpoints (by index, the first 64) whose TLS failed for this request: a
+    /// verification failure is not retried on the same endpoint.
+    tls_failed: u64,
+    /// What the last attempt's failure had to say.
+    detail: Option<String>,
     rng: Option<fastrand::Rng>,
 }
 
@@ -95,7 +116,8 @@ pub async fn forward<A: AppBody>(up: &Upstream<A>, ex: Exchange<A>) -> Answer {
             return call.local(StatusCode::GATEWAY_TIMEOUT, Outcome::DeadlineExceeded);
         }
         call.attempts += 1;
-        let endpoint = up.endpoints.pick(call.avoid);
+        call.detail = None;
+        let endpoint = call.pick();
         up.budget.record_attempt(started);
         let cfg = &up.config;
         let attempt = Attempt {
@@ -105,7 +127,7 @@ pub async fn forward<A: AppBody>(up: &Upstream<A>, ex: Exchange<A>) -> Answer {
             want: call.want,
             started,
             by: (started + cfg.attempt_timeout).min(call.deadline.at()),
-            grpc: call.grpc,
+            grpc_deadline: call.deadline.caller_at().filter(|_| call.grpc),
             // Whether this attempt's request may have to be sent again after it is sent.
             keep: if call.retryable && call.attempts < cfg.retry.max_attempts {
                 cfg.retry.max_body
@@ -119,8 +141,20 @@ pub async fn forward<A: AppBody>(up: &Upstream<A>, ex: Exchange<A>) -> Answer {
             headers: &call.headers,
             fields: AttemptFields::default(),
             https: cfg.tls.is_some(),
+            continue_wait: std::time::Duration::ZERO,
         };
-        let (failure, response) = match attempt.run(&mut head, &mut call.body).await {
+        let (failure, response) = match attempt
+            .run(&mut head, &mut call.body, &mut call.detail)
+            .await
+        {
+            Ok(resp) if resp.status() == StatusCode::SWITCHING_PROTOCOLS && !call.upgrade => {
+                // A switch nobody asked for: the connection speaks something else now,
+                // and is closed with the response.
+                drop(resp);
+                let mut answer = call.local(StatusCode::BAD_GATEWAY, Outcome::NotRetryable);
+                answer.detail = Some("the upstream switched protocols unasked (101)\n".into());
+                return answer;
+            }
             Ok(resp) => {
                 match policy::classify_response(resp.status(), Fields::of(&resp), &cfg.retry.on) {
                     None => return call.answer(resp, Outcome::Ok),
@@ -129,6 +163,12 @@ pub async fn forward<A: AppBody>(up: &Upstream<A>, ex: Exchange<A>) -> Answer {
             }
             Err(f) => (f, None),
         };
+        if failure == Failure::Tls {
+            call.tls_failed |= 1 << (endpoint % 64);
+            if call.tls_failed.count_ones() as usize >= up.endpoints.len().min(64) {
+                return call.give_up(Stop::NoOtherEndpoint, failure, None);
+            }
+        }
         match call.decide(failure, response.as_ref()).await {
             Ok(sleep) => {
                 up.metrics.retried(failure.condition());
@@ -148,7 +188,10 @@ pub async fn forward<A: AppBody>(up: &Upstream<A>, ex: Exchange<A>) -> Answer {
 impl<'a, A: AppBody> Call<'a, A> {
     fn new(up: &'a Upstream<A>, ex: Exchange<A>) -> Self {
         let retry = &up.config.retry;
+        // An upgrade changes the connection for good once it is answered: never sent
+        // twice.
         let retryable = retry.max_attempts > 1
+            && !ex.upgrade
             && (retry.method_allowed(&ex.method)
                 || retry
                     .idempotency_header
@@ -156,18 +199,39 @@ impl<'a, A: AppBody> Call<'a, A> {
                     .is_some_and(|h| ex.headers.contains_key(h)));
         Call {
             up,
-            want: want(&up.config, ex.version),
+            want: if ex.upgrade {
+                Want::Http1
+            } else {
+                want(&up.config, ex.version)
+            },
             method: ex.method,
             uri: ex.uri,
             headers: ex.headers,
             deadline: ex.deadline,
             grpc: ex.grpc,
+            upgrade: ex.upgrade,
             retryable,
             body: BodySource::new(ex.body),
             attempts: 0,
             avoid: None,
+            tls_failed: 0,
+            detail: None,
             rng: None,
         }
+    }
+
+    /// The endpoint for the next attempt: round-robin, away from the one that just
+    /// failed and from any whose TLS failed for this request.
+    fn pick(&self) -> usize {
+        let endpoints = &self.up.endpoints;
+        let mut i = endpoints.pick(self.avoid);
+        for _ in 0..endpoints.len() {
+            if self.tls_failed & (1 << (i % 64)) == 0 {
+                break;
+            }
+            i = endpoints.pick(self.avoid);
+        }
+        i
     }
 
     /// Whether the failure of the last attempt is retried: `Ok(sleep)` with the budget
@@ -186,10 +250,15 @@ impl<'a, A: AppBody> Call<'a, A> {
             && self.retryable
             && self.attempts < retry.max_attempts
         {
+            let grace = if self.body.started() {
+                BODY_GRACE
+            } else {
+                EXPECT_GRACE
+            };
             let wait = retry
                 .backoff
                 .cap(self.attempts - 1)
-                .max(BODY_GRACE)
+                .max(grace)
                 .min(self.deadline.remaining(Instant::now()) / 2);
             self.body.finish_within(wait).await;
         }
@@ -227,15 +296,18 @@ impl<'a, A: AppBody> Call<'a, A> {
             },
             reply: Reply::Upstream(resp),
             attempts: self.attempts,
+            failure: None,
+            detail: None,
             owned_elsewhere: owned,
             body_unread: self.body.unread(),
+            body_untouched: !self.body.started(),
         }
     }
 
     /// No more attempts: the last failure goes back, the upstream's own response or
     /// tollgate's 502/504.
     fn give_up(
-        &self,
+        &mut self,
         stop: Stop,
         failure: Failure,
         response: Option<Response<UpstreamBody>>,
@@ -250,8 +322,11 @@ impl<'a, A: AppBody> Call<'a, A> {
                 reply: Reply::Upstream(resp),
                 attempts: self.attempts,
                 outcome,
+                failure: Some(failure),
+                detail: None,
                 owned_elsewhere: false,
                 body_unread: self.body.unread(),
+                body_untouched: !self.body.started(),
             },
             None => {
                 let status = match failure {
@@ -259,7 +334,10 @@ impl<'a, A: AppBody> Call<'a, A> {
                     _ if outcome == Outcome::DeadlineExceeded => StatusCode::GATEWAY_TIMEOUT,
                     _ => StatusCode::BAD_GATEWAY,
                 };
-                self.local(status, outcome)
+                let mut answer = self.local(status, outcome);
+                answer.failure = Some(failure);
+                answer.detail = self.detail.take();
+                answer
             }
         }
     }
@@ -270,8 +348,11 @@ impl<'a, A: AppBody> Call<'a, A> {
             reply: Reply::Local(status),
             attempts: self.attempts,
             outcome,
+            failure: None,
+            detail: None,
             owned_elsewhere: false,
             body_unread: self.body.unread(),
+            body_untouched: !self.body.started(),
         }
     }
 }

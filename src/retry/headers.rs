@@ -13,8 +13,7 @@ pub const OUTCOME_HEADER: HeaderName = HeaderName::from_static("x-tollgate-outco
 pub const ATTEMPT_HEADER: HeaderName = HeaderName::from_static("x-tollgate-attempt");
 /// How many attempts the response took (tollgate -> app).
 pub const ATTEMPTS_HEADER: HeaderName = HeaderName::from_static("x-tollgate-attempts");
-pub const GRPC_STATUS: HeaderName = HeaderName::from_static("grpc-status");
-pub const GRPC_PUSHBACK: HeaderName = HeaderName::from_static("grpc-retry-pushback-ms");
+pub use crate::http::grpc::{GRPC_PUSHBACK, GRPC_STATUS};
 
 /// Counts up to 10, as header values, so no attempt formats its number.
 static COUNT_VALUES: [HeaderValue; 10] = [

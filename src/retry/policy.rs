@@ -29,6 +29,10 @@ const GRPC_UNAVAILABLE: &[u8] = b"14";
 pub enum Failure {
     /// No connection could be made: the request was never sent.
     ConnectFailure,
+    /// The TLS handshake failed, or the server refused the connection right after it
+    /// (a client certificate it does not accept): the request was never served. Retried
+    /// as a connect failure, but never on the endpoint that failed.
+    Tls,
     /// The connection broke after the request may have been sent.
     Reset,
     /// No response head within the attempt's time.
@@ -43,7 +47,7 @@ impl Failure {
     /// The `retry.on` word, also the `reason` label of `tollgate_retries_total`.
     pub fn condition(&self) -> &str {
         match self {
-            Failure::ConnectFailure => "connect-failure",
+            Failure::ConnectFailure | Failure::Tls => "connect-failure",
             Failure::Reset => "reset",
             Failure::Timeout => "timeout",
             Failure::Unavailable => "unavailable",
@@ -53,7 +57,7 @@ impl Failure {
 
     fn enabled(&self, on: &RetryOn) -> bool {
         match self {
-            Failure::ConnectFailure => on.connect_failure,
+            Failure::ConnectFailure | Failure::Tls => on.connect_failure,
             Failure::Reset => on.reset,
             Failure::Timeout => on.timeout,
             Failure::Unavailable => on.unavailable,
@@ -63,7 +67,12 @@ impl Failure {
 
     /// Whether the request may have reached the upstream.
     pub fn maybe_sent(&self) -> bool {
-        !matches!(self, Failure::ConnectFailure)
+        !matches!(self, Failure::ConnectFailure | Failure::Tls)
+    }
+
+    /// No connection carried the request: connect and TLS failures.
+    pub fn unreachable(&self) -> bool {
+        matches!(self, Failure::ConnectFailure | Failure::Tls)
     }
 }
 
@@ -95,13 +104,15 @@ pub enum Stop {
     RetryAfter,
     Deadline,
     Budget,
+    /// A TLS failure, and no endpoint left that has not failed one for this request.
+    NoOtherEndpoint,
 }
 
 impl Stop {
     /// The `tollgate_retries_denied_total` reason, when this is a refusal.
     pub fn denied(self) -> Option<Denied> {
         Some(match self {
-            Stop::NotListed => return None,
+            Stop::NotListed | Stop::NoOtherEndpoint => return None,
             Stop::Ownership => Denied::Ownership,
             Stop::Method => Denied::Method,
             Stop::BodyTooLarge => Denied::BodyTooLarge,
@@ -116,9 +127,10 @@ impl Stop {
     pub fn outcome(self, failure: Failure) -> Outcome {
         match self {
             Stop::Ownership => Outcome::Ok,
-            Stop::NotListed | Stop::Attempts if failure == Failure::ConnectFailure => {
+            Stop::NotListed | Stop::Attempts | Stop::NoOtherEndpoint if failure.unreachable() => {
                 Outcome::UpstreamUnreachable
             }
+            Stop::NoOtherEndpoint => Outcome::UpstreamUnreachable,
             Stop::NotListed | Stop::Method => Outcome::NotRetryable,
             Stop::Attempts => Outcome::AttemptsExhausted,
             Stop::BodyTooLarge => Outcome::BodyTooLarge,

@@ -86,6 +86,8 @@ struct Tape<A> {
     overflowed: bool,
     complete: bool,
     failed: bool,
+    /// Something of the body was read (a frame, or its end).
+    started: bool,
 }
 
 impl<A: AppBody> Tape<A> {
@@ -100,6 +102,7 @@ impl<A: AppBody> Tape<A> {
         // hyper stops polling once a body says it has ended, so the end may never be
         // seen as `None`.
         let ended = body.is_end_stream();
+        self.started = true;
         match &item {
             None => self.complete = true,
             Some(Err(_)) => self.failed = true,
@@ -201,6 +204,7 @@ impl<A: AppBody> Recording<A> {
             len: 0,
             complete: false,
             failed: false,
+            started: false,
         }));
         (Recording { tape: tape.clone() }, TapeHandle { tape })
     }
@@ -319,6 +323,14 @@ impl<A: AppBody> BodySource<A> {
     /// Whether the app's body was handed to an attempt (and is recorded).
     pub fn recorded(&self) -> bool {
         self.tape.is_some()
+    }
+
+    /// Whether anything of the app's body has been read (an attempt that expected
+    /// `100 Continue` and got a final answer first read none of it).
+    pub fn started(&self) -> bool {
+        self.tape
+            .as_ref()
+            .is_some_and(|t| t.tape.lock().unwrap_or_else(|p| p.into_inner()).started)
     }
 
     /// Gives a body still arriving up to `limit` to finish, so it can be replayed.

@@ -1,7 +1,13 @@
 //! Opening a connection to one endpoint, its name resolved by [`super::dns`]: TCP
-//! connect with `TCP_NODELAY`, TLS when configured, then for HTTP/2 the handshake. An HTTP/2 connection's I/O task is
-//! spawned and held by an abort handle, so dropping a connection really closes it; an
-//! HTTP/1.1 connection has no task (see [`super::h1`]).
+//! connect with `TCP_NODELAY`, TLS when configured, then for HTTP/2 the handshake. An
+//! HTTP/2 connection's I/O task is spawned and held by an abort handle, so dropping a
+//! connection really closes it; an HTTP/1.1 connection has no task (see [`super::h1`]).
+//!
+//! Cleartext HTTP/2 to an endpoint whose protocol is not known yet (`protocol = "auto"`
+//! and an app that spoke HTTP/2) waits for the endpoint's first bytes before the
+//! connection is used: an HTTP/1.1-only server answers the HTTP/2 preface with an
+//! HTTP/1.1 status line (`505`, `400`), and that is recognised here, before any request
+//! was sent on the connection, rather than as a protocol error of the first request.
 
 use std::io;
 use std::net::SocketAddr;
@@ -40,6 +46,19 @@ pub enum ConnectError {
         addr: SocketAddr,
         source: hyper::Error,
     },
+    /// The endpoint answered the HTTP/2 preface in HTTP/1.1.
+    #[error("{addr} answered the HTTP/2 preface in HTTP/1.1")]
+    SpeaksHttp1 { addr: SocketAddr },
+}
+
+impl ConnectError {
+    /// Why the TLS handshake failed, in words for the operator, when that is what failed.
+    pub fn tls_reason(&self) -> Option<String> {
+        match self {
+            ConnectError::Tls { source, .. } => Some(super::tls_failure::describe(source)),
+            _ => None,
+        }
+    }
 }
 
 /// Counts a connection as open for as long as it lives.
@@ -154,10 +173,127 @@ where
     .abort_handle()
 }
 
+/// The first bytes an endpoint sent on a connection, noted as they are read.
+#[derive(Default)]
+struct FirstBytes {
+    bytes: std::sync::OnceLock<Vec<u8>>,
+    arrived: tokio::sync::Notify,
+}
+
+impl FirstBytes {
+    fn note(&self, bytes: &[u8]) {
+        if self.bytes.set(bytes.to_vec()).is_ok() {
+            self.arrived.notify_one();
+        }
+    }
+
+    /// Waits until the first bytes (or the end, or an error) arrived.
+    async fn wait(&self) -> &[u8] {
+        loop {
+            if let Some(b) = self.bytes.get() {
+                return b;
+            }
+            self.arrived.notified().await;
+        }
+    }
+}
+
+/// A socket whose first bytes read are noted in a [`FirstBytes`]. Nothing is written
+/// after the HTTP/2 preface until they are in: an HTTP/1.1 server answers the preface
+/// and closes, and a write racing that close would fail before its answer is read.
+struct Sniffed<T> {
+    inner: T,
+    first: Arc<FirstBytes>,
+    /// Bytes written so far, up to the preface's length.
+    written: usize,
+    /// Bytes read while writes waited for the first ones, not yet handed on.
+    ahead: Vec<u8>,
+}
+
+/// The HTTP/2 client connection preface's length.
+const PREFACE_LEN: usize = 24;
+
+impl<T: AsyncRead + Unpin> Sniffed<T> {
+    /// Reads the first bytes, to note them, while a write waits for them.
+    fn poll_first(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        let mut chunk = [0u8; 64];
+        let mut buf = ReadBuf::new(&mut chunk);
+        match Pin::new(&mut self.inner).poll_read(cx, &mut buf) {
+            Poll::Ready(Ok(())) => {
+                self.ahead.extend_from_slice(buf.filled());
+                self.first.note(buf.filled());
+                Poll::Ready(Ok(()))
+            }
+            Poll::Ready(Err(e)) => {
+                self.first.note(&[]);
+                Poll::Ready(Err(e))
+            }
+            Poll::Pending => Poll::Pending,
+        }
+    }
+}
+
+impl<T: AsyncRead + Unpin> AsyncRead for Sniffed<T> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        if !self.ahead.is_empty() {
+            let n = self.ahead.len().min(buf.remaining());
+            buf.put_slice(&self.ahead[..n]);
+            self.ahead.drain(..n);
+            return Poll::Ready(Ok(()));
+        }
+        let before = buf.filled().len();
+        let polled = Pin::new(&mut self.inner).poll_read(cx, buf);
+        if self.first.bytes.get().is_none() {
+            match &polled {
+                Poll::Ready(Ok(())) => self.first.note(&buf.filled()[before..]),
+                Poll::Ready(Err(_)) => self.first.note(&[]),
+                Poll::Pending => {}
+            }
+        }
+        polled
+    }
+}
+
+impl<T: AsyncRead + AsyncWrite + Unpin> AsyncWrite for Sniffed<T> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        let this = &mut *self;
+        if this.first.bytes.get().is_none() {
+            if this.written < PREFACE_LEN {
+                let n = buf.len().min(PREFACE_LEN - this.written);
+                let n = std::task::ready!(Pin::new(&mut this.inner).poll_write(cx, &buf[..n]))?;
+                this.written += n;
+                return Poll::Ready(Ok(n));
+            }
+            std::task::ready!(this.poll_first(cx))?;
+        }
+        Pin::new(&mut this.inner).poll_write(cx, buf)
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+}
+
+/// The HTTP/2 handshake on `transport`. With `sniff` (cleartext, protocol not known
+/// yet) the connection is handed out only once the endpoint's first bytes are in:
+/// [`ConnectError::SpeaksHttp1`] when they are an HTTP/1.1 status line.
 pub async fn handshake_h2<B>(
     transport: Transport,
     addr: SocketAddr,
     open: &Arc<AtomicUsize>,
+    sniff: bool,
 ) -> Result<(H2Sender<B>, AbortHandle), ConnectError>
 where
     B: OutgoingBody,
@@ -175,11 +311,25 @@ where
                 .handshake(TokioIo::new($io))
                 .await
                 .map_err(|source| ConnectError::Handshake { addr, source })?;
-            Ok((sender, spawn_counted(open, conn)))
+            (sender, spawn_counted(open, conn))
         }};
     }
     match transport {
-        Transport::Plain(s) => go!(s),
-        Transport::Tls(s) => go!(*s),
+        Transport::Plain(s) if sniff => {
+            let first = Arc::new(FirstBytes::default());
+            let (sender, task) = go!(Sniffed {
+                inner: s,
+                first: first.clone(),
+                written: 0,
+                ahead: Vec::new(),
+            });
+            if first.wait().await.starts_with(b"HTTP/1.") {
+                task.abort();
+                return Err(ConnectError::SpeaksHttp1 { addr });
+            }
+            Ok((sender, task))
+        }
+        Transport::Plain(s) => Ok(go!(s)),
+        Transport::Tls(s) => Ok(go!(*s)),
     }
 }

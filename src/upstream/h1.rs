@@ -12,6 +12,11 @@
 //! response was not wanted) is closed at once, so the upstream sees the disconnect and
 //! no work continues that nobody waits for.
 //!
+//! A request that says `Expect: 100-continue` keeps its body until the endpoint answers
+//! `100 Continue` (or for at most its `continue_wait`); a final answer first means the
+//! body is never sent, and the app, whose body is read only as it goes out, is never
+//! told to send it.
+//!
 //! One buffer each way per connection, kept while it is pooled. The head is read by
 //! [`crate::http::response`], in place; the body is read by [`crate::http::framing`].
 
@@ -23,7 +28,7 @@ use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
-use http::header::CONTENT_LENGTH;
+use http::header::{CONTENT_LENGTH, COOKIE, EXPECT};
 use http::{Method, Response};
 use http_body::{Body, Frame, SizeHint};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, ReadBuf};
@@ -34,10 +39,11 @@ use tokio::time::Instant;
 use super::OutgoingBody;
 use super::connect::{OpenGuard, Transport};
 use super::request::RequestHead;
+use super::upgraded::Upgraded;
 use crate::http::encode::{BodyEncoder, BodyFraming, write_content_length};
 use crate::http::fields::{content_length, write_field};
 use crate::http::framing::{Framing, Step, step};
-use crate::http::response::{MAX_HEAD, RawFields, ResponseHead, parse_response_head};
+use crate::http::response::{MAX_HEAD, Parsed, RawFields, ResponseHead, parse_response_head};
 use crate::http::{BoxError, KEEP_WRITE, READ_CHUNK, WRITE_BATCH};
 
 /// One HTTP/1.1 connection to an endpoint, idle or carrying one exchange.
@@ -45,6 +51,8 @@ pub struct Connection {
     io: Transport,
     rbuf: BytesMut,
     wbuf: Vec<u8>,
+    /// The endpoint answered `100 Continue` to the request in flight.
+    continued: bool,
     _open: OpenGuard,
 }
 
@@ -54,6 +62,7 @@ impl Connection {
             io,
             rbuf: BytesMut::new(),
             wbuf: Vec::new(),
+            continued: false,
             _open: OpenGuard::new(open),
         }
     }
@@ -99,7 +108,8 @@ impl Connection {
         Poll::Ready(Ok(()))
     }
 
-    /// Reads until a final response head is in, skipping interim (1xx) responses.
+    /// Reads until a final response head is in, skipping interim (1xx) responses and
+    /// noting a `100 Continue`.
     fn poll_head(
         &mut self,
         cx: &mut Context<'_>,
@@ -108,9 +118,12 @@ impl Connection {
         loop {
             if !self.rbuf.is_empty() {
                 match parse_response_head(&mut self.rbuf, head_request)? {
-                    Some(Some(head)) => return Poll::Ready(Ok(head)),
+                    Some(Parsed::Final(head)) => return Poll::Ready(Ok(head)),
                     // An interim response, consumed: look for the next.
-                    Some(None) => continue,
+                    Some(Parsed::Interim(status)) => {
+                        self.continued |= status == http::StatusCode::CONTINUE;
+                        continue;
+                    }
                     None if self.rbuf.len() > MAX_HEAD => {
                         return Poll::Ready(Err(crate::http::bad("response head too large")));
                     }
@@ -247,6 +260,11 @@ struct Upload<B> {
     /// Written up to here in the connection's write buffer.
     pos: usize,
     done: bool,
+    /// `Expect: 100-continue`: the body waits for the endpoint's `100 Continue` (or a
+    /// final answer, which means it is never sent), at most until this timer fires.
+    /// The app's body is not read before, so the app hears `100 Continue` only once
+    /// the endpoint said it.
+    expecting: Option<Pin<Box<tokio::time::Sleep>>>,
 }
 
 impl<B> Upload<B>
@@ -259,6 +277,17 @@ where
         conn: &mut Connection,
         cx: &mut Context<'_>,
     ) -> Poll<Result<(), UploadError>> {
+        if let Some(timer) = self.expecting.as_mut() {
+            // The head goes out; the body waits.
+            if !conn.wbuf.is_empty() {
+                std::task::ready!(conn.poll_drain(cx, &mut self.pos))
+                    .map_err(UploadError::Write)?;
+            }
+            if !conn.continued && timer.as_mut().poll(cx).is_pending() {
+                return Poll::Pending;
+            }
+            self.expecting = None;
+        }
         loop {
             while !self.encoder.ended() && conn.wbuf.len() < WRITE_BATCH {
                 match Pin::new(&mut self.body).poll_frame(cx) {
@@ -314,6 +343,18 @@ impl<B: OutgoingBody> PendingUpload for Upload<B> {
     }
 }
 
+/// Writes the request's `Cookie` fields as one line.
+fn write_cookies(wbuf: &mut Vec<u8>, headers: &http::HeaderMap) {
+    wbuf.extend_from_slice(b"cookie: ");
+    for (i, value) in headers.get_all(COOKIE).iter().enumerate() {
+        if i > 0 {
+            wbuf.extend_from_slice(b"; ");
+        }
+        wbuf.extend_from_slice(value.as_bytes());
+    }
+    wbuf.extend_from_slice(b"\r\n");
+}
+
 /// Methods whose request means something with a body, so an empty one is declared.
 fn declares_empty_body(method: &Method) -> bool {
     *method == Method::POST || *method == Method::PUT || *method == Method::PATCH
@@ -334,8 +375,16 @@ fn encode_head<B: Body>(
     wbuf.push(b' ');
     wbuf.extend_from_slice(if pq.is_empty() { b"/" } else { pq.as_bytes() });
     wbuf.extend_from_slice(b" HTTP/1.1\r\n");
+    let mut cookies = false;
     for (name, value) in head.headers {
-        if !fields.names(name) {
+        if *name == COOKIE {
+            // An HTTP/2 app may split its cookies over several fields; HTTP/1.1 wants
+            // them in one, joined by "; " (RFC 9113 section 8.2.3).
+            if !cookies {
+                cookies = true;
+                write_cookies(wbuf, head.headers);
+            }
+        } else if !fields.names(name) {
             write_field(wbuf, name, value);
         }
     }
@@ -383,30 +432,48 @@ where
 {
     let conn = lease.conn();
     let framing = encode_head(&mut conn.wbuf, head, &body)?;
+    conn.continued = false;
+    let expects = !body.is_end_stream()
+        && head
+            .headers
+            .get(EXPECT)
+            .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"100-continue"));
     let mut upload = Upload {
         body,
         encoder: BodyEncoder::new(framing),
         pos: 0,
         done: false,
+        expecting: expects.then(|| Box::pin(tokio::time::sleep(head.continue_wait))),
     };
     // The request goes out while the response is awaited: an endpoint may answer
     // before it has read the whole body (and some never read it).
     let mut upload_failed = false;
     let head = std::future::poll_fn(|cx| {
-        if !upload.done && !upload_failed {
-            match upload.poll(conn, cx) {
-                Poll::Ready(Err(UploadError::Body(e))) => return Poll::Ready(Err(e)),
-                Poll::Ready(Err(UploadError::Write(e))) => {
-                    tracing::trace!(error = %e, "request body not sent in full");
-                    upload_failed = true;
+        loop {
+            if !upload.done && !upload_failed {
+                match upload.poll(conn, cx) {
+                    Poll::Ready(Err(UploadError::Body(e))) => return Poll::Ready(Err(e)),
+                    Poll::Ready(Err(UploadError::Write(e))) => {
+                        tracing::trace!(error = %e, "request body not sent in full");
+                        upload_failed = true;
+                    }
+                    _ => {}
                 }
-                _ => {}
             }
+            let continued = conn.continued;
+            let polled = conn.poll_head(cx, *head.method == Method::HEAD);
+            // A `100 Continue` just read lets the body go: once more round.
+            if polled.is_pending() && !continued && conn.continued && upload.expecting.is_some() {
+                continue;
+            }
+            return polled;
         }
-        conn.poll_head(cx, *head.method == Method::HEAD)
     })
     .await?;
-    let upload: Option<Box<dyn PendingUpload>> = if upload.done || upload_failed {
+    // A final answer before the `100 Continue`: the body is never sent, and the
+    // connection, whose endpoint may still wait for it, is not used again.
+    let refused = upload.expecting.is_some();
+    let upload: Option<Box<dyn PendingUpload>> = if upload.done || upload_failed || refused {
         None
     } else {
         Some(Box::new(upload))
@@ -415,11 +482,14 @@ where
         lease: Some(lease),
         fields: head.fields,
         framing: head.framing,
-        reuse: head.reuse && !upload_failed,
+        reuse: head.reuse && !upload_failed && !refused,
         upload,
         broken: None,
     };
-    body.finish_if_done();
+    // A protocol switch keeps its connection for the tunnel (see `take_upgraded`).
+    if head.status != http::StatusCode::SWITCHING_PROTOCOLS {
+        body.finish_if_done();
+    }
     let mut resp = Response::new(body);
     *resp.status_mut() = head.status;
     *resp.version_mut() = head.version;
@@ -444,6 +514,14 @@ pub struct Http1Response {
 impl Http1Response {
     pub fn fields(&self) -> &RawFields {
         &self.fields
+    }
+
+    /// The connection of a `101 Switching Protocols`, to tunnel: what the endpoint
+    /// sent after the head comes first. `None` once taken (or for any other response,
+    /// whose connection was released when it ended).
+    pub fn take_upgraded(&mut self) -> Option<Upgraded> {
+        let conn = *self.lease.take()?.conn;
+        Some(Upgraded::new(conn.io, conn.rbuf, conn._open))
     }
 
     fn ended(&self) -> bool {

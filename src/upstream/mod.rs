@@ -4,10 +4,12 @@
 //! Generic over the request body `B` it sends: this layer moves bodies, it does not
 //! decide what they are. It knows nothing of retries, budgets or the app.
 //!
-//! From the bottom: [`dns`], [`connect`] and [`tls`] open a connection; [`request`] is
-//! what an attempt sends ahead of its body; [`h1`] is HTTP/1.1 on tollgate's own codec
-//! (HTTP/2 is hyper's client); [`response`] is what comes back; [`pool`] keeps one
-//! endpoint's connections and sends on one of them; this file chooses the endpoint.
+//! From the bottom: [`dns`], [`connect`] and [`tls`] open a connection
+//! ([`tls_failure`] says why one failed); [`request`] is what an attempt sends ahead of
+//! its body; [`h1`] is HTTP/1.1 on tollgate's own codec (HTTP/2 is hyper's client);
+//! [`response`] is what comes back ([`upgraded`]: a connection after `101`, to
+//! tunnel); [`pool`] keeps one endpoint's connections and sends on one of them; this
+//! file chooses the endpoint.
 
 pub mod connect;
 pub mod dns;
@@ -16,6 +18,8 @@ pub mod pool;
 pub mod request;
 pub mod response;
 pub mod tls;
+pub mod tls_failure;
+pub mod upgraded;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
@@ -55,11 +59,19 @@ impl<B: OutgoingBody> Endpoints<B> {
     /// The endpoints of `config`, with `workers` pools each; `open` counts their
     /// connections.
     pub fn new(config: &UpstreamConfig, open: &Arc<AtomicUsize>, workers: usize) -> Self {
+        let name: Arc<str> = config.name.as_str().into();
         Endpoints {
             list: config
                 .endpoints
                 .iter()
-                .map(|a| Arc::new(Endpoint::new(a.clone(), open.clone(), workers)))
+                .map(|a| {
+                    Arc::new(Endpoint::new(
+                        name.clone(),
+                        a.clone(),
+                        open.clone(),
+                        workers,
+                    ))
+                })
                 .collect(),
             next: AtomicUsize::new(0),
         }
@@ -106,6 +118,14 @@ impl<B> Endpoints<B> {
         &self.list[i]
     }
 
+    pub fn len(&self) -> usize {
+        self.list.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.list.is_empty()
+    }
+
     pub fn iter(&self) -> impl Iterator<Item = &Endpoint<B>> {
         self.list.iter().map(|e| &**e)
     }
@@ -118,7 +138,7 @@ pub fn want(config: &UpstreamConfig, version: Version) -> Want {
         (Protocol::Http1, _) => Want::Http1,
         (Protocol::H2, _) => Want::Http2,
         (Protocol::Auto, true) => Want::Negotiate,
-        (Protocol::Auto, false) if version == Version::HTTP_2 => Want::Http2,
+        (Protocol::Auto, false) if version == Version::HTTP_2 => Want::PreferHttp2,
         (Protocol::Auto, false) => Want::Http1,
     }
 }

@@ -18,6 +18,7 @@ use super::h1::{self, Connection, IdleQueues, Lease};
 use super::request::RequestHead;
 use super::response::UpstreamBody;
 use super::tls::TlsClient;
+use super::tls_failure::WarnEvery;
 use crate::config::EndpointAddr;
 use crate::http::{BoxError, ByProtocol};
 
@@ -38,6 +39,9 @@ pub enum Want {
     Http2,
     /// TLS with ALPN offering both: whatever the endpoint picked last time.
     Negotiate,
+    /// Cleartext HTTP/2 unless the endpoint turned out to speak HTTP/1.1 only (an
+    /// HTTP/2 app with `protocol = "auto"`).
+    PreferHttp2,
 }
 
 const ALPN_UNKNOWN: u8 = 0;
@@ -62,7 +66,13 @@ pub struct Endpoint<B> {
     resolver: Resolver,
     idle: Arc<IdleQueues>,
     h2: Box<[WorkerH2<B>]>,
+    /// The HTTP the endpoint speaks, as ALPN picked it last time or, in cleartext, as
+    /// its answer to the HTTP/2 preface showed.
     alpn: AtomicU8,
+    /// The upstream's name, for the log.
+    upstream: Arc<str>,
+    /// TLS failures are warned about at most once every few seconds.
+    pub tls_warn: WarnEvery,
     /// Connect failures in a row; reset by a successful connect.
     failures: AtomicU32,
     /// Until when (ms on [`clock_ms`]) the endpoint is skipped after a connect failure.
@@ -91,9 +101,16 @@ impl<B> Drop for Endpoint<B> {
 }
 
 impl<B: OutgoingBody> Endpoint<B> {
-    pub fn new(addr: EndpointAddr, open: Arc<AtomicUsize>, workers: usize) -> Self {
+    pub fn new(
+        upstream: Arc<str>,
+        addr: EndpointAddr,
+        open: Arc<AtomicUsize>,
+        workers: usize,
+    ) -> Self {
         let workers = workers.max(1);
         Endpoint {
+            upstream,
+            tls_warn: WarnEvery::default(),
             resolver: Resolver::new(addr.clone()),
             addr,
             idle: Arc::new(IdleQueues::new(workers)),
@@ -131,6 +148,12 @@ impl<B: OutgoingBody> Endpoint<B> {
         }
     }
 
+    /// A new HTTP/1.1 connection, on loan from the start.
+    fn http1(&self, transport: connect::Transport) -> Conn<B> {
+        let conn = Connection::new(transport, &self.open);
+        Conn::Http1(Lease::new(conn, &self.idle, self.worker()))
+    }
+
     /// The calling worker's index.
     fn worker(&self) -> usize {
         crate::worker::current() % self.h2.len()
@@ -140,41 +163,45 @@ impl<B: OutgoingBody> Endpoint<B> {
     /// await.
     pub fn pooled(&self, want: Want) -> Option<Conn<B>> {
         match (want, self.alpn.load(Relaxed)) {
-            (Want::Http1, _) | (Want::Negotiate, ALPN_H1) => self.pop_idle().map(Conn::Http1),
-            (Want::Http2, _) | (Want::Negotiate, ALPN_H2) => self.shared_h2().map(Conn::Http2),
+            (Want::Http1, _) | (Want::Negotiate | Want::PreferHttp2, ALPN_H1) => {
+                self.pop_idle().map(Conn::Http1)
+            }
+            (Want::Http2 | Want::PreferHttp2, _) | (Want::Negotiate, ALPN_H2) => {
+                self.shared_h2().map(Conn::Http2)
+            }
             (Want::Negotiate, _) => None,
         }
     }
 
     /// A connection for one attempt: a pooled one when there is one, else a new one
-    /// within `timeout`.
+    /// within `timeout`; `true` with a new one.
     pub async fn checkout(
         &self,
         want: Want,
         tls: Option<&TlsClient>,
         timeout: Duration,
-    ) -> Result<Conn<B>, ConnectError> {
+    ) -> Result<(Conn<B>, bool), ConnectError> {
         let want = match (want, self.alpn.load(Relaxed)) {
-            (Want::Negotiate, ALPN_H1) => Want::Http1,
-            (Want::Negotiate, ALPN_H2) => Want::Http2,
+            (Want::Negotiate | Want::PreferHttp2, ALPN_H1) => Want::Http1,
+            (Want::Negotiate | Want::PreferHttp2, ALPN_H2) => Want::Http2,
             (w, _) => w,
         };
         if want == Want::Http1 {
             if let Some(lease) = self.pop_idle() {
-                return Ok(Conn::Http1(lease));
+                return Ok((Conn::Http1(lease), false));
             }
-            return self.connect(want, tls, timeout).await;
+            return Ok((self.connect(want, tls, timeout).await?, true));
         }
         if let Some(s) = self.shared_h2() {
-            return Ok(Conn::Http2(s));
+            return Ok((Conn::Http2(s), false));
         }
         // One connect at a time: a burst of requests shares the connection the first
         // of them opens instead of each opening its own.
         let _one = self.h2[self.worker()].connecting.lock().await;
         if let Some(s) = self.shared_h2() {
-            return Ok(Conn::Http2(s));
+            return Ok((Conn::Http2(s), false));
         }
-        self.connect(want, tls, timeout).await
+        Ok((self.connect(want, tls, timeout).await?, true))
     }
 
     fn shared_h2(&self) -> Option<H2Sender<B>> {
@@ -213,7 +240,7 @@ impl<B: OutgoingBody> Endpoint<B> {
         self.connect_succeeded();
         let h2 = match want {
             Want::Http1 => false,
-            Want::Http2 => true,
+            Want::Http2 | Want::PreferHttp2 => true,
             Want::Negotiate => {
                 let h2 = transport.alpn_h2();
                 self.alpn.store(if h2 { ALPN_H2 } else { ALPN_H1 }, Relaxed);
@@ -221,10 +248,30 @@ impl<B: OutgoingBody> Endpoint<B> {
             }
         };
         if !h2 {
-            let conn = Connection::new(transport, &self.open);
-            return Ok(Conn::Http1(Lease::new(conn, &self.idle, self.worker())));
+            return Ok(self.http1(transport));
         }
-        let (sender, task) = connect::handshake_h2(transport, addr, &self.open).await?;
+        let sniff = want == Want::PreferHttp2;
+        let (sender, task) = match connect::handshake_h2(transport, addr, &self.open, sniff).await {
+            Ok(c) => c,
+            Err(ConnectError::SpeaksHttp1 { .. }) => {
+                // The request was not sent: it goes out as HTTP/1.1 on a connection
+                // of its own, as the same attempt, and so does every later one.
+                if self.alpn.swap(ALPN_H1, Relaxed) != ALPN_H1 {
+                    tracing::info!(
+                        upstream = %self.upstream,
+                        endpoint = %self.addr,
+                        "the endpoint answered HTTP/2 in HTTP/1.1: requests that came over HTTP/2 \
+                         go to it as HTTP/1.1 from now on"
+                    );
+                }
+                let transport = connect::open(addr, tls, timeout).await?;
+                return Ok(self.http1(transport));
+            }
+            Err(e) => return Err(e),
+        };
+        if sniff {
+            self.alpn.store(ALPN_H2, Relaxed);
+        }
         // The one it replaces, if any: streams still running on it finish; hyper
         // closes it when they do.
         let _old = self.h2[self.worker()].conn.swap(Some(Arc::new(H2Conn {

@@ -1,6 +1,8 @@
 //! What an attempt sends ahead of its body: the request's head, borrowed (every attempt
 //! of a request sends the same one), and the few fields each attempt adds to it.
 
+use std::time::Duration;
+
 use http::{HeaderMap, Method, Request, Uri, Version};
 
 use crate::http::fields::ExtraFields;
@@ -20,11 +22,16 @@ pub struct RequestHead<'a> {
     pub fields: AttemptFields,
     /// The endpoints speak TLS (the scheme of an HTTP/2 request).
     pub https: bool,
+    /// How long a body behind `Expect: 100-continue` waits for `100 Continue` before it
+    /// goes out anyway (HTTP/1.1).
+    pub continue_wait: Duration,
 }
 
 impl RequestHead<'_> {
     /// The request as hyper's HTTP/2 client takes it: its own copy of the head, with
-    /// the scheme and authority HTTP/2 requires.
+    /// the scheme and authority HTTP/2 requires. The authority comes from `Host`, and
+    /// `Host` itself is not sent: HTTP/2 carries it as `:authority` (RFC 9113 section
+    /// 8.3.1), and servers such as nginx refuse a request that has both.
     pub(super) fn to_h2<B>(&self, body: B) -> Request<B> {
         let mut req = Request::new(body);
         *req.method_mut() = self.method.clone();
@@ -46,6 +53,7 @@ impl RequestHead<'_> {
                 .unwrap_or_else(|_| self.uri.clone())
         };
         let mut headers = self.headers.clone();
+        headers.remove(http::header::HOST);
         for (name, value) in self.fields.iter() {
             headers.insert(name.clone(), value.clone());
         }

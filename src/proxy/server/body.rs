@@ -20,16 +20,17 @@ use super::watchdog::ConnState;
 use crate::http::response::RawFields;
 use crate::http::{BoxError, ByProtocol};
 use crate::upstream::response::UpstreamBody;
+use crate::upstream::upgraded::Upgraded;
 
 /// The body of a request from the app, as either protocol delivers it.
 pub type AppBody = ByProtocol<Http1Body>;
 
-/// Up to two whole field lines (`name: value`) this hop adds to a response head for an
+/// Up to three whole field lines (`name: value`) this hop adds to a response head for an
 /// HTTP/1.1 app, written after the response's own and replacing any field of the same
 /// name. Lines from tables made once, so nothing is formatted per response and the
 /// response stays small to move.
 #[derive(Clone, Copy, Debug, Default)]
-pub struct AddedFields(pub [Option<&'static str>; 2]);
+pub struct AddedFields(pub [Option<&'static str>; 3]);
 
 impl AddedFields {
     fn lines(&self) -> impl Iterator<Item = &'static str> {
@@ -136,6 +137,16 @@ impl ResponseBody {
 
     pub fn added_fields(&self) -> AddedFields {
         self.added
+    }
+
+    /// A `101`'s connection to the upstream, to tunnel, and the request's guard, which
+    /// the tunnel holds for as long as it lasts (the request is still being answered).
+    pub fn take_upgrade(&mut self) -> Option<(Upgraded, Option<RequestGuard>)> {
+        let Kind::Upstream(ByProtocol::Http1(b)) = &mut self.kind else {
+            return None;
+        };
+        let upgraded = b.take_upgraded()?;
+        Some((upgraded, self._guard.take()))
     }
 
     /// Fields of the upstream's HTTP/1.1 response head that are not in the response's

@@ -323,6 +323,7 @@ pub async fn serve<S: Service>(
                 state: state.clone(),
                 max_header_bytes: settings.max_header_bytes,
                 max_headers: settings.max_headers,
+                drain_timeout: settings.drain_timeout,
             },
         );
         let conn = Box::pin(conn);

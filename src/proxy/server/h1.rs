@@ -11,6 +11,9 @@
 //!
 //! While a request is answered the socket is still watched: the app closing its side
 //! cancels the request (and every attempt in flight), as nobody waits for the answer.
+//!
+//! A `101 Switching Protocols` that carries the upstream's connection ends the HTTP
+//! part: the head goes out and the connection becomes a byte tunnel ([`tunnel`]).
 
 use std::future::{Future, poll_fn};
 use std::io;
@@ -28,6 +31,7 @@ use tokio::net::TcpStream;
 use super::body::{AppBody, ResponseBody};
 use super::service::Service;
 use super::socket::{CONTINUE, Http1Body, Io, close, lock};
+use super::tunnel;
 use super::watchdog::ConnState;
 use crate::http::encode::{
     BodyEncoder, BodyFraming, status_digits, write_content_length, write_date,
@@ -43,6 +47,8 @@ pub struct Settings<S> {
     pub state: Arc<ConnState>,
     pub max_header_bytes: usize,
     pub max_headers: usize,
+    /// How long a tunnel (after `101`) may outlive the start of a drain.
+    pub drain_timeout: std::time::Duration,
 }
 
 /// An HTTP/1.1 client connection being served; a future that ends when it closes.
@@ -130,9 +136,24 @@ async fn run<S: Service>(io: Arc<Mutex<Io>>, settings: Settings<S>, closing: Arc
             }
         })
         .await;
-        let Some(resp) = answered else {
+        let Some(mut resp) = answered else {
             return;
         };
+        // A protocol switch: the head goes out, then the connection is a tunnel.
+        let upgrade = match resp.status() {
+            StatusCode::SWITCHING_PROTOCOLS => resp.body_mut().take_upgrade(),
+            _ => None,
+        };
+        if let Some((upstream, guard)) = upgrade {
+            if write_response(&io, &mut wbuf, resp, version, false, true)
+                .await
+                .is_ok()
+            {
+                tunnel::run(&io, upstream, &closing, settings.drain_timeout).await;
+            }
+            drop(guard);
+            return;
+        }
         let keep_alive = keep_alive && !closing.load(Acquire);
         let Ok(kept) =
             write_response(&io, &mut wbuf, resp, version, head_request, keep_alive).await
@@ -338,7 +359,9 @@ fn write_head(
         keep_alive = false;
         BodyFraming::Close
     };
-    if !keep_alive {
+    if code == 101 {
+        wbuf.extend_from_slice(b"connection: upgrade\r\n");
+    } else if !keep_alive {
         wbuf.extend_from_slice(b"connection: close\r\n");
     } else if version == Version::HTTP_10 {
         wbuf.extend_from_slice(b"connection: keep-alive\r\n");

@@ -4,14 +4,15 @@
 //!
 //! From the bottom: [`watchdog`] (slow heads, idle connections), [`socket`] (an
 //! HTTP/1.1 connection's socket and request body), [`body`] (the bodies that cross),
-//! [`service`] (the trait), [`h1`] (the HTTP/1.1 codec's loop and writer), [`conn`]
-//! (one connection: protocol sniff, drain).
+//! [`service`] (the trait), [`h1`] (the HTTP/1.1 codec's loop and writer, and after a
+//! `101` a byte tunnel), [`conn`] (one connection: protocol sniff, drain).
 
 pub mod body;
 pub mod conn;
 pub mod h1;
 pub mod service;
 pub mod socket;
+mod tunnel;
 pub mod watchdog;
 
 pub use body::{AddedFields, Admission, AppBody, RequestGuard, ResponseBody};

@@ -1,0 +1,227 @@
+//! gRPC through tollgate with a real gRPC stack on both sides (tonic's client and
+//! server): streams outlive `attempt_timeout`, `grpc-timeout` carries the caller's own
+//! deadline and nothing when it set none, every answer tollgate makes itself is a gRPC
+//! answer that a gRPC client will not retry, and ownership holds across two tollgates.
+
+#![allow(clippy::unwrap_used)]
+
+mod common;
+#[path = "common/grpc.rs"]
+mod grpc_stack;
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use common::*;
+use grpc_stack::{Ask, Client, Server};
+use tonic::Code;
+
+/// `[upstreams.greeter]` to `addr`, a short attempt_timeout and request_timeout;
+/// `extra` goes into the upstream's table.
+fn greeter(addr: SocketAddr, extra: &str) -> String {
+    config(&format!(
+        "[upstreams.greeter]\nauthorities = [\"greeter\"]\nendpoints = [\"{addr}\"]\n\
+         attempt_timeout = \"300ms\"\nrequest_timeout = \"500ms\"\n{extra}"
+    ))
+}
+
+const RETRY_POST: &str = "[upstreams.greeter.retry]\nmax_attempts = 3\n\
+     methods = [\"POST\"]\nbackoff_base = \"1ms\"\nbackoff_max = \"2ms\"\n\
+     [upstreams.greeter.budget]\nratio = 10.0\nmin_per_sec = 1000\n";
+
+fn header<'a>(s: &'a tonic::Status, name: &str) -> Option<&'a str> {
+    s.metadata().get(name).and_then(|v| v.to_str().ok())
+}
+
+/// A status tollgate made itself: the code, its outcome, and "do not retry".
+fn assert_tollgate_status(s: &tonic::Status, code: Code, outcome: &str) {
+    assert_eq!(s.code(), code, "{s:?}");
+    assert_eq!(header(s, "x-tollgate-outcome"), Some(outcome), "{s:?}");
+    assert_eq!(header(s, "grpc-retry-pushback-ms"), Some("-1"), "{s:?}");
+    assert!(header(s, "x-tollgate-attempts").is_some(), "{s:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn streams_without_a_deadline_outlive_attempt_timeout() {
+    let server = Server::start().await;
+    let tg = Tollgate::start(&greeter(server.addr, "")).await;
+    let mut client = Client::connect(tg.addr, "greeter").await;
+
+    // 10 items 100 ms apart: a second, past attempt_timeout and request_timeout.
+    let ask = Ask {
+        count: 10,
+        gap_ms: 100,
+        ..Ask::default()
+    };
+    let (items, end) = client.list(ask, None).await;
+    assert_eq!(end.code(), Code::Ok, "{end:?}");
+    assert_eq!(items.len(), 10);
+    assert_eq!(items[0].note, "none", "no deadline reached the server");
+
+    let (items, end) = client.echo(10, Duration::from_millis(100)).await;
+    assert_eq!(end.code(), Code::Ok, "{end:?}");
+    assert_eq!(items.len(), 10, "every message echoed");
+    assert_eq!(server.seen(), vec![None, None]);
+    tg.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_deadline_arrives_as_the_calls_time_left_uncapped() {
+    let server = Server::start().await;
+    let tg = Tollgate::start(&greeter(server.addr, "")).await;
+    let mut client = Client::connect(tg.addr, "greeter").await;
+
+    let item = client
+        .unary(Ask::default(), Some(Duration::from_secs(10)))
+        .await
+        .unwrap();
+    let d = tollgate::deadline::parse_grpc_timeout(item.note.as_bytes())
+        .unwrap_or_else(|| panic!("the server saw grpc-timeout {:?}", item.note));
+    assert!(
+        d <= Duration::from_secs(10) && d > Duration::from_millis(9_500),
+        "the server was told {d:?} of a 10 s deadline (attempt_timeout 300 ms, \
+         request_timeout 500 ms bound only tollgate's wait for the head)"
+    );
+    let item = client.unary(Ask::default(), None).await.unwrap();
+    assert_eq!(item.note, "none", "no deadline of its own: no grpc-timeout");
+
+    // The server stream runs to the deadline the client set, and no further.
+    let ask = Ask {
+        count: 30,
+        gap_ms: 100,
+        ..Ask::default()
+    };
+    let (items, end) = client.list(ask, Some(Duration::from_millis(1_200))).await;
+    assert_eq!(end.code(), Code::DeadlineExceeded, "{end:?}");
+    assert!(
+        items.len() > 5 && items.len() < 30,
+        "{} items in 1.2 s",
+        items.len()
+    );
+    tg.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tollgates_own_failures_are_grpc_statuses_a_client_does_not_retry() {
+    let server = Server::start().await;
+    let dead = dead_port().await;
+    let tg = Tollgate::start(&format!(
+        "{}[upstreams.down]\nauthorities = [\"down\"]\nendpoints = [\"{dead}\"]\n{}",
+        greeter(
+            server.addr,
+            "max_inflight = 1\n[upstreams.greeter.retry]\nmax_attempts = 1\n"
+        ),
+        RETRY_POST.replace("greeter", "down")
+    ))
+    .await;
+
+    let mut client = Client::connect(tg.addr, "nowhere").await;
+    let s = client.unary(Ask::default(), None).await.unwrap_err();
+    assert_tollgate_status(&s, Code::Unimplemented, "no-route");
+
+    let mut client = Client::connect(tg.addr, "down").await;
+    let s = client.unary(Ask::default(), None).await.unwrap_err();
+    assert_tollgate_status(&s, Code::Unavailable, "upstream-unreachable");
+    assert_eq!(header(&s, "x-tollgate-attempts"), Some("3"));
+
+    let mut client = Client::connect(tg.addr, "greeter").await;
+    let slow = Ask {
+        sleep_ms: 2_000,
+        ..Ask::default()
+    };
+    let s = client.unary(slow.clone(), None).await.unwrap_err();
+    assert_tollgate_status(&s, Code::DeadlineExceeded, "not-retryable");
+
+    // One call in flight fills max_inflight = 1: the next is shed.
+    let mut busy = Client::connect(tg.addr, "greeter").await;
+    let in_flight = tokio::spawn(async move { busy.unary(slow, None).await });
+    assert!(wait_until(Duration::from_secs(5), || server.seen().len() >= 2).await);
+    let s = client.unary(Ask::default(), None).await.unwrap_err();
+    assert_tollgate_status(&s, Code::ResourceExhausted, "overloaded");
+    let _ = in_flight.await;
+
+    // The upstream's own UNAVAILABLE, given up on (a POST is not retried): it passes
+    // through with the verdict and the pushback added.
+    let fail = Ask {
+        fail: Code::Unavailable as i32,
+        ..Ask::default()
+    };
+    let s = client.unary(fail, None).await.unwrap_err();
+    assert_eq!(s.message(), "asked to fail", "the upstream's own status");
+    assert_tollgate_status(&s, Code::Unavailable, "not-retryable");
+
+    let m = tg.metrics().await;
+    for (outcome, upstream, n) in [
+        ("no-route", "", 1.0),
+        ("upstream-unreachable", "down", 1.0),
+        ("overloaded", "greeter", 1.0),
+        ("not-retryable", "greeter", 3.0),
+    ] {
+        let series = format!(
+            "tollgate_requests_total{{code=\"200\",outcome=\"{outcome}\",upstream=\"{upstream}\"}}"
+        );
+        assert_eq!(metric(&m, &series), Some(n), "{series}");
+    }
+    tg.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_grpc_failure_the_inner_tollgate_gave_up_on_is_not_retried_by_the_outer() {
+    let server = Server::start().await;
+    let inner = Tollgate::start(&greeter(server.addr, RETRY_POST)).await;
+    let outer = Tollgate::start(&greeter(inner.addr, RETRY_POST)).await;
+    let mut client = Client::connect(outer.addr, "greeter").await;
+    let fail = Ask {
+        fail: Code::Unavailable as i32,
+        ..Ask::default()
+    };
+    let s = client.unary(fail, None).await.unwrap_err();
+    assert_tollgate_status(&s, Code::Unavailable, "attempts-exhausted");
+    assert_eq!(
+        header(&s, "x-tollgate-attempts"),
+        Some("1"),
+        "the outer layer did not retry"
+    );
+    assert_eq!(server.seen().len(), 3, "3 attempts, not 9");
+    let m = outer.metrics().await;
+    assert_eq!(
+        metric(
+            &m,
+            "tollgate_retries_denied_total{reason=\"ownership\",upstream=\"greeter\"}"
+        ),
+        Some(1.0)
+    );
+    outer.stop().await;
+    inner.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn over_http1_too_tollgates_answers_to_grpc_calls_are_grpc_answers() {
+    let dead = dead_port().await;
+    let tg = Tollgate::start(&config(&format!(
+        "[upstreams.down]\nauthorities = [\"down\"]\nendpoints = [\"{dead}\"]\n"
+    )))
+    .await;
+    for (host, code, outcome) in [
+        ("nowhere", "12", "no-route"),
+        ("down", "14", "upstream-unreachable"),
+    ] {
+        let req = request("POST", "/test.Stream/Unary", host)
+            .header("content-type", "application/grpc")
+            .header("te", "trailers")
+            .body(full(&b"\0\0\0\0\0"[..]))
+            .unwrap();
+        let r = send(tg.addr, req).await;
+        assert_eq!(r.status, 200, "{host}");
+        assert_eq!(r.header("content-type"), Some("application/grpc"));
+        assert_eq!(r.header("grpc-status"), Some(code), "{host}");
+        assert_eq!(r.outcome(), Some(outcome));
+        assert_eq!(r.header("grpc-retry-pushback-ms"), Some("-1"));
+        assert!(r.header("grpc-message").is_some());
+        assert!(r.body.is_empty(), "trailers-only: no body");
+    }
+    // A plain HTTP request still gets a plain answer.
+    let r = get(tg.addr, "/", "nowhere").await;
+    assert_eq!(r.status, 404);
+    tg.stop().await;
+}
