@@ -1,10 +1,12 @@
 //! Reading a request head (the server's role): parsed in place with `httparse`, its
 //! header values slices of the buffer it came in, and its framing decided as RFC 9112
 //! section 6 reads, refusing what could be read two ways: `Content-Length` must be
-//! digits (repeats must agree), `Transfer-Encoding` must be `chunked` alone and wins
-//! over a `Content-Length` (which is dropped, and the connection closed after the
-//! response), and chunked is no HTTP/1.0 framing. A refused head gets its status (400,
-//! or 431 for one over `max_header_bytes` or `max_headers`).
+//! digits up to `i64::MAX` (repeats must agree, and are passed on as one field),
+//! `Transfer-Encoding` must be `chunked` alone and wins over a `Content-Length` (which
+//! is dropped, and the connection closed after the response), and chunked is no
+//! HTTP/1.0 framing. The target must be a form its method allows (RFC 9112 section
+//! 3.2). A refused head gets its status (400, or 431 for one over `max_header_bytes` or
+//! `max_headers`).
 
 use std::mem::MaybeUninit;
 
@@ -13,7 +15,8 @@ use http::header::{CONNECTION, CONTENT_LENGTH, EXPECT, HOST, TRANSFER_ENCODING};
 use http::{HeaderMap, HeaderName, HeaderValue, Method, StatusCode, Uri, Version};
 
 use super::fields::{
-    FEW_HEADERS, Span, TWO_HOSTS, content_length, field_spans, has_token, host_value_problem,
+    FEW_HEADERS, LengthProblem, Span, TWO_HOSTS, field_spans, fold_content_length, has_token,
+    host_value_problem, target_problem,
 };
 use super::framing::{Chunk, Framing, Step, step};
 
@@ -88,9 +91,13 @@ pub fn parse_request_head(
     let head = rbuf.split_to(len).freeze();
     let uri = Uri::from_maybe_shared(head.slice(target.0..target.0 + target.1))
         .map_err(|_| malformed("invalid request target\n"))?;
+    if let Some(why) = target_problem(&method, &uri) {
+        return Err(malformed(why));
+    }
     let RequestFields {
         mut headers,
         length,
+        length_rewritten,
         coded,
         expect,
         mut keep_alive,
@@ -107,6 +114,10 @@ pub fn parse_request_head(
         }
         Framing::Chunked(Chunk::Size)
     } else {
+        if let Some(n) = length.filter(|_| length_rewritten) {
+            // `5, 5` or two lines of `5`: the next hop gets one field, one value.
+            headers.insert(CONTENT_LENGTH, HeaderValue::from(n));
+        }
         Framing::Length(length.unwrap_or(0))
     };
     let expect = expect && framing != Framing::Length(0) && version == Version::HTTP_11;
@@ -125,6 +136,8 @@ pub fn parse_request_head(
 struct RequestFields {
     headers: HeaderMap,
     length: Option<u64>,
+    /// The length came as more than one value (a list, or repeated lines).
+    length_rewritten: bool,
     /// `Transfer-Encoding: chunked` (the only coding accepted).
     coded: bool,
     /// `Expect: 100-continue`.
@@ -139,6 +152,7 @@ fn read_fields(head: &Bytes, spans: &[Span], version: Version) -> Result<Request
     let mut read = RequestFields {
         headers: HeaderMap::with_capacity(spans.len() + 3),
         length: None,
+        length_rewritten: false,
         coded: false,
         expect: false,
         keep_alive: version == Version::HTTP_11,
@@ -150,14 +164,14 @@ fn read_fields(head: &Bytes, spans: &[Span], version: Version) -> Result<Request
         let value = HeaderValue::from_maybe_shared(head.slice(vs..vs + vl))
             .map_err(|_| malformed("invalid header value\n"))?;
         if name == CONTENT_LENGTH {
-            for part in value.as_bytes().split(|&b| b == b',') {
-                let v = content_length(part.trim_ascii())
-                    .ok_or_else(|| malformed("invalid Content-Length\n"))?;
-                if read.length.is_some_and(|l| l != v) {
-                    return Err(malformed("conflicting Content-Length values\n"));
-                }
-                read.length = Some(v);
-            }
+            read.length_rewritten |=
+                read.length.is_some() || !value.as_bytes().iter().all(u8::is_ascii_digit);
+            read.length = Some(fold_content_length(read.length, value.as_bytes()).map_err(
+                |p| match p {
+                    LengthProblem::Invalid => malformed("invalid Content-Length\n"),
+                    LengthProblem::Conflicting => malformed("conflicting Content-Length values\n"),
+                },
+            )?);
         } else if name == TRANSFER_ENCODING {
             // Only `chunked` is understood, and it must come last, once: anything else
             // could frame the body differently at the next hop.
@@ -319,6 +333,54 @@ mod tests {
             statuses(b"POST / HTTP/1.0\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n"),
             [Err(400)]
         );
+    }
+
+    #[test]
+    fn repeated_lengths_pass_on_as_one_field_and_huge_ones_are_refused() {
+        for framing in [
+            "Content-Length: 5, 5\r\n",
+            "Content-Length: 5\r\nContent-Length: 5\r\n",
+            "Content-Length: 5,5\r\nContent-Length: 5\r\n",
+        ] {
+            let input = format!("POST / HTTP/1.1\r\nHost: a\r\n{framing}\r\nhello");
+            let got = whole(input.as_bytes());
+            let r = got[0].as_ref().unwrap();
+            assert_eq!(r.body, b"hello", "{framing:?}");
+            let lengths: Vec<_> = r.headers.get_all(CONTENT_LENGTH).iter().collect();
+            assert_eq!(lengths, ["5"], "{framing:?}");
+        }
+        for huge in [
+            "9223372036854775808",
+            "18446744073709551615",
+            "99999999999999999999",
+        ] {
+            let input = format!("POST / HTTP/1.1\r\nHost: a\r\nContent-Length: {huge}\r\n\r\n");
+            assert_eq!(statuses(input.as_bytes()), [Err(400)], "{huge}");
+        }
+    }
+
+    #[test]
+    fn a_target_its_method_does_not_allow_is_refused() {
+        for line in [
+            "POST * HTTP/1.1",
+            "GET * HTTP/1.1",
+            "GET up:80 HTTP/1.1",
+            "CONNECT / HTTP/1.1",
+            "GET ftp://up/ HTTP/1.1",
+            "GET ?x=1 HTTP/1.1",
+        ] {
+            let input = format!("{line}\r\nHost: up\r\n\r\n");
+            assert_eq!(statuses(input.as_bytes()), [Err(400)], "{line}");
+        }
+        for line in [
+            "OPTIONS * HTTP/1.1",
+            "GET http://up?x=1 HTTP/1.1",
+            "GET http://up HTTP/1.1",
+            "CONNECT up:443 HTTP/1.1",
+        ] {
+            let input = format!("{line}\r\nHost: up\r\n\r\n");
+            assert!(whole(input.as_bytes())[0].is_ok(), "{line}");
+        }
     }
 
     #[test]

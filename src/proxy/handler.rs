@@ -194,15 +194,18 @@ impl Admission for Upstream {
     }
 }
 
-/// The path and query alone, as HTTP/1.1 origin-form.
+/// The path and query alone, as HTTP/1.1 origin-form: an absolute-form target with an
+/// empty path (`http://up?x=1`) means `/` (RFC 9112 section 3.2.2).
 fn origin_form(uri: &Uri) -> Uri {
     if uri.scheme().is_none() && uri.authority().is_none() {
         return uri.clone();
     }
-    let pq = uri
-        .path_and_query()
-        .cloned()
-        .unwrap_or_else(|| PathAndQuery::from_static("/"));
+    let pq = match uri.path_and_query() {
+        Some(pq) if pq.as_str().starts_with('/') || pq.as_str() == "*" => pq.clone(),
+        Some(pq) => PathAndQuery::try_from(format!("/{}", pq.as_str()))
+            .unwrap_or_else(|_| PathAndQuery::from_static("/")),
+        None => PathAndQuery::from_static("/"),
+    };
     Uri::from(pq)
 }
 
@@ -249,9 +252,14 @@ fn answer_app(
             Response::from_parts(parts, body)
         }
         Reply::Local(status) => {
-            let text = match status {
-                StatusCode::GATEWAY_TIMEOUT => "no response from the upstream in time\n",
-                _ => "the upstream could not be reached\n",
+            let (text, retry_after) = match status {
+                StatusCode::GATEWAY_TIMEOUT => ("no response from the upstream in time\n", None),
+                StatusCode::BAD_REQUEST => ("the request body is malformed or broke off\n", None),
+                StatusCode::SERVICE_UNAVAILABLE => (
+                    "tollgate is out of file descriptors; try again shortly\n",
+                    OVERLOADED.retry_after,
+                ),
+                _ => ("the upstream could not be reached\n", None),
             };
             local_answer(
                 Some(metrics),
@@ -259,7 +267,7 @@ fn answer_app(
                 answer.outcome,
                 answer.attempts,
                 text,
-                None,
+                retry_after,
                 guard,
             )
         }

@@ -335,7 +335,8 @@ fn encode_head<B: Body>(
     wbuf.extend_from_slice(if pq.is_empty() { b"/" } else { pq.as_bytes() });
     wbuf.extend_from_slice(b" HTTP/1.1\r\n");
     for (name, value) in head.headers {
-        if !fields.names(name) {
+        // The length goes out once, as the value the body is framed by.
+        if !fields.names(name) && name != CONTENT_LENGTH {
             write_field(wbuf, name, value);
         }
     }
@@ -348,7 +349,10 @@ fn encode_head<B: Body>(
         .map(|v| content_length(v.as_bytes().trim_ascii()));
     let framing = match (declared, body.is_end_stream()) {
         (Some(None), _) => return Err(crate::http::bad("invalid Content-Length")),
-        (Some(Some(n)), _) => BodyFraming::Length(n),
+        (Some(Some(n)), _) => {
+            write_content_length(wbuf, n);
+            BodyFraming::Length(n)
+        }
         (None, true) => {
             if declares_empty_body(head.method) {
                 write_content_length(wbuf, 0);

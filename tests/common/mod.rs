@@ -690,3 +690,29 @@ impl http_body::Body for ChannelBody {
             .map(|c| c.map(|b| Ok(http_body::Frame::data(b))))
     }
 }
+
+/// Writes `bytes` on a fresh connection and reads until tollgate closes it (bounded).
+pub async fn raw_exchange(addr: SocketAddr, bytes: &[u8]) -> String {
+    use tokio::io::AsyncWriteExt;
+    let mut s = TcpStream::connect(addr).await.unwrap();
+    s.write_all(bytes).await.unwrap();
+    read_until_close(&mut s).await
+}
+
+/// Reads until the peer closes the connection (or resets it), at most 10 s.
+pub async fn read_until_close(s: &mut TcpStream) -> String {
+    let mut out = Vec::new();
+    let mut buf = [0u8; 8192];
+    let limit = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        match tokio::time::timeout_at(limit, s.read(&mut buf)).await {
+            Ok(Ok(0)) | Ok(Err(_)) => break,
+            Ok(Ok(n)) => out.extend_from_slice(&buf[..n]),
+            Err(_) => panic!(
+                "the connection was not closed; read so far: {}",
+                String::from_utf8_lossy(&out)
+            ),
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}

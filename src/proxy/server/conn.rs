@@ -9,9 +9,10 @@
 //! too long. On shutdown the connection is closed gracefully: HTTP/1.1 after the
 //! response in flight, HTTP/2 with GOAWAY, letting streams finish.
 //!
-//! Malformed messages (framing, sizes) are refused by the codec; what it lets through
-//! and routing could be fooled by, an ambiguous or malformed `Host`, is refused with a
-//! 400 before the request is handed to the service.
+//! Malformed messages (framing, sizes, targets) are refused by the codec; what hyper's
+//! HTTP/2 lets through and routing could be fooled by, an ambiguous or malformed `Host`
+//! or a target its method does not allow, is refused with a 400 before the request is
+//! handed to the service.
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -38,7 +39,7 @@ use super::h1::{Http1Conn, Settings};
 use super::service::Service;
 use super::watchdog::{ConnState, Verdict, verdict};
 use crate::config::ListenerConfig;
-use crate::http::fields::host_problem;
+use crate::http::fields::{host_problem, target_problem};
 
 const H2_PREFACE: &[u8; 24] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
 
@@ -286,7 +287,9 @@ pub async fn serve<S: Service>(
             let state = state.clone();
             service_fn(move |req: Request<Incoming>| {
                 let req = req.map(AppBody::Http2);
-                let answer = match host_problem(&req) {
+                let problem =
+                    host_problem(&req).or_else(|| target_problem(req.method(), req.uri()));
+                let answer = match problem {
                     Some(why) => {
                         // Counted as a request of the connection, so the watchdog sees the
                         // head as read and the connection as idle again once answered.
