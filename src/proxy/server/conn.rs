@@ -113,22 +113,33 @@ impl AsyncWrite for Prefixed {
 
 /// Reads until the bytes either are or cannot be the HTTP/2 preface.
 ///
-/// Nothing sent yet is an idle connection (`idle_timeout`); once the first byte is in,
-/// the rest of the preface must follow within `header_read_timeout` of it, counted
-/// once for all reads, so a preface dribbled a byte at a time is cut off like any
-/// other slow head. Returns when the first byte arrived, for the head limit after it.
+/// Nothing sent yet is an idle connection (`idle_timeout`), and one with nothing in
+/// flight: on shutdown it is closed at once, so it never holds the drain. Once the
+/// first byte is in, the rest of the preface must follow within `header_read_timeout`
+/// of it, counted once for all reads, so a preface dribbled a byte at a time is cut off
+/// like any other slow head. Returns when the first byte arrived, for the head limit
+/// after it.
 async fn sniff(
     stream: &mut TcpStream,
     settings: &ListenerConfig,
+    mut shutdown: watch::Receiver<bool>,
 ) -> io::Result<(bool, Bytes, Instant)> {
     let mut buf = [0u8; 24];
     let mut n = 0;
     let mut by = Instant::now() + settings.idle_timeout;
     let mut first = None;
+    let drained = || io::Error::new(io::ErrorKind::Interrupted, "drained before a request");
     while n < buf.len() {
-        let read = timeout_at(by, stream.read(&mut buf[n..]))
-            .await
-            .map_err(|_| io::Error::new(io::ErrorKind::TimedOut, "no request"))??;
+        let reading = timeout_at(by, stream.read(&mut buf[n..]));
+        let read = if first.is_none() {
+            tokio::select! {
+                read = reading => read,
+                _ = shutdown.wait_for(|draining| *draining) => return Err(drained()),
+            }
+        } else {
+            reading.await
+        };
+        let read = read.map_err(|_| io::Error::new(io::ErrorKind::TimedOut, "no request"))??;
         if read == 0 {
             return Err(io::Error::new(io::ErrorKind::UnexpectedEof, "closed"));
         }
@@ -268,7 +279,7 @@ pub async fn serve<S: Service>(
     shutdown: watch::Receiver<bool>,
 ) {
     let _ = stream.set_nodelay(true);
-    let (h2, prefix, first_byte) = match sniff(&mut stream, &settings).await {
+    let (h2, prefix, first_byte) = match sniff(&mut stream, &settings, shutdown.clone()).await {
         Ok(v) => v,
         Err(_) => return,
     };
