@@ -362,6 +362,21 @@ impl Process {
     /// Starts `tollgate run` on a config made of fixed listener/admin ports and
     /// `upstreams`, and waits (bounded) until `/readyz` answers 200.
     pub async fn start(upstreams: &str) -> Self {
+        Self::spawn(upstreams, None).await
+    }
+
+    /// As [`Process::start`], with the open-file limit set to `nofile` (soft and hard)
+    /// and stderr kept in a file ([`Process::stderr`]).
+    pub async fn start_limited(upstreams: &str, nofile: u64) -> Self {
+        Self::spawn(upstreams, Some(nofile)).await
+    }
+
+    /// What the process wrote to stderr, when started by [`Process::start_limited`].
+    pub fn stderr(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("stderr.log")).unwrap_or_default()
+    }
+
+    async fn spawn(upstreams: &str, nofile: Option<u64>) -> Self {
         let dir = tempdir::TempDir::new("proc");
         let port = free_port();
         let admin_port = free_port();
@@ -370,12 +385,30 @@ impl Process {
         );
         let path = dir.path().join("tollgate.toml");
         std::fs::write(&path, text).unwrap();
-        let child = Command::new(binary())
+        let mut cmd = match nofile {
+            None => Command::new(binary()),
+            Some(n) => {
+                // The shell sets the limit and becomes tollgate (`exec`), so the pid
+                // and the signals are tollgate's.
+                let mut c = Command::new("bash");
+                c.arg("-c")
+                    .arg(format!("ulimit -n {n} && exec \"$0\" \"$@\""))
+                    .arg(binary());
+                c
+            }
+        };
+        let stderr = match nofile {
+            None => Stdio::inherit(),
+            Some(_) => std::fs::File::create(dir.path().join("stderr.log"))
+                .unwrap()
+                .into(),
+        };
+        let child = cmd
             .args(["run", "--config"])
             .arg(&path)
             .env("RUST_LOG", "warn")
             .stdout(Stdio::null())
-            .stderr(Stdio::inherit())
+            .stderr(stderr)
             .spawn()
             .unwrap();
         let p = Process {
