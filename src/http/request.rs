@@ -2,9 +2,8 @@
 //! header values slices of the buffer it came in, and its framing decided as RFC 9112
 //! section 6 reads, refusing what could be read two ways: `Content-Length` must be
 //! digits up to `i64::MAX` (repeats must agree, and are passed on as one field),
-//! `Transfer-Encoding` must be `chunked` alone and wins over a `Content-Length` (which
-//! is dropped, and the connection closed after the response), and chunked is no
-//! HTTP/1.0 framing. The target must be a form its method allows (RFC 9112 section
+//! `Transfer-Encoding` must be `chunked` alone and never comes with a
+//! `Content-Length`, and chunked is no HTTP/1.0 framing. The target must be a form its method allows (RFC 9112 section
 //! 3.2). A refused head gets its status (400, or 431 for one over `max_header_bytes` or
 //! `max_headers`).
 
@@ -100,22 +99,23 @@ pub fn parse_request_head(
         length_rewritten,
         coded,
         expect,
-        mut keep_alive,
+        keep_alive,
     } = read_fields(&head, spans, version)?;
     let framing = if coded {
         if version == Version::HTTP_10 {
             return Err(malformed("Transfer-Encoding in an HTTP/1.0 request\n"));
         }
         if length.is_some() {
-            // Both: chunked wins (RFC 9112 section 6.3), the stale length is not passed
-            // on, and the connection, whose framing was doubtful, serves no more.
-            headers.remove(CONTENT_LENGTH);
-            keep_alive = false;
+            // Both (RFC 9112 section 6.3 allows either refusing or reading it chunked
+            // and closing): the classic way to make two hops frame one request two
+            // ways. Refused, as nginx does, so no hop behind tollgate meets it.
+            return Err(malformed("both Content-Length and Transfer-Encoding\n"));
         }
         Framing::Chunked(Chunk::Size)
     } else {
         if let Some(n) = length.filter(|_| length_rewritten) {
-            // `5, 5` or two lines of `5`: the next hop gets one field, one value.
+            // `5, 5`, two lines of `5`, or `005`: the next hop gets one field, one
+            // value, in its one decimal spelling.
             headers.insert(CONTENT_LENGTH, HeaderValue::from(n));
         }
         Framing::Length(length.unwrap_or(0))
@@ -164,8 +164,10 @@ fn read_fields(head: &Bytes, spans: &[Span], version: Version) -> Result<Request
         let value = HeaderValue::from_maybe_shared(head.slice(vs..vs + vl))
             .map_err(|_| malformed("invalid header value\n"))?;
         if name == CONTENT_LENGTH {
-            read.length_rewritten |=
-                read.length.is_some() || !value.as_bytes().iter().all(u8::is_ascii_digit);
+            let v = value.as_bytes();
+            read.length_rewritten |= read.length.is_some()
+                || !v.iter().all(u8::is_ascii_digit)
+                || (v.len() > 1 && v[0] == b'0');
             read.length = Some(fold_content_length(read.length, value.as_bytes()).map_err(
                 |p| match p {
                     LengthProblem::Invalid => malformed("invalid Content-Length\n"),
@@ -349,6 +351,15 @@ mod tests {
             let lengths: Vec<_> = r.headers.get_all(CONTENT_LENGTH).iter().collect();
             assert_eq!(lengths, ["5"], "{framing:?}");
         }
+        let got = whole(b"POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 005\r\n\r\nhello");
+        let lengths: Vec<_> = got[0]
+            .as_ref()
+            .unwrap()
+            .headers
+            .get_all(CONTENT_LENGTH)
+            .iter()
+            .collect();
+        assert_eq!(lengths, ["5"], "one decimal spelling");
         for huge in [
             "9223372036854775808",
             "18446744073709551615",
@@ -384,16 +395,17 @@ mod tests {
     }
 
     #[test]
-    fn chunked_wins_over_a_length_and_ends_the_connection() {
-        let got = whole(
-            b"POST /a HTTP/1.1\r\nContent-Length: 3\r\nTransfer-Encoding: chunked\r\n\r\n\
-              5\r\nhello\r\n0\r\n\r\nGET /smuggled HTTP/1.1\r\n\r\n",
-        );
-        assert_eq!(got.len(), 1, "nothing is read after it");
-        let r = got[0].as_ref().unwrap();
-        assert_eq!(r.body, b"hello");
-        assert!(r.headers.get(CONTENT_LENGTH).is_none());
-        assert!(!r.keep_alive);
+    fn a_length_with_chunked_is_refused_and_nothing_after_it_is_read() {
+        for framing in [
+            "Content-Length: 3\r\nTransfer-Encoding: chunked\r\n",
+            "Transfer-Encoding: chunked\r\nContent-Length: 3\r\n",
+            "Content-Length: 0\r\nTransfer-Encoding: chunked\r\n",
+        ] {
+            let input = format!(
+                "POST /a HTTP/1.1\r\n{framing}\r\n5\r\nhello\r\n0\r\n\r\nGET /smuggled HTTP/1.1\r\n\r\n"
+            );
+            assert_eq!(statuses(input.as_bytes()), [Err(400)], "{framing:?}");
+        }
     }
 
     #[test]
