@@ -11,7 +11,7 @@
 # preface are read as an HTTP/1.1 request and answered 400 before the close; h2spec
 # expects a bare close (or GOAWAY) and reads the HTTP/1.1 answer as an unexpected EOF.
 # The requests h2spec sends are forwarded (the run fails if none reached the upstream).
-# Installs nginx from Debian if missing. The JUnit report is left in
+# Installs nginx and curl from Debian if missing. The JUnit report is left in
 # target/h2spec/report.xml (H2SPEC_REPORT overrides the path).
 set -euo pipefail
 
@@ -41,14 +41,18 @@ fi
 
 step() { printf '\n==> %s\n' "$*"; }
 
-if ! command -v nginx >/dev/null 2>&1 && [ ! -x /usr/sbin/nginx ]; then
+need=()
+command -v nginx >/dev/null 2>&1 || [ -x /usr/sbin/nginx ] || need+=(nginx)
+command -v curl >/dev/null 2>&1 || need+=(curl)
+command -v python3 >/dev/null 2>&1 || need+=(python3)
+if [ ${#need[@]} -gt 0 ]; then
   if [ "$INSTALL" = 1 ]; then
-    step "installing nginx"
+    step "installing ${need[*]}"
     export DEBIAN_FRONTEND=noninteractive
-    { apt-get install -y -qq --no-install-recommends nginx ||
-      { apt-get update -qq && apt-get install -y -qq --no-install-recommends nginx; }; } >/dev/null
+    { apt-get install -y -qq --no-install-recommends "${need[@]}" ||
+      { apt-get update -qq && apt-get install -y -qq --no-install-recommends "${need[@]}"; }; } >/dev/null
   else
-    echo "missing: nginx" >&2
+    echo "missing: ${need[*]}" >&2
     exit 2
   fi
 fi
