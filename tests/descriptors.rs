@@ -77,7 +77,29 @@ async fn a_low_open_file_limit_sheds_clients_at_once_and_never_blames_the_upstre
     )
     .await;
 
-    let clients: Vec<_> = (0..1000).map(|_| tokio::spawn(client(p.addr))).collect();
+    // This test process holds every client socket and the upstream's side of
+    // tollgate's connections: under a low limit of its own, fewer clients (still far
+    // more than tollgate's 256 descriptors).
+    let own_limit = std::fs::read_to_string("/proc/self/limits")
+        .ok()
+        .and_then(|l| {
+            let line = l
+                .lines()
+                .find(|l| l.starts_with("Max open files"))?
+                .to_string();
+            line["Max open files".len()..]
+                .split_ascii_whitespace()
+                .next()?
+                .parse::<usize>()
+                .ok()
+        })
+        .unwrap_or(usize::MAX);
+    let n = 1000.min(own_limit.saturating_sub(400));
+    assert!(
+        n >= 500,
+        "this test needs an open-file limit of 900 or more"
+    );
+    let clients: Vec<_> = (0..n).map(|_| tokio::spawn(client(p.addr))).collect();
     let mut kept = Vec::new();
     let (mut answered, mut closed, mut hung) = (0, 0, 0);
     let mut statuses = std::collections::BTreeMap::new();
@@ -96,7 +118,11 @@ async fn a_low_open_file_limit_sheds_clients_at_once_and_never_blames_the_upstre
     let summary = format!("{answered} answered {statuses:?}, {closed} closed at once, {hung} hung");
     assert_eq!(hung, 0, "{summary}");
     assert!(answered > 0, "{summary}");
-    assert_eq!(answered + closed, 1000, "{summary}");
+    assert!(
+        statuses.keys().all(|s| *s == 200 || *s == 503),
+        "answered by the upstream, or 503 overloaded: {summary}"
+    );
+    assert_eq!(answered + closed, n, "{summary}");
 
     // While every place is taken and held, the upstream is not blamed.
     let m = String::from_utf8(get(p.admin, "/metrics", "admin").await.body.to_vec()).unwrap();

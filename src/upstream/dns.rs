@@ -167,6 +167,15 @@ impl Resolver {
                 .failed
                 .as_ref()
                 .is_some_and(|(_, at)| at.elapsed() < NEGATIVE_TTL);
+            // A lookup task that died with its runtime leaves a closed channel: it is
+            // in flight no more.
+            if known
+                .pending
+                .as_ref()
+                .is_some_and(|p| p.has_changed().is_err())
+            {
+                known.pending = None;
+            }
             if let Some((addrs, at)) = &known.addrs {
                 let addrs = addrs.clone();
                 if at.elapsed() >= DNS_TTL && known.pending.is_none() && !failed_lately {
