@@ -6,7 +6,7 @@
 //! every failure it gave up on so that no other layer retries it again.
 //!
 //! Layers import downwards only (docs/architecture.md). From the bottom: [`config`],
-//! [`metrics`], [`deadline`], [`worker`] and the wire, [`http`]; [`upstream`] (the
+//! [`metrics`], [`deadline`], [`descriptors`], [`worker`] and the wire, [`http`]; [`upstream`] (the
 //! endpoints, generic over the body it sends); [`retry`] (deciding and looping, generic
 //! over the app's body); [`proxy`] (the app's side); [`run`], [`reload`], [`admin`];
 //! and the tools on top: [`check`], [`calc`] and [`lab`], which print through
@@ -19,6 +19,7 @@ pub mod calc;
 pub mod check;
 pub mod config;
 pub mod deadline;
+pub mod descriptors;
 pub mod http;
 pub mod lab;
 pub mod metrics;

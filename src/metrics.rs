@@ -129,6 +129,23 @@ impl AttemptResult {
     }
 }
 
+/// Where the process found itself out of file descriptors: the `at` label of
+/// `tollgate_descriptors_exhausted_total`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Shortage {
+    Accept,
+    Connect,
+}
+
+impl Shortage {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Shortage::Accept => "accept",
+            Shortage::Connect => "connect",
+        }
+    }
+}
+
 /// The `reason` label of `tollgate_retries_denied_total`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Denied {
@@ -185,6 +202,8 @@ pub struct Metrics {
     inflight: IntGaugeVec,
     connections: IntGaugeVec,
     reloads: IntCounterVec,
+    /// `[accept, connect]`.
+    exhausted: [IntCounter; 2],
     last_reload: Gauge,
     last_reload_ok: IntGauge,
     listener_up: IntGaugeVec,
@@ -334,6 +353,22 @@ impl Metrics {
                 "Config reloads, by result.",
                 &["result"],
             ),
+            exhausted: {
+                let family = family(
+                    &r,
+                    IntCounterVec::new(
+                        Opts::new(
+                            "tollgate_descriptors_exhausted_total",
+                            "Times the process was out of file descriptors: a client \
+                             connection not accepted, or an upstream connection not opened \
+                             (answered 503 overloaded, not counted as an attempt).",
+                        ),
+                        &["at"],
+                    ),
+                );
+                [Shortage::Accept, Shortage::Connect]
+                    .map(|at| family.with_label_values(&[at.as_str()]))
+            },
             last_reload: family(
                 &r,
                 Gauge::with_opts(Opts::new(
@@ -378,6 +413,11 @@ impl Metrics {
         Arc::new(m)
     }
 
+    /// `tollgate_descriptors_exhausted_total{at}`.
+    pub fn exhausted(&self, at: Shortage) -> &IntCounter {
+        &self.exhausted[at as usize]
+    }
+
     /// The handles of one upstream; resolving them is the only label lookup.
     pub fn upstream(&self, name: &str, retry_on: &[String]) -> UpstreamMetrics {
         let l = &[name];
@@ -395,6 +435,7 @@ impl Metrics {
             attempt_duration: self.attempt_duration.with_label_values(l),
             requests: self.requests.clone(),
             by_code: Default::default(),
+            exhausted: self.exhausted(Shortage::Connect).clone(),
         };
         // The common answers exist from the start so dashboards show zeros, not gaps.
         m.request_counter(200, Outcome::Ok);
@@ -500,6 +541,8 @@ pub struct UpstreamMetrics {
     requests: IntCounterVec,
     /// `[outcome][status - 100]`, filled on first use of each pair.
     by_code: [OnceLock<Box<[OnceLock<IntCounter>]>>; 10],
+    /// `tollgate_descriptors_exhausted_total{at="connect"}`, shared by every upstream.
+    pub exhausted: IntCounter,
 }
 
 impl std::fmt::Debug for UpstreamMetrics {
@@ -570,6 +613,7 @@ mod tests {
             "tollgate_config_last_reload_success_timestamp_seconds",
             "tollgate_build_info",
             "tollgate_config_last_reload_successful",
+            "tollgate_descriptors_exhausted_total",
         ] {
             assert!(text.contains(&format!("# TYPE {name} ")), "{name} missing");
         }

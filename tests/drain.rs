@@ -119,3 +119,53 @@ async fn an_invalid_config_or_a_taken_port_exits_2() {
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("cannot listen"));
 }
+
+/// A connection that has not sent a byte has nothing in flight: the drain closes it at
+/// once instead of waiting for it until `drain_timeout`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connection_that_never_spoke_does_not_hold_the_drain() {
+    use tokio::io::AsyncReadExt;
+
+    let up = Upstream::start(|_req| async { respond(200, "ok") }).await;
+    let tg = Tollgate::start(&config(&format!(
+        "[upstreams.app]\nauthorities = [\"app\"]\nendpoints = [\"{}\"]\n",
+        up.addr
+    )))
+    .await;
+    let mut silent = tokio::net::TcpStream::connect(tg.addr).await.unwrap();
+    // And one that has spoken and sits idle, kept alive.
+    let (mut idle, conn) = {
+        let stream = tokio::net::TcpStream::connect(tg.addr).await.unwrap();
+        let (sender, conn) =
+            hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
+                .await
+                .unwrap();
+        (sender, tokio::spawn(conn))
+    };
+    let r = idle
+        .send_request(request("GET", "/", "app").body(empty()).unwrap())
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    assert!(
+        wait_until(Duration::from_secs(5), || tg
+            .server()
+            .shared()
+            .connections()
+            == 2)
+        .await
+    );
+
+    let drain_timeout = Duration::from_secs(8);
+    let cut = tg.server().shutdown(drain_timeout).await;
+    assert_eq!(cut, 0, "connections were still open at drain_timeout");
+    // tollgate closed the silent connection without a word.
+    let mut buf = [0u8; 16];
+    let read = tokio::time::timeout(Duration::from_secs(5), silent.read(&mut buf)).await;
+    assert!(
+        matches!(read, Ok(Ok(0)) | Ok(Err(_))),
+        "the silent connection is closed: {read:?}"
+    );
+    conn.abort();
+    tg.stop().await;
+}

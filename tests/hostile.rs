@@ -359,8 +359,8 @@ async fn content_length_with_chunked_cannot_smuggle_a_request() {
     let (up, seen) = recording_upstream().await;
     let tg = Tollgate::start(&app(up.addr, "", "")).await;
 
-    // CL.TE and TE.CL: Transfer-Encoding wins (RFC 9112 section 6.3), the connection
-    // is closed after the response, and what follows the chunked body is never read.
+    // CL.TE and TE.CL: refused (or, were it read, as chunked with the connection closed
+    // after the response); what follows the chunked body is never read.
     for (n, framing) in [
         "Content-Length: 4\r\nTransfer-Encoding: chunked\r\n",
         "Transfer-Encoding: chunked\r\nContent-Length: 4\r\n",

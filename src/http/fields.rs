@@ -1,16 +1,50 @@
 //! Field rules every hop keeps (RFC 9110 and 9112): reading `Content-Length` and token
-//! lists, the hop-by-hop fields that belong to one connection, a `Host` that can be
-//! trusted to route a request, and where the fields of a parsed head sit in its buffer.
+//! lists, the hop-by-hop fields that belong to one connection (and the ones no
+//! `Connection` can make so), a `Host` that can be trusted to route a request, a request
+//! target valid for its method, and where the fields of a parsed head sit in its buffer.
 
-use http::Request;
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
+use http::{Method, Request, Uri};
 
-/// A `Content-Length` value: digits only (no sign, no spaces inside, no hex).
+/// The largest `Content-Length` accepted: `i64::MAX`, the most a peer written in a
+/// language with signed sizes can represent. A larger value is refused rather than
+/// passed to a hop that would read it as something else.
+pub const MAX_CONTENT_LENGTH: u64 = i64::MAX as u64;
+
+/// A `Content-Length` value: digits only (no sign, no spaces inside, no hex), at most
+/// [`MAX_CONTENT_LENGTH`].
 pub fn content_length(digits: &[u8]) -> Option<u64> {
     if digits.is_empty() || digits.len() > 19 || !digits.iter().all(u8::is_ascii_digit) {
         return None;
     }
-    std::str::from_utf8(digits).ok()?.parse().ok()
+    let n: u64 = std::str::from_utf8(digits).ok()?.parse().ok()?;
+    (n <= MAX_CONTENT_LENGTH).then_some(n)
+}
+
+/// Why the `Content-Length` fields of a message cannot frame it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LengthProblem {
+    /// A value that is no length (a sign, hex, spaces inside, empty, too large).
+    Invalid,
+    /// Two values that differ, in one field line or across lines.
+    Conflicting,
+}
+
+/// Folds one `Content-Length` field line into the length read so far (RFC 9110 section
+/// 8.6): each comma-separated element must be a valid length and equal to every other,
+/// so `5, 5` and two lines of `5` are the length 5, and `5, 6` is refused. Both sides of
+/// the HTTP/1.1 codec read lengths with this, so a request and a response are held to
+/// the same rule; a reader that found more than one value passes on one field with it.
+pub fn fold_content_length(so_far: Option<u64>, value: &[u8]) -> Result<u64, LengthProblem> {
+    let mut length = so_far;
+    for part in value.split(|&b| b == b',') {
+        let v = content_length(part.trim_ascii()).ok_or(LengthProblem::Invalid)?;
+        if length.is_some_and(|l| l != v) {
+            return Err(LengthProblem::Conflicting);
+        }
+        length = Some(v);
+    }
+    length.ok_or(LengthProblem::Invalid)
 }
 
 /// Whether a comma-separated field value lists `token` (any case).
@@ -122,8 +156,15 @@ pub fn strip(headers: &mut HeaderMap) {
     }
 }
 
+/// Fields a `Connection` cannot make hop-by-hop: the framing of the message and the
+/// `Host` it was routed by. Dropping them would leave a body without its length on a
+/// kept-alive connection, or a request without the authority it was routed by.
+pub fn never_connection_named(name: &HeaderName) -> bool {
+    *name == header::HOST || *name == header::CONTENT_LENGTH || *name == header::TRANSFER_ENCODING
+}
+
 /// Removes hop-by-hop fields in place, touching only those present, and every field
-/// a `Connection` names.
+/// a `Connection` names (but [`never_connection_named`] ones).
 pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
     let mut present: [Option<HeaderName>; 8] = Default::default();
     let mut n = 0;
@@ -151,7 +192,7 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
             .filter_map(|t| HeaderName::from_bytes(t.trim().as_bytes()).ok())
             .collect();
         for name in named {
-            if name != header::TE {
+            if name != header::TE && !never_connection_named(&name) {
                 headers.remove(name);
             }
         }
@@ -187,6 +228,35 @@ pub fn host_problem<B>(req: &Request<B>) -> Option<&'static str> {
 }
 
 pub const TWO_HOSTS: &str = "more than one Host header\n";
+
+/// Why a request target cannot be forwarded for its method, if it cannot (RFC 9112
+/// section 3.2): origin-form (`/path?query`) and absolute-form (`http://host/path`) for
+/// every method, asterisk-form (`*`) for OPTIONS only, authority-form (`host:port`) for
+/// CONNECT only, and CONNECT with nothing else. An absolute-form target with an empty
+/// path is valid and means `/`. Holds for HTTP/2 requests too, whose `:path` is read
+/// into the same URI.
+pub fn target_problem(method: &Method, uri: &Uri) -> Option<&'static str> {
+    let authority_form = uri.scheme().is_none() && uri.authority().is_some();
+    if *method == Method::CONNECT {
+        return (!authority_form).then_some("CONNECT needs an authority-form target\n");
+    }
+    if authority_form {
+        return Some("an authority-form target is only for CONNECT\n");
+    }
+    let pq = uri.path_and_query().map_or("", |p| p.as_str());
+    if pq == "*" {
+        return (*method != Method::OPTIONS)
+            .then_some("an asterisk-form target is only for OPTIONS\n");
+    }
+    let valid = match uri.scheme_str() {
+        None => pq.starts_with('/'),
+        Some(s) if s.eq_ignore_ascii_case("http") || s.eq_ignore_ascii_case("https") => {
+            pq.is_empty() || pq.starts_with('/') || pq.starts_with('?')
+        }
+        Some(_) => false,
+    };
+    (!valid).then_some("the request target is not valid for its method\n")
+}
 
 /// Why one `Host` value cannot be trusted to route a request, if it cannot.
 pub fn host_value_problem(value: &[u8]) -> Option<&'static str> {
@@ -317,5 +387,82 @@ mod tests {
         h.insert(header::CONNECTION, HeaderValue::from_static("te"));
         strip_hop_by_hop(&mut h);
         assert_eq!(h[header::TE], "trailers");
+    }
+
+    #[test]
+    fn a_connection_cannot_name_framing_or_host_away() {
+        let mut h = HeaderMap::new();
+        h.insert(
+            header::CONNECTION,
+            HeaderValue::from_static("content-length, host, x-hop"),
+        );
+        h.insert(header::CONTENT_LENGTH, HeaderValue::from_static("5"));
+        h.insert(header::HOST, HeaderValue::from_static("payments"));
+        h.insert("x-hop", HeaderValue::from_static("1"));
+        strip_hop_by_hop(&mut h);
+        assert_eq!(h[header::CONTENT_LENGTH], "5");
+        assert_eq!(h[header::HOST], "payments");
+        assert!(!h.contains_key("x-hop") && !h.contains_key(header::CONNECTION));
+    }
+
+    #[test]
+    fn content_lengths_fold_to_one_value_or_are_refused() {
+        let fold = |lines: &[&str]| {
+            lines
+                .iter()
+                .try_fold(None, |l, v| fold_content_length(l, v.as_bytes()).map(Some))
+        };
+        assert_eq!(fold(&["5"]), Ok(Some(5)));
+        assert_eq!(fold(&["5, 5"]), Ok(Some(5)));
+        assert_eq!(fold(&["5", "5"]), Ok(Some(5)));
+        assert_eq!(fold(&["5,5 , 5"]), Ok(Some(5)));
+        assert_eq!(fold(&["9223372036854775807"]), Ok(Some(i64::MAX as u64)));
+        assert_eq!(fold(&["5, 6"]), Err(LengthProblem::Conflicting));
+        assert_eq!(fold(&["5", "6"]), Err(LengthProblem::Conflicting));
+        for bad in [
+            "9223372036854775808",
+            "18446744073709551615",
+            "99999999999999999999",
+            "",
+            "5,",
+            ",5",
+            "+5",
+            "0x5",
+            "5 5",
+        ] {
+            assert_eq!(fold(&[bad]), Err(LengthProblem::Invalid), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn each_target_form_is_valid_for_its_methods_only() {
+        let check = |method: &str, target: &str| {
+            let method = Method::from_bytes(method.as_bytes()).unwrap();
+            let uri: Uri = target.parse().unwrap();
+            target_problem(&method, &uri).is_none()
+        };
+        for (method, target) in [
+            ("GET", "/"),
+            ("GET", "/a?x=1"),
+            ("POST", "http://up/a"),
+            ("GET", "http://up"),
+            ("GET", "http://up?x=1"),
+            ("GET", "HTTPS://up:8443/a"),
+            ("OPTIONS", "*"),
+            ("OPTIONS", "/"),
+            ("CONNECT", "up:443"),
+        ] {
+            assert!(check(method, target), "{method} {target} is valid");
+        }
+        for (method, target) in [
+            ("POST", "*"),
+            ("GET", "*"),
+            ("GET", "up:443"),
+            ("CONNECT", "/"),
+            ("CONNECT", "http://up/"),
+            ("GET", "ftp://up/a"),
+        ] {
+            assert!(!check(method, target), "{method} {target} is refused");
+        }
     }
 }

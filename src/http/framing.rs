@@ -191,24 +191,164 @@ fn decode_chunk(rbuf: &mut BytesMut, state: Chunk) -> io::Result<Decoded> {
     }
 }
 
-/// The size on a chunk-size line (without its CRLF).
+/// The size on a chunk-size line (without its CRLF), read as strictly as RFC 9112
+/// section 7.1 writes it: hex digits, then extensions only as
+/// `*( BWS ";" BWS token [ BWS "=" BWS ( token / quoted-string ) ] )`. Anything else
+/// (garbage after the size, whitespace with no extension after it, a bare CR or LF) is
+/// refused: a line two hops could cut differently is how a body is smuggled.
 fn chunk_size(line: &[u8]) -> io::Result<u64> {
-    let digits = line
+    let end = line
         .iter()
-        .position(|&b| b == b';' || b == b' ' || b == b'\t')
-        .map_or(line, |i| &line[..i]);
+        .position(|b| !b.is_ascii_hexdigit())
+        .unwrap_or(line.len());
+    let (digits, extensions) = line.split_at(end);
     if digits.is_empty() || digits.len() > 15 {
         return Err(bad("invalid chunk size"));
+    }
+    if !chunk_extensions(extensions) {
+        return Err(bad("invalid chunk extension"));
     }
     let mut size = 0u64;
     for &d in digits {
         let v = match d {
             b'0'..=b'9' => d - b'0',
             b'a'..=b'f' => d - b'a' + 10,
-            b'A'..=b'F' => d - b'A' + 10,
-            _ => return Err(bad("invalid chunk size")),
+            _ => d - b'A' + 10,
         };
         size = size * 16 + u64::from(v);
     }
     Ok(size)
+}
+
+/// Whether `s` is a list of chunk extensions, each `BWS ";" BWS name [BWS "=" BWS value]`.
+fn chunk_extensions(mut s: &[u8]) -> bool {
+    while !s.is_empty() {
+        let Some(rest) = skip_ws(s).strip_prefix(b";") else {
+            return false;
+        };
+        let rest = skip_ws(rest);
+        let name = token_len(rest);
+        if name == 0 {
+            return false;
+        }
+        s = &rest[name..];
+        if let Some(value) = skip_ws(s).strip_prefix(b"=") {
+            let value = skip_ws(value);
+            let n = if value.first() == Some(&b'"') {
+                quoted_len(value)
+            } else {
+                token_len(value)
+            };
+            if n == 0 {
+                return false;
+            }
+            s = &value[n..];
+        }
+    }
+    true
+}
+
+fn skip_ws(s: &[u8]) -> &[u8] {
+    let n = s.iter().take_while(|&&b| b == b' ' || b == b'\t').count();
+    &s[n..]
+}
+
+/// `tchar` (RFC 9110 section 5.6.2).
+const TCHAR: [bool; 256] = {
+    let mut t = [false; 256];
+    let mut b = 0;
+    while b < 256 {
+        let c = b as u8;
+        t[b] = c.is_ascii_alphanumeric()
+            || matches!(
+                c,
+                b'!' | b'#'
+                    | b'$'
+                    | b'%'
+                    | b'&'
+                    | b'\''
+                    | b'*'
+                    | b'+'
+                    | b'-'
+                    | b'.'
+                    | b'^'
+                    | b'_'
+                    | b'`'
+                    | b'|'
+                    | b'~'
+            );
+        b += 1;
+    }
+    t
+};
+
+/// The length of the token at the front of `s` (0: none).
+fn token_len(s: &[u8]) -> usize {
+    s.iter().take_while(|&&b| TCHAR[usize::from(b)]).count()
+}
+
+/// The length of the quoted-string at the front of `s`, quotes included (0: none, or
+/// unterminated). Inside: tab, space, visible characters and obs-text, or a backslash
+/// and one of those.
+fn quoted_len(s: &[u8]) -> usize {
+    let text = |b: u8| b == b'\t' || b == b' ' || (0x21..=0x7e).contains(&b) || b >= 0x80;
+    let mut i = 1;
+    while i < s.len() {
+        match s[i] {
+            b'"' => return i + 1,
+            b'\\' if s.get(i + 1).is_some_and(|&b| text(b)) => i += 2,
+            b'\\' => return 0,
+            b if text(b) => i += 1,
+            _ => return 0,
+        }
+    }
+    0
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn chunk_size_lines_are_read_as_the_grammar_writes_them() {
+        for (line, size) in [
+            (&b"5"[..], 5),
+            (b"0", 0),
+            (b"00A", 10),
+            (b"fF", 255),
+            (b"5;name", 5),
+            (b"5;name=value", 5),
+            (b"5 ; name = value ;b", 5),
+            (b"5;name=\"a \\\" ;b\"", 5),
+            (b"5;a=\"\";b=c", 5),
+            (b"5\t;\ta", 5),
+        ] {
+            assert_eq!(chunk_size(line).ok(), Some(size), "{}", line.escape_ascii());
+        }
+        for line in [
+            &b""[..],
+            b";a",
+            b"5 ",
+            b"5x",
+            b"5 5",
+            b"5;",
+            b"5;=v",
+            b"5;a=",
+            b"5;a b",
+            b"5;a=b c",
+            b"5;a ",
+            b"5;a\nb",
+            b"5\n",
+            b"5;a\r",
+            b"5;a=\"open",
+            b"5;a=\"x\ny\"",
+            b"5;a=\"x\\\n\"",
+            b"5;a=b\x00",
+            b"-5",
+            b"0x5",
+            b"1000000000000000",
+        ] {
+            assert!(chunk_size(line).is_err(), "{}", line.escape_ascii());
+        }
+    }
 }

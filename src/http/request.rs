@@ -1,10 +1,11 @@
 //! Reading a request head (the server's role): parsed in place with `httparse`, its
 //! header values slices of the buffer it came in, and its framing decided as RFC 9112
 //! section 6 reads, refusing what could be read two ways: `Content-Length` must be
-//! digits (repeats must agree), `Transfer-Encoding` must be `chunked` alone and wins
-//! over a `Content-Length` (which is dropped, and the connection closed after the
-//! response), and chunked is no HTTP/1.0 framing. A refused head gets its status (400,
-//! or 431 for one over `max_header_bytes` or `max_headers`).
+//! digits up to `i64::MAX` (repeats must agree, and are passed on as one field),
+//! `Transfer-Encoding` must be `chunked` alone and never comes with a
+//! `Content-Length`, and chunked is no HTTP/1.0 framing. The target must be a form its method allows (RFC 9112 section
+//! 3.2). A refused head gets its status (400, or 431 for one over `max_header_bytes` or
+//! `max_headers`).
 
 use std::mem::MaybeUninit;
 
@@ -13,7 +14,8 @@ use http::header::{CONNECTION, CONTENT_LENGTH, EXPECT, HOST, TRANSFER_ENCODING};
 use http::{HeaderMap, HeaderName, HeaderValue, Method, StatusCode, Uri, Version};
 
 use super::fields::{
-    FEW_HEADERS, Span, TWO_HOSTS, content_length, field_spans, has_token, host_value_problem,
+    FEW_HEADERS, LengthProblem, Span, TWO_HOSTS, field_spans, fold_content_length, has_token,
+    host_value_problem, target_problem,
 };
 use super::framing::{Chunk, Framing, Step, step};
 
@@ -88,25 +90,34 @@ pub fn parse_request_head(
     let head = rbuf.split_to(len).freeze();
     let uri = Uri::from_maybe_shared(head.slice(target.0..target.0 + target.1))
         .map_err(|_| malformed("invalid request target\n"))?;
+    if let Some(why) = target_problem(&method, &uri) {
+        return Err(malformed(why));
+    }
     let RequestFields {
         mut headers,
         length,
+        length_rewritten,
         coded,
         expect,
-        mut keep_alive,
+        keep_alive,
     } = read_fields(&head, spans, version)?;
     let framing = if coded {
         if version == Version::HTTP_10 {
             return Err(malformed("Transfer-Encoding in an HTTP/1.0 request\n"));
         }
         if length.is_some() {
-            // Both: chunked wins (RFC 9112 section 6.3), the stale length is not passed
-            // on, and the connection, whose framing was doubtful, serves no more.
-            headers.remove(CONTENT_LENGTH);
-            keep_alive = false;
+            // Both (RFC 9112 section 6.3 allows either refusing or reading it chunked
+            // and closing): the classic way to make two hops frame one request two
+            // ways. Refused, as nginx does, so no hop behind tollgate meets it.
+            return Err(malformed("both Content-Length and Transfer-Encoding\n"));
         }
         Framing::Chunked(Chunk::Size)
     } else {
+        if let Some(n) = length.filter(|_| length_rewritten) {
+            // `5, 5`, two lines of `5`, or `005`: the next hop gets one field, one
+            // value, in its one decimal spelling.
+            headers.insert(CONTENT_LENGTH, HeaderValue::from(n));
+        }
         Framing::Length(length.unwrap_or(0))
     };
     let expect = expect && framing != Framing::Length(0) && version == Version::HTTP_11;
@@ -125,6 +136,8 @@ pub fn parse_request_head(
 struct RequestFields {
     headers: HeaderMap,
     length: Option<u64>,
+    /// The length came as more than one value (a list, or repeated lines).
+    length_rewritten: bool,
     /// `Transfer-Encoding: chunked` (the only coding accepted).
     coded: bool,
     /// `Expect: 100-continue`.
@@ -139,6 +152,7 @@ fn read_fields(head: &Bytes, spans: &[Span], version: Version) -> Result<Request
     let mut read = RequestFields {
         headers: HeaderMap::with_capacity(spans.len() + 3),
         length: None,
+        length_rewritten: false,
         coded: false,
         expect: false,
         keep_alive: version == Version::HTTP_11,
@@ -150,14 +164,16 @@ fn read_fields(head: &Bytes, spans: &[Span], version: Version) -> Result<Request
         let value = HeaderValue::from_maybe_shared(head.slice(vs..vs + vl))
             .map_err(|_| malformed("invalid header value\n"))?;
         if name == CONTENT_LENGTH {
-            for part in value.as_bytes().split(|&b| b == b',') {
-                let v = content_length(part.trim_ascii())
-                    .ok_or_else(|| malformed("invalid Content-Length\n"))?;
-                if read.length.is_some_and(|l| l != v) {
-                    return Err(malformed("conflicting Content-Length values\n"));
-                }
-                read.length = Some(v);
-            }
+            let v = value.as_bytes();
+            read.length_rewritten |= read.length.is_some()
+                || !v.iter().all(u8::is_ascii_digit)
+                || (v.len() > 1 && v[0] == b'0');
+            read.length = Some(fold_content_length(read.length, value.as_bytes()).map_err(
+                |p| match p {
+                    LengthProblem::Invalid => malformed("invalid Content-Length\n"),
+                    LengthProblem::Conflicting => malformed("conflicting Content-Length values\n"),
+                },
+            )?);
         } else if name == TRANSFER_ENCODING {
             // Only `chunked` is understood, and it must come last, once: anything else
             // could frame the body differently at the next hop.
@@ -322,16 +338,74 @@ mod tests {
     }
 
     #[test]
-    fn chunked_wins_over_a_length_and_ends_the_connection() {
-        let got = whole(
-            b"POST /a HTTP/1.1\r\nContent-Length: 3\r\nTransfer-Encoding: chunked\r\n\r\n\
-              5\r\nhello\r\n0\r\n\r\nGET /smuggled HTTP/1.1\r\n\r\n",
-        );
-        assert_eq!(got.len(), 1, "nothing is read after it");
-        let r = got[0].as_ref().unwrap();
-        assert_eq!(r.body, b"hello");
-        assert!(r.headers.get(CONTENT_LENGTH).is_none());
-        assert!(!r.keep_alive);
+    fn repeated_lengths_pass_on_as_one_field_and_huge_ones_are_refused() {
+        for framing in [
+            "Content-Length: 5, 5\r\n",
+            "Content-Length: 5\r\nContent-Length: 5\r\n",
+            "Content-Length: 5,5\r\nContent-Length: 5\r\n",
+        ] {
+            let input = format!("POST / HTTP/1.1\r\nHost: a\r\n{framing}\r\nhello");
+            let got = whole(input.as_bytes());
+            let r = got[0].as_ref().unwrap();
+            assert_eq!(r.body, b"hello", "{framing:?}");
+            let lengths: Vec<_> = r.headers.get_all(CONTENT_LENGTH).iter().collect();
+            assert_eq!(lengths, ["5"], "{framing:?}");
+        }
+        let got = whole(b"POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 005\r\n\r\nhello");
+        let lengths: Vec<_> = got[0]
+            .as_ref()
+            .unwrap()
+            .headers
+            .get_all(CONTENT_LENGTH)
+            .iter()
+            .collect();
+        assert_eq!(lengths, ["5"], "one decimal spelling");
+        for huge in [
+            "9223372036854775808",
+            "18446744073709551615",
+            "99999999999999999999",
+        ] {
+            let input = format!("POST / HTTP/1.1\r\nHost: a\r\nContent-Length: {huge}\r\n\r\n");
+            assert_eq!(statuses(input.as_bytes()), [Err(400)], "{huge}");
+        }
+    }
+
+    #[test]
+    fn a_target_its_method_does_not_allow_is_refused() {
+        for line in [
+            "POST * HTTP/1.1",
+            "GET * HTTP/1.1",
+            "GET up:80 HTTP/1.1",
+            "CONNECT / HTTP/1.1",
+            "GET ftp://up/ HTTP/1.1",
+            "GET ?x=1 HTTP/1.1",
+        ] {
+            let input = format!("{line}\r\nHost: up\r\n\r\n");
+            assert_eq!(statuses(input.as_bytes()), [Err(400)], "{line}");
+        }
+        for line in [
+            "OPTIONS * HTTP/1.1",
+            "GET http://up?x=1 HTTP/1.1",
+            "GET http://up HTTP/1.1",
+            "CONNECT up:443 HTTP/1.1",
+        ] {
+            let input = format!("{line}\r\nHost: up\r\n\r\n");
+            assert!(whole(input.as_bytes())[0].is_ok(), "{line}");
+        }
+    }
+
+    #[test]
+    fn a_length_with_chunked_is_refused_and_nothing_after_it_is_read() {
+        for framing in [
+            "Content-Length: 3\r\nTransfer-Encoding: chunked\r\n",
+            "Transfer-Encoding: chunked\r\nContent-Length: 3\r\n",
+            "Content-Length: 0\r\nTransfer-Encoding: chunked\r\n",
+        ] {
+            let input = format!(
+                "POST /a HTTP/1.1\r\n{framing}\r\n5\r\nhello\r\n0\r\n\r\nGET /smuggled HTTP/1.1\r\n\r\n"
+            );
+            assert_eq!(statuses(input.as_bytes()), [Err(400)], "{framing:?}");
+        }
     }
 
     #[test]

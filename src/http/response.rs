@@ -6,6 +6,12 @@
 //! (both, a coding other than chunked last, no length at all, `Connection: close`,
 //! HTTP/1.0, a protocol switch) is not reused. Interim responses are skipped. A `101`
 //! keeps its `Upgrade` field: the client must see which protocol it switched to.
+//!
+//! `Content-Length` is read as the request reader reads it ([`fold_content_length`]:
+//! `3, 3` and two lines of `3` are the length 3, values that differ or exceed
+//! `i64::MAX` are refused) and is not kept among the fields: the writer writes the one
+//! normalised value. So no `Connection` naming it can take the length away from a body
+//! that is still framed by it.
 
 use std::io;
 use std::mem::MaybeUninit;
@@ -14,7 +20,10 @@ use bytes::{Buf, Bytes, BytesMut};
 use http::{HeaderMap, HeaderName, HeaderValue, StatusCode, Version};
 
 use super::bad;
-use super::fields::{FEW_HEADERS, Span, content_length, field_spans, has_token, names_others};
+use super::encode::write_content_length;
+use super::fields::{
+    FEW_HEADERS, LengthProblem, Span, field_spans, fold_content_length, has_token, names_others,
+};
 use super::framing::{Chunk, Framing, Step, step};
 
 /// The largest response head accepted.
@@ -32,15 +41,18 @@ pub struct ResponseHead {
     pub reuse: bool,
 }
 
-/// The fields of an HTTP/1.1 response head as they came, minus the hop-by-hop ones.
-/// They go on to an HTTP/1.1 peer line by line from the head itself: no header map is
-/// built and torn down for the few fields a proxy reads.
+/// The fields of an HTTP/1.1 response head as they came, minus the hop-by-hop ones and
+/// `Content-Length`, which is kept as its value. They go on to an HTTP/1.1 peer line by
+/// line from the head itself: no header map is built and torn down for the few fields a
+/// proxy reads.
 #[derive(Clone, Debug)]
 pub struct RawFields {
     head: Bytes,
     /// Per field: where its name starts and ends, where its value starts and ends.
     lines: Vec<[u32; 4]>,
-    has_length: bool,
+    /// The declared `Content-Length`, when it frames the response (no
+    /// `Transfer-Encoding`).
+    length: Option<u64>,
     has_date: bool,
 }
 
@@ -62,26 +74,27 @@ impl RawFields {
         })
     }
 
-    /// Writes every field as a line of an HTTP/1.1 head, except `Content-Length` when
-    /// `length` is false and the fields `replaced` names (the writer adds its own).
+    /// Writes every field as a line of an HTTP/1.1 head, except the fields `replaced`
+    /// names (the writer adds its own), then the `Content-Length` unless `length` is
+    /// false.
     pub fn write_to(&self, wbuf: &mut Vec<u8>, length: bool, replaced: impl Fn(&[u8]) -> bool) {
         for &[ns, ne, _, ve] in &self.lines {
             let line = &self.head[ns as usize..ve as usize];
             let name = &line[..(ne - ns) as usize];
-            if !length && field_kind(name) == FieldKind::ContentLength {
-                continue;
-            }
             if replaced(name) {
                 continue;
             }
             wbuf.extend_from_slice(line);
             wbuf.extend_from_slice(b"\r\n");
         }
+        if let Some(n) = self.length.filter(|_| length) {
+            write_content_length(wbuf, n);
+        }
     }
 
     /// Whether the fields include `Content-Length` and `Date`.
     pub fn has_length(&self) -> bool {
-        self.has_length
+        self.length.is_some()
     }
 
     pub fn has_date(&self) -> bool {
@@ -90,7 +103,7 @@ impl RawFields {
 
     /// Adds the fields to a header map (for an HTTP/2 app).
     pub fn append_to(&self, map: &mut HeaderMap) {
-        map.reserve(self.lines.len());
+        map.reserve(self.lines.len() + 1);
         for &[ns, ne, vs, ve] in &self.lines {
             if let (Ok(name), Ok(value)) = (
                 HeaderName::from_bytes(&self.head[ns as usize..ne as usize]),
@@ -98,6 +111,9 @@ impl RawFields {
             ) {
                 map.append(name, value);
             }
+        }
+        if let Some(n) = self.length {
+            map.append(http::header::CONTENT_LENGTH, HeaderValue::from(n));
         }
     }
 }
@@ -180,7 +196,7 @@ pub fn parse_response_head(rbuf: &mut BytesMut, head_request: bool) -> io::Resul
     let fields = RawFields {
         head,
         lines: read.lines,
-        has_length: length.is_some() && !coded,
+        length: length.filter(|_| !coded),
         has_date: read.has_date,
     };
     let no_body = head_request || status.is_informational() || code == 204 || code == 304;
@@ -230,8 +246,9 @@ struct ReadFields {
 }
 
 /// Reads the fields of a response head: framing and `Connection` are noted and not
-/// passed on, nor is any other hop-by-hop field or one a `Connection` names, but for
-/// the `Upgrade` of a protocol switch (`switching`), which the client must see.
+/// passed on (the length is passed on as its value), nor is any other hop-by-hop field
+/// or one a `Connection` names, but for the `Upgrade` of a protocol switch
+/// (`switching`), which the client must see.
 fn read_fields(head: &Bytes, spans: &[Span], switching: bool) -> io::Result<ReadFields> {
     let mut read = ReadFields {
         lines: Vec::with_capacity(spans.len()),
@@ -248,12 +265,13 @@ fn read_fields(head: &Bytes, spans: &[Span], switching: bool) -> io::Result<Read
         let value = &head[vs..vs + vl];
         match field_kind(name) {
             FieldKind::ContentLength => {
-                let v = content_length(value.trim_ascii())
-                    .ok_or_else(|| bad("invalid Content-Length"))?;
-                if read.length.is_some_and(|l| l != v) {
-                    return Err(bad("conflicting Content-Length"));
-                }
-                read.length = Some(v);
+                read.length = Some(fold_content_length(read.length, value).map_err(|p| {
+                    bad(match p {
+                        LengthProblem::Invalid => "invalid Content-Length",
+                        LengthProblem::Conflicting => "conflicting Content-Length",
+                    })
+                })?);
+                continue;
             }
             FieldKind::TransferEncoding => {
                 read.coded = true;
@@ -279,12 +297,6 @@ fn read_fields(head: &Bytes, spans: &[Span], switching: bool) -> io::Result<Read
         read.lines
             .push([at(ns)?, at(ns + nl)?, at(vs)?, at(vs + vl)?]);
     }
-    if read.coded && read.length.is_some() {
-        // Transfer-Encoding wins; the stale length is not passed on.
-        read.lines.retain(|&[ns, ne, _, _]| {
-            field_kind(&head[ns as usize..ne as usize]) != FieldKind::ContentLength
-        });
-    }
     for &(vs, vl) in &named {
         let value = &head[vs..vs + vl];
         read.lines.retain(|&[ns, ne, _, _]| {
@@ -294,6 +306,12 @@ fn read_fields(head: &Bytes, spans: &[Span], switching: bool) -> io::Result<Read
                     .split(|&b| b == b',')
                     .any(|t| t.trim_ascii().eq_ignore_ascii_case(name))
         });
+    }
+    if !named.is_empty() {
+        read.has_date = read
+            .lines
+            .iter()
+            .any(|&[ns, ne, _, _]| field_kind(&head[ns as usize..ne as usize]) == FieldKind::Date);
     }
     Ok(read)
 }
@@ -434,6 +452,37 @@ mod tests {
         assert_eq!(r.body, b"hello");
         assert!(!r.headers.contains_key("content-length"));
         assert!(!r.reusable);
+    }
+
+    #[test]
+    fn lengths_are_read_as_requests_read_them_and_pass_on_as_one() {
+        for framing in [
+            "Content-Length: 3, 3\r\n",
+            "Content-Length: 3\r\nContent-Length: 3\r\n",
+            "Connection: content-length\r\nContent-Length: 3\r\n",
+            "Content-Length: 3\r\nConnection: keep-alive, Content-Length\r\n",
+        ] {
+            let input = format!("HTTP/1.1 200 OK\r\n{framing}\r\nabcHTTP/1.1 200 OK\r\n");
+            let r = whole(input.as_bytes()).unwrap();
+            assert_eq!(r.body, b"abc", "{framing:?}");
+            let lengths: Vec<_> = r.headers.get_all("content-length").iter().collect();
+            assert_eq!(lengths, ["3"], "{framing:?}");
+            let mut written = Vec::new();
+            let mut rbuf = BytesMut::from(input.as_bytes());
+            let Some(Parsed::Final(head)) = parse_response_head(&mut rbuf, false).unwrap() else {
+                panic!("no final head")
+            };
+            head.fields.write_to(&mut written, true, |_| false);
+            assert_eq!(written, b"content-length: 3\r\n", "{framing:?}");
+        }
+        for framing in [
+            "Content-Length: 3, 4\r\n",
+            "Content-Length: 3\r\nContent-Length: 4\r\n",
+            "Content-Length: 9223372036854775808\r\n",
+        ] {
+            let input = format!("HTTP/1.1 200 OK\r\n{framing}\r\nabc");
+            assert!(whole(input.as_bytes()).is_err(), "{framing:?}");
+        }
     }
 
     #[test]

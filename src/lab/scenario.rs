@@ -299,7 +299,7 @@ impl Chain {
 }
 
 fn listener() -> &'static str {
-    "[listener]\naddr = \"127.0.0.1:0\"\nmax_connections = 100000\n[admin]\naddr = \"127.0.0.1:0\"\n"
+    "[listener]\naddr = \"127.0.0.1:0\"\nmax_connections = 5000\n[admin]\naddr = \"127.0.0.1:0\"\n"
 }
 
 /// The edge tollgate's config: it forwards `Host: api` to the api tollgate at `next`.

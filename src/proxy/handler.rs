@@ -212,15 +212,18 @@ impl Admission for Upstream {
     }
 }
 
-/// The path and query alone, as HTTP/1.1 origin-form.
+/// The path and query alone, as HTTP/1.1 origin-form: an absolute-form target with an
+/// empty path (`http://up?x=1`) means `/` (RFC 9112 section 3.2.2).
 fn origin_form(uri: &Uri) -> Uri {
     if uri.scheme().is_none() && uri.authority().is_none() {
         return uri.clone();
     }
-    let pq = uri
-        .path_and_query()
-        .cloned()
-        .unwrap_or_else(|| PathAndQuery::from_static("/"));
+    let pq = match uri.path_and_query() {
+        Some(pq) if pq.as_str().starts_with('/') || pq.as_str() == "*" => pq.clone(),
+        Some(pq) => PathAndQuery::try_from(format!("/{}", pq.as_str()))
+            .unwrap_or_else(|_| PathAndQuery::from_static("/")),
+        None => PathAndQuery::from_static("/"),
+    };
     Uri::from(pq)
 }
 
@@ -235,10 +238,19 @@ fn answer_app(
     let resp = match answer.reply {
         Reply::Upstream(resp) => resp,
         Reply::Local(status) => {
-            let text = match (&answer.detail, status) {
-                (Some(d), _) => d.as_str(),
-                (None, StatusCode::GATEWAY_TIMEOUT) => "no response from the upstream in time\n",
-                (None, _) => "the upstream could not be reached\n",
+            let (text, retry_after) = match (&answer.detail, status) {
+                (Some(d), _) => (d.as_str(), None),
+                (None, StatusCode::GATEWAY_TIMEOUT) => {
+                    ("no response from the upstream in time\n", None)
+                }
+                (None, StatusCode::BAD_REQUEST) => {
+                    ("the request body is malformed or broke off\n", None)
+                }
+                (None, StatusCode::SERVICE_UNAVAILABLE) => (
+                    "tollgate is out of file descriptors; try again shortly\n",
+                    OVERLOADED.retry_after,
+                ),
+                (None, _) => ("the upstream could not be reached\n", None),
             };
             let local = Local {
                 status,
@@ -246,7 +258,7 @@ fn answer_app(
                 attempts: answer.attempts,
                 failure: answer.failure,
                 text,
-                retry_after: None,
+                retry_after,
             };
             return local_answer(Some(metrics), local, grpc, guard);
         }

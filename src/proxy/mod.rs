@@ -9,6 +9,11 @@
 //! The snapshot is an `ArcSwap`: a request loads it once, clones the `Arc` of the one
 //! upstream it needs and keeps it to the end, so a reload never changes a request
 //! midway and never makes one wait.
+//!
+//! Client connections past `listener.max_connections`, or past what the open-file limit
+//! leaves for them ([`crate::descriptors::client_cap`]), are accepted and closed at
+//! once. An accept that fails for want of a descriptor sheds the waiting connection
+//! with a spare descriptor kept for that, and backs off; it warns once per few seconds.
 
 mod apply;
 pub mod grpc;
@@ -31,7 +36,8 @@ use tokio::sync::{Notify, watch};
 use tokio::task::JoinHandle;
 
 use crate::config::Config;
-use crate::metrics::Metrics;
+use crate::descriptors::{self, Throttled};
+use crate::metrics::{Metrics, Shortage};
 use crate::worker::Workers;
 use handler::Outbound;
 use server::AppBody;
@@ -49,6 +55,9 @@ pub struct Shared {
     /// Listeners bound and config loaded (and not draining): `/readyz` says 200.
     pub ready: AtomicBool,
     connections: AtomicUsize,
+    /// The most client connections open at once: `max_connections`, lowered to what
+    /// the open-file limit leaves for them.
+    client_cap: usize,
     all_closed: Notify,
     shutdown: watch::Sender<bool>,
 }
@@ -182,6 +191,16 @@ impl Server {
         }
         let (shutdown, _) = watch::channel(false);
         let settings = config.listener;
+        let soft_limit = descriptors::soft_limit();
+        let client_cap = descriptors::client_cap(settings.max_connections, soft_limit);
+        if client_cap < settings.max_connections {
+            tracing::info!(
+                client_connections = client_cap,
+                max_connections = settings.max_connections,
+                open_file_limit = soft_limit,
+                "client connections capped by the open-file limit (half of it is kept for upstream connections)"
+            );
+        }
         let snapshot = Snapshot::build(config, &metrics, None, workers.count());
         metrics.mark_loaded();
         let shared = Arc::new(Shared {
@@ -190,6 +209,7 @@ impl Server {
             metrics,
             ready: AtomicBool::new(false),
             connections: AtomicUsize::new(0),
+            client_cap,
             all_closed: Notify::new(),
             shutdown,
         });
@@ -318,6 +338,35 @@ fn accept(
     }
 }
 
+/// Accepts that failed for want of a descriptor, and accepts that failed otherwise.
+static ACCEPT_EXHAUSTED: Throttled = Throttled::new();
+static ACCEPT_FAILED: Throttled = Throttled::new();
+
+/// A descriptor kept free for one thing: when accepting fails for want of one, it is
+/// let go, the waiting connection accepted with it and closed at once (the client
+/// learns now, instead of waiting in the listen queue for as long as the shortage
+/// lasts), and taken again.
+struct Spare(Option<std::fs::File>);
+
+impl Spare {
+    fn new() -> Self {
+        Spare(std::fs::File::open("/dev/null").ok())
+    }
+
+    /// Sheds one waiting connection; whether it did.
+    fn shed(&mut self, listener: &TcpListener) -> bool {
+        let Some(spare) = self.0.take() else {
+            *self = Spare::new();
+            return false;
+        };
+        drop(spare);
+        let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+        let shed = matches!(listener.poll_accept(&mut cx), std::task::Poll::Ready(Ok(_)));
+        *self = Spare::new();
+        shed
+    }
+}
+
 async fn accept_loop(
     listener: TcpListener,
     shared: Arc<Shared>,
@@ -325,13 +374,14 @@ async fn accept_loop(
     settings: crate::config::ListenerConfig,
     mut stopped: watch::Receiver<bool>,
 ) {
+    let mut spare = Spare::new();
     loop {
         tokio::select! {
             biased;
             _ = stopped.changed() => break,
             r = listener.accept() => match r {
                 Ok((stream, _peer)) => {
-                    if shared.connections() >= settings.max_connections {
+                    if shared.connections() >= shared.client_cap {
                         // Over the limit: close at once rather than queue.
                         drop(stream);
                         continue;
@@ -349,9 +399,21 @@ async fn accept_loop(
                         fut.await;
                     });
                 }
+                Err(e) if descriptors::is_exhaustion(&e) => {
+                    shared.metrics.exhausted(Shortage::Accept).inc();
+                    if let Some(n) = ACCEPT_EXHAUSTED.due() {
+                        tracing::warn!(count = n, error = %e, "out of file descriptors: new client connections are closed at once (raise the open-file limit, or lower listener.max_connections)");
+                    }
+                    if !spare.shed(&listener) {
+                        // Nothing to shed with: wait for descriptors to be freed.
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                    }
+                }
                 Err(e) => {
-                    // Out of file descriptors or similar: back off instead of spinning.
-                    tracing::warn!(error = %e, "accept failed");
+                    // Back off instead of spinning.
+                    if let Some(n) = ACCEPT_FAILED.due() {
+                        tracing::warn!(count = n, error = %e, "accept failed");
+                    }
                     tokio::time::sleep(Duration::from_millis(50)).await;
                 }
             }

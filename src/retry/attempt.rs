@@ -3,6 +3,11 @@
 //! head awaited until the attempt's deadline. Its result is recorded exactly once; an
 //! attempt dropped before it has one (the app left, the deadline passed) counts as
 //! `cancelled`, and its connection is closed, never pooled.
+//!
+//! Two ends are nobody's fault at the endpoint, and are told apart from its failures
+//! ([`NotUpstream`]): the app's body broke as it was sent (counted `cancelled`), and
+//! this process ran out of file descriptors before a connection could be opened (not
+//! counted as an attempt at all). Neither is retried nor held against the endpoint.
 
 use http::Response;
 use tokio::time::{Instant, timeout_at};
@@ -12,6 +17,7 @@ use super::policy::Failure;
 use super::replay::{AppBody, BodySource};
 use super::upstream::Upstream;
 use crate::deadline;
+use crate::descriptors::Throttled;
 use crate::http::fields::ExtraFields;
 use crate::metrics::{AttemptResult, UpstreamMetrics};
 use crate::upstream::pool::{SendError, Want, clock_ms};
@@ -24,6 +30,33 @@ const MAX_STALE: u32 = 3;
 /// How long a body behind `Expect: 100-continue` waits for `100 Continue` at most
 /// (some servers never send one).
 const CONTINUE_WAIT: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// Why an attempt ended without a response.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum AttemptError {
+    /// The upstream failed, as `retry.on` names it.
+    Upstream(Failure),
+    /// Not the upstream's doing.
+    NotUpstream(NotUpstream),
+}
+
+/// An attempt that ended for a reason the endpoint had no part in.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum NotUpstream {
+    /// The app's body broke (malformed, or its connection failed) as it was sent.
+    AppBody,
+    /// This process was out of file descriptors when it needed a connection.
+    NoDescriptors,
+}
+
+impl From<Failure> for AttemptError {
+    fn from(f: Failure) -> Self {
+        AttemptError::Upstream(f)
+    }
+}
+
+/// Connects that failed for want of a descriptor, logged at most once per period.
+static OUT_OF_DESCRIPTORS: Throttled = Throttled::new();
 
 /// One attempt, before it runs.
 pub(super) struct Attempt<'a, A> {
@@ -53,18 +86,32 @@ impl<A: AppBody> Attempt<'_, A> {
         head: &mut RequestHead<'_>,
         body: &mut BodySource<A>,
         detail: &mut Option<String>,
-    ) -> Result<Response<UpstreamBody>, Failure> {
+    ) -> Result<Response<UpstreamBody>, AttemptError> {
         let mut record = Record {
             metrics: &self.up.metrics,
             done: false,
         };
-        let result = self.exchange(head, body, detail).await;
+        let result = match self.exchange(head, body, detail).await {
+            // Whatever the exchange then failed with, the app's body broke first.
+            Err(AttemptError::Upstream(_)) if body.app_failed() => {
+                Err(AttemptError::NotUpstream(NotUpstream::AppBody))
+            }
+            r => r,
+        };
         let r = match &result {
             Ok(resp) => AttemptResult::of_status(resp.status().as_u16()),
-            Err(Failure::ConnectFailure) => AttemptResult::ConnectFailure,
-            Err(Failure::Tls) => AttemptResult::Tls,
-            Err(Failure::Timeout) => AttemptResult::Timeout,
-            Err(_) => AttemptResult::Reset,
+            Err(AttemptError::Upstream(Failure::ConnectFailure)) => AttemptResult::ConnectFailure,
+            Err(AttemptError::Upstream(Failure::Tls)) => AttemptResult::Tls,
+            Err(AttemptError::Upstream(Failure::Timeout)) => AttemptResult::Timeout,
+            Err(AttemptError::Upstream(_)) => AttemptResult::Reset,
+            Err(AttemptError::NotUpstream(NotUpstream::AppBody)) => {
+                record.cancelled();
+                return result;
+            }
+            Err(AttemptError::NotUpstream(NotUpstream::NoDescriptors)) => {
+                record.done = true;
+                return result;
+            }
         };
         record.finish(self.up, r, self.started);
         result
@@ -75,7 +122,7 @@ impl<A: AppBody> Attempt<'_, A> {
         head: &mut RequestHead<'_>,
         body: &mut BodySource<A>,
         detail: &mut Option<String>,
-    ) -> Result<Response<UpstreamBody>, Failure> {
+    ) -> Result<Response<UpstreamBody>, AttemptError> {
         let cfg = &self.up.config;
         let endpoint = self.up.endpoints.get(self.endpoint);
         let tls = self.up.tls.as_deref();
@@ -91,16 +138,23 @@ impl<A: AppBody> Attempt<'_, A> {
                         Box::pin(endpoint.checkout(self.want, tls, cfg.connect_timeout));
                     match timeout_at(connect_by, connecting).await {
                         Ok(Ok(c)) => c,
+                        Ok(Err(e)) if e.out_of_descriptors() => {
+                            self.up.metrics.exhausted.inc();
+                            if let Some(n) = OUT_OF_DESCRIPTORS.due() {
+                                tracing::warn!(upstream = %cfg.name, count = n, error = %e, "out of file descriptors: requests answered 503 overloaded (raise the open-file limit)");
+                            }
+                            return Err(AttemptError::NotUpstream(NotUpstream::NoDescriptors));
+                        }
                         Ok(Err(e)) => {
                             if let Some(reason) = e.tls_reason() {
-                                return Err(self.tls_failed(reason, detail));
+                                return Err(self.tls_failed(reason, detail).into());
                             }
                             tracing::debug!(upstream = %cfg.name, endpoint = %endpoint.addr, error = %e, "connect failed");
-                            return Err(Failure::ConnectFailure);
+                            return Err(Failure::ConnectFailure.into());
                         }
                         Err(_) => {
                             tracing::debug!(upstream = %cfg.name, endpoint = %endpoint.addr, "connect timed out");
-                            return Err(Failure::ConnectFailure);
+                            return Err(Failure::ConnectFailure.into());
                         }
                     }
                 }
@@ -110,7 +164,7 @@ impl<A: AppBody> Attempt<'_, A> {
             head.continue_wait =
                 CONTINUE_WAIT.min(self.by.saturating_duration_since(Instant::now()) / 4);
             match timeout_at(self.by, conn.send(head, body.take(self.keep))).await {
-                Err(_) => return Err(Failure::Timeout),
+                Err(_) => return Err(Failure::Timeout.into()),
                 Ok(Ok(resp)) => return Ok(resp),
                 Ok(Err(SendError::NotSent(unsent, _))) => {
                     // The pooled connection had closed under us: the request never
@@ -119,7 +173,7 @@ impl<A: AppBody> Attempt<'_, A> {
                     body.give_back(unsent);
                     stale += 1;
                     if stale > MAX_STALE {
-                        return Err(Failure::ConnectFailure);
+                        return Err(Failure::ConnectFailure.into());
                     }
                 }
                 Ok(Err(SendError::Failed(e))) => {
@@ -129,10 +183,10 @@ impl<A: AppBody> Attempt<'_, A> {
                     if let Some(t) = cfg.tls.as_ref().filter(|_| fresh)
                         && let Some(reason) = tls_failure::rejection(&*e, t.client_cert.is_some())
                     {
-                        return Err(self.tls_failed(reason, detail));
+                        return Err(self.tls_failed(reason, detail).into());
                     }
                     tracing::debug!(upstream = %cfg.name, endpoint = %endpoint.addr, error = %e, "attempt failed");
-                    return Err(Failure::Reset);
+                    return Err(Failure::Reset.into());
                 }
             }
         }
@@ -182,6 +236,11 @@ struct Record<'a> {
 }
 
 impl Record<'_> {
+    fn cancelled(&mut self) {
+        self.done = true;
+        self.metrics.attempt(AttemptResult::Cancelled);
+    }
+
     fn finish<A>(&mut self, up: &Upstream<A>, result: AttemptResult, started: Instant) {
         self.done = true;
         let took = started.elapsed();

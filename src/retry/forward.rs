@@ -14,7 +14,7 @@ use http::{HeaderMap, Method, Response, StatusCode, Uri, Version};
 use http_body::Body;
 use tokio::time::Instant;
 
-use super::attempt::Attempt;
+use super::attempt::{Attempt, AttemptError, NotUpstream};
 use super::backoff::Backoff;
 use super::headers::{outcome_of, owned_elsewhere};
 use super::policy::{self, Failure, Policy, Situation, Stop};
@@ -52,7 +52,8 @@ pub enum Reply {
     /// The upstream's response. An HTTP/1.1 body carries its connection, which goes
     /// back to the pool once the body has been read to the end.
     Upstream(Response<UpstreamBody>),
-    /// tollgate answers itself (502 or 504).
+    /// tollgate answers itself: 502 or 504 for the upstream, 400 for a malformed body
+    /// from the app, 503 (with `Retry-After`) when out of file descriptors.
     Local(StatusCode),
 }
 
@@ -161,7 +162,8 @@ pub async fn forward<A: AppBody>(up: &Upstream<A>, ex: Exchange<A>) -> Answer {
                     Some(f) => (f, Some(resp)),
                 }
             }
-            Err(f) => (f, None),
+            Err(AttemptError::Upstream(f)) => (f, None),
+            Err(AttemptError::NotUpstream(why)) => return call.not_upstream(why),
         };
         if failure == Failure::Tls {
             call.tls_failed |= 1 << (endpoint % 64);
@@ -338,6 +340,19 @@ impl<'a, A: AppBody> Call<'a, A> {
                 answer.failure = Some(failure);
                 answer.detail = self.detail.take();
                 answer
+            }
+        }
+    }
+
+    /// The attempt ended for a reason that was not the upstream's: nothing more is
+    /// tried. A malformed body is the app's (400); a descriptor shortage is tollgate's
+    /// own overload (503), and the attempt that never got a connection is not counted.
+    fn not_upstream(&mut self, why: NotUpstream) -> Answer {
+        match why {
+            NotUpstream::AppBody => self.local(StatusCode::BAD_REQUEST, Outcome::NotRetryable),
+            NotUpstream::NoDescriptors => {
+                self.attempts -= 1;
+                self.local(StatusCode::SERVICE_UNAVAILABLE, Outcome::Overloaded)
             }
         }
     }

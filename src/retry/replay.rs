@@ -139,6 +139,11 @@ impl<A: AppBody> TapeHandle<A> {
         tape.complete || tape.body.as_ref().is_some_and(|b| b.is_end_stream())
     }
 
+    /// Whether the app's body broke (malformed, or its connection failed mid-body).
+    fn failed(&self) -> bool {
+        self.tape.lock().unwrap_or_else(|p| p.into_inner()).failed
+    }
+
     /// Gives a body that is still arriving up to `limit` to finish (or to outgrow the
     /// cap, or fail). Returns whether it is complete.
     async fn finish_within(&self, limit: Duration) -> bool {
@@ -318,6 +323,12 @@ impl<A: AppBody> BodySource<A> {
     pub fn unread(&self) -> bool {
         matches!(self.next, Next::Fresh(_) | Next::Unsent(_))
             || self.tape.as_ref().is_some_and(|t| !t.complete())
+    }
+
+    /// Whether the app's body broke as an attempt sent it: the app's fault, not the
+    /// upstream's, whatever the attempt then failed with.
+    pub fn app_failed(&self) -> bool {
+        self.tape.as_ref().is_some_and(TapeHandle::failed)
     }
 
     /// Whether the app's body was handed to an attempt (and is recorded).

@@ -61,6 +61,18 @@ impl ConnectError {
     }
 }
 
+impl ConnectError {
+    /// This process (or the system) is out of file descriptors: the connection failed
+    /// here, not at the endpoint, which must not be blamed for it.
+    pub fn out_of_descriptors(&self) -> bool {
+        match self {
+            ConnectError::Resolve(e) => crate::descriptors::is_exhaustion(&e.source),
+            ConnectError::Connect { source, .. } => crate::descriptors::is_exhaustion(source),
+            _ => false,
+        }
+    }
+}
+
 /// Counts a connection as open for as long as it lives.
 pub struct OpenGuard(Arc<AtomicUsize>);
 

@@ -1,13 +1,27 @@
 //! Resolving an endpoint's name: re-resolved every few seconds, so Kubernetes Service
 //! DNS changes are followed, and rotated through the addresses it returns (a headless
 //! Service returns one per pod).
+//!
+//! The system resolver (`getaddrinfo`) blocks a thread per lookup, and a resolver that
+//! stops answering holds each one for its own timeouts. So a burst of requests must not
+//! become a burst of lookups: one lookup per name is in flight at a time and every
+//! request that needs the name waits for its answer (as long as its connect timeout
+//! allows); a failed lookup is remembered for [`NEGATIVE_TTL`]; at most
+//! [`MAX_LOOKUPS`] lookups are in flight in the whole process; and a known answer that
+//! has aged past [`DNS_TTL`] keeps being used while it is looked up again, so a
+//! resolver that stops answering does not stop the traffic to addresses already known.
+//! The lookup runs on a task of its own, which holds its place among the
+//! [`MAX_LOOKUPS`] until the lookup really returns, whoever still waits for it.
 
+use std::future::Future;
 use std::io;
 use std::net::SocketAddr;
+use std::pin::Pin;
 use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::Duration;
 
+use tokio::sync::{Semaphore, watch};
 use tokio::time::Instant;
 
 use crate::config::EndpointAddr;
@@ -21,7 +35,77 @@ pub struct ResolveError {
 }
 
 /// How long a resolved name is trusted before it is looked up again.
-const DNS_TTL: Duration = Duration::from_secs(5);
+pub const DNS_TTL: Duration = Duration::from_secs(5);
+/// How long a failed lookup is remembered before the name is looked up again.
+pub const NEGATIVE_TTL: Duration = Duration::from_secs(1);
+/// Lookups in flight at once in the whole process (each a blocking thread).
+pub const MAX_LOOKUPS: usize = 4;
+
+/// A name lookup in progress.
+pub type LookupFuture = Pin<Box<dyn Future<Output = io::Result<Vec<SocketAddr>>> + Send>>;
+
+/// How names are looked up (the system resolver, or another one for tests), and the
+/// places for lookups in flight, shared by every resolver that uses them.
+#[derive(Clone)]
+pub struct Lookups {
+    lookup: Arc<dyn Fn(String, u16) -> LookupFuture + Send + Sync>,
+    places: Arc<Semaphore>,
+}
+
+impl std::fmt::Debug for Lookups {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Lookups")
+            .field("free", &self.places.available_permits())
+            .finish()
+    }
+}
+
+impl Lookups {
+    /// The system resolver (`getaddrinfo`, on the runtime's blocking threads), with
+    /// [`MAX_LOOKUPS`] places for the whole process.
+    pub fn system() -> Self {
+        static SYSTEM: OnceLock<Lookups> = OnceLock::new();
+        SYSTEM
+            .get_or_init(|| {
+                Lookups::limited(
+                    |host, port| {
+                        Box::pin(async move {
+                            tokio::net::lookup_host((host.as_str(), port))
+                                .await
+                                .map(Iterator::collect)
+                        })
+                    },
+                    MAX_LOOKUPS,
+                )
+            })
+            .clone()
+    }
+
+    /// `lookup`, with at most `in_flight` lookups at once.
+    pub fn limited(
+        lookup: impl Fn(String, u16) -> LookupFuture + Send + Sync + 'static,
+        in_flight: usize,
+    ) -> Self {
+        Lookups {
+            lookup: Arc::new(lookup),
+            places: Arc::new(Semaphore::new(in_flight.max(1))),
+        }
+    }
+}
+
+/// What a finished lookup found; shared with everyone who waited for it.
+type Found = Result<Arc<[SocketAddr]>, Arc<io::Error>>;
+
+/// What is known of the name.
+#[derive(Default)]
+struct Known {
+    /// The last answer, and when it came.
+    addrs: Option<(Arc<[SocketAddr]>, Instant)>,
+    /// The last failure, and when it came.
+    failed: Option<(Arc<io::Error>, Instant)>,
+    /// The lookup in flight: its answer arrives here.
+    pending: Option<watch::Receiver<Option<Found>>>,
+}
 
 /// Resolves an endpoint's name, caching the answer briefly and rotating through the
 /// addresses it returns (a headless Service returns one per pod).
@@ -29,61 +113,299 @@ const DNS_TTL: Duration = Duration::from_secs(5);
 pub struct Resolver {
     addr: EndpointAddr,
     literal: Option<SocketAddr>,
-    cache: Mutex<Option<(Arc<[SocketAddr]>, Instant)>>,
+    lookups: Lookups,
+    known: Arc<Mutex<Known>>,
     next: AtomicUsize,
+}
+
+impl std::fmt::Debug for Known {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Known")
+            .field("addrs", &self.addrs.as_ref().map(|(a, _)| a.len()))
+            .field("failed", &self.failed.is_some())
+            .field("pending", &self.pending.is_some())
+            .finish()
+    }
+}
+
+fn lock(known: &Mutex<Known>) -> MutexGuard<'_, Known> {
+    known.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// A failure handed to one more waiter (an `io::Error` is not `Clone`).
+fn copy(e: &io::Error) -> io::Error {
+    match e.raw_os_error() {
+        Some(code) => io::Error::from_raw_os_error(code),
+        None => io::Error::new(e.kind(), e.to_string()),
+    }
 }
 
 impl Resolver {
     pub fn new(addr: EndpointAddr) -> Self {
+        Self::with_lookups(addr, Lookups::system())
+    }
+
+    pub fn with_lookups(addr: EndpointAddr, lookups: Lookups) -> Self {
         Resolver {
             literal: addr.ip(),
             addr,
-            cache: Mutex::new(None),
+            lookups,
+            known: Arc::default(),
             next: AtomicUsize::new(0),
         }
     }
 
+    /// One of the name's addresses: a known one, or the answer of the lookup in flight
+    /// (started if there is none). The wait is bounded by the caller.
     pub async fn resolve(&self) -> Result<SocketAddr, ResolveError> {
         if let Some(a) = self.literal {
             return Ok(a);
         }
-        let cached = {
-            let guard = self.cache.lock().unwrap_or_else(|p| p.into_inner());
-            guard
+        let mut answer = {
+            let mut known = lock(&self.known);
+            let failed_lately = known
+                .failed
                 .as_ref()
-                .filter(|(_, at)| at.elapsed() < DNS_TTL)
-                .map(|(addrs, _)| addrs.clone())
-        };
-        let addrs = match cached {
-            Some(a) => a,
-            None => {
-                let found: Arc<[SocketAddr]> =
-                    tokio::net::lookup_host((self.addr.host.as_str(), self.addr.port))
-                        .await
-                        .map_err(|source| ResolveError {
-                            host: self.addr.host.clone(),
-                            source,
-                        })?
-                        .collect();
-                if found.is_empty() {
-                    return Err(ResolveError {
-                        host: self.addr.host.clone(),
-                        source: io::Error::new(io::ErrorKind::NotFound, "no addresses"),
-                    });
+                .is_some_and(|(_, at)| at.elapsed() < NEGATIVE_TTL);
+            // A lookup task that died with its runtime leaves a closed channel: it is
+            // in flight no more.
+            if known
+                .pending
+                .as_ref()
+                .is_some_and(|p| p.has_changed().is_err())
+            {
+                known.pending = None;
+            }
+            if let Some((addrs, at)) = &known.addrs {
+                let addrs = addrs.clone();
+                if at.elapsed() >= DNS_TTL && known.pending.is_none() && !failed_lately {
+                    known.pending = Some(self.look_up());
                 }
-                *self.cache.lock().unwrap_or_else(|p| p.into_inner()) =
-                    Some((found.clone(), Instant::now()));
-                found
+                return Ok(self.pick(&addrs));
+            }
+            if let (true, Some((e, _))) = (failed_lately, &known.failed) {
+                return Err(self.error(copy(e)));
+            }
+            match &known.pending {
+                Some(answer) => answer.clone(),
+                None => {
+                    let answer = self.look_up();
+                    known.pending = Some(answer.clone());
+                    answer
+                }
             }
         };
-        let i = self.next.fetch_add(1, Relaxed) % addrs.len();
-        Ok(addrs[i])
+        let found = match answer.wait_for(Option::is_some).await {
+            Ok(found) => found.clone(),
+            Err(_) => None,
+        };
+        match found {
+            Some(Ok(addrs)) => Ok(self.pick(&addrs)),
+            Some(Err(e)) => Err(self.error(copy(&e))),
+            None => Err(self.error(io::Error::other("the lookup was abandoned"))),
+        }
     }
 
-    /// Forget the cached answer (after a connect failure: the pod may be gone).
+    /// Starts a lookup on a task of its own: it waits for a place, looks the name up,
+    /// records the answer and hands it to whoever waits.
+    fn look_up(&self) -> watch::Receiver<Option<Found>> {
+        let (tx, rx) = watch::channel(None);
+        let lookups = self.lookups.clone();
+        let known = self.known.clone();
+        let (host, port) = (self.addr.host.clone(), self.addr.port);
+        tokio::spawn(async move {
+            let found = match lookups.places.acquire().await {
+                Ok(_place) => (lookups.lookup)(host, port).await,
+                Err(_) => Err(io::Error::other("no lookups are taken any more")),
+            };
+            let found: Found = match found {
+                Ok(addrs) if !addrs.is_empty() => Ok(addrs.into()),
+                Ok(_) => Err(Arc::new(io::Error::new(
+                    io::ErrorKind::NotFound,
+                    "no addresses",
+                ))),
+                Err(e) => Err(Arc::new(e)),
+            };
+            {
+                let mut known = lock(&known);
+                let now = Instant::now();
+                match &found {
+                    Ok(addrs) => {
+                        known.addrs = Some((addrs.clone(), now));
+                        known.failed = None;
+                    }
+                    // Out of descriptors is this process's shortage, not the name's.
+                    Err(e) if crate::descriptors::is_exhaustion(e) => {}
+                    Err(e) => known.failed = Some((e.clone(), now)),
+                }
+                known.pending = None;
+            }
+            let _ = tx.send(Some(found));
+        });
+        rx
+    }
+
+    fn pick(&self, addrs: &[SocketAddr]) -> SocketAddr {
+        addrs[self.next.fetch_add(1, Relaxed) % addrs.len()]
+    }
+
+    fn error(&self, source: io::Error) -> ResolveError {
+        ResolveError {
+            host: self.addr.host.clone(),
+            source,
+        }
+    }
+
+    /// Forget the known answer (after a connect failure: the pod may be gone). A
+    /// lookup in flight goes on.
     pub fn invalidate(&self) {
         if self.literal.is_none() {
-            *self.cache.lock().unwrap_or_else(|p| p.into_inner()) = None;
+            lock(&self.known).addrs = None;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use std::sync::atomic::AtomicUsize;
+    use std::time::Duration;
+
+    use super::*;
+
+    fn name(host: &str) -> EndpointAddr {
+        EndpointAddr {
+            host: host.to_string(),
+            port: 80,
+        }
+    }
+
+    const ADDR: SocketAddr =
+        SocketAddr::new(std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST), 80);
+
+    /// A lookup that counts its calls and answers with `answer` once `gate` lets it
+    /// (each lookup takes one permit for good).
+    fn counted(
+        calls: &Arc<AtomicUsize>,
+        gate: &Arc<tokio::sync::Semaphore>,
+        answer: fn() -> io::Result<Vec<SocketAddr>>,
+    ) -> Lookups {
+        let (calls, gate) = (calls.clone(), gate.clone());
+        Lookups::limited(
+            move |_, _| {
+                calls.fetch_add(1, Relaxed);
+                let gate = gate.clone();
+                Box::pin(async move {
+                    if let Ok(permit) = gate.acquire().await {
+                        permit.forget();
+                    }
+                    answer()
+                })
+            },
+            MAX_LOOKUPS,
+        )
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn concurrent_resolutions_of_a_name_share_one_lookup() {
+        let calls = Arc::new(AtomicUsize::new(0));
+        let gate = Arc::new(tokio::sync::Semaphore::new(0));
+        let r = Arc::new(Resolver::with_lookups(
+            name("payments"),
+            counted(&calls, &gate, || Ok(vec![ADDR])),
+        ));
+        let mut waiting = tokio::task::JoinSet::new();
+        for _ in 0..100 {
+            let r = r.clone();
+            waiting.spawn(async move { r.resolve().await.map_err(|e| e.to_string()) });
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        assert_eq!(calls.load(Relaxed), 1, "one lookup in flight for the name");
+        gate.add_permits(1000);
+        while let Some(r) = waiting.join_next().await {
+            assert_eq!(r.unwrap(), Ok(ADDR));
+        }
+        assert_eq!(r.resolve().await.unwrap(), ADDR, "and the answer is cached");
+        assert_eq!(calls.load(Relaxed), 1);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_failed_lookup_is_remembered_for_a_second() {
+        let calls = Arc::new(AtomicUsize::new(0));
+        let gate = Arc::new(tokio::sync::Semaphore::new(1000));
+        let r = Resolver::with_lookups(
+            name("gone"),
+            counted(&calls, &gate, || Err(io::ErrorKind::NotFound.into())),
+        );
+        for _ in 0..50 {
+            assert!(r.resolve().await.is_err());
+        }
+        assert_eq!(calls.load(Relaxed), 1);
+        tokio::time::advance(NEGATIVE_TTL).await;
+        assert!(r.resolve().await.is_err());
+        assert_eq!(calls.load(Relaxed), 2, "looked up again after a second");
+    }
+
+    /// A resolver that never answers: however many requests wait for names, only a
+    /// few lookups (each a blocking thread with the system resolver) are in flight,
+    /// one per name at most, and every wait ends with the caller's own timeout.
+    #[tokio::test(start_paused = true)]
+    async fn a_hanging_resolver_gets_a_bounded_number_of_lookups() {
+        let calls = Arc::new(AtomicUsize::new(0));
+        let counter = calls.clone();
+        let lookups = Lookups::limited(
+            move |_, _| {
+                counter.fetch_add(1, Relaxed);
+                Box::pin(std::future::pending())
+            },
+            4,
+        );
+        let resolvers: Vec<Arc<Resolver>> = (0..50)
+            .map(|i| {
+                Arc::new(Resolver::with_lookups(
+                    name(&format!("n{i}")),
+                    lookups.clone(),
+                ))
+            })
+            .collect();
+        let mut waiting = tokio::task::JoinSet::new();
+        for round in 0..3 {
+            for r in &resolvers {
+                for _ in 0..20 {
+                    let r = r.clone();
+                    waiting.spawn(async move {
+                        tokio::time::timeout(Duration::from_millis(200), r.resolve()).await
+                    });
+                }
+            }
+            while let Some(r) = waiting.join_next().await {
+                assert!(
+                    r.unwrap().is_err(),
+                    "round {round}: timed out, not answered"
+                );
+            }
+        }
+        assert_eq!(calls.load(Relaxed), 4, "3000 resolutions of 50 names");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_known_answer_is_used_while_it_is_looked_up_again() {
+        let calls = Arc::new(AtomicUsize::new(0));
+        let gate = Arc::new(tokio::sync::Semaphore::new(1));
+        let r = Resolver::with_lookups(name("payments"), counted(&calls, &gate, || Ok(vec![ADDR])));
+        assert_eq!(r.resolve().await.unwrap(), ADDR);
+        tokio::time::advance(DNS_TTL).await;
+        // The refresh hangs (the gate is closed now); the known answer still serves.
+        for _ in 0..10 {
+            assert_eq!(r.resolve().await.unwrap(), ADDR);
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        assert_eq!(calls.load(Relaxed), 2, "one refresh");
+        // After a connect failure the answer is forgotten, and the wait is the caller's.
+        r.invalidate();
+        let waited = tokio::time::timeout(Duration::from_millis(100), r.resolve()).await;
+        assert!(waited.is_err());
+        assert_eq!(calls.load(Relaxed), 2, "the refresh in flight is joined");
     }
 }

@@ -384,7 +384,8 @@ fn encode_head<B: Body>(
                 cookies = true;
                 write_cookies(wbuf, head.headers);
             }
-        } else if !fields.names(name) {
+        } else if !fields.names(name) && name != CONTENT_LENGTH {
+            // The length goes out once, as the value the body is framed by.
             write_field(wbuf, name, value);
         }
     }
@@ -397,7 +398,10 @@ fn encode_head<B: Body>(
         .map(|v| content_length(v.as_bytes().trim_ascii()));
     let framing = match (declared, body.is_end_stream()) {
         (Some(None), _) => return Err(crate::http::bad("invalid Content-Length")),
-        (Some(Some(n)), _) => BodyFraming::Length(n),
+        (Some(Some(n)), _) => {
+            write_content_length(wbuf, n);
+            BodyFraming::Length(n)
+        }
         (None, true) => {
             if declares_empty_body(head.method) {
                 write_content_length(wbuf, 0);

@@ -222,18 +222,25 @@ impl<B: OutgoingBody> Endpoint<B> {
         tls: Option<&TlsClient>,
         timeout: Duration,
     ) -> Result<Conn<B>, ConnectError> {
+        // Out of descriptors is this process's shortage: the endpoint is not skipped
+        // and its name not looked up again for it.
         let addr = match self.resolver.resolve().await {
             Ok(a) => a,
             Err(e) => {
-                self.connect_failed();
-                return Err(e.into());
+                let e = ConnectError::from(e);
+                if !e.out_of_descriptors() {
+                    self.connect_failed();
+                }
+                return Err(e);
             }
         };
         let transport = match connect::open(addr, tls, timeout).await {
             Ok(t) => t,
             Err(e) => {
-                self.resolver.invalidate();
-                self.connect_failed();
+                if !e.out_of_descriptors() {
+                    self.resolver.invalidate();
+                    self.connect_failed();
+                }
                 return Err(e);
             }
         };

@@ -375,20 +375,27 @@ impl Process {
     /// Starts `tollgate run` on a config made of fixed listener/admin ports and
     /// `upstreams`, and waits (bounded) until `/readyz` answers 200.
     pub async fn start(upstreams: &str) -> Self {
-        Self::start_with_log(upstreams, false).await
+        Self::spawn(upstreams, None, false).await
     }
 
     /// As [`Process::start`], with its log (at info) kept for [`Process::log`].
     pub async fn start_logged(upstreams: &str) -> Self {
-        Self::start_with_log(upstreams, true).await
+        Self::spawn(upstreams, None, true).await
     }
 
-    /// What the process has logged so far (started with [`Process::start_logged`]).
+    /// As [`Process::start`], with the open-file limit set to `nofile` (soft and hard)
+    /// and its log (at warn) kept for [`Process::log`].
+    pub async fn start_limited(upstreams: &str, nofile: u64) -> Self {
+        Self::spawn(upstreams, Some(nofile), false).await
+    }
+
+    /// What the process has logged so far, when started by [`Process::start_logged`]
+    /// or [`Process::start_limited`].
     pub fn log(&self) -> String {
         std::fs::read_to_string(self.dir.path().join("tollgate.log")).unwrap_or_default()
     }
 
-    async fn start_with_log(upstreams: &str, logged: bool) -> Self {
+    async fn spawn(upstreams: &str, nofile: Option<u64>, logged: bool) -> Self {
         let dir = tempdir::TempDir::new("proc");
         let port = free_port();
         let admin_port = free_port();
@@ -397,13 +404,27 @@ impl Process {
         );
         let path = dir.path().join("tollgate.toml");
         std::fs::write(&path, text).unwrap();
-        let (level, stderr) = if logged {
-            let log = std::fs::File::create(dir.path().join("tollgate.log")).unwrap();
-            ("info", Stdio::from(log))
-        } else {
-            ("warn", Stdio::inherit())
+        let mut cmd = match nofile {
+            None => Command::new(binary()),
+            Some(n) => {
+                // The shell sets the limit and becomes tollgate (`exec`), so the pid
+                // and the signals are tollgate's.
+                let mut c = Command::new("bash");
+                c.arg("-c")
+                    .arg(format!("ulimit -n {n} && exec \"$0\" \"$@\""))
+                    .arg(binary());
+                c
+            }
         };
-        let child = Command::new(binary())
+        let level = if logged { "info" } else { "warn" };
+        let stderr = if logged || nofile.is_some() {
+            std::fs::File::create(dir.path().join("tollgate.log"))
+                .unwrap()
+                .into()
+        } else {
+            Stdio::inherit()
+        };
+        let child = cmd
             .args(["run", "--config"])
             .arg(&path)
             .env("RUST_LOG", level)
@@ -722,4 +743,30 @@ impl http_body::Body for ChannelBody {
             .poll_recv(cx)
             .map(|c| c.map(|b| Ok(http_body::Frame::data(b))))
     }
+}
+
+/// Writes `bytes` on a fresh connection and reads until tollgate closes it (bounded).
+pub async fn raw_exchange(addr: SocketAddr, bytes: &[u8]) -> String {
+    use tokio::io::AsyncWriteExt;
+    let mut s = TcpStream::connect(addr).await.unwrap();
+    s.write_all(bytes).await.unwrap();
+    read_until_close(&mut s).await
+}
+
+/// Reads until the peer closes the connection (or resets it), at most 10 s.
+pub async fn read_until_close(s: &mut TcpStream) -> String {
+    let mut out = Vec::new();
+    let mut buf = [0u8; 8192];
+    let limit = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        match tokio::time::timeout_at(limit, s.read(&mut buf)).await {
+            Ok(Ok(0)) | Ok(Err(_)) => break,
+            Ok(Ok(n)) => out.extend_from_slice(&buf[..n]),
+            Err(_) => panic!(
+                "the connection was not closed; read so far: {}",
+                String::from_utf8_lossy(&out)
+            ),
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
 }

@@ -9,9 +9,10 @@
 //! too long. On shutdown the connection is closed gracefully: HTTP/1.1 after the
 //! response in flight, HTTP/2 with GOAWAY, letting streams finish.
 //!
-//! Malformed messages (framing, sizes) are refused by the codec; what it lets through
-//! and routing could be fooled by, an ambiguous or malformed `Host`, is refused with a
-//! 400 before the request is handed to the service.
+//! Malformed messages (framing, sizes, targets) are refused by the codec; what hyper's
+//! HTTP/2 lets through and routing could be fooled by, an ambiguous or malformed `Host`
+//! or a target its method does not allow, is refused with a 400 before the request is
+//! handed to the service.
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -38,7 +39,7 @@ use super::h1::{Http1Conn, Settings};
 use super::service::Service;
 use super::watchdog::{ConnState, Verdict, verdict};
 use crate::config::ListenerConfig;
-use crate::http::fields::host_problem;
+use crate::http::fields::{host_problem, target_problem};
 
 const H2_PREFACE: &[u8; 24] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
 
@@ -112,22 +113,33 @@ impl AsyncWrite for Prefixed {
 
 /// Reads until the bytes either are or cannot be the HTTP/2 preface.
 ///
-/// Nothing sent yet is an idle connection (`idle_timeout`); once the first byte is in,
-/// the rest of the preface must follow within `header_read_timeout` of it, counted
-/// once for all reads, so a preface dribbled a byte at a time is cut off like any
-/// other slow head. Returns when the first byte arrived, for the head limit after it.
+/// Nothing sent yet is an idle connection (`idle_timeout`), and one with nothing in
+/// flight: on shutdown it is closed at once, so it never holds the drain. Once the
+/// first byte is in, the rest of the preface must follow within `header_read_timeout`
+/// of it, counted once for all reads, so a preface dribbled a byte at a time is cut off
+/// like any other slow head. Returns when the first byte arrived, for the head limit
+/// after it.
 async fn sniff(
     stream: &mut TcpStream,
     settings: &ListenerConfig,
+    mut shutdown: watch::Receiver<bool>,
 ) -> io::Result<(bool, Bytes, Instant)> {
     let mut buf = [0u8; 24];
     let mut n = 0;
     let mut by = Instant::now() + settings.idle_timeout;
     let mut first = None;
+    let drained = || io::Error::new(io::ErrorKind::Interrupted, "drained before a request");
     while n < buf.len() {
-        let read = timeout_at(by, stream.read(&mut buf[n..]))
-            .await
-            .map_err(|_| io::Error::new(io::ErrorKind::TimedOut, "no request"))??;
+        let reading = timeout_at(by, stream.read(&mut buf[n..]));
+        let read = if first.is_none() {
+            tokio::select! {
+                read = reading => read,
+                _ = shutdown.wait_for(|draining| *draining) => return Err(drained()),
+            }
+        } else {
+            reading.await
+        };
+        let read = read.map_err(|_| io::Error::new(io::ErrorKind::TimedOut, "no request"))??;
         if read == 0 {
             return Err(io::Error::new(io::ErrorKind::UnexpectedEof, "closed"));
         }
@@ -267,7 +279,7 @@ pub async fn serve<S: Service>(
     shutdown: watch::Receiver<bool>,
 ) {
     let _ = stream.set_nodelay(true);
-    let (h2, prefix, first_byte) = match sniff(&mut stream, &settings).await {
+    let (h2, prefix, first_byte) = match sniff(&mut stream, &settings, shutdown.clone()).await {
         Ok(v) => v,
         Err(_) => return,
     };
@@ -286,7 +298,9 @@ pub async fn serve<S: Service>(
             let state = state.clone();
             service_fn(move |req: Request<Incoming>| {
                 let req = req.map(AppBody::Http2);
-                let answer = match host_problem(&req) {
+                let problem =
+                    host_problem(&req).or_else(|| target_problem(req.method(), req.uri()));
+                let answer = match problem {
                     Some(why) => {
                         // Counted as a request of the connection, so the watchdog sees the
                         // head as read and the connection as idle again once answered.
