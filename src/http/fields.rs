@@ -71,29 +71,6 @@ pub fn write_field(wbuf: &mut Vec<u8>, name: &HeaderName, value: &HeaderValue) {
     wbuf.extend_from_slice(b"\r\n");
 }
 
-/// A few fields added to a head as it is written, each replacing any field of the same
-/// name. Kept apart from the head's own map, which is neither grown nor rehashed for
-/// them: they are written straight after its fields.
-#[derive(Clone, Debug)]
-pub struct ExtraFields<const N: usize>(pub [Option<(HeaderName, HeaderValue)>; N]);
-
-impl<const N: usize> Default for ExtraFields<N> {
-    fn default() -> Self {
-        ExtraFields([const { None }; N])
-    }
-}
-
-impl<const N: usize> ExtraFields<N> {
-    pub fn iter(&self) -> impl Iterator<Item = &(HeaderName, HeaderValue)> {
-        self.0.iter().flatten()
-    }
-
-    /// Whether one of the fields is called `name`.
-    pub fn names(&self, name: &HeaderName) -> bool {
-        self.iter().any(|(n, _)| n == name)
-    }
-}
-
 /// Heads with up to this many fields are taken apart without an allocation.
 pub const FEW_HEADERS: usize = 24;
 

@@ -42,6 +42,7 @@ pub struct Outbound {
 }
 
 impl Service for Outbound {
+    #[inline]
     fn call(
         &self,
         req: Request<AppBody>,
@@ -78,7 +79,11 @@ async fn handle(
             text: r.text,
             retry_after: r.retry_after,
         };
-        closing(unread, local_answer(metrics, local, grpc, guard))
+        let mut resp = local_answer(metrics, local, grpc, guard);
+        if unread {
+            announce_close(&mut resp);
+        }
+        resp
     };
 
     let upstream = {
@@ -112,16 +117,16 @@ async fn handle(
         return refuse(Some(&up.metrics), EXPIRED, guard);
     }
     let deadline = Deadline::new(start, facts.caller_timeout, up.config.request_timeout);
-    up.budget.record_request(start);
     set_upstream_host(&up, &parts.uri, &mut headers);
     let version = parts.version;
     let exchange = Exchange {
         method: parts.method,
-        uri: origin_form(&parts.uri),
+        uri: origin_form(parts.uri),
         version,
         headers,
         body,
         deadline,
+        arrived: start,
         grpc: facts.grpc,
         upgrade: facts.upgrade,
     };
@@ -133,7 +138,11 @@ async fn handle(
         && (answer.outcome != Outcome::Ok
             || answer.body_untouched
             || matches!(answer.reply, Reply::Local(_)));
-    closing(close, answer_app(&up.metrics, answer, version, grpc, guard))
+    let mut resp = answer_app(&up.metrics, answer, version, grpc, guard);
+    if close {
+        announce_close(&mut resp);
+    }
+    resp
 }
 
 /// An answer tollgate gives before any upstream call.
@@ -214,9 +223,9 @@ impl Admission for Upstream {
 
 /// The path and query alone, as HTTP/1.1 origin-form: an absolute-form target with an
 /// empty path (`http://up?x=1`) means `/` (RFC 9112 section 3.2.2).
-fn origin_form(uri: &Uri) -> Uri {
+fn origin_form(uri: Uri) -> Uri {
     if uri.scheme().is_none() && uri.authority().is_none() {
-        return uri.clone();
+        return uri;
     }
     let pq = match uri.path_and_query() {
         Some(pq) if pq.as_str().starts_with('/') || pq.as_str() == "*" => pq.clone(),
@@ -297,7 +306,6 @@ fn answer_app(
     }
     parts.version = version;
     metrics.request(parts.status.as_u16(), answer.outcome, answer.attempts);
-    let body = ResponseBody::upstream(body, guard);
     if let (true, Some(attempts)) = (version < Version::HTTP_2, attempts_line(answer.attempts)) {
         // Written straight into the head by the HTTP/1.1 writer, in place of an
         // upstream's own fields of the same names.
@@ -306,8 +314,9 @@ fn answer_app(
             outcome.map(outcome_line),
             pushback.then_some(grpc::NO_RETRY_LINE),
         ]);
-        return Response::from_parts(parts, body.with_fields(added));
+        return Response::from_parts(parts, ResponseBody::upstream(body, guard, added));
     }
+    let body = ResponseBody::upstream(body, guard, AddedFields::default());
     parts
         .headers
         .insert(ATTEMPTS_HEADER, count_value(answer.attempts));
@@ -331,12 +340,9 @@ fn is_grpc_answer_head(resp: &Response<crate::upstream::response::UpstreamBody>)
 }
 
 /// Adds `Connection: close` when the app's HTTP/1.x body was left unread.
-fn closing(close: bool, mut resp: Response<ResponseBody>) -> Response<ResponseBody> {
-    if close {
-        resp.headers_mut()
-            .insert(CONNECTION, HeaderValue::from_static("close"));
-    }
-    resp
+fn announce_close(resp: &mut Response<ResponseBody>) {
+    resp.headers_mut()
+        .insert(CONNECTION, HeaderValue::from_static("close"));
 }
 
 /// An answer tollgate makes itself, and why.

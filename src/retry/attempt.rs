@@ -9,7 +9,7 @@
 //! this process ran out of file descriptors before a connection could be opened (not
 //! counted as an attempt at all). Neither is retried nor held against the endpoint.
 
-use http::Response;
+use http::{HeaderName, Response};
 use tokio::time::{Instant, timeout_at};
 
 use super::headers::{ATTEMPT_HEADER, count_value};
@@ -18,12 +18,15 @@ use super::replay::{AppBody, BodySource};
 use super::upstream::Upstream;
 use crate::deadline;
 use crate::descriptors::Throttled;
-use crate::http::fields::ExtraFields;
 use crate::metrics::{AttemptResult, UpstreamMetrics};
 use crate::upstream::pool::{SendError, Want, clock_ms};
 use crate::upstream::request::{AttemptFields, RequestHead};
 use crate::upstream::response::UpstreamBody;
 use crate::upstream::tls_failure;
+
+/// The names of the per-attempt fields, borrowed by every attempt.
+static ATTEMPT_NAME: HeaderName = ATTEMPT_HEADER;
+static GRPC_TIMEOUT_NAME: HeaderName = deadline::GRPC_TIMEOUT;
 
 /// Stale pooled connections skipped within one attempt before giving up on it.
 const MAX_STALE: u32 = 3;
@@ -76,17 +79,20 @@ pub(super) struct Attempt<'a, A> {
     pub keep: usize,
 }
 
-impl<A: AppBody> Attempt<'_, A> {
+impl<'a, A: AppBody> Attempt<'a, A> {
     /// Runs the attempt: `head` goes out with this attempt's fields, the body is taken
     /// from `body` (and given back when it never left).
     /// `detail` is set to what went wrong when it is worth telling the app (a TLS
     /// failure's reason).
-    pub async fn run(
+    pub async fn run<'h>(
         self,
-        head: &mut RequestHead<'_>,
+        head: &mut RequestHead<'h>,
         body: &mut BodySource<A>,
         detail: &mut Option<String>,
-    ) -> Result<Response<UpstreamBody>, AttemptError> {
+    ) -> Result<Response<UpstreamBody>, AttemptError>
+    where
+        'a: 'h,
+    {
         let mut record = Record {
             metrics: &self.up.metrics,
             done: false,
@@ -117,18 +123,21 @@ impl<A: AppBody> Attempt<'_, A> {
         result
     }
 
-    async fn exchange(
+    async fn exchange<'h>(
         &self,
-        head: &mut RequestHead<'_>,
+        head: &mut RequestHead<'h>,
         body: &mut BodySource<A>,
         detail: &mut Option<String>,
-    ) -> Result<Response<UpstreamBody>, AttemptError> {
+    ) -> Result<Response<UpstreamBody>, AttemptError>
+    where
+        'a: 'h,
+    {
         let cfg = &self.up.config;
         let endpoint = self.up.endpoints.get(self.endpoint);
         let tls = self.up.tls.as_deref();
         let mut stale = 0;
         loop {
-            let (conn, fresh) = match endpoint.pooled(self.want) {
+            let (conn, fresh) = match endpoint.pooled(self.want, self.started) {
                 Some(c) => (c, false),
                 None => {
                     let connect_by = (Instant::now() + cfg.connect_timeout).min(self.by);
@@ -159,7 +168,8 @@ impl<A: AppBody> Attempt<'_, A> {
                     }
                 }
             };
-            head.fields = self.fields();
+            // A pooled connection is taken at once: the attempt's start is still now.
+            head.fields = self.fields(if fresh { Instant::now() } else { self.started });
             // As curl waits, but leaving most of the attempt's time to the exchange.
             head.continue_wait =
                 CONTINUE_WAIT.min(self.by.saturating_duration_since(Instant::now()) / 4);
@@ -212,18 +222,14 @@ impl<A: AppBody> Attempt<'_, A> {
     /// The per-attempt fields: the attempt number, the time this attempt may take,
     /// `min(attempt_timeout, time left)`, and for a gRPC call with a deadline the time
     /// left of the caller's own.
-    fn fields(&self) -> AttemptFields {
-        let now = Instant::now();
+    fn fields(&self, now: Instant) -> AttemptFields<'a> {
         let left = self.by.saturating_duration_since(now);
-        ExtraFields([
-            Some((ATTEMPT_HEADER, count_value(self.number))),
-            Some((
-                self.up.deadline.header.clone(),
-                deadline::format_millis(left),
-            )),
+        AttemptFields([
+            Some((&ATTEMPT_NAME, count_value(self.number))),
+            Some((&self.up.deadline.header, deadline::format_millis(left))),
             self.grpc_deadline.map(|at| {
                 let left = at.saturating_duration_since(now);
-                (deadline::GRPC_TIMEOUT, deadline::format_grpc_timeout(left))
+                (&GRPC_TIMEOUT_NAME, deadline::format_grpc_timeout(left))
             }),
         ])
     }

@@ -183,6 +183,16 @@ impl RetryBudget {
         self.requests.fetch_add(1, Relaxed);
     }
 
+    /// A request's first attempt was sent upstream: the request and the attempt, with
+    /// one look at the clock's slot.
+    pub fn record_first_attempt(&self, now: Instant) {
+        let slot = &self.ring[(self.advance(now) % RING) as usize];
+        slot.requests.fetch_add(1, Relaxed);
+        slot.attempts.fetch_add(1, Relaxed);
+        self.requests.fetch_add(1, Relaxed);
+        self.attempts.fetch_add(1, Relaxed);
+    }
+
     /// An attempt (first try or retry) was sent upstream.
     pub fn record_attempt(&self, now: Instant) {
         let slot = self.advance(now);

@@ -36,6 +36,8 @@ pub struct Exchange<A> {
     pub headers: HeaderMap,
     pub body: A,
     pub deadline: Deadline,
+    /// When the request arrived.
+    pub arrived: Instant,
     /// A gRPC call: `grpc-timeout` carries the caller's own deadline, and tollgate's
     /// own answers are gRPC answers.
     pub grpc: bool,
@@ -89,6 +91,7 @@ struct Call<'a, A> {
     uri: Uri,
     headers: HeaderMap,
     deadline: Deadline,
+    arrived: Instant,
     grpc: bool,
     upgrade: bool,
     want: Want,
@@ -111,7 +114,13 @@ struct Call<'a, A> {
 pub async fn forward<A: AppBody>(up: &Upstream<A>, ex: Exchange<A>) -> Answer {
     let mut call = Call::new(up, ex);
     loop {
-        let started = Instant::now();
+        // The first attempt starts as the request arrived (a few microseconds ago):
+        // no clock read of its own.
+        let started = if call.attempts == 0 {
+            call.arrived
+        } else {
+            Instant::now()
+        };
         if call.deadline.expired(started) {
             up.metrics.denied(Denied::Deadline);
             return call.local(StatusCode::GATEWAY_TIMEOUT, Outcome::DeadlineExceeded);
@@ -119,7 +128,11 @@ pub async fn forward<A: AppBody>(up: &Upstream<A>, ex: Exchange<A>) -> Answer {
         call.attempts += 1;
         call.detail = None;
         let endpoint = call.pick();
-        up.budget.record_attempt(started);
+        if call.attempts == 1 {
+            up.budget.record_first_attempt(started);
+        } else {
+            up.budget.record_attempt(started);
+        }
         let cfg = &up.config;
         let attempt = Attempt {
             up,
@@ -210,6 +223,7 @@ impl<'a, A: AppBody> Call<'a, A> {
             uri: ex.uri,
             headers: ex.headers,
             deadline: ex.deadline,
+            arrived: ex.arrived,
             grpc: ex.grpc,
             upgrade: ex.upgrade,
             retryable,
@@ -288,6 +302,7 @@ impl<'a, A: AppBody> Call<'a, A> {
 
     /// The upstream's response goes back: a success, or a failure that another tollgate
     /// already owned.
+    #[inline]
     fn answer(&self, resp: Response<UpstreamBody>, outcome: Outcome) -> Answer {
         let owned = owned_elsewhere(Fields::of(&resp));
         Answer {
@@ -358,6 +373,7 @@ impl<'a, A: AppBody> Call<'a, A> {
     }
 
     /// tollgate answers itself.
+    #[inline]
     fn local(&self, status: StatusCode, outcome: Outcome) -> Answer {
         Answer {
             reply: Reply::Local(status),

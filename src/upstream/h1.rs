@@ -172,12 +172,13 @@ impl IdleQueues {
         self.0.iter().map(SegQueue::len).sum()
     }
 
-    /// An idle connection of `worker` that can still carry a request, on loan.
-    pub fn take(&self, this: &Arc<IdleQueues>, worker: usize) -> Option<Lease> {
+    /// An idle connection of `worker` that can still carry a request, on loan (`now`:
+    /// the caller's clock reading, to judge how long it sat idle).
+    pub fn take(&self, this: &Arc<IdleQueues>, worker: usize, now: Instant) -> Option<Lease> {
         let queue = self.0.get(worker)?;
         while let Some(mut idle) = queue.pop() {
             // Closed by the endpoint while it sat idle, or kept too long: dropped.
-            if idle.since.elapsed() > IDLE_TIMEOUT || !idle.conn.usable() {
+            if now.saturating_duration_since(idle.since) > IDLE_TIMEOUT || !idle.conn.usable() {
                 continue;
             }
             return Some(Lease {
@@ -392,11 +393,17 @@ fn encode_head<B: Body>(
     for (name, value) in fields.iter() {
         write_field(wbuf, name, value);
     }
+    let ended = body.is_end_stream();
+    if ended && !declares_empty_body(head.method) {
+        // No body, and none expected (a GET): no length to look up or write.
+        wbuf.extend_from_slice(b"\r\n");
+        return Ok(BodyFraming::Length(0));
+    }
     let declared = head
         .headers
         .get(CONTENT_LENGTH)
         .map(|v| content_length(v.as_bytes().trim_ascii()));
-    let framing = match (declared, body.is_end_stream()) {
+    let framing = match (declared, ended) {
         (Some(None), _) => return Err(crate::http::bad("invalid Content-Length")),
         (Some(Some(n)), _) => {
             write_content_length(wbuf, n);

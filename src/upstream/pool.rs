@@ -161,10 +161,10 @@ impl<B: OutgoingBody> Endpoint<B> {
 
     /// A pooled connection, if one is ready now: the common case, with no timer and no
     /// await.
-    pub fn pooled(&self, want: Want) -> Option<Conn<B>> {
+    pub fn pooled(&self, want: Want, now: Instant) -> Option<Conn<B>> {
         match (want, self.alpn.load(Relaxed)) {
             (Want::Http1, _) | (Want::Negotiate | Want::PreferHttp2, ALPN_H1) => {
-                self.pop_idle().map(Conn::Http1)
+                self.pop_idle(now).map(Conn::Http1)
             }
             (Want::Http2 | Want::PreferHttp2, _) | (Want::Negotiate, ALPN_H2) => {
                 self.shared_h2().map(Conn::Http2)
@@ -187,7 +187,7 @@ impl<B: OutgoingBody> Endpoint<B> {
             (w, _) => w,
         };
         if want == Want::Http1 {
-            if let Some(lease) = self.pop_idle() {
+            if let Some(lease) = self.pop_idle(Instant::now()) {
                 return Ok((Conn::Http1(lease), false));
             }
             return Ok((self.connect(want, tls, timeout).await?, true));
@@ -212,8 +212,8 @@ impl<B: OutgoingBody> Endpoint<B> {
         }
     }
 
-    fn pop_idle(&self) -> Option<Lease> {
-        self.idle.take(&self.idle, self.worker())
+    fn pop_idle(&self, now: Instant) -> Option<Lease> {
+        self.idle.take(&self.idle, self.worker(), now)
     }
 
     async fn connect(

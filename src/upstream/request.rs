@@ -3,14 +3,25 @@
 
 use std::time::Duration;
 
-use http::{HeaderMap, Method, Request, Uri, Version};
-
-use crate::http::fields::ExtraFields;
+use http::{HeaderMap, HeaderName, HeaderValue, Method, Request, Uri, Version};
 
 /// The header fields one attempt adds to the request (its number, its time), each
 /// replacing any field of the same name. The request's header map is shared by every
-/// attempt of the request and never changed for them.
-pub type AttemptFields = ExtraFields<3>;
+/// attempt of the request and never changed for them; the names are borrowed (from
+/// statics and the config), so an attempt clones no header name.
+#[derive(Default)]
+pub struct AttemptFields<'a>(pub [Option<(&'a HeaderName, HeaderValue)>; 3]);
+
+impl<'a> AttemptFields<'a> {
+    pub fn iter(&self) -> impl Iterator<Item = (&'a HeaderName, &HeaderValue)> {
+        self.0.iter().flatten().map(|(n, v)| (*n, v))
+    }
+
+    /// Whether one of the fields is called `name`.
+    pub fn names(&self, name: &HeaderName) -> bool {
+        self.0.iter().flatten().any(|(n, _)| *n == name)
+    }
+}
 
 /// What an attempt sends ahead of its body, borrowed from the request: every attempt
 /// of a request sends the same head, with its own [`AttemptFields`].
@@ -19,7 +30,7 @@ pub struct RequestHead<'a> {
     /// Origin-form (path and query).
     pub uri: &'a Uri,
     pub headers: &'a HeaderMap,
-    pub fields: AttemptFields,
+    pub fields: AttemptFields<'a>,
     /// The endpoints speak TLS (the scheme of an HTTP/2 request).
     pub https: bool,
     /// How long a body behind `Expect: 100-continue` waits for `100 Continue` before it

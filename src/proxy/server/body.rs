@@ -45,12 +45,14 @@ impl AddedFields {
     /// Whether one of the lines is a field called `name` as it came on the wire (any
     /// case).
     pub fn names_raw(&self, name: &[u8]) -> bool {
-        self.lines().any(|l| {
-            let l = l.as_bytes();
-            l.len() > name.len()
-                && l[name.len()] == b':'
-                && l[..name.len()].eq_ignore_ascii_case(name)
-        })
+        let n = name.len();
+        for line in self.0.iter().flatten() {
+            let l = line.as_bytes();
+            if l.len() > n && l[n] == b':' && l[..n].eq_ignore_ascii_case(name) {
+                return true;
+            }
+        }
+        false
     }
 
     /// Writes the lines into an HTTP/1.1 head.
@@ -112,10 +114,11 @@ pub struct ResponseBody {
 }
 
 impl ResponseBody {
-    pub fn upstream(inner: UpstreamBody, guard: RequestGuard) -> Self {
+    /// The upstream's body, with the fields this hop adds to its head.
+    pub fn upstream(inner: UpstreamBody, guard: RequestGuard, added: AddedFields) -> Self {
         ResponseBody {
             kind: Kind::Upstream(inner),
-            added: AddedFields::default(),
+            added,
             _guard: Some(guard),
         }
     }
@@ -127,12 +130,6 @@ impl ResponseBody {
             added: AddedFields::default(),
             _guard: guard,
         }
-    }
-
-    /// Adds fields to the head (for an HTTP/1.1 app; an HTTP/2 one gets them in the map).
-    pub fn with_fields(mut self, added: AddedFields) -> Self {
-        self.added = added;
-        self
     }
 
     pub fn added_fields(&self) -> AddedFields {

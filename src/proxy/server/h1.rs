@@ -123,8 +123,7 @@ async fn run<S: Service>(io: Arc<Mutex<Io>>, settings: Settings<S>, closing: Arc
         let Incoming { req, keep_alive } = head;
         let version = req.version();
         let head_request = req.method() == Method::HEAD;
-        let answer = settings.service.call(req, &settings.state);
-        let mut answer = pin!(answer);
+        let mut answer = pin!(settings.service.call(req, &settings.state));
         let answered = poll_fn(|cx| {
             if let Poll::Ready(resp) = answer.as_mut().poll(cx) {
                 return Poll::Ready(Some(resp));
