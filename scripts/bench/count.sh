@@ -73,7 +73,7 @@ COUNT_TABLE="$WORK/count.txt"
 COUNT_DURATION=${DURATION_OPT:-3}
 for cell in "${COUNT_CELLS[@]}"; do
   case "$cell" in
-    get|h2c|tls|body16k|body256k) count_cell "$cell" ;;
+    get|h2c|tls|body16k|body256k|c2000) count_cell "$cell" ;;
     *) log "SKIP --count for cell $cell: its targets run as more than one process or on more than one core"
        printf '\n%s: not counted (more than one process or core per target)\n' "$cell" >> "$COUNT_TABLE" ;;
   esac
