@@ -187,6 +187,11 @@ haproxy_conf() {
 global
   nbthread ${3:-1}
   maxconn $(( MOST_CONNS + 1024 ))
+  # Idle upstream connections are closed once HAProxy's file descriptors pass 25 % of
+  # its limit (the default): under 2,000 connections that is most of its pool, and it
+  # opens a new upstream connection for most requests. Keep the pool.
+  tune.pool-high-fd-ratio 90
+  tune.pool-low-fd-ratio 80
 
 defaults
   mode http
