@@ -2,7 +2,7 @@
 # Sourced by scripts/bench.sh --count, after the backend is up: for each proxy target of
 # each counted cell, the user-space instructions and the system calls it spends per
 # request. Unlike req/s, these do not move with the host's load, so two builds (or two
-# proxies) compare exactly. Uses bench.sh's configs, ports, helpers and cleanup.
+# proxies) compare exactly. Uses bench.sh's configs, ports, functions and cleanup.
 
 requests_of() { parse_load "$1" "$2" | awk '{ print $4 }'; }
 

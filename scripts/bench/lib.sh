@@ -1,5 +1,5 @@
 # shellcheck shell=bash disable=SC2034,SC2153  # variables shared with bench.sh
-# Sourced by scripts/bench.sh: the helpers every cell uses. Ports, readiness, processes,
+# Sourced by scripts/bench.sh: the functions every cell uses. Ports, readiness, processes,
 # CPU and memory accounting, the machine's noise, and the load generators with their
 # parsers. Uses bench.sh's settings (WORK, PIDS, WAIT_QUIET, LOAD_CPUS, ...).
 
