@@ -67,6 +67,9 @@ fn init_logging(format: LogFormat) {
 fn main() {
     let cli = Cli::parse();
     init_logging(cli.log_format);
+    if matches!(cli.log_format, LogFormat::Json) {
+        tollgate::proxy::access_log::logs_are_json();
+    }
     let code = match cli.command {
         Command::Run { config } => tollgate::run::run(tollgate::config::resolve_path(config)),
         Command::Check(args) => tollgate::check::main(args),

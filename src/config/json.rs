@@ -28,6 +28,11 @@ impl Config {
                 "header": self.deadline.header.as_str(),
                 "accept": self.deadline.accept.iter().map(|h| h.as_str()).collect::<Vec<_>>(),
             },
+            "access_log": {
+                "enabled": self.access_log.enabled,
+                "format": self.access_log.format.as_str(),
+                "query": self.access_log.query,
+            },
             "upstreams": self.upstreams.iter().map(|u| (u.name.clone(), u.to_json())).collect::<serde_json::Map<_, _>>(),
         })
     }

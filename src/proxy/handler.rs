@@ -14,6 +14,7 @@ use http::{HeaderValue, Method, Request, Response, StatusCode, Uri, Version};
 use http_body::Body;
 use tokio::time::Instant;
 
+use super::access_log::Entry;
 use super::grpc;
 use super::headers::prepare_request;
 use super::route::authority_of;
@@ -21,6 +22,7 @@ use super::server::{
     AddedFields, Admission, AppBody, ConnState, RequestGuard, ResponseBody, Service,
 };
 use super::{Shared, Upstream};
+use crate::config::AccessLogConfig;
 use crate::deadline::Deadline;
 use crate::http::ByProtocol;
 use crate::http::fields::strip;
@@ -71,38 +73,54 @@ async fn handle(
     let unread = req.version() < Version::HTTP_2 && !req.body().is_end_stream();
     let grpc = is_grpc(req.headers());
     let refuse = |metrics: Option<&UpstreamMetrics>, r: Refusal, guard| {
-        let local = Local {
-            status: r.status,
-            outcome: r.outcome,
-            attempts: 0,
-            failure: None,
-            text: r.text,
-            retry_after: r.retry_after,
-        };
-        let mut resp = local_answer(metrics, local, grpc, guard);
+        let mut resp = local_answer(metrics, Local::of(&r), grpc, guard);
         if unread {
             announce_close(&mut resp);
         }
         resp
     };
 
-    let upstream = {
+    let (upstream, log) = {
         let snap = shared.snapshot.load();
-        match &dedicated {
+        let up = match &dedicated {
             Some(name) => snap.by_name(name).cloned(),
             None => authority_of(&req)
                 .and_then(|a| snap.routes.lookup(a))
                 .and_then(|i| snap.upstreams.get(i).cloned()),
-        }
+        };
+        (up, snap.config.access_log)
     };
+    // The access log's line, begun when it is on: the request is taken apart below.
+    let mut entry = log
+        .enabled
+        .then(|| access_log_entry(&req, log, upstream.as_deref()));
     let Some(up) = upstream else {
         shared.unrouted[usize::from(grpc)].inc();
-        return refuse(None, NO_ROUTE, guard);
+        log_refusal(&mut entry, &mut guard, &NO_ROUTE, grpc);
+        // Named, so a typo in the app's Host or a missing authority shows at once.
+        let text = match &dedicated {
+            Some(name) => format!("upstream {name} is not in the config any more\n"),
+            None => match authority_of(&req) {
+                Some(a) => format!("no upstream is configured for the authority {a:?}\n"),
+                None => "the request names no authority (no Host)\n".to_string(),
+            },
+        };
+        let local = Local {
+            text: &text,
+            ..Local::of(&NO_ROUTE)
+        };
+        let mut resp = local_answer(None, local, grpc, guard);
+        if unread {
+            announce_close(&mut resp);
+        }
+        return resp;
     };
     if req.method() == Method::CONNECT {
+        log_refusal(&mut entry, &mut guard, &CONNECT, grpc);
         return refuse(Some(&up.metrics), CONNECT, guard);
     }
     if !admit(&up, &mut guard) {
+        log_refusal(&mut entry, &mut guard, &OVERLOADED, grpc);
         return refuse(Some(&up.metrics), OVERLOADED, guard);
     }
     let (parts, body) = req.into_parts();
@@ -112,8 +130,15 @@ async fn handle(
         &up.deadline.accept,
         parts.version == Version::HTTP_11,
     );
+    if let Some(e) = entry.as_mut() {
+        e.deadline = facts.caller_timeout;
+    }
     if facts.caller_timeout.is_some_and(|c| c.is_zero()) {
         up.metrics.denied(crate::metrics::Denied::Deadline);
+        if let Some(e) = entry.as_mut() {
+            e.denied = Some(crate::metrics::Denied::Deadline);
+        }
+        log_refusal(&mut entry, &mut guard, &EXPIRED, grpc);
         return refuse(Some(&up.metrics), EXPIRED, guard);
     }
     let deadline = Deadline::new(start, facts.caller_timeout, up.config.request_timeout);
@@ -131,6 +156,15 @@ async fn handle(
         upgrade: facts.upgrade,
     };
     let answer = retry::forward(&up, exchange).await;
+    if let Some(mut e) = entry {
+        e.status = app_status(&answer, grpc);
+        e.attempts = answer.attempts;
+        e.outcome = answer.outcome;
+        e.retries = answer.trail.retries().collect();
+        e.denied = answer.trail.denied;
+        e.upstream_time = Some(start.elapsed());
+        guard.on_finish(e);
+    }
     // A body still streaming to the upstream may yet be read to its end; one that was
     // never touched (an answer at `Expect: 100-continue`) will not.
     let close = version < Version::HTTP_2
@@ -143,6 +177,65 @@ async fn handle(
         announce_close(&mut resp);
     }
     resp
+}
+
+/// The access log's line for `req`, before it is answered.
+fn access_log_entry(
+    req: &Request<AppBody>,
+    log: AccessLogConfig,
+    up: Option<&Upstream>,
+) -> Box<Entry> {
+    let uri = req.uri();
+    let path = if log.query {
+        uri.path_and_query().map_or("/", |p| p.as_str())
+    } else {
+        uri.path()
+    };
+    Box::new(Entry {
+        format: log.format,
+        upstream: up.map(|u| u.name().to_string()),
+        method: req.method().clone(),
+        authority: authority_of(req).unwrap_or_default().to_string(),
+        path: path.to_string(),
+        status: 0,
+        attempts: 0,
+        outcome: Outcome::Ok,
+        retries: Vec::new(),
+        denied: None,
+        deadline: None,
+        upstream_time: None,
+    })
+}
+
+/// Finishes the access log's line of a request refused before any upstream call.
+fn log_refusal(entry: &mut Option<Box<Entry>>, guard: &mut RequestGuard, r: &Refusal, grpc: bool) {
+    if let Some(mut e) = entry.take() {
+        e.status = if grpc { 200 } else { r.status.as_u16() };
+        e.outcome = r.outcome;
+        guard.on_finish(e);
+    }
+}
+
+/// The HTTP status the app gets for `answer`, as [`answer_app`] will make it: a gRPC
+/// call gets its failures as HTTP 200 with a `grpc-status`.
+fn app_status(answer: &Answer, grpc: bool) -> u16 {
+    match &answer.reply {
+        Reply::Local(status) => {
+            if grpc {
+                200
+            } else {
+                status.as_u16()
+            }
+        }
+        Reply::Upstream(resp) => {
+            let given_up = answer.outcome != Outcome::Ok && !answer.owned_elsewhere;
+            if grpc && given_up && !is_grpc_answer_head(resp) {
+                200
+            } else {
+                resp.status().as_u16()
+            }
+        }
+    }
 }
 
 /// An answer tollgate gives before any upstream call.
@@ -354,6 +447,20 @@ struct Local<'a> {
     failure: Option<Failure>,
     text: &'a str,
     retry_after: Option<HeaderValue>,
+}
+
+impl Local<'static> {
+    /// The answer to a request refused before any upstream call.
+    fn of(r: &Refusal) -> Self {
+        Local {
+            status: r.status,
+            outcome: r.outcome,
+            attempts: 0,
+            failure: None,
+            text: r.text,
+            retry_after: r.retry_after.clone(),
+        }
+    }
 }
 
 /// Writes an answer tollgate makes itself: plain text, or for a gRPC call a

@@ -61,6 +61,8 @@ pub enum Reply {
 
 pub struct Answer {
     pub reply: Reply,
+    /// The retries made, and why the last failure was not retried.
+    pub trail: Trail,
     pub attempts: u32,
     pub outcome: Outcome,
     /// The failure tollgate gave up on, when it gave up.
@@ -76,6 +78,28 @@ pub struct Answer {
     /// Nothing of the app's body was read, and nothing will be: an endpoint answered
     /// before its `100 Continue`, or no attempt took the body.
     pub body_untouched: bool,
+}
+
+/// What the attempts of a request went through, for the access log: the condition
+/// that fired each retry, and why a retry was refused.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Trail {
+    retries: [Option<Failure>; 9],
+    /// The reason a retry was refused, when one was.
+    pub denied: Option<Denied>,
+}
+
+impl Trail {
+    fn retried(&mut self, failure: Failure) {
+        if let Some(slot) = self.retries.iter_mut().find(|r| r.is_none()) {
+            *slot = Some(failure);
+        }
+    }
+
+    /// The conditions of the retries, in order.
+    pub fn retries(&self) -> impl Iterator<Item = Failure> + '_ {
+        self.retries.iter().map_while(|r| *r)
+    }
 }
 
 /// How long a body still arriving when a retryable failure came may take to finish.
@@ -99,6 +123,7 @@ struct Call<'a, A> {
     retryable: bool,
     body: BodySource<A>,
     /// Attempts started.
+    trail: Trail,
     attempts: u32,
     /// The endpoint that failed last.
     avoid: Option<usize>,
@@ -123,6 +148,7 @@ pub async fn forward<A: AppBody>(up: &Upstream<A>, ex: Exchange<A>) -> Answer {
         };
         if call.deadline.expired(started) {
             up.metrics.denied(Denied::Deadline);
+            call.trail.denied = Some(Denied::Deadline);
             return call.local(StatusCode::GATEWAY_TIMEOUT, Outcome::DeadlineExceeded);
         }
         call.attempts += 1;
@@ -187,6 +213,7 @@ pub async fn forward<A: AppBody>(up: &Upstream<A>, ex: Exchange<A>) -> Answer {
         match call.decide(failure, response.as_ref()).await {
             Ok(sleep) => {
                 up.metrics.retried(failure.condition());
+                call.trail.retried(failure);
                 if let Some(resp) = response {
                     discard(resp);
                 }
@@ -229,6 +256,7 @@ impl<'a, A: AppBody> Call<'a, A> {
             retryable,
             body: BodySource::new(ex.body),
             attempts: 0,
+            trail: Trail::default(),
             avoid: None,
             tls_failed: 0,
             detail: None,
@@ -312,6 +340,7 @@ impl<'a, A: AppBody> Call<'a, A> {
                 outcome
             },
             reply: Reply::Upstream(resp),
+            trail: self.trail,
             attempts: self.attempts,
             failure: None,
             detail: None,
@@ -331,12 +360,14 @@ impl<'a, A: AppBody> Call<'a, A> {
     ) -> Answer {
         if let Some(d) = stop.denied() {
             self.up.metrics.denied(d);
+            self.trail.denied = Some(d);
         }
         let outcome = stop.outcome(failure);
         match response {
             Some(resp) if stop == Stop::Ownership => self.answer(resp, Outcome::Ok),
             Some(resp) => Answer {
                 reply: Reply::Upstream(resp),
+                trail: self.trail,
                 attempts: self.attempts,
                 outcome,
                 failure: Some(failure),
@@ -377,6 +408,7 @@ impl<'a, A: AppBody> Call<'a, A> {
     fn local(&self, status: StatusCode, outcome: Outcome) -> Answer {
         Answer {
             reply: Reply::Local(status),
+            trail: self.trail,
             attempts: self.attempts,
             outcome,
             failure: None,

@@ -17,6 +17,6 @@ pub mod replay;
 pub mod retry_after;
 mod upstream;
 
-pub use forward::{Answer, Exchange, Reply, forward};
+pub use forward::{Answer, Exchange, Reply, Trail, forward};
 pub use replay::{AppBody, ReplayBody};
 pub use upstream::Upstream;

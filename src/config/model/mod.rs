@@ -29,6 +29,7 @@ pub struct Config {
     pub listener: ListenerConfig,
     pub admin: AdminConfig,
     pub deadline: DeadlineConfig,
+    pub access_log: AccessLogConfig,
     /// Sorted by name.
     pub upstreams: Vec<UpstreamConfig>,
     /// Where each key was written (`line`, `column`), for lints that point at it.
@@ -62,6 +63,32 @@ impl Config {
                 Some(i) => key = &key[..i],
                 None => return (1, 1),
             }
+        }
+    }
+}
+
+/// `[access_log]`: one line per request on stderr, off by default.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct AccessLogConfig {
+    pub enabled: bool,
+    pub format: AccessLogFormat,
+    /// Log the path's query too (off: a query often carries what must not be logged).
+    pub query: bool,
+}
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum AccessLogFormat {
+    /// `key=value` pairs (JSON lines anyway when the logs are, `--log-format json`).
+    #[default]
+    Text,
+    Json,
+}
+
+impl AccessLogFormat {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            AccessLogFormat::Text => "text",
+            AccessLogFormat::Json => "json",
         }
     }
 }

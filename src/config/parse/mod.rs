@@ -29,7 +29,7 @@ use super::diagnostic::{ConfigErrors, Diagnostic, Source};
 use super::model::*;
 use schema::Section;
 pub use upstream::{normalize_authority, parse_endpoint};
-use walker::{Size, Table, Walker};
+use walker::{Choice, Size, Table, Walker};
 
 /// Validates config text. `base` is where relative file paths (certificates) are
 /// resolved; nothing is read from it.
@@ -66,6 +66,7 @@ fn top_level(w: &mut Walker<'_>, root: &DeTable<'_>, base: &Path) -> Config {
     let listener = listener(w, &root);
     let admin = admin(w, &root);
     let deadline = deadline(w, &root);
+    let access_log = access_log(w, &root);
     let upstreams = upstream::upstreams(w, &root, &listener, &admin, base);
     let config = Config {
         file: w.src.file.to_string(),
@@ -73,6 +74,7 @@ fn top_level(w: &mut Walker<'_>, root: &DeTable<'_>, base: &Path) -> Config {
         listener,
         admin,
         deadline,
+        access_log,
         upstreams,
         positions: Arc::new(std::mem::take(&mut w.positions)),
         source_hash: source_hash(w.src.text),
@@ -167,6 +169,27 @@ fn admin(w: &mut Walker<'_>, root: &Table) -> AdminConfig {
     w.check_keys(Section::Admin, "", &t);
     AdminConfig {
         addr: w.socket_addr(&t, "addr").map_or(d.addr, |(a, _)| a),
+    }
+}
+
+fn access_log(w: &mut Walker<'_>, root: &Table) -> AccessLogConfig {
+    let d = AccessLogConfig::default();
+    let Some((t, _)) = w.table(root, "access_log") else {
+        return d;
+    };
+    w.check_keys(Section::AccessLog, "", &t);
+    const FORMAT: Choice<AccessLogFormat> = Choice {
+        what: "an access log format",
+        fix: "use \"text\" (the default) or \"json\"",
+        words: &[
+            ("text", AccessLogFormat::Text),
+            ("json", AccessLogFormat::Json),
+        ],
+    };
+    AccessLogConfig {
+        enabled: w.boolean(&t, "enabled").unwrap_or(d.enabled),
+        format: w.word(&t, "format", &FORMAT).unwrap_or(d.format),
+        query: w.boolean(&t, "query").unwrap_or(d.query),
     }
 }
 

@@ -15,6 +15,7 @@ pub(super) enum Section {
     Listener,
     Admin,
     Deadline,
+    AccessLog,
     Upstream,
     Retry,
     Budget,
@@ -22,12 +23,13 @@ pub(super) enum Section {
 }
 
 impl Section {
-    const ALL: [Section; 9] = [
+    const ALL: [Section; 10] = [
         Section::Root,
         Section::Runtime,
         Section::Listener,
         Section::Admin,
         Section::Deadline,
+        Section::AccessLog,
         Section::Upstream,
         Section::Retry,
         Section::Budget,
@@ -37,7 +39,14 @@ impl Section {
     /// The keys this section takes.
     pub(super) fn keys(self) -> &'static [&'static str] {
         match self {
-            Section::Root => &["runtime", "listener", "admin", "deadline", "upstreams"],
+            Section::Root => &[
+                "runtime",
+                "listener",
+                "admin",
+                "deadline",
+                "access_log",
+                "upstreams",
+            ],
             Section::Runtime => &["worker_threads"],
             Section::Listener => &[
                 "addr",
@@ -50,6 +59,7 @@ impl Section {
             ],
             Section::Admin => &["addr"],
             Section::Deadline => &["header", "accept"],
+            Section::AccessLog => &["enabled", "format", "query"],
             Section::Upstream => &[
                 "authorities",
                 "listen",
@@ -90,6 +100,7 @@ impl Section {
             Section::Listener => Some((Section::Root, "listener")),
             Section::Admin => Some((Section::Root, "admin")),
             Section::Deadline => Some((Section::Root, "deadline")),
+            Section::AccessLog => Some((Section::Root, "access_log")),
             Section::Retry => Some((Section::Upstream, "retry")),
             Section::Budget => Some((Section::Upstream, "budget")),
             Section::Tls => Some((Section::Upstream, "tls")),

@@ -298,6 +298,23 @@ impl<'a> Walker<'a> {
         }
     }
 
+    /// A boolean (`true` or `false`).
+    pub(super) fn boolean(&mut self, t: &Table, key: &str) -> Option<bool> {
+        let v = t.get(key)?;
+        match v.get_ref() {
+            DeValue::Boolean(b) => Some(*b),
+            other => {
+                self.reject(
+                    v.span(),
+                    &t.key(key),
+                    format!("expected true or false, found {}", kind(other)),
+                    "write true or false, without quotes",
+                );
+                None
+            }
+        }
+    }
+
     /// A list of strings; status codes may be written as numbers (`on = [502, 503]`).
     /// An entry of another type is reported and left out.
     pub(super) fn strings(&mut self, t: &Table, key: &str) -> Option<Vec<At<String>>> {

@@ -70,9 +70,15 @@ pub trait Admission: Send + Sync {
     fn release(&self, started: Instant);
 }
 
+/// What must hear, once, how long a request took to answer (an access log line).
+pub trait Finish: Send {
+    fn finish(self: Box<Self>, took: std::time::Duration);
+}
+
 /// Held for as long as a request is being answered: the whole response, body included.
 pub struct RequestGuard {
     admitted: Option<Arc<dyn Admission>>,
+    finish: Option<Box<dyn Finish>>,
     conn: Arc<ConnState>,
     start: Instant,
 }
@@ -82,6 +88,7 @@ impl RequestGuard {
         conn.request_started();
         RequestGuard {
             admitted: None,
+            finish: None,
             conn,
             start,
         }
@@ -91,12 +98,20 @@ impl RequestGuard {
     pub fn admitted(&mut self, admission: Arc<dyn Admission>) {
         self.admitted = Some(admission);
     }
+
+    /// Tells `finish` how long the request took, once it has been answered.
+    pub fn on_finish(&mut self, finish: Box<dyn Finish>) {
+        self.finish = Some(finish);
+    }
 }
 
 impl Drop for RequestGuard {
     fn drop(&mut self) {
         if let Some(a) = &self.admitted {
             a.release(self.start);
+        }
+        if let Some(f) = self.finish.take() {
+            f.finish(self.start.elapsed());
         }
         self.conn.request_finished();
     }

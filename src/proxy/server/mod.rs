@@ -15,7 +15,7 @@ pub mod socket;
 mod tunnel;
 pub mod watchdog;
 
-pub use body::{AddedFields, Admission, AppBody, RequestGuard, ResponseBody};
+pub use body::{AddedFields, Admission, AppBody, Finish, RequestGuard, ResponseBody};
 pub use conn::serve;
 pub use service::Service;
 pub use watchdog::ConnState;

@@ -1,0 +1,175 @@
+//! The access log: off by default and silent; on, one line per request with what a
+//! user needs to see what happened to it, in text or JSON.
+
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use std::time::Duration;
+
+use common::*;
+
+/// One upstream that answers 200, one that always fails with 503 (retried within a
+/// budget that allows no retry at all but the first: `min_per_sec` floor 0.1/s).
+async fn upstreams() -> (Upstream, Upstream) {
+    let ok = Upstream::start(|_req| async { respond(200, "ok") }).await;
+    let down = Upstream::start(|_req| async { respond(503, "down") }).await;
+    (ok, down)
+}
+
+fn sections(ok: &Upstream, down: &Upstream, log: &str) -> String {
+    format!(
+        "{log}\n[upstreams.ok]\nauthorities = [\"ok\"]\nendpoints = [\"{}\"]\n\
+         [upstreams.down]\nauthorities = [\"down\"]\nendpoints = [\"{}\"]\n\
+         [upstreams.down.retry]\nmax_attempts = 3\nbackoff_base = \"1ms\"\nbackoff_max = \"2ms\"\n\
+         [upstreams.down.budget]\nratio = 0.0\nmin_per_sec = 0.1\nwindow = \"10s\"\n",
+        ok.addr, down.addr
+    )
+}
+
+/// The lines of the log that are access lines.
+fn access_lines(log: &str, json: bool) -> Vec<String> {
+    log.lines()
+        .filter(|l| {
+            if json {
+                l.contains("\"kind\":\"access\"")
+            } else {
+                l.contains(" access upstream=")
+            }
+        })
+        .map(str::to_string)
+        .collect()
+}
+
+async fn wait_lines(p: &Process, n: usize, json: bool) -> Vec<String> {
+    let enough = wait_until(Duration::from_secs(10), || {
+        access_lines(&p.log(), json).len() >= n
+    })
+    .await;
+    let lines = access_lines(&p.log(), json);
+    assert!(
+        enough,
+        "{} access lines, not {n}:\n{}",
+        lines.len(),
+        p.log()
+    );
+    lines
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_request_gets_a_line_saying_what_happened_to_it() {
+    let (ok, down) = upstreams().await;
+    let p = Process::start_logged(&sections(&ok, &down, "[access_log]\nenabled = true")).await;
+
+    assert_eq!(get(p.addr, "/charge?card=4111", "ok").await.status, 200);
+    // The first failure is retried (the floor allows one retry), the next ones find
+    // the budget spent.
+    let first = send(
+        p.addr,
+        request("GET", "/fail", "down")
+            .header("x-timeout-ms", "900")
+            .body(empty())
+            .unwrap(),
+    )
+    .await;
+    assert_eq!(first.status, 503);
+    let refused = get(p.addr, "/fail", "down").await;
+    assert_eq!(refused.outcome(), Some("budget-exhausted"));
+    assert_eq!(get(p.addr, "/", "nowhere").await.status, 404);
+
+    let lines = wait_lines(&p, 4, false).await;
+    let line = |needle: &str| {
+        lines
+            .iter()
+            .find(|l| l.contains(needle))
+            .unwrap_or_else(|| panic!("no line with {needle:?}:\n{lines:#?}"))
+            .clone()
+    };
+    let served = line("upstream=ok");
+    for part in [
+        "method=GET",
+        "authority=ok",
+        "path=/charge ",
+        "status=200",
+        "attempts=1",
+        "outcome=ok",
+        "retries=-",
+        "denied=-",
+        "deadline_ms=-",
+        "duration_ms=",
+        "upstream_ms=",
+    ] {
+        assert!(served.contains(part), "{part:?} not in {served}");
+    }
+    assert!(!served.contains("card="), "the query is left out: {served}");
+
+    let retried = line("retries=503");
+    assert!(retried.contains("path=/fail "), "{retried}");
+    assert!(retried.contains("deadline_ms=900"), "{retried}");
+    assert!(retried.contains("denied=budget"), "{retried}");
+    assert!(retried.contains("status=503"), "{retried}");
+    assert!(retried.contains("attempts=2"), "{retried}");
+
+    let budget = lines
+        .iter()
+        .find(|l| l.contains("outcome=budget-exhausted") && l.contains("attempts=1"))
+        .unwrap_or_else(|| panic!("no budget-refused line:\n{lines:#?}"));
+    assert!(budget.contains("retries=- denied=budget"), "{budget}");
+
+    let unrouted = line("authority=nowhere");
+    assert!(unrouted.contains("upstream=- "), "{unrouted}");
+    assert!(unrouted.contains("status=404"), "{unrouted}");
+    assert!(unrouted.contains("outcome=no-route"), "{unrouted}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn json_lines_carry_the_same_fields() {
+    let (ok, down) = upstreams().await;
+    let p = Process::start_logged(&sections(
+        &ok,
+        &down,
+        "[access_log]\nenabled = true\nformat = \"json\"\nquery = true",
+    ))
+    .await;
+    assert_eq!(get(p.addr, "/charge?card=1", "ok").await.status, 200);
+    let lines = wait_lines(&p, 1, true).await;
+    let v: serde_json::Value = serde_json::from_str(&lines[0]).unwrap();
+    assert_eq!(v["upstream"], "ok");
+    assert_eq!(v["method"], "GET");
+    assert_eq!(v["path"], "/charge?card=1", "query = true keeps it");
+    assert_eq!(v["status"], 200);
+    assert_eq!(v["attempts"], 1);
+    assert_eq!(v["outcome"], "ok");
+    assert_eq!(v["retries"], serde_json::json!([]));
+    assert!(v["denied"].is_null());
+    assert!(v["duration_ms"].as_f64().unwrap() >= 0.0);
+    assert!(v["timestamp"].as_str().unwrap().ends_with('Z'));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn off_by_default_nothing_is_logged_per_request() {
+    let (ok, down) = upstreams().await;
+    let p = Process::start_logged(&sections(&ok, &down, "")).await;
+    for _ in 0..5 {
+        assert_eq!(get(p.addr, "/", "ok").await.status, 200);
+    }
+    assert_eq!(get(p.addr, "/", "nowhere").await.status, 404);
+    // The log's own lines (start, serving) are there; no request line is.
+    assert!(p.log().contains("tollgate is serving"), "{}", p.log());
+    assert!(access_lines(&p.log(), false).is_empty(), "{}", p.log());
+    assert!(access_lines(&p.log(), true).is_empty(), "{}", p.log());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_no_route_answer_names_the_authority_it_got() {
+    let (ok, down) = upstreams().await;
+    let tg = Tollgate::start(&config(&sections(&ok, &down, ""))).await;
+    let r = get(tg.addr, "/", "paymnets").await;
+    assert_eq!(r.status, 404);
+    assert!(
+        String::from_utf8_lossy(&r.body).contains("\"paymnets\""),
+        "{:?}",
+        r.body
+    );
+    tg.stop().await;
+}
