@@ -17,7 +17,6 @@ use std::sync::mpsc::{Receiver, SyncSender, TrySendError, sync_channel};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use http::Method;
-use serde_json::json;
 
 use super::server::Finish;
 use crate::config::AccessLogFormat;
@@ -60,59 +59,156 @@ impl Finish for Entry {
 }
 
 impl Entry {
+    /// The line, built by hand: `format!` and float formatting would cost several
+    /// times what the request itself costs.
     fn line(&self, total: Duration) -> String {
-        let ms = |d: Duration| d.as_secs_f64() * 1000.0;
-        let retries: Vec<&str> = self.retries.iter().map(Failure::condition).collect();
-        if self.format == AccessLogFormat::Json || JSON_LOGS.load(Relaxed) {
-            return json!({
-                "timestamp": timestamp(SystemTime::now()),
-                "kind": "access",
-                "upstream": self.upstream,
-                "method": self.method.as_str(),
-                "authority": self.authority,
-                "path": self.path,
-                "status": self.status,
-                "attempts": self.attempts,
-                "outcome": self.outcome.as_str(),
-                "retries": retries,
-                "denied": self.denied.map(Denied::as_str),
-                "deadline_ms": self.deadline.map(|d| d.as_millis() as u64),
-                "duration_ms": round3(ms(total)),
-                "upstream_ms": self.upstream_time.map(|d| round3(ms(d))),
-            })
-            .to_string();
+        let json = self.format == AccessLogFormat::Json || JSON_LOGS.load(Relaxed);
+        let mut l = String::with_capacity(320);
+        let upstream = self.upstream.as_deref();
+        if json {
+            l.push_str("{\"timestamp\":\"");
+            push_timestamp(&mut l, SystemTime::now());
+            l.push_str("\",\"kind\":\"access\",\"upstream\":");
+            push_json_opt(&mut l, upstream);
+            l.push_str(",\"method\":");
+            push_json(&mut l, self.method.as_str());
+            l.push_str(",\"authority\":");
+            push_json(&mut l, &self.authority);
+            l.push_str(",\"path\":");
+            push_json(&mut l, &self.path);
+            l.push_str(",\"status\":");
+            push_int(&mut l, u64::from(self.status));
+            l.push_str(",\"attempts\":");
+            push_int(&mut l, u64::from(self.attempts));
+            l.push_str(",\"outcome\":\"");
+            l.push_str(self.outcome.as_str());
+            l.push_str("\",\"retries\":[");
+            for (i, f) in self.retries.iter().enumerate() {
+                if i > 0 {
+                    l.push(',');
+                }
+                push_json(&mut l, f.condition());
+            }
+            l.push_str("],\"denied\":");
+            push_json_opt(&mut l, self.denied.map(Denied::as_str));
+            l.push_str(",\"deadline_ms\":");
+            match self.deadline {
+                Some(d) => push_int(&mut l, d.as_millis() as u64),
+                None => l.push_str("null"),
+            }
+            l.push_str(",\"duration_ms\":");
+            push_millis(&mut l, total);
+            l.push_str(",\"upstream_ms\":");
+            match self.upstream_time {
+                Some(d) => push_millis(&mut l, d),
+                None => l.push_str("null"),
+            }
+            l.push('}');
+            return l;
         }
-        let mut line = String::with_capacity(256);
-        let _ = write!(
-            line,
-            "{} access upstream={} method={} authority={} path={} status={} attempts={} \
-             outcome={} retries={} denied={} deadline_ms={} duration_ms={:.3} upstream_ms={}",
-            timestamp(SystemTime::now()),
-            self.upstream.as_deref().unwrap_or("-"),
-            self.method,
-            quoted(&self.authority),
-            quoted(&self.path),
-            self.status,
-            self.attempts,
-            self.outcome.as_str(),
-            if retries.is_empty() {
-                "-".to_string()
-            } else {
-                retries.join(",")
-            },
-            self.denied.map_or("-", Denied::as_str),
-            self.deadline
-                .map_or("-".to_string(), |d| d.as_millis().to_string()),
-            ms(total),
-            self.upstream_time
-                .map_or("-".to_string(), |d| format!("{:.3}", ms(d))),
-        );
-        line
+        push_timestamp(&mut l, SystemTime::now());
+        l.push_str(" access upstream=");
+        l.push_str(upstream.unwrap_or("-"));
+        l.push_str(" method=");
+        l.push_str(self.method.as_str());
+        l.push_str(" authority=");
+        push_quoted(&mut l, &self.authority);
+        l.push_str(" path=");
+        push_quoted(&mut l, &self.path);
+        l.push_str(" status=");
+        push_int(&mut l, u64::from(self.status));
+        l.push_str(" attempts=");
+        push_int(&mut l, u64::from(self.attempts));
+        l.push_str(" outcome=");
+        l.push_str(self.outcome.as_str());
+        l.push_str(" retries=");
+        if self.retries.is_empty() {
+            l.push('-');
+        }
+        for (i, f) in self.retries.iter().enumerate() {
+            if i > 0 {
+                l.push(',');
+            }
+            l.push_str(f.condition());
+        }
+        l.push_str(" denied=");
+        l.push_str(self.denied.map_or("-", Denied::as_str));
+        l.push_str(" deadline_ms=");
+        match self.deadline {
+            Some(d) => push_int(&mut l, d.as_millis() as u64),
+            None => l.push('-'),
+        }
+        l.push_str(" duration_ms=");
+        push_millis(&mut l, total);
+        l.push_str(" upstream_ms=");
+        match self.upstream_time {
+            Some(d) => push_millis(&mut l, d),
+            None => l.push('-'),
+        }
+        l
     }
 }
 
-fn round3(x: f64) -> f64 {
-    (x * 1000.0).round() / 1000.0
+fn push_int(l: &mut String, n: u64) {
+    let mut digits = [0u8; 20];
+    let mut i = digits.len();
+    let mut n = n;
+    loop {
+        i -= 1;
+        digits[i] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 {
+            break;
+        }
+    }
+    for &d in &digits[i..] {
+        l.push(char::from(d));
+    }
+}
+
+/// Milliseconds with three decimals (microseconds).
+fn push_millis(l: &mut String, d: Duration) {
+    let micros = d.as_micros() as u64;
+    push_int(l, micros / 1000);
+    l.push('.');
+    let frac = micros % 1000;
+    l.push(char::from(b'0' + (frac / 100) as u8));
+    l.push(char::from(b'0' + (frac / 10 % 10) as u8));
+    l.push(char::from(b'0' + (frac % 10) as u8));
+}
+
+/// A JSON string.
+fn push_json(l: &mut String, v: &str) {
+    l.push('"');
+    for c in v.chars() {
+        match c {
+            '"' => l.push_str("\\\""),
+            '\\' => l.push_str("\\\\"),
+            c if (c as u32) < 0x20 => {
+                let _ = write!(l, "\\u{:04x}", c as u32);
+            }
+            c => l.push(c),
+        }
+    }
+    l.push('"');
+}
+
+fn push_json_opt(l: &mut String, v: Option<&str>) {
+    match v {
+        Some(v) => push_json(l, v),
+        None => l.push_str("null"),
+    }
+}
+
+fn push_quoted(l: &mut String, v: &str) {
+    if !v.is_empty()
+        && v.bytes()
+            .all(|b| b.is_ascii_graphic() && b != b'"' && b != b'\\' && b != b'=')
+    {
+        l.push_str(v);
+    } else {
+        l.push_str(&quoted(v));
+    }
 }
 
 /// A value as `key=value` text: as it is when it is one plain word, else quoted with
@@ -140,6 +236,36 @@ fn quoted(v: &str) -> String {
     }
     out.push('"');
     out
+}
+
+thread_local! {
+    /// The date and time of the current second, formatted once per second per thread.
+    static SECOND: std::cell::RefCell<(u64, String)> =
+        const { std::cell::RefCell::new((u64::MAX, String::new())) };
+}
+
+/// Appends `2026-12-01T07:00:00.123456Z`.
+fn push_timestamp(l: &mut String, t: SystemTime) {
+    let d = t.duration_since(UNIX_EPOCH).unwrap_or_default();
+    SECOND.with(|cell| {
+        let mut cached = cell.borrow_mut();
+        if cached.0 != d.as_secs() {
+            let whole = timestamp(UNIX_EPOCH + Duration::from_secs(d.as_secs()));
+            *cached = (d.as_secs(), whole[..19].to_string());
+        }
+        l.push_str(&cached.1);
+    });
+    l.push('.');
+    let mut micros = [b'0'; 6];
+    let mut m = d.subsec_micros();
+    for slot in micros.iter_mut().rev() {
+        *slot = b'0' + (m % 10) as u8;
+        m /= 10;
+    }
+    for &b in &micros {
+        l.push(char::from(b));
+    }
+    l.push('Z');
 }
 
 /// `2026-12-01T07:00:00.123456Z`.
@@ -230,6 +356,27 @@ mod tests {
         assert_eq!(timestamp(UNIX_EPOCH), "1970-01-01T00:00:00.000000Z");
         let leap = UNIX_EPOCH + Duration::from_secs(951_782_400);
         assert_eq!(timestamp(leap), "2000-02-29T00:00:00.000000Z");
+    }
+
+    #[test]
+    fn numbers_and_strings_are_written_by_hand_as_they_would_be_formatted() {
+        let mut l = String::new();
+        push_millis(&mut l, Duration::from_micros(3_397));
+        l.push(' ');
+        push_millis(&mut l, Duration::from_micros(12_000_045));
+        l.push(' ');
+        push_int(&mut l, 0);
+        l.push(' ');
+        push_json(&mut l, "a\"b\\c\u{1}");
+        assert_eq!(l, "3.397 12000.045 0 \"a\\\"b\\\\c\\u0001\"");
+        let mut t = String::new();
+        let at = UNIX_EPOCH + Duration::from_micros(1_764_572_400_000_042);
+        push_timestamp(&mut t, at);
+        assert_eq!(t, timestamp(at));
+        let v: serde_json::Value =
+            serde_json::from_str(&format!("{{\"x\":{}}}", &l[l.rfind(' ').map_or(0, |i| i + 1)..]))
+                .unwrap_or_default();
+        assert_eq!(v["x"], "a\"b\\c\u{1}");
     }
 
     #[test]
