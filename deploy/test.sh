@@ -112,6 +112,8 @@ for want in 'USER 65532:65532' 'EXPOSE 15001 15090' 'ENTRYPOINT ["tollgate", "ru
   grep -qF -- "$want" <<<"$final_stage" || fail "deploy/Dockerfile final stage lacks: $want"
 done
 grep -q 'cargo build --release --locked' deploy/Dockerfile || fail "deploy/Dockerfile must build with --locked"
+unpinned=$(grep '^FROM ' deploy/Dockerfile | grep -v '@sha256:[0-9a-f]\{64\}' || true)
+[ -z "$unpinned" ] || fail "deploy/Dockerfile has a base image not pinned by digest: $unpinned"
 for ignored in target/ .git/; do
   grep -qx "$ignored" .dockerignore || fail ".dockerignore must exclude $ignored"
 done
