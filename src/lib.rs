@@ -9,13 +9,14 @@
 //! [`metrics`], [`deadline`], [`descriptors`], [`worker`] and the wire, [`http`]; [`upstream`] (the
 //! endpoints, generic over the body it sends); [`retry`] (deciding and looping, generic
 //! over the app's body); [`proxy`] (the app's side); [`run`], [`reload`], [`admin`];
-//! and the tools on top: [`check`], [`calc`] and [`lab`], which print through
-//! [`print`].
+//! and the tools on top: [`check`], [`calc`], [`lab`] and [`capture`] (`tollgate
+//! iptables`), which print through [`print`].
 
 #![forbid(unsafe_code)]
 
 pub mod admin;
 pub mod calc;
+pub mod capture;
 pub mod check;
 pub mod config;
 pub mod deadline;

@@ -41,6 +41,8 @@ enum Command {
     Lab(tollgate::lab::LabArgs),
     /// The tick simulation of a capacity dip under five retry policies.
     Sim(tollgate::lab::SimArgs),
+    /// Transparent capture: install (or print, or remove) a pod's NAT rules.
+    Iptables(tollgate::capture::IptablesArgs),
 }
 
 fn init_logging(format: LogFormat) {
@@ -76,6 +78,7 @@ fn main() {
         Command::Calc(args) => tollgate::calc::main(args),
         Command::Lab(args) => tollgate::lab::lab_main(args),
         Command::Sim(args) => tollgate::lab::sim_main(args),
+        Command::Iptables(args) => tollgate::capture::main(args),
     };
     std::process::exit(code);
 }

@@ -373,9 +373,11 @@ mod tests {
         let at = UNIX_EPOCH + Duration::from_micros(1_764_572_400_000_042);
         push_timestamp(&mut t, at);
         assert_eq!(t, timestamp(at));
-        let v: serde_json::Value =
-            serde_json::from_str(&format!("{{\"x\":{}}}", &l[l.rfind(' ').map_or(0, |i| i + 1)..]))
-                .unwrap_or_default();
+        let v: serde_json::Value = serde_json::from_str(&format!(
+            "{{\"x\":{}}}",
+            &l[l.rfind(' ').map_or(0, |i| i + 1)..]
+        ))
+        .unwrap_or_default();
         assert_eq!(v["x"], "a\"b\\c\u{1}");
     }
 
