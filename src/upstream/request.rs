@@ -7,10 +7,11 @@ use http::{HeaderMap, Method, Request, Uri, Version};
 
 use crate::http::fields::ExtraFields;
 
-/// The header fields one attempt adds to the request (its number, its time), each
-/// replacing any field of the same name. The request's header map is shared by every
-/// attempt of the request and never changed for them.
-pub type AttemptFields = ExtraFields<3>;
+/// The header fields one attempt adds to the request (its number, its time, the
+/// caller's own time for gRPC, the hedge mark), each replacing any field of the same
+/// name. The request's header map is shared by every attempt of the request and never
+/// changed for them.
+pub type AttemptFields = ExtraFields<4>;
 
 /// What an attempt sends ahead of its body, borrowed from the request: every attempt
 /// of a request sends the same head, with its own [`AttemptFields`].
