@@ -138,9 +138,10 @@ impl<A: AppBody> Attempt<'_, A> {
                 return ran(result);
             }
         };
-        self.up
-            .endpoints
-            .report(self.endpoint, self.verdict(&result));
+        if self.up.endpoints.ejects() {
+            let verdict = self.verdict(&result);
+            self.up.endpoints.report(self.endpoint, verdict);
+        }
         record.finish(&result, r);
         ran(result)
     }

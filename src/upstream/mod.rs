@@ -187,13 +187,23 @@ impl<B> Endpoints<B> {
             .claim_probe(now_ms, now_ms.saturating_add(probe_ms))
     }
 
-    /// What an attempt on endpoint `i` said about it.
+    /// Whether results are judged at all (the upstream has an `[outlier]` section).
+    pub fn ejects(&self) -> bool {
+        self.outlier.is_some()
+    }
+
+    /// What an attempt on endpoint `i` said about it. The clock is read only for a
+    /// failure: a success costs a load or two.
     pub fn report(&self, i: usize, verdict: Verdict) {
-        self.report_at(i, verdict, pool::clock_ms());
+        self.report_with(i, verdict, pool::clock_ms);
     }
 
     /// [`Endpoints::report`] at `now_ms` on [`pool::clock_ms`].
     pub fn report_at(&self, i: usize, verdict: Verdict, now_ms: u64) {
+        self.report_with(i, verdict, || now_ms);
+    }
+
+    fn report_with(&self, i: usize, verdict: Verdict, now_ms: impl FnOnce() -> u64) {
         let (Some(o), Some(e)) = (&self.outlier, self.list.get(i)) else {
             return;
         };
@@ -207,7 +217,7 @@ impl<B> Endpoints<B> {
             }
             Verdict::Failure => {
                 if let Some(from) = e.health.failed(o.config.consecutive_failures) {
-                    self.eject(o, i, from, now_ms);
+                    self.eject(o, i, from, now_ms());
                 }
             }
         }
