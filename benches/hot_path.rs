@@ -1,5 +1,6 @@
 //! The per-request pieces, one by one: budget bookkeeping, a backoff draw, deadline
-//! header parsing and formatting, route lookup. Each runs on every request (or every
+//! header parsing and formatting, route lookup, the endpoint choice with its ejection
+//! check, and the hedge timer and decision. Each runs on every request (or every
 //! failure), so each must cost nanoseconds, not microseconds.
 
 use std::hint::black_box;
@@ -9,11 +10,15 @@ use criterion::{Criterion, criterion_group, criterion_main};
 use http::{HeaderMap, HeaderName, HeaderValue};
 use tokio::time::Instant;
 
-use tollgate::config::BudgetConfig;
+use tollgate::config::{BudgetConfig, HedgeAfter, HedgeConfig};
 use tollgate::deadline;
+use tollgate::http::NoBody;
 use tollgate::proxy::route::Routes;
 use tollgate::retry::backoff::Backoff;
 use tollgate::retry::budget::RetryBudget;
+use tollgate::retry::hedge::Hedging;
+use tollgate::upstream::Endpoints;
+use tollgate::upstream::outlier::Verdict;
 
 fn budget(c: &mut Criterion) {
     let cfg = BudgetConfig {
@@ -90,5 +95,65 @@ fn routing(c: &mut Criterion) {
     });
 }
 
-criterion_group!(benches, budget, backoff, deadlines, routing);
+/// Three endpoints, with `outlier` as their outlier section.
+fn endpoints(outlier: &str) -> Endpoints<NoBody> {
+    let text = format!(
+        "[upstreams.u]\nauthorities = [\"u\"]\n\
+         endpoints = [\"127.0.0.1:1\", \"127.0.0.1:2\", \"127.0.0.1:3\"]\n{outlier}"
+    );
+    let config = tollgate::config::parse("bench.toml", &text, std::path::Path::new("."))
+        .unwrap_or_else(|e| panic!("{e}"));
+    let counter = prometheus::IntCounter::new("ejections", "bench").expect("counter");
+    Endpoints::new(&config.upstreams[0], &Default::default(), 1, counter)
+}
+
+fn endpoint_choice(c: &mut Criterion) {
+    let plain = endpoints("");
+    c.bench_function("endpoints: pick, no outlier section", |bench| {
+        bench.iter(|| black_box(plain.pick(black_box(None))))
+    });
+    let ejecting = endpoints("[upstreams.u.outlier]\nconsecutive_failures = 1\n");
+    ejecting.report(1, Verdict::Failure);
+    c.bench_function("endpoints: pick, one of three ejected", |bench| {
+        bench.iter(|| black_box(ejecting.pick(black_box(Some(0)))))
+    });
+    c.bench_function("endpoints: report a success", |bench| {
+        bench.iter(|| ejecting.report(black_box(2), Verdict::Success))
+    });
+}
+
+fn hedging(c: &mut Criterion) {
+    let now = Instant::now();
+    let p95 = HedgeConfig {
+        after: HedgeAfter::Percentile(0.95),
+        max_extra: 0.05,
+    };
+    let h = Hedging::new(&p95, None, now);
+    let mut rng = fastrand::Rng::with_seed(1);
+    for _ in 0..1000 {
+        h.observe(Duration::from_micros(rng.u64(10_000..30_000)));
+    }
+    c.bench_function("hedge: when is it due (p95 estimate)", |bench| {
+        bench.iter(|| black_box(h.delay()))
+    });
+    c.bench_function("hedge: observe an attempt's latency", |bench| {
+        bench.iter(|| h.observe(black_box(Duration::from_micros(21_000))))
+    });
+    c.bench_function("hedge: record a request", |bench| {
+        bench.iter(|| h.record_request(black_box(Instant::now())))
+    });
+    c.bench_function("hedge: ask the max_extra budget", |bench| {
+        bench.iter(|| black_box(h.try_hedge(Instant::now())))
+    });
+}
+
+criterion_group!(
+    benches,
+    budget,
+    backoff,
+    deadlines,
+    routing,
+    endpoint_choice,
+    hedging
+);
 criterion_main!(benches);

@@ -163,6 +163,9 @@ fn refresh_gauges(shared: &Shared) {
             up.inflight.load(Relaxed) as i64,
             up.connections.load(Relaxed) as i64,
         );
+        shared
+            .metrics
+            .set_ejected(up.name(), up.endpoints.readmit_due());
     }
 }
 

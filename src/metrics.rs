@@ -10,13 +10,17 @@
 //! exports ([`process`]), so the usual dashboards and alerts for CPU, memory and file
 //! descriptors work on a tollgate as on any other service.
 
+mod family;
+pub mod health;
 pub mod process;
 
 use std::sync::{Arc, OnceLock};
 
+use family::{counters, family, gauges, histograms, int_gauges};
+pub use health::HedgeResult;
 use prometheus::{
-    Encoder, Gauge, GaugeVec, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec,
-    IntGauge, IntGaugeVec, Opts, Registry, TextEncoder,
+    Encoder, Gauge, GaugeVec, Histogram, HistogramVec, IntCounter, IntCounterVec, IntGauge,
+    IntGaugeVec, Opts, Registry, TextEncoder,
 };
 
 /// Why tollgate did not simply deliver the upstream's answer: the `x-tollgate-outcome`
@@ -207,6 +211,7 @@ pub struct Metrics {
     last_reload: Gauge,
     last_reload_ok: IntGauge,
     listener_up: IntGaugeVec,
+    health: health::Families,
 }
 
 /// How a reload ended.
@@ -229,47 +234,6 @@ pub fn amplification(attempts: u64, requests: u64) -> f64 {
     } else {
         attempts as f64 / requests as f64
     }
-}
-
-fn family<T: Clone + prometheus::core::Collector + 'static>(
-    registry: &Registry,
-    metric: prometheus::Result<T>,
-) -> T {
-    // Names and labels are constants of this file: a failure is a bug caught by tests.
-    let metric = metric.expect("metric definition");
-    registry
-        .register(Box::new(metric.clone()))
-        .expect("metric registration");
-    metric
-}
-
-/// A labelled counter family, registered.
-fn counters(r: &Registry, name: &str, help: &str, labels: &[&str]) -> IntCounterVec {
-    family(r, IntCounterVec::new(Opts::new(name, help), labels))
-}
-
-/// A labelled gauge family, registered.
-fn gauges(r: &Registry, name: &str, help: &str, labels: &[&str]) -> GaugeVec {
-    family(r, GaugeVec::new(Opts::new(name, help), labels))
-}
-
-/// A labelled integer gauge family, registered.
-fn int_gauges(r: &Registry, name: &str, help: &str, labels: &[&str]) -> IntGaugeVec {
-    family(r, IntGaugeVec::new(Opts::new(name, help), labels))
-}
-
-/// A labelled histogram family with these buckets, registered.
-fn histograms(
-    r: &Registry,
-    name: &str,
-    help: &str,
-    labels: &[&str],
-    buckets: Vec<f64>,
-) -> HistogramVec {
-    family(
-        r,
-        HistogramVec::new(HistogramOpts::new(name, help).buckets(buckets), labels),
-    )
 }
 
 impl Metrics {
@@ -391,6 +355,7 @@ impl Metrics {
                  bind it.",
                 up,
             ),
+            health: health::Families::new(&r),
             registry: r,
         };
         int_gauges(
@@ -436,6 +401,7 @@ impl Metrics {
             requests: self.requests.clone(),
             by_code: Default::default(),
             exhausted: self.exhausted(Shortage::Connect).clone(),
+            health: self.health.upstream(name),
         };
         // The common answers exist from the start so dashboards show zeros, not gaps.
         m.request_counter(200, Outcome::Ok);
@@ -481,6 +447,12 @@ impl Metrics {
         let _ = self.budget_available.remove_label_values(l);
         let _ = self.inflight.remove_label_values(l);
         let _ = self.connections.remove_label_values(l);
+        self.health.forget(name);
+    }
+
+    /// `tollgate_endpoints_ejected{upstream}`, read from live state before a scrape.
+    pub fn set_ejected(&self, name: &str, ejected: usize) {
+        self.health.set_ejected(name, ejected);
     }
 
     /// A reload: counted by result; `tollgate_config_last_reload_successful` says
@@ -543,6 +515,8 @@ pub struct UpstreamMetrics {
     by_code: [OnceLock<Box<[OnceLock<IntCounter>]>>; 10],
     /// `tollgate_descriptors_exhausted_total{at="connect"}`, shared by every upstream.
     pub exhausted: IntCounter,
+    /// Ejections and hedges.
+    pub health: health::Handles,
 }
 
 impl std::fmt::Debug for UpstreamMetrics {
@@ -614,6 +588,9 @@ mod tests {
             "tollgate_build_info",
             "tollgate_config_last_reload_successful",
             "tollgate_descriptors_exhausted_total",
+            "tollgate_hedges_total",
+            "tollgate_endpoints_ejected",
+            "tollgate_ejections_total",
         ] {
             assert!(text.contains(&format!("# TYPE {name} ")), "{name} missing");
         }

@@ -337,3 +337,69 @@ window = "10s"
     assert_eq!(up.retry.on.names().len(), 7);
     assert_eq!(cfg.runtime.worker_threads, Some(2));
 }
+
+#[test]
+fn endpoint_health_and_hedging_are_read_with_their_defaults() {
+    let text = format!(
+        "{UPSTREAM_P}max_connection_age = \"5m\"\n[upstreams.p.outlier]\n[upstreams.p.hedge]\n"
+    );
+    let cfg = config::parse("t.toml", &text, Path::new(".")).unwrap();
+    let up = cfg.upstream("p").unwrap();
+    assert_eq!(
+        up.max_connection_age,
+        Some(std::time::Duration::from_secs(300))
+    );
+    let o = up.outlier.as_ref().unwrap();
+    assert_eq!(o.consecutive_failures, 5);
+    assert_eq!(o.base_ejection, std::time::Duration::from_secs(10));
+    assert_eq!(o.max_ejected, 0.5);
+    let h = up.hedge.as_ref().unwrap();
+    assert_eq!(h.after, config::HedgeAfter::Percentile(0.95));
+    assert_eq!(h.max_extra, 0.05);
+    let text = format!(
+        "{UPSTREAM_P}[upstreams.p.outlier]\nconsecutive_failures = 3\nbase_ejection = \"30s\"\n\
+         max_ejected = \"25%\"\n[upstreams.p.hedge]\nafter = \"40ms\"\nmax_extra = 0.1\n"
+    );
+    let cfg = config::parse("t.toml", &text, Path::new(".")).unwrap();
+    let up = cfg.upstream("p").unwrap();
+    assert_eq!(up.outlier.as_ref().unwrap().max_ejected, 0.25);
+    assert_eq!(
+        up.hedge.as_ref().unwrap().after,
+        config::HedgeAfter::Fixed(std::time::Duration::from_millis(40))
+    );
+    assert_eq!(
+        cfg.to_json()["upstreams"]["p"]["hedge"]["after"],
+        serde_json::json!("40ms")
+    );
+    assert_eq!(
+        cfg.to_json()["upstreams"]["p"]["outlier"]["max_ejected"],
+        serde_json::json!("25%")
+    );
+}
+
+#[test]
+fn mistakes_in_endpoint_health_and_hedging_name_their_place_and_fix() {
+    let text = format!(
+        "{UPSTREAM_P}max_conection_age = \"5m\"\n\
+         [upstreams.p.outlier]\nconsecutive_failure = 3\nmax_ejected = 50\nbase_ejection = \"10m\"\n\
+         [upstreams.p.hedge]\nafter = \"p101\"\nmax_extra = 2\nmax_ejected = \"10%\"\n"
+    );
+    let found = problems(&text);
+    let expected = [
+        "t.toml:4:1: upstreams.p.max_conection_age: unknown key `max_conection_age` (did you mean `max_connection_age`?)",
+        "t.toml:6:1: upstreams.p.outlier.consecutive_failure: unknown key `consecutive_failure` (did you mean `consecutive_failures`?)",
+        "t.toml:7:15: upstreams.p.outlier.max_ejected: a bare number is ambiguous here (write a percentage in quotes, e.g. \"50%\")",
+        "t.toml:8:17: upstreams.p.outlier.base_ejection: 10m is out of range (use a value from 1ms to 5m)",
+        "t.toml:10:9: upstreams.p.hedge.after: `p101` is out of range (use a percentile from \"p50\" to \"p99.9\")",
+        "t.toml:11:13: upstreams.p.hedge.max_extra: 2 is out of range (use a value from 0 to 1)",
+        "t.toml:12:1: upstreams.p.hedge.max_ejected: `max_ejected` does not belong in [upstreams.p.hedge] (it belongs in [upstreams.p.outlier])",
+    ];
+    assert_eq!(found, expected);
+    let found = problems(&format!(
+        "{UPSTREAM_P}[upstreams.p.hedge]\nafter = \"soon\"\n[upstreams.p.outlier]\nmax_ejected = \"half\"\n"
+    ));
+    assert_eq!(found.len(), 2, "{found:#?}");
+    mentions(&found[0], "upstreams.p.hedge.after: invalid hedge delay");
+    mentions(&found[0], "\"p95\"");
+    mentions(&found[1], "`half` is not a percentage");
+}

@@ -19,7 +19,7 @@ async fn owned_retries_beat_naive_retries_in_a_short_storm() {
     )
     .unwrap();
     let run = tollgate::lab::run(s, false).await.unwrap();
-    let (naive, owned) = (&run.naive, &run.owned);
+    let (naive, owned) = (run.chain("naive").unwrap(), run.chain("owned").unwrap());
     println!(
         "naive: {:.2}x {:.1}% ok; owned: {:.2}x {:.1}% ok",
         naive.amplification(),
@@ -98,4 +98,53 @@ fn the_lab_table_names_its_scenario_once() {
     assert!(stdout.starts_with("tollgate lab: down\n"), "{stdout}");
     let both = format!("{stdout}{stderr}");
     assert_eq!(both.matches("tollgate lab: down").count(), 1, "{both}");
+}
+
+/// The endpoint scenarios, shortened: what they report holds whatever the machine's
+/// speed (the budget's bound on hedges, ejection of the silent endpoint); their
+/// latency figures are for `tollgate lab` itself, never asserted here.
+#[test]
+fn the_endpoint_scenarios_run_and_report_their_figures() {
+    let run = |name: &str| -> serde_json::Value {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_tollgate"))
+            .args(["lab", "--scenario", name, "--duration", "4", "--json"])
+            .env("RUST_LOG", "error")
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        serde_json::from_slice(&out.stdout).unwrap()
+    };
+    let hedge = run("hedge");
+    assert_eq!(hedge["chains"], serde_json::json!(["plain", "hedged"]));
+    let hedged = &hedge["hedged"];
+    let sent =
+        hedged["hedges"]["won"].as_u64().unwrap() + hedged["hedges"]["lost"].as_u64().unwrap();
+    let requests = hedged["requests"].as_u64().unwrap();
+    assert!(
+        sent as f64 <= 0.05 * requests as f64,
+        "{sent} hedges for {requests} requests"
+    );
+    assert!(hedged["extra_load"].as_f64().unwrap() <= 0.05 + 1e-9);
+    assert_eq!(hedge["plain"]["hedges"]["won"], 0);
+    if sent > 0 {
+        assert!(hedged["abandoned_at_backend"].as_u64().unwrap() > 0);
+    }
+
+    let blackhole = run("blackhole");
+    assert_eq!(
+        blackhole["chains"],
+        serde_json::json!(["healthy", "silent", "ejecting"])
+    );
+    assert_eq!(blackhole["healthy"]["silent_connections"], 0);
+    assert!(blackhole["ejecting"]["ejections"].as_u64().unwrap() >= 1);
+    assert_eq!(blackhole["silent"]["ejections"], 0);
+    let to_silent = |chain: &str| blackhole[chain]["silent_connections"].as_u64().unwrap();
+    assert!(
+        to_silent("ejecting") < to_silent("silent"),
+        "ejection did not spare the silent endpoint its traffic"
+    );
 }

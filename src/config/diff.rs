@@ -132,6 +132,12 @@ fn changed_fields(a: &UpstreamConfig, b: &UpstreamConfig) -> Vec<&'static str> {
     check("retry", a.retry == b.retry);
     check("budget", a.budget == b.budget);
     check("tls", a.tls == b.tls);
+    check(
+        "max_connection_age",
+        a.max_connection_age == b.max_connection_age,
+    );
+    check("outlier", a.outlier == b.outlier);
+    check("hedge", a.hedge == b.hedge);
     // Anything not named above (a key added later): still a change, said plainly.
     if out.is_empty() && a != b {
         out.push("other settings");

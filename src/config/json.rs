@@ -75,6 +75,16 @@ impl UpstreamConfig {
                 "client_cert": t.client_cert.as_ref().map(|f| f.path.display().to_string()),
                 "client_key": t.client_key.as_ref().map(|f| f.path.display().to_string()),
             })),
+            "max_connection_age": self.max_connection_age.map(format_duration),
+            "outlier": self.outlier.as_ref().map(|o| json!({
+                "consecutive_failures": o.consecutive_failures,
+                "base_ejection": format_duration(o.base_ejection),
+                "max_ejected": format!("{}%", (o.max_ejected * 1000.0).round() / 10.0),
+            })),
+            "hedge": self.hedge.as_ref().map(|h| json!({
+                "after": h.after.to_string(),
+                "max_extra": h.max_extra,
+            })),
         })
     }
 }

@@ -9,7 +9,7 @@ use http::Method;
 
 use super::figures::{attempts_that_fit, total_backoff};
 use super::units::format_duration;
-use super::{Config, Diagnostic, Jitter, Ownership, Severity, UpstreamConfig};
+use super::{Config, Diagnostic, HedgeAfter, Jitter, Ownership, Severity, UpstreamConfig};
 
 /// A retry budget above this share of requests barely caps a storm.
 pub const LOOSE_BUDGET_RATIO: f64 = 0.5;
@@ -66,6 +66,8 @@ fn lint_upstream(config: &Config, up: &UpstreamConfig, out: &mut Vec<Diagnostic>
         out.push(exposed_listener(config, &lint.key("listen"), listen));
     }
     out.extend(lint.timeouts());
+    out.extend(lint.outlier());
+    out.extend(lint.hedge());
     if up.retry.max_attempts <= 1 {
         return;
     }
@@ -283,6 +285,118 @@ impl Lint<'_> {
     }
 }
 
+impl Lint<'_> {
+    /// An outlier section that can eject nothing, or that can eject all but one.
+    fn outlier(&self) -> Option<Diagnostic> {
+        let o = self.up.outlier.as_ref()?;
+        let n = self.up.endpoints.len();
+        let share = format!("{}%", (o.max_ejected * 1000.0).round() / 10.0);
+        if n == 1 {
+            return Some(
+                self.warn(
+                    "outlier",
+                    "with one endpoint nothing is ever ejected: there is nowhere else to send \
+                 its traffic"
+                        .to_string(),
+                    "list the upstream's endpoints one by one, or remove the outlier section"
+                        .to_string(),
+                ),
+            );
+        }
+        if o.max_ejected >= 1.0 {
+            return Some(
+                self.warn(
+                    "outlier.max_ejected",
+                    format!(
+                        "max_ejected = {share} lets every endpoint but one be ejected: when the \
+                     whole upstream fails (a bad deploy, a dependency of its own down), the \
+                     endpoints are ejected one after another and the last one takes all the \
+                     traffic"
+                    ),
+                    "keep it at \"50%\" (the default) or lower, so most of the upstream stays in \
+                 rotation when all of it is failing"
+                        .to_string(),
+                ),
+            );
+        }
+        if o.max_out(n) == 0 {
+            let least = (100.0 / n as f64).ceil();
+            return Some(self.warn(
+                "outlier.max_ejected",
+                format!(
+                    "max_ejected = {share} of {n} endpoints rounds down to none: no endpoint \
+                     is ever ejected"
+                ),
+                format!("raise it to at least \"{least}%\", or remove the outlier section"),
+            ));
+        }
+        None
+    }
+
+    /// A hedge section that never sends a hedge, or sends them beside unbudgeted
+    /// retries.
+    fn hedge(&self) -> Option<Diagnostic> {
+        let h = self.up.hedge.as_ref()?;
+        let up = self.up;
+        if up.retry.max_attempts <= 1 {
+            return Some(
+                self.warn(
+                    "hedge",
+                    "a hedge is an attempt and counts toward max_attempts: with max_attempts = 1 \
+                 no hedge is ever sent"
+                        .to_string(),
+                    format!(
+                        "set max_attempts = 2 or more in [upstreams.{}.retry], or remove the hedge \
+                     section",
+                        up.name
+                    ),
+                ),
+            );
+        }
+        if let HedgeAfter::Fixed(after) = h.after
+            && after >= up.attempt_timeout
+        {
+            return Some(self.warn(
+                "hedge.after",
+                format!(
+                    "after = {} is not shorter than attempt_timeout {}: the attempt times out \
+                     before its hedge would be sent, so no hedge is ever sent",
+                    format_duration(after),
+                    format_duration(up.attempt_timeout)
+                ),
+                "hedge well within the attempt's time, e.g. after = \"p95\"".to_string(),
+            ));
+        }
+        if h.max_extra == 0.0 {
+            return Some(
+                self.warn(
+                    "hedge.max_extra",
+                    "max_extra = 0 leaves hedges no room: none is ever sent".to_string(),
+                    "set max_extra = 0.05 (hedges add at most 5% to the requests), or remove the \
+                 hedge section"
+                        .to_string(),
+                ),
+            );
+        }
+        if up.budget.is_none() {
+            return Some(self.warn(
+                "hedge",
+                format!(
+                    "hedging without a retry budget: hedges are capped by max_extra, but the \
+                     retries after them are not, so when the upstream fails every request \
+                     still makes all {} attempts",
+                    up.retry.max_attempts
+                ),
+                format!(
+                    "add [upstreams.{}.budget] with ratio = 0.1 and min_per_sec = 10",
+                    up.name
+                ),
+            ));
+        }
+        None
+    }
+}
+
 /// Idempotent by RFC 9110 §9.2.2. Any other method, extension methods included, may
 /// change something each time it is applied.
 fn is_idempotent(method: &Method) -> bool {
@@ -405,6 +519,58 @@ mod tests {
             .replacen("max_attempts = 3", "max_attempts = 1\nmethods = [\"POST\"]\nbackoff_jitter = \"none\"\nownership = \"ignore\"", 1)
             .replacen("[upstreams.api.budget]\nratio = 0.1", "", 1);
         assert_eq!(keys(&parse(&text)), Vec::<String>::new());
+    }
+
+    #[test]
+    fn endpoint_health_and_hedging_lints_name_their_key() {
+        let three = r#"endpoints = ["127.0.0.1:8080", "127.0.0.1:8081", "127.0.0.1:8082"]"#;
+        let two = r#"endpoints = ["127.0.0.1:8080", "127.0.0.1:8081"]"#;
+        let one = r#"endpoints = ["127.0.0.1:8080"]"#;
+        let outlier = |endpoints: &str, extra: &str| {
+            BASE.replacen(one, endpoints, 1) + "[upstreams.api.outlier]\n" + extra
+        };
+        let hedge = |extra: &str| BASE.to_string() + "[upstreams.api.hedge]\n" + extra;
+        let sound = outlier(three, "") + "[upstreams.api.hedge]\n";
+        assert_eq!(keys(&parse(&sound)), Vec::<String>::new());
+        let cases = [
+            (outlier(one, ""), "upstreams.api.outlier"),
+            (
+                outlier(two, "max_ejected = \"100%\"\n"),
+                "upstreams.api.outlier.max_ejected",
+            ),
+            (
+                outlier(three, "max_ejected = \"20%\"\n"),
+                "upstreams.api.outlier.max_ejected",
+            ),
+            (hedge("after = \"600ms\"\n"), "upstreams.api.hedge.after"),
+            (hedge("max_extra = 0\n"), "upstreams.api.hedge.max_extra"),
+            (
+                hedge("").replacen("max_attempts = 3", "max_attempts = 1", 1),
+                "upstreams.api.hedge",
+            ),
+        ];
+        for (text, key) in cases {
+            let config = parse(&text);
+            let found = lint(&config);
+            assert_eq!(
+                found.iter().map(|d| d.key.as_str()).collect::<Vec<_>>(),
+                vec![key],
+                "{text}"
+            );
+            assert!(found[0].line > 1, "{key} was not placed");
+        }
+        let unbudgeted = hedge("").replacen("[upstreams.api.budget]\nratio = 0.1", "", 1);
+        let found = lint(&parse(&unbudgeted));
+        let hedge_lint = found
+            .iter()
+            .find(|d| d.key == "upstreams.api.hedge")
+            .unwrap();
+        assert!(
+            hedge_lint
+                .message
+                .contains("hedging without a retry budget"),
+            "{hedge_lint}"
+        );
     }
 
     #[test]

@@ -7,7 +7,13 @@
 //! closed), and a request whose caller's deadline (`x-timeout-ms`) leaves less time than
 //! the work takes is dropped without work when its turn comes, as a deadline-aware
 //! server does. Every request that arrives is counted: amplification is measured here,
-//! never computed.
+//! never computed. So is every request whose caller went away before its answer (a
+//! hedge's loser, cancelled): the work goes on, the answer is never read.
+//!
+//! It listens on as many addresses as its upstream has endpoints, all served by the
+//! same workers, as the pods behind one Service share one database. Beside it,
+//! [`Silent`] is an endpoint that accepts connections and never reads from them: a pod
+//! that hangs without failing.
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -33,6 +39,9 @@ pub struct Condition {
     pub service: Duration,
     /// Share of completed requests that fail with 503.
     pub error_rate: f64,
+    /// Share of requests that take ten times their drawn time (a slow tail: a pause, a
+    /// cold cache, a slow disk).
+    pub slow_share: f64,
     /// Refusing connections (the process is gone).
     pub down: bool,
 }
@@ -67,6 +76,8 @@ pub struct Counters {
     pub arrivals: Vec<AtomicU64>,
     pub total: AtomicU64,
     pub skipped: AtomicU64,
+    /// Requests whose caller went away before the answer.
+    pub abandoned: AtomicU64,
 }
 
 impl Counters {
@@ -76,6 +87,7 @@ impl Counters {
             arrivals: (0..n).map(|_| AtomicU64::new(0)).collect(),
             total: AtomicU64::new(0),
             skipped: AtomicU64::new(0),
+            abandoned: AtomicU64::new(0),
         }
     }
 
@@ -89,10 +101,11 @@ impl Counters {
 }
 
 pub struct Backend {
-    pub addr: SocketAddr,
+    /// One address per endpoint.
+    pub addrs: Vec<SocketAddr>,
     pub counters: Arc<Counters>,
     stop: watch::Sender<bool>,
-    task: JoinHandle<()>,
+    tasks: Vec<JoinHandle<()>>,
 }
 
 struct State {
@@ -110,9 +123,29 @@ fn service_time(median: Duration, rng: &mut fastrand::Rng) -> Duration {
     median.mul_f64((0.3 * normal).exp())
 }
 
+/// Counts a request whose handler is dropped before it answers: hyper drops it when
+/// its caller closes the connection or resets the stream.
+struct Answering<'a> {
+    counters: &'a Counters,
+    answered: bool,
+}
+
+impl Drop for Answering<'_> {
+    fn drop(&mut self) {
+        if !self.answered {
+            self.counters.abandoned.fetch_add(1, Relaxed);
+        }
+    }
+}
+
 async fn handle(state: Arc<State>, req: Request<Incoming>) -> Response<Full<Bytes>> {
     let arrived = Instant::now();
     state.counters.arrive(arrived - state.start);
+    let counters = state.counters.clone();
+    let mut answering = Answering {
+        counters: &counters,
+        answered: false,
+    };
     let deadline = req
         .headers()
         .get("x-timeout-ms")
@@ -133,7 +166,11 @@ async fn handle(state: Arc<State>, req: Request<Incoming>) -> Response<Full<Byte
         }
         let mut rng = fastrand::Rng::with_seed(seed);
         state.inflight.fetch_add(1, Relaxed);
-        tokio::time::sleep(service_time(cond.service, &mut rng)).await;
+        let mut took = service_time(cond.service, &mut rng);
+        if rng.f64() < cond.slow_share {
+            took *= 10;
+        }
+        tokio::time::sleep(took).await;
         state.inflight.fetch_sub(1, Relaxed);
         if rng.f64() < cond.error_rate {
             StatusCode::SERVICE_UNAVAILABLE
@@ -142,15 +179,20 @@ async fn handle(state: Arc<State>, req: Request<Incoming>) -> Response<Full<Byte
         }
     });
     let status = work.await.unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    answering.answered = true;
     let mut resp = Response::new(Full::new(Bytes::from_static(b"done")));
     *resp.status_mut() = status;
     resp
 }
 
 impl Backend {
-    pub async fn start(schedule: Schedule, run: Duration, start: Instant) -> std::io::Result<Self> {
-        let listener = TcpListener::bind("127.0.0.1:0").await?;
-        let addr = listener.local_addr()?;
+    /// The backend on `endpoints` addresses of its own.
+    pub async fn start(
+        schedule: Schedule,
+        run: Duration,
+        start: Instant,
+        endpoints: usize,
+    ) -> std::io::Result<Self> {
         let counters = Arc::new(Counters::new(run));
         let state = Arc::new(State {
             workers: Semaphore::new(schedule.workers),
@@ -160,18 +202,67 @@ impl Backend {
             inflight: AtomicUsize::new(0),
         });
         let (stop, stopped) = watch::channel(false);
-        let task = tokio::spawn(serve(listener, addr, state, stopped));
+        let mut addrs = Vec::new();
+        let mut tasks = Vec::new();
+        for _ in 0..endpoints.max(1) {
+            let listener = TcpListener::bind("127.0.0.1:0").await?;
+            let addr = listener.local_addr()?;
+            addrs.push(addr);
+            tasks.push(tokio::spawn(serve(
+                listener,
+                addr,
+                state.clone(),
+                stopped.clone(),
+            )));
+        }
         Ok(Backend {
-            addr,
+            addrs,
             counters,
             stop,
-            task,
+            tasks,
         })
     }
 
     pub async fn stop(self) {
         let _ = self.stop.send(true);
-        let _ = self.task.await;
+        for task in self.tasks {
+            let _ = task.await;
+        }
+    }
+}
+
+/// An endpoint that accepts connections and never reads a byte from them, nor closes
+/// them: every request sent to it waits for an answer that never comes.
+pub struct Silent {
+    pub addr: SocketAddr,
+    /// Connections accepted.
+    pub accepted: Arc<AtomicU64>,
+    task: JoinHandle<()>,
+}
+
+impl Silent {
+    pub async fn start() -> std::io::Result<Self> {
+        let listener = TcpListener::bind("127.0.0.1:0").await?;
+        let addr = listener.local_addr()?;
+        let accepted = Arc::new(AtomicU64::new(0));
+        let count = accepted.clone();
+        let task = tokio::spawn(async move {
+            let mut held = Vec::new();
+            while let Ok((stream, _)) = listener.accept().await {
+                count.fetch_add(1, Relaxed);
+                held.push(stream);
+            }
+        });
+        Ok(Silent {
+            addr,
+            accepted,
+            task,
+        })
+    }
+
+    /// Closes the listener and every connection it holds.
+    pub fn stop(self) {
+        self.task.abort();
     }
 }
 

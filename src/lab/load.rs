@@ -61,6 +61,7 @@ pub async fn run(
         },
         Arc::new(AtomicUsize::new(0)),
         1,
+        None,
     ));
     let records: Arc<Mutex<Vec<Record>>> = Arc::default();
     let total = (spec.rps * spec.duration.as_secs_f64()).round() as u64;

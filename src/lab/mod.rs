@@ -3,9 +3,10 @@
 //! The lab builds a real HTTP chain on loopback inside this process: open-loop load ->
 //! edge -> api -> backend, where edge and api are real tollgate proxies (the same code
 //! as `run`, on their own ports) and the backend is a degraded HTTP server. Each
-//! scenario runs two such chains side by side, at the same time, against two identical
-//! backends: one configured naively, one the way tollgate recommends. Amplification is
-//! measured at the backends.
+//! scenario runs such chains side by side, at the same time, against identical
+//! backends: for the retry storms one configured naively and one the way tollgate
+//! recommends, for the endpoint scenarios the owned chain without and with the feature
+//! at stake. Amplification is measured at the backends.
 //!
 //! The simulator ([`sim`]) replays the published tick model on a virtual clock, driving
 //! tollgate's own budget and backoff types.
@@ -25,15 +26,15 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use backend::Backend;
+use backend::{Backend, Silent};
 use load::Live;
-use report::ChainResult;
-use scenario::{Chain, Overrides, Scenario};
+use report::{ChainResult, Proxy};
+use scenario::{Column, Overrides, Scenario};
 
 /// Arguments of `tollgate lab`.
 #[derive(clap::Args, Debug, Clone)]
 pub struct LabArgs {
-    /// Scenario: storm (the published experiment), brownout, dip, down.
+    /// Scenario: storm (the published experiment), brownout, dip, down, hedge, blackhole.
     #[arg(long, default_value = "storm")]
     pub scenario: String,
     /// Print one JSON object instead of the table.
@@ -64,15 +65,23 @@ pub struct SimArgs {
     pub seed: u64,
 }
 
-/// Both chains' results for one scenario.
+/// Every chain's results for one scenario, in the scenario's order.
 pub struct LabRun {
     pub scenario: Scenario,
-    pub naive: ChainResult,
-    pub owned: ChainResult,
+    pub chains: Vec<ChainResult>,
+}
+
+impl LabRun {
+    /// The chain called `key` (`"naive"`, `"owned"`, `"hedged"`, ...).
+    pub fn chain(&self, key: &str) -> Option<&ChainResult> {
+        self.chains.iter().find(|c| c.key == key)
+    }
 }
 
 struct ChainRig {
+    column: Column,
     backend: Backend,
+    silent: Vec<Silent>,
     api: crate::run::Running,
     edge: crate::run::Running,
 }
@@ -83,40 +92,56 @@ pub enum LabError {
     Setup(String),
 }
 
-async fn rig(chain: Chain, s: &Scenario, start: Instant) -> Result<ChainRig, LabError> {
+async fn rig(column: Column, s: &Scenario, start: Instant) -> Result<ChainRig, LabError> {
+    let setup = |e: &dyn std::fmt::Display| LabError::Setup(e.to_string());
     let run_for = s.load.duration + s.load.patience + Duration::from_secs(2);
-    let backend = Backend::start(s.backend.clone(), run_for, start)
+    let backend = Backend::start(s.backend.clone(), run_for, start, column.endpoints)
         .await
-        .map_err(|e| LabError::Setup(e.to_string()))?;
+        .map_err(|e| setup(&e))?;
+    let mut silent = Vec::new();
+    for _ in 0..column.silent {
+        silent.push(Silent::start().await.map_err(|e| setup(&e))?);
+    }
+    // The silent endpoint first: round-robin starts there.
+    let endpoints: Vec<_> = silent
+        .iter()
+        .map(|q| q.addr)
+        .chain(backend.addrs.iter().copied())
+        .collect();
     let parse = |text: String| {
-        crate::config::parse("lab.toml", &text, Path::new("."))
-            .map_err(|e| LabError::Setup(e.to_string()))
+        crate::config::parse("lab.toml", &text, Path::new(".")).map_err(|e| setup(&e))
     };
-    let api =
-        crate::run::Running::start(parse(scenario::api_config(chain, backend.addr, s))?, None)
-            .await
-            .map_err(|e| LabError::Setup(e.to_string()))?;
-    let edge = crate::run::Running::start(
-        parse(scenario::edge_config(chain, api.server.local_addr(), s))?,
-        None,
-    )
-    .await
-    .map_err(|e| LabError::Setup(e.to_string()))?;
-    Ok(ChainRig { backend, api, edge })
+    let api_config = scenario::api_config(column.chain, &endpoints, s);
+    let api = crate::run::Running::start(parse(api_config)?, None)
+        .await
+        .map_err(|e| setup(&e))?;
+    let edge_config = scenario::edge_config(column.chain, api.server.local_addr(), s);
+    let edge = crate::run::Running::start(parse(edge_config)?, None)
+        .await
+        .map_err(|e| setup(&e))?;
+    Ok(ChainRig {
+        column,
+        backend,
+        silent,
+        api,
+        edge,
+    })
 }
 
-/// Runs both chains of `s` side by side; `progress` draws a bar on stderr.
+/// Runs the chains of `s` side by side; `progress` draws a bar on stderr.
 pub async fn run(s: Scenario, progress: bool) -> Result<LabRun, LabError> {
     let start = Instant::now() + Duration::from_millis(300);
-    let naive = rig(Chain::Naive, &s, start).await?;
-    let owned = rig(Chain::Owned, &s, start).await?;
-    let (live_n, live_o) = (Arc::new(Live::default()), Arc::new(Live::default()));
+    let mut rigs = Vec::new();
+    for column in &s.columns {
+        rigs.push(rig(*column, &s, start).await?);
+    }
+    let lives: Vec<Arc<Live>> = rigs.iter().map(|_| Arc::new(Live::default())).collect();
     let ticker = progress.then(|| {
-        let (ln, lo) = (live_n.clone(), live_o.clone());
-        let (cn, co) = (
-            naive.backend.counters.clone(),
-            owned.backend.counters.clone(),
-        );
+        let watched: Vec<_> = rigs
+            .iter()
+            .zip(&lives)
+            .map(|(r, l)| (r.column.key, r.backend.counters.clone(), l.clone()))
+            .collect();
         let total = s.load.duration;
         tokio::spawn(async move {
             loop {
@@ -124,62 +149,93 @@ pub async fn run(s: Scenario, progress: bool) -> Result<LabRun, LabError> {
                 let t = start.elapsed().min(total);
                 let frac = t.as_secs_f64() / total.as_secs_f64();
                 let filled = (frac * 30.0) as usize;
-                let amp = |calls: u64, l: &Live| {
-                    let sent = l.sent.load(Relaxed).max(1);
-                    (
-                        calls as f64 / sent as f64,
-                        l.ok.load(Relaxed) as f64 / l.done.load(Relaxed).max(1) as f64,
-                    )
-                };
-                let (an, okn) = amp(cn.total.load(Relaxed), &ln);
-                let (ao, oko) = amp(co.total.load(Relaxed), &lo);
-                eprint!(
-                    "\r  [{}{}] {:>4.1}s  naive {:>5.2}x {:>5.1}% ok   owned {:>5.2}x {:>5.1}% ok ",
+                let mut line = format!(
+                    "\r  [{}{}] {:>4.1}s ",
                     "#".repeat(filled),
                     ".".repeat(30 - filled),
-                    t.as_secs_f64(),
-                    an,
-                    okn * 100.0,
-                    ao,
-                    oko * 100.0
+                    t.as_secs_f64()
                 );
+                for (key, counters, live) in &watched {
+                    let sent = live.sent.load(Relaxed).max(1);
+                    let amp = counters.total.load(Relaxed) as f64 / sent as f64;
+                    let ok = live.ok.load(Relaxed) as f64 / live.done.load(Relaxed).max(1) as f64;
+                    line.push_str(&format!(" {key} {amp:>5.2}x {:>5.1}% ok ", ok * 100.0));
+                }
+                eprint!("{line}");
                 let _ = std::io::stderr().flush();
             }
         })
     });
-    let edge_n = naive.edge.server.local_addr();
-    let edge_o = owned.edge.server.local_addr();
-    let (records_n, records_o) = tokio::join!(
-        load::run(edge_n, s.load.clone(), start, live_n),
-        load::run(edge_o, s.load.clone(), start, live_o),
-    );
+    let loads = rigs.iter().zip(&lives).map(|(r, live)| {
+        load::run(
+            r.edge.server.local_addr(),
+            s.load.clone(),
+            start,
+            live.clone(),
+        )
+    });
+    let records = futures_join_all(loads).await;
     if let Some(t) = ticker {
         t.abort();
         eprintln!();
     }
-    let finish = |rig: ChainRig, records: Vec<load::Record>, name: &'static str, s: &Scenario| {
-        let arrivals: Vec<u64> = rig
-            .backend
-            .counters
-            .arrivals
-            .iter()
-            .map(|a| a.load(Relaxed))
-            .collect();
-        let calls = rig.backend.counters.total.load(Relaxed);
-        (ChainResult::build(name, &records, &arrivals, calls, s), rig)
-    };
-    let (naive_result, naive) = finish(naive, records_n, "naive", &s);
-    let (owned_result, owned) = finish(owned, records_o, "owned", &s);
-    for rig in [naive, owned] {
+    let mut chains = Vec::new();
+    for (rig, records) in rigs.into_iter().zip(records) {
+        let counters = &rig.backend.counters;
+        let arrivals: Vec<u64> = counters.arrivals.iter().map(|a| a.load(Relaxed)).collect();
+        let backend = report::BackendCounts {
+            calls: counters.total.load(Relaxed),
+            abandoned: counters.abandoned.load(Relaxed),
+            silent_connections: rig.silent.iter().map(|q| q.accepted.load(Relaxed)).sum(),
+        };
+        let proxy = Proxy::read(&rig.api.server.shared().metrics.encode(), "backend");
+        let (key, title) = (rig.column.key, rig.column.title);
+        chains.push(ChainResult::build(
+            (key, title),
+            &records,
+            &arrivals,
+            backend,
+            proxy,
+            &s,
+        ));
         rig.edge.shutdown(Duration::ZERO).await;
         rig.api.shutdown(Duration::ZERO).await;
         rig.backend.stop().await;
+        for q in rig.silent {
+            q.stop();
+        }
     }
     Ok(LabRun {
         scenario: s,
-        naive: naive_result,
-        owned: owned_result,
+        chains,
     })
+}
+
+/// Runs the futures concurrently on this task and returns their outputs in order.
+async fn futures_join_all<F: Future>(futures: impl Iterator<Item = F>) -> Vec<F::Output> {
+    let mut pending: Vec<_> = futures.map(|f| Some(Box::pin(f))).collect();
+    let mut out: Vec<Option<F::Output>> = pending.iter().map(|_| None).collect();
+    std::future::poll_fn(|cx| {
+        let mut done = true;
+        for (slot, result) in pending.iter_mut().zip(out.iter_mut()) {
+            if let Some(f) = slot {
+                match f.as_mut().poll(cx) {
+                    std::task::Poll::Ready(v) => {
+                        *result = Some(v);
+                        *slot = None;
+                    }
+                    std::task::Poll::Pending => done = false,
+                }
+            }
+        }
+        if done {
+            std::task::Poll::Ready(())
+        } else {
+            std::task::Poll::Pending
+        }
+    })
+    .await;
+    out.into_iter().flatten().collect()
 }
 
 fn lab_runtime() -> std::io::Result<tokio::runtime::Runtime> {
@@ -233,7 +289,8 @@ pub fn lab_main(args: LabArgs) -> i32 {
     let progress = !args.json && std::io::stderr().is_terminal();
     if progress {
         crate::print::stderr_line(&format!(
-            "running two chains side by side for {:.0}s ...",
+            "running {} chains side by side for {:.0}s ...",
+            s.columns.len(),
             s.load.duration.as_secs_f64()
         ));
     }
@@ -245,17 +302,17 @@ pub fn lab_main(args: LabArgs) -> i32 {
         }
     };
     if let Some(path) = &args.plot {
-        let svg = plot::svg(&result.scenario, &result.naive, &result.owned);
+        let svg = plot::svg(&result.scenario, &result.chains);
         if let Err(e) = std::fs::write(path, svg) {
             eprintln!("tollgate lab: cannot write {}: {e}", path.display());
             return 1;
         }
     }
     let mut out = if args.json {
-        let v = report::to_json(&result.scenario, &result.naive, &result.owned);
+        let v = report::to_json(&result.scenario, &result.chains);
         serde_json::to_string_pretty(&v).unwrap_or_default() + "\n"
     } else {
-        report::table(&result.scenario, &result.naive, &result.owned)
+        report::table(&result.scenario, &result.chains)
     };
     if let Some(path) = args.plot.as_ref().filter(|_| !args.json) {
         out.push_str(&format!("\n  plot written to {}\n", path.display()));

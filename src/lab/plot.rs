@@ -1,5 +1,5 @@
 //! An SVG time series of a lab run: per second, the load offered to the backend (with
-//! its capacity) and the user requests that succeeded, for both chains, so the storm
+//! its capacity) and the user requests that succeeded, for every chain, so the storm
 //! and its absence can be read at a glance.
 
 use std::fmt::Write;
@@ -13,8 +13,9 @@ const LEFT: f64 = 70.0;
 const RIGHT: f64 = 20.0;
 const TOP: f64 = 75.0;
 const GAP: f64 = 70.0;
-const NAIVE: &str = "#d62728";
-const OWNED: &str = "#2ca02c";
+/// The chains' colours, in the scenario's order: red for the naive (or the plain)
+/// chain, green for the owned one, blue for a third.
+const COLOURS: [&str; 3] = ["#d62728", "#2ca02c", "#1f77b4"];
 
 fn nice_max(v: f64) -> f64 {
     if v <= 0.0 {
@@ -104,9 +105,25 @@ impl Panel<'_> {
     }
 }
 
+/// The legend of the dashed lines.
+const REFERENCE: &str = "backend capacity / user requests offered";
+
+/// A chain's entry in the legend.
+fn legend_label(c: &ChainResult) -> String {
+    match c.key {
+        "naive" => "naive: blind retries at every hop".to_string(),
+        "owned" => "owned: tollgate".to_string(),
+        _ => format!("{}: {}", c.key, c.title),
+    }
+}
+
 /// The SVG document for a run.
-pub fn svg(s: &Scenario, naive: &ChainResult, owned: &ChainResult) -> String {
-    let seconds = naive.backend_rps.len().max(owned.backend_rps.len());
+pub fn svg(s: &Scenario, chains: &[ChainResult]) -> String {
+    let seconds = chains
+        .iter()
+        .map(|c| c.backend_rps.len())
+        .max()
+        .unwrap_or(0);
     let capacity: Vec<f64> = (0..seconds)
         .map(|i| {
             let c = s
@@ -115,25 +132,16 @@ pub fn svg(s: &Scenario, naive: &ChainResult, owned: &ChainResult) -> String {
             if c.down { 0.0 } else { s.backend.capacity(&c) }
         })
         .collect();
-    let load_max = nice_max(
-        naive
-            .backend_rps
+    let most = |values: &mut dyn Iterator<Item = f64>| values.fold(0.0, f64::max);
+    let load_max = nice_max(most(
+        &mut chains
             .iter()
-            .chain(&owned.backend_rps)
-            .chain(&capacity)
-            .copied()
-            .fold(0.0, f64::max),
-    );
-    let ok_max = nice_max(
-        s.load.rps.max(
-            naive
-                .success_rps
-                .iter()
-                .chain(&owned.success_rps)
-                .copied()
-                .fold(0.0, f64::max),
-        ),
-    );
+            .flat_map(|c| c.backend_rps.iter().copied())
+            .chain(capacity.iter().copied()),
+    ));
+    let ok_max = nice_max(s.load.rps.max(most(
+        &mut chains.iter().flat_map(|c| c.success_rps.iter().copied()),
+    )));
     let load = Panel {
         top: TOP,
         title: "calls offered to the backend per second",
@@ -146,21 +154,47 @@ pub fn svg(s: &Scenario, naive: &ChainResult, owned: &ChainResult) -> String {
         y_max: ok_max,
         seconds,
     };
-    let h = TOP + 2.0 * PANEL_H + GAP + 60.0;
+    let width = |label: &str| 60.0 + label.len() as f64 * 6.5;
+    // The legend: one entry per chain and the dashed references, in as many lines as
+    // the width needs.
+    let legend_lines = {
+        let (mut lines, mut x) = (1.0, LEFT);
+        let labels = chains
+            .iter()
+            .map(legend_label)
+            .chain(std::iter::once(REFERENCE.into()));
+        for label in labels {
+            if x > LEFT && x + width(&label) > W - RIGHT {
+                lines += 1.0;
+                x = LEFT;
+            }
+            x += width(&label);
+        }
+        lines
+    };
+    let h = TOP + 2.0 * PANEL_H + GAP + 42.0 + 18.0 * legend_lines;
     let mut out = String::new();
     let _ = writeln!(
         out,
         r##"<svg xmlns="http://www.w3.org/2000/svg" width="{W}" height="{h}" viewBox="0 0 {W} {h}" font-family="sans-serif">"##
     );
     let _ = writeln!(out, r##"<rect width="100%" height="100%" fill="white"/>"##);
+    let summary: Vec<String> = chains
+        .iter()
+        .map(|c| {
+            format!(
+                "{} {:.2}x, {:.1}% ok",
+                c.key,
+                c.amplification(),
+                c.success_rate() * 100.0
+            )
+        })
+        .collect();
     let _ = writeln!(
         out,
-        r##"<text x="{LEFT}" y="24" font-size="16" font-weight="bold">tollgate lab: {} — naive {:.2}x, {:.1}% ok; owned {:.2}x, {:.1}% ok</text>"##,
+        r##"<text x="{LEFT}" y="24" font-size="16" font-weight="bold">tollgate lab: {} — {}</text>"##,
         s.name,
-        naive.amplification(),
-        naive.success_rate() * 100.0,
-        owned.amplification(),
-        owned.success_rate() * 100.0
+        summary.join("; ")
     );
     for p in [&load, &ok] {
         for (from, to, _) in &s.backend.episodes {
@@ -169,21 +203,23 @@ pub fn svg(s: &Scenario, naive: &ChainResult, owned: &ChainResult) -> String {
         p.frame(&mut out);
     }
     load.line(&mut out, &capacity, "#555", "6 4");
-    load.line(&mut out, &naive.backend_rps, NAIVE, "");
-    load.line(&mut out, &owned.backend_rps, OWNED, "");
     let offered: Vec<f64> =
         vec![s.load.rps; (s.load.duration.as_secs_f64().ceil() as usize).min(seconds)];
     ok.line(&mut out, &offered, "#555", "6 4");
-    ok.line(&mut out, &naive.success_rps, NAIVE, "");
-    ok.line(&mut out, &owned.success_rps, OWNED, "");
-    let ly = h - 22.0;
-    let legend = [
-        (NAIVE, "", "naive: blind retries at every hop"),
-        (OWNED, "", "owned: tollgate"),
-        ("#555", "6 4", "backend capacity / user requests offered"),
-    ];
+    let mut legend = Vec::new();
+    for (c, colour) in chains.iter().zip(COLOURS.iter().cycle()) {
+        load.line(&mut out, &c.backend_rps, colour, "");
+        ok.line(&mut out, &c.success_rps, colour, "");
+        legend.push((*colour, "", legend_label(c)));
+    }
+    legend.push(("#555", "6 4", REFERENCE.to_string()));
+    let mut ly = h - 4.0 - 18.0 * legend_lines;
     let mut x = LEFT;
     for (color, dash, label) in legend {
+        if x > LEFT && x + width(&label) > W - RIGHT {
+            ly += 18.0;
+            x = LEFT;
+        }
         let _ = writeln!(
             out,
             r##"<line x1="{x}" y1="{ly}" x2="{}" y2="{ly}" stroke="{color}" stroke-width="2" stroke-dasharray="{dash}"/><text x="{}" y="{}" font-size="12">{label}</text>"##,
@@ -191,7 +227,7 @@ pub fn svg(s: &Scenario, naive: &ChainResult, owned: &ChainResult) -> String {
             x + 30.0,
             ly + 4.0
         );
-        x += 60.0 + label.len() as f64 * 6.5;
+        x += width(&label);
     }
     out.push_str("</svg>\n");
     out

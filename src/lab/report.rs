@@ -1,4 +1,6 @@
-//! What a lab run measured, as a table for people and JSON for machines.
+//! What a lab run measured, as a table for people and JSON for machines. Latency and
+//! success are the users'; calls and abandoned answers are counted at the backend;
+//! hedges and ejections are read from the api tollgate's own metrics.
 
 use std::time::Duration;
 
@@ -8,15 +10,75 @@ use super::backend::BUCKET;
 use super::load::Record;
 use super::scenario::{Published, Scenario};
 
+/// What the backend of one chain counted.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct BackendCounts {
+    /// Calls that arrived at the answering endpoints.
+    pub calls: u64,
+    /// Calls whose caller went away before the answer (cancelled).
+    pub abandoned: u64,
+    /// Connections the silent endpoints accepted.
+    pub silent_connections: u64,
+}
+
+/// What the api tollgate (the hop in front of the backend) counted.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Proxy {
+    pub hedges_won: u64,
+    pub hedges_lost: u64,
+    pub hedges_denied: u64,
+    pub ejections: u64,
+}
+
+impl Proxy {
+    /// Reads the counters of `upstream` from Prometheus text.
+    pub fn read(metrics: &[u8], upstream: &str) -> Self {
+        let text = String::from_utf8_lossy(metrics);
+        let value = |series: String| {
+            text.lines()
+                .find_map(|l| l.strip_prefix(series.as_str()))
+                .and_then(|v| v.trim().parse::<f64>().ok())
+                .map_or(0, |v| v as u64)
+        };
+        let hedges = |result: &str| {
+            value(format!(
+                "tollgate_hedges_total{{result=\"{result}\",upstream=\"{upstream}\"}}"
+            ))
+        };
+        Proxy {
+            hedges_won: hedges("won"),
+            hedges_lost: hedges("lost"),
+            hedges_denied: hedges("denied"),
+            ejections: value(format!(
+                "tollgate_ejections_total{{upstream=\"{upstream}\"}}"
+            )),
+        }
+    }
+
+    pub fn hedges_sent(&self) -> u64 {
+        self.hedges_won + self.hedges_lost
+    }
+}
+
 /// One chain's results.
 #[derive(Clone, Debug)]
 pub struct ChainResult {
-    pub chain: &'static str,
+    /// Its name in `--json`.
+    pub key: &'static str,
+    /// Its heading in the table.
+    pub title: &'static str,
     pub requests: u64,
     pub succeeded: u64,
     pub backend_calls: u64,
+    pub backend: BackendCounts,
+    pub proxy: Proxy,
     pub p50: Duration,
+    pub p90: Duration,
     pub p99: Duration,
+    /// p90 of the requests sent after the scenario's `settled_after`.
+    pub p90_settled: Option<Duration>,
+    /// Requests sent after `settled_after` that failed.
+    pub failed_settled: Option<u64>,
     /// Seconds after the trouble ended until the load offered to the backend fit its
     /// capacity again; `None` if it never did within the run.
     pub recovery: Option<Duration>,
@@ -43,22 +105,32 @@ impl ChainResult {
         }
     }
 
+    /// Calls beyond one per request, as a share of the requests (0.05: 5% more load).
+    pub fn extra_load(&self) -> f64 {
+        if self.requests == 0 {
+            0.0
+        } else {
+            self.backend_calls as f64 / self.requests as f64 - 1.0
+        }
+    }
+
     pub fn build(
-        chain: &'static str,
+        (key, title): (&'static str, &'static str),
         records: &[Record],
         arrivals: &[u64],
-        backend_calls: u64,
+        backend: BackendCounts,
+        proxy: Proxy,
         scenario: &Scenario,
     ) -> Self {
-        let mut latencies: Vec<Duration> = records.iter().map(|r| r.latency).collect();
-        latencies.sort();
-        let pct = |p: f64| -> Duration {
-            if latencies.is_empty() {
-                return Duration::ZERO;
-            }
-            let i = ((p * latencies.len() as f64).ceil() as usize).clamp(1, latencies.len()) - 1;
-            latencies[i]
-        };
+        let latencies: Vec<Duration> = records.iter().map(|r| r.latency).collect();
+        let pct = |p: f64| percentile(latencies.clone(), p);
+        let settled = |after: Duration| records.iter().filter(move |r| r.sent >= after);
+        let p90_settled = scenario
+            .settled_after
+            .map(|after| percentile(settled(after).map(|r| r.latency).collect(), 0.9));
+        let failed_settled = scenario
+            .settled_after
+            .map(|after| settled(after).filter(|r| !r.ok).count() as u64);
         let run_secs = scenario.load.duration.as_secs_f64().ceil() as usize + 2;
         let per_sec = (Duration::from_secs(1).as_millis() / BUCKET.as_millis()) as usize;
         let backend_rps: Vec<f64> = (0..run_secs)
@@ -82,12 +154,18 @@ impl ChainResult {
             )
         });
         ChainResult {
-            chain,
+            key,
+            title,
             requests: records.len() as u64,
             succeeded: records.iter().filter(|r| r.ok).count() as u64,
-            backend_calls,
+            backend_calls: backend.calls,
+            backend,
+            proxy,
             p50: pct(0.50),
+            p90: pct(0.90),
             p99: pct(0.99),
+            p90_settled,
+            failed_settled,
             recovery,
             backend_rps,
             success_rps,
@@ -102,7 +180,19 @@ impl ChainResult {
             "backend_calls": self.backend_calls,
             "amplification": self.amplification(),
             "p50_ms": self.p50.as_secs_f64() * 1000.0,
+            "p90_ms": self.p90.as_secs_f64() * 1000.0,
             "p99_ms": self.p99.as_secs_f64() * 1000.0,
+            "p90_settled_ms": self.p90_settled.map(|d| d.as_secs_f64() * 1000.0),
+            "failed_settled": self.failed_settled,
+            "extra_load": self.extra_load(),
+            "abandoned_at_backend": self.backend.abandoned,
+            "silent_connections": self.backend.silent_connections,
+            "hedges": {
+                "won": self.proxy.hedges_won,
+                "lost": self.proxy.hedges_lost,
+                "denied": self.proxy.hedges_denied,
+            },
+            "ejections": self.proxy.ejections,
             "recovery_s": self.recovery.map(|d| d.as_secs_f64()),
             "series": {
                 "backend_rps": self.backend_rps,
@@ -110,6 +200,16 @@ impl ChainResult {
             },
         })
     }
+}
+
+/// The `p` quantile (nearest rank) of `latencies`; zero for none.
+fn percentile(mut latencies: Vec<Duration>, p: f64) -> Duration {
+    if latencies.is_empty() {
+        return Duration::ZERO;
+    }
+    latencies.sort();
+    let i = ((p * latencies.len() as f64).ceil() as usize).clamp(1, latencies.len()) - 1;
+    latencies[i]
 }
 
 /// From `from`, the first instant when the calls arriving over the next second fit
@@ -131,12 +231,19 @@ fn fmt_latency(d: Duration) -> String {
     }
 }
 
+/// One row of the table: its label, each chain's cell, and the published figure.
+type Row = (String, Vec<String>, String);
+
 /// The side-by-side table.
-pub fn table(s: &Scenario, naive: &ChainResult, owned: &ChainResult) -> String {
+pub fn table(s: &Scenario, chains: &[ChainResult]) -> String {
     let published: Option<&Published> = s.published.as_ref();
-    let mut rows: Vec<(String, String, String, String)> = Vec::new();
+    let mut rows: Vec<Row> = Vec::new();
     let mut row = |label: &str, f: &dyn Fn(&ChainResult) -> String, p: Option<String>| {
-        rows.push((label.to_string(), f(naive), f(owned), p.unwrap_or_default()));
+        rows.push((
+            label.to_string(),
+            chains.iter().map(f).collect(),
+            p.unwrap_or_default(),
+        ));
     };
     row(
         "requests",
@@ -169,11 +276,57 @@ pub fn table(s: &Scenario, naive: &ChainResult, owned: &ChainResult) -> String {
         &|c| fmt_latency(c.p50),
         published.map(|p| fmt_latency(p.p50)),
     );
+    row("latency p90", &|c| fmt_latency(c.p90), None);
     row(
         "latency p99",
         &|c| fmt_latency(c.p99),
         published.map(|p| fmt_latency(p.p99)),
     );
+    if let Some(after) = s.settled_after {
+        let label = format!("p90 after {:.0}s", after.as_secs_f64());
+        row(
+            &label,
+            &|c| c.p90_settled.map_or(String::new(), fmt_latency),
+            None,
+        );
+        let label = format!("failed after {:.0}s", after.as_secs_f64());
+        row(
+            &label,
+            &|c| c.failed_settled.map_or(String::new(), |n| n.to_string()),
+            None,
+        );
+    }
+    if chains
+        .iter()
+        .any(|c| c.proxy.hedges_sent() + c.proxy.hedges_denied > 0)
+    {
+        row(
+            "extra load",
+            &|c| format!("{:.1}%", c.extra_load() * 100.0),
+            None,
+        );
+        row(
+            "hedges won/lost/denied",
+            &|c| {
+                let p = &c.proxy;
+                format!("{}/{}/{}", p.hedges_won, p.hedges_lost, p.hedges_denied)
+            },
+            None,
+        );
+        row(
+            "cancelled at backend",
+            &|c| c.backend.abandoned.to_string(),
+            None,
+        );
+    }
+    if chains.iter().any(|c| c.backend.silent_connections > 0) {
+        row(
+            "to the silent endpoint",
+            &|c| format!("{} connections", c.backend.silent_connections),
+            None,
+        );
+        row("ejections", &|c| c.proxy.ejections.to_string(), None);
+    }
     if s.recovery_from.is_some() {
         row(
             "recovery",
@@ -184,28 +337,32 @@ pub fn table(s: &Scenario, naive: &ChainResult, owned: &ChainResult) -> String {
             None,
         );
     }
-    let head = (
+    let head: Row = (
         String::new(),
-        "naive (blind retries)".to_string(),
-        "owned (tollgate)".to_string(),
+        chains.iter().map(|c| c.title.to_string()).collect(),
         published.map_or(String::new(), |p| p.source.to_string()),
     );
-    let all: Vec<&(String, String, String, String)> =
-        std::iter::once(&head).chain(rows.iter()).collect();
+    let all: Vec<&Row> = std::iter::once(&head).chain(rows.iter()).collect();
     let w0 = all.iter().map(|r| r.0.len()).max().unwrap_or(0);
-    let w1 = all.iter().map(|r| r.1.len()).max().unwrap_or(0);
-    let w2 = all.iter().map(|r| r.2.len()).max().unwrap_or(0);
+    let widths: Vec<usize> = (0..chains.len())
+        .map(|i| all.iter().map(|r| r.1[i].len()).max().unwrap_or(0))
+        .collect();
     let mut out = format!("tollgate lab: {}\n{}\n\n", s.name, s.about);
     for r in all {
-        let line = format!("  {:<w0$}   {:<w1$}   {:<w2$}   {}", r.0, r.1, r.2, r.3);
+        let mut line = format!("  {:<w0$}", r.0);
+        for (cell, w) in r.1.iter().zip(&widths) {
+            line.push_str(&format!("   {cell:<w$}"));
+        }
+        line.push_str("   ");
+        line.push_str(&r.2);
         out.push_str(line.trim_end());
         out.push('\n');
     }
     out
 }
 
-pub fn to_json(s: &Scenario, naive: &ChainResult, owned: &ChainResult) -> Value {
-    json!({
+pub fn to_json(s: &Scenario, chains: &[ChainResult]) -> Value {
+    let mut v = json!({
         "scenario": s.name,
         "description": s.about,
         "load": {
@@ -215,8 +372,7 @@ pub fn to_json(s: &Scenario, naive: &ChainResult, owned: &ChainResult) -> Value 
             "patience_ms": s.load.patience.as_millis() as u64,
         },
         "backend_capacity_rps": s.backend.capacity(&s.backend.normal),
-        "naive": naive.to_json(),
-        "owned": owned.to_json(),
+        "chains": chains.iter().map(|c| c.key).collect::<Vec<_>>(),
         "published": s.published.map(|p| json!({
             "source": p.source,
             "requests": p.requests,
@@ -227,7 +383,11 @@ pub fn to_json(s: &Scenario, naive: &ChainResult, owned: &ChainResult) -> Value 
             "p50_ms": p.p50.as_secs_f64() * 1000.0,
             "p99_ms": p.p99.as_secs_f64() * 1000.0,
         })),
-    })
+    });
+    for c in chains {
+        v[c.key] = c.to_json();
+    }
+    v
 }
 
 #[cfg(test)]

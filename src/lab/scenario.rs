@@ -12,6 +12,11 @@
 //!   a per-upstream budget (20 % of requests plus 10 retries a second, the share the
 //!   published budgeted chain used), and the ownership rule, so the layer nearest the
 //!   failure owns the retry and the edge passes its verdict back.
+//!
+//! Two scenarios are about the endpoints rather than retry storms, and compare the
+//! owned chain with and without one feature: `hedge` (a slow tail, without and with
+//! `[hedge]`) and `blackhole` (one of three endpoints silent, without and with
+//! `[outlier]`, beside a run where all three answer).
 
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -40,6 +45,45 @@ pub struct Scenario {
     /// When the trouble ends, for scenarios that report recovery.
     pub recovery_from: Option<Duration>,
     pub published: Option<Published>,
+    /// The chains run side by side, each with a backend of its own.
+    pub columns: Vec<Column>,
+    /// Latency is also reported for the requests sent after this (the first seconds,
+    /// while the proxy learns, left out).
+    pub settled_after: Option<Duration>,
+}
+
+/// One chain of a scenario, and the backend it runs against.
+#[derive(Clone, Copy, Debug)]
+pub struct Column {
+    pub chain: Chain,
+    /// Its name in `--json` and in the progress line.
+    pub key: &'static str,
+    /// Its heading in the table.
+    pub title: &'static str,
+    /// Endpoints of the backend that answer.
+    pub endpoints: usize,
+    /// Endpoints that accept connections and never answer ([`super::backend::Silent`]).
+    pub silent: usize,
+}
+
+/// The columns of the retry-storm scenarios.
+fn naive_and_owned() -> Vec<Column> {
+    vec![
+        Column {
+            chain: Chain::Naive,
+            key: "naive",
+            title: "naive (blind retries)",
+            endpoints: 1,
+            silent: 0,
+        },
+        Column {
+            chain: Chain::Owned,
+            key: "owned",
+            title: "owned (tollgate)",
+            endpoints: 1,
+            silent: 0,
+        },
+    ]
 }
 
 /// Flags that override a scenario's parameters.
@@ -50,7 +94,7 @@ pub struct Overrides {
     pub error_rate: Option<f64>,
 }
 
-pub const NAMES: [&str; 4] = ["storm", "brownout", "dip", "down"];
+pub const NAMES: [&str; 6] = ["storm", "brownout", "dip", "down", "hedge", "blackhole"];
 
 fn ms(n: u64) -> Duration {
     Duration::from_millis(n)
@@ -67,6 +111,8 @@ pub fn scenario(name: &str, o: &Overrides) -> Option<Scenario> {
         "brownout" => brownout(),
         "dip" => dip(),
         "down" => down(),
+        "hedge" => hedge(),
+        "blackhole" => blackhole(),
         _ => return None,
     };
     if let Some(d) = o.duration {
@@ -78,6 +124,7 @@ pub fn scenario(name: &str, o: &Overrides) -> Option<Scenario> {
             *to = to.mul_f64(k);
         }
         s.recovery_from = s.recovery_from.map(|r| r.mul_f64(k));
+        s.settled_after = s.settled_after.map(|r| r.mul_f64(k));
     }
     if let Some(r) = o.rps {
         s.load.rps = r;
@@ -113,11 +160,14 @@ fn storm() -> Scenario {
             normal: Condition {
                 service: Duration::from_micros(33_333),
                 error_rate: 0.4,
+                slow_share: 0.0,
                 down: false,
             },
             episodes: vec![],
         },
         recovery_from: None,
+        columns: naive_and_owned(),
+        settled_after: None,
         published: Some(Published {
             source: "published budgeted chain (2026-07-08)",
             requests: 1200,
@@ -149,6 +199,7 @@ fn brownout() -> Scenario {
             normal: Condition {
                 service: ms(150),
                 error_rate: 0.0,
+                slow_share: 0.0,
                 down: false,
             },
             episodes: vec![(
@@ -157,12 +208,15 @@ fn brownout() -> Scenario {
                 Condition {
                     service: ms(900),
                     error_rate: 0.0,
+                    slow_share: 0.0,
                     down: false,
                 },
             )],
         },
         recovery_from: Some(secs(40)),
         published: None,
+        columns: naive_and_owned(),
+        settled_after: None,
     }
 }
 
@@ -183,6 +237,7 @@ fn dip() -> Scenario {
             normal: Condition {
                 service: ms(100),
                 error_rate: 0.0,
+                slow_share: 0.0,
                 down: false,
             },
             episodes: vec![(
@@ -191,12 +246,15 @@ fn dip() -> Scenario {
                 Condition {
                     service: ms(500),
                     error_rate: 0.0,
+                    slow_share: 0.0,
                     down: false,
                 },
             )],
         },
         recovery_from: Some(secs(7)),
         published: None,
+        columns: naive_and_owned(),
+        settled_after: None,
     }
 }
 
@@ -217,6 +275,7 @@ fn down() -> Scenario {
             normal: Condition {
                 service: ms(100),
                 error_rate: 0.0,
+                slow_share: 0.0,
                 down: false,
             },
             episodes: vec![(
@@ -225,12 +284,98 @@ fn down() -> Scenario {
                 Condition {
                     service: ms(100),
                     error_rate: 0.0,
+                    slow_share: 0.0,
                     down: true,
                 },
             )],
         },
         recovery_from: Some(secs(15)),
         published: None,
+        columns: naive_and_owned(),
+        settled_after: None,
+    }
+}
+
+/// A dependency with a slow tail: 2% of its answers take ten times the median
+/// (20 ms, so 200 ms), at a tenth of its capacity. Without hedging that tail is the
+/// p99; with hedging after the p95, the slow attempts get a second one.
+fn hedge() -> Scenario {
+    let endpoint = |chain, key, title| Column {
+        chain,
+        key,
+        title,
+        endpoints: 3,
+        silent: 0,
+    };
+    Scenario {
+        name: "hedge",
+        about: String::new(),
+        load: LoadSpec {
+            rps: 200.0,
+            duration: secs(30),
+            deadline: secs(1),
+            patience: secs(2),
+            host: "api",
+        },
+        backend: Schedule {
+            workers: 64,
+            normal: Condition {
+                service: ms(20),
+                error_rate: 0.0,
+                slow_share: 0.02,
+                down: false,
+            },
+            episodes: vec![],
+        },
+        recovery_from: None,
+        published: None,
+        columns: vec![
+            endpoint(Chain::Owned, "plain", "without hedging"),
+            endpoint(Chain::Hedged, "hedged", "hedged (p95, max_extra 5%)"),
+        ],
+        settled_after: None,
+    }
+}
+
+/// Three endpoints, one of which accepts connections and never answers (a hung pod
+/// that still passes its TCP check): side by side, a run where all three answer, the
+/// silent one without outlier ejection, and with it.
+fn blackhole() -> Scenario {
+    let column = |chain, key, title, endpoints, silent| Column {
+        chain,
+        key,
+        title,
+        endpoints,
+        silent,
+    };
+    Scenario {
+        name: "blackhole",
+        about: String::new(),
+        load: LoadSpec {
+            rps: 100.0,
+            duration: secs(30),
+            deadline: secs(1),
+            patience: secs(2),
+            host: "api",
+        },
+        backend: Schedule {
+            workers: 30,
+            normal: Condition {
+                service: ms(20),
+                error_rate: 0.0,
+                slow_share: 0.0,
+                down: false,
+            },
+            episodes: vec![],
+        },
+        recovery_from: None,
+        published: None,
+        columns: vec![
+            column(Chain::Ejecting, "healthy", "three answering", 3, 0),
+            column(Chain::Owned, "silent", "one silent", 2, 1),
+            column(Chain::Ejecting, "ejecting", "one silent, [outlier]", 2, 1),
+        ],
+        settled_after: Some(secs(3)),
     }
 }
 
@@ -243,7 +388,7 @@ fn describe(s: &Scenario) -> String {
         s.load.deadline.as_millis(),
         cap
     );
-    let errors = if s.backend.normal.error_rate > 0.0 {
+    let mut errors = if s.backend.normal.error_rate > 0.0 {
         format!(
             " with a {:.0}% base error rate",
             s.backend.normal.error_rate * 100.0
@@ -251,6 +396,20 @@ fn describe(s: &Scenario) -> String {
     } else {
         String::new()
     };
+    if s.backend.normal.slow_share > 0.0 {
+        errors.push_str(&format!(
+            ", {:.0}% of answers ten times slower than the median {} ms",
+            s.backend.normal.slow_share * 100.0,
+            s.backend.normal.service.as_millis()
+        ));
+    }
+    if let Some(c) = s.columns.iter().find(|c| c.silent > 0) {
+        errors.push_str(&format!(
+            ", {} of its {} endpoints silent (accepting and never answering)",
+            c.silent,
+            c.endpoints + c.silent
+        ));
+    }
     let episodes: Vec<String> = s
         .backend
         .episodes
@@ -282,20 +441,15 @@ fn describe(s: &Scenario) -> String {
     }
 }
 
-/// Which of the two chains.
+/// How a chain's tollgates are configured.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Chain {
     Naive,
     Owned,
-}
-
-impl Chain {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Chain::Naive => "naive",
-            Chain::Owned => "owned",
-        }
-    }
+    /// Owned, with `[hedge]` after the p95 and `max_extra = 0.05` at the api hop.
+    Hedged,
+    /// Owned, with `[outlier]` (its defaults) at the api hop.
+    Ejecting,
 }
 
 fn listener() -> &'static str {
@@ -303,35 +457,51 @@ fn listener() -> &'static str {
 }
 
 /// The edge tollgate's config: it forwards `Host: api` to the api tollgate at `next`.
+/// Hedging and ejection are the api hop's, nearest the endpoints.
 pub fn edge_config(chain: Chain, next: SocketAddr, s: &Scenario) -> String {
-    hop(chain, "api", "backend", next, s, true)
+    let chain = if chain == Chain::Naive {
+        Chain::Naive
+    } else {
+        Chain::Owned
+    };
+    hop(chain, "api", "backend", &[next], s, true)
 }
 
-/// The api tollgate's config: it forwards `Host: backend` to the backend at `next`.
-pub fn api_config(chain: Chain, next: SocketAddr, s: &Scenario) -> String {
-    hop(chain, "backend", "backend", next, s, false)
+/// The api tollgate's config: it forwards `Host: backend` to the backend's endpoints.
+pub fn api_config(chain: Chain, endpoints: &[SocketAddr], s: &Scenario) -> String {
+    hop(chain, "backend", "backend", endpoints, s, false)
 }
 
 fn hop(
     chain: Chain,
     name: &str,
     host_out: &str,
-    next: SocketAddr,
+    endpoints: &[SocketAddr],
     s: &Scenario,
     edge: bool,
 ) -> String {
     let authority = if edge { "api" } else { "backend" };
+    let next = endpoints
+        .iter()
+        .map(|a| format!("\"{a}\""))
+        .collect::<Vec<_>>()
+        .join(", ");
+    let feature = match chain {
+        Chain::Hedged => format!("[upstreams.{name}.hedge]\nafter = \"p95\"\nmax_extra = 0.05\n"),
+        Chain::Ejecting => format!("[upstreams.{name}.outlier]\n"),
+        Chain::Naive | Chain::Owned => String::new(),
+    };
     match chain {
         Chain::Naive => format!(
             "{}[deadline]\naccept = []\n\
-             [upstreams.{name}]\nauthorities = [\"{authority}\"]\nendpoints = [\"{next}\"]\nhost = \"{host_out}\"\n\
+             [upstreams.{name}]\nauthorities = [\"{authority}\"]\nendpoints = [{next}]\nhost = \"{host_out}\"\n\
              connect_timeout = \"1s\"\nrequest_timeout = \"1h\"\nattempt_timeout = \"{}\"\nmax_inflight = 100000\n\
              [upstreams.{name}.retry]\nmax_attempts = 3\nbackoff_base = \"50ms\"\nbackoff_max = \"50ms\"\n\
              backoff_jitter = \"none\"\nretry_after = \"ignore\"\nownership = \"ignore\"\n",
             listener(),
             if edge { "600ms" } else { "200ms" }
         ),
-        Chain::Owned => {
+        Chain::Owned | Chain::Hedged | Chain::Ejecting => {
             // The edge's attempt may take the whole deadline; the api's attempts are a
             // fraction of it so a retry still fits. Patience shrinks with depth.
             let deadline = s.load.deadline.as_millis();
@@ -341,10 +511,10 @@ fn hop(
                 (deadline / 2).max(50)
             };
             format!(
-                "{}[upstreams.{name}]\nauthorities = [\"{authority}\"]\nendpoints = [\"{next}\"]\nhost = \"{host_out}\"\n\
+                "{}[upstreams.{name}]\nauthorities = [\"{authority}\"]\nendpoints = [{next}]\nhost = \"{host_out}\"\n\
                  connect_timeout = \"200ms\"\nrequest_timeout = \"{deadline}ms\"\nattempt_timeout = \"{attempt}ms\"\nmax_inflight = 100000\n\
                  [upstreams.{name}.retry]\nmax_attempts = 3\nbackoff_base = \"25ms\"\nbackoff_max = \"1s\"\n\
-                 [upstreams.{name}.budget]\nratio = 0.2\nmin_per_sec = 10\nwindow = \"10s\"\n",
+                 [upstreams.{name}.budget]\nratio = 0.2\nmin_per_sec = 10\nwindow = \"10s\"\n{feature}",
                 listener()
             )
         }
@@ -360,8 +530,12 @@ mod tests {
         let addr: SocketAddr = "127.0.0.1:1".parse().unwrap();
         for name in NAMES {
             let s = scenario(name, &Overrides::default()).unwrap();
-            for chain in [Chain::Naive, Chain::Owned] {
-                for text in [edge_config(chain, addr, &s), api_config(chain, addr, &s)] {
+            for chain in s.columns.iter().map(|c| c.chain) {
+                let endpoints = [addr, "127.0.0.1:2".parse().unwrap()];
+                for text in [
+                    edge_config(chain, addr, &s),
+                    api_config(chain, &endpoints, &s),
+                ] {
                     crate::config::parse("lab.toml", &text, std::path::Path::new("."))
                         .unwrap_or_else(|e| panic!("{name} {chain:?}: {e}\n{text}"));
                 }

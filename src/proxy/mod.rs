@@ -116,7 +116,8 @@ const SWEEP_EVERY: Duration = Duration::from_secs(2);
 
 /// Closes, every [`SWEEP_EVERY`], the idle upstream connections their endpoint has
 /// closed, so a quiet upstream does not leave sockets half-closed until its next
-/// request.
+/// request; and re-admits the ejected endpoints whose time is up, so the log says so
+/// when it happens, not at the next request.
 fn sweeper(shared: &Arc<Shared>) -> JoinHandle<()> {
     let shared = Arc::downgrade(shared);
     tokio::spawn(async move {
@@ -131,6 +132,7 @@ fn sweeper(shared: &Arc<Shared>) -> JoinHandle<()> {
                 for ep in up.endpoints.iter() {
                     ep.sweep();
                 }
+                up.endpoints.readmit_due();
             }
         }
     })

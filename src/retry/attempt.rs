@@ -8,25 +8,32 @@
 //! ([`NotUpstream`]): the app's body broke as it was sent (counted `cancelled`), and
 //! this process ran out of file descriptors before a connection could be opened (not
 //! counted as an attempt at all). Neither is retried nor held against the endpoint.
+//!
+//! The attempt owns what it sends (its head's own fields, its body) and borrows only
+//! the request's shared head, so two attempts of one request can run side by side (a
+//! hedge). What it came to is reported to the endpoint's health
+//! ([`crate::upstream::outlier`]) and to the latency estimates, once.
 
 use http::{HeaderName, Response};
 use tokio::time::{Instant, timeout_at};
 
-use super::headers::{ATTEMPT_HEADER, count_value};
+use super::headers::{ATTEMPT_HEADER, HEDGE_HEADER, HEDGE_VALUE, count_value, endpoint_failed};
 use super::policy::Failure;
-use super::replay::{AppBody, BodySource};
+use super::replay::{AppBody, ReplayBody};
 use super::upstream::Upstream;
 use crate::deadline;
 use crate::descriptors::Throttled;
-use crate::metrics::{AttemptResult, UpstreamMetrics};
+use crate::metrics::AttemptResult;
+use crate::upstream::outlier::Verdict;
 use crate::upstream::pool::{SendError, Want, clock_ms};
 use crate::upstream::request::{AttemptFields, RequestHead};
-use crate::upstream::response::UpstreamBody;
+use crate::upstream::response::{Fields, UpstreamBody};
 use crate::upstream::tls_failure;
 
 /// The names of the per-attempt fields, borrowed by every attempt.
 static ATTEMPT_NAME: HeaderName = ATTEMPT_HEADER;
 static GRPC_TIMEOUT_NAME: HeaderName = deadline::GRPC_TIMEOUT;
+static HEDGE_NAME: HeaderName = HEDGE_HEADER;
 
 /// Stale pooled connections skipped within one attempt before giving up on it.
 const MAX_STALE: u32 = 3;
@@ -68,41 +75,57 @@ pub(super) struct Attempt<'a, A> {
     pub endpoint: usize,
     /// 1 for the first try.
     pub number: u32,
+    /// Sent beside another attempt still running (`x-tollgate-hedge: 1`).
+    pub hedge: bool,
     pub want: Want,
     pub started: Instant,
     /// When tollgate stops waiting for this attempt's response head.
     pub by: Instant,
+    /// Whether `by` is the whole `attempt_timeout` (not cut short by the deadline): a
+    /// timeout is then the endpoint's failure.
+    pub full_time: bool,
     /// A gRPC call with a deadline of its caller's own: when that ends (sent as
     /// `grpc-timeout`, which a gRPC server applies to the whole call).
     pub grpc_deadline: Option<Instant>,
-    /// How much of the app's body to keep for a replay (0: no retry can follow).
-    pub keep: usize,
+    /// The request's head, shared with every attempt of the request.
+    pub head: RequestHead<'a>,
+    pub body: ReplayBody<A>,
+}
+
+/// What an attempt came to.
+pub(super) struct Ran<A> {
+    pub result: Result<Response<UpstreamBody>, AttemptError>,
+    /// The body, when it never left (no connection took it): the next attempt sends it.
+    pub unsent: Option<ReplayBody<A>>,
+    /// What went wrong, when it is worth telling the app (a TLS failure's reason).
+    pub detail: Option<String>,
+    pub endpoint: usize,
 }
 
 impl<'a, A: AppBody> Attempt<'a, A> {
-    /// Runs the attempt: `head` goes out with this attempt's fields, the body is taken
-    /// from `body` (and given back when it never left).
-    /// `detail` is set to what went wrong when it is worth telling the app (a TLS
-    /// failure's reason).
-    pub async fn run<'h>(
-        self,
-        head: &mut RequestHead<'h>,
-        body: &mut BodySource<A>,
-        detail: &mut Option<String>,
-    ) -> Result<Response<UpstreamBody>, AttemptError>
-    where
-        'a: 'h,
-    {
+    /// Runs the attempt: the head goes out with this attempt's fields, then the body
+    /// (which comes back in [`Ran::unsent`] when it never left).
+    pub async fn run(mut self) -> Ran<A> {
         let mut record = Record {
-            metrics: &self.up.metrics,
+            up: self.up,
+            started: self.started,
             done: false,
         };
-        let result = match self.exchange(head, body, detail).await {
+        let watch = self.body.watch();
+        let mut body = Some(std::mem::replace(&mut self.body, ReplayBody::Empty));
+        let mut detail = None;
+        let result = match self.exchange(&mut body, &mut detail).await {
             // Whatever the exchange then failed with, the app's body broke first.
-            Err(AttemptError::Upstream(_)) if body.app_failed() => {
+            Err(AttemptError::Upstream(_)) if watch.app_failed() => {
                 Err(AttemptError::NotUpstream(NotUpstream::AppBody))
             }
             r => r,
+        };
+        let ran = |result| Ran {
+            result,
+            unsent: body,
+            detail,
+            endpoint: self.endpoint,
         };
         let r = match &result {
             Ok(resp) => AttemptResult::of_status(resp.status().as_u16()),
@@ -112,26 +135,41 @@ impl<'a, A: AppBody> Attempt<'a, A> {
             Err(AttemptError::Upstream(_)) => AttemptResult::Reset,
             Err(AttemptError::NotUpstream(NotUpstream::AppBody)) => {
                 record.cancelled();
-                return result;
+                return ran(result);
             }
             Err(AttemptError::NotUpstream(NotUpstream::NoDescriptors)) => {
                 record.done = true;
-                return result;
+                return ran(result);
             }
         };
-        record.finish(self.up, r, self.started);
-        result
+        if self.up.endpoints.ejects() {
+            let verdict = self.verdict(&result);
+            self.up.endpoints.report(self.endpoint, verdict);
+        }
+        record.finish(&result, r);
+        ran(result)
     }
 
-    async fn exchange<'h>(
-        &self,
-        head: &mut RequestHead<'h>,
-        body: &mut BodySource<A>,
+    /// What the result says about the endpoint.
+    fn verdict(&self, result: &Result<Response<UpstreamBody>, AttemptError>) -> Verdict {
+        match result {
+            Ok(resp) if endpoint_failed(resp.status().as_u16(), Fields::of(resp)) => {
+                Verdict::Failure
+            }
+            Ok(_) => Verdict::Success,
+            // Cut short by the caller's deadline, the attempt did not have the time an
+            // endpoint is judged by.
+            Err(AttemptError::Upstream(Failure::Timeout)) if !self.full_time => Verdict::Neutral,
+            Err(AttemptError::Upstream(_)) => Verdict::Failure,
+            Err(AttemptError::NotUpstream(_)) => Verdict::Neutral,
+        }
+    }
+
+    async fn exchange(
+        &mut self,
+        body: &mut Option<ReplayBody<A>>,
         detail: &mut Option<String>,
-    ) -> Result<Response<UpstreamBody>, AttemptError>
-    where
-        'a: 'h,
-    {
+    ) -> Result<Response<UpstreamBody>, AttemptError> {
         let cfg = &self.up.config;
         let endpoint = self.up.endpoints.get(self.endpoint);
         let tls = self.up.tls.as_deref();
@@ -155,7 +193,9 @@ impl<'a, A: AppBody> Attempt<'a, A> {
                             return Err(AttemptError::NotUpstream(NotUpstream::NoDescriptors));
                         }
                         Ok(Err(e)) => {
-                            if let Some(reason) = e.tls_reason() {
+                            let client_cert =
+                                cfg.tls.as_ref().is_some_and(|t| t.client_cert.is_some());
+                            if let Some(reason) = e.tls_reason(client_cert) {
                                 return Err(self.tls_failed(reason, detail).into());
                             }
                             tracing::debug!(upstream = %cfg.name, endpoint = %endpoint.addr, error = %e, "connect failed");
@@ -169,18 +209,21 @@ impl<'a, A: AppBody> Attempt<'a, A> {
                 }
             };
             // A pooled connection is taken at once: the attempt's start is still now.
-            head.fields = self.fields(if fresh { Instant::now() } else { self.started });
+            let now = if fresh { Instant::now() } else { self.started };
+            self.head.fields = self.fields(now);
             // As curl waits, but leaving most of the attempt's time to the exchange.
-            head.continue_wait =
-                CONTINUE_WAIT.min(self.by.saturating_duration_since(Instant::now()) / 4);
-            match timeout_at(self.by, conn.send(head, body.take(self.keep))).await {
+            self.head.continue_wait = CONTINUE_WAIT.min(self.by.saturating_duration_since(now) / 4);
+            let Some(sending) = body.take() else {
+                return Err(Failure::ConnectFailure.into());
+            };
+            match timeout_at(self.by, conn.send(&self.head, sending)).await {
                 Err(_) => return Err(Failure::Timeout.into()),
                 Ok(Ok(resp)) => return Ok(resp),
                 Ok(Err(SendError::NotSent(unsent, _))) => {
                     // The pooled connection had closed under us: the request never
                     // left, so it goes out on another connection as the same attempt,
                     // or, after a few, as the next attempt.
-                    body.give_back(unsent);
+                    *body = Some(unsent);
                     stale += 1;
                     if stale > MAX_STALE {
                         return Err(Failure::ConnectFailure.into());
@@ -220,8 +263,8 @@ impl<'a, A: AppBody> Attempt<'a, A> {
     }
 
     /// The per-attempt fields: the attempt number, the time this attempt may take,
-    /// `min(attempt_timeout, time left)`, and for a gRPC call with a deadline the time
-    /// left of the caller's own.
+    /// `min(attempt_timeout, time left)`, for a gRPC call with a deadline the time
+    /// left of the caller's own, and on a hedge `x-tollgate-hedge: 1`.
     fn fields(&self, now: Instant) -> AttemptFields<'a> {
         let left = self.by.saturating_duration_since(now);
         AttemptFields([
@@ -231,35 +274,52 @@ impl<'a, A: AppBody> Attempt<'a, A> {
                 let left = at.saturating_duration_since(now);
                 (&GRPC_TIMEOUT_NAME, deadline::format_grpc_timeout(left))
             }),
+            self.hedge.then_some((&HEDGE_NAME, HEDGE_VALUE)),
         ])
     }
 }
 
 /// Records an attempt's result exactly once; dropped before, it records `cancelled`.
-struct Record<'a> {
-    metrics: &'a UpstreamMetrics,
+struct Record<'a, A> {
+    up: &'a Upstream<A>,
+    started: Instant,
     done: bool,
 }
 
-impl Record<'_> {
+impl<A> Record<'_, A> {
     fn cancelled(&mut self) {
         self.done = true;
-        self.metrics.attempt(AttemptResult::Cancelled);
+        self.up.metrics.attempt(AttemptResult::Cancelled);
     }
 
-    fn finish<A>(&mut self, up: &Upstream<A>, result: AttemptResult, started: Instant) {
+    fn finish(&mut self, result: &Result<Response<UpstreamBody>, AttemptError>, r: AttemptResult) {
         self.done = true;
-        let took = started.elapsed();
-        self.metrics.attempt(result);
-        self.metrics.attempt_duration.observe(took.as_secs_f64());
-        up.median.observe(took);
+        let took = self.started.elapsed();
+        let metrics = &self.up.metrics;
+        metrics.attempt(r);
+        metrics.attempt_duration.observe(took.as_secs_f64());
+        self.up.median.observe(took);
+        if let Some(h) = &self.up.hedge {
+            // The hedge delay is about response heads: a connection refused at once
+            // says nothing of it, an attempt that timed out took at least its time.
+            match result {
+                Ok(_) => h.observe(took),
+                Err(AttemptError::Upstream(Failure::Timeout)) => h.observe_at_least(took),
+                Err(_) => {}
+            }
+        }
     }
 }
 
-impl Drop for Record<'_> {
+impl<A> Drop for Record<'_, A> {
     fn drop(&mut self) {
         if !self.done {
-            self.metrics.attempt(AttemptResult::Cancelled);
+            self.up.metrics.attempt(AttemptResult::Cancelled);
+            // A hedge's loser, or an attempt the app or the deadline cut off: it had
+            // not answered after this long.
+            if let Some(h) = &self.up.hedge {
+                h.observe_at_least(self.started.elapsed());
+            }
         }
     }
 }

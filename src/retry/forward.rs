@@ -1,27 +1,42 @@
 //! The attempt loop: one request in, one answer out, with every retry tollgate makes on
-//! the app's behalf in between.
+//! the app's behalf in between, and the hedge beside a slow attempt.
 //!
-//! Each turn picks an endpoint (a different one after a failure), runs an [`Attempt`],
-//! and judges what came back. A failure goes to [`Policy::decide`], which either names
-//! the reason to stop or grants a retry from the budget with a full-jitter sleep. The
-//! app's body across attempts is the [`BodySource`]'s to keep. When the caller leaves
-//! or the deadline passes, the future is dropped: the attempt in flight is cancelled
-//! and its connection closed, never returned to the pool.
+//! Each turn picks an endpoint (a different one after a failure), starts an [`Attempt`]
+//! and waits for it. A request that may be sent again gets at most one hedge: when the
+//! attempt has not answered by the hedge delay ([`Hedging`]), a second attempt goes to
+//! another endpoint beside it. The first answer that is neither a failure `retry.on`
+//! lists nor `retry-rejected` wins, and the other attempt is dropped at once (its
+//! HTTP/1.1 connection closed, its HTTP/2 stream reset); a failure that comes while the
+//! other attempt still runs is put aside. When the last attempt in flight has failed,
+//! [`Policy::decide`] either names the reason to stop or grants a retry from the budget
+//! with a full-jitter sleep. The app's body across attempts is the [`BodySource`]'s to
+//! keep. When the caller leaves or the deadline passes, the future is dropped: every
+//! attempt in flight is cancelled and its connection closed, never returned to the
+//! pool.
+//!
+//! The two attempts are polled side by side in this task, with no task or channel of
+//! their own: the first lives in this future, the hedge (rare, within `max_extra`) in a
+//! box.
+//!
+//! [`Hedging`]: super::hedge::Hedging
 
+use std::future::Future;
+use std::pin::{Pin, pin};
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use http::{HeaderMap, Method, Response, StatusCode, Uri, Version};
 use http_body::Body;
-use tokio::time::Instant;
+use tokio::time::{Instant, Sleep};
 
-use super::attempt::{Attempt, AttemptError, NotUpstream};
+use super::attempt::{Attempt, AttemptError, NotUpstream, Ran};
 use super::backoff::Backoff;
-use super::headers::{outcome_of, owned_elsewhere};
+use super::headers::{outcome_of, owned_elsewhere, refused_as_retry};
 use super::policy::{self, Failure, Policy, Situation, Stop};
-use super::replay::{AppBody, BodySource};
+use super::replay::{AppBody, BodySource, ReplayBody};
 use super::upstream::Upstream;
 use crate::deadline::Deadline;
-use crate::metrics::{Denied, Outcome};
+use crate::metrics::{Denied, HedgeResult, Outcome, health};
 use crate::upstream::pool::Want;
 use crate::upstream::request::{AttemptFields, RequestHead};
 use crate::upstream::response::{Fields, UpstreamBody};
@@ -36,7 +51,7 @@ pub struct Exchange<A> {
     pub headers: HeaderMap,
     pub body: A,
     pub deadline: Deadline,
-    /// When the request arrived.
+    /// When the request arrived: its first attempt starts then.
     pub arrived: Instant,
     /// A gRPC call: `grpc-timeout` carries the caller's own deadline, and tollgate's
     /// own answers are gRPC answers.
@@ -78,6 +93,8 @@ pub struct Answer {
     /// Nothing of the app's body was read, and nothing will be: an endpoint answered
     /// before its `100 Continue`, or no attempt took the body.
     pub body_untouched: bool,
+    /// A hedge was sent beside an attempt (it is counted in `attempts`).
+    pub hedged: bool,
 }
 
 /// What the attempts of a request went through, for the access log: the condition
@@ -108,23 +125,28 @@ const BODY_GRACE: Duration = Duration::from_millis(50);
 /// may take to arrive, once tollgate asks the app for it to retry.
 const EXPECT_GRACE: Duration = Duration::from_secs(1);
 
-/// One request on its way through its attempts.
-struct Call<'a, A> {
-    up: &'a Upstream<A>,
+/// What every attempt of a request sends ahead of its body; each attempt borrows it.
+struct Head {
     method: Method,
     uri: Uri,
     headers: HeaderMap,
+}
+
+/// One request on its way through its attempts.
+struct Call<'a, A> {
+    up: &'a Upstream<A>,
     deadline: Deadline,
-    arrived: Instant,
     grpc: bool,
     upgrade: bool,
     want: Want,
     /// A listed method or an idempotency key: the request may be sent again.
     retryable: bool,
     body: BodySource<A>,
-    /// Attempts started.
-    trail: Trail,
+    /// Attempts started (hedges included).
     attempts: u32,
+    /// When the request arrived.
+    arrived: Instant,
+    trail: Trail,
     /// The endpoint that failed last.
     avoid: Option<usize>,
     /// Endpoints (by index, the first 64) whose TLS failed for this request: a
@@ -133,82 +155,80 @@ struct Call<'a, A> {
     /// What the last attempt's failure had to say.
     detail: Option<String>,
     rng: Option<fastrand::Rng>,
+    /// The hedge was asked for (sent or denied): one per request.
+    hedge_asked: bool,
+    /// A hedge was sent.
+    hedged: bool,
 }
 
-/// Forwards `ex` to `up`, retrying as the policy allows.
+/// Forwards `ex` to `up`, retrying and hedging as the policy allows.
 pub async fn forward<A: AppBody>(up: &Upstream<A>, ex: Exchange<A>) -> Answer {
-    let mut call = Call::new(up, ex);
+    let (head, mut call) = Call::new(up, ex);
+    if let Some(h) = &up.hedge {
+        h.record_request(call.arrived);
+    }
+    let mut first = pin!(None);
+    let mut hedge: Option<Hedge<'_, _>> = None;
+    let mut timer = pin!(None::<Sleep>);
     loop {
         // The first attempt starts as the request arrived (a few microseconds ago):
         // no clock read of its own.
-        let started = if call.attempts == 0 {
+        let now = if call.attempts == 0 {
             call.arrived
         } else {
             Instant::now()
         };
-        if call.deadline.expired(started) {
+        if call.deadline.expired(now) {
             up.metrics.denied(Denied::Deadline);
             call.trail.denied = Some(Denied::Deadline);
             return call.local(StatusCode::GATEWAY_TIMEOUT, Outcome::DeadlineExceeded);
         }
         call.attempts += 1;
-        call.detail = None;
-        let endpoint = call.pick();
-        if call.attempts == 1 {
-            up.budget.record_first_attempt(started);
+        let endpoint = call.pick(call.avoid);
+        let keep = if call.retryable && call.attempts < up.config.retry.max_attempts {
+            up.config.retry.max_body
         } else {
-            up.budget.record_attempt(started);
-        }
-        let cfg = &up.config;
-        let attempt = Attempt {
-            up,
-            endpoint,
-            number: call.attempts,
-            want: call.want,
-            started,
-            by: (started + cfg.attempt_timeout).min(call.deadline.at()),
-            grpc_deadline: call.deadline.caller_at().filter(|_| call.grpc),
-            // Whether this attempt's request may have to be sent again after it is sent.
-            keep: if call.retryable && call.attempts < cfg.retry.max_attempts {
-                cfg.retry.max_body
-            } else {
-                0
-            },
+            0
         };
-        let mut head = RequestHead {
-            method: &call.method,
-            uri: &call.uri,
-            headers: &call.headers,
-            fields: AttemptFields::default(),
-            https: cfg.tls.is_some(),
-            continue_wait: std::time::Duration::ZERO,
-        };
-        let (failure, response) = match attempt
-            .run(&mut head, &mut call.body, &mut call.detail)
-            .await
-        {
-            Ok(resp) if resp.status() == StatusCode::SWITCHING_PROTOCOLS && !call.upgrade => {
-                // A switch nobody asked for: the connection speaks something else now,
-                // and is closed with the response.
-                drop(resp);
-                let mut answer = call.local(StatusCode::BAD_GATEWAY, Outcome::NotRetryable);
-                answer.detail = Some("the upstream switched protocols unasked (101)\n".into());
-                return answer;
-            }
-            Ok(resp) => {
-                match policy::classify_response(resp.status(), Fields::of(&resp), &cfg.retry.on) {
-                    None => return call.answer(resp, Outcome::Ok),
-                    Some(f) => (f, Some(resp)),
+        let body = call.body.take(keep);
+        let attempt = call.attempt(&head, endpoint, false, body, now);
+        timer.set(call.hedge_due(&attempt).map(tokio::time::sleep_until));
+        first.set(Some(attempt.run()));
+        // Until an answer, or until every attempt in flight has failed.
+        let (failure, response, failed_on) = loop {
+            let event =
+                std::future::poll_fn(|cx| race(cx, first.as_mut(), &mut hedge, timer.as_mut()))
+                    .await;
+            let (ran, finished) = match event {
+                Event::HedgeDue => {
+                    timer.set(None);
+                    if let Some(a) = call.hedge(&head, endpoint) {
+                        hedge = Some(Hedge::new(a.run(), &up.metrics.health));
+                    }
+                    continue;
                 }
+                Event::First(ran) => {
+                    first.set(None);
+                    (ran, None)
+                }
+                Event::Hedge(ran) => (ran, hedge.take()),
+            };
+            let others = first.is_some() || hedge.is_some();
+            match call.judge(ran, finished.is_some(), others) {
+                Step::Answer(answer) => {
+                    if let Some(mut h) = finished {
+                        h.won = matches!(answer.reply, Reply::Upstream(_));
+                    }
+                    return answer;
+                }
+                Step::Wait => {}
+                Step::Failed(f, resp, on) => break (f, resp, on),
             }
-            Err(AttemptError::Upstream(f)) => (f, None),
-            Err(AttemptError::NotUpstream(why)) => return call.not_upstream(why),
         };
-        if failure == Failure::Tls {
-            call.tls_failed |= 1 << (endpoint % 64);
-            if call.tls_failed.count_ones() as usize >= up.endpoints.len().min(64) {
-                return call.give_up(Stop::NoOtherEndpoint, failure, None);
-            }
+        if failure == Failure::Tls
+            && call.tls_failed.count_ones() as usize >= up.endpoints.len().min(64)
+        {
+            return call.give_up(Stop::NoOtherEndpoint, failure, None);
         }
         match call.decide(failure, response.as_ref()).await {
             Ok(sleep) => {
@@ -220,15 +240,87 @@ pub async fn forward<A: AppBody>(up: &Upstream<A>, ex: Exchange<A>) -> Answer {
                 if !sleep.is_zero() {
                     tokio::time::sleep(sleep).await;
                 }
-                call.avoid = Some(endpoint);
+                call.avoid = Some(failed_on);
             }
             Err(stop) => return call.give_up(stop, failure, response),
         }
     }
 }
 
+/// What the attempts in flight did.
+enum Event<T> {
+    First(T),
+    Hedge(T),
+    /// The first attempt has not answered by the hedge delay.
+    HedgeDue,
+}
+
+/// Polls the attempts in flight, then the hedge timer.
+fn race<F: Future>(
+    cx: &mut Context<'_>,
+    first: Pin<&mut Option<F>>,
+    hedge: &mut Option<Hedge<'_, F>>,
+    timer: Pin<&mut Option<Sleep>>,
+) -> Poll<Event<F::Output>> {
+    if let Some(f) = first.as_pin_mut()
+        && let Poll::Ready(ran) = f.poll(cx)
+    {
+        return Poll::Ready(Event::First(ran));
+    }
+    if let Some(h) = hedge
+        && let Poll::Ready(ran) = h.attempt.as_mut().poll(cx)
+    {
+        return Poll::Ready(Event::Hedge(ran));
+    }
+    if let Some(t) = timer.as_pin_mut()
+        && t.poll(cx).is_ready()
+    {
+        return Poll::Ready(Event::HedgeDue);
+    }
+    Poll::Pending
+}
+
+/// A hedge in flight. Dropped without having won (it failed, or the other attempt
+/// answered first and it was cancelled), it counts as lost.
+struct Hedge<'m, F> {
+    attempt: Pin<Box<F>>,
+    metrics: &'m health::Handles,
+    won: bool,
+}
+
+impl<'m, F> Hedge<'m, F> {
+    fn new(attempt: F, metrics: &'m health::Handles) -> Self {
+        Hedge {
+            attempt: Box::pin(attempt),
+            metrics,
+            won: false,
+        }
+    }
+}
+
+impl<F> Drop for Hedge<'_, F> {
+    fn drop(&mut self) {
+        self.metrics.hedge(if self.won {
+            HedgeResult::Won
+        } else {
+            HedgeResult::Lost
+        });
+    }
+}
+
+/// What a finished attempt means for the request.
+enum Step {
+    /// The answer for the app; whatever else is in flight is dropped.
+    Answer(Answer),
+    /// Put aside: another attempt is still running.
+    Wait,
+    /// The last attempt in flight failed (on this endpoint), with the response when
+    /// there was one.
+    Failed(Failure, Option<Response<UpstreamBody>>, usize),
+}
+
 impl<'a, A: AppBody> Call<'a, A> {
-    fn new(up: &'a Upstream<A>, ex: Exchange<A>) -> Self {
+    fn new(up: &'a Upstream<A>, ex: Exchange<A>) -> (Head, Self) {
         let retry = &up.config.retry;
         // An upgrade changes the connection for good once it is answered: never sent
         // twice.
@@ -239,43 +331,175 @@ impl<'a, A: AppBody> Call<'a, A> {
                     .idempotency_header
                     .as_ref()
                     .is_some_and(|h| ex.headers.contains_key(h)));
-        Call {
+        let head = Head {
+            method: ex.method,
+            uri: ex.uri,
+            headers: ex.headers,
+        };
+        let call = Call {
             up,
             want: if ex.upgrade {
                 Want::Http1
             } else {
                 want(&up.config, ex.version)
             },
-            method: ex.method,
-            uri: ex.uri,
-            headers: ex.headers,
             deadline: ex.deadline,
-            arrived: ex.arrived,
             grpc: ex.grpc,
             upgrade: ex.upgrade,
             retryable,
             body: BodySource::new(ex.body),
             attempts: 0,
+            arrived: ex.arrived,
             trail: Trail::default(),
             avoid: None,
             tls_failed: 0,
             detail: None,
             rng: None,
-        }
+            hedge_asked: false,
+            hedged: false,
+        };
+        (head, call)
     }
 
-    /// The endpoint for the next attempt: round-robin, away from the one that just
-    /// failed and from any whose TLS failed for this request.
-    fn pick(&self) -> usize {
+    /// An endpoint for the next attempt: round-robin, away from `avoid` and from any
+    /// whose TLS failed for this request.
+    fn pick(&self, avoid: Option<usize>) -> usize {
         let endpoints = &self.up.endpoints;
-        let mut i = endpoints.pick(self.avoid);
+        let mut i = endpoints.pick(avoid);
         for _ in 0..endpoints.len() {
             if self.tls_failed & (1 << (i % 64)) == 0 {
                 break;
             }
-            i = endpoints.pick(self.avoid);
+            i = endpoints.pick(avoid);
         }
         i
+    }
+
+    /// Attempt number `self.attempts` on `endpoint`, starting at `started` (now).
+    fn attempt<'h>(
+        &self,
+        head: &'h Head,
+        endpoint: usize,
+        hedge: bool,
+        body: ReplayBody<A>,
+        started: Instant,
+    ) -> Attempt<'h, A>
+    where
+        'a: 'h,
+    {
+        let cfg = &self.up.config;
+        if self.attempts == 1 {
+            self.up.budget.record_first_attempt(started);
+        } else {
+            self.up.budget.record_attempt(started);
+        }
+        let whole = started + cfg.attempt_timeout;
+        Attempt {
+            up: self.up,
+            endpoint,
+            number: self.attempts,
+            hedge,
+            want: self.want,
+            started,
+            by: whole.min(self.deadline.at()),
+            full_time: whole <= self.deadline.at(),
+            grpc_deadline: self.deadline.caller_at().filter(|_| self.grpc),
+            head: RequestHead {
+                method: &head.method,
+                uri: &head.uri,
+                headers: &head.headers,
+                fields: AttemptFields::default(),
+                https: cfg.tls.is_some(),
+                continue_wait: Duration::ZERO,
+            },
+            body,
+        }
+    }
+
+    /// When `attempt` gets its hedge if it has not answered: `None` when it gets none
+    /// (no hedging, a request that may not be sent twice, no attempt left, the hedge
+    /// already asked for, a delay not known yet or past the attempt's own time).
+    fn hedge_due(&self, attempt: &Attempt<'_, A>) -> Option<Instant> {
+        let h = self.up.hedge.as_ref()?;
+        if self.hedge_asked || !self.retryable || self.attempts >= self.up.config.retry.max_attempts
+        {
+            return None;
+        }
+        let at = attempt.started + h.delay()?;
+        (at < attempt.by).then_some(at)
+    }
+
+    /// The hedge beside the attempt on `beside`, when it is due: sent only with the
+    /// whole body in hand (it must not read ahead of the attempt still sending it) and
+    /// room in the `max_extra` budget.
+    fn hedge<'h>(&mut self, head: &'h Head, beside: usize) -> Option<Attempt<'h, A>>
+    where
+        'a: 'h,
+    {
+        let h = self.up.hedge.as_ref()?;
+        let now = Instant::now();
+        if self.deadline.expired(now) {
+            return None;
+        }
+        let body = self.body.fork()?;
+        self.hedge_asked = true;
+        if !h.try_hedge(now) {
+            self.up.metrics.health.hedge(HedgeResult::Denied);
+            return None;
+        }
+        self.hedged = true;
+        self.attempts += 1;
+        let endpoint = self.pick(Some(beside));
+        Some(self.attempt(head, endpoint, true, body, now))
+    }
+
+    /// What a finished attempt means: the answer, a failure to decide on, or, while
+    /// `others` are in flight, a failure (or a `retry-rejected`) put aside.
+    fn judge(&mut self, ran: Ran<A>, hedge: bool, others: bool) -> Step {
+        if let Some(unsent) = ran.unsent.filter(|_| !hedge) {
+            self.body.give_back(unsent);
+        }
+        self.detail = ran.detail;
+        let (failure, response) = match ran.result {
+            Ok(resp) if resp.status() == StatusCode::SWITCHING_PROTOCOLS && !self.upgrade => {
+                // A switch nobody asked for: the connection speaks something else now,
+                // and is closed with the response.
+                drop(resp);
+                let mut answer = self.local(StatusCode::BAD_GATEWAY, Outcome::NotRetryable);
+                answer.detail = Some("the upstream switched protocols unasked (101)\n".into());
+                return Step::Answer(answer);
+            }
+            Ok(resp) => {
+                let on = &self.up.config.retry.on;
+                let fields = Fields::of(&resp);
+                let failure = policy::classify_response(resp.status(), fields, on);
+                match failure {
+                    Some(f) => (f, Some(resp)),
+                    None if others && refused_as_retry(fields) => {
+                        discard(resp);
+                        return Step::Wait;
+                    }
+                    None => return Step::Answer(self.answer(resp, Outcome::Ok)),
+                }
+            }
+            Err(AttemptError::Upstream(f)) => (f, None),
+            Err(AttemptError::NotUpstream(NotUpstream::NoDescriptors)) if others => {
+                // Never got a connection: not an attempt.
+                self.attempts -= 1;
+                return Step::Wait;
+            }
+            Err(AttemptError::NotUpstream(why)) => return Step::Answer(self.not_upstream(why)),
+        };
+        if failure == Failure::Tls {
+            self.tls_failed |= 1 << (ran.endpoint % 64);
+        }
+        if others {
+            if let Some(resp) = response {
+                discard(resp);
+            }
+            return Step::Wait;
+        }
+        Step::Failed(failure, response, ran.endpoint)
     }
 
     /// Whether the failure of the last attempt is retried: `Ok(sleep)` with the budget
@@ -330,7 +554,6 @@ impl<'a, A: AppBody> Call<'a, A> {
 
     /// The upstream's response goes back: a success, or a failure that another tollgate
     /// already owned.
-    #[inline]
     fn answer(&self, resp: Response<UpstreamBody>, outcome: Outcome) -> Answer {
         let owned = owned_elsewhere(Fields::of(&resp));
         Answer {
@@ -347,6 +570,7 @@ impl<'a, A: AppBody> Call<'a, A> {
             owned_elsewhere: owned,
             body_unread: self.body.unread(),
             body_untouched: !self.body.started(),
+            hedged: self.hedged,
         }
     }
 
@@ -375,6 +599,7 @@ impl<'a, A: AppBody> Call<'a, A> {
                 owned_elsewhere: false,
                 body_unread: self.body.unread(),
                 body_untouched: !self.body.started(),
+                hedged: self.hedged,
             },
             None => {
                 let status = match failure {
@@ -404,7 +629,6 @@ impl<'a, A: AppBody> Call<'a, A> {
     }
 
     /// tollgate answers itself.
-    #[inline]
     fn local(&self, status: StatusCode, outcome: Outcome) -> Answer {
         Answer {
             reply: Reply::Local(status),
@@ -416,6 +640,7 @@ impl<'a, A: AppBody> Call<'a, A> {
             owned_elsewhere: false,
             body_unread: self.body.unread(),
             body_untouched: !self.body.started(),
+            hedged: self.hedged,
         }
     }
 }

@@ -13,6 +13,10 @@ pub const OUTCOME_HEADER: HeaderName = HeaderName::from_static("x-tollgate-outco
 pub const ATTEMPT_HEADER: HeaderName = HeaderName::from_static("x-tollgate-attempt");
 /// How many attempts the response took (tollgate -> app).
 pub const ATTEMPTS_HEADER: HeaderName = HeaderName::from_static("x-tollgate-attempts");
+/// On an attempt sent beside another one still running (tollgate -> upstream).
+pub const HEDGE_HEADER: HeaderName = HeaderName::from_static("x-tollgate-hedge");
+/// The value of [`HEDGE_HEADER`].
+pub const HEDGE_VALUE: HeaderValue = HeaderValue::from_static("1");
 pub use crate::http::grpc::{GRPC_PUSHBACK, GRPC_STATUS};
 
 /// Counts up to 10, as header values, so no attempt formats its number.
@@ -68,6 +72,25 @@ pub fn outcome_line(o: Outcome) -> &'static str {
 /// Whether a response was already given up on by another tollgate nearer the failure.
 pub fn owned_elsewhere(fields: Fields<'_>) -> bool {
     fields.contains(&OUTCOME_HEADER)
+}
+
+/// Whether a callee's inbound side refused the attempt from its fleet-wide retry
+/// budget (`x-tollgate-outcome: retry-rejected`).
+pub fn refused_as_retry(fields: Fields<'_>) -> bool {
+    fields
+        .get(&OUTCOME_HEADER)
+        .is_some_and(|v| v == b"retry-rejected".as_slice())
+}
+
+/// Whether a response says its endpoint failed, for outlier ejection: a 5xx of the
+/// endpoint's own (no `x-tollgate-outcome`), or another tollgate shedding load in
+/// front of it (`overloaded`). Any other outcome is another layer's verdict, not the
+/// endpoint's fault.
+pub fn endpoint_failed(status: u16, fields: Fields<'_>) -> bool {
+    match fields.get(&OUTCOME_HEADER) {
+        None => status >= 500,
+        Some(v) => v == Outcome::Overloaded.as_str().as_bytes(),
+    }
 }
 
 /// The outcome another tollgate put on a response, for our own metrics.

@@ -7,6 +7,10 @@
 //! has not arrived when the upstream answers, cannot be replayed: the request becomes
 //! not retryable (`body-too-large`) rather than being replayed incomplete. gRPC bodies,
 //! which carry no Content-Length, are handled the same way.
+//!
+//! A hedge runs beside the attempt that is still sending the app's body, so it may only
+//! take a copy of a recording that is already whole ([`BodySource::fork`]): reading
+//! ahead of the running attempt would take frames from under it.
 
 use std::pin::Pin;
 use std::sync::{Arc, Mutex};
@@ -30,6 +34,30 @@ pub enum ReplayBody<A> {
     /// A complete recorded body, sent again. Boxed: every pooled connection's request
     /// queue is sized by the largest variant, and a replay is the rare one.
     Replay(Box<Replay>),
+}
+
+impl<A: AppBody> ReplayBody<A> {
+    /// A way to tell, once this body has gone out, whether the app's body broke as it
+    /// was sent.
+    pub fn watch(&self) -> BodyWatch<A> {
+        BodyWatch(match self {
+            ReplayBody::Recording(r) => Some(r.tape.clone()),
+            ReplayBody::Empty | ReplayBody::Replay(_) => None,
+        })
+    }
+}
+
+/// Watches the app's body an attempt sends: a recording breaks when the app's body
+/// does; nothing else can.
+pub struct BodyWatch<A>(Option<Arc<Mutex<Tape<A>>>>);
+
+impl<A> BodyWatch<A> {
+    /// Whether the app's body broke (malformed, or its connection failed mid-body).
+    pub fn app_failed(&self) -> bool {
+        self.0
+            .as_ref()
+            .is_some_and(|t| t.lock().unwrap_or_else(|p| p.into_inner()).failed)
+    }
 }
 
 impl<A> std::fmt::Debug for ReplayBody<A> {
@@ -139,11 +167,6 @@ impl<A: AppBody> TapeHandle<A> {
         tape.complete || tape.body.as_ref().is_some_and(|b| b.is_end_stream())
     }
 
-    /// Whether the app's body broke (malformed, or its connection failed mid-body).
-    fn failed(&self) -> bool {
-        self.tape.lock().unwrap_or_else(|p| p.into_inner()).failed
-    }
-
     /// Gives a body that is still arriving up to `limit` to finish (or to outgrow the
     /// cap, or fail). Returns whether it is complete.
     async fn finish_within(&self, limit: Duration) -> bool {
@@ -162,6 +185,18 @@ impl<A: AppBody> TapeHandle<A> {
         });
         let _ = tokio::time::timeout(limit, reading).await;
         self.complete()
+    }
+
+    /// A copy of the recording when it is whole already (ended, within the cap, not
+    /// broken); reads nothing from the app's body.
+    fn copy_if_whole(&self) -> Option<Replay> {
+        let tape = self.tape.lock().unwrap_or_else(|p| p.into_inner());
+        let ended = tape.complete || tape.body.as_ref().is_some_and(|b| b.is_end_stream());
+        (ended && !tape.failed && !tape.overflowed).then(|| Replay {
+            chunks: tape.chunks.clone().into_iter(),
+            trailers: tape.trailers.clone(),
+            remaining: tape.len,
+        })
     }
 
     /// The recorded body, if it can be sent again byte for byte. What of the app's body
@@ -325,10 +360,15 @@ impl<A: AppBody> BodySource<A> {
             || self.tape.as_ref().is_some_and(|t| !t.complete())
     }
 
-    /// Whether the app's body broke as an attempt sent it: the app's fault, not the
-    /// upstream's, whatever the attempt then failed with.
-    pub fn app_failed(&self) -> bool {
-        self.tape.as_ref().is_some_and(TapeHandle::failed)
+    /// The body for a hedge, sent beside the attempt in flight: nothing for a request
+    /// without a body, a copy of the recording when it is whole; `None` while the app's
+    /// body is still arriving (or outgrew the cap, or broke).
+    pub fn fork(&self) -> Option<ReplayBody<A>> {
+        match &self.tape {
+            None if matches!(self.next, Next::Nothing) => Some(ReplayBody::Empty),
+            None => None,
+            Some(t) => t.copy_if_whole().map(|r| ReplayBody::Replay(Box::new(r))),
+        }
     }
 
     /// Whether the app's body was handed to an attempt (and is recorded).

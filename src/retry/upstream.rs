@@ -1,11 +1,12 @@
 //! An upstream as the retry engine drives it: its validated config, its endpoints, the
-//! retry budget, the recent median attempt time, the in-flight count and the metric
-//! handles.
+//! retry budget, the recent median attempt time, hedging, the in-flight count and the
+//! metric handles.
 //!
 //! Built from config on start and on every reload. What must survive a reload is carried
 //! over from the previous build: metric handles and the in-flight count always, pools
-//! while the endpoints and transport settings are unchanged, the budget's window while
-//! its settings are unchanged.
+//! and endpoint health while the endpoints and transport settings are unchanged, the
+//! budget's window while its settings are unchanged, hedging's budget and latency
+//! estimate while the hedge section and the window are.
 
 use std::sync::Arc;
 use std::sync::atomic::AtomicUsize;
@@ -13,6 +14,7 @@ use std::sync::atomic::AtomicUsize;
 use tokio::time::Instant;
 
 use super::budget::RetryBudget;
+use super::hedge::Hedging;
 use super::median::RecentMedian;
 use super::replay::{AppBody, ReplayBody};
 use crate::config::{DeadlineConfig, UpstreamConfig};
@@ -27,6 +29,8 @@ pub struct Upstream<A> {
     pub endpoints: Endpoints<ReplayBody<A>>,
     pub budget: Arc<RetryBudget>,
     pub median: Arc<RecentMedian>,
+    /// `None` without a `[hedge]` section.
+    pub hedge: Option<Arc<Hedging>>,
     pub inflight: Arc<AtomicUsize>,
     /// Open connections to every endpoint.
     pub connections: Arc<AtomicUsize>,
@@ -50,12 +54,18 @@ impl<A: AppBody> Upstream<A> {
             p.config.endpoints == config.endpoints
                 && p.config.protocol == config.protocol
                 && p.config.tls == config.tls
+                && p.config.max_connection_age == config.max_connection_age
         });
+        let metrics = match previous {
+            Some(p) if p.config.retry.on == config.retry.on => p.metrics.clone(),
+            _ => Arc::new(metrics.upstream(&config.name, &config.retry.on.names())),
+        };
         let connections =
             previous.map_or_else(|| Arc::new(AtomicUsize::new(0)), |p| p.connections.clone());
+        let ejections = metrics.health.ejections.clone();
         let endpoints = match previous {
-            Some(p) if same_transport => p.endpoints.share(),
-            _ => Endpoints::new(&config, &connections, workers),
+            Some(p) if same_transport => p.endpoints.share(&config, ejections),
+            _ => Endpoints::new(&config, &connections, workers, ejections),
         };
         let budget = match previous {
             Some(p) if p.budget.limit() == config.budget.as_ref() => p.budget.clone(),
@@ -72,10 +82,14 @@ impl<A: AppBody> Upstream<A> {
             Some(p) if same_transport => p.median.clone(),
             _ => Arc::new(RecentMedian::new()),
         };
-        let metrics = match previous {
-            Some(p) if p.config.retry.on == config.retry.on => p.metrics.clone(),
-            _ => Arc::new(metrics.upstream(&config.name, &config.retry.on.names())),
-        };
+        let window = config.budget.as_ref().map(|b| b.window);
+        let hedge = config
+            .hedge
+            .as_ref()
+            .map(|h| match previous.and_then(|p| p.hedge.as_ref()) {
+                Some(p) if p.built_from(h, window) => p.clone(),
+                _ => Arc::new(Hedging::new(h, window, now)),
+            });
         Upstream {
             inflight: previous
                 .map_or_else(|| Arc::new(AtomicUsize::new(0)), |p| p.inflight.clone()),
@@ -83,6 +97,7 @@ impl<A: AppBody> Upstream<A> {
             endpoints,
             budget,
             median,
+            hedge,
             metrics,
             tls,
             deadline,

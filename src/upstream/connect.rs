@@ -53,9 +53,15 @@ pub enum ConnectError {
 
 impl ConnectError {
     /// Why the TLS handshake failed, in words for the operator, when that is what failed.
-    pub fn tls_reason(&self) -> Option<String> {
+    /// `client_cert`: a client certificate was presented over TLS, so a server that
+    /// refuses it after the handshake, while the HTTP/2 handshake is under way, is a TLS
+    /// failure too (the same refusal shows at the first request when it comes later).
+    pub fn tls_reason(&self, client_cert: bool) -> Option<String> {
         match self {
             ConnectError::Tls { source, .. } => Some(super::tls_failure::describe(source)),
+            ConnectError::Handshake { source, .. } if client_cert => {
+                super::tls_failure::rejection(source, true)
+            }
             _ => None,
         }
     }

@@ -53,6 +53,8 @@ pub struct Connection {
     wbuf: Vec<u8>,
     /// The endpoint answered `100 Continue` to the request in flight.
     continued: bool,
+    /// When it was opened (for `max_connection_age`).
+    born: Instant,
     _open: OpenGuard,
 }
 
@@ -63,6 +65,7 @@ impl Connection {
             rbuf: BytesMut::new(),
             wbuf: Vec::new(),
             continued: false,
+            born: Instant::now(),
             _open: OpenGuard::new(open),
         }
     }
@@ -159,26 +162,43 @@ struct Idle {
     since: Instant,
 }
 
+impl Idle {
+    /// Whether the connection may carry another request: not idle too long, not too
+    /// old, and neither closed by the endpoint nor sent anything unasked.
+    fn reusable(&mut self, max_age: Option<Duration>, now: Instant) -> bool {
+        now.saturating_duration_since(self.since) <= IDLE_TIMEOUT
+            && max_age.is_none_or(|age| now.saturating_duration_since(self.conn.born) < age)
+            && self.conn.usable()
+    }
+}
+
 /// The idle HTTP/1.1 connections of one endpoint, a queue per worker: a connection is
 /// used by the worker that opened it.
-pub struct IdleQueues(Box<[SegQueue<Idle>]>);
+pub struct IdleQueues {
+    queues: Box<[SegQueue<Idle>]>,
+    /// `max_connection_age`: an older connection is closed, not kept.
+    max_age: Option<Duration>,
+}
 
 impl IdleQueues {
-    pub fn new(workers: usize) -> Self {
-        IdleQueues((0..workers.max(1)).map(|_| SegQueue::new()).collect())
+    pub fn new(workers: usize, max_age: Option<Duration>) -> Self {
+        IdleQueues {
+            queues: (0..workers.max(1)).map(|_| SegQueue::new()).collect(),
+            max_age,
+        }
     }
 
     pub fn count(&self) -> usize {
-        self.0.iter().map(SegQueue::len).sum()
+        self.queues.iter().map(SegQueue::len).sum()
     }
 
     /// An idle connection of `worker` that can still carry a request, on loan (`now`:
     /// the caller's clock reading, to judge how long it sat idle).
     pub fn take(&self, this: &Arc<IdleQueues>, worker: usize, now: Instant) -> Option<Lease> {
-        let queue = self.0.get(worker)?;
+        let queue = self.queues.get(worker)?;
         while let Some(mut idle) = queue.pop() {
             // Closed by the endpoint while it sat idle, or kept too long: dropped.
-            if now.saturating_duration_since(idle.since) > IDLE_TIMEOUT || !idle.conn.usable() {
+            if !idle.reusable(self.max_age, now) {
                 continue;
             }
             return Some(Lease {
@@ -192,21 +212,25 @@ impl IdleQueues {
 
     /// Closes the idle connections the endpoint has closed or that were kept too long.
     pub fn sweep(&self) {
-        for queue in self.0.iter() {
+        for queue in self.queues.iter() {
             for _ in 0..queue.len() {
                 let Some(mut idle) = queue.pop() else {
                     break;
                 };
-                if idle.since.elapsed() <= IDLE_TIMEOUT && idle.conn.usable() {
+                if idle.reusable(self.max_age, Instant::now()) {
                     queue.push(idle);
                 }
             }
         }
     }
 
+    /// Keeps a connection whose response ended, unless it is too old or the queue is
+    /// full: then it is closed.
     fn put(&self, worker: usize, conn: Box<Connection>) {
-        if let Some(queue) = self.0.get(worker)
+        let young = self.max_age.is_none_or(|age| conn.born.elapsed() < age);
+        if let Some(queue) = self.queues.get(worker)
             && queue.len() < MAX_IDLE
+            && young
         {
             queue.push(Idle {
                 conn,

@@ -1,6 +1,12 @@
 //! One endpoint's connections: idle HTTP/1.1 connections (see [`h1`]), or one shared
 //! HTTP/2 connection, per worker; and the connection an attempt checks out, which
 //! sends the request on whichever it is.
+//!
+//! With `max_connection_age`, a connection older than that is not used for another
+//! request: an HTTP/1.1 one is closed when its response ends instead of going back to
+//! the idle queue, and a shared HTTP/2 one is replaced for new requests (those running
+//! on it finish). A pool that is never idle would otherwise keep its connections for
+//! ever, and never see the endpoints a Service's name or VIP leads to now.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU8, AtomicU32, AtomicU64, AtomicUsize, Ordering::Relaxed};
@@ -15,6 +21,7 @@ use super::OutgoingBody;
 use super::connect::{self, ConnectError, H2Sender};
 use super::dns::Resolver;
 use super::h1::{self, Connection, IdleQueues, Lease};
+use super::outlier::Health;
 use super::request::RequestHead;
 use super::response::UpstreamBody;
 use super::tls::TlsClient;
@@ -53,6 +60,7 @@ const ALPN_H2: u8 = 2;
 struct H2Conn<B> {
     sender: H2Sender<B>,
     task: AbortHandle,
+    born: Instant,
 }
 
 struct WorkerH2<B> {
@@ -79,6 +87,10 @@ pub struct Endpoint<B> {
     skip_until: AtomicU64,
     /// Open connections (shared by every endpoint of the upstream).
     open: Arc<AtomicUsize>,
+    /// A connection older than this takes no new request.
+    max_age: Option<Duration>,
+    /// Failures in a row and ejection ([`super::outlier`]).
+    pub health: Health,
 }
 
 impl<B> std::fmt::Debug for Endpoint<B> {
@@ -106,6 +118,7 @@ impl<B: OutgoingBody> Endpoint<B> {
         addr: EndpointAddr,
         open: Arc<AtomicUsize>,
         workers: usize,
+        max_age: Option<Duration>,
     ) -> Self {
         let workers = workers.max(1);
         Endpoint {
@@ -113,7 +126,7 @@ impl<B: OutgoingBody> Endpoint<B> {
             tls_warn: WarnEvery::default(),
             resolver: Resolver::new(addr.clone()),
             addr,
-            idle: Arc::new(IdleQueues::new(workers)),
+            idle: Arc::new(IdleQueues::new(workers, max_age)),
             h2: (0..workers)
                 .map(|_| WorkerH2 {
                     conn: ArcSwapOption::empty(),
@@ -124,15 +137,9 @@ impl<B: OutgoingBody> Endpoint<B> {
             failures: AtomicU32::new(0),
             skip_until: AtomicU64::new(0),
             open,
+            max_age,
+            health: Health::default(),
         }
-    }
-
-    /// Whether new requests should avoid this endpoint: it refused a connection a
-    /// moment ago. Skipping it for a while (250 ms, doubling with each failure in a row
-    /// up to 30 s, then one request tries it again) keeps a dead endpoint from eating
-    /// every other first attempt, and the retry budget with it.
-    pub fn skipped(&self, now_ms: u64) -> bool {
-        self.skip_until.load(Relaxed) > now_ms
     }
 
     fn connect_failed(&self) {
@@ -204,12 +211,17 @@ impl<B: OutgoingBody> Endpoint<B> {
         Ok((self.connect(want, tls, timeout).await?, true))
     }
 
+    /// The worker's shared HTTP/2 connection, while it is open and not too old.
     fn shared_h2(&self) -> Option<H2Sender<B>> {
         let cur = self.h2[self.worker()].conn.load();
         match cur.as_ref() {
-            Some(s) if !s.sender.is_closed() => Some(s.sender.clone()),
+            Some(s) if !s.sender.is_closed() && !self.aged(s.born) => Some(s.sender.clone()),
             _ => None,
         }
+    }
+
+    fn aged(&self, born: Instant) -> bool {
+        self.max_age.is_some_and(|age| born.elapsed() >= age)
     }
 
     fn pop_idle(&self, now: Instant) -> Option<Lease> {
@@ -284,12 +296,27 @@ impl<B: OutgoingBody> Endpoint<B> {
         let _old = self.h2[self.worker()].conn.swap(Some(Arc::new(H2Conn {
             sender: sender.clone(),
             task,
+            born: Instant::now(),
         })));
         Ok(Conn::Http2(sender))
     }
 }
 
 impl<B> Endpoint<B> {
+    /// Whether new requests should avoid this endpoint: it refused a connection a
+    /// moment ago. Skipping it for a while (250 ms, doubling with each failure in a row
+    /// up to 30 s, then one request tries it again) keeps a dead endpoint from eating
+    /// every other first attempt, and the retry budget with it.
+    pub fn skipped(&self, now_ms: u64) -> bool {
+        self.skip_until.load(Relaxed) > now_ms
+    }
+
+    /// Skips the endpoint until `until_ms`, as a refused connection would.
+    #[cfg(test)]
+    pub(super) fn skip_until(&self, until_ms: u64) {
+        self.skip_until.store(until_ms, Relaxed);
+    }
+
     pub fn idle_count(&self) -> usize {
         self.idle.count()
     }

@@ -5,12 +5,13 @@ use std::time::Duration;
 
 use http::{HeaderMap, HeaderName, HeaderValue, Method, Request, Uri, Version};
 
-/// The header fields one attempt adds to the request (its number, its time), each
-/// replacing any field of the same name. The request's header map is shared by every
-/// attempt of the request and never changed for them; the names are borrowed (from
-/// statics and the config), so an attempt clones no header name.
+/// The header fields one attempt adds to the request (its number, its time, the
+/// caller's own time for gRPC, the hedge mark), each replacing any field of the same
+/// name. The request's header map is shared by every attempt of the request and never
+/// changed for them; the names are borrowed (from statics and the config), so an
+/// attempt clones no header name.
 #[derive(Default)]
-pub struct AttemptFields<'a>(pub [Option<(&'a HeaderName, HeaderValue)>; 3]);
+pub struct AttemptFields<'a>(pub [Option<(&'a HeaderName, HeaderValue)>; 4]);
 
 impl<'a> AttemptFields<'a> {
     pub fn iter(&self) -> impl Iterator<Item = (&'a HeaderName, &HeaderValue)> {

@@ -3,13 +3,16 @@
 //! `proxy::Server` (and `upstream::Upstream::build` for each upstream), which reads it
 //! and never writes it back.
 //!
-//! The types of the retry sections and of TLS live in [`retry`] and [`tls`]; they are
-//! plain data too, so that the layers above build their running parts from them
-//! without the config depending on any of those layers.
+//! The types of the retry sections, of endpoint health and hedging, and of TLS live in
+//! [`retry`], [`health`] and [`tls`]; they are plain data too, so that the layers above
+//! build their running parts from them without the config depending on any of those
+//! layers.
 
+mod health;
 mod retry;
 mod tls;
 
+pub use health::*;
 pub use retry::*;
 pub use tls::*;
 
@@ -180,6 +183,13 @@ pub struct UpstreamConfig {
     /// `None`: no retry budget (retries are capped only by `max_attempts`).
     pub budget: Option<BudgetConfig>,
     pub tls: Option<TlsConfig>,
+    /// A pooled connection older than this is closed after its response.
+    pub max_connection_age: Option<Duration>,
+    /// `None`: endpoints are never ejected for failing (a refused connection is still
+    /// skipped for a moment).
+    pub outlier: Option<OutlierConfig>,
+    /// `None`: no hedged attempts.
+    pub hedge: Option<HedgeConfig>,
 }
 
 impl UpstreamConfig {

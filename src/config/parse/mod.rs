@@ -9,9 +9,11 @@
 //!
 //! The walk is split by section: this file has the top level and the small sections,
 //! [`upstream`] an upstream and the clashes between upstreams, [`retry`] its retry and
-//! budget sections, [`tls`] its TLS section; [`walker`] reads typed values and
-//! [`schema`] knows which keys each section takes.
+//! budget sections, [`health`] its outlier and hedge sections, [`tls`] its TLS
+//! section; [`walker`] reads typed values and [`schema`] knows which keys each section
+//! takes.
 
+mod health;
 mod retry;
 mod schema;
 mod syntax;

@@ -20,10 +20,12 @@ pub(super) enum Section {
     Retry,
     Budget,
     Tls,
+    Outlier,
+    Hedge,
 }
 
 impl Section {
-    const ALL: [Section; 10] = [
+    const ALL: [Section; 12] = [
         Section::Root,
         Section::Runtime,
         Section::Listener,
@@ -34,6 +36,8 @@ impl Section {
         Section::Retry,
         Section::Budget,
         Section::Tls,
+        Section::Outlier,
+        Section::Hedge,
     ];
 
     /// The keys this section takes.
@@ -73,6 +77,9 @@ impl Section {
                 "retry",
                 "tls",
                 "budget",
+                "max_connection_age",
+                "outlier",
+                "hedge",
             ],
             Section::Retry => &[
                 "max_attempts",
@@ -89,6 +96,8 @@ impl Section {
             ],
             Section::Budget => &["ratio", "min_per_sec", "window"],
             Section::Tls => &["server_name", "ca_file", "client_cert", "client_key"],
+            Section::Outlier => &["consecutive_failures", "base_ejection", "max_ejected"],
+            Section::Hedge => &["after", "max_extra"],
         }
     }
 
@@ -104,6 +113,8 @@ impl Section {
             Section::Retry => Some((Section::Upstream, "retry")),
             Section::Budget => Some((Section::Upstream, "budget")),
             Section::Tls => Some((Section::Upstream, "tls")),
+            Section::Outlier => Some((Section::Upstream, "outlier")),
+            Section::Hedge => Some((Section::Upstream, "hedge")),
         }
     }
 
@@ -123,7 +134,12 @@ impl Section {
     fn is_upstreams(self) -> bool {
         matches!(
             self,
-            Section::Upstream | Section::Retry | Section::Budget | Section::Tls
+            Section::Upstream
+                | Section::Retry
+                | Section::Budget
+                | Section::Tls
+                | Section::Outlier
+                | Section::Hedge
         )
     }
 }

@@ -194,6 +194,13 @@ fn upstream(
         tls: w
             .table(t, "tls")
             .and_then(|(tls, span)| super::tls::tls(w, name, &tls, span, base)),
+        max_connection_age: w.optional(t, "max_connection_age", ms(100)..=secs(7 * 24 * 3600)),
+        outlier: w
+            .table(t, "outlier")
+            .map(|(outlier, _)| super::health::outlier(w, name, &outlier)),
+        hedge: w
+            .table(t, "hedge")
+            .map(|(hedge, _)| super::health::hedge(w, name, &hedge)),
     }
 }
 

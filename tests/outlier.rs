@@ -1,0 +1,259 @@
+//! Passive outlier ejection over loopback: an endpoint that fails in a row is taken out
+//! of the rotation, comes back when its time is up, and goes out again for longer when
+//! it fails at once; no more of the upstream is out than `max_ejected` allows, the
+//! endpoints refusing connections counted in; answers carrying another tollgate's
+//! verdict are not held against the endpoint. Time is the paused clock's: ejections
+//! of seconds pass in no time.
+
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use common::*;
+use http::Response;
+
+async fn answering(status: u16) -> Upstream {
+    Upstream::start(move |_req| async move { respond(status, "x") }).await
+}
+
+/// An upstream that answers 503 carrying another tollgate's outcome.
+async fn owned(outcome: &'static str) -> Upstream {
+    Upstream::start(move |_req| async move {
+        Response::builder()
+            .status(503)
+            .header("x-tollgate-outcome", outcome)
+            .body(full("owned"))
+            .unwrap()
+    })
+    .await
+}
+
+/// tollgate with upstream `api` on `endpoints`, retrying 503s and timeouts, with
+/// `outlier` as its outlier section.
+async fn tollgate(endpoints: &[SocketAddr], outlier: &str) -> Tollgate {
+    let list: Vec<String> = endpoints.iter().map(|a| format!("\"{a}\"")).collect();
+    Tollgate::start(&config(&format!(
+        "[upstreams.api]\nauthorities = [\"api\"]\nendpoints = [{}]\n\
+         attempt_timeout = \"200ms\"\nrequest_timeout = \"2s\"\n\
+         [upstreams.api.retry]\nmax_attempts = 3\nbackoff_base = \"1ms\"\nbackoff_max = \"2ms\"\n\
+         [upstreams.api.budget]\nratio = 1.0\nmin_per_sec = 100\n\
+         [upstreams.api.outlier]\n{outlier}\n",
+        list.join(", ")
+    )))
+    .await
+}
+
+async fn gauge(tg: &Tollgate, name: &str) -> f64 {
+    metric(&tg.metrics().await, &format!("{name}{{upstream=\"api\"}}")).unwrap()
+}
+
+/// Sends `n` requests one after another; each must succeed.
+async fn succeed(tg: &Tollgate, n: usize) {
+    for i in 0..n {
+        let r = get(tg.addr, &format!("/{i}"), "api").await;
+        assert_eq!(r.status, 200, "request {i}: {:?}", r.outcome());
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_endpoint_failing_in_a_row_is_ejected_and_readmitted_on_probation() {
+    let bad = answering(503).await;
+    let (good1, good2) = (answering(200).await, answering(200).await);
+    let tg = tollgate(
+        &[bad.addr, good1.addr, good2.addr],
+        "consecutive_failures = 3\nbase_ejection = \"10s\"",
+    )
+    .await;
+    // Round-robin: every third first attempt goes to `bad`, and its 503 is retried on
+    // another endpoint. The third failure in a row ejects it.
+    succeed(&tg, 9).await;
+    assert_eq!(bad.hits(), 3);
+    assert_eq!(gauge(&tg, "tollgate_endpoints_ejected").await, 1.0);
+    assert_eq!(gauge(&tg, "tollgate_ejections_total").await, 1.0);
+    succeed(&tg, 30).await;
+    assert_eq!(bad.hits(), 3, "no request reaches an ejected endpoint");
+
+    tokio::time::advance(Duration::from_secs(10)).await;
+    succeed(&tg, 6).await;
+    assert_eq!(
+        bad.hits(),
+        4,
+        "re-admitted, and out again at its first failure"
+    );
+    assert_eq!(gauge(&tg, "tollgate_ejections_total").await, 2.0);
+    assert_eq!(gauge(&tg, "tollgate_endpoints_ejected").await, 1.0);
+    tokio::time::advance(Duration::from_secs(15)).await;
+    succeed(&tg, 6).await;
+    assert_eq!(bad.hits(), 4, "the second ejection in a row lasts 20 s");
+    tokio::time::advance(Duration::from_secs(5)).await;
+    succeed(&tg, 6).await;
+    assert_eq!(bad.hits(), 5);
+    assert_eq!(gauge(&tg, "tollgate_ejections_total").await, 3.0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_success_between_failures_breaks_the_run() {
+    let flaky = Upstream::start({
+        let n = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        move |_req| {
+            let i = n.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            async move { respond(if i.is_multiple_of(2) { 503 } else { 200 }, "x") }
+        }
+    })
+    .await;
+    let good = answering(200).await;
+    let tg = tollgate(&[flaky.addr, good.addr], "consecutive_failures = 2").await;
+    succeed(&tg, 40).await;
+    // Its answers alternate 503, 200, 503...: never two failures in a row.
+    assert!(flaky.hits() >= 20, "{} hits: ejected", flaky.hits());
+    assert_eq!(gauge(&tg, "tollgate_ejections_total").await, 0.0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn no_more_than_max_ejected_are_out_at_once() {
+    let bad: Vec<Upstream> = vec![
+        answering(503).await,
+        answering(503).await,
+        answering(503).await,
+    ];
+    let good = answering(200).await;
+    let mut endpoints: Vec<SocketAddr> = bad.iter().map(|u| u.addr).collect();
+    endpoints.push(good.addr);
+    let tg = tollgate(
+        &endpoints,
+        "consecutive_failures = 2\nmax_ejected = \"50%\"",
+    )
+    .await;
+    for i in 0..60 {
+        // Three attempts may all fail: the answer is then the last 503.
+        let r = get(tg.addr, &format!("/{i}"), "api").await;
+        assert!(r.status == 200 || r.status == 503);
+        assert!(gauge(&tg, "tollgate_endpoints_ejected").await <= 2.0);
+    }
+    assert_eq!(gauge(&tg, "tollgate_endpoints_ejected").await, 2.0);
+    assert_eq!(gauge(&tg, "tollgate_ejections_total").await, 2.0);
+    let before: Vec<usize> = bad.iter().map(Upstream::hits).collect();
+    for i in 0..12 {
+        get(tg.addr, &format!("/more{i}"), "api").await;
+    }
+    let still_in = bad
+        .iter()
+        .zip(&before)
+        .filter(|(u, b)| u.hits() > **b)
+        .count();
+    assert_eq!(
+        still_in, 1,
+        "the failing endpoint over the share stays in rotation"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_endpoint_refusing_connections_counts_against_max_ejected() {
+    // 50% of three is one. The dead endpoint is skipped for refusing connections, and
+    // that fills the one place: the failing one is not ejected while it is skipped.
+    let dead = dead_port().await;
+    let bad = answering(503).await;
+    let good = answering(200).await;
+    let tg = tollgate(
+        &[dead, bad.addr, good.addr],
+        "consecutive_failures = 2\nmax_ejected = \"50%\"",
+    )
+    .await;
+    // The first request to `dead` fails to connect and is retried; from then on it is
+    // skipped (for 250 ms at first, and the clock stands still).
+    for i in 0..12 {
+        let r = get(tg.addr, &format!("/{i}"), "api").await;
+        assert!(r.status == 200 || r.status == 503);
+    }
+    assert!(
+        bad.hits() >= 4,
+        "{} hits: ejected despite the skip",
+        bad.hits()
+    );
+    assert_eq!(gauge(&tg, "tollgate_ejections_total").await, 0.0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_silent_endpoint_is_ejected_for_its_timeouts() {
+    let silent = Scripted::start(until_peer_closes).await;
+    let (good1, good2) = (answering(200).await, answering(200).await);
+    let tg = tollgate(
+        &[silent.addr, good1.addr, good2.addr],
+        "consecutive_failures = 2",
+    )
+    .await;
+    // Each attempt on the silent endpoint waits out its 200 ms and is retried elsewhere.
+    succeed(&tg, 30).await;
+    assert_eq!(
+        silent.accepted(),
+        2,
+        "two timeouts, then out of the rotation"
+    );
+    assert_eq!(gauge(&tg, "tollgate_endpoints_ejected").await, 1.0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn another_tollgates_verdict_is_not_the_endpoints_fault_but_overload_is() {
+    let spent = owned("budget-exhausted").await;
+    let shedding = owned("overloaded").await;
+    let good = answering(200).await;
+    let tg = tollgate(&[spent.addr, good.addr], "consecutive_failures = 2").await;
+    for i in 0..20 {
+        get(tg.addr, &format!("/{i}"), "api").await;
+    }
+    assert_eq!(
+        spent.hits(),
+        10,
+        "its owned answers pass back, and it stays in"
+    );
+    assert_eq!(gauge(&tg, "tollgate_ejections_total").await, 0.0);
+    drop(tg);
+
+    let tg = tollgate(&[shedding.addr, good.addr], "consecutive_failures = 2").await;
+    for i in 0..20 {
+        get(tg.addr, &format!("/{i}"), "api").await;
+    }
+    assert_eq!(shedding.hits(), 2, "overloaded twice in a row: out");
+    assert_eq!(gauge(&tg, "tollgate_ejections_total").await, 1.0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_log_line_per_ejection_and_per_readmission() {
+    let bad = answering(503).await;
+    let good = answering(200).await;
+    let mut p = Process::start_logged(&format!(
+        "[upstreams.api]\nauthorities = [\"api\"]\nendpoints = [\"{}\", \"{}\"]\n\
+         [upstreams.api.retry]\nmax_attempts = 2\n\
+         [upstreams.api.budget]\nratio = 1.0\n\
+         [upstreams.api.outlier]\nconsecutive_failures = 2\nbase_ejection = \"1s\"\n",
+        bad.addr, good.addr
+    ))
+    .await;
+    for i in 0..10 {
+        assert_eq!(get(p.addr, &format!("/{i}"), "api").await.status, 200);
+    }
+    assert_eq!(bad.hits(), 2);
+    // Re-admitted by the background sweep (every 2 s) once the second has passed.
+    let readmitted = wait_until(Duration::from_secs(10), || {
+        p.log().contains("endpoint re-admitted")
+    })
+    .await;
+    assert!(readmitted, "no re-admission logged:\n{}", p.log());
+    let log = p.log();
+    assert_eq!(log.matches("endpoint ejected").count(), 1, "{log}");
+    assert_eq!(log.matches("endpoint re-admitted").count(), 1, "{log}");
+    let line = log
+        .lines()
+        .find(|l| l.contains("endpoint ejected"))
+        .unwrap();
+    assert!(line.contains(&bad.addr.to_string()), "{line}");
+    assert!(
+        line.contains("upstream=api") || line.contains("\"api\""),
+        "{line}"
+    );
+    p.signal("TERM");
+    assert_eq!(p.wait_exit(Duration::from_secs(10)).await, Some(0));
+}
