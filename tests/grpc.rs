@@ -105,13 +105,15 @@ async fn a_client_deadline_arrives_as_the_calls_time_left_uncapped() {
 async fn tollgates_own_failures_are_grpc_statuses_a_client_does_not_retry() {
     let server = Server::start().await;
     let dead = dead_port().await;
+    // `busy` takes one call at a time, and waits for it as long as it takes: a call held
+    // there fills it for as long as the test needs, however slow the machine.
     let tg = Tollgate::start(&format!(
-        "{}[upstreams.down]\nauthorities = [\"down\"]\nendpoints = [\"{dead}\"]\n{}",
-        greeter(
-            server.addr,
-            "max_inflight = 1\n[upstreams.greeter.retry]\nmax_attempts = 1\n"
-        ),
-        RETRY_POST.replace("greeter", "down")
+        "{}[upstreams.down]\nauthorities = [\"down\"]\nendpoints = [\"{dead}\"]\n{}\
+         [upstreams.busy]\nauthorities = [\"busy\"]\nendpoints = [\"{}\"]\n\
+         max_inflight = 1\nattempt_timeout = \"60s\"\nrequest_timeout = \"60s\"\n",
+        greeter(server.addr, "[upstreams.greeter.retry]\nmax_attempts = 1\n"),
+        RETRY_POST.replace("greeter", "down"),
+        server.addr
     ))
     .await;
 
@@ -133,11 +135,17 @@ async fn tollgates_own_failures_are_grpc_statuses_a_client_does_not_retry() {
     assert_tollgate_status(&s, Code::DeadlineExceeded, "not-retryable");
 
     // One call in flight fills max_inflight = 1: the next is shed.
-    let mut busy = Client::connect(tg.addr, "greeter").await;
-    let in_flight = tokio::spawn(async move { busy.unary(slow, None).await });
-    assert!(wait_until(Duration::from_secs(5), || server.seen().len() >= 2).await);
-    let s = client.unary(Ask::default(), None).await.unwrap_err();
+    let mut holder = Client::connect(tg.addr, "busy").await;
+    let held = Ask {
+        sleep_ms: 30_000,
+        ..Ask::default()
+    };
+    let in_flight = tokio::spawn(async move { holder.unary(held, None).await });
+    assert!(wait_until(Duration::from_secs(10), || server.seen().len() >= 2).await);
+    let mut shed = Client::connect(tg.addr, "busy").await;
+    let s = shed.unary(Ask::default(), None).await.unwrap_err();
     assert_tollgate_status(&s, Code::ResourceExhausted, "overloaded");
+    in_flight.abort();
     let _ = in_flight.await;
 
     // The upstream's own UNAVAILABLE, given up on (a POST is not retried): it passes
@@ -154,8 +162,8 @@ async fn tollgates_own_failures_are_grpc_statuses_a_client_does_not_retry() {
     for (outcome, upstream, n) in [
         ("no-route", "", 1.0),
         ("upstream-unreachable", "down", 1.0),
-        ("overloaded", "greeter", 1.0),
-        ("not-retryable", "greeter", 3.0),
+        ("overloaded", "busy", 1.0),
+        ("not-retryable", "greeter", 2.0),
     ] {
         let series = format!(
             "tollgate_requests_total{{code=\"200\",outcome=\"{outcome}\",upstream=\"{upstream}\"}}"
