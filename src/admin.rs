@@ -164,6 +164,9 @@ fn refresh_gauges(shared: &Shared) {
             up.connections.load(Relaxed) as i64,
         );
     }
+    if let Some(inbound) = &shared.inbound {
+        inbound.refresh_gauges();
+    }
 }
 
 #[cfg(test)]

@@ -10,6 +10,7 @@
 //! exports ([`process`]), so the usual dashboards and alerts for CPU, memory and file
 //! descriptors work on a tollgate as on any other service.
 
+pub mod inbound;
 pub mod process;
 
 use std::sync::{Arc, OnceLock};
@@ -33,10 +34,11 @@ pub enum Outcome {
     Overloaded,
     NoRoute,
     UpstreamUnreachable,
+    RetryRejected,
 }
 
 impl Outcome {
-    pub const ALL: [Outcome; 10] = [
+    pub const ALL: [Outcome; 11] = [
         Outcome::Ok,
         Outcome::AttemptsExhausted,
         Outcome::BudgetExhausted,
@@ -47,6 +49,7 @@ impl Outcome {
         Outcome::Overloaded,
         Outcome::NoRoute,
         Outcome::UpstreamUnreachable,
+        Outcome::RetryRejected,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -61,6 +64,7 @@ impl Outcome {
             Outcome::Overloaded => "overloaded",
             Outcome::NoRoute => "no-route",
             Outcome::UpstreamUnreachable => "upstream-unreachable",
+            Outcome::RetryRejected => "retry-rejected",
         }
     }
 
@@ -207,6 +211,8 @@ pub struct Metrics {
     last_reload: Gauge,
     last_reload_ok: IntGauge,
     listener_up: IntGaugeVec,
+    /// Registered with the inbound side, when the config has one.
+    inbound: OnceLock<inbound::InboundMetrics>,
 }
 
 /// How a reload ended.
@@ -391,6 +397,7 @@ impl Metrics {
                  bind it.",
                 up,
             ),
+            inbound: OnceLock::new(),
             registry: r,
         };
         int_gauges(
@@ -540,7 +547,7 @@ pub struct UpstreamMetrics {
     pub attempt_duration: Histogram,
     requests: IntCounterVec,
     /// `[outcome][status - 100]`, filled on first use of each pair.
-    by_code: [OnceLock<Box<[OnceLock<IntCounter>]>>; 10],
+    by_code: [OnceLock<Box<[OnceLock<IntCounter>]>>; Outcome::ALL.len()],
     /// `tollgate_descriptors_exhausted_total{at="connect"}`, shared by every upstream.
     pub exhausted: IntCounter,
 }

@@ -9,7 +9,6 @@ use std::sync::atomic::Ordering::AcqRel;
 
 use bytes::Bytes;
 use http::header::{CONNECTION, CONTENT_TYPE, HOST, RETRY_AFTER};
-use http::uri::PathAndQuery;
 use http::{HeaderValue, Method, Request, Response, StatusCode, Uri, Version};
 use http_body::Body;
 use tokio::time::Instant;
@@ -23,7 +22,7 @@ use super::server::{
 use super::{Shared, Upstream};
 use crate::deadline::Deadline;
 use crate::http::ByProtocol;
-use crate::http::fields::strip;
+use crate::http::fields::{origin_form, strip};
 use crate::http::grpc::{GRPC_PUSHBACK, GRPC_STATUS, is_grpc, is_grpc_answer};
 use crate::metrics::{Outcome, UpstreamMetrics};
 use crate::retry::headers::{
@@ -210,21 +209,6 @@ impl Admission for Upstream {
             .request_duration
             .observe(started.elapsed().as_secs_f64());
     }
-}
-
-/// The path and query alone, as HTTP/1.1 origin-form: an absolute-form target with an
-/// empty path (`http://up?x=1`) means `/` (RFC 9112 section 3.2.2).
-fn origin_form(uri: &Uri) -> Uri {
-    if uri.scheme().is_none() && uri.authority().is_none() {
-        return uri.clone();
-    }
-    let pq = match uri.path_and_query() {
-        Some(pq) if pq.as_str().starts_with('/') || pq.as_str() == "*" => pq.clone(),
-        Some(pq) => PathAndQuery::try_from(format!("/{}", pq.as_str()))
-            .unwrap_or_else(|_| PathAndQuery::from_static("/")),
-        None => PathAndQuery::from_static("/"),
-    };
-    Uri::from(pq)
 }
 
 /// The answer as it goes back to the app, with this hop's fields.

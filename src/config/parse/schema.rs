@@ -19,10 +19,12 @@ pub(super) enum Section {
     Retry,
     Budget,
     Tls,
+    Inbound,
+    InboundRetries,
 }
 
 impl Section {
-    const ALL: [Section; 9] = [
+    const ALL: [Section; 11] = [
         Section::Root,
         Section::Runtime,
         Section::Listener,
@@ -32,12 +34,21 @@ impl Section {
         Section::Retry,
         Section::Budget,
         Section::Tls,
+        Section::Inbound,
+        Section::InboundRetries,
     ];
 
     /// The keys this section takes.
     pub(super) fn keys(self) -> &'static [&'static str] {
         match self {
-            Section::Root => &["runtime", "listener", "admin", "deadline", "upstreams"],
+            Section::Root => &[
+                "runtime",
+                "listener",
+                "admin",
+                "deadline",
+                "upstreams",
+                "inbound",
+            ],
             Section::Runtime => &["worker_threads"],
             Section::Listener => &[
                 "addr",
@@ -79,6 +90,8 @@ impl Section {
             ],
             Section::Budget => &["ratio", "min_per_sec", "window"],
             Section::Tls => &["server_name", "ca_file", "client_cert", "client_key"],
+            Section::Inbound => &["addr", "app", "max_inflight", "request_timeout", "retries"],
+            Section::InboundRetries => &["ratio", "min_per_sec", "window"],
         }
     }
 
@@ -93,6 +106,8 @@ impl Section {
             Section::Retry => Some((Section::Upstream, "retry")),
             Section::Budget => Some((Section::Upstream, "budget")),
             Section::Tls => Some((Section::Upstream, "tls")),
+            Section::Inbound => Some((Section::Root, "inbound")),
+            Section::InboundRetries => Some((Section::Inbound, "retries")),
         }
     }
 
@@ -219,9 +234,18 @@ mod tests {
                 "retry",
                 "in its own section, [upstreams.p.retry]",
             ),
-            (Section::Root, "addr", "in [listener] or in [admin]"),
+            (
+                Section::Root,
+                "addr",
+                "in [listener] or in [admin] or in [inbound]",
+            ),
             (Section::Upstream, "upstreams", "at the top level"),
-            (Section::Listener, "ratio", "in [upstreams.NAME.budget]"),
+            (
+                Section::Listener,
+                "ratio",
+                "in [upstreams.NAME.budget] or in [inbound.retries]",
+            ),
+            (Section::Upstream, "app", "in [inbound]"),
         ];
         for (here, key, place) in fixes {
             let (_, fix) = unknown_key(here, "p", key);
@@ -261,5 +285,6 @@ mod tests {
         assert_eq!(Section::Tls.path("p"), "upstreams.p.tls");
         assert_eq!(Section::Listener.path("p"), "listener");
         assert_eq!(Section::Root.path("p"), "");
+        assert_eq!(Section::InboundRetries.path("p"), "inbound.retries");
     }
 }
