@@ -75,8 +75,8 @@ fn unbudgeted_inbound(config: &Config) -> Option<Diagnostic> {
             inbound.app
         ),
         "add [inbound.retries] with ratio = 0.1 and min_per_sec = 10: retries beyond it are \
-         answered 503 retry-rejected and never reach the app (the floor is per replica: \
-         replicas × min_per_sec a second for the whole fleet)"
+         answered 503 retry-rejected and never reach the app; the floor is per replica, \
+         replicas × min_per_sec a second for the whole fleet"
             .to_string(),
     ))
 }

@@ -4,7 +4,6 @@
 //! target valid for its method, and where the fields of a parsed head sit in its buffer.
 
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
-use http::uri::PathAndQuery;
 use http::{Method, Request, Uri};
 
 /// The largest `Content-Length` accepted: `i64::MAX`, the most a peer written in a
@@ -321,21 +320,6 @@ pub fn authority_syntax(value: &[u8]) -> bool {
         || (!host.is_empty() && host.iter().all(|&b| REG_NAME[usize::from(b)]));
     let port_ok = port.is_empty() || (port[0] == b':' && port[1..].iter().all(u8::is_ascii_digit));
     reg_name && port_ok
-}
-
-/// The path and query alone, as HTTP/1.1 origin-form: an absolute-form target with an
-/// empty path (`http://up?x=1`) means `/` (RFC 9112 section 3.2.2).
-pub fn origin_form(uri: &Uri) -> Uri {
-    if uri.scheme().is_none() && uri.authority().is_none() {
-        return uri.clone();
-    }
-    let pq = match uri.path_and_query() {
-        Some(pq) if pq.as_str().starts_with('/') || pq.as_str() == "*" => pq.clone(),
-        Some(pq) => PathAndQuery::try_from(format!("/{}", pq.as_str()))
-            .unwrap_or_else(|_| PathAndQuery::from_static("/")),
-        None => PathAndQuery::from_static("/"),
-    };
-    Uri::from(pq)
 }
 
 #[cfg(test)]

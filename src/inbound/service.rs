@@ -8,7 +8,7 @@
 use std::sync::Arc;
 
 use http::header::HOST;
-use http::{HeaderValue, Method, Request, Response, Version};
+use http::{HeaderValue, Method, Request, Response, Uri, Version};
 use http_body::Body;
 use tokio::time::Instant;
 
@@ -17,8 +17,6 @@ use super::answer::{self, Refusal};
 use super::app::{self, DeadlineFields, Failed};
 use super::attempts::{is_kube_probe, is_retry};
 use crate::deadline::Deadline;
-use crate::http::ByProtocol;
-use crate::http::fields::{origin_form, strip};
 use crate::http::grpc::is_grpc;
 use crate::metrics::inbound::{InboundDenied, InboundMetrics, Kind};
 use crate::proxy::headers::prepare_request;
@@ -26,7 +24,7 @@ use crate::proxy::server::{AppBody, ConnState, RequestGuard, ResponseBody, Servi
 use crate::retry::headers::outcome_of;
 use crate::upstream::pool::Want;
 use crate::upstream::request::{AttemptFields, RequestHead};
-use crate::upstream::response::{Fields, UpstreamBody};
+use crate::upstream::response::{Fields, UpstreamBody, relayed};
 
 /// The callers' requests to the app.
 #[derive(Clone)]
@@ -123,7 +121,7 @@ async fn handle(
     {
         headers.insert(HOST, v);
     }
-    let uri = origin_form(&parts.uri);
+    let uri = origin(parts.uri);
     let mut head = RequestHead {
         method: &parts.method,
         uri: &uri,
@@ -155,6 +153,22 @@ async fn handle(
     }
 }
 
+/// The target as an app expects it, in origin-form: the scheme and authority of an
+/// HTTP/2 or absolute-form request left out, and an empty path made `/` (RFC 9112
+/// section 3.2.2).
+fn origin(uri: Uri) -> Uri {
+    if uri.authority().is_none() {
+        return uri;
+    }
+    let Some(pq) = uri.path_and_query() else {
+        return Uri::from_static("/");
+    };
+    if pq.as_str().starts_with('/') || pq.as_str() == "*" {
+        return Uri::from(pq.clone());
+    }
+    Uri::try_from(format!("/{}", pq.as_str())).unwrap_or_else(|_| Uri::from_static("/"))
+}
+
 fn refusal(failed: Failed) -> &'static Refusal {
     match failed {
         Failed::Timeout => &answer::TIMED_OUT,
@@ -176,16 +190,6 @@ fn relay(
     let outcome = outcome_of(Fields::of(&resp));
     call.metrics
         .request(call.kind, resp.status().as_u16(), outcome);
-    let (mut parts, body) = resp.into_parts();
-    match &body {
-        ByProtocol::Http2(_) => strip(&mut parts.headers),
-        // An HTTP/1.1 answer keeps its fields in its head, from where they go to an
-        // HTTP/1.1 caller as they are; an HTTP/2 caller needs them in the map.
-        ByProtocol::Http1(b) if version == Version::HTTP_2 => {
-            b.fields().append_to(&mut parts.headers);
-        }
-        ByProtocol::Http1(_) => {}
-    }
-    parts.version = version;
+    let (parts, body) = relayed(resp, version);
     Response::from_parts(parts, ResponseBody::upstream(body, guard))
 }

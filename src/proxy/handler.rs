@@ -9,6 +9,7 @@ use std::sync::atomic::Ordering::AcqRel;
 
 use bytes::Bytes;
 use http::header::{CONNECTION, CONTENT_TYPE, HOST, RETRY_AFTER};
+use http::uri::PathAndQuery;
 use http::{HeaderValue, Method, Request, Response, StatusCode, Uri, Version};
 use http_body::Body;
 use tokio::time::Instant;
@@ -21,8 +22,6 @@ use super::server::{
 };
 use super::{Shared, Upstream};
 use crate::deadline::Deadline;
-use crate::http::ByProtocol;
-use crate::http::fields::{origin_form, strip};
 use crate::http::grpc::{GRPC_PUSHBACK, GRPC_STATUS, is_grpc, is_grpc_answer};
 use crate::metrics::{Outcome, UpstreamMetrics};
 use crate::retry::headers::{
@@ -211,6 +210,21 @@ impl Admission for Upstream {
     }
 }
 
+/// The path and query alone, as HTTP/1.1 origin-form: an absolute-form target with an
+/// empty path (`http://up?x=1`) means `/` (RFC 9112 section 3.2.2).
+fn origin_form(uri: &Uri) -> Uri {
+    if uri.scheme().is_none() && uri.authority().is_none() {
+        return uri.clone();
+    }
+    let pq = match uri.path_and_query() {
+        Some(pq) if pq.as_str().starts_with('/') || pq.as_str() == "*" => pq.clone(),
+        Some(pq) => PathAndQuery::try_from(format!("/{}", pq.as_str()))
+            .unwrap_or_else(|_| PathAndQuery::from_static("/")),
+        None => PathAndQuery::from_static("/"),
+    };
+    Uri::from(pq)
+}
+
 /// The answer as it goes back to the app, with this hop's fields.
 fn answer_app(
     metrics: &UpstreamMetrics,
@@ -268,18 +282,7 @@ fn answer_app(
         return local_answer(Some(metrics), local, grpc, guard);
     }
     let pushback = grpc && outcome.is_some();
-    let (mut parts, body) = resp.into_parts();
-    match &body {
-        ByProtocol::Http2(_) => strip(&mut parts.headers),
-        // An HTTP/1.1 response lost its hop-by-hop fields as it was parsed and
-        // keeps the rest in its head, from where they go to an HTTP/1.1 app as
-        // they are; an HTTP/2 app needs them in the map.
-        ByProtocol::Http1(b) if version == Version::HTTP_2 => {
-            b.fields().append_to(&mut parts.headers);
-        }
-        ByProtocol::Http1(_) => {}
-    }
-    parts.version = version;
+    let (mut parts, body) = crate::upstream::response::relayed(resp, version);
     metrics.request(parts.status.as_u16(), answer.outcome, answer.attempts);
     let body = ResponseBody::upstream(body, guard);
     if let (true, Some(attempts)) = (version < Version::HTTP_2, attempts_line(answer.attempts)) {
