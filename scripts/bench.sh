@@ -48,7 +48,9 @@ usage: scripts/bench.sh [options]
   --out DIR            keep the configs, logs, raw wrk outputs, table and JSON in DIR
   --tollgate PATH      the tollgate binary (default: $TOLLGATE_BIN, else
                        target/release/tollgate, built with cargo if missing)
-  --targets LIST       comma-separated subset of: direct,tollgate,tollgate-noretry,nginx,haproxy
+  --targets LIST       comma-separated subset of: direct,tollgate,tollgate-noretry,nginx,haproxy,
+                       tollgate-inbound (the inbound side in front of the backend, with a
+                       fleet retry budget; not in the default list)
   --proxy-cpu N        the core the proxy under test runs on (default 0)
   --load-cpu N         the core wrk and the backend share (default 1)
   --rss-connections N  client connections for the RSS measurement (default 1000)
@@ -96,8 +98,8 @@ IFS=, read -r -a TARGET_LIST <<<"$TARGETS"
 [ "${#TARGET_LIST[@]}" -gt 0 ] || { echo "bench.sh: --targets is empty" >&2; exit 2; }
 for t in "${TARGET_LIST[@]}"; do
   case "$t" in
-    direct|tollgate|tollgate-noretry|nginx|haproxy) ;;
-    *) echo "bench.sh: unknown target '$t' (known: direct,tollgate,tollgate-noretry,nginx,haproxy)" >&2; exit 2 ;;
+    direct|tollgate|tollgate-noretry|tollgate-inbound|nginx|haproxy) ;;
+    *) echo "bench.sh: unknown target '$t' (known: direct,tollgate,tollgate-noretry,tollgate-inbound,nginx,haproxy)" >&2; exit 2 ;;
   esac
 done
 [ "$DURATION" -ge 1 ] && [ "$ROUNDS" -ge 1 ] && [ "$CONNS" -ge 1 ] || {
@@ -361,6 +363,9 @@ free_port; TGN_LISTEN=$PORT
 free_port; RSS_MAIN=$PORT
 free_port; RSS_ADMIN=$PORT
 free_port; RSS_LISTEN=$PORT
+free_port; TGI_MAIN=$PORT
+free_port; TGI_ADMIN=$PORT
+free_port; TGI_LISTEN=$PORT
 
 NGINX_USER=""
 [ "$(id -u)" -ne 0 ] || NGINX_USER="user root;"
@@ -484,6 +489,26 @@ EOF
 tollgate_conf "$TG_MAIN" "$TG_ADMIN" "$TG_LISTEN" 1 > "$WORK/tollgate.toml"
 tollgate_conf "$TGN_MAIN" "$TGN_ADMIN" "$TGN_LISTEN" 0 > "$WORK/tollgate-noretry.toml"
 tollgate_conf "$RSS_MAIN" "$RSS_ADMIN" "$RSS_LISTEN" 1 > "$WORK/tollgate-rss.toml"
+# The inbound side alone, in front of the backend as its app (the default, fixed
+# max_inflight: the adaptive limit would hold wrk's closed loop back once tollgate's
+# own core is the bottleneck, and the figures would count refusals).
+cat > "$WORK/tollgate-inbound.toml" <<EOF
+[runtime]
+worker_threads = 1
+
+[listener]
+addr = "127.0.0.1:$TGI_MAIN"
+
+[admin]
+addr = "127.0.0.1:$TGI_ADMIN"
+
+[inbound]
+addr = "127.0.0.1:$TGI_LISTEN"
+app = "127.0.0.1:$BACKEND_PORT"
+
+[inbound.retries]
+ratio = 0.1
+EOF
 
 "$TG" check --config "$WORK/tollgate.toml" > "$WORK/check.log" 2>&1 || {
   cat "$WORK/check.log" >&2; die "tollgate check rejected the benchmark config"; }
@@ -533,11 +558,13 @@ target_cmd() {
       T_CMD=(env RUST_LOG=info "$TG" run --config "$WORK/tollgate.toml"); T_PORT[$t]=$TG_LISTEN ;;
     tollgate-noretry)
       T_CMD=(env RUST_LOG=info "$TG" run --config "$WORK/tollgate-noretry.toml"); T_PORT[$t]=$TGN_LISTEN ;;
+    tollgate-inbound)
+      T_CMD=(env RUST_LOG=info "$TG" run --config "$WORK/tollgate-inbound.toml"); T_PORT[$t]=$TGI_LISTEN ;;
     nginx)
       T_CMD=("$NGINX" -e "$WORK/nginx.log" -p "$WORK/nginx" -c "$WORK/nginx.conf"); T_PORT[$t]=$NGINX_PORT ;;
     haproxy)
       T_CMD=("$HAPROXY" -db -f "$WORK/haproxy.cfg"); T_PORT[$t]=$HAPROXY_PORT ;;
-    *) die "unknown target '$t' (known: direct,tollgate,tollgate-noretry,nginx,haproxy)" ;;
+    *) die "unknown target '$t' (known: direct,tollgate,tollgate-noretry,tollgate-inbound,nginx,haproxy)" ;;
   esac
 }
 start_target() {

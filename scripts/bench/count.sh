@@ -23,6 +23,14 @@ wait_ready_slow() {
   die "$name on 127.0.0.1:$port did not answer 200 within 60 s"
 }
 
+# callgrind_each OPTION PIDS: callgrind_control OPTION PID for each of PIDS; true if
+# any of them is a callgrind that answered.
+callgrind_each() {
+  local p ok=1
+  for p in $2; do callgrind_control "$1" "$p" > /dev/null 2>&1 && ok=0; done
+  return "$ok"
+}
+
 requests_of() { awk '/ requests in /{ print $1 }' "$1"; }
 
 log ""
@@ -35,16 +43,19 @@ for t in "${TARGET_LIST[@]}"; do
 
   # Instructions: callgrind, counters zeroed after a warm-up and dumped after the run,
   # so start-up and shutdown are left out. Every process of the target is counted
-  # (nginx's master and worker).
+  # (nginx's master and worker). callgrind_control is always given the processes'
+  # ids: without one it zeroes and dumps every callgrind on the machine, other
+  # people's included.
   log "$t under callgrind ..."
   start "$t-callgrind" "$PROXY_CPU" valgrind --tool=callgrind --trace-children=yes \
     --callgrind-out-file="$WORK/callgrind-$t.%p" "${T_CMD[@]}"
   cg_pid=$PID
   wait_ready_slow "$t-callgrind" "${T_PORT[$t]}" "$cg_pid"
   taskset -c "$LOAD_CPU" "$WRK" -t1 -c8 -d2s "http://127.0.0.1:${T_PORT[$t]}/" > /dev/null 2>&1 || true
-  callgrind_control -z > /dev/null 2>&1 || die "callgrind_control -z failed"
+  cg_pids="$(proc_tree "$cg_pid")"
+  callgrind_each -z "$cg_pids" || die "callgrind_control -z failed"
   taskset -c "$LOAD_CPU" "$WRK" -t1 -c8 -d"$DURATION"s "http://127.0.0.1:${T_PORT[$t]}/" > "$WORK/count-cg-$t.txt" 2>&1 || true
-  callgrind_control -d > /dev/null 2>&1 || die "callgrind_control -d failed"
+  callgrind_each -d "$cg_pids" || die "callgrind_control -d failed"
   stop_one "$cg_pid"
   instr="$(cat "$WORK"/callgrind-"$t".*.1 2>/dev/null | awk '/^summary:/ { s += $2 } END { print s + 0 }')"
   cg_reqs="$(requests_of "$WORK/count-cg-$t.txt")"

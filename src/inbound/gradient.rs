@@ -21,9 +21,9 @@
 //! - **gradient**: `baseline × (1 + TOLERANCE) / recent median`, clamped to
 //!   `[0.5, 2]`. Below 1 there is a queue, and the limit shrinks in proportion; above 1
 //!   there is none.
-//! - **headroom**: `√limit / 2`, added every window, so the limit keeps probing upwards
+//! - **headroom**: `√limit / 4`, added every window, so the limit keeps probing upwards
 //!   for capacity the app may have gained. It is what makes the limit settle a little
-//!   above the app's workers (`limit ≈ (1 + TOLERANCE) × N + √limit / 2`): throughput
+//!   above the app's workers (`limit ≈ (1 + TOLERANCE) × N + √limit / 4`): throughput
 //!   at capacity, with a short queue.
 //!
 //! Every sampling window (twice the baseline, between 100 ms and 1 s, and at least
@@ -45,7 +45,7 @@ pub const MIN_LIMIT: f64 = 1.0;
 pub const MAX_LIMIT: f64 = 10_000.0;
 pub const INITIAL_LIMIT: f64 = 20.0;
 /// Latency above the baseline tolerated before the limit shrinks.
-const TOLERANCE: f64 = 0.1;
+const TOLERANCE: f64 = 0.05;
 /// The share of the way to the new limit taken each window.
 const SMOOTHING: f64 = 0.2;
 const GRADIENT_MIN: f64 = 0.5;
@@ -71,6 +71,21 @@ enum Phase {
         since: Instant,
     },
     Tracking,
+}
+
+/// Growth while requests are being refused and the app shows no queue: the limit, not
+/// the app, is what holds them back (a start under load, traffic that grew).
+const REFUSED_GROWTH: f64 = 1.5;
+
+/// What a sampling window saw besides the latencies.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Seen {
+    /// Responses measured.
+    pub count: u32,
+    /// The most requests in flight at once.
+    pub peak: usize,
+    /// Whether any request was refused at the limit.
+    pub refused: bool,
 }
 
 /// The adaptive limit's state, changed once per sampling window.
@@ -129,16 +144,16 @@ impl Control {
             .max(Duration::from_secs(1))
     }
 
-    /// A window closed with `count` responses, at most `peak` requests at once;
-    /// `median` reads their median latency and empties the window. Returns whether the
-    /// window was used (`false`: it goes on collecting).
+    /// A window closed having `seen` what it says; `median` reads the median latency
+    /// of its responses and empties the window. Returns whether the window was used
+    /// (`false`: it goes on collecting).
     pub fn close(
         &mut self,
         now: Instant,
-        count: u32,
-        peak: usize,
+        seen: Seen,
         median: impl FnOnce() -> Option<Duration>,
     ) -> bool {
+        let count = seen.count;
         match self.phase {
             Phase::Probing { saved, since } => {
                 let overdue = now.saturating_duration_since(since) >= self.probe_max();
@@ -173,7 +188,7 @@ impl Control {
                         self.baseline = Some(recent);
                         self.next_probe = self.next_probe.min(now + PROBE_SOON);
                     }
-                    Some(base) => self.adjust(base, recent, peak),
+                    Some(base) => self.adjust(base, recent, seen),
                 }
                 if now >= self.next_probe {
                     self.phase = Phase::Probing {
@@ -187,13 +202,16 @@ impl Control {
     }
 
     /// One step of the gradient.
-    fn adjust(&mut self, base: Duration, recent: Duration, peak: usize) {
+    fn adjust(&mut self, base: Duration, recent: Duration, seen: Seen) {
         let recent = recent.as_secs_f64().max(1e-6);
-        let gradient =
+        let mut gradient =
             (base.as_secs_f64() * (1.0 + TOLERANCE) / recent).clamp(GRADIENT_MIN, GRADIENT_MAX);
-        let headroom = self.limit.sqrt() / 2.0;
+        if seen.refused && gradient >= 1.0 {
+            gradient = gradient.max(REFUSED_GROWTH);
+        }
+        let headroom = self.limit.sqrt() / 4.0;
         let mut target = self.limit * gradient + headroom;
-        if (peak as f64) * 2.0 < self.limit {
+        if (seen.peak as f64) * 2.0 < self.limit {
             // The app was given less than half the limit: no sign it can take more.
             target = target.min(self.limit);
         }
@@ -232,7 +250,12 @@ mod tests {
         for _ in 0..windows {
             let limit = c.limit();
             *at += c.window();
-            c.close(*at, 50, limit, || Some(loaded(workers, service, limit)));
+            let seen = Seen {
+                count: 50,
+                peak: limit,
+                refused: true,
+            };
+            c.close(*at, seen, || Some(loaded(workers, service, limit)));
             limits.push(c.limit());
         }
         limits
@@ -267,9 +290,34 @@ mod tests {
         let before = c.limit();
         for _ in 0..50 {
             at += c.window();
-            c.close(at, 50, before / 4, || Some(10 * MS));
+            let seen = Seen {
+                count: 50,
+                peak: before / 4,
+                refused: false,
+            };
+            c.close(at, seen, || Some(10 * MS));
         }
         assert!(c.limit() <= before, "{} > {before}", c.limit());
+    }
+
+    #[test]
+    fn refusals_while_the_app_shows_no_queue_grow_the_limit_fast() {
+        let mut at = Instant::now();
+        let mut c = Control::new(at, fastrand::Rng::with_seed(6));
+        // 64 at once wanted of an app that takes 1000 without a queue.
+        let mut windows = 0;
+        while c.limit() < 64 {
+            let limit = c.limit();
+            at += c.window();
+            let seen = Seen {
+                count: 50,
+                peak: limit,
+                refused: true,
+            };
+            c.close(at, seen, || Some(loaded(1000, 2 * MS, limit)));
+            windows += 1;
+            assert!(windows < 40, "still {} after {windows} windows", c.limit());
+        }
     }
 
     #[test]
@@ -278,9 +326,16 @@ mod tests {
         let mut c = Control::new(t0, fastrand::Rng::with_seed(3));
         assert!(c.probing());
         assert_eq!(c.limit(), 10, "half the initial limit");
+        let seen = |count| Seen {
+            count,
+            peak: 10,
+            refused: false,
+        };
         // Too few responses: it goes on collecting.
-        assert!(!c.close(t0 + 100 * MS, PROBE_SAMPLES - 1, 10, || panic!("not read")));
-        assert!(c.close(t0 + 200 * MS, PROBE_SAMPLES, 10, || Some(30 * MS)));
+        assert!(!c.close(t0 + 100 * MS, seen(PROBE_SAMPLES - 1), || panic!(
+            "not read"
+        )));
+        assert!(c.close(t0 + 200 * MS, seen(PROBE_SAMPLES), || Some(30 * MS)));
         assert!(!c.probing());
         assert_eq!(c.baseline(), Some(30 * MS));
         assert_eq!(c.limit(), 20, "the limit before the probe is back");
@@ -288,7 +343,7 @@ mod tests {
         let mut at = t0 + 200 * MS;
         while !c.probing() {
             at += c.window();
-            c.close(at, 50, 20, || Some(30 * MS));
+            c.close(at, seen(50), || Some(30 * MS));
             assert!(at < t0 + 2 * PROBE_SOON, "no probe after the first");
         }
     }
@@ -297,8 +352,13 @@ mod tests {
     fn a_probe_without_traffic_ends_and_keeps_the_baseline() {
         let t0 = Instant::now();
         let mut c = Control::new(t0, fastrand::Rng::with_seed(4));
-        assert!(!c.close(t0 + MS, 1, 1, || None));
-        assert!(c.close(t0 + Duration::from_secs(3), 1, 1, || Some(MS)));
+        let one = Seen {
+            count: 1,
+            peak: 1,
+            refused: false,
+        };
+        assert!(!c.close(t0 + MS, one, || None));
+        assert!(c.close(t0 + Duration::from_secs(3), one, || Some(MS)));
         assert_eq!(c.baseline(), None, "one response is no measurement");
         assert!(!c.probing());
     }

@@ -9,14 +9,14 @@
 //! latency of each response into a lock-free histogram ([`super::samples`]), and
 //! whichever response closes a sampling window runs the control law once for all.
 
-use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering::*};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering::*};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use prometheus::Histogram;
 use tokio::time::Instant;
 
-use super::gradient::Control;
+use super::gradient::{Control, Seen};
 use super::samples::Samples;
 use crate::config::InflightLimit;
 use crate::proxy::server::Admission;
@@ -45,6 +45,8 @@ struct Adaptive {
     samples: Samples,
     /// The most requests in flight since the window began.
     peak: AtomicUsize,
+    /// A request was refused at the limit since the window began.
+    refused: AtomicBool,
     /// Nanoseconds from `origin` at which the window closes.
     window_end: AtomicU64,
     /// Odd while a probe runs; a request admitted in an earlier epoch is not one the
@@ -83,6 +85,7 @@ impl Limit {
                         origin,
                         samples: Samples::default(),
                         peak: AtomicUsize::new(0),
+                        refused: AtomicBool::new(false),
                         window_end: AtomicU64::new(nanos(control.window())),
                         epoch: AtomicU32::new(1),
                         control: Mutex::new(control),
@@ -112,6 +115,11 @@ impl Limit {
         let before = self.inflight.fetch_add(1, AcqRel);
         if before >= self.limit.load(Acquire) {
             self.inflight.fetch_sub(1, AcqRel);
+            if let Some(a) = &self.adaptive
+                && !a.refused.load(Relaxed)
+            {
+                a.refused.store(true, Relaxed);
+            }
             return None;
         }
         Some(self.entered(before + 1))
@@ -163,12 +171,14 @@ impl Limit {
         // This response closes the window; the others go on recording.
         let mut control = a.control.lock().unwrap_or_else(|p| p.into_inner());
         let was_probing = control.probing();
-        let peak = a.peak.load(Acquire);
-        let used = control.close(now, a.samples.count(), peak, || {
-            a.samples.take_quantile(0.5)
-        });
-        if used {
+        let seen = Seen {
+            count: a.samples.count(),
+            peak: a.peak.load(Acquire),
+            refused: a.refused.load(Acquire),
+        };
+        if control.close(now, seen, || a.samples.take_quantile(0.5)) {
             a.peak.store(self.inflight(), Release);
+            a.refused.store(false, Release);
         }
         if control.probing() != was_probing {
             // A probe began or ended: what was measured before belongs to the other phase.

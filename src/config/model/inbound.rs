@@ -28,6 +28,10 @@ impl InboundConfig {
     pub const DEFAULT_ADDR: SocketAddr =
         SocketAddr::new(std::net::IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED), 15006);
     pub const DEFAULT_REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
+    /// A fixed limit, as an upstream's: the adaptive one is asked for by name (it
+    /// learns from latency measured through tollgate, so when tollgate's own CPU is
+    /// the bottleneck it limits that too).
+    pub const DEFAULT_MAX_INFLIGHT: InflightLimit = InflightLimit::Fixed(1000);
 }
 
 /// How many requests the app is given at once.

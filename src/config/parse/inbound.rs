@@ -111,26 +111,25 @@ fn loops(ours: SocketAddr, app: SocketAddr) -> bool {
 
 /// `max_inflight`: a whole number, or `"adaptive"`.
 fn max_inflight(w: &mut Walker<'_>, t: &Table) -> InflightLimit {
+    let d = InboundConfig::DEFAULT_MAX_INFLIGHT;
     let Some(v) = t.get("max_inflight") else {
-        return InflightLimit::Adaptive;
+        return d;
     };
     let key = t.key("max_inflight");
     match v.get_ref() {
         DeValue::String(s) if s.as_ref() == "adaptive" => InflightLimit::Adaptive,
         DeValue::Integer(_) => w
             .optional(t, "max_inflight", 1..=10_000_000u64)
-            .map_or(InflightLimit::Adaptive, |n| {
-                InflightLimit::Fixed(n as usize)
-            }),
+            .map_or(d, |n| InflightLimit::Fixed(n as usize)),
         DeValue::String(s) => {
             let message = format!("`{s}` is neither a number nor \"adaptive\"");
             w.reject(v.span(), &key, message, FIX_INFLIGHT);
-            InflightLimit::Adaptive
+            d
         }
         other => {
             let message = format!("expected an integer or \"adaptive\", found {}", kind(other));
             w.reject(v.span(), &key, message, FIX_INFLIGHT);
-            InflightLimit::Adaptive
+            d
         }
     }
 }
@@ -171,7 +170,7 @@ mod tests {
         let i = c.inbound.unwrap();
         assert_eq!(i.addr, "0.0.0.0:15006".parse().unwrap());
         assert_eq!(i.app.to_string(), "127.0.0.1:8080");
-        assert_eq!(i.max_inflight, InflightLimit::Adaptive);
+        assert_eq!(i.max_inflight, InflightLimit::Fixed(1000));
         assert_eq!(i.request_timeout, Duration::from_secs(30));
         assert!(i.retries.is_none());
         assert!(c.upstreams.is_empty());
