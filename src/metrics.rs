@@ -10,14 +10,17 @@
 //! exports ([`process`]), so the usual dashboards and alerts for CPU, memory and file
 //! descriptors work on a tollgate as on any other service.
 
+mod family;
 pub mod inbound;
 pub mod process;
 
 use std::sync::{Arc, OnceLock};
 
+use family::{counters, family, gauges, histograms, int_gauges};
+
 use prometheus::{
-    Encoder, Gauge, GaugeVec, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec,
-    IntGauge, IntGaugeVec, Opts, Registry, TextEncoder,
+    Encoder, Gauge, GaugeVec, Histogram, HistogramVec, IntCounter, IntCounterVec, IntGauge,
+    IntGaugeVec, Opts, Registry, TextEncoder,
 };
 
 /// Why tollgate did not simply deliver the upstream's answer: the `x-tollgate-outcome`
@@ -235,47 +238,6 @@ pub fn amplification(attempts: u64, requests: u64) -> f64 {
     } else {
         attempts as f64 / requests as f64
     }
-}
-
-fn family<T: Clone + prometheus::core::Collector + 'static>(
-    registry: &Registry,
-    metric: prometheus::Result<T>,
-) -> T {
-    // Names and labels are constants of this file: a failure is a bug caught by tests.
-    let metric = metric.expect("metric definition");
-    registry
-        .register(Box::new(metric.clone()))
-        .expect("metric registration");
-    metric
-}
-
-/// A labelled counter family, registered.
-fn counters(r: &Registry, name: &str, help: &str, labels: &[&str]) -> IntCounterVec {
-    family(r, IntCounterVec::new(Opts::new(name, help), labels))
-}
-
-/// A labelled gauge family, registered.
-fn gauges(r: &Registry, name: &str, help: &str, labels: &[&str]) -> GaugeVec {
-    family(r, GaugeVec::new(Opts::new(name, help), labels))
-}
-
-/// A labelled integer gauge family, registered.
-fn int_gauges(r: &Registry, name: &str, help: &str, labels: &[&str]) -> IntGaugeVec {
-    family(r, IntGaugeVec::new(Opts::new(name, help), labels))
-}
-
-/// A labelled histogram family with these buckets, registered.
-fn histograms(
-    r: &Registry,
-    name: &str,
-    help: &str,
-    labels: &[&str],
-    buckets: Vec<f64>,
-) -> HistogramVec {
-    family(
-        r,
-        HistogramVec::new(HistogramOpts::new(name, help).buckets(buckets), labels),
-    )
 }
 
 impl Metrics {
