@@ -2,8 +2,9 @@
 //! listener. Retries of every caller are admitted against one budget (by each of the
 //! three headers that say "retry"), a rejected retry never reaches the app, a spent
 //! deadline is refused and the app is told the time left, the kubelet's probes pass
-//! whatever the limits, both HTTP/1.1 and h2c callers are served as they spoke, and
-//! bodies stream both ways.
+//! whatever the limits, both HTTP/1.1 and h2c callers are served as they spoke,
+//! bodies stream both ways, and head limits and slow heads are refused as on the
+//! outbound listener.
 
 #![allow(clippy::unwrap_used)]
 
@@ -379,5 +380,32 @@ async fn a_config_with_only_an_inbound_side_serves() {
         Some(1000.0),
         "the default limit is a fixed 1000"
     );
+    tg.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn head_limits_and_slow_heads_are_refused_as_on_the_outbound_listener() {
+    let (app, _) = recording_app().await;
+    let tg = Tollgate::start(&format!(
+        "[listener]\naddr = \"127.0.0.1:0\"\nheader_read_timeout = \"300ms\"\n\
+         max_header_bytes = \"2KiB\"\n[admin]\naddr = \"127.0.0.1:0\"\n\
+         [inbound]\naddr = \"127.0.0.1:0\"\napp = \"{}\"\n",
+        app.addr
+    ))
+    .await;
+    let big = format!(
+        "GET / HTTP/1.1\r\nHost: app\r\nx-big: {}\r\n\r\n",
+        "a".repeat(3000)
+    );
+    let answer = raw_exchange(tg.inbound(), big.as_bytes()).await;
+    assert!(answer.starts_with("HTTP/1.1 431"), "{answer}");
+    // A head that never ends is cut off at header_read_timeout (the read gives up
+    // after 10 s; the idle timeout would be a minute).
+    let mut slow = tokio::net::TcpStream::connect(tg.inbound()).await.unwrap();
+    tokio::io::AsyncWriteExt::write_all(&mut slow, b"GET / HTTP/1.1\r\nHo")
+        .await
+        .unwrap();
+    read_until_close(&mut slow).await;
+    assert_eq!(app.hits(), 0, "neither reached the app");
     tg.stop().await;
 }
