@@ -14,7 +14,10 @@ sees each object alone. This script:
     TOLLGATE_CONFIG points, the app's proxy variables point at the listener, the
     grace period outlasts the drain (and the preStop sleep), the probes, resources
     and securityContext are those the README promises, and a NetworkPolicy admits
-    the admin port (which listens on the pod's interface) only from chosen peers.
+    the admin port (which listens on the pod's interface) only from chosen peers;
+    and the Service sends callers to tollgate's inbound port (its targetPort is the
+    port of [inbound] addr, declared by the tollgate container), never to the app's
+    own port, which listens on loopback, and a NetworkPolicy admits the inbound port.
 
 Usage: check_manifests.py DIR [--extract-config FILE]
   --extract-config FILE  also write the ConfigMap's tollgate.toml to FILE, so that
@@ -155,7 +158,46 @@ def check_admin_policy(where, labels, admin_port, ports, policies):
         problem(where, f"no NetworkPolicy admits the admin port {admin_port}: Prometheus could not scrape it")
 
 
-def check_deployment(name, dep, configmaps, podmonitors, policies):
+def check_inbound(where, labels, config, ports, services, policies):
+    """The Service's targetPort is the inbound port, the app's port stays off it."""
+    inbound = config.get("inbound")
+    if inbound is None:
+        problem(where, "the ConfigMap's tollgate.toml has no [inbound] section")
+        return
+    in_port, app_port = port_of(inbound["addr"]), port_of(inbound["app"])
+    if not inbound["addr"].startswith("0.0.0.0:"):
+        problem(where, f"inbound.addr {inbound['addr']} must listen on the pod IP (0.0.0.0) for the Service")
+    if not inbound["app"].startswith("127.0.0.1:"):
+        problem(where, f"inbound.app {inbound['app']} should be loopback: callers reach the app only through tollgate")
+    if in_port not in ports.values():
+        problem(where, f"tollgate does not declare containerPort {in_port} (inbound.addr)")
+    selecting = [
+        (n, svc) for n, svc in services.items()
+        if svc.get("spec", {}).get("selector")
+        and all(labels.get(k) == v for k, v in svc["spec"]["selector"].items())
+    ]
+    if not selecting:
+        problem(where, "no Service selects the pods: callers have no way to the inbound side")
+    for svc_name, svc in selecting:
+        for p in svc["spec"].get("ports", []):
+            target = p.get("targetPort", p.get("port"))
+            target = ports.get(target, target)
+            if target == app_port:
+                problem(where, f"Service {svc_name} port {p.get('port')} targets the app's own port {app_port}: callers would pass tollgate by")
+            elif target != in_port:
+                problem(where, f"Service {svc_name} port {p.get('port')} targets {target!r}, not the inbound port {in_port}")
+    admitted = any(
+        rule.get("ports") is None
+        or any(ports.get(p.get("port"), p.get("port")) == in_port for p in rule["ports"])
+        for pol in policies.values()
+        if all(labels.get(k) == v for k, v in pol.get("spec", {}).get("podSelector", {}).get("matchLabels", {}).items())
+        for rule in pol.get("spec", {}).get("ingress", [])
+    )
+    if policies and not admitted:
+        problem(where, f"no NetworkPolicy admits the inbound port {in_port}: callers would be refused")
+
+
+def check_deployment(name, dep, configmaps, podmonitors, policies, services):
     where = f"{name} Deployment/{dep['metadata']['name']}"
     pod = dep["spec"]["template"]
     spec = pod["spec"]
@@ -224,6 +266,7 @@ def check_deployment(name, dep, configmaps, podmonitors, policies):
     if not admin_names:
         problem(where, f"tollgate does not declare containerPort {admin_port}")
     check_admin_policy(where, labels, admin_port, ports, policies)
+    check_inbound(where, labels, config, ports, services, policies)
     for pm_name, pm in podmonitors.items():
         pm_sel = pm["spec"]["selector"]["matchLabels"]
         if any(labels.get(k) != v for k, v in pm_sel.items()):
@@ -316,8 +359,9 @@ def main():
     if not deployments:
         problem(directory, "no Deployment")
     policies = {o["metadata"]["name"]: o for _, o in objects if o.get("kind") == "NetworkPolicy"}
+    services = {o["metadata"]["name"]: o for _, o in objects if o.get("kind") == "Service"}
     for name, dep in deployments:
-        check_deployment(name, dep, configmaps, podmonitors, policies)
+        check_deployment(name, dep, configmaps, podmonitors, policies, services)
 
     if problems:
         print("\n".join(problems), file=sys.stderr)

@@ -107,7 +107,7 @@ step "Dockerfile"
 hadolint deploy/Dockerfile || fail "hadolint found problems in deploy/Dockerfile"
 # What the Kubernetes manifests rely on, in the final stage.
 final_stage=$(awk '/^FROM /{buf=""} {buf=buf $0 "\n"} END{printf "%s", buf}' deploy/Dockerfile)
-for want in 'USER 65532:65532' 'EXPOSE 15001 15090' 'ENTRYPOINT ["tollgate", "run"]' \
+for want in 'USER 65532:65532' 'EXPOSE 15001 15006 15090' 'ENTRYPOINT ["tollgate", "run"]' \
   'TOLLGATE_CONFIG=/etc/tollgate/tollgate.toml' 'COPY --from=build /usr/bin/sleep /bin/sleep'; do
   grep -qF -- "$want" <<<"$final_stage" || fail "deploy/Dockerfile final stage lacks: $want"
 done
@@ -143,18 +143,18 @@ validate() { # VERSION FILES...
     || fail "kubernetes-validate --strict (Kubernetes $v) rejected: $*"
 }
 # The native sidecar (an init container with restartPolicy: Always) needs 1.29+.
-validate 1.29.0 $K/configmap.yaml $K/deployment-native-sidecar.yaml $K/networkpolicy.yaml
+validate 1.29.0 $K/configmap.yaml $K/deployment-native-sidecar.yaml $K/networkpolicy.yaml $K/service.yaml
 validate "$K8S_NEWEST" $K/configmap.yaml $K/deployment-native-sidecar.yaml $K/deployment-plain-sidecar.yaml \
-  $K/networkpolicy.yaml
+  $K/networkpolicy.yaml $K/service.yaml
 # The plain sidecar is for older clusters: it must validate against the oldest schema too.
-validate "$K8S_OLDEST" $K/configmap.yaml $K/deployment-plain-sidecar.yaml $K/networkpolicy.yaml
-pass "manifests valid: ConfigMap, both Deployments, NetworkPolicy (kubernetes-validate --strict against $K8S_OLDEST, 1.29.0 and $K8S_NEWEST)"
+validate "$K8S_OLDEST" $K/configmap.yaml $K/deployment-plain-sidecar.yaml $K/networkpolicy.yaml $K/service.yaml
+pass "manifests valid: ConfigMap, both Deployments, NetworkPolicy, Service (kubernetes-validate --strict against $K8S_OLDEST, 1.29.0 and $K8S_NEWEST)"
 
 # The PodMonitor is a CRD kubernetes-validate has no schema for: check_manifests.py
 # checks its structure, and how all the objects fit together.
 python3 deploy/check_manifests.py $K --extract-config "$TMP/configmap.toml" \
   || fail "deploy/check_manifests.py found problems in $K"
-pass "PodMonitor well-formed; manifests consistent with each other and with the ConfigMap's tollgate.toml; the admin port admitted only from Prometheus (NetworkPolicy)"
+pass "PodMonitor well-formed; manifests consistent with each other and with the ConfigMap's tollgate.toml; the admin port admitted only from Prometheus (NetworkPolicy); the Service's targetPort is the inbound port, the app's port off it"
 
 step "build tollgate"
 # --locked as in the Dockerfile: a stale Cargo.lock would break the image build too.
@@ -179,14 +179,17 @@ step "tollgate loads the ConfigMap's config, and reloads it the way the kubelet 
 # symlink to a timestamped directory; an update writes a new directory and swaps
 # "..data" atomically). Started the way the image starts it (TOLLGATE_CONFIG, the
 # manifests' args). No request is sent: its endpoints are cluster DNS names.
-read -r CM_LISTEN CM_ADMIN < <(free_ports 2)
+read -r CM_LISTEN CM_ADMIN CM_INBOUND < <(free_ports 3)
 CM_DIR=$TMP/etc-tollgate
 mkdir -p "$CM_DIR/..2024_01_01_00_00_00.000000001"
 sed -e "s/^addr = \"127.0.0.1:15001\"/addr = \"127.0.0.1:$CM_LISTEN\"/" \
   -e "s/^addr = \"0.0.0.0:15090\"/addr = \"127.0.0.1:$CM_ADMIN\"/" \
+  -e "s/^addr = \"0.0.0.0:15006\"/addr = \"127.0.0.1:$CM_INBOUND\"/" \
   "$TMP/configmap.toml" >"$CM_DIR/..2024_01_01_00_00_00.000000001/tollgate.toml"
 grep -q "127.0.0.1:$CM_ADMIN" "$CM_DIR/..2024_01_01_00_00_00.000000001/tollgate.toml" \
   || fail "could not move the ConfigMap's admin.addr"
+grep -q "127.0.0.1:$CM_INBOUND" "$CM_DIR/..2024_01_01_00_00_00.000000001/tollgate.toml" \
+  || fail "could not move the ConfigMap's inbound.addr"
 ln -s ..2024_01_01_00_00_00.000000001 "$CM_DIR/..data"
 ln -s ..data/tollgate.toml "$CM_DIR/tollgate.toml"
 # configmap_update NAME: a new version of the config from stdin, swapped in as the kubelet does.
@@ -222,7 +225,10 @@ print(json.dumps(v, sort_keys=True))' "$@"
 [ "$(effective upstreams | python3 -c 'import json,sys; print(",".join(sorted(json.load(sys.stdin))))')" = inventory,payments ] \
   || fail "the ConfigMap's upstreams (inventory, payments) are not in tollgate's effective config"
 [ "$(effective upstreams payments max_inflight)" = 500 ] || fail "payments.max_inflight is not 500 in /config"
-pass "tollgate serves the ConfigMap's tollgate.toml$([ ${#AS_POD_USER[@]} -eq 0 ] || echo ' as uid 65532 without capabilities') (/readyz 200, both upstreams loaded)"
+[ "$(effective inbound max_inflight)" = '"adaptive"' ] || fail "the ConfigMap's [inbound] is not in tollgate's effective config"
+curl -s --max-time 2 -o /dev/null "http://127.0.0.1:$CM_INBOUND/" \
+  || fail "the ConfigMap's inbound side does not answer on its port"
+pass "tollgate serves the ConfigMap's tollgate.toml$([ ${#AS_POD_USER[@]} -eq 0 ] || echo ' as uid 65532 without capabilities') (/readyz 200, both upstreams and the inbound side loaded)"
 
 # reloads RESULT: tollgate_config_reloads_total{result=RESULT}.
 reloads() {
@@ -285,7 +291,7 @@ pass "every alert has a runbook_url that resolves to a section of the docs"
 # ---------------------------------------------------------------------------
 step "end to end: tollgate + Prometheus on loopback"
 N=40 # requests to each upstream, one of them a warm-up
-read -r LISTEN ADMIN PROM < <(free_ports 3)
+read -r LISTEN ADMIN PROM INBOUND < <(free_ports 4)
 
 python3 deploy/e2e_upstream.py 200 "$TMP/ok.port" >"$TMP/upstream-ok.log" 2>&1 &
 PIDS+=("$!")
@@ -325,6 +331,18 @@ backoff_max = "10ms"
 ratio = 1.0
 min_per_sec = 100
 window = "1m"
+
+# The inbound side in front of the "ok" upstream, as if it were this tollgate's app.
+# Its fleet budget admits no retry at all, so every retry sent to it is rejected.
+[inbound]
+addr = "127.0.0.1:$INBOUND"
+app = "127.0.0.1:$OK_PORT"
+max_inflight = "adaptive"
+
+[inbound.retries]
+ratio = 0.0
+min_per_sec = 0
+window = "1m"
 EOF
 "$TOLLGATE" run --config "$TMP/tollgate.toml" >"$TMP/tollgate.log" 2>&1 &
 TG_PID=$!
@@ -348,10 +366,29 @@ request() {
   done
 }
 
+# inbound FIRST RETRIES: first attempts and retries (x-tollgate-attempt: 2) through
+# the inbound side; first attempts reach the app (200), retries are rejected (503
+# retry-rejected).
+inbound() {
+  local first=$1 retries=$2 i got
+  for ((i = 1; i <= first; i++)); do
+    got=$(curl -sS --max-time 10 -o /dev/null -w '%{http_code}' "http://127.0.0.1:$INBOUND/in/$i") \
+      || fail "curl to the inbound side failed"
+    [ "$got" = 200 ] || fail "inbound first attempt: got $got, want 200"
+  done
+  for ((i = 1; i <= retries; i++)); do
+    got=$(curl -sS --max-time 10 -o /dev/null -H 'x-tollgate-attempt: 2' \
+      -w '%{http_code} %header{x-tollgate-outcome}' "http://127.0.0.1:$INBOUND/in/r$i") \
+      || fail "curl to the inbound side failed"
+    [ "$got" = '503 retry-rejected' ] || fail "inbound retry: got '$got', want '503 retry-rejected'"
+  done
+}
+
 # One request each before Prometheus starts: every series the test reads then exists
 # (at its warm-up value) in Prometheus's first scrape, so rate() sees all the rest.
 request ok 1
 request failing 1
+inbound 1 1
 
 python3 deploy/prom_config.py e2e $P/prometheus.yml "$TMP/prometheus.yml" \
   --rules "$ROOT/$P/rules.yml" --admin "127.0.0.1:$ADMIN" --app-port "$LISTEN"
@@ -395,7 +432,8 @@ expect 30 'up{job="tollgate",namespace="e2e",pod="e2e-scraped",app="e2e-app"}' 1
 expect 30 'sum(tollgate_requests_total{upstream="failing"})' 1
 request ok $((N - 1))
 request failing $((N - 1))
-pass "traffic: $N requests to each upstream; ok answered 200 after 1 attempt, failing 503 after 3 attempts (attempts-exhausted)"
+inbound 9 3
+pass "traffic: $N requests to each upstream; ok answered 200 after 1 attempt, failing 503 after 3 attempts (attempts-exhausted); 10 first attempts and 4 retries through the inbound side, the retries rejected"
 
 expect 60 'sum(tollgate_requests_total{upstream="ok"})' "$N"
 expect 60 'sum(tollgate_requests_total{upstream="failing",code="503",outcome="attempts-exhausted"})' "$N"
@@ -411,6 +449,14 @@ expect 30 'sum(tollgate_retries_denied_total{upstream="failing",reason="attempts
 expect 30 'tollgate:amplification:ratio_rate5m{namespace="e2e",app="e2e-app",upstream="failing"}' 3 0.001
 expect 30 'tollgate:amplification:ratio_rate5m{namespace="e2e",app="e2e-app",upstream="ok"}' 1 0.001
 expect 30 'tollgate:retry:ratio_rate5m{namespace="e2e",app="e2e-app",upstream="failing"}' 2 0.001
+# The inbound side: first attempts reached the app, retries were refused by the fleet
+# budget; the recording rules see 12 requests for 9 first attempts after the warm-up.
+expect 60 'sum(tollgate_inbound_requests_total{kind="first",code="200",outcome="ok"})' 10
+expect 30 'sum(tollgate_inbound_requests_total{kind="retry",code="503",outcome="retry-rejected"})' 4
+expect 30 'tollgate_inbound_denied_total{reason="retry-budget",job="tollgate",app="e2e-app"}' 4
+expect 30 'tollgate_inbound_retry_budget_available{app="e2e-app"}' 0
+expect 30 'tollgate:inbound_amplification:ratio_rate5m{namespace="e2e",app="e2e-app"}' 1.3333 0.001
+expect 30 'tollgate:inbound_retries_rejected:ratio_rate5m{namespace="e2e",app="e2e-app"}' 0.25 0.001
 # The build and process metrics, through the same relabelling.
 expect 30 'tollgate_build_info{job="tollgate",namespace="e2e",app="e2e-app"}' 1
 expect 30 'count(process_start_time_seconds{job="tollgate",app="e2e-app"} > time() - 600)' 1

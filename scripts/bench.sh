@@ -44,7 +44,7 @@ LOAD_CPU=1
 JSON=0
 OUT_DIR=""
 TOLLGATE_BIN="${TOLLGATE_BIN:-}"
-TARGETS="direct,tollgate,tollgate-noretry,nginx,haproxy,pingora"
+TARGETS="direct,tollgate,tollgate-noretry,tollgate-inbound,nginx,haproxy,pingora"
 CELLS=""
 INSTALL=1
 WAIT_QUIET=0
@@ -78,8 +78,10 @@ usage: scripts/bench.sh [options]
   --out DIR            keep the configs, logs, raw outputs, table and JSON in DIR
   --tollgate PATH      the tollgate binary (default: $TOLLGATE_BIN, else
                        target/release/tollgate, built with cargo if missing)
-  --targets LIST       comma-separated subset of: direct,tollgate,tollgate-noretry,nginx,
-                       haproxy,pingora (each cell runs those of its targets that are listed)
+  --targets LIST       comma-separated subset of: direct,tollgate,tollgate-noretry,
+                       tollgate-inbound,nginx,haproxy,pingora (each cell runs those of its
+                       targets that are listed; tollgate-inbound is the inbound side alone
+                       in front of the backend, in the inbound cell)
   --proxy-cpu N        the core the proxy under test runs on (default 0)
   --load-cpu N         the core the load generator and the backend share (default 1)
   --rss-connections N  client connections for tollgate's memory measurement (default 1000)

@@ -167,6 +167,9 @@ fn refresh_gauges(shared: &Shared) {
             .metrics
             .set_ejected(up.name(), up.endpoints.readmit_due());
     }
+    if let Some(inbound) = &shared.inbound {
+        inbound.refresh_gauges();
+    }
 }
 
 #[cfg(test)]

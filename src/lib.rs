@@ -8,7 +8,9 @@
 //! Layers import downwards only (docs/architecture.md). From the bottom: [`config`],
 //! [`metrics`], [`deadline`], [`descriptors`], [`worker`] and the wire, [`http`]; [`upstream`] (the
 //! endpoints, generic over the body it sends); [`retry`] (deciding and looping, generic
-//! over the app's body); [`proxy`] (the app's side); [`run`], [`reload`], [`admin`];
+//! over the app's body); [`proxy`] (the app's side: the server, and the outbound
+//! service it is handed) and [`inbound`] (the service in front of the app, handed to the
+//! same server); [`run`], [`reload`], [`admin`];
 //! and the tools on top: [`check`], [`calc`], [`lab`] and [`capture`] (`tollgate
 //! iptables`), which print through [`print`].
 
@@ -22,6 +24,7 @@ pub mod config;
 pub mod deadline;
 pub mod descriptors;
 pub mod http;
+pub mod inbound;
 pub mod lab;
 pub mod metrics;
 pub mod print;

@@ -12,6 +12,7 @@
 
 mod family;
 pub mod health;
+pub mod inbound;
 pub mod process;
 
 use std::sync::{Arc, OnceLock};
@@ -37,10 +38,11 @@ pub enum Outcome {
     Overloaded,
     NoRoute,
     UpstreamUnreachable,
+    RetryRejected,
 }
 
 impl Outcome {
-    pub const ALL: [Outcome; 10] = [
+    pub const ALL: [Outcome; 11] = [
         Outcome::Ok,
         Outcome::AttemptsExhausted,
         Outcome::BudgetExhausted,
@@ -51,6 +53,7 @@ impl Outcome {
         Outcome::Overloaded,
         Outcome::NoRoute,
         Outcome::UpstreamUnreachable,
+        Outcome::RetryRejected,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -65,6 +68,7 @@ impl Outcome {
             Outcome::Overloaded => "overloaded",
             Outcome::NoRoute => "no-route",
             Outcome::UpstreamUnreachable => "upstream-unreachable",
+            Outcome::RetryRejected => "retry-rejected",
         }
     }
 
@@ -212,6 +216,8 @@ pub struct Metrics {
     last_reload_ok: IntGauge,
     listener_up: IntGaugeVec,
     health: health::Families,
+    /// Registered with the inbound side, when the config has one.
+    inbound: OnceLock<inbound::InboundMetrics>,
 }
 
 /// How a reload ended.
@@ -356,6 +362,7 @@ impl Metrics {
                 up,
             ),
             health: health::Families::new(&r),
+            inbound: OnceLock::new(),
             registry: r,
         };
         int_gauges(
@@ -512,7 +519,7 @@ pub struct UpstreamMetrics {
     pub attempt_duration: Histogram,
     requests: IntCounterVec,
     /// `[outcome][status - 100]`, filled on first use of each pair.
-    by_code: [OnceLock<Box<[OnceLock<IntCounter>]>>; 10],
+    by_code: [OnceLock<Box<[OnceLock<IntCounter>]>>; Outcome::ALL.len()],
     /// `tollgate_descriptors_exhausted_total{at="connect"}`, shared by every upstream.
     pub exhausted: IntCounter,
     /// Ejections and hedges.

@@ -139,6 +139,7 @@ pub fn run(path: PathBuf) -> i32 {
         };
         tracing::info!(
             listener = %running.server.local_addr(),
+            inbound = ?running.server.inbound_addr(),
             admin = %running.admin.local_addr(),
             "tollgate is serving"
         );

@@ -414,3 +414,28 @@ fn config_and_chain_combine() {
     let run = check(&["--chain", &layers]);
     assert!(!run.out.contains("config/tollgate.toml"), "{}", run.out);
 }
+
+#[test]
+fn an_inbound_side_without_a_fleet_budget_is_valid_and_linted() {
+    let r = check(&["--config", &fixture("inbound-unbudgeted.toml")]);
+    assert_eq!(
+        r.code, 0,
+        "valid: a warning exits 0 without --strict\n{}",
+        r.out
+    );
+    r.says("valid, 0 upstreams and the inbound side");
+    r.says("retries       no fleet budget: every caller's retries reach the app");
+    r.says("max_inflight  200 at once");
+    let strict = check(&["--strict", "--config", &fixture("inbound-unbudgeted.toml")]);
+    assert_eq!(strict.code, 3);
+    let w = warnings(&strict.out);
+    assert_eq!(w.len(), 1, "{}", strict.out);
+    assert!(
+        w[0].starts_with(
+            "tests/fixtures/check/inbound-unbudgeted.toml:8:2: warning: inbound: no fleet retry budget"
+        ),
+        "{}",
+        w[0]
+    );
+    assert!(w[0].contains("[inbound.retries]"), "{}", w[0]);
+}

@@ -100,6 +100,7 @@ fn the_lab_table_names_its_scenario_once() {
     assert_eq!(both.matches("tollgate lab: down").count(), 1, "{both}");
 }
 
+<<<<<<< HEAD
 /// The endpoint scenarios, shortened: what they report holds whatever the machine's
 /// speed (the budget's bound on hedges, ejection of the silent endpoint); their
 /// latency figures are for `tollgate lab` itself, never asserted here.
@@ -147,4 +148,43 @@ fn the_endpoint_scenarios_run_and_report_their_figures() {
         to_silent("ejecting") < to_silent("silent"),
         "ejection did not spare the silent endpoint its traffic"
     );
+=======
+/// The fleet scenario, shortened: ten callers, each within its own budget, multiply
+/// the failing app's load; the inbound side's budget holds it near 1.1x, and a lone
+/// quiet caller still gets every retry.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_inbound_budget_caps_what_a_fleet_of_callers_retries() {
+    use tollgate::lab::fleet::{FleetSpec, run};
+    let spec = FleetSpec {
+        callers: vec![10],
+        measure: Duration::from_secs(2),
+        ..FleetSpec::default()
+    };
+    let r = run(spec, false).await.unwrap();
+    let ten = &r.rows[0];
+    println!(
+        "10 callers: {:.2}x without, {:.2}x with; quiet: {:.2}x",
+        ten.without.amplification(),
+        ten.with.amplification(),
+        r.quiet.with.amplification()
+    );
+    assert!(ten.without.requests >= 150, "{:?}", ten.without);
+    assert!(
+        ten.without.amplification() > 1.6,
+        "ten floors: {:?}",
+        ten.without
+    );
+    assert!(
+        ten.with.amplification() <= 1.2,
+        "the fleet budget did not hold: {:?}",
+        ten.with
+    );
+    assert!(ten.with.rejected > 0);
+    assert!(
+        r.quiet.with.amplification() >= 2.9,
+        "a quiet caller lost its retries: {:?}",
+        r.quiet.with
+    );
+    assert_eq!(r.quiet.with.rejected, 0);
+>>>>>>> inbound
 }

@@ -5,7 +5,7 @@
 # cell. This file says what each cell runs; bench.sh measures it.
 
 ALL_CELLS="get,h2c,tls,body16k,body256k,c2000,cores2,inbound"
-KNOWN_TARGETS="direct,tollgate,tollgate-noretry,nginx,haproxy,pingora"
+KNOWN_TARGETS="direct,tollgate,tollgate-noretry,tollgate-inbound,nginx,haproxy,pingora"
 
 # The second CPU of the two-core cell and the load CPUs beside it: on a machine with
 # four CPUs or more, two for the proxy and the rest of the pair for the load; on two
@@ -82,13 +82,17 @@ cell_define() {
     inbound)
       if [ "$INBOUND" = 1 ]; then
         C_TITLE="the inbound hop: app -> caller tollgate -> inbound tollgate -> backend, against one hop; both on 1 core: wrk -c$CONNS"
-        C_NOTE="tollgate-chain = caller tollgate -> callee tollgate's [inbound] -> backend"
+        C_NOTE="tollgate-chain = caller tollgate -> callee tollgate's [inbound] -> backend; tollgate-inbound = the inbound side alone in front of the backend"
       else
         C_TITLE="two-hop chain (stand-in for the inbound hop): caller tollgate -> second tollgate as a plain outbound proxy -> backend, against one hop; both on 1 core: wrk -c$CONNS"
         C_NOTE="the binary does not accept [inbound] (tollgate check: $(inbound_refusal)): tollgate-chain is the two-hop outbound chain, not the inbound side"
       fi
       targets=(direct tollgate tollgate-chain)
-      C_RATIOS="tollgate-chain/tollgate tollgate/direct" ;;
+      C_RATIOS="tollgate-chain/tollgate tollgate/direct"
+      if [ "$INBOUND" = 1 ]; then
+        targets=(direct tollgate tollgate-inbound tollgate-chain)
+        C_RATIOS="$C_RATIOS tollgate-inbound/direct tollgate-inbound/tollgate"
+      fi ;;
     *) die "unknown cell '$cell' (known: $ALL_CELLS)" ;;
   esac
   C_ROUNDS=${ROUNDS_OPT:-$rounds}
@@ -131,6 +135,11 @@ target_prepare() {
       "$TG" check --config "$WORK/$name.toml" > "$WORK/$name.check.log" 2>&1 || {
         cat "$WORK/$name.check.log" >&2; die "tollgate check rejected the config of $name ($WORK/$name.toml)"; }
       T_CMD=(env RUST_LOG=info "$TG" run --config "$WORK/$name.toml"); T_PORT[$t]=$listen ;;
+    tollgate-inbound)
+      free_port; main=$PORT; free_port; admin=$PORT; free_port; listen=$PORT; free_port
+      { tollgate_conf "$main" "$admin" "$listen" "127.0.0.1:$BACKEND_PORT" http1 1 1 0
+        tollgate_inbound_section "$PORT"; } > "$WORK/$name.toml"
+      T_CMD=(env RUST_LOG=info "$TG" run --config "$WORK/$name.toml"); T_PORT[$t]=$PORT ;;
     nginx|nginx-1w|nginx-2w)
       free_port; T_PORT[$t]=$PORT
       nginx_proxy_conf "$name" "$PORT" "$UP_MODE" "$workers" > "$WORK/$name.conf"

@@ -6,11 +6,11 @@ use std::fmt::Write as _;
 
 use super::chain::ChainReport;
 use super::{ChainCheck, CheckedFile, EXIT_WARNINGS, Report};
-use crate::config::UpstreamConfig;
 use crate::config::figures::{
     attempts_that_fit, budget_cap, effective_patience, plain, total_backoff,
 };
 use crate::config::units::format_duration;
+use crate::config::{InboundConfig, InflightLimit, UpstreamConfig};
 
 impl Report {
     pub fn render(&self, strict: bool) -> String {
@@ -74,14 +74,22 @@ fn render_file(out: &mut String, file: &CheckedFile) {
             return;
         }
     };
+    let inbound = if config.inbound.is_some() {
+        " and the inbound side"
+    } else {
+        ""
+    };
     let _ = writeln!(
         out,
-        "{}: valid, {}",
+        "{}: valid, {}{inbound}",
         file.name,
         plural(config.upstreams.len(), "upstream", "upstreams")
     );
     for up in &config.upstreams {
         render_upstream(out, up);
+    }
+    if let Some(i) = &config.inbound {
+        render_inbound(out, i);
     }
     for w in &file.warnings {
         let _ = writeln!(out, "{w}");
@@ -151,6 +159,35 @@ fn render_upstream(out: &mut String, up: &UpstreamConfig) {
         "    patience      {} {how}; {verdict} request_timeout {}",
         format_duration(patience),
         format_duration(up.request_timeout),
+    );
+}
+
+fn render_inbound(out: &mut String, i: &InboundConfig) {
+    let _ = writeln!(out, "  inbound {} -> app {}", i.addr, i.app);
+    match &i.retries {
+        Some(b) => {
+            let _ = writeln!(
+                out,
+                "    retries       one budget for every caller: {} of their first attempts + {} retries/s on this replica (× replicas for the fleet)",
+                b.ratio, b.min_per_sec
+            );
+        }
+        None => {
+            let _ = writeln!(
+                out,
+                "    retries       no fleet budget: every caller's retries reach the app"
+            );
+        }
+    }
+    let limit = match i.max_inflight {
+        InflightLimit::Adaptive => "adaptive, learned from the app's latency".to_string(),
+        InflightLimit::Fixed(n) => format!("{n} at once"),
+    };
+    let _ = writeln!(out, "    max_inflight  {limit}; beyond it 503 overloaded");
+    let _ = writeln!(
+        out,
+        "    deadline      the caller's, at most request_timeout {}",
+        format_duration(i.request_timeout)
     );
 }
 

@@ -6,7 +6,7 @@
 //! changed is named, so a reload says what it did.
 
 use super::Config;
-use super::model::UpstreamConfig;
+use super::model::{InboundConfig, UpstreamConfig};
 use super::units::{format_duration, format_size};
 
 /// A new file, reconciled with the config in force.
@@ -71,11 +71,13 @@ pub fn reconcile(running: &Config, new: Config) -> Reconciled {
         format!("{:?}", running.runtime.worker_threads),
         format!("{:?}", new.runtime.worker_threads),
     );
-    let changes = upstream_changes(running, &new);
+    let mut changes = upstream_changes(running, &new);
+    let inbound = inbound_in_effect(running, &new, &mut restart_needed, &mut changes);
     let in_effect = Config {
         listener: running.listener,
         admin: running.admin.clone(),
         runtime: running.runtime.clone(),
+        inbound,
         ..new
     };
     Reconciled {
@@ -83,6 +85,53 @@ pub fn reconcile(running: &Config, new: Config) -> Reconciled {
         restart_needed,
         changes,
     }
+}
+
+/// The `[inbound]` in effect after a reload: its settings from the file, at the address
+/// it is bound to. Adding, removing or moving the section needs a restart (it is a
+/// listener): the running one stays, and the difference is reported.
+fn inbound_in_effect(
+    running: &Config,
+    new: &Config,
+    restart_needed: &mut Vec<String>,
+    changes: &mut Vec<String>,
+) -> Option<InboundConfig> {
+    let addr = |c: &Config| {
+        c.inbound
+            .as_ref()
+            .map_or("none".into(), |i| i.addr.to_string())
+    };
+    let (was, is) = (addr(running), addr(new));
+    if was != is {
+        restart_needed.push(format!("inbound.addr: {was} in effect, {is} in the file"));
+    }
+    match (&running.inbound, &new.inbound) {
+        (Some(r), Some(n)) => {
+            let fields = inbound_fields(r, n);
+            if !fields.is_empty() {
+                changes.push(format!("inbound changed: {}", fields.join(", ")));
+            }
+            Some(InboundConfig {
+                addr: r.addr,
+                ..n.clone()
+            })
+        }
+        (running, _) => running.clone(),
+    }
+}
+
+/// The settings of `[inbound]` that differ, by the names the file gives them.
+fn inbound_fields(a: &InboundConfig, b: &InboundConfig) -> Vec<&'static str> {
+    [
+        ("app", a.app == b.app),
+        ("max_inflight", a.max_inflight == b.max_inflight),
+        ("request_timeout", a.request_timeout == b.request_timeout),
+        ("retries", a.retries == b.retries),
+    ]
+    .into_iter()
+    .filter(|(_, same)| !same)
+    .map(|(name, _)| name)
+    .collect()
 }
 
 /// One line per upstream added, removed or changed, in name order.
@@ -203,5 +252,35 @@ mod tests {
             config(&format!("[admin]\naddr = \"127.0.0.1:19999\"\n{BASE}")),
         );
         assert_eq!(again.restart_needed.len(), 1);
+    }
+
+    #[test]
+    fn inbound_settings_apply_but_its_address_waits_for_a_restart() {
+        let inbound = |addr: &str, limit: &str| {
+            config(&format!(
+                "{BASE}[inbound]\naddr = \"{addr}\"\napp = \"127.0.0.1:8080\"\nmax_inflight = {limit}\n"
+            ))
+        };
+        let running = inbound("127.0.0.1:15006", "10");
+        let r = reconcile(&running, inbound("127.0.0.1:15007", "20"));
+        let i = r.in_effect.inbound.as_ref().unwrap();
+        assert_eq!(i.addr.port(), 15006, "the bound address stays");
+        assert_eq!(i.max_inflight, crate::config::InflightLimit::Fixed(20));
+        assert_eq!(
+            r.restart_needed,
+            ["inbound.addr: 127.0.0.1:15006 in effect, 127.0.0.1:15007 in the file"]
+        );
+        assert_eq!(r.changes, ["inbound changed: max_inflight"]);
+
+        // Added or removed: a listener to bind or close, so at a restart.
+        let added = reconcile(&config(BASE), inbound("127.0.0.1:15006", "10"));
+        assert!(added.in_effect.inbound.is_none());
+        assert_eq!(
+            added.restart_needed,
+            ["inbound.addr: none in effect, 127.0.0.1:15006 in the file"]
+        );
+        let removed = reconcile(&running, config(BASE));
+        assert_eq!(removed.in_effect.inbound, running.inbound);
+        assert_eq!(removed.restart_needed.len(), 1);
     }
 }

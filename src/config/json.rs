@@ -34,6 +34,26 @@ impl Config {
                 "query": self.access_log.query,
             },
             "upstreams": self.upstreams.iter().map(|u| (u.name.clone(), u.to_json())).collect::<serde_json::Map<_, _>>(),
+            "inbound": self.inbound.as_ref().map(InboundConfig::to_json),
+        })
+    }
+}
+
+impl InboundConfig {
+    fn to_json(&self) -> Value {
+        json!({
+            "addr": self.addr.to_string(),
+            "app": self.app.to_string(),
+            "max_inflight": match self.max_inflight {
+                InflightLimit::Fixed(n) => json!(n),
+                InflightLimit::Adaptive => json!("adaptive"),
+            },
+            "request_timeout": format_duration(self.request_timeout),
+            "retries": self.retries.as_ref().map(|b| json!({
+                "ratio": b.ratio,
+                "min_per_sec": b.min_per_sec,
+                "window": format_duration(b.window),
+            })),
         })
     }
 }

@@ -40,6 +40,7 @@ pub fn lint(config: &Config) -> Vec<Diagnostic> {
     for up in &config.upstreams {
         lint_upstream(config, up, &mut out);
     }
+    out.extend(unbudgeted_inbound(config));
     out.sort_by_key(|d| (d.line, d.column));
     out
 }
@@ -57,6 +58,27 @@ fn exposed_listener(config: &Config, key: &str, addr: SocketAddr) -> Diagnostic 
             addr.port()
         ),
     )
+}
+
+/// An `[inbound]` without `[inbound.retries]`: the app takes every retry of every
+/// caller, and each caller's own budget has a floor of its own, so a failing app gets
+/// the floors of the whole fleet added up.
+fn unbudgeted_inbound(config: &Config) -> Option<Diagnostic> {
+    let inbound = config.inbound.as_ref().filter(|i| i.retries.is_none())?;
+    Some(warning(
+        config,
+        "inbound",
+        format!(
+            "no fleet retry budget: {} receives every retry of every caller, and each \
+             caller's budget allows retries of its own (its min_per_sec), so when the app \
+             fails, N callers can multiply its load by up to their max_attempts",
+            inbound.app
+        ),
+        "add [inbound.retries] with ratio = 0.1 and min_per_sec = 10: retries beyond it are \
+         answered 503 retry-rejected and never reach the app; the floor is per replica, \
+         replicas × min_per_sec a second for the whole fleet"
+            .to_string(),
+    ))
 }
 
 /// The lints of one upstream. Those about retries fire only when it retries.
@@ -511,6 +533,31 @@ mod tests {
             assert_eq!((d.line, d.column), (line, column));
             assert!(d.line > 1, "{key} was not placed: {d}");
         }
+    }
+
+    #[test]
+    fn an_inbound_side_without_a_fleet_budget_is_linted_at_its_section() {
+        let with = |retries: &str| {
+            parse(&format!(
+                "{BASE}\n[inbound]\naddr = \"0.0.0.0:15006\"\napp = \"127.0.0.1:8080\"\n{retries}"
+            ))
+        };
+        let config = with("");
+        let found = lint(&config);
+        assert_eq!(found.len(), 1, "{found:?}");
+        assert_eq!(found[0].key, "inbound");
+        assert_eq!((found[0].line, found[0].column), config.position("inbound"));
+        assert!(
+            found[0].message.contains("no fleet retry budget"),
+            "{}",
+            found[0]
+        );
+        assert!(found[0].fix.contains("[inbound.retries]"), "{}", found[0]);
+        // Listening on every address is the inbound side's job, not a lint.
+        assert_eq!(
+            keys(&with("[inbound.retries]\nratio = 0.1\n")),
+            Vec::<String>::new()
+        );
     }
 
     #[test]

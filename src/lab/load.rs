@@ -24,6 +24,8 @@ pub struct Record {
     pub sent: Duration,
     pub latency: Duration,
     pub ok: bool,
+    /// The status the user got; 0 for none (no connection, or out of patience).
+    pub status: u16,
 }
 
 #[derive(Clone, Debug)]
@@ -92,15 +94,16 @@ pub async fn run(
                     continue_wait: std::time::Duration::ZERO,
                 };
                 let resp = conn.send(&head, NoBody).await.ok()?;
-                let ok = resp.status() == http::StatusCode::OK;
+                let status = resp.status().as_u16();
                 // Read to its end, the body gives its connection back to the pool.
                 resp.into_body().collect().await.ok()?;
-                Some(ok)
+                Some(status)
             };
-            let ok = matches!(
-                tokio::time::timeout(patience, attempt).await,
-                Ok(Some(true))
-            );
+            let status = match tokio::time::timeout(patience, attempt).await {
+                Ok(Some(status)) => status,
+                _ => 0,
+            };
+            let ok = status == 200;
             let latency = sent.elapsed().min(patience);
             live.done.fetch_add(1, Relaxed);
             if ok {
@@ -115,6 +118,7 @@ pub async fn run(
                     sent: sent - start,
                     latency,
                     ok,
+                    status,
                 });
         });
         // Reap finished tasks as we go so the set stays small.

@@ -12,7 +12,9 @@
 //! tollgate's own budget and backoff types.
 
 pub mod backend;
+pub mod fleet;
 pub mod load;
+pub mod overload;
 pub mod plot;
 pub mod report;
 pub mod scenario;
@@ -34,7 +36,9 @@ use scenario::{Column, Overrides, Scenario};
 /// Arguments of `tollgate lab`.
 #[derive(clap::Args, Debug, Clone)]
 pub struct LabArgs {
-    /// Scenario: storm (the published experiment), brownout, dip, down, hedge, blackhole.
+    /// Scenario: storm (the published experiment), brownout, dip, down, hedge,
+    /// blackhole; fleet (many callers and the inbound side's budget), overload (the
+    /// adaptive limit).
     #[arg(long, default_value = "storm")]
     pub scenario: String,
     /// Print one JSON object instead of the table.
@@ -52,6 +56,9 @@ pub struct LabArgs {
     /// The backend's base error rate, 0..=1.
     #[arg(long)]
     pub error_rate: Option<f64>,
+    /// fleet: the numbers of callers to run, e.g. 1,10,50.
+    #[arg(long, value_delimiter = ',')]
+    pub callers: Option<Vec<usize>>,
 }
 
 /// Arguments of `tollgate sim`.
@@ -245,6 +252,71 @@ fn lab_runtime() -> std::io::Result<tokio::runtime::Runtime> {
         .build()
 }
 
+/// The inbound side's scenarios, which are not two chains side by side.
+fn inbound_scenario(args: &LabArgs) -> Option<i32> {
+    let name = args.scenario.as_str();
+    if name != "fleet" && name != "overload" {
+        return None;
+    }
+    if args.plot.is_some() || args.error_rate.is_some() {
+        eprintln!("tollgate lab: --plot and --error-rate are not for the {name} scenario");
+        return Some(2);
+    }
+    let rt = match lab_runtime() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("tollgate lab: {e}");
+            return Some(1);
+        }
+    };
+    let progress = !args.json && std::io::stderr().is_terminal();
+    let out = if name == "fleet" {
+        let mut spec = fleet::FleetSpec::default();
+        if let Some(c) = args.callers.clone() {
+            if c.is_empty() || c.iter().any(|n| !(1..=200).contains(n)) {
+                eprintln!("tollgate lab: --callers takes numbers from 1 to 200");
+                return Some(2);
+            }
+            spec.callers = c;
+        }
+        if let Some(r) = args.rps {
+            spec.rps = r;
+        }
+        if let Some(d) = args.duration {
+            spec.measure = Duration::from_secs_f64(d);
+        }
+        rt.block_on(fleet::run(spec, progress)).map(|r| {
+            if args.json {
+                serde_json::to_string_pretty(&fleet::to_json(&r)).unwrap_or_default() + "\n"
+            } else {
+                fleet::table(&r)
+            }
+        })
+    } else {
+        let mut spec = overload::OverloadSpec::default();
+        if let Some(d) = args.duration {
+            spec.duration = Duration::from_secs_f64(d).max(spec.warmup + Duration::from_secs(1));
+        }
+        rt.block_on(overload::run(spec, progress)).map(|r| {
+            if args.json {
+                serde_json::to_string_pretty(&overload::to_json(&r)).unwrap_or_default() + "\n"
+            } else {
+                overload::table(&r)
+            }
+        })
+    };
+    match out {
+        Ok(text) => {
+            crate::print::stdout(&text);
+            Some(0)
+        }
+        Err(e) => {
+            eprintln!("tollgate lab: {e}");
+            Some(1)
+        }
+    }
+}
+
 /// Runs `tollgate lab`; returns the exit code.
 pub fn lab_main(args: LabArgs) -> i32 {
     let overrides = Overrides {
@@ -269,9 +341,12 @@ pub fn lab_main(args: LabArgs) -> i32 {
         eprintln!("tollgate lab: --error-rate must be between 0 and 1");
         return 2;
     }
+    if let Some(code) = inbound_scenario(&args) {
+        return code;
+    }
     let Some(s) = scenario::scenario(&args.scenario, &overrides) else {
         eprintln!(
-            "tollgate lab: unknown scenario `{}` (choose one of: {})",
+            "tollgate lab: unknown scenario `{}` (choose one of: {}, fleet, overload)",
             args.scenario,
             scenario::NAMES.join(", ")
         );

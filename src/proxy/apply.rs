@@ -8,7 +8,7 @@ use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::Arc;
 
-use super::{Server, Snapshot, accept, bind};
+use super::{Server, Snapshot, accept, bind, outbound};
 use crate::config::Config;
 
 /// What applying a config could not do.
@@ -64,6 +64,9 @@ impl Server {
                 u.listen = None;
             }
         }
+        if let (Some(inbound), Some(c)) = (&self.shared.inbound, &config.inbound) {
+            inbound.apply(c, &config.deadline);
+        }
         let mut next = Snapshot::build(
             config,
             &self.shared.metrics,
@@ -79,7 +82,8 @@ impl Server {
         }
         self.shared.snapshot.store(Arc::new(next));
         for (name, l) in started {
-            let a = accept(l, self.shared.clone(), Some(name.clone().into()), settings);
+            let service = outbound(&self.shared, Some(name.clone().into()));
+            let a = accept(l, &self.shared, service, settings);
             self.shared.metrics.listener_up(&name, true);
             self.dedicated
                 .lock()

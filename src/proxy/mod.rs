@@ -3,7 +3,9 @@
 //! (drain).
 //!
 //! - [`server`]: client connections and their codecs, handed a [`server::Service`];
-//! - [`handler`]: the outbound service: route, admit, deadline, retry, answer;
+//! - [`handler`]: the outbound service: route, admit, deadline, retry, answer (the
+//!   inbound side's listener, when the config has one, is handed
+//!   [`crate::inbound::InboundService`] instead);
 //! - [`headers`], [`route`], [`snapshot`], [`grpc`]: what the handler works with.
 //!
 //! The snapshot is an `ArcSwap`: a request loads it once, clones the `Arc` of the one
@@ -38,10 +40,11 @@ use tokio::task::JoinHandle;
 
 use crate::config::Config;
 use crate::descriptors::{self, Throttled};
+use crate::inbound::Inbound;
 use crate::metrics::{Metrics, Shortage};
 use crate::worker::Workers;
 use handler::Outbound;
-use server::AppBody;
+use server::{AppBody, Service};
 pub use snapshot::Snapshot;
 
 /// An upstream as the proxy runs it: the retry engine's, sending the app's bodies.
@@ -53,6 +56,8 @@ pub struct Shared {
     pub metrics: Arc<Metrics>,
     /// Requests no upstream claimed (plain HTTP, and gRPC calls).
     pub unrouted: [prometheus::IntCounter; 2],
+    /// The inbound side, when the config has one (fixed at start: it is a listener).
+    pub inbound: Option<Arc<Inbound>>,
     /// Listeners bound and config loaded (and not draining): `/readyz` says 200.
     pub ready: AtomicBool,
     connections: AtomicUsize,
@@ -102,6 +107,9 @@ pub struct Server {
     /// Dedicated `listen` ports, by upstream name.
     dedicated: std::sync::Mutex<HashMap<String, Accepting>>,
     main: std::sync::Mutex<Option<Accepting>>,
+    /// The inbound side's listener, and where it is bound.
+    inbound: std::sync::Mutex<Option<Accepting>>,
+    inbound_addr: Option<SocketAddr>,
     sweeper: JoinHandle<()>,
 }
 
@@ -133,6 +141,9 @@ fn sweeper(shared: &Arc<Shared>) -> JoinHandle<()> {
                     ep.sweep();
                 }
                 up.endpoints.readmit_due();
+            }
+            if let Some(inbound) = &shared.inbound {
+                inbound.sweep();
             }
         }
     })
@@ -192,6 +203,10 @@ impl Server {
                 dedicated_listeners.push((u.name.clone(), l));
             }
         }
+        let inbound_listener = match &config.inbound {
+            Some(i) => Some(bind(i.addr, "inbound.addr", &workers).await?),
+            None => None,
+        };
         let (shutdown, _) = watch::channel(false);
         let settings = config.listener;
         let soft_limit = descriptors::soft_limit();
@@ -204,11 +219,16 @@ impl Server {
                 "client connections capped by the open-file limit (half of it is kept for upstream connections)"
             );
         }
+        let inbound = config
+            .inbound
+            .as_ref()
+            .map(|i| Inbound::new(i, &config.deadline, metrics.clone(), workers.count()));
         let snapshot = Snapshot::build(config, &metrics, None, workers.count());
         metrics.mark_loaded();
         let shared = Arc::new(Shared {
             snapshot: ArcSwap::from_pointee(snapshot),
             unrouted: [metrics.unrouted(false), metrics.unrouted(true)],
+            inbound,
             metrics,
             ready: AtomicBool::new(false),
             connections: AtomicUsize::new(0),
@@ -216,10 +236,16 @@ impl Server {
             all_closed: Notify::new(),
             shutdown,
         });
-        let main = accept(main_listener, shared.clone(), None, settings);
+        let main = accept(main_listener, &shared, outbound(&shared, None), settings);
+        let inbound_addr = inbound_listener.as_ref().map(|l| l.addr);
+        let inbound = match (inbound_listener, &shared.inbound) {
+            (Some(l), Some(i)) => Some(accept(l, &shared, i.service(), settings)),
+            _ => None,
+        };
         let mut dedicated = HashMap::new();
         for (name, l) in dedicated_listeners {
-            let a = accept(l, shared.clone(), Some(name.clone().into()), settings);
+            let service = outbound(&shared, Some(name.clone().into()));
+            let a = accept(l, &shared, service, settings);
             shared.metrics.listener_up(&name, true);
             dedicated.insert(name, a);
         }
@@ -231,7 +257,14 @@ impl Server {
             main_addr,
             dedicated: std::sync::Mutex::new(dedicated),
             main: std::sync::Mutex::new(Some(main)),
+            inbound: std::sync::Mutex::new(inbound),
+            inbound_addr,
         })
+    }
+
+    /// Where the inbound side listens, when the config has one.
+    pub fn inbound_addr(&self) -> Option<SocketAddr> {
+        self.inbound_addr
     }
 
     pub fn shared(&self) -> &Arc<Shared> {
@@ -271,6 +304,12 @@ impl Server {
             .map(|(_, a)| a)
             .collect();
         listeners.extend(self.main.lock().unwrap_or_else(|p| p.into_inner()).take());
+        listeners.extend(
+            self.inbound
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .take(),
+        );
         for a in listeners {
             a.stop_accepting().await;
         }
@@ -313,10 +352,19 @@ impl Drop for ConnCount {
     }
 }
 
-fn accept(
+/// The outbound service: routed by authority, or on a dedicated port to its upstream.
+fn outbound(shared: &Arc<Shared>, dedicated: Option<Arc<str>>) -> Outbound {
+    Outbound {
+        shared: shared.clone(),
+        dedicated,
+    }
+}
+
+/// Serves the connections of `bound` with `service`.
+fn accept<S: Service>(
     bound: Bound,
-    shared: Arc<Shared>,
-    dedicated: Option<Arc<str>>,
+    shared: &Arc<Shared>,
+    service: S,
     settings: crate::config::ListenerConfig,
 ) -> Accepting {
     let (stop, _) = watch::channel(false);
@@ -325,7 +373,7 @@ fn accept(
         let work = accept_loop(
             listener,
             shared.clone(),
-            dedicated.clone(),
+            service.clone(),
             settings,
             stop.subscribe(),
         );
@@ -370,10 +418,10 @@ impl Spare {
     }
 }
 
-async fn accept_loop(
+async fn accept_loop<S: Service>(
     listener: TcpListener,
     shared: Arc<Shared>,
-    dedicated: Option<Arc<str>>,
+    service: S,
     settings: crate::config::ListenerConfig,
     mut stopped: watch::Receiver<bool>,
 ) {
@@ -392,11 +440,7 @@ async fn accept_loop(
                     shared.connections.fetch_add(1, AcqRel);
                     let count = ConnCount(shared.clone());
                     let shutdown = shared.shutdown.subscribe();
-                    let service = Outbound {
-                        shared: shared.clone(),
-                        dedicated: dedicated.clone(),
-                    };
-                    let fut = server::serve(stream, service, settings, shutdown);
+                    let fut = server::serve(stream, service.clone(), settings, shutdown);
                     tokio::spawn(async move {
                         let _count = count;
                         fut.await;

@@ -1,10 +1,12 @@
 //! What comes back from an endpoint: the response body, whichever HTTP carried it, and
 //! its head's fields, wherever they are kept.
 
-use http::{HeaderMap, HeaderName, Response};
+use http::response::Parts;
+use http::{HeaderMap, HeaderName, Response, Version};
 
 use super::h1::Http1Response;
 use crate::http::ByProtocol;
+use crate::http::fields::strip;
 use crate::http::response::RawFields;
 
 /// A response body from an endpoint, whichever HTTP carried it.
@@ -18,6 +20,24 @@ impl UpstreamBody {
             ByProtocol::Http2(_) => None,
         }
     }
+}
+
+/// A response from an endpoint, as it goes on to a client that spoke `version`: its
+/// hop-by-hop fields dropped, at that version.
+pub fn relayed(resp: Response<UpstreamBody>, version: Version) -> (Parts, UpstreamBody) {
+    let (mut parts, body) = resp.into_parts();
+    match &body {
+        ByProtocol::Http2(_) => strip(&mut parts.headers),
+        // An HTTP/1.1 response lost its hop-by-hop fields as it was parsed and keeps
+        // the rest in its head, from where they go to an HTTP/1.1 client as they are;
+        // an HTTP/2 client needs them in the map.
+        ByProtocol::Http1(b) if version == Version::HTTP_2 => {
+            b.fields().append_to(&mut parts.headers);
+        }
+        ByProtocol::Http1(_) => {}
+    }
+    parts.version = version;
+    (parts, body)
 }
 
 /// The fields of a response head, wherever they are kept: an HTTP/1.1 response's in

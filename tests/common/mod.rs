@@ -119,6 +119,14 @@ pub fn config(upstreams: &str) -> String {
     format!("[listener]\naddr = \"127.0.0.1:0\"\n[admin]\naddr = \"127.0.0.1:0\"\n{upstreams}")
 }
 
+/// Config text for one tollgate whose inbound side stands in front of `app` on an
+/// ephemeral loopback port; `extra` is appended to the `[inbound]` section.
+pub fn inbound_config(app: SocketAddr, extra: &str) -> String {
+    config(&format!(
+        "[inbound]\naddr = \"127.0.0.1:0\"\napp = \"{app}\"\n{extra}"
+    ))
+}
+
 /// tollgate running in this process.
 pub struct Tollgate {
     pub running: Option<tollgate::run::Running>,
@@ -181,6 +189,13 @@ impl Tollgate {
 
     pub fn server(&self) -> &tollgate::proxy::Server {
         &self.running.as_ref().unwrap().server
+    }
+
+    /// Where the inbound side listens (the config must have an `[inbound]`).
+    pub fn inbound(&self) -> SocketAddr {
+        self.server()
+            .inbound_addr()
+            .expect("the config has no [inbound]")
     }
 
     pub async fn metrics(&self) -> String {

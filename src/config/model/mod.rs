@@ -9,10 +9,12 @@
 //! layers.
 
 mod health;
+mod inbound;
 mod retry;
 mod tls;
 
 pub use health::*;
+pub use inbound::*;
 pub use retry::*;
 pub use tls::*;
 
@@ -35,6 +37,8 @@ pub struct Config {
     pub access_log: AccessLogConfig,
     /// Sorted by name.
     pub upstreams: Vec<UpstreamConfig>,
+    /// `[inbound]`: tollgate in front of its own app too.
+    pub inbound: Option<InboundConfig>,
     /// Where each key was written (`line`, `column`), for lints that point at it.
     pub positions: Arc<BTreeMap<String, (usize, usize)>>,
     /// A digest of the text this was parsed from: a reload of identical text is skipped.
@@ -49,10 +53,9 @@ impl Config {
     /// Whether this config gives tollgate something to serve. A config that serves
     /// nothing answers every request with `404 no-route`: it is refused by `run`,
     /// `check` and a reload, because it is far more often an empty or half-written file
-    /// than an intent. Today that means at least one upstream; the inbound side, when
-    /// it exists, counts as something to serve too.
+    /// than an intent: at least one upstream, or the inbound side.
     pub fn serves_anything(&self) -> bool {
-        !self.upstreams.is_empty()
+        !self.upstreams.is_empty() || self.inbound.is_some()
     }
 
     /// Where `key` (or the nearest enclosing table that was written) is in the file.

@@ -10,10 +10,11 @@
 //! The walk is split by section: this file has the top level and the small sections,
 //! [`upstream`] an upstream and the clashes between upstreams, [`retry`] its retry and
 //! budget sections, [`health`] its outlier and hedge sections, [`tls`] its TLS
-//! section; [`walker`] reads typed values and [`schema`] knows which keys each section
-//! takes.
+//! section, [`inbound`] the inbound side; [`walker`] reads typed values and
+//! [`schema`] knows which keys each section takes.
 
 mod health;
+mod inbound;
 mod retry;
 mod schema;
 mod syntax;
@@ -70,6 +71,16 @@ fn top_level(w: &mut Walker<'_>, root: &DeTable<'_>, base: &Path) -> Config {
     let deadline = deadline(w, &root);
     let access_log = access_log(w, &root);
     let upstreams = upstream::upstreams(w, &root, &listener, &admin, base);
+    let mut taken = vec![
+        (listener.addr, "listener.addr".to_string()),
+        (admin.addr, "admin.addr".to_string()),
+    ];
+    for u in &upstreams {
+        if let Some(a) = u.listen {
+            taken.push((a, format!("upstreams.{}.listen", u.name)));
+        }
+    }
+    let inbound = inbound::inbound(w, &root, &taken);
     let config = Config {
         file: w.src.file.to_string(),
         runtime,
@@ -78,6 +89,7 @@ fn top_level(w: &mut Walker<'_>, root: &DeTable<'_>, base: &Path) -> Config {
         deadline,
         access_log,
         upstreams,
+        inbound,
         positions: Arc::new(std::mem::take(&mut w.positions)),
         source_hash: source_hash(w.src.text),
     };
@@ -86,10 +98,10 @@ fn top_level(w: &mut Walker<'_>, root: &DeTable<'_>, base: &Path) -> Config {
 }
 
 /// The rule of [`Config::serves_anything`], as an error that says what to add. Only
-/// when no upstream was written at all: one that was written but is invalid has its
-/// own errors already.
+/// when neither an upstream nor `[inbound]` was written at all: one that was written
+/// but is invalid has its own errors already.
 fn require_something_to_serve(w: &mut Walker<'_>, root: &Table, config: &Config) {
-    if config.serves_anything() {
+    if config.serves_anything() || root.get("inbound").is_some() {
         return;
     }
     let span = match root.get("upstreams") {
@@ -105,7 +117,7 @@ fn require_something_to_serve(w: &mut Walker<'_>, root: &Table, config: &Config)
         "no upstream is configured: tollgate would answer every request with 404 no-route \
          (an empty or half-written file reads this way)",
         "add an [upstreams.NAME] section with authorities and endpoints, as in \
-         config/tollgate.toml",
+         config/tollgate.toml (or an [inbound] section, to stand in front of the app)",
     );
 }
 

@@ -22,10 +22,12 @@ pub(super) enum Section {
     Tls,
     Outlier,
     Hedge,
+    Inbound,
+    InboundRetries,
 }
 
 impl Section {
-    const ALL: [Section; 12] = [
+    const ALL: [Section; 14] = [
         Section::Root,
         Section::Runtime,
         Section::Listener,
@@ -38,6 +40,8 @@ impl Section {
         Section::Tls,
         Section::Outlier,
         Section::Hedge,
+        Section::Inbound,
+        Section::InboundRetries,
     ];
 
     /// The keys this section takes.
@@ -50,6 +54,7 @@ impl Section {
                 "deadline",
                 "access_log",
                 "upstreams",
+                "inbound",
             ],
             Section::Runtime => &["worker_threads"],
             Section::Listener => &[
@@ -98,6 +103,8 @@ impl Section {
             Section::Tls => &["server_name", "ca_file", "client_cert", "client_key"],
             Section::Outlier => &["consecutive_failures", "base_ejection", "max_ejected"],
             Section::Hedge => &["after", "max_extra"],
+            Section::Inbound => &["addr", "app", "max_inflight", "request_timeout", "retries"],
+            Section::InboundRetries => &["ratio", "min_per_sec", "window"],
         }
     }
 
@@ -115,6 +122,8 @@ impl Section {
             Section::Tls => Some((Section::Upstream, "tls")),
             Section::Outlier => Some((Section::Upstream, "outlier")),
             Section::Hedge => Some((Section::Upstream, "hedge")),
+            Section::Inbound => Some((Section::Root, "inbound")),
+            Section::InboundRetries => Some((Section::Inbound, "retries")),
         }
     }
 
@@ -246,9 +255,18 @@ mod tests {
                 "retry",
                 "in its own section, [upstreams.p.retry]",
             ),
-            (Section::Root, "addr", "in [listener] or in [admin]"),
+            (
+                Section::Root,
+                "addr",
+                "in [listener] or in [admin] or in [inbound]",
+            ),
             (Section::Upstream, "upstreams", "at the top level"),
-            (Section::Listener, "ratio", "in [upstreams.NAME.budget]"),
+            (
+                Section::Listener,
+                "ratio",
+                "in [upstreams.NAME.budget] or in [inbound.retries]",
+            ),
+            (Section::Upstream, "app", "in [inbound]"),
         ];
         for (here, key, place) in fixes {
             let (_, fix) = unknown_key(here, "p", key);
@@ -288,5 +306,6 @@ mod tests {
         assert_eq!(Section::Tls.path("p"), "upstreams.p.tls");
         assert_eq!(Section::Listener.path("p"), "listener");
         assert_eq!(Section::Root.path("p"), "");
+        assert_eq!(Section::InboundRetries.path("p"), "inbound.retries");
     }
 }

@@ -1,0 +1,54 @@
+//! What the `[inbound]` section says: tollgate in front of its own app, so the
+//! dependency's side enforces ownership for all its callers together. Plain data: the
+//! inbound service builds its running parts (the app's endpoint, the fleet retry
+//! budget, the concurrency limit) from it.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use super::{BudgetConfig, EndpointAddr};
+
+/// `[inbound]`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct InboundConfig {
+    /// Where callers reach the app through tollgate (a restart is needed to move it).
+    pub addr: SocketAddr,
+    /// The local app.
+    pub app: EndpointAddr,
+    pub max_inflight: InflightLimit,
+    /// Bounds the wait for the app's response head when the caller sent no deadline,
+    /// and caps a longer one.
+    pub request_timeout: Duration,
+    /// `[inbound.retries]`: one budget for the retries of every caller. `None`: retries
+    /// are admitted as they come (counted, not limited).
+    pub retries: Option<BudgetConfig>,
+}
+
+impl InboundConfig {
+    pub const DEFAULT_ADDR: SocketAddr =
+        SocketAddr::new(std::net::IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED), 15006);
+    pub const DEFAULT_REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
+    /// A fixed limit, as an upstream's: the adaptive one is asked for by name (it
+    /// learns from latency measured through tollgate, so when tollgate's own CPU is
+    /// the bottleneck it limits that too).
+    pub const DEFAULT_MAX_INFLIGHT: InflightLimit = InflightLimit::Fixed(1000);
+}
+
+/// How many requests the app is given at once.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum InflightLimit {
+    /// At most this many; the rest get `503 overloaded` at once.
+    Fixed(usize),
+    /// A limit learned from the app's latency.
+    Adaptive,
+}
+
+impl InflightLimit {
+    /// As the file writes it.
+    pub fn describe(self) -> String {
+        match self {
+            InflightLimit::Fixed(n) => n.to_string(),
+            InflightLimit::Adaptive => "\"adaptive\"".to_string(),
+        }
+    }
+}

@@ -1,0 +1,249 @@
+//! `[inbound]` and `[inbound.retries]`: tollgate in front of its own app. The app's
+//! address is required; the inbound port must not be one tollgate already listens on,
+//! and the app must not be tollgate itself (requests would go round in a loop).
+
+use std::net::SocketAddr;
+use std::ops::Range;
+use std::time::Duration;
+
+use toml::de::DeValue;
+
+use super::schema::Section;
+use super::walker::{Table, Walker, kind};
+use crate::config::model::*;
+
+/// `[inbound]`, if written. `taken` are the addresses tollgate's other listeners bind,
+/// each with its key.
+pub(super) fn inbound(
+    w: &mut Walker<'_>,
+    root: &Table,
+    taken: &[(SocketAddr, String)],
+) -> Option<InboundConfig> {
+    let (t, span) = w.table(root, "inbound")?;
+    w.check_keys(Section::Inbound, "", &t);
+    let addr = match w.socket_addr(&t, "addr") {
+        Some((addr, at)) => {
+            if let Some((_, key)) = taken.iter().find(|(a, _)| same_port(*a, addr)) {
+                w.reject(
+                    at,
+                    "inbound.addr",
+                    format!("{addr} is already used by {key}"),
+                    "give the inbound side a port of its own, e.g. \"0.0.0.0:15006\"",
+                );
+            }
+            addr
+        }
+        None => InboundConfig::DEFAULT_ADDR,
+    };
+    let app = app(w, &t, &span, addr, taken)?;
+    let ms = Duration::from_millis;
+    let day = Duration::from_secs(24 * 3600);
+    Some(InboundConfig {
+        addr,
+        app,
+        max_inflight: max_inflight(w, &t),
+        request_timeout: w.ranged(
+            &t,
+            "request_timeout",
+            InboundConfig::DEFAULT_REQUEST_TIMEOUT,
+            ms(1)..=day,
+        ),
+        retries: w.table(&t, "retries").map(|(r, _)| retries(w, &r)),
+    })
+}
+
+/// Two addresses that cannot both be bound: the same port on the same address, or on
+/// the unspecified address and any other.
+fn same_port(a: SocketAddr, b: SocketAddr) -> bool {
+    a.port() == b.port()
+        && a.port() != 0
+        && (a.ip() == b.ip() || a.ip().is_unspecified() || b.ip().is_unspecified())
+}
+
+/// `app`: required, and not one of tollgate's own ports.
+fn app(
+    w: &mut Walker<'_>,
+    t: &Table,
+    span: &Range<usize>,
+    addr: SocketAddr,
+    taken: &[(SocketAddr, String)],
+) -> Option<EndpointAddr> {
+    let key = t.key("app");
+    let Some((text, at)) = w.string(t, "app") else {
+        if t.get("app").is_none() {
+            w.error(
+                span.clone(),
+                &key,
+                "missing: the inbound side needs the address of the app it stands in front of",
+                "add app = \"127.0.0.1:8080\" (the port the app listens on, on loopback)",
+            );
+        }
+        return None;
+    };
+    let app = match super::parse_endpoint(&text) {
+        Ok(e) => e,
+        Err(msg) => {
+            w.reject(at, &key, msg, "write it as \"127.0.0.1:8080\"");
+            return None;
+        }
+    };
+    let ours = std::iter::once((addr, "inbound.addr".to_string()))
+        .chain(taken.iter().cloned())
+        .find(|(a, _)| {
+            app.ip()
+                .is_some_and(|ip| same_port(*a, ip) || loops(*a, ip))
+        });
+    if let Some((_, by)) = ours {
+        w.reject(
+            at,
+            &key,
+            format!("{app} is tollgate's own {by}: requests would go round in a loop"),
+            "write the address the app itself listens on",
+        );
+    }
+    Some(app)
+}
+
+/// An app on loopback at the port tollgate binds on every address.
+fn loops(ours: SocketAddr, app: SocketAddr) -> bool {
+    ours.port() == app.port() && app.ip().is_loopback() && ours.ip().is_unspecified()
+}
+
+/// `max_inflight`: a whole number, or `"adaptive"`.
+fn max_inflight(w: &mut Walker<'_>, t: &Table) -> InflightLimit {
+    let d = InboundConfig::DEFAULT_MAX_INFLIGHT;
+    let Some(v) = t.get("max_inflight") else {
+        return d;
+    };
+    let key = t.key("max_inflight");
+    match v.get_ref() {
+        DeValue::String(s) if s.as_ref() == "adaptive" => InflightLimit::Adaptive,
+        DeValue::Integer(_) => w
+            .optional(t, "max_inflight", 1..=10_000_000u64)
+            .map_or(d, |n| InflightLimit::Fixed(n as usize)),
+        DeValue::String(s) => {
+            let message = format!("`{s}` is neither a number nor \"adaptive\"");
+            w.reject(v.span(), &key, message, FIX_INFLIGHT);
+            d
+        }
+        other => {
+            let message = format!("expected an integer or \"adaptive\", found {}", kind(other));
+            w.reject(v.span(), &key, message, FIX_INFLIGHT);
+            d
+        }
+    }
+}
+
+const FIX_INFLIGHT: &str =
+    "write a whole number such as 200, or \"adaptive\" for a limit learned from the app's latency";
+
+/// `[inbound.retries]`; a key not written takes its default.
+fn retries(w: &mut Walker<'_>, t: &Table) -> BudgetConfig {
+    w.check_keys(Section::InboundRetries, "", t);
+    let d = BudgetConfig::default();
+    let window = Duration::from_millis(100)..=Duration::from_secs(3600);
+    // Written this way so that a setting the outbound budget gains later keeps its
+    // default here.
+    #[allow(clippy::needless_update)]
+    BudgetConfig {
+        ratio: w.ranged(t, "ratio", d.ratio, 0.0..=1000.0),
+        min_per_sec: w.ranged(t, "min_per_sec", d.min_per_sec, 0.0..=1e6),
+        window: w.ranged(t, "window", d.window, window),
+        ..d
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+    use std::path::Path;
+
+    fn parse(text: &str) -> Result<Config, String> {
+        crate::config::parse("t.toml", text, Path::new(".")).map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn an_inbound_section_alone_is_a_config_and_takes_its_defaults() {
+        let c = parse("[inbound]\napp = \"127.0.0.1:8080\"\n").unwrap();
+        let i = c.inbound.unwrap();
+        assert_eq!(i.addr, "0.0.0.0:15006".parse().unwrap());
+        assert_eq!(i.app.to_string(), "127.0.0.1:8080");
+        assert_eq!(i.max_inflight, InflightLimit::Fixed(1000));
+        assert_eq!(i.request_timeout, Duration::from_secs(30));
+        assert!(i.retries.is_none());
+        assert!(c.upstreams.is_empty());
+    }
+
+    #[test]
+    fn every_key_is_read() {
+        let c = parse(
+            "[inbound]\naddr = \"127.0.0.1:7000\"\napp = \"localhost:9000\"\nmax_inflight = 64\n\
+             request_timeout = \"3s\"\n[inbound.retries]\nratio = 0.05\nmin_per_sec = 2\nwindow = \"5s\"\n",
+        )
+        .unwrap();
+        let i = c.inbound.unwrap();
+        assert_eq!(i.max_inflight, InflightLimit::Fixed(64));
+        assert_eq!(i.request_timeout, Duration::from_secs(3));
+        let r = i.retries.unwrap();
+        assert_eq!((r.ratio, r.min_per_sec), (0.05, 2.0));
+        assert_eq!(r.window, Duration::from_secs(5));
+    }
+
+    #[test]
+    fn mistakes_are_named_at_their_keys() {
+        let cases = [
+            ("[inbound]\n", "t.toml:1:1: inbound.app: missing"),
+            (
+                "[inbound]\napp = \"127.0.0.1:8080\"\nmax_inflight = \"lots\"\n",
+                "t.toml:3:16: inbound.max_inflight: `lots` is neither a number nor \"adaptive\"",
+            ),
+            (
+                "[inbound]\napp = \"127.0.0.1:8080\"\nmax_inflight = 0\n",
+                "t.toml:3:16: inbound.max_inflight: 0 is out of range",
+            ),
+            (
+                "[inbound]\napp = \"127.0.0.1:8080\"\nmax_inflight = 1.5\n",
+                "inbound.max_inflight: expected an integer or \"adaptive\", found a float",
+            ),
+            (
+                "[inbound]\napp = \"127.0.0.1:8080\"\naddr = \"127.0.0.1:15090\"\n",
+                "t.toml:3:8: inbound.addr: 127.0.0.1:15090 is already used by admin.addr",
+            ),
+            (
+                "[inbound]\napp = \"127.0.0.1:15006\"\n",
+                "inbound.app: 127.0.0.1:15006 is tollgate's own inbound.addr",
+            ),
+            (
+                "[inbound]\napp = \"127.0.0.1:15001\"\n",
+                "inbound.app: 127.0.0.1:15001 is tollgate's own listener.addr",
+            ),
+            (
+                "[inbound]\napp = \"127.0.0.1:8080\"\n[inbound.retries]\nratoi = 0.1\n",
+                "t.toml:4:1: inbound.retries.ratoi: unknown key `ratoi` (did you mean `ratio`?)",
+            ),
+            (
+                "[inbound]\napp = \"127.0.0.1:8080\"\nmax_attempts = 3\n",
+                "inbound.max_attempts: `max_attempts` does not belong in [inbound]",
+            ),
+        ];
+        for (text, want) in cases {
+            let e = parse(text).unwrap_err();
+            assert!(e.contains(want), "{text:?}:\n{e}\nwanted: {want}");
+        }
+    }
+
+    #[test]
+    fn an_inbound_port_of_an_upstream_listener_is_refused() {
+        let e = parse(
+            "[upstreams.p]\nlisten = \"127.0.0.1:7001\"\nendpoints = [\"127.0.0.1:1\"]\n\
+             [inbound]\naddr = \"0.0.0.0:7001\"\napp = \"127.0.0.1:8080\"\n",
+        )
+        .unwrap_err();
+        assert!(
+            e.contains("inbound.addr: 0.0.0.0:7001 is already used by upstreams.p.listen"),
+            "{e}"
+        );
+    }
+}

@@ -1,0 +1,111 @@
+//! One request to the app, on one of the pooled connections to it: the head goes out
+//! with the deadline rewritten to the time left, the body as the caller sends it
+//! (streaming, never kept: the inbound side never sends a request twice), and the
+//! response head is awaited until the deadline. A pooled connection the app had closed
+//! is passed over for another without resending anything (the request never left).
+
+use std::time::Duration;
+
+use http::{HeaderName, Response};
+use prometheus::IntCounter;
+use tokio::time::{Instant, timeout_at};
+
+use crate::deadline::{self, Deadline};
+use crate::http::fields::ExtraFields;
+use crate::proxy::server::AppBody;
+use crate::upstream::pool::{Endpoint, SendError, Want};
+use crate::upstream::request::RequestHead;
+use crate::upstream::response::UpstreamBody;
+
+/// The app is local: a connection that takes longer than this is not coming.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
+/// Closed pooled connections passed over before the app counts as unreachable.
+const MAX_STALE: u32 = 3;
+/// How long a body behind `Expect: 100-continue` waits for `100 Continue` at most.
+const CONTINUE_WAIT: Duration = Duration::from_secs(1);
+
+/// Why the app gave no response head.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Failed {
+    /// No connection to it.
+    Unreachable,
+    /// The deadline passed first.
+    Timeout,
+    /// It broke the connection after the request went out.
+    Reset,
+    /// This process was out of file descriptors.
+    NoDescriptors,
+}
+
+/// How the deadline travels to the app.
+pub struct DeadlineFields<'a> {
+    pub deadline: Deadline,
+    /// The configured deadline header, written with the time left.
+    pub header: &'a HeaderName,
+    /// A gRPC call: `grpc-timeout` carries the time left of the caller's own deadline.
+    pub grpc: bool,
+}
+
+impl DeadlineFields<'_> {
+    /// The fields for a request sent now.
+    fn at(&self, now: Instant) -> ExtraFields<3> {
+        let left = self.deadline.remaining(now);
+        ExtraFields([
+            Some((self.header.clone(), deadline::format_millis(left))),
+            self.deadline.caller_at().filter(|_| self.grpc).map(|at| {
+                let left = at.saturating_duration_since(now);
+                (deadline::GRPC_TIMEOUT, deadline::format_grpc_timeout(left))
+            }),
+            None,
+        ])
+    }
+}
+
+/// Sends the request to `app` and waits for its response head until the deadline.
+pub async fn send(
+    app: &Endpoint<AppBody>,
+    want: Want,
+    head: &mut RequestHead<'_>,
+    mut body: AppBody,
+    fields: &DeadlineFields<'_>,
+    exhausted: &IntCounter,
+) -> Result<Response<UpstreamBody>, Failed> {
+    let by = fields.deadline.at();
+    for _ in 0..=MAX_STALE {
+        let conn = match app.pooled(want) {
+            Some(c) => c,
+            None => {
+                let connect_by = (Instant::now() + CONNECT_TIMEOUT).min(by);
+                // Boxed: a connect is a large future, and inline it would make every
+                // request's future that large.
+                let connecting = Box::pin(app.checkout(want, None, CONNECT_TIMEOUT));
+                match timeout_at(connect_by, connecting).await {
+                    Ok(Ok((c, _))) => c,
+                    Ok(Err(e)) if e.out_of_descriptors() => {
+                        exhausted.inc();
+                        return Err(Failed::NoDescriptors);
+                    }
+                    Ok(Err(e)) => {
+                        tracing::debug!(app = %app.addr, error = %e, "connect to the app failed");
+                        return Err(Failed::Unreachable);
+                    }
+                    Err(_) if Instant::now() >= by => return Err(Failed::Timeout),
+                    Err(_) => return Err(Failed::Unreachable),
+                }
+            }
+        };
+        let now = Instant::now();
+        head.fields = fields.at(now);
+        head.continue_wait = CONTINUE_WAIT.min(by.saturating_duration_since(now) / 4);
+        match timeout_at(by, conn.send(head, body)).await {
+            Err(_) => return Err(Failed::Timeout),
+            Ok(Ok(resp)) => return Ok(resp),
+            Ok(Err(SendError::NotSent(unsent, _))) => body = unsent,
+            Ok(Err(SendError::Failed(e))) => {
+                tracing::debug!(app = %app.addr, error = %e, "the app broke the connection");
+                return Err(Failed::Reset);
+            }
+        }
+    }
+    Err(Failed::Unreachable)
+}

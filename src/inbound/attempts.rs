@@ -1,0 +1,172 @@
+//! Which requests are a caller's retries, by the three headers that say so:
+//! `x-tollgate-attempt` (a caller's tollgate; 1 for the first try) >= 2,
+//! `grpc-previous-rpc-attempts` (a gRPC client's own retry policy; 0 for the first
+//! try) >= 1, and `x-envoy-attempt-count` (Envoy; 1 for the first try) >= 2; and which
+//! are the kubelet's probes (`User-Agent: kube-probe/...`), which are never shed,
+//! budgeted or limited.
+//!
+//! The counts are read strictly: one to nine ASCII digits and nothing else (no sign,
+//! space, fraction or unit). A value that is not a count says nothing, and the request
+//! is not taken for a retry by it: a caller gains nothing by sending a malformed value
+//! it could as well leave out.
+
+use http::HeaderMap;
+use http::header::{HeaderName, USER_AGENT};
+
+use crate::retry::headers::ATTEMPT_HEADER;
+
+/// gRPC's count of the attempts before this one (gRFC A6).
+pub const GRPC_PREVIOUS_ATTEMPTS: HeaderName =
+    HeaderName::from_static("grpc-previous-rpc-attempts");
+/// Envoy's count of attempts, this one included.
+pub const ENVOY_ATTEMPT_COUNT: HeaderName = HeaderName::from_static("x-envoy-attempt-count");
+
+/// The first value of each header that makes a request a retry.
+const RETRY_FROM: [(HeaderName, u32); 3] = [
+    (ATTEMPT_HEADER, 2),
+    (GRPC_PREVIOUS_ATTEMPTS, 1),
+    (ENVOY_ATTEMPT_COUNT, 2),
+];
+
+/// A count in a header value: one to nine ASCII digits, nothing else.
+pub fn parse_count(value: &[u8]) -> Option<u32> {
+    if value.is_empty() || value.len() > 9 || !value.iter().all(u8::is_ascii_digit) {
+        return None;
+    }
+    Some(value.iter().fold(0u32, |n, d| n * 10 + u32::from(d - b'0')))
+}
+
+/// Whether the request is a caller's retry: any value of any of the three headers says
+/// so.
+pub fn is_retry(headers: &HeaderMap) -> bool {
+    RETRY_FROM.iter().any(|(name, from)| {
+        headers
+            .get_all(name)
+            .iter()
+            .any(|v| parse_count(v.as_bytes()).is_some_and(|n| n >= *from))
+    })
+}
+
+/// Whether the request is the kubelet's probe.
+pub fn is_kube_probe(headers: &HeaderMap) -> bool {
+    headers
+        .get(USER_AGENT)
+        .is_some_and(|v| v.as_bytes().starts_with(b"kube-probe/"))
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+    use http::HeaderValue;
+    use proptest::prelude::*;
+
+    fn headers(pairs: &[(&HeaderName, &[u8])]) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        for (name, value) in pairs {
+            h.append((*name).clone(), HeaderValue::from_bytes(value).unwrap());
+        }
+        h
+    }
+
+    #[test]
+    fn each_header_says_retry_from_its_own_first_count() {
+        for (name, from) in &RETRY_FROM {
+            for n in 0..5u32 {
+                let h = headers(&[(name, n.to_string().as_bytes())]);
+                assert_eq!(is_retry(&h), n >= *from, "{name}: {n}");
+            }
+        }
+        assert!(!is_retry(&HeaderMap::new()), "no header: a first attempt");
+        let both = headers(&[(&ATTEMPT_HEADER, b"1"), (&ENVOY_ATTEMPT_COUNT, b"3")]);
+        assert!(is_retry(&both), "any one header is enough");
+    }
+
+    #[test]
+    fn a_value_that_is_not_a_count_says_nothing() {
+        for bad in [
+            &b""[..],
+            b" 2",
+            b"2 ",
+            b"+2",
+            b"-2",
+            b"2.0",
+            b"2e0",
+            b"0x2",
+            b"1234567890",
+            b"two",
+            b"\xff",
+        ] {
+            assert_eq!(parse_count(bad), None, "{bad:?}");
+        }
+        assert_eq!(parse_count(b"007"), Some(7));
+        assert_eq!(parse_count(b"999999999"), Some(999_999_999));
+        let h = headers(&[(&ATTEMPT_HEADER, b"1"), (&ATTEMPT_HEADER, b"x")]);
+        assert!(!is_retry(&h));
+        let h = headers(&[(&ATTEMPT_HEADER, b"x"), (&ATTEMPT_HEADER, b"4")]);
+        assert!(is_retry(&h), "another value of the header says retry");
+    }
+
+    #[test]
+    fn only_the_kubelet_is_a_probe() {
+        let ua = HeaderName::from_static("user-agent");
+        assert!(is_kube_probe(&headers(&[(&ua, b"kube-probe/1.31")])));
+        assert!(!is_kube_probe(&headers(&[(&ua, b"curl/8.5.0")])));
+        assert!(!is_kube_probe(&headers(&[(&ua, b"not-kube-probe/1.31")])));
+        assert!(!is_kube_probe(&HeaderMap::new()));
+    }
+
+    /// What a count is, said another way: the text of a number below a billion.
+    fn model(value: &[u8]) -> Option<u32> {
+        let s = std::str::from_utf8(value).ok()?;
+        if s.is_empty() || s.len() > 9 || s.starts_with('+') {
+            return None;
+        }
+        s.parse::<u32>().ok()
+    }
+
+    fn header_value() -> impl Strategy<Value = Vec<u8>> {
+        prop_oneof![
+            (0u32..1_000_000_000).prop_map(|n| n.to_string().into_bytes()),
+            (0u32..20).prop_map(|n| format!("{n:0>3}").into_bytes()),
+            "[0-9+ .a-z-]{0,12}".prop_map(String::into_bytes),
+            prop::collection::vec(0x20u8..0x7f, 0..12),
+        ]
+    }
+
+    proptest! {
+        #[test]
+        fn parse_count_is_exactly_a_decimal_number(value in header_value()) {
+            prop_assert_eq!(parse_count(&value), model(&value));
+        }
+
+        #[test]
+        fn a_count_reads_back_as_written(n in 0u32..1_000_000_000) {
+            prop_assert_eq!(parse_count(n.to_string().as_bytes()), Some(n));
+        }
+
+        /// A request is a retry exactly when one of its values of the three headers is
+        /// a count at or above that header's first retry.
+        #[test]
+        fn is_retry_follows_the_three_rules(
+            values in prop::collection::vec((0usize..4, header_value()), 0..6),
+        ) {
+            let names = [
+                ATTEMPT_HEADER,
+                GRPC_PREVIOUS_ATTEMPTS,
+                ENVOY_ATTEMPT_COUNT,
+                HeaderName::from_static("x-other"),
+            ];
+            let mut h = HeaderMap::new();
+            let mut want = false;
+            for (i, v) in &values {
+                let Ok(value) = HeaderValue::from_bytes(v) else { continue };
+                h.append(names[*i].clone(), value);
+                let from = [2, 1, 2, u32::MAX][*i];
+                want |= model(v).is_some_and(|n| n >= from);
+            }
+            prop_assert_eq!(is_retry(&h), want);
+        }
+    }
+}

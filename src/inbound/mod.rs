@@ -1,0 +1,176 @@
+//! The inbound side: tollgate in front of its own app, so that the dependency's side
+//! enforces ownership for all its callers together.
+//!
+//! Each caller's tollgate keeps its own retry budget, and each budget has a floor
+//! (`min_per_sec`) so that a quiet caller can still retry. Fifty callers of a failing
+//! app are fifty floors: the app's load multiplies with the size of the fleet, however
+//! well each caller behaves. The inbound side counts the retries of every caller
+//! against one budget (`[inbound.retries]`), and answers a retry beyond it with
+//! `503 retry-rejected`, which never reaches the app. It also refuses work nobody will
+//! wait for (a deadline already spent), and keeps the app's queue short with a
+//! concurrency limit, fixed or learned from the app's latency.
+//!
+//! It is a [`Service`](crate::proxy::server::Service) beside the outbound one, handed
+//! to the same app-facing server (HTTP/1.1 and h2c, head limits, slowloris, drain), and
+//! it talks to the app through the endpoint layer with one endpoint, sending the
+//! caller's body as it streams: it never retries, so it never keeps one.
+//!
+//! - [`attempts`]: which requests are retries, and which are the kubelet's probes;
+//! - [`samples`], [`gradient`] and [`limit`]: the concurrency limit;
+//! - [`app`]: one request to the app; [`answer`]: the answers made in its place;
+//! - [`service`]: one request from a caller, start to finish.
+//!
+//! What a reload can change (the app's address, the limit, `request_timeout`, the
+//! budget) is rebuilt into a new [`State`] and swapped in; requests in flight finish on
+//! the one they started with. The in-flight count, the budget's window (while its
+//! settings stay) and what the adaptive limit learned carry over.
+
+pub mod answer;
+pub mod app;
+pub mod attempts;
+pub mod gradient;
+pub mod limit;
+pub mod samples;
+pub mod service;
+
+use std::sync::Arc;
+use std::sync::atomic::AtomicUsize;
+
+use arc_swap::ArcSwap;
+use tokio::time::Instant;
+
+use crate::config::{DeadlineConfig, InboundConfig};
+use crate::metrics::{Metrics, amplification};
+use crate::proxy::server::AppBody;
+use crate::retry::budget::RetryBudget;
+use crate::upstream::pool::Endpoint;
+use limit::Limit;
+pub use service::InboundService;
+
+/// The inbound side as it runs.
+pub struct Inbound {
+    state: ArcSwap<State>,
+    metrics: Arc<Metrics>,
+    workers: usize,
+    /// Open connections to the app.
+    connections: Arc<AtomicUsize>,
+}
+
+/// What a request reads once, when it starts: the settings and what was built from them.
+pub struct State {
+    pub config: InboundConfig,
+    pub deadline: DeadlineConfig,
+    pub app: Arc<Endpoint<AppBody>>,
+    pub budget: Arc<RetryBudget>,
+    pub limit: Arc<Limit>,
+}
+
+impl std::fmt::Debug for Inbound {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let s = self.state.load();
+        f.debug_struct("Inbound")
+            .field("app", &s.config.app)
+            .field("limit", &s.limit)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Inbound {
+    /// The inbound side of `config`, with `workers` connection pools to the app.
+    pub fn new(
+        config: &InboundConfig,
+        deadline: &DeadlineConfig,
+        metrics: Arc<Metrics>,
+        workers: usize,
+    ) -> Arc<Self> {
+        let connections = Arc::new(AtomicUsize::new(0));
+        let state = State::build(config, deadline, &metrics, None, &connections, workers);
+        Arc::new(Inbound {
+            state: ArcSwap::from_pointee(state),
+            metrics,
+            workers,
+            connections,
+        })
+    }
+
+    /// Swaps in the settings of a reload (`config.addr` is the one bound).
+    pub fn apply(&self, config: &InboundConfig, deadline: &DeadlineConfig) {
+        let old = self.state.load_full();
+        let next = State::build(
+            config,
+            deadline,
+            &self.metrics,
+            Some(&old),
+            &self.connections,
+            self.workers,
+        );
+        self.state.store(Arc::new(next));
+    }
+
+    pub fn service(self: &Arc<Self>) -> InboundService {
+        InboundService(self.clone())
+    }
+
+    /// The settings in force.
+    pub fn state(&self) -> Arc<State> {
+        self.state.load_full()
+    }
+
+    /// Closes the idle connections to the app that it has closed.
+    pub fn sweep(&self) {
+        self.state.load().app.sweep();
+    }
+
+    /// Sets the gauges from live state, just before a scrape.
+    pub fn refresh_gauges(&self) {
+        let s = self.state.load();
+        let m = self.metrics.inbound();
+        let now = Instant::now();
+        let window = s.budget.stats(now);
+        m.amplification
+            .set(amplification(window.attempts, window.requests));
+        m.budget_available.set(s.budget.available(now));
+        m.inflight.set(s.limit.inflight() as i64);
+        m.concurrency_limit.set(s.limit.current() as i64);
+    }
+}
+
+impl State {
+    fn build(
+        config: &InboundConfig,
+        deadline: &DeadlineConfig,
+        metrics: &Metrics,
+        previous: Option<&State>,
+        connections: &Arc<AtomicUsize>,
+        workers: usize,
+    ) -> Self {
+        let now = Instant::now();
+        let app = match previous {
+            Some(p) if p.config.app == config.app => p.app.clone(),
+            _ => Arc::new(Endpoint::new(
+                "inbound".into(),
+                config.app.clone(),
+                connections.clone(),
+                workers,
+            )),
+        };
+        let budget = match previous {
+            Some(p) if p.budget.limit() == config.retries.as_ref() => p.budget.clone(),
+            _ => Arc::new(RetryBudget::new(config.retries.as_ref(), now)),
+        };
+        let duration = metrics.inbound().request_duration.clone();
+        let limit = Limit::build(
+            config.max_inflight,
+            previous.map(|p| &p.limit),
+            duration,
+            now,
+        );
+        State {
+            config: config.clone(),
+            deadline: deadline.clone(),
+            app,
+            budget,
+            limit,
+        }
+    }
+}

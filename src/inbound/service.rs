@@ -1,0 +1,195 @@
+//! The inbound service: one request from a caller, start to finish. A kubelet probe
+//! goes straight to the app. Anything else is judged in the order that spends the
+//! least on what will not be served: a deadline already spent (`504`), then the
+//! concurrency limit (`503 overloaded`), then, for a retry, the fleet's retry budget
+//! (`503 retry-rejected`). What passes goes to the app with the deadline rewritten to
+//! the time left, and the app's answer goes back as it came.
+
+use std::sync::Arc;
+
+use http::header::HOST;
+use http::{HeaderValue, Method, Request, Response, Uri, Version};
+use http_body::Body;
+use tokio::time::Instant;
+
+use super::Inbound;
+use super::answer::{self, Refusal};
+use super::app::{self, DeadlineFields, Failed};
+use super::attempts::{is_kube_probe, is_retry};
+use crate::deadline::Deadline;
+use crate::http::grpc::is_grpc;
+use crate::metrics::inbound::{InboundDenied, InboundMetrics, Kind};
+use crate::proxy::headers::prepare_request;
+use crate::proxy::server::{AppBody, ConnState, RequestGuard, ResponseBody, Service};
+use crate::retry::headers::outcome_of;
+use crate::upstream::pool::Want;
+use crate::upstream::request::{AttemptFields, RequestHead};
+use crate::upstream::response::{Fields, UpstreamBody, relayed};
+
+/// The callers' requests to the app.
+#[derive(Clone)]
+pub struct InboundService(pub Arc<Inbound>);
+
+impl Service for InboundService {
+    fn call(
+        &self,
+        req: Request<AppBody>,
+        conn: &Arc<ConnState>,
+    ) -> impl Future<Output = Response<ResponseBody>> + Send + use<> {
+        handle(self.0.clone(), conn.clone(), req)
+    }
+}
+
+/// What the request is, for the metrics and the answers.
+struct Call<'a> {
+    metrics: &'a InboundMetrics,
+    kind: Kind,
+    grpc: bool,
+    /// An HTTP/1.x body not read to its end: the connection cannot carry another
+    /// request after an answer made without reading it.
+    unread: bool,
+}
+
+impl Call<'_> {
+    fn refuse(&self, r: &Refusal, guard: RequestGuard) -> Response<ResponseBody> {
+        self.metrics
+            .request(self.kind, r.status(self.grpc).as_u16(), r.outcome);
+        r.answer(self.grpc, self.unread, guard)
+    }
+
+    fn deny(&self, why: InboundDenied, r: &Refusal, guard: RequestGuard) -> Response<ResponseBody> {
+        self.metrics.denied(why);
+        self.refuse(r, guard)
+    }
+}
+
+async fn handle(
+    inbound: Arc<Inbound>,
+    conn: Arc<ConnState>,
+    req: Request<AppBody>,
+) -> Response<ResponseBody> {
+    let start = Instant::now();
+    let mut guard = RequestGuard::new(conn, start);
+    let state = inbound.state.load_full();
+    let probe = is_kube_probe(req.headers());
+    let retry = !probe && is_retry(req.headers());
+    let call = Call {
+        metrics: inbound.metrics.inbound(),
+        kind: if retry { Kind::Retry } else { Kind::First },
+        grpc: is_grpc(req.headers()),
+        unread: req.version() < Version::HTTP_2 && !req.body().is_end_stream(),
+    };
+    if req.method() == Method::CONNECT {
+        return call.refuse(&answer::CONNECT, guard);
+    }
+    if !probe {
+        // Every caller's request is what the fleet sends; a first attempt also earns
+        // the retries the budget allows.
+        state.budget.record_attempt(start);
+        if !retry {
+            state.budget.record_request(start);
+        }
+    }
+    let (parts, body) = req.into_parts();
+    let mut headers = parts.headers;
+    let facts = prepare_request(
+        &mut headers,
+        &state.deadline.accept,
+        parts.version == Version::HTTP_11,
+    );
+    if !probe && facts.caller_timeout.is_some_and(|t| t.is_zero()) {
+        return call.deny(InboundDenied::Deadline, &answer::EXPIRED, guard);
+    }
+    // An upgrade becomes a tunnel for as long as it lasts: not a request the limit
+    // can learn from or should hold a place for.
+    let admitted = if probe || facts.upgrade {
+        state.limit.enter()
+    } else {
+        match state.limit.try_enter() {
+            Some(a) => a,
+            None => return call.deny(InboundDenied::Overloaded, &answer::OVERLOADED, guard),
+        }
+    };
+    if retry && !state.budget.try_retry(start) {
+        state.limit.leave();
+        return call.deny(InboundDenied::RetryBudget, &answer::RETRY_REJECTED, guard);
+    }
+    guard.admitted(state.limit.clone());
+    if !headers.contains_key(HOST)
+        && let Some(a) = parts.uri.authority()
+        && let Ok(v) = HeaderValue::from_str(a.as_str())
+    {
+        headers.insert(HOST, v);
+    }
+    let uri = origin(parts.uri);
+    let mut head = RequestHead {
+        method: &parts.method,
+        uri: &uri,
+        headers: &headers,
+        fields: AttemptFields::default(),
+        https: false,
+        continue_wait: std::time::Duration::ZERO,
+    };
+    let want = match parts.version {
+        _ if facts.upgrade => Want::Http1,
+        Version::HTTP_2 => Want::PreferHttp2,
+        _ => Want::Http1,
+    };
+    let fields = DeadlineFields {
+        deadline: Deadline::new(start, facts.caller_timeout, state.config.request_timeout),
+        header: &state.deadline.header,
+        grpc: facts.grpc,
+    };
+    let sent = Instant::now();
+    let exhausted = inbound.metrics.exhausted(crate::metrics::Shortage::Connect);
+    let result = app::send(&state.app, want, &mut head, body, &fields, exhausted).await;
+    let now = Instant::now();
+    if !matches!(result, Err(Failed::Unreachable | Failed::NoDescriptors)) {
+        state.limit.sample(admitted, now - sent, now);
+    }
+    match result {
+        Ok(resp) => relay(&call, resp, parts.version, guard),
+        Err(failed) => call.refuse(refusal(failed), guard),
+    }
+}
+
+/// The target as an app expects it, in origin-form: the scheme and authority of an
+/// HTTP/2 or absolute-form request left out, and an empty path made `/` (RFC 9112
+/// section 3.2.2).
+fn origin(uri: Uri) -> Uri {
+    if uri.authority().is_none() {
+        return uri;
+    }
+    let Some(pq) = uri.path_and_query() else {
+        return Uri::from_static("/");
+    };
+    if pq.as_str().starts_with('/') || pq.as_str() == "*" {
+        return Uri::from(pq.clone());
+    }
+    Uri::try_from(format!("/{}", pq.as_str())).unwrap_or_else(|_| Uri::from_static("/"))
+}
+
+fn refusal(failed: Failed) -> &'static Refusal {
+    match failed {
+        Failed::Timeout => &answer::TIMED_OUT,
+        Failed::Unreachable => &answer::UNREACHABLE,
+        Failed::Reset => &answer::RESET,
+        Failed::NoDescriptors => &answer::NO_DESCRIPTORS,
+    }
+}
+
+/// The app's answer, as it goes back to the caller: its hop-by-hop fields dropped, and
+/// nothing of tollgate's added.
+fn relay(
+    call: &Call<'_>,
+    resp: Response<UpstreamBody>,
+    version: Version,
+    guard: RequestGuard,
+) -> Response<ResponseBody> {
+    // `ok`, or another tollgate's verdict the app passed on.
+    let outcome = outcome_of(Fields::of(&resp));
+    call.metrics
+        .request(call.kind, resp.status().as_u16(), outcome);
+    let (parts, body) = relayed(resp, version);
+    Response::from_parts(parts, ResponseBody::upstream(body, guard))
+}

@@ -1,0 +1,411 @@
+//! The inbound side, over loopback: a real app behind a real tollgate's `[inbound]`
+//! listener. Retries of every caller are admitted against one budget (by each of the
+//! three headers that say "retry"), a rejected retry never reaches the app, a spent
+//! deadline is refused and the app is told the time left, the kubelet's probes pass
+//! whatever the limits, both HTTP/1.1 and h2c callers are served as they spoke,
+//! bodies stream both ways, and head limits and slow heads are refused as on the
+//! outbound listener.
+
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use common::*;
+use http::Version;
+
+/// An app that answers 200 and records each request's headers and version.
+async fn recording_app() -> (Upstream, Arc<Mutex<Vec<(Version, http::HeaderMap)>>>) {
+    let seen: Arc<Mutex<Vec<(Version, http::HeaderMap)>>> = Arc::default();
+    let s = seen.clone();
+    let app = Upstream::start(move |req: http::Request<hyper::body::Incoming>| {
+        s.lock()
+            .unwrap()
+            .push((req.version(), req.headers().clone()));
+        async { respond(200, "from the app") }
+    })
+    .await;
+    (app, seen)
+}
+
+fn get_with(addr_host: &str, headers: &[(&str, &str)]) -> http::Request<BoxBody> {
+    let mut b = request("GET", "/thing", addr_host);
+    for (k, v) in headers {
+        b = b.header(*k, *v);
+    }
+    b.body(empty()).unwrap()
+}
+
+/// A budget that admits no retry at all.
+const NO_RETRIES: &str = "max_inflight = 100\n[inbound.retries]\nratio = 0.0\nmin_per_sec = 0\n";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_retry_header_marks_a_retry_and_a_rejected_retry_never_reaches_the_app() {
+    let (app, _) = recording_app().await;
+    let tg = Tollgate::start(&inbound_config(app.addr, NO_RETRIES)).await;
+    let firsts = [
+        ("x-tollgate-attempt", "1"),
+        ("grpc-previous-rpc-attempts", "0"),
+        ("x-envoy-attempt-count", "1"),
+    ];
+    for (name, value) in firsts {
+        let r = send(tg.inbound(), get_with("app", &[(name, value)])).await;
+        assert_eq!(r.status, 200, "{name}: {value} is a first attempt");
+        assert_eq!(r.body, "from the app");
+        assert_eq!(r.outcome(), None, "the app's answer passes as it came");
+    }
+    assert_eq!(app.hits(), 3);
+    let retries = [
+        ("x-tollgate-attempt", "2"),
+        ("grpc-previous-rpc-attempts", "1"),
+        ("x-envoy-attempt-count", "3"),
+    ];
+    for (name, value) in retries {
+        let r = send(tg.inbound(), get_with("app", &[(name, value)])).await;
+        assert_eq!(r.status, 503, "{name}: {value} is a retry");
+        assert_eq!(r.outcome(), Some("retry-rejected"));
+    }
+    assert_eq!(app.hits(), 3, "no rejected retry reached the app");
+    let m = tg.metrics().await;
+    let series = |labels: &str| metric(&m, &format!("tollgate_inbound_requests_total{{{labels}}}"));
+    assert_eq!(
+        series("code=\"200\",kind=\"first\",outcome=\"ok\""),
+        Some(3.0)
+    );
+    assert_eq!(
+        series("code=\"503\",kind=\"retry\",outcome=\"retry-rejected\""),
+        Some(3.0)
+    );
+    assert_eq!(
+        metric(&m, "tollgate_inbound_denied_total{reason=\"retry-budget\"}"),
+        Some(3.0)
+    );
+    // 6 requests, 3 of them first attempts.
+    assert_eq!(metric(&m, "tollgate_inbound_amplification"), Some(2.0));
+    assert_eq!(
+        metric(&m, "tollgate_inbound_retry_budget_available"),
+        Some(0.0)
+    );
+    tg.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn retries_within_the_fleet_budget_reach_the_app_and_the_next_is_rejected() {
+    let (app, _) = recording_app().await;
+    // 30 first attempts allow 0.1 × 30 = 3 retries in the window (at most one per
+    // half-second slot: the budget paces its grants).
+    let tg = Tollgate::start(&inbound_config(
+        app.addr,
+        "max_inflight = 100\n[inbound.retries]\nratio = 0.1\nmin_per_sec = 0\nwindow = \"10s\"\n",
+    ))
+    .await;
+    for _ in 0..30 {
+        assert_eq!(send(tg.inbound(), get_with("app", &[])).await.status, 200);
+    }
+    let retry = || get_with("app", &[("x-tollgate-attempt", "2")]);
+    for n in 1..=3 {
+        let r = send(tg.inbound(), retry()).await;
+        assert_eq!(r.status, 200, "retry {n} of 3 fits the budget");
+        tokio::time::sleep(Duration::from_millis(550)).await;
+    }
+    let r = send(tg.inbound(), retry()).await;
+    assert_eq!(r.status, 503, "the fourth is beyond 0.1 × 30");
+    assert_eq!(r.outcome(), Some("retry-rejected"));
+    assert_eq!(app.hits(), 33);
+    tg.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_grpc_retry_beyond_the_budget_gets_the_grpc_answer() {
+    let (app, _) = recording_app().await;
+    let tg = Tollgate::start(&inbound_config(app.addr, NO_RETRIES)).await;
+    let req = request("POST", "/pkg.Svc/Method", "app")
+        .header("content-type", "application/grpc")
+        .header("te", "trailers")
+        .header("grpc-previous-rpc-attempts", "1")
+        .body(full(&b"\0\0\0\0\0"[..]))
+        .unwrap();
+    let r = send_h2(tg.inbound(), req).await;
+    assert_eq!(r.status, 200, "gRPC answers are HTTP 200");
+    assert_eq!(r.header("grpc-status"), Some("8"), "RESOURCE_EXHAUSTED");
+    assert_eq!(r.outcome(), Some("retry-rejected"));
+    assert_eq!(r.header("grpc-retry-pushback-ms"), Some("-1"));
+    assert_eq!(app.hits(), 0);
+    tg.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_spent_deadline_is_refused_and_the_app_gets_the_time_left() {
+    let (app, seen) = recording_app().await;
+    let tg = Tollgate::start(&inbound_config(app.addr, "request_timeout = \"20s\"\n")).await;
+    let r = send(tg.inbound(), get_with("app", &[("x-timeout-ms", "0")])).await;
+    assert_eq!(r.status, 504);
+    assert_eq!(r.outcome(), Some("deadline-exceeded"));
+    assert_eq!(app.hits(), 0, "the app was never asked");
+    let m = tg.metrics().await;
+    assert_eq!(
+        metric(&m, "tollgate_inbound_denied_total{reason=\"deadline\"}"),
+        Some(1.0)
+    );
+
+    let left = |h: &http::HeaderMap, name: &str| -> u64 {
+        h.get(name).unwrap().to_str().unwrap().parse().unwrap()
+    };
+    // The caller's deadline, in any accepted header, arrives as the time left.
+    for (name, value) in [
+        ("x-timeout-ms", "800"),
+        ("x-envoy-expected-rq-timeout-ms", "800"),
+    ] {
+        let r = send(tg.inbound(), get_with("app", &[(name, value)])).await;
+        assert_eq!(r.status, 200);
+        let h = seen.lock().unwrap().last().unwrap().1.clone();
+        let ms = left(&h, "x-timeout-ms");
+        assert!((1..=800).contains(&ms), "{name}: the app was told {ms} ms");
+        assert!(h.get("x-envoy-expected-rq-timeout-ms").is_none());
+    }
+    // No deadline: request_timeout's.
+    send(tg.inbound(), get_with("app", &[])).await;
+    let h = seen.lock().unwrap().last().unwrap().1.clone();
+    let ms = left(&h, "x-timeout-ms");
+    assert!((19_000..=20_000).contains(&ms), "{ms}");
+    // A gRPC call's own deadline goes on as grpc-timeout.
+    let req = request("POST", "/pkg.Svc/Method", "app")
+        .header("content-type", "application/grpc")
+        .header("grpc-timeout", "700m")
+        .body(empty())
+        .unwrap();
+    send_h2(tg.inbound(), req).await;
+    let h = seen.lock().unwrap().last().unwrap().1.clone();
+    let grpc = h.get("grpc-timeout").unwrap().to_str().unwrap().to_string();
+    let n: u64 = grpc.trim_end_matches(char::is_alphabetic).parse().unwrap();
+    assert!(grpc.ends_with('u') || grpc.ends_with('m'), "{grpc}");
+    let ms = if grpc.ends_with('u') { n / 1000 } else { n };
+    assert!((1..=700).contains(&ms), "{grpc}");
+    tg.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_deadline_bounds_the_wait_for_the_head_never_a_streaming_body() {
+    let app = Upstream::start(|req: http::Request<hyper::body::Incoming>| async move {
+        if req.uri().path() == "/slow-head" {
+            tokio::time::sleep(Duration::from_millis(1500)).await;
+            return respond(200, "late");
+        }
+        // The head at once, the body over 900 ms.
+        let (tx, rx) = tokio::sync::mpsc::channel(4);
+        tokio::spawn(async move {
+            for i in 0..3 {
+                tokio::time::sleep(Duration::from_millis(300)).await;
+                let _ = tx.send(bytes::Bytes::from(format!("part{i};"))).await;
+            }
+        });
+        use http_body_util::BodyExt;
+        let body = ChannelBody(rx).boxed();
+        http::Response::new(body)
+    })
+    .await;
+    let tg = Tollgate::start(&inbound_config(app.addr, "")).await;
+    let slow = request("GET", "/slow-head", "app")
+        .header("x-timeout-ms", "300")
+        .body(empty())
+        .unwrap();
+    let r = send(tg.inbound(), slow).await;
+    assert_eq!(r.status, 504);
+    assert_eq!(r.outcome(), Some("deadline-exceeded"));
+    let streaming = request("GET", "/stream", "app")
+        .header("x-timeout-ms", "300")
+        .body(empty())
+        .unwrap();
+    let r = send(tg.inbound(), streaming).await;
+    assert_eq!(r.status, 200);
+    assert_eq!(
+        r.body, "part0;part1;part2;",
+        "the body outlived the deadline whole"
+    );
+    tg.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kubelet_probes_are_never_shed_budgeted_or_limited() {
+    let gate = Arc::new(tokio::sync::Notify::new());
+    let g = gate.clone();
+    let app = Upstream::start(move |req: http::Request<hyper::body::Incoming>| {
+        let g = g.clone();
+        async move {
+            if req.uri().path() == "/hold" {
+                g.notified().await;
+            }
+            respond(200, "ok")
+        }
+    })
+    .await;
+    let tg = Tollgate::start(&inbound_config(
+        app.addr,
+        "max_inflight = 1\n[inbound.retries]\nratio = 0.0\nmin_per_sec = 0\n",
+    ))
+    .await;
+    let addr = tg.inbound();
+    let held = tokio::spawn(async move { get(addr, "/hold", "app").await });
+    assert!(wait_until(Duration::from_secs(5), || app.hits() == 1).await);
+    let r = send(tg.inbound(), get_with("app", &[])).await;
+    assert_eq!(r.status, 503, "the one place is taken");
+    assert_eq!(r.outcome(), Some("overloaded"));
+    assert_eq!(r.header("retry-after"), Some("1"));
+    let probe = [
+        ("user-agent", "kube-probe/1.31"),
+        ("x-tollgate-attempt", "3"),
+    ];
+    for _ in 0..3 {
+        let r = send(tg.inbound(), get_with("app", &probe)).await;
+        assert_eq!(
+            r.status, 200,
+            "a probe reaches the app whatever the limit and the budget"
+        );
+    }
+    assert_eq!(app.hits(), 4);
+    let m = tg.metrics().await;
+    assert_eq!(
+        metric(&m, "tollgate_inbound_denied_total{reason=\"overloaded\"}"),
+        Some(1.0)
+    );
+    gate.notify_one();
+    assert_eq!(held.await.unwrap().status, 200);
+    tg.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn http1_and_h2c_callers_reach_the_app_as_they_spoke() {
+    let (app, seen) = recording_app().await;
+    let tg = Tollgate::start(&inbound_config(app.addr, "")).await;
+    let r = send(tg.inbound(), get_with("app", &[])).await;
+    assert_eq!(
+        (r.status.as_u16(), r.body.as_ref()),
+        (200, &b"from the app"[..])
+    );
+    let r = send_h2(
+        tg.inbound(),
+        http::Request::get("http://app/thing")
+            .body(empty())
+            .unwrap(),
+    )
+    .await;
+    assert_eq!(
+        (r.status.as_u16(), r.body.as_ref()),
+        (200, &b"from the app"[..])
+    );
+    let seen = seen.lock().unwrap().clone();
+    assert_eq!(seen[0].0, Version::HTTP_11);
+    assert_eq!(seen[1].0, Version::HTTP_2);
+    assert_eq!(seen[0].1["host"], "app");
+    tg.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bodies_stream_both_ways_and_hop_by_hop_fields_stay_behind() {
+    const LEN: usize = 4 << 20;
+    let seen: Arc<Mutex<Vec<http::HeaderMap>>> = Arc::default();
+    let s = seen.clone();
+    let app = Upstream::start(move |req: http::Request<hyper::body::Incoming>| {
+        s.lock().unwrap().push(req.headers().clone());
+        async move {
+            let (hash, len) = hash_body(req.into_body()).await;
+            use http_body_util::BodyExt;
+            let body = Generated::new(hash, LEN).map_err(|e| e).boxed();
+            http::Response::builder()
+                .header("x-upload-len", len.to_string())
+                .header("connection", "x-app-hop")
+                .header("x-app-hop", "1")
+                .body(body)
+                .unwrap()
+        }
+    })
+    .await;
+    let tg = Tollgate::start(&inbound_config(app.addr, "")).await;
+    use http_body_util::BodyExt;
+    let req = request("POST", "/upload", "app")
+        .header("connection", "x-caller-hop")
+        .header("x-caller-hop", "1")
+        .header("keep-alive", "timeout=5")
+        .body(
+            Generated::new(7, LEN)
+                .paced(Duration::from_millis(1))
+                .boxed(),
+        )
+        .unwrap();
+    let r = send(tg.inbound(), req).await;
+    assert_eq!(r.status, 200);
+    assert_eq!(r.header("x-upload-len"), Some(LEN.to_string().as_str()));
+    let sent = Generated::expected_hash(7, LEN);
+    assert_eq!(r.body.len(), LEN);
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    for chunk in r.body.chunks(64 * 1024) {
+        std::hash::Hasher::write(&mut h, chunk);
+    }
+    assert_eq!(
+        std::hash::Hasher::finish(&h),
+        Generated::expected_hash(sent, LEN),
+        "the app's answer to exactly the bytes sent came back whole"
+    );
+    assert!(
+        r.header("x-app-hop").is_none(),
+        "the app's hop-by-hop field stayed"
+    );
+    let h = seen.lock().unwrap()[0].clone();
+    assert!(h.get("x-caller-hop").is_none());
+    assert!(h.get("keep-alive").is_none());
+    tg.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_app_that_is_not_there_is_a_502_that_callers_do_not_retry() {
+    let tg = Tollgate::start(&inbound_config(dead_port().await, "")).await;
+    let r = send(tg.inbound(), get_with("app", &[])).await;
+    assert_eq!(r.status, 502);
+    assert_eq!(r.outcome(), Some("upstream-unreachable"));
+    tg.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_config_with_only_an_inbound_side_serves() {
+    let (app, _) = recording_app().await;
+    let tg = Tollgate::start(&inbound_config(app.addr, "")).await;
+    assert_eq!(send(tg.inbound(), get_with("app", &[])).await.status, 200);
+    // The outbound listener is there, with nothing to route to.
+    assert_eq!(get(tg.addr, "/", "app").await.status, 404);
+    let m = tg.metrics().await;
+    assert_eq!(
+        metric(&m, "tollgate_inbound_concurrency_limit"),
+        Some(1000.0),
+        "the default limit is a fixed 1000"
+    );
+    tg.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn head_limits_and_slow_heads_are_refused_as_on_the_outbound_listener() {
+    let (app, _) = recording_app().await;
+    let tg = Tollgate::start(&format!(
+        "[listener]\naddr = \"127.0.0.1:0\"\nheader_read_timeout = \"300ms\"\n\
+         max_header_bytes = \"2KiB\"\n[admin]\naddr = \"127.0.0.1:0\"\n\
+         [inbound]\naddr = \"127.0.0.1:0\"\napp = \"{}\"\n",
+        app.addr
+    ))
+    .await;
+    let big = format!(
+        "GET / HTTP/1.1\r\nHost: app\r\nx-big: {}\r\n\r\n",
+        "a".repeat(3000)
+    );
+    let answer = raw_exchange(tg.inbound(), big.as_bytes()).await;
+    assert!(answer.starts_with("HTTP/1.1 431"), "{answer}");
+    // A head that never ends is cut off at header_read_timeout (the read gives up
+    // after 10 s; the idle timeout would be a minute).
+    let mut slow = tokio::net::TcpStream::connect(tg.inbound()).await.unwrap();
+    tokio::io::AsyncWriteExt::write_all(&mut slow, b"GET / HTTP/1.1\r\nHo")
+        .await
+        .unwrap();
+    read_until_close(&mut slow).await;
+    assert_eq!(app.hits(), 0, "neither reached the app");
+    tg.stop().await;
+}

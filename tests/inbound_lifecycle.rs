@@ -1,0 +1,121 @@
+//! The inbound side over its life: a reload changes what can change live (the app, the
+//! limit, the timeout, the fleet budget) and reports an address change as waiting for
+//! a restart; SIGTERM drains it like the outbound listener (new connections refused,
+//! the request in flight finished, exit 0).
+
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use std::time::Duration;
+
+use common::*;
+
+async fn config_json(tg: &Tollgate) -> serde_json::Value {
+    let r = get(tg.admin, "/config", "admin").await;
+    assert_eq!(r.status, 200);
+    serde_json::from_slice(&r.body).unwrap()
+}
+
+fn retry() -> http::Request<BoxBody> {
+    request("GET", "/", "app")
+        .header("x-tollgate-attempt", "2")
+        .body(empty())
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reload_changes_the_inbound_settings_and_waits_for_a_restart_to_move_it() {
+    let one = Upstream::start(|_req| async { respond(200, "one") }).await;
+    let two = Upstream::start(|_req| async { respond(200, "two") }).await;
+    let dir = tempdir::TempDir::new("inbound-reload");
+    let path = dir.path().join("tollgate.toml");
+    let strict = "max_inflight = 1\n[inbound.retries]\nratio = 0.0\nmin_per_sec = 0\n";
+    std::fs::write(&path, inbound_config(one.addr, strict)).unwrap();
+    let tg = Tollgate::start_file(&path).await;
+    let addr = tg.inbound();
+    assert_eq!(send(addr, retry()).await.outcome(), Some("retry-rejected"));
+
+    // Another app, a larger limit, and retries admitted as they come.
+    std::fs::write(
+        &path,
+        inbound_config(two.addr, "max_inflight = 50\nrequest_timeout = \"7s\"\n"),
+    )
+    .unwrap();
+    tg.wait_reloads("ok", 1.0).await;
+    let r = send(addr, retry()).await;
+    assert_eq!((r.status.as_u16(), r.body.as_ref()), (200, &b"two"[..]));
+    let c = config_json(&tg).await;
+    assert_eq!(c["inbound"]["max_inflight"], 50, "{c}");
+    assert_eq!(c["inbound"]["request_timeout"], "7s");
+    assert_eq!(c["inbound"]["retries"], serde_json::Value::Null);
+    let m = tg.metrics().await;
+    assert_eq!(metric(&m, "tollgate_inbound_concurrency_limit"), Some(50.0));
+
+    // A new address waits for a restart: the old one keeps serving.
+    let port = free_port();
+    std::fs::write(
+        &path,
+        inbound_config(two.addr, "max_inflight = 50\n").replace(
+            "addr = \"127.0.0.1:0\"\napp",
+            &format!("addr = \"127.0.0.1:{port}\"\napp"),
+        ),
+    )
+    .unwrap();
+    tg.wait_reloads("ok", 2.0).await;
+    let c = config_json(&tg).await;
+    assert_eq!(
+        c["pending_restart"],
+        serde_json::json!([format!(
+            "inbound.addr: 127.0.0.1:0 in effect, 127.0.0.1:{port} in the file"
+        )])
+    );
+    assert_eq!(c["inbound"]["addr"], "127.0.0.1:0");
+    assert_eq!(get(addr, "/", "app").await.status, 200);
+    assert!(
+        tokio::net::TcpStream::connect(("127.0.0.1", port))
+            .await
+            .is_err()
+    );
+    tg.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_drains_the_inbound_side_and_exits_0() {
+    let app = Upstream::start(|_req| async {
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        respond(200, "finished")
+    })
+    .await;
+    let port = free_port();
+    let mut p = Process::start(&format!(
+        "[inbound]\naddr = \"127.0.0.1:{port}\"\napp = \"{}\"\nmax_inflight = 10\n\
+         [inbound.retries]\nratio = 0.1\n",
+        app.addr
+    ))
+    .await;
+    let inbound = std::net::SocketAddr::from(([127, 0, 0, 1], port));
+    let in_flight = tokio::spawn(async move { get(inbound, "/", "app").await });
+    assert!(wait_until(Duration::from_secs(5), || app.hits() == 1).await);
+
+    p.signal("TERM");
+    let refused = {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+        loop {
+            if tokio::net::TcpStream::connect(inbound).await.is_err() {
+                break true;
+            }
+            if tokio::time::Instant::now() > deadline {
+                break false;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    };
+    assert!(refused, "the inbound port still accepted after SIGTERM");
+    let r = in_flight.await.unwrap();
+    assert_eq!(
+        (r.status.as_u16(), r.body.as_ref()),
+        (200, &b"finished"[..])
+    );
+    assert_eq!(p.wait_exit(Duration::from_secs(10)).await, Some(0));
+}

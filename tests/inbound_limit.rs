@@ -1,0 +1,123 @@
+//! The adaptive concurrency limit in front of a real app whose capacity is fixed (four
+//! workers, a queue in front of them): offered far more concurrency than it has, the
+//! app is given a few requests at a time and the rest are refused at once with
+//! `503 overloaded` and `Retry-After`; when the overload ends every request is served
+//! again.
+
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
+use std::time::Duration;
+
+use common::*;
+
+const WORKERS: usize = 4;
+
+/// An app of `WORKERS` workers taking 20 ms each; records the most requests it held at
+/// once (served or queued).
+async fn app(peak: &Arc<AtomicUsize>) -> Upstream {
+    let workers = Arc::new(tokio::sync::Semaphore::new(WORKERS));
+    let inside = Arc::new(AtomicUsize::new(0));
+    let peak = peak.clone();
+    Upstream::start(move |_req| {
+        let (workers, inside, peak) = (workers.clone(), inside.clone(), peak.clone());
+        async move {
+            let now = inside.fetch_add(1, SeqCst) + 1;
+            peak.fetch_max(now, SeqCst);
+            let slot = workers.acquire().await.unwrap();
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            drop(slot);
+            inside.fetch_sub(1, SeqCst);
+            respond(200, "done")
+        }
+    })
+    .await
+}
+
+#[derive(Default)]
+struct Tally {
+    ok: AtomicUsize,
+    shed: AtomicUsize,
+    other: AtomicUsize,
+}
+
+/// `clients` clients sending one request after another for `run`.
+async fn load(addr: std::net::SocketAddr, clients: usize, run: Duration) -> Arc<Tally> {
+    let tally = Arc::new(Tally::default());
+    let until = tokio::time::Instant::now() + run;
+    let mut tasks = Vec::new();
+    for _ in 0..clients {
+        let tally = tally.clone();
+        tasks.push(tokio::spawn(async move {
+            while tokio::time::Instant::now() < until {
+                let r = get(addr, "/work", "app").await;
+                let shed = r.status == 503
+                    && r.outcome() == Some("overloaded")
+                    && r.header("retry-after") == Some("1");
+                let counter = match r.status.as_u16() {
+                    200 => &tally.ok,
+                    _ if shed => &tally.shed,
+                    _ => &tally.other,
+                };
+                counter.fetch_add(1, SeqCst);
+                if shed {
+                    // As a caller told to back off would, a little.
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                }
+            }
+        }));
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+    tally
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_adaptive_limit_sheds_under_overload_and_serves_everything_after() {
+    let peak = Arc::new(AtomicUsize::new(0));
+    let app = app(&peak).await;
+    let tg = Tollgate::start(&inbound_config(app.addr, "max_inflight = \"adaptive\"\n")).await;
+    let limit = |m: &str| metric(m, "tollgate_inbound_concurrency_limit").unwrap();
+    assert_eq!(
+        limit(&tg.metrics().await),
+        10.0,
+        "half the initial 20 while it probes"
+    );
+
+    // 40 clients against 4 workers.
+    let overload = load(tg.inbound(), 40, Duration::from_secs(3)).await;
+    let (ok, shed, other) = (
+        overload.ok.load(SeqCst),
+        overload.shed.load(SeqCst),
+        overload.other.load(SeqCst),
+    );
+    assert_eq!(other, 0, "only 200s and 503 overloaded with Retry-After");
+    assert!(ok > 0 && shed > 0, "ok {ok}, shed {shed}");
+    let learned = limit(&tg.metrics().await);
+    assert!(
+        learned < 20.0,
+        "the limit did not come down from 20 towards the {WORKERS} workers: {learned}"
+    );
+    let held = peak.load(SeqCst);
+    assert!(
+        held <= 25,
+        "the app was given {held} requests at once, of the 40 offered"
+    );
+    let m = tg.metrics().await;
+    assert_eq!(
+        metric(&m, "tollgate_inbound_denied_total{reason=\"overloaded\"}"),
+        Some(shed as f64)
+    );
+
+    // The overload is over: everything is served again.
+    for _ in 0..20 {
+        assert_eq!(get(tg.inbound(), "/work", "app").await.status, 200);
+    }
+    let after = load(tg.inbound(), 1, Duration::from_secs(1)).await;
+    assert_eq!(after.shed.load(SeqCst) + after.other.load(SeqCst), 0);
+    tg.stop().await;
+}
