@@ -20,6 +20,7 @@ fn budget(c: &mut Criterion) {
         ratio: 0.1,
         min_per_sec: 10.0,
         window: Duration::from_secs(10),
+        max_ratio: None,
     };
     let b = RetryBudget::new(Some(&cfg), Instant::now());
     c.bench_function("budget: record a request", |bench| {

@@ -10,13 +10,18 @@
 //! exports ([`process`]), so the usual dashboards and alerts for CPU, memory and file
 //! descriptors work on a tollgate as on any other service.
 
+mod family;
+mod learning;
 pub mod process;
+
+use family::{counters, family, gauges, histograms, int_gauges};
+pub use learning::Learning;
 
 use std::sync::{Arc, OnceLock};
 
 use prometheus::{
-    Encoder, Gauge, GaugeVec, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec,
-    IntGauge, IntGaugeVec, Opts, Registry, TextEncoder,
+    Encoder, Gauge, GaugeVec, Histogram, HistogramVec, IntCounter, IntCounterVec, IntGauge,
+    IntGaugeVec, Opts, Registry, TextEncoder,
 };
 
 /// Why tollgate did not simply deliver the upstream's answer: the `x-tollgate-outcome`
@@ -33,10 +38,16 @@ pub enum Outcome {
     Overloaded,
     NoRoute,
     UpstreamUnreachable,
+    /// Rejected locally by the client-side throttle, before any upstream call.
+    Throttled,
+    /// A callee's inbound side refused the retry: the previous failure went back.
+    RetryRejected,
+    /// The app retried a failure tollgate had owned; refused without an upstream call.
+    AppRetry,
 }
 
 impl Outcome {
-    pub const ALL: [Outcome; 10] = [
+    pub const ALL: [Outcome; 13] = [
         Outcome::Ok,
         Outcome::AttemptsExhausted,
         Outcome::BudgetExhausted,
@@ -47,6 +58,9 @@ impl Outcome {
         Outcome::Overloaded,
         Outcome::NoRoute,
         Outcome::UpstreamUnreachable,
+        Outcome::Throttled,
+        Outcome::RetryRejected,
+        Outcome::AppRetry,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -61,6 +75,9 @@ impl Outcome {
             Outcome::Overloaded => "overloaded",
             Outcome::NoRoute => "no-route",
             Outcome::UpstreamUnreachable => "upstream-unreachable",
+            Outcome::Throttled => "throttled",
+            Outcome::RetryRejected => "retry-rejected",
+            Outcome::AppRetry => "app-retry",
         }
     }
 
@@ -156,10 +173,12 @@ pub enum Denied {
     Method,
     BodyTooLarge,
     Ownership,
+    /// The callee's inbound side answered the retry `retry-rejected`.
+    UpstreamRejected,
 }
 
 impl Denied {
-    const ALL: [Denied; 7] = [
+    const ALL: [Denied; 8] = [
         Denied::Budget,
         Denied::Deadline,
         Denied::Attempts,
@@ -167,6 +186,7 @@ impl Denied {
         Denied::Method,
         Denied::BodyTooLarge,
         Denied::Ownership,
+        Denied::UpstreamRejected,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -178,6 +198,7 @@ impl Denied {
             Denied::Method => "method",
             Denied::BodyTooLarge => "body-too-large",
             Denied::Ownership => "ownership",
+            Denied::UpstreamRejected => "upstream-rejected",
         }
     }
 }
@@ -207,6 +228,8 @@ pub struct Metrics {
     last_reload: Gauge,
     last_reload_ok: IntGauge,
     listener_up: IntGaugeVec,
+    /// The families of a caller that learns from its upstream.
+    pub learning: Learning,
 }
 
 /// How a reload ended.
@@ -229,47 +252,6 @@ pub fn amplification(attempts: u64, requests: u64) -> f64 {
     } else {
         attempts as f64 / requests as f64
     }
-}
-
-fn family<T: Clone + prometheus::core::Collector + 'static>(
-    registry: &Registry,
-    metric: prometheus::Result<T>,
-) -> T {
-    // Names and labels are constants of this file: a failure is a bug caught by tests.
-    let metric = metric.expect("metric definition");
-    registry
-        .register(Box::new(metric.clone()))
-        .expect("metric registration");
-    metric
-}
-
-/// A labelled counter family, registered.
-fn counters(r: &Registry, name: &str, help: &str, labels: &[&str]) -> IntCounterVec {
-    family(r, IntCounterVec::new(Opts::new(name, help), labels))
-}
-
-/// A labelled gauge family, registered.
-fn gauges(r: &Registry, name: &str, help: &str, labels: &[&str]) -> GaugeVec {
-    family(r, GaugeVec::new(Opts::new(name, help), labels))
-}
-
-/// A labelled integer gauge family, registered.
-fn int_gauges(r: &Registry, name: &str, help: &str, labels: &[&str]) -> IntGaugeVec {
-    family(r, IntGaugeVec::new(Opts::new(name, help), labels))
-}
-
-/// A labelled histogram family with these buckets, registered.
-fn histograms(
-    r: &Registry,
-    name: &str,
-    help: &str,
-    labels: &[&str],
-    buckets: Vec<f64>,
-) -> HistogramVec {
-    family(
-        r,
-        HistogramVec::new(HistogramOpts::new(name, help).buckets(buckets), labels),
-    )
 }
 
 impl Metrics {
@@ -391,6 +373,7 @@ impl Metrics {
                  bind it.",
                 up,
             ),
+            learning: Learning::new(&r),
             registry: r,
         };
         int_gauges(
@@ -436,6 +419,7 @@ impl Metrics {
             requests: self.requests.clone(),
             by_code: Default::default(),
             exhausted: self.exhausted(Shortage::Connect).clone(),
+            app_retries: self.learning.upstream(name),
         };
         // The common answers exist from the start so dashboards show zeros, not gaps.
         m.request_counter(200, Outcome::Ok);
@@ -481,6 +465,7 @@ impl Metrics {
         let _ = self.budget_available.remove_label_values(l);
         let _ = self.inflight.remove_label_values(l);
         let _ = self.connections.remove_label_values(l);
+        self.learning.forget(name);
     }
 
     /// A reload: counted by result; `tollgate_config_last_reload_successful` says
@@ -533,16 +518,18 @@ impl Metrics {
 pub struct UpstreamMetrics {
     name: String,
     attempts: [IntCounter; 10],
-    denied: [IntCounter; 7],
+    denied: [IntCounter; Denied::ALL.len()],
     retries: Vec<(String, IntCounter)>,
     pub attempts_per_request: Histogram,
     pub request_duration: Histogram,
     pub attempt_duration: Histogram,
     requests: IntCounterVec,
     /// `[outcome][status - 100]`, filled on first use of each pair.
-    by_code: [OnceLock<Box<[OnceLock<IntCounter>]>>; 10],
+    by_code: [OnceLock<Box<[OnceLock<IntCounter>]>>; Outcome::ALL.len()],
     /// `tollgate_descriptors_exhausted_total{at="connect"}`, shared by every upstream.
     pub exhausted: IntCounter,
+    /// `tollgate_app_retries_total`.
+    pub app_retries: IntCounter,
 }
 
 impl std::fmt::Debug for UpstreamMetrics {
@@ -614,6 +601,9 @@ mod tests {
             "tollgate_build_info",
             "tollgate_config_last_reload_successful",
             "tollgate_descriptors_exhausted_total",
+            "tollgate_retry_budget_ratio",
+            "tollgate_throttle_probability",
+            "tollgate_app_retries_total",
         ] {
             assert!(text.contains(&format!("# TYPE {name} ")), "{name} missing");
         }

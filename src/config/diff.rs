@@ -132,6 +132,8 @@ fn changed_fields(a: &UpstreamConfig, b: &UpstreamConfig) -> Vec<&'static str> {
     check("retry", a.retry == b.retry);
     check("budget", a.budget == b.budget);
     check("tls", a.tls == b.tls);
+    check("throttle", a.throttle == b.throttle);
+    check("app_retries", a.app_retries == b.app_retries);
     // Anything not named above (a key added later): still a change, said plainly.
     if out.is_empty() && a != b {
         out.push("other settings");

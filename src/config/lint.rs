@@ -9,10 +9,12 @@ use http::Method;
 
 use super::figures::{attempts_that_fit, total_backoff};
 use super::units::format_duration;
-use super::{Config, Diagnostic, Jitter, Ownership, Severity, UpstreamConfig};
+use super::{AppRetries, Config, Diagnostic, Jitter, Ownership, Severity, UpstreamConfig};
 
 /// A retry budget above this share of requests barely caps a storm.
 pub const LOOSE_BUDGET_RATIO: f64 = 0.5;
+/// A throttle with a smaller `k` rejects what a healthy upstream would serve.
+pub const MIN_THROTTLE_K: f64 = 1.5;
 
 pub fn warning(config: &Config, key: &str, message: String, fix: String) -> Diagnostic {
     let (line, column) = config.position(key);
@@ -66,11 +68,14 @@ fn lint_upstream(config: &Config, up: &UpstreamConfig, out: &mut Vec<Diagnostic>
         out.push(exposed_listener(config, &lint.key("listen"), listen));
     }
     out.extend(lint.timeouts());
+    out.extend(lint.throttle());
+    out.extend(lint.app_retries());
     if up.retry.max_attempts <= 1 {
         return;
     }
     out.extend(lint.methods());
     out.extend(lint.budget());
+    out.extend(lint.max_ratio());
     out.extend(lint.jitter());
     out.extend(lint.ownership());
 }
@@ -254,6 +259,76 @@ impl Lint<'_> {
         }
     }
 
+    /// A `max_ratio` that changes nothing, or whose top can never bind.
+    fn max_ratio(&self) -> Option<Diagnostic> {
+        let b = self.up.budget.as_ref()?;
+        let max = b.max_ratio?;
+        let attempts = self.up.retry.max_attempts;
+        if max == b.ratio {
+            return Some(self.warn(
+                "budget.max_ratio",
+                format!(
+                    "max_ratio {max} equals ratio: the share cannot move, and the budget is \
+                     the fixed one"
+                ),
+                format!(
+                    "raise max_ratio (e.g. to {}) to let the share grow while retries \
+                     succeed, or remove it",
+                    short_ratio(b.ratio * 3.0)
+                ),
+            ));
+        }
+        let most_retries = f64::from(attempts - 1);
+        (max >= most_retries && b.ratio < most_retries).then(|| {
+            self.warn(
+                "budget.max_ratio",
+                format!(
+                    "max_ratio {max} can never bind: with max_attempts = {attempts} retries \
+                     add at most {:.0}% whatever the share, so at its top the budget caps \
+                     nothing",
+                    most_retries * 100.0
+                ),
+                format!(
+                    "lower max_ratio below {most_retries}, e.g. to {}",
+                    short_ratio((b.ratio * 3.0).min(most_retries / 2.0))
+                ),
+            )
+        })
+    }
+
+    /// A throttle so eager it rejects traffic a healthy upstream would take.
+    fn throttle(&self) -> Option<Diagnostic> {
+        let t = self.up.throttle.as_ref()?;
+        (t.k < MIN_THROTTLE_K).then(|| {
+            self.warn(
+                "throttle.k",
+                format!(
+                    "k = {} starts rejecting requests as soon as fewer than {:.0}% of them \
+                     are accepted: an ordinary dip throttles traffic the upstream would have \
+                     served",
+                    t.k,
+                    100.0 / t.k
+                ),
+                "use k = 2 (the default, as in the SRE book), or at least 1.5".to_string(),
+            )
+        })
+    }
+
+    fn app_retries(&self) -> Option<Diagnostic> {
+        (self.up.app_retries == AppRetries::Ignore).then(|| {
+            self.warn(
+                "app_retries",
+                "app_retries = \"ignore\": a request the app sends again after a failure \
+                 tollgate owned goes as a new request and is retried again, so the app's \
+                 attempts multiply with tollgate's"
+                    .to_string(),
+                "remove it or set \"count\", the default, or \"refuse\"; \"ignore\" exists \
+                 to demonstrate retry storms"
+                    .to_string(),
+            )
+        })
+    }
+
     fn jitter(&self) -> Option<Diagnostic> {
         (self.up.retry.backoff.jitter() == Jitter::None).then(|| {
             self.warn(
@@ -295,6 +370,11 @@ fn is_idempotent(method: &Method) -> bool {
         Method::DELETE,
     ]
     .contains(method)
+}
+
+/// A share as a config value: two decimals at most.
+fn short_ratio(x: f64) -> String {
+    format!("{}", (x * 100.0).round() / 100.0)
 }
 
 /// Rounded down to whole milliseconds, so a suggested value reads like a config value.
@@ -374,6 +454,21 @@ mod tests {
                 "max_attempts = 3",
                 "max_attempts = 3\nownership = \"ignore\"",
                 "upstreams.api.retry.ownership",
+            ),
+            (
+                "ratio = 0.1",
+                "ratio = 0.1\nmax_ratio = 0.1",
+                "upstreams.api.budget.max_ratio",
+            ),
+            (
+                "ratio = 0.1",
+                "ratio = 0.1\nmax_ratio = 2.5",
+                "upstreams.api.budget.max_ratio",
+            ),
+            (
+                "ratio = 0.1",
+                "ratio = 0.1\n[upstreams.api.throttle]\nk = 1.2",
+                "upstreams.api.throttle.k",
             ),
             (
                 r#"addr = "127.0.0.1:15001""#,

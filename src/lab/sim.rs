@@ -75,6 +75,7 @@ pub fn policies() -> Vec<Policy> {
                 ratio: 0.1,
                 min_per_sec: 0.0,
                 window: TICK,
+                max_ratio: None,
             }),
         },
     ]

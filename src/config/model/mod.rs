@@ -153,6 +153,10 @@ pub struct UpstreamConfig {
     /// `None`: no retry budget (retries are capped only by `max_attempts`).
     pub budget: Option<BudgetConfig>,
     pub tls: Option<TlsConfig>,
+    /// `None`: first attempts are never rejected locally.
+    pub throttle: Option<ThrottleConfig>,
+    /// What a request the app sends again after an owned failure gets.
+    pub app_retries: AppRetries,
 }
 
 impl UpstreamConfig {

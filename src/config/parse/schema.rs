@@ -19,10 +19,11 @@ pub(super) enum Section {
     Retry,
     Budget,
     Tls,
+    Throttle,
 }
 
 impl Section {
-    const ALL: [Section; 9] = [
+    const ALL: [Section; 10] = [
         Section::Root,
         Section::Runtime,
         Section::Listener,
@@ -32,6 +33,7 @@ impl Section {
         Section::Retry,
         Section::Budget,
         Section::Tls,
+        Section::Throttle,
     ];
 
     /// The keys this section takes.
@@ -63,6 +65,8 @@ impl Section {
                 "retry",
                 "tls",
                 "budget",
+                "throttle",
+                "app_retries",
             ],
             Section::Retry => &[
                 "max_attempts",
@@ -77,8 +81,9 @@ impl Section {
                 "max_body",
                 "ownership",
             ],
-            Section::Budget => &["ratio", "min_per_sec", "window"],
+            Section::Budget => &["ratio", "min_per_sec", "window", "max_ratio"],
             Section::Tls => &["server_name", "ca_file", "client_cert", "client_key"],
+            Section::Throttle => &["k", "window"],
         }
     }
 
@@ -93,6 +98,7 @@ impl Section {
             Section::Retry => Some((Section::Upstream, "retry")),
             Section::Budget => Some((Section::Upstream, "budget")),
             Section::Tls => Some((Section::Upstream, "tls")),
+            Section::Throttle => Some((Section::Upstream, "throttle")),
         }
     }
 
@@ -112,7 +118,7 @@ impl Section {
     fn is_upstreams(self) -> bool {
         matches!(
             self,
-            Section::Upstream | Section::Retry | Section::Budget | Section::Tls
+            Section::Upstream | Section::Retry | Section::Budget | Section::Tls | Section::Throttle
         )
     }
 }

@@ -194,6 +194,12 @@ fn upstream(
         tls: w
             .table(t, "tls")
             .and_then(|(tls, span)| super::tls::tls(w, name, &tls, span, base)),
+        throttle: w
+            .table(t, "throttle")
+            .map(|(throttle, _)| super::retry::throttle(w, name, &throttle)),
+        app_retries: w
+            .word(t, "app_retries", &super::retry::APP_RETRIES)
+            .unwrap_or_default(),
     }
 }
 
