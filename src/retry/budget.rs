@@ -30,6 +30,14 @@
 //! apart. So a slot (`window / SLOTS`) may grant at most twice its even share of the
 //! allowance: the same retries in total, spread over at least half a window.
 //!
+//! # An adaptive share
+//!
+//! With `max_ratio`, `ratio` in the rule is replaced by a share that moves between
+//! `ratio / 10` and `max_ratio` as the upstream shows how well retries go, and the floor
+//! may be suspended while they keep failing ([`super::adaptive`]). The share never
+//! leaves that range, so the rule with `max_ratio` in place of `ratio` is never
+//! exceeded.
+//!
 //! # Cost on the request path
 //!
 //! Recording a request is two relaxed atomic adds; granting a retry is a compare-and-swap
@@ -43,6 +51,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
+use super::adaptive::AdaptiveShare;
 use crate::config::BudgetConfig;
 
 /// Slots per window: the window's resolution is `window / SLOTS`.
@@ -55,6 +64,10 @@ const PACE: f64 = 2.0;
 
 /// The window an upstream without a budget still keeps, for the amplification gauge.
 const UNBUDGETED_WINDOW: Duration = Duration::from_secs(10);
+
+/// While an adaptive share's floor is suspended, it still allows this many retries a
+/// window (never more than `min_per_sec` would), so one can succeed and end it.
+const PROBES: f64 = 1.0;
 
 #[derive(Default)]
 struct Slot {
@@ -78,6 +91,8 @@ pub struct RetryBudget {
     /// Retries in slots `head - SLOTS ..= head`.
     retries: AtomicU64,
     rotate: Mutex<()>,
+    /// The share that replaces `ratio` when the budget has a `max_ratio`.
+    adaptive: Option<AdaptiveShare>,
 }
 
 impl std::fmt::Debug for RetryBudget {
@@ -114,6 +129,22 @@ impl RetryBudget {
             attempts: AtomicU64::new(0),
             retries: AtomicU64::new(0),
             rotate: Mutex::new(()),
+            adaptive: limit.and_then(|l| AdaptiveShare::new(l, now)),
+        }
+    }
+
+    /// The adaptive share, when the budget has a `max_ratio` above its `ratio`.
+    pub fn adaptive(&self) -> Option<&AdaptiveShare> {
+        self.adaptive.as_ref()
+    }
+
+    /// The share of requests retries may add now: `ratio`, the adaptive share, or
+    /// `f64::INFINITY` without a budget. The `tollgate_retry_budget_ratio` gauge.
+    pub fn share(&self) -> f64 {
+        match (&self.limit, &self.adaptive) {
+            (None, _) => f64::INFINITY,
+            (Some(_), Some(a)) => a.share(),
+            (Some(l), None) => l.ratio,
         }
     }
 
@@ -193,7 +224,12 @@ impl RetryBudget {
     }
 
     fn bound(&self, limit: &BudgetConfig, requests: u64) -> f64 {
-        limit.ratio * requests as f64 + limit.min_per_sec * self.window.as_secs_f64()
+        let floor = limit.min_per_sec * self.window.as_secs_f64();
+        match &self.adaptive {
+            None => limit.ratio * requests as f64 + floor,
+            Some(a) if a.floor_on() => a.share() * requests as f64 + floor,
+            Some(a) => a.share() * requests as f64 + floor.min(PROBES),
+        }
     }
 
     /// The most retries the current slot may still grant, by the pacing rule: no slot
@@ -279,6 +315,7 @@ mod tests {
             ratio,
             min_per_sec,
             window: Duration::from_secs(window_s),
+            max_ratio: None,
         };
         (RetryBudget::new(Some(&cfg), now), now)
     }
@@ -406,6 +443,7 @@ mod tests {
             ratio: 0.5,
             min_per_sec: 0.0,
             window: Duration::from_secs(10),
+            max_ratio: None,
         };
         let b = RetryBudget::new(Some(&cfg), Instant::now());
         for _ in 0..20 {
@@ -432,6 +470,81 @@ mod tests {
     enum Event {
         Request,
         Retry,
+        /// What an adaptive share learns from (a fixed budget ignores these).
+        RetrySucceeded,
+        RetryFailed,
+        Overloaded,
+        Slow,
+    }
+
+    fn events(adaptive: bool) -> impl Strategy<Value = Vec<(u64, Event)>> {
+        let learn = if adaptive { 1 } else { 0 };
+        prop::collection::vec(
+            (
+                0u64..2_000,
+                prop_oneof![
+                    3 => Just(Event::Request),
+                    2 => Just(Event::Retry),
+                    2 * learn => Just(Event::RetrySucceeded),
+                    2 * learn => Just(Event::RetryFailed),
+                    learn => Just(Event::Overloaded),
+                    learn => Just(Event::Slow),
+                ],
+            ),
+            1..600,
+        )
+    }
+
+    /// Drives `b` with `events`; whenever a retry is granted at t, checks that the
+    /// retries granted in (t - window, t] stay within
+    /// `ratio * (requests in that interval) + min_per_sec * window`.
+    fn never_above_the_rule(
+        b: &RetryBudget,
+        t0: Instant,
+        events: Vec<(u64, Event)>,
+        ratio: f64,
+        min_per_sec: f64,
+        window: Duration,
+    ) -> Result<(), TestCaseError> {
+        let window_ms = window.as_millis() as u64;
+        let mut at = Duration::ZERO;
+        let mut requests: Vec<Duration> = Vec::new();
+        let mut grants: Vec<Duration> = Vec::new();
+        for (gap_ms, event) in events {
+            at += Duration::from_millis(gap_ms % (window_ms * 2));
+            let now = t0 + at;
+            let adaptive = b.adaptive();
+            match event {
+                Event::Request => {
+                    b.record_request(now);
+                    requests.push(at);
+                }
+                Event::Retry => {
+                    if b.try_retry(now) {
+                        grants.push(at);
+                        let from = at.saturating_sub(window);
+                        let inside = |t: &&Duration| **t > from || (at < window && **t >= from);
+                        let r = requests.iter().filter(inside).count() as f64;
+                        let g = grants.iter().filter(inside).count() as f64;
+                        let bound = ratio * r + min_per_sec * window.as_secs_f64();
+                        prop_assert!(
+                            g <= bound + 1e-9,
+                            "{g} retries granted in a window whose bound is {bound}"
+                        );
+                    }
+                }
+                Event::RetrySucceeded => adaptive.iter().for_each(|a| a.retry_succeeded(now)),
+                Event::RetryFailed => adaptive.iter().for_each(|a| a.retry_failed()),
+                Event::Overloaded => adaptive.iter().for_each(|a| a.overloaded(now)),
+                Event::Slow => adaptive.iter().for_each(|a| a.slow(now)),
+            }
+            prop_assert!(
+                b.share() <= ratio + 1e-12,
+                "share {} above {ratio}",
+                b.share()
+            );
+        }
+        Ok(())
     }
 
     proptest! {
@@ -443,38 +556,34 @@ mod tests {
             ratio in 0.0f64..1.0,
             min_per_sec in 0u32..5,
             window_ms in 100u64..5_000,
-            events in prop::collection::vec(
-                (0u64..2_000, prop_oneof![3 => Just(Event::Request), 2 => Just(Event::Retry)]),
-                1..600,
-            ),
+            events in events(false),
         ) {
             let t0 = Instant::now();
             let window = Duration::from_millis(window_ms);
-            let cfg = BudgetConfig { ratio, min_per_sec: f64::from(min_per_sec), window };
+            let min_per_sec = f64::from(min_per_sec);
+            let cfg = BudgetConfig { ratio, min_per_sec, window, max_ratio: None };
             let b = RetryBudget::new(Some(&cfg), t0);
-            let mut at = Duration::ZERO;
-            let mut requests: Vec<Duration> = Vec::new();
-            let mut grants: Vec<Duration> = Vec::new();
-            for (gap_ms, event) in events {
-                at += Duration::from_millis(gap_ms % (window_ms * 2));
-                match event {
-                    Event::Request => {
-                        b.record_request(t0 + at);
-                        requests.push(at);
-                    }
-                    Event::Retry => {
-                        if b.try_retry(t0 + at) {
-                            grants.push(at);
-                            let from = at.saturating_sub(window);
-                            let inside = |t: &&Duration| **t > from || (at < window && **t >= from);
-                            let r = requests.iter().filter(inside).count() as f64;
-                            let g = grants.iter().filter(inside).count() as f64;
-                            let bound = ratio * r + f64::from(min_per_sec) * window.as_secs_f64();
-                            prop_assert!(g <= bound + 1e-9, "{g} retries granted in a window whose bound is {bound}");
-                        }
-                    }
-                }
-            }
+            never_above_the_rule(&b, t0, events, ratio, min_per_sec, window)?;
+        }
+
+        /// The same with an adaptive share, whatever it learns in whatever order: never
+        /// above the fixed rule with max_ratio in place of ratio.
+        #[test]
+        fn an_adaptive_share_never_exceeds_the_rule_with_max_ratio(
+            ratio in 0.0f64..0.5,
+            above in 0.01f64..1.0,
+            min_per_sec in 0u32..5,
+            window_ms in 100u64..5_000,
+            events in events(true),
+        ) {
+            let t0 = Instant::now();
+            let window = Duration::from_millis(window_ms);
+            let min_per_sec = f64::from(min_per_sec);
+            let max_ratio = ratio + above;
+            let cfg = BudgetConfig { ratio, min_per_sec, window, max_ratio: Some(max_ratio) };
+            let b = RetryBudget::new(Some(&cfg), t0);
+            prop_assert!(b.adaptive().is_some());
+            never_above_the_rule(&b, t0, events, max_ratio, min_per_sec, window)?;
         }
     }
 }

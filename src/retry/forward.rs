@@ -7,6 +7,10 @@
 //! app's body across attempts is the [`BodySource`]'s to keep. When the caller leaves
 //! or the deadline passes, the future is dropped: the attempt in flight is cancelled
 //! and its connection closed, never returned to the pool.
+//!
+//! What each attempt showed goes to the parts that learn from the upstream
+//! ([`learn`](super::learn)); the failure a retry retries is kept while it runs, in case
+//! the callee refuses the retry ([`rejected`](super::rejected)).
 
 use std::time::Duration;
 
@@ -17,7 +21,9 @@ use tokio::time::Instant;
 use super::attempt::{Attempt, AttemptError, NotUpstream};
 use super::backoff::Backoff;
 use super::headers::{outcome_of, owned_elsewhere};
+use super::learn::{self, Seen};
 use super::policy::{self, Failure, Policy, Situation, Stop};
+use super::rejected::{self, Previous};
 use super::replay::{AppBody, BodySource};
 use super::upstream::Upstream;
 use crate::deadline::Deadline;
@@ -42,6 +48,9 @@ pub struct Exchange<A> {
     /// An HTTP/1.1 upgrade (`Connection: upgrade`, `Upgrade: websocket`): sent over
     /// HTTP/1.1, never retried once sent, and a `101` is its answer.
     pub upgrade: bool,
+    /// The app sent this again after a failure tollgate owned: it goes as a retry
+    /// (`x-tollgate-attempt: 2`, its budget already spent) and is not retried again.
+    pub app_retry: bool,
 }
 
 /// What goes back to the app.
@@ -105,6 +114,10 @@ struct Call<'a, A> {
     /// What the last attempt's failure had to say.
     detail: Option<String>,
     rng: Option<fastrand::Rng>,
+    /// The app's own retry: numbered from 2, one attempt only.
+    app_retry: bool,
+    /// The failure the attempt in flight retries.
+    previous: Option<Previous>,
 }
 
 /// Forwards `ex` to `up`, retrying as the policy allows.
@@ -124,13 +137,13 @@ pub async fn forward<A: AppBody>(up: &Upstream<A>, ex: Exchange<A>) -> Answer {
         let attempt = Attempt {
             up,
             endpoint,
-            number: call.attempts,
+            number: call.number(),
             want: call.want,
             started,
             by: (started + cfg.attempt_timeout).min(call.deadline.at()),
             grpc_deadline: call.deadline.caller_at().filter(|_| call.grpc),
             // Whether this attempt's request may have to be sent again after it is sent.
-            keep: if call.retryable && call.attempts < cfg.retry.max_attempts {
+            keep: if call.retryable && call.attempts < call.limit() {
                 cfg.retry.max_body
             } else {
                 0
@@ -157,12 +170,21 @@ pub async fn forward<A: AppBody>(up: &Upstream<A>, ex: Exchange<A>) -> Answer {
                 return answer;
             }
             Ok(resp) => {
-                match policy::classify_response(resp.status(), Fields::of(&resp), &cfg.retry.on) {
+                let failure =
+                    policy::classify_response(resp.status(), Fields::of(&resp), &cfg.retry.on);
+                call.learn(failure, Some(&resp));
+                if call.attempts > 1 && rejected::is_retry_rejected(&resp) {
+                    return call.rejected(resp);
+                }
+                match failure {
                     None => return call.answer(resp, Outcome::Ok),
                     Some(f) => (f, Some(resp)),
                 }
             }
-            Err(AttemptError::Upstream(f)) => (f, None),
+            Err(AttemptError::Upstream(f)) => {
+                call.learn(Some(f), None);
+                (f, None)
+            }
             Err(AttemptError::NotUpstream(why)) => return call.not_upstream(why),
         };
         if failure == Failure::Tls {
@@ -174,12 +196,9 @@ pub async fn forward<A: AppBody>(up: &Upstream<A>, ex: Exchange<A>) -> Answer {
         match call.decide(failure, response.as_ref()).await {
             Ok(sleep) => {
                 up.metrics.retried(failure.condition());
-                if let Some(resp) = response {
-                    discard(resp);
-                }
-                if !sleep.is_zero() {
-                    tokio::time::sleep(sleep).await;
-                }
+                call.previous = None;
+                let kept = rejected::keep_while_sleeping(response, failure, sleep).await;
+                call.previous = Some(kept);
                 call.avoid = Some(endpoint);
             }
             Err(stop) => return call.give_up(stop, failure, response),
@@ -219,7 +238,53 @@ impl<'a, A: AppBody> Call<'a, A> {
             tls_failed: 0,
             detail: None,
             rng: None,
+            app_retry: ex.app_retry,
+            previous: None,
         }
+    }
+
+    /// The number of the attempt in flight as sent upstream: an app's own retry is
+    /// already the second.
+    fn number(&self) -> u32 {
+        self.attempts + u32::from(self.app_retry)
+    }
+
+    /// The attempts this request may make: one for an app's own retry.
+    fn limit(&self) -> u32 {
+        if self.app_retry {
+            1
+        } else {
+            self.up.config.retry.max_attempts
+        }
+    }
+
+    /// Tells what the attempt just ended showed to the parts that learn from it.
+    fn learn(&self, failure: Option<Failure>, resp: Option<&Response<UpstreamBody>>) {
+        let seen = Seen {
+            number: self.number(),
+            failure,
+            response: resp.map(|r| (r.status(), Fields::of(r))),
+        };
+        learn::attempt_done(self.up, &seen, Instant::now());
+    }
+
+    /// The callee refused this retry: no further attempt, and the app gets the failure
+    /// the retry retried, with outcome `retry-rejected`.
+    fn rejected(&mut self, refusal: Response<UpstreamBody>) -> Answer {
+        let Some(previous) = self.previous.take() else {
+            return self.answer(refusal, Outcome::Ok);
+        };
+        discard(refusal);
+        self.up.metrics.denied(Denied::UpstreamRejected);
+        let failure = previous.failure();
+        let mut answer = match previous {
+            Previous::Response(resp, _) => self.answer(*resp, Outcome::RetryRejected),
+            Previous::Failure(f) => self.local(Previous::local_status(f), Outcome::RetryRejected),
+        };
+        answer.outcome = Outcome::RetryRejected;
+        answer.owned_elsewhere = false;
+        answer.failure = Some(failure);
+        answer
     }
 
     /// The endpoint for the next attempt: round-robin, away from the one that just
@@ -250,7 +315,7 @@ impl<'a, A: AppBody> Call<'a, A> {
         if self.body.recorded()
             && failure.maybe_sent()
             && self.retryable
-            && self.attempts < retry.max_attempts
+            && self.attempts < self.limit()
         {
             let grace = if self.body.started() {
                 BODY_GRACE
@@ -277,7 +342,8 @@ impl<'a, A: AppBody> Call<'a, A> {
         let situation = Situation {
             failure,
             response: response.map(Fields::of),
-            attempts: self.attempts,
+            // An app's own retry has used every attempt: it is not retried again.
+            attempts: self.attempts + retry.max_attempts.saturating_sub(self.limit()),
             request_retryable: self.retryable,
             deadline: self.deadline,
             now,

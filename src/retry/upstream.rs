@@ -1,11 +1,13 @@
 //! An upstream as the retry engine drives it: its validated config, its endpoints, the
 //! retry budget, the recent median attempt time, the in-flight count and the metric
-//! handles.
+//! handles; and what it learns from the upstream: the throttle of first attempts and
+//! the failures owned recently (to see the app's own retries).
 //!
 //! Built from config on start and on every reload. What must survive a reload is carried
 //! over from the previous build: metric handles and the in-flight count always, pools
-//! while the endpoints and transport settings are unchanged, the budget's window while
-//! its settings are unchanged.
+//! while the endpoints and transport settings are unchanged, the budget's window (and
+//! its adaptive share) while its settings are unchanged, the throttle's window likewise,
+//! and the failures owned recently always.
 
 use std::sync::Arc;
 use std::sync::atomic::AtomicUsize;
@@ -14,7 +16,9 @@ use tokio::time::Instant;
 
 use super::budget::RetryBudget;
 use super::median::RecentMedian;
+use super::recent::RecentFailures;
 use super::replay::{AppBody, ReplayBody};
+use super::throttle::Throttle;
 use crate::config::{DeadlineConfig, UpstreamConfig};
 use crate::metrics::{Metrics, UpstreamMetrics};
 use crate::upstream::Endpoints;
@@ -33,6 +37,10 @@ pub struct Upstream<A> {
     pub metrics: Arc<UpstreamMetrics>,
     /// The TLS client of `config.tls`.
     pub tls: Option<Arc<TlsClient>>,
+    /// The throttle of first attempts, with `config.throttle`.
+    pub throttle: Option<Arc<Throttle>>,
+    /// The failures tollgate owned in the last 2 s, to see the app retrying them.
+    pub recent: Arc<RecentFailures>,
 }
 
 impl<A: AppBody> Upstream<A> {
@@ -72,6 +80,15 @@ impl<A: AppBody> Upstream<A> {
             Some(p) if same_transport => p.median.clone(),
             _ => Arc::new(RecentMedian::new()),
         };
+        let throttle = match previous {
+            Some(p) if p.config.throttle == config.throttle => p.throttle.clone(),
+            _ => config
+                .throttle
+                .as_ref()
+                .map(|t| Arc::new(Throttle::new(t, now))),
+        };
+        let recent =
+            previous.map_or_else(|| Arc::new(RecentFailures::new(now)), |p| p.recent.clone());
         let metrics = match previous {
             Some(p) if p.config.retry.on == config.retry.on => p.metrics.clone(),
             _ => Arc::new(metrics.upstream(&config.name, &config.retry.on.names())),
@@ -85,6 +102,8 @@ impl<A: AppBody> Upstream<A> {
             median,
             metrics,
             tls,
+            throttle,
+            recent,
             deadline,
             config,
         }
