@@ -163,6 +163,11 @@ fn refresh_gauges(shared: &Shared) {
             up.inflight.load(Relaxed) as i64,
             up.connections.load(Relaxed) as i64,
         );
+        let throttle = up.throttle.as_ref().map_or(0.0, |t| t.probability(now));
+        shared
+            .metrics
+            .learning
+            .set(up.name(), up.budget.share(), throttle);
     }
 }
 

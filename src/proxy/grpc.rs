@@ -26,7 +26,9 @@ pub const NO_RETRY_LINE: &str = "grpc-retry-pushback-ms: -1";
 pub fn code(outcome: Outcome, failure: Option<Failure>, status: StatusCode) -> Code {
     match outcome {
         Outcome::DeadlineExceeded => Code::DeadlineExceeded,
-        Outcome::Overloaded => Code::ResourceExhausted,
+        Outcome::Overloaded | Outcome::Throttled | Outcome::RetryRejected => {
+            Code::ResourceExhausted
+        }
         Outcome::NoRoute => Code::Unimplemented,
         Outcome::UpstreamUnreachable => Code::Unavailable,
         _ => match failure {

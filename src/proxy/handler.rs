@@ -2,7 +2,9 @@
 //! fix its deadline, clean its headers, hand it to the retry engine, and dress the
 //! answer with what the app must know (`x-tollgate-attempts`, and
 //! `x-tollgate-outcome` when tollgate gave up). A gRPC call's answers are gRPC
-//! answers ([`super::grpc`]).
+//! answers ([`super::grpc`]). A first attempt may be rejected locally by the upstream's
+//! throttle, and a request the app sends again after an owned failure is its own retry
+//! ([`super::app_retries`]).
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering::AcqRel;
@@ -14,6 +16,7 @@ use http::{HeaderValue, Method, Request, Response, StatusCode, Uri, Version};
 use http_body::Body;
 use tokio::time::Instant;
 
+use super::app_retries::{self, Verdict};
 use super::grpc;
 use super::headers::prepare_request;
 use super::route::authority_of;
@@ -30,7 +33,7 @@ use crate::retry::headers::{
     ATTEMPTS_HEADER, OUTCOME_HEADER, attempts_line, count_value, outcome_line,
 };
 use crate::retry::policy::Failure;
-use crate::retry::{self, Answer, Exchange, Reply};
+use crate::retry::{self, Answer, Exchange, Reply, learn};
 
 /// The app's outbound requests, routed to upstreams by authority, or all to one
 /// upstream on its dedicated `listen` port.
@@ -97,7 +100,13 @@ async fn handle(
     if req.method() == Method::CONNECT {
         return refuse(Some(&up.metrics), CONNECT, guard);
     }
+    let fingerprint = app_retries::fingerprint(&up, &req, authority_of(&req).unwrap_or(""));
+    let refused = |r: &Refusal| {
+        let verdict = Verdict::refused(r.status, r.outcome, grpc);
+        app_retries::remember(&up, fingerprint, verdict, start);
+    };
     if !admit(&up, &mut guard) {
+        refused(&OVERLOADED);
         return refuse(Some(&up.metrics), OVERLOADED, guard);
     }
     let (parts, body) = req.into_parts();
@@ -109,10 +118,33 @@ async fn handle(
     );
     if facts.caller_timeout.is_some_and(|c| c.is_zero()) {
         up.metrics.denied(crate::metrics::Denied::Deadline);
+        refused(&EXPIRED);
         return refuse(Some(&up.metrics), EXPIRED, guard);
     }
+    let again = app_retries::recall(&up, fingerprint, start);
+    if let Some(stop) = again.and_then(|a| app_retries::stop(&up, a, start)) {
+        let local = Local {
+            status: stop.status,
+            outcome: stop.outcome,
+            attempts: 0,
+            failure: None,
+            text: stop.text,
+            retry_after: None,
+        };
+        let resp = local_answer(Some(&up.metrics), local, grpc, guard);
+        return closing(unread, app_retries::with_grpc_status(resp, stop.grpc));
+    }
+    if let Some(t) = up.throttle.as_ref().filter(|_| again.is_none())
+        && !t.admit(start, &mut fastrand::Rng::new())
+    {
+        refused(&THROTTLED);
+        return refuse(Some(&up.metrics), THROTTLED, guard);
+    }
     let deadline = Deadline::new(start, facts.caller_timeout, up.config.request_timeout);
-    up.budget.record_request(start);
+    if again.is_none() {
+        // An app's own retry is a retry: counted in the budget's retries, not here.
+        up.budget.record_request(start);
+    }
     set_upstream_host(&up, &parts.uri, &mut headers);
     let version = parts.version;
     let exchange = Exchange {
@@ -124,8 +156,17 @@ async fn handle(
         deadline,
         grpc: facts.grpc,
         upgrade: facts.upgrade,
+        app_retry: again.is_some(),
     };
     let answer = retry::forward(&up, exchange).await;
+    let done = Instant::now();
+    if let Some(t) = &up.throttle
+        && learn::counts_for_throttle(answer.outcome, answer.owned_elsewhere)
+    {
+        t.answered(done);
+    }
+    let verdict = Verdict::of(&answer, grpc, again.is_some());
+    app_retries::remember(&up, fingerprint, verdict, done);
     // A body still streaming to the upstream may yet be read to its end; one that was
     // never touched (an answer at `Expect: 100-continue`) will not.
     let close = version < Version::HTTP_2
@@ -164,6 +205,14 @@ const OVERLOADED: Refusal = Refusal {
     outcome: Outcome::Overloaded,
     text: "too many requests in flight to this upstream\n",
     retry_after: Some(HeaderValue::from_static("1")),
+};
+
+const THROTTLED: Refusal = Refusal {
+    status: StatusCode::SERVICE_UNAVAILABLE,
+    outcome: Outcome::Throttled,
+    text: "throttled: the upstream has lately been rejecting most requests, so some are \
+           not sent\n",
+    retry_after: None,
 };
 
 const EXPIRED: Refusal = Refusal {

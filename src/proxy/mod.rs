@@ -15,6 +15,7 @@
 //! once. An accept that fails for want of a descriptor sheds the waiting connection
 //! with a spare descriptor kept for that, and backs off; it warns once per few seconds.
 
+mod app_retries;
 mod apply;
 pub mod grpc;
 pub mod handler;
