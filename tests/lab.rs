@@ -6,7 +6,7 @@
 
 use std::time::Duration;
 
-use tollgate::lab::scenario::{Overrides, scenario};
+use tollgate::lab::scenario::{Chain, Overrides, scenario};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn owned_retries_beat_naive_retries_in_a_short_storm() {
@@ -19,7 +19,8 @@ async fn owned_retries_beat_naive_retries_in_a_short_storm() {
     )
     .unwrap();
     let run = tollgate::lab::run(s, false).await.unwrap();
-    let (naive, owned) = (&run.naive, &run.owned);
+    let naive = run.chain(Chain::Naive).unwrap();
+    let owned = run.chain(Chain::Owned).unwrap();
     println!(
         "naive: {:.2}x {:.1}% ok; owned: {:.2}x {:.1}% ok",
         naive.amplification(),

@@ -3,9 +3,10 @@
 //! The lab builds a real HTTP chain on loopback inside this process: open-loop load ->
 //! edge -> api -> backend, where edge and api are real tollgate proxies (the same code
 //! as `run`, on their own ports) and the backend is a degraded HTTP server. Each
-//! scenario runs two such chains side by side, at the same time, against two identical
-//! backends: one configured naively, one the way tollgate recommends. Amplification is
-//! measured at the backends.
+//! scenario runs four such chains side by side, at the same time, against identical
+//! backends of their own: one configured naively, one the way tollgate recommends with
+//! a fixed budget, and the same with an adaptive budget and with the throttle of first
+//! attempts on top ([`scenario::Chain`]). Amplification is measured at the backends.
 //!
 //! The simulator ([`sim`]) replays the published tick model on a virtual clock, driving
 //! tollgate's own budget and backoff types.
@@ -51,6 +52,10 @@ pub struct LabArgs {
     /// The backend's base error rate, 0..=1.
     #[arg(long)]
     pub error_rate: Option<f64>,
+    /// The chains to run side by side, comma-separated: naive, owned, adaptive,
+    /// throttled (default: all four).
+    #[arg(long, value_delimiter = ',')]
+    pub chains: Vec<String>,
 }
 
 /// Arguments of `tollgate sim`.
@@ -64,11 +69,22 @@ pub struct SimArgs {
     pub seed: u64,
 }
 
-/// Both chains' results for one scenario.
+/// The results of the chains of one scenario.
 pub struct LabRun {
     pub scenario: Scenario,
-    pub naive: ChainResult,
-    pub owned: ChainResult,
+    /// In the order of [`Chain::ALL`].
+    pub chains: Vec<ChainResult>,
+}
+
+impl LabRun {
+    /// The results of `chain`, if it ran.
+    pub fn chain(&self, chain: Chain) -> Option<&ChainResult> {
+        self.chains.iter().find(|c| c.chain == chain.as_str())
+    }
+
+    fn all(&self) -> Vec<&ChainResult> {
+        self.chains.iter().collect()
+    }
 }
 
 struct ChainRig {
@@ -105,59 +121,46 @@ async fn rig(chain: Chain, s: &Scenario, start: Instant) -> Result<ChainRig, Lab
     Ok(ChainRig { backend, api, edge })
 }
 
-/// Runs both chains of `s` side by side; `progress` draws a bar on stderr.
+/// Runs every chain of `s` side by side; `progress` draws a bar on stderr.
 pub async fn run(s: Scenario, progress: bool) -> Result<LabRun, LabError> {
+    run_chains(s, &Chain::ALL, progress).await
+}
+
+/// Runs `chains` of `s` side by side; `progress` draws a bar on stderr.
+pub async fn run_chains(s: Scenario, chains: &[Chain], progress: bool) -> Result<LabRun, LabError> {
     let start = Instant::now() + Duration::from_millis(300);
-    let naive = rig(Chain::Naive, &s, start).await?;
-    let owned = rig(Chain::Owned, &s, start).await?;
-    let (live_n, live_o) = (Arc::new(Live::default()), Arc::new(Live::default()));
+    let mut rigs = Vec::new();
+    for chain in chains {
+        rigs.push((*chain, rig(*chain, &s, start).await?));
+    }
+    let lives: Vec<Arc<Live>> = rigs.iter().map(|_| Arc::new(Live::default())).collect();
     let ticker = progress.then(|| {
-        let (ln, lo) = (live_n.clone(), live_o.clone());
-        let (cn, co) = (
-            naive.backend.counters.clone(),
-            owned.backend.counters.clone(),
-        );
-        let total = s.load.duration;
-        tokio::spawn(async move {
-            loop {
-                tokio::time::sleep(Duration::from_millis(250)).await;
-                let t = start.elapsed().min(total);
-                let frac = t.as_secs_f64() / total.as_secs_f64();
-                let filled = (frac * 30.0) as usize;
-                let amp = |calls: u64, l: &Live| {
-                    let sent = l.sent.load(Relaxed).max(1);
-                    (
-                        calls as f64 / sent as f64,
-                        l.ok.load(Relaxed) as f64 / l.done.load(Relaxed).max(1) as f64,
-                    )
-                };
-                let (an, okn) = amp(cn.total.load(Relaxed), &ln);
-                let (ao, oko) = amp(co.total.load(Relaxed), &lo);
-                eprint!(
-                    "\r  [{}{}] {:>4.1}s  naive {:>5.2}x {:>5.1}% ok   owned {:>5.2}x {:>5.1}% ok ",
-                    "#".repeat(filled),
-                    ".".repeat(30 - filled),
-                    t.as_secs_f64(),
-                    an,
-                    okn * 100.0,
-                    ao,
-                    oko * 100.0
-                );
-                let _ = std::io::stderr().flush();
-            }
-        })
+        let watched: Vec<_> = rigs
+            .iter()
+            .zip(&lives)
+            .map(|((c, r), l)| (*c, r.backend.counters.clone(), l.clone()))
+            .collect();
+        tokio::spawn(show_progress(watched, start, s.load.duration))
     });
-    let edge_n = naive.edge.server.local_addr();
-    let edge_o = owned.edge.server.local_addr();
-    let (records_n, records_o) = tokio::join!(
-        load::run(edge_n, s.load.clone(), start, live_n),
-        load::run(edge_o, s.load.clone(), start, live_o),
-    );
+    let samplers: Vec<_> = rigs
+        .iter()
+        .map(|(_, r)| tokio::spawn(sample_api(r.api.server.clone(), start, s.load.duration)))
+        .collect();
+    let loads = rigs.iter().zip(&lives).map(|((_, r), live)| {
+        load::run(
+            r.edge.server.local_addr(),
+            s.load.clone(),
+            start,
+            live.clone(),
+        )
+    });
+    let records = join_loads(loads).await;
     if let Some(t) = ticker {
         t.abort();
         eprintln!();
     }
-    let finish = |rig: ChainRig, records: Vec<load::Record>, name: &'static str, s: &Scenario| {
+    let mut results = Vec::new();
+    for (((chain, rig), records), sampler) in rigs.into_iter().zip(records).zip(samplers) {
         let arrivals: Vec<u64> = rig
             .backend
             .counters
@@ -166,20 +169,83 @@ pub async fn run(s: Scenario, progress: bool) -> Result<LabRun, LabError> {
             .map(|a| a.load(Relaxed))
             .collect();
         let calls = rig.backend.counters.total.load(Relaxed);
-        (ChainResult::build(name, &records, &arrivals, calls, s), rig)
-    };
-    let (naive_result, naive) = finish(naive, records_n, "naive", &s);
-    let (owned_result, owned) = finish(owned, records_o, "owned", &s);
-    for rig in [naive, owned] {
+        let mut result = ChainResult::build(chain.as_str(), &records, &arrivals, calls, &s);
+        (result.share, result.throttle) = sampler.await.unwrap_or_default();
+        results.push(result);
         rig.edge.shutdown(Duration::ZERO).await;
         rig.api.shutdown(Duration::ZERO).await;
         rig.backend.stop().await;
     }
     Ok(LabRun {
+        chains: results,
         scenario: s,
-        naive: naive_result,
-        owned: owned_result,
     })
+}
+
+/// Once a second, what the api hop has learnt about the backend: its budget's share
+/// and its throttle's probability of rejecting a first attempt.
+async fn sample_api(
+    api: Arc<crate::proxy::Server>,
+    start: Instant,
+    duration: Duration,
+) -> (Vec<f64>, Vec<f64>) {
+    let (mut share, mut throttle) = (Vec::new(), Vec::new());
+    let mut at = start + Duration::from_millis(500);
+    while at < start + duration {
+        tokio::time::sleep_until(at).await;
+        let snap = api.shared().snapshot();
+        if let Some(up) = snap.upstreams.first() {
+            share.push(up.budget.share());
+            throttle.push(up.throttle.as_ref().map_or(0.0, |t| t.probability(at)));
+        }
+        at += Duration::from_secs(1);
+    }
+    (share, throttle)
+}
+
+/// Every load at once, each on its own task; the records in the order given.
+async fn join_loads(
+    loads: impl Iterator<Item = impl Future<Output = Vec<load::Record>> + Send + 'static>,
+) -> Vec<Vec<load::Record>> {
+    let handles: Vec<_> = loads.map(tokio::spawn).collect();
+    let mut out = Vec::new();
+    for h in handles {
+        out.push(h.await.unwrap_or_default());
+    }
+    out
+}
+
+/// The progress line on stderr: time, and per chain the amplification and successes
+/// so far.
+async fn show_progress(
+    watched: Vec<(Chain, Arc<backend::Counters>, Arc<Live>)>,
+    start: Instant,
+    total: Duration,
+) {
+    loop {
+        tokio::time::sleep(Duration::from_millis(250)).await;
+        let t = start.elapsed().min(total);
+        let frac = t.as_secs_f64() / total.as_secs_f64();
+        let filled = (frac * 20.0) as usize;
+        let mut line = format!(
+            "\r  [{}{}] {:>4.1}s",
+            "#".repeat(filled),
+            ".".repeat(20 - filled),
+            t.as_secs_f64()
+        );
+        for (chain, counters, live) in &watched {
+            let sent = live.sent.load(Relaxed).max(1);
+            let amp = counters.total.load(Relaxed) as f64 / sent as f64;
+            let ok = live.ok.load(Relaxed) as f64 / live.done.load(Relaxed).max(1) as f64;
+            line.push_str(&format!(
+                "  {} {amp:>4.2}x {:>5.1}%",
+                chain.as_str(),
+                ok * 100.0
+            ));
+        }
+        eprint!("{line} ");
+        let _ = std::io::stderr().flush();
+    }
 }
 
 fn lab_runtime() -> std::io::Result<tokio::runtime::Runtime> {
@@ -230,14 +296,18 @@ pub fn lab_main(args: LabArgs) -> i32 {
     };
     // The table printed at the end starts with the scenario's name and description;
     // while it runs, stderr only says how long that will be.
+    let Some(chains) = chosen(&args.chains) else {
+        return 2;
+    };
     let progress = !args.json && std::io::stderr().is_terminal();
     if progress {
         crate::print::stderr_line(&format!(
-            "running two chains side by side for {:.0}s ...",
+            "running {} chains side by side for {:.0}s ...",
+            chains.len(),
             s.load.duration.as_secs_f64()
         ));
     }
-    let result = match rt.block_on(run(s, progress)) {
+    let result = match rt.block_on(run_chains(s, &chains, progress)) {
         Ok(r) => r,
         Err(e) => {
             eprintln!("tollgate lab: {e}");
@@ -245,23 +315,49 @@ pub fn lab_main(args: LabArgs) -> i32 {
         }
     };
     if let Some(path) = &args.plot {
-        let svg = plot::svg(&result.scenario, &result.naive, &result.owned);
+        let svg = plot::svg(&result.scenario, &result.all());
         if let Err(e) = std::fs::write(path, svg) {
             eprintln!("tollgate lab: cannot write {}: {e}", path.display());
             return 1;
         }
     }
     let mut out = if args.json {
-        let v = report::to_json(&result.scenario, &result.naive, &result.owned);
+        let v = report::to_json(&result.scenario, &result.all());
         serde_json::to_string_pretty(&v).unwrap_or_default() + "\n"
     } else {
-        report::table(&result.scenario, &result.naive, &result.owned)
+        report::table(&result.scenario, &result.all())
     };
     if let Some(path) = args.plot.as_ref().filter(|_| !args.json) {
         out.push_str(&format!("\n  plot written to {}\n", path.display()));
     }
     crate::print::stdout(&out);
     0
+}
+
+/// The chains `--chains` names, in the order of [`Chain::ALL`] (all of them when it
+/// names none); `None` after saying which name is unknown.
+fn chosen(names: &[String]) -> Option<Vec<Chain>> {
+    let mut chains = Vec::new();
+    for name in names {
+        match Chain::ALL.iter().find(|c| c.as_str() == name.trim()) {
+            Some(c) => chains.push(*c),
+            None => {
+                eprintln!(
+                    "tollgate lab: unknown chain `{name}` (choose from: naive, owned, adaptive, throttled)"
+                );
+                return None;
+            }
+        }
+    }
+    if chains.is_empty() {
+        return Some(Chain::ALL.to_vec());
+    }
+    Some(
+        Chain::ALL
+            .into_iter()
+            .filter(|c| chains.contains(c))
+            .collect(),
+    )
 }
 
 /// Runs `tollgate sim`; returns the exit code.

@@ -1,11 +1,11 @@
 //! An SVG time series of a lab run: per second, the load offered to the backend (with
-//! its capacity) and the user requests that succeeded, for both chains, so the storm
+//! its capacity) and the user requests that succeeded, for every chain, so the storm
 //! and its absence can be read at a glance.
 
 use std::fmt::Write;
 
 use super::report::ChainResult;
-use super::scenario::Scenario;
+use super::scenario::{Chain, Scenario};
 
 const W: f64 = 900.0;
 const PANEL_H: f64 = 210.0;
@@ -13,8 +13,15 @@ const LEFT: f64 = 70.0;
 const RIGHT: f64 = 20.0;
 const TOP: f64 = 75.0;
 const GAP: f64 = 70.0;
-const NAIVE: &str = "#d62728";
-const OWNED: &str = "#2ca02c";
+/// A line per chain, in the order of `Chain::ALL`: naive, owned, adaptive, throttled.
+const COLORS: [&str; 4] = ["#d62728", "#2ca02c", "#1f77b4", "#9467bd"];
+/// The legend of each chain, in the same order.
+const LABELS: [&str; 4] = [
+    "naive: blind retries at every hop",
+    "owned: tollgate",
+    "adaptive: + max_ratio",
+    "throttled: + throttle",
+];
 
 fn nice_max(v: f64) -> f64 {
     if v <= 0.0 {
@@ -104,9 +111,19 @@ impl Panel<'_> {
     }
 }
 
-/// The SVG document for a run.
-pub fn svg(s: &Scenario, naive: &ChainResult, owned: &ChainResult) -> String {
-    let seconds = naive.backend_rps.len().max(owned.backend_rps.len());
+/// The SVG document for a run: `chains` in the order of `Chain::ALL`.
+pub fn svg(s: &Scenario, chains: &[&ChainResult]) -> String {
+    let color = |c: &ChainResult| {
+        Chain::ALL
+            .iter()
+            .position(|a| a.as_str() == c.chain)
+            .map_or("#000", |i| COLORS[i])
+    };
+    let seconds = chains
+        .iter()
+        .map(|c| c.backend_rps.len())
+        .max()
+        .unwrap_or(0);
     let capacity: Vec<f64> = (0..seconds)
         .map(|i| {
             let c = s
@@ -115,25 +132,16 @@ pub fn svg(s: &Scenario, naive: &ChainResult, owned: &ChainResult) -> String {
             if c.down { 0.0 } else { s.backend.capacity(&c) }
         })
         .collect();
-    let load_max = nice_max(
-        naive
-            .backend_rps
+    let most = |f: &dyn Fn(&ChainResult) -> &Vec<f64>| {
+        chains
             .iter()
-            .chain(&owned.backend_rps)
-            .chain(&capacity)
+            .flat_map(|c| f(c).iter())
             .copied()
-            .fold(0.0, f64::max),
-    );
-    let ok_max = nice_max(
-        s.load.rps.max(
-            naive
-                .success_rps
-                .iter()
-                .chain(&owned.success_rps)
-                .copied()
-                .fold(0.0, f64::max),
-        ),
-    );
+            .fold(0.0, f64::max)
+    };
+    let load_max =
+        nice_max(most(&|c| &c.backend_rps).max(capacity.iter().copied().fold(0.0, f64::max)));
+    let ok_max = nice_max(s.load.rps.max(most(&|c| &c.success_rps)));
     let load = Panel {
         top: TOP,
         title: "calls offered to the backend per second",
@@ -146,21 +154,29 @@ pub fn svg(s: &Scenario, naive: &ChainResult, owned: &ChainResult) -> String {
         y_max: ok_max,
         seconds,
     };
-    let h = TOP + 2.0 * PANEL_H + GAP + 60.0;
+    let h = TOP + 2.0 * PANEL_H + GAP + 80.0;
     let mut out = String::new();
     let _ = writeln!(
         out,
         r##"<svg xmlns="http://www.w3.org/2000/svg" width="{W}" height="{h}" viewBox="0 0 {W} {h}" font-family="sans-serif">"##
     );
     let _ = writeln!(out, r##"<rect width="100%" height="100%" fill="white"/>"##);
+    let summary: Vec<String> = chains
+        .iter()
+        .map(|c| {
+            format!(
+                "{} {:.2}x, {:.1}% ok",
+                c.chain,
+                c.amplification(),
+                c.success_rate() * 100.0
+            )
+        })
+        .collect();
     let _ = writeln!(
         out,
-        r##"<text x="{LEFT}" y="24" font-size="16" font-weight="bold">tollgate lab: {} — naive {:.2}x, {:.1}% ok; owned {:.2}x, {:.1}% ok</text>"##,
+        r##"<text x="{LEFT}" y="24" font-size="14" font-weight="bold">tollgate lab: {}</text><text x="{LEFT}" y="44" font-size="12">{}</text>"##,
         s.name,
-        naive.amplification(),
-        naive.success_rate() * 100.0,
-        owned.amplification(),
-        owned.success_rate() * 100.0
+        summary.join("; ")
     );
     for p in [&load, &ok] {
         for (from, to, _) in &s.backend.episodes {
@@ -169,21 +185,26 @@ pub fn svg(s: &Scenario, naive: &ChainResult, owned: &ChainResult) -> String {
         p.frame(&mut out);
     }
     load.line(&mut out, &capacity, "#555", "6 4");
-    load.line(&mut out, &naive.backend_rps, NAIVE, "");
-    load.line(&mut out, &owned.backend_rps, OWNED, "");
     let offered: Vec<f64> =
         vec![s.load.rps; (s.load.duration.as_secs_f64().ceil() as usize).min(seconds)];
     ok.line(&mut out, &offered, "#555", "6 4");
-    ok.line(&mut out, &naive.success_rps, NAIVE, "");
-    ok.line(&mut out, &owned.success_rps, OWNED, "");
-    let ly = h - 22.0;
-    let legend = [
-        (NAIVE, "", "naive: blind retries at every hop"),
-        (OWNED, "", "owned: tollgate"),
-        ("#555", "6 4", "backend capacity / user requests offered"),
-    ];
-    let mut x = LEFT;
+    for c in chains {
+        load.line(&mut out, &c.backend_rps, color(c), "");
+        ok.line(&mut out, &c.success_rps, color(c), "");
+    }
+    let legend = COLORS
+        .iter()
+        .zip(LABELS)
+        .zip(Chain::ALL)
+        .filter(|(_, chain)| chains.iter().any(|c| c.chain == chain.as_str()))
+        .map(|((c, l), _)| (*c, "", l))
+        .chain([("#555", "6 4", "backend capacity / user requests offered")]);
+    let (mut x, mut ly) = (LEFT, h - 42.0);
     for (color, dash, label) in legend {
+        let width = 60.0 + label.len() as f64 * 6.5;
+        if x + width > W {
+            (x, ly) = (LEFT, ly + 20.0);
+        }
         let _ = writeln!(
             out,
             r##"<line x1="{x}" y1="{ly}" x2="{}" y2="{ly}" stroke="{color}" stroke-width="2" stroke-dasharray="{dash}"/><text x="{}" y="{}" font-size="12">{label}</text>"##,
@@ -191,7 +212,7 @@ pub fn svg(s: &Scenario, naive: &ChainResult, owned: &ChainResult) -> String {
             x + 30.0,
             ly + 4.0
         );
-        x += 60.0 + label.len() as f64 * 6.5;
+        x += width;
     }
     out.push_str("</svg>\n");
     out

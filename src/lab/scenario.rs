@@ -4,7 +4,8 @@
 //!
 //! - **naive**: every hop makes three blind attempts with a fixed 50 ms backoff, no
 //!   budget, ignores the caller's deadline (`accept = []`), ignores Retry-After and
-//!   retries failures another layer already gave up on (`ownership = "ignore"`). Each
+//!   retries failures another layer already gave up on (`ownership = "ignore"`, and
+//!   `app_retries = "ignore"`: the layer above's retries are new requests to it). Each
 //!   hop has a per-attempt timeout of its own choosing (600 ms at the edge, 200 ms
 //!   below it), numbers that look sensible one at a time. This is what a stack of
 //!   well-meaning client libraries does.
@@ -12,6 +13,12 @@
 //!   a per-upstream budget (20 % of requests plus 10 retries a second, the share the
 //!   published budgeted chain used), and the ownership rule, so the layer nearest the
 //!   failure owns the retry and the edge passes its verdict back.
+//! - **adaptive**: owned, with the budget's share adapting between 20 % and 60 %
+//!   (`max_ratio = 0.6`) from what the backend shows.
+//! - **throttled**: adaptive, with client-side throttling of first attempts
+//!   (`[throttle]`, `k = 2`, 5 s window) at both hops.
+//!
+//! Every chain runs in every scenario, side by side, against backends of its own.
 
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -50,7 +57,7 @@ pub struct Overrides {
     pub error_rate: Option<f64>,
 }
 
-pub const NAMES: [&str; 4] = ["storm", "brownout", "dip", "down"];
+pub const NAMES: [&str; 5] = ["storm", "brownout", "dip", "down", "dead"];
 
 fn ms(n: u64) -> Duration {
     Duration::from_millis(n)
@@ -67,6 +74,7 @@ pub fn scenario(name: &str, o: &Overrides) -> Option<Scenario> {
         "brownout" => brownout(),
         "dip" => dip(),
         "down" => down(),
+        "dead" => dead(),
         _ => return None,
     };
     if let Some(d) = o.duration {
@@ -234,6 +242,24 @@ fn down() -> Scenario {
     }
 }
 
+/// Dead for 10 s behind a load balancer that answers every request 503 at once (no
+/// healthy endpoint), then healthy: every call is counted at the backend, so what the
+/// chains send a dead dependency can be read.
+fn dead() -> Scenario {
+    let mut s = down();
+    s.name = "dead";
+    s.backend.episodes = vec![(
+        secs(5),
+        secs(15),
+        Condition {
+            service: ms(1),
+            error_rate: 1.0,
+            down: false,
+        },
+    )];
+    s
+}
+
 fn describe(s: &Scenario) -> String {
     let cap = s.backend.capacity(&s.backend.normal);
     let base = format!(
@@ -258,6 +284,8 @@ fn describe(s: &Scenario) -> String {
         .map(|(from, to, c)| {
             let what = if c.down {
                 "hard down".to_string()
+            } else if c.error_rate >= 1.0 {
+                "dead behind its load balancer (every request answered 503 at once)".to_string()
             } else if c.service != s.backend.normal.service {
                 format!(
                     "median {} ms -> {} ms ({:.0} requests/s capacity)",
@@ -287,13 +315,36 @@ fn describe(s: &Scenario) -> String {
 pub enum Chain {
     Naive,
     Owned,
+    /// Owned, with `max_ratio`.
+    Adaptive,
+    /// Adaptive, with `[throttle]`.
+    Throttled,
 }
 
 impl Chain {
+    pub const ALL: [Chain; 4] = [
+        Chain::Naive,
+        Chain::Owned,
+        Chain::Adaptive,
+        Chain::Throttled,
+    ];
+
     pub fn as_str(self) -> &'static str {
         match self {
             Chain::Naive => "naive",
             Chain::Owned => "owned",
+            Chain::Adaptive => "adaptive",
+            Chain::Throttled => "throttled",
+        }
+    }
+
+    /// What the chain is, for a table's head.
+    pub fn title(self) -> &'static str {
+        match self {
+            Chain::Naive => "naive (blind retries)",
+            Chain::Owned => "owned (tollgate)",
+            Chain::Adaptive => "adaptive (max_ratio)",
+            Chain::Throttled => "throttled (+throttle)",
         }
     }
 }
@@ -326,12 +377,13 @@ fn hop(
             "{}[deadline]\naccept = []\n\
              [upstreams.{name}]\nauthorities = [\"{authority}\"]\nendpoints = [\"{next}\"]\nhost = \"{host_out}\"\n\
              connect_timeout = \"1s\"\nrequest_timeout = \"1h\"\nattempt_timeout = \"{}\"\nmax_inflight = 100000\n\
+             app_retries = \"ignore\"\n\
              [upstreams.{name}.retry]\nmax_attempts = 3\nbackoff_base = \"50ms\"\nbackoff_max = \"50ms\"\n\
              backoff_jitter = \"none\"\nretry_after = \"ignore\"\nownership = \"ignore\"\n",
             listener(),
             if edge { "600ms" } else { "200ms" }
         ),
-        Chain::Owned => {
+        Chain::Owned | Chain::Adaptive | Chain::Throttled => {
             // The edge's attempt may take the whole deadline; the api's attempts are a
             // fraction of it so a retry still fits. Patience shrinks with depth.
             let deadline = s.load.deadline.as_millis();
@@ -344,9 +396,22 @@ fn hop(
                 "{}[upstreams.{name}]\nauthorities = [\"{authority}\"]\nendpoints = [\"{next}\"]\nhost = \"{host_out}\"\n\
                  connect_timeout = \"200ms\"\nrequest_timeout = \"{deadline}ms\"\nattempt_timeout = \"{attempt}ms\"\nmax_inflight = 100000\n\
                  [upstreams.{name}.retry]\nmax_attempts = 3\nbackoff_base = \"25ms\"\nbackoff_max = \"1s\"\n\
-                 [upstreams.{name}.budget]\nratio = 0.2\nmin_per_sec = 10\nwindow = \"10s\"\n",
-                listener()
+                 [upstreams.{name}.budget]\nratio = 0.2\nmin_per_sec = 10\nwindow = \"10s\"\n{}",
+                listener(),
+                learning(chain, name)
             )
+        }
+    }
+}
+
+/// What the adaptive and throttled chains add to the owned one.
+fn learning(chain: Chain, name: &str) -> String {
+    let adaptive = "max_ratio = 0.6\n";
+    match chain {
+        Chain::Naive | Chain::Owned => String::new(),
+        Chain::Adaptive => adaptive.to_string(),
+        Chain::Throttled => {
+            format!("{adaptive}[upstreams.{name}.throttle]\nk = 2.0\nwindow = \"5s\"\n")
         }
     }
 }
@@ -360,7 +425,7 @@ mod tests {
         let addr: SocketAddr = "127.0.0.1:1".parse().unwrap();
         for name in NAMES {
             let s = scenario(name, &Overrides::default()).unwrap();
-            for chain in [Chain::Naive, Chain::Owned] {
+            for chain in Chain::ALL {
                 for text in [edge_config(chain, addr, &s), api_config(chain, addr, &s)] {
                     crate::config::parse("lab.toml", &text, std::path::Path::new("."))
                         .unwrap_or_else(|e| panic!("{name} {chain:?}: {e}\n{text}"));
