@@ -67,6 +67,9 @@ pub struct SimArgs {
     /// Random seed.
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
+    /// How long the capacity dip lasts, in ticks of 100 ms (the published model: 20).
+    #[arg(long, default_value_t = sim::DIP_TICKS)]
+    pub dip_ticks: usize,
 }
 
 /// The results of the chains of one scenario.
@@ -362,12 +365,20 @@ fn chosen(names: &[String]) -> Option<Vec<Chain>> {
 
 /// Runs `tollgate sim`; returns the exit code.
 pub fn sim_main(args: SimArgs) -> i32 {
-    let results = sim::run_all(args.seed);
+    if !(1..=sim::MAX_DIP_TICKS).contains(&args.dip_ticks) {
+        eprintln!(
+            "tollgate sim: --dip-ticks must be from 1 to {}",
+            sim::MAX_DIP_TICKS
+        );
+        return 2;
+    }
+    let results = sim::run_with_dip(args.seed, args.dip_ticks);
     if args.json {
-        let json = serde_json::to_string_pretty(&sim::to_json(&results)).unwrap_or_default();
+        let json = serde_json::to_string_pretty(&sim::to_json(&results, args.dip_ticks))
+            .unwrap_or_default();
         crate::print::stdout(&(json + "\n"));
     } else {
-        crate::print::stdout(&sim::table(&results));
+        crate::print::stdout(&sim::table(&results, args.dip_ticks));
     }
     0
 }
