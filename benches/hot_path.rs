@@ -1,4 +1,5 @@
-//! The per-request pieces, one by one: budget bookkeeping, a backoff draw, deadline
+//! The per-request pieces, one by one: budget bookkeeping (fixed and adaptive), a
+//! backoff draw, the throttle's decision, the look for the app's own retries, deadline
 //! header parsing and formatting, route lookup. Each runs on every request (or every
 //! failure), so each must cost nanoseconds, not microseconds.
 
@@ -9,11 +10,13 @@ use criterion::{Criterion, criterion_group, criterion_main};
 use http::{HeaderMap, HeaderName, HeaderValue};
 use tokio::time::Instant;
 
-use tollgate::config::BudgetConfig;
+use tollgate::config::{BudgetConfig, ThrottleConfig};
 use tollgate::deadline;
 use tollgate::proxy::route::Routes;
 use tollgate::retry::backoff::Backoff;
 use tollgate::retry::budget::RetryBudget;
+use tollgate::retry::recent::{RecentFailures, Remembered};
+use tollgate::retry::throttle::Throttle;
 
 fn budget(c: &mut Criterion) {
     let cfg = BudgetConfig {
@@ -31,6 +34,78 @@ fn budget(c: &mut Criterion) {
     });
     c.bench_function("budget: ask for a retry", |bench| {
         bench.iter(|| black_box(b.try_retry(Instant::now())))
+    });
+}
+
+fn adaptive_budget(c: &mut Criterion) {
+    let cfg = BudgetConfig {
+        ratio: 0.2,
+        min_per_sec: 10.0,
+        window: Duration::from_secs(10),
+        max_ratio: Some(0.6),
+    };
+    let b = RetryBudget::new(Some(&cfg), Instant::now());
+    c.bench_function("adaptive budget: ask for a retry", |bench| {
+        bench.iter(|| black_box(b.try_retry(Instant::now())))
+    });
+    let share = b.adaptive().expect("max_ratio above ratio");
+    c.bench_function("adaptive budget: a retry succeeded", |bench| {
+        bench.iter(|| share.retry_succeeded(black_box(Instant::now())))
+    });
+    c.bench_function("adaptive budget: a retry failed", |bench| {
+        bench.iter(|| share.retry_failed())
+    });
+}
+
+fn throttle(c: &mut Criterion) {
+    let t = Throttle::new(&ThrottleConfig::default(), Instant::now());
+    let mut rng = fastrand::Rng::with_seed(1);
+    c.bench_function(
+        "throttle: decide a first attempt, upstream healthy",
+        |bench| {
+            bench.iter(|| {
+                let now = Instant::now();
+                let go = t.admit(now, &mut rng);
+                t.accepted(now);
+                t.answered(now);
+                black_box(go)
+            })
+        },
+    );
+    let failing = Throttle::new(&ThrottleConfig::default(), Instant::now());
+    c.bench_function(
+        "throttle: decide a first attempt, upstream failing",
+        |bench| {
+            bench.iter(|| {
+                let now = Instant::now();
+                let go = failing.admit(now, &mut rng);
+                if go {
+                    failing.failed();
+                    failing.answered(now);
+                }
+                black_box(go)
+            })
+        },
+    );
+}
+
+fn app_retries(c: &mut Criterion) {
+    let recent = RecentFailures::new(Instant::now());
+    let what = ("GET", "payments", Some("/charge?id=42"), None::<&[u8]>);
+    c.bench_function("app retries: fingerprint a request", |bench| {
+        bench.iter(|| black_box(recent.fingerprint(black_box(what))))
+    });
+    let fp = recent.fingerprint(what);
+    c.bench_function("app retries: look, nothing failed recently", |bench| {
+        bench.iter(|| black_box(recent.lookup(black_box(fp), Instant::now())))
+    });
+    let failed = Remembered {
+        status: 503,
+        grpc: None,
+    };
+    recent.record(recent.fingerprint("another"), failed, Instant::now());
+    c.bench_function("app retries: look, a failure in the table", |bench| {
+        bench.iter(|| black_box(recent.lookup(black_box(fp), Instant::now())))
     });
 }
 
@@ -91,5 +166,14 @@ fn routing(c: &mut Criterion) {
     });
 }
 
-criterion_group!(benches, budget, backoff, deadlines, routing);
+criterion_group!(
+    benches,
+    budget,
+    adaptive_budget,
+    throttle,
+    app_retries,
+    backoff,
+    deadlines,
+    routing
+);
 criterion_main!(benches);
