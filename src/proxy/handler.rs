@@ -123,16 +123,7 @@ async fn handle(
     }
     let again = app_retries::recall(&up, fingerprint, start);
     if let Some(stop) = again.and_then(|a| app_retries::stop(&up, a, start)) {
-        let local = Local {
-            status: stop.status,
-            outcome: stop.outcome,
-            attempts: 0,
-            failure: None,
-            text: stop.text,
-            retry_after: None,
-        };
-        let resp = local_answer(Some(&up.metrics), local, grpc, guard);
-        return closing(unread, app_retries::with_grpc_status(resp, stop.grpc));
+        return closing(unread, app_retry_stopped(&up.metrics, stop, grpc, guard));
     }
     if let Some(t) = up.throttle.as_ref().filter(|_| again.is_none())
         && !t.admit(start, &mut fastrand::Rng::new())
@@ -159,14 +150,7 @@ async fn handle(
         app_retry: again.is_some(),
     };
     let answer = retry::forward(&up, exchange).await;
-    let done = Instant::now();
-    if let Some(t) = &up.throttle
-        && learn::counts_for_throttle(answer.outcome, answer.owned_elsewhere)
-    {
-        t.answered(done);
-    }
-    let verdict = Verdict::of(&answer, grpc, again.is_some());
-    app_retries::remember(&up, fingerprint, verdict, done);
+    learn_from(&up, fingerprint, &answer, grpc, again.is_some());
     // A body still streaming to the upstream may yet be read to its end; one that was
     // never touched (an answer at `Expect: 100-continue`) will not.
     let close = version < Version::HTTP_2
@@ -175,6 +159,38 @@ async fn handle(
             || answer.body_untouched
             || matches!(answer.reply, Reply::Local(_)));
     closing(close, answer_app(&up.metrics, answer, version, grpc, guard))
+}
+
+/// An app's own retry that goes no further: refused, or no room in the budget.
+fn app_retry_stopped(
+    metrics: &UpstreamMetrics,
+    stop: app_retries::Stopped,
+    grpc: bool,
+    guard: RequestGuard,
+) -> Response<ResponseBody> {
+    let local = Local {
+        status: stop.status,
+        outcome: stop.outcome,
+        attempts: 0,
+        failure: None,
+        text: stop.text,
+        retry_after: None,
+    };
+    let resp = local_answer(Some(metrics), local, grpc, guard);
+    app_retries::with_grpc_status(resp, stop.grpc)
+}
+
+/// What an answer teaches: the throttle counts the request as answered (unless
+/// another tollgate owned its failure), and the memory of failures remembers it, or
+/// forgets the failure an app's retry (`again`) has now succeeded past.
+fn learn_from(up: &Upstream, fingerprint: u64, answer: &Answer, grpc: bool, again: bool) {
+    let now = Instant::now();
+    if let Some(t) = &up.throttle
+        && learn::counts_for_throttle(answer.outcome, answer.owned_elsewhere)
+    {
+        t.answered(now);
+    }
+    app_retries::remember(up, fingerprint, Verdict::of(answer, grpc, again), now);
 }
 
 /// An answer tollgate gives before any upstream call.

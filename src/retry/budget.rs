@@ -45,13 +45,13 @@
 //! `SLOTS` times a window), to retire the slot that falls out. Time comes from the caller
 //! (`tokio::time::Instant`), so tests and the simulator can drive it.
 
-use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering::*};
 use std::time::Duration;
 
 use tokio::time::Instant;
 
 use super::adaptive::AdaptiveShare;
+use super::slots::SlotClock;
 use crate::config::BudgetConfig;
 
 /// Slots per window: the window's resolution is `window / SLOTS`.
@@ -79,18 +79,14 @@ struct Slot {
 pub struct RetryBudget {
     limit: Option<BudgetConfig>,
     window: Duration,
-    slot_nanos: u64,
-    origin: Instant,
+    clock: SlotClock,
     ring: Box<[Slot]>,
-    /// The newest slot number the ring has been advanced to.
-    head: AtomicU64,
     /// Requests in slots `head - SLOTS + 1 ..= head`.
     requests: AtomicU64,
     /// Attempts over the same slots as `requests`.
     attempts: AtomicU64,
     /// Retries in slots `head - SLOTS ..= head`.
     retries: AtomicU64,
-    rotate: Mutex<()>,
     /// The share that replaces `ratio` when the budget has a `max_ratio`.
     adaptive: Option<AdaptiveShare>,
 }
@@ -117,18 +113,14 @@ impl RetryBudget {
     /// `None`: retries are not limited, but the window is still kept for the gauges.
     pub fn new(limit: Option<&BudgetConfig>, now: Instant) -> Self {
         let window = limit.map_or(UNBUDGETED_WINDOW, |b| b.window);
-        let slot_nanos = (u64::try_from(window.as_nanos()).unwrap_or(u64::MAX) / SLOTS).max(1);
         RetryBudget {
             limit: limit.cloned(),
             window,
-            slot_nanos,
-            origin: now,
+            clock: SlotClock::new(window, SLOTS, now),
             ring: (0..RING).map(|_| Slot::default()).collect(),
-            head: AtomicU64::new(0),
             requests: AtomicU64::new(0),
             attempts: AtomicU64::new(0),
             retries: AtomicU64::new(0),
-            rotate: Mutex::new(()),
             adaptive: limit.and_then(|l| AdaptiveShare::new(l, now)),
         }
     }
@@ -156,24 +148,14 @@ impl RetryBudget {
         self.window
     }
 
-    fn slot_of(&self, now: Instant) -> u64 {
-        let nanos = u64::try_from(now.saturating_duration_since(self.origin).as_nanos())
-            .unwrap_or(u64::MAX);
-        nanos / self.slot_nanos
-    }
-
     /// Moves the ring forward to `now`; returns the current slot number.
     fn advance(&self, now: Instant) -> u64 {
-        let slot = self.slot_of(now);
-        let head = self.head.load(Acquire);
-        if slot <= head {
-            return head;
-        }
-        let _guard = self.rotate.lock().unwrap_or_else(|p| p.into_inner());
-        let head = self.head.load(Acquire);
-        if slot <= head {
-            return head;
-        }
+        self.clock
+            .advance(now, |head, slot| self.retire(head, slot))
+    }
+
+    /// Empties what the slots `head + 1 ..= slot` push out of the windows.
+    fn retire(&self, head: u64, slot: u64) {
         if slot - head >= RING {
             for s in self.ring.iter() {
                 s.requests.store(0, Relaxed);
@@ -183,26 +165,24 @@ impl RetryBudget {
             self.requests.store(0, Relaxed);
             self.attempts.store(0, Relaxed);
             self.retries.store(0, Relaxed);
-        } else {
-            for k in head + 1..=slot {
-                // Period k - SLOTS leaves the request window; its slot is kept for the
-                // retry window one slot longer.
-                if let Some(p) = k.checked_sub(SLOTS) {
-                    let s = &self.ring[(p % RING) as usize];
-                    self.requests
-                        .fetch_sub(s.requests.swap(0, Relaxed), Relaxed);
-                    self.attempts
-                        .fetch_sub(s.attempts.swap(0, Relaxed), Relaxed);
-                }
-                // Period k - RING leaves the retry window; its slot becomes period k.
-                let s = &self.ring[(k % RING) as usize];
-                self.retries.fetch_sub(s.retries.swap(0, Relaxed), Relaxed);
-                s.requests.store(0, Relaxed);
-                s.attempts.store(0, Relaxed);
-            }
+            return;
         }
-        self.head.store(slot, Release);
-        slot
+        for k in head + 1..=slot {
+            // Period k - SLOTS leaves the request window; its slot is kept for the
+            // retry window one slot longer.
+            if let Some(p) = k.checked_sub(SLOTS) {
+                let s = &self.ring[(p % RING) as usize];
+                self.requests
+                    .fetch_sub(s.requests.swap(0, Relaxed), Relaxed);
+                self.attempts
+                    .fetch_sub(s.attempts.swap(0, Relaxed), Relaxed);
+            }
+            // Period k - RING leaves the retry window; its slot becomes period k.
+            let s = &self.ring[(k % RING) as usize];
+            self.retries.fetch_sub(s.retries.swap(0, Relaxed), Relaxed);
+            s.requests.store(0, Relaxed);
+            s.attempts.store(0, Relaxed);
+        }
     }
 
     /// A request arrived that will be sent upstream.

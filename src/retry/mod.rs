@@ -23,6 +23,7 @@ pub mod recent;
 mod rejected;
 pub mod replay;
 pub mod retry_after;
+mod slots;
 pub mod throttle;
 mod upstream;
 

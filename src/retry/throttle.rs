@@ -35,11 +35,11 @@
 //! enters a new slot (`window / 20`), to retire the slot that falls out, as the retry
 //! budget does. The random draw is made only when `p > 0`.
 
-use std::sync::Mutex;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering::*};
 
 use tokio::time::Instant;
 
+use super::slots::SlotClock;
 use crate::config::ThrottleConfig;
 
 /// Slots per window.
@@ -59,17 +59,13 @@ struct Slot {
 /// The throttle of one upstream.
 pub struct Throttle {
     k: f64,
-    slot_nanos: u64,
-    origin: Instant,
+    clock: SlotClock,
     ring: Box<[Slot]>,
-    /// The newest slot the ring has been advanced to.
-    head: AtomicU64,
-    /// Over the slots `head - SLOTS + 1 ..= head`.
+    /// Over the slots of the window, the current one included.
     requests: AtomicU64,
     accepts: AtomicU64,
     /// Attempts accepted since the last one that failed.
     streak: AtomicU32,
-    rotate: Mutex<()>,
 }
 
 impl std::fmt::Debug for Throttle {
@@ -90,43 +86,30 @@ pub fn probability(requests: u64, accepts: u64, k: f64) -> f64 {
 
 impl Throttle {
     pub fn new(config: &ThrottleConfig, now: Instant) -> Self {
-        let nanos = u64::try_from(config.window.as_nanos()).unwrap_or(u64::MAX);
         Throttle {
             k: config.k,
-            slot_nanos: (nanos / SLOTS).max(1),
-            origin: now,
+            clock: SlotClock::new(config.window, SLOTS, now),
             ring: (0..SLOTS).map(|_| Slot::default()).collect(),
-            head: AtomicU64::new(0),
             requests: AtomicU64::new(0),
             accepts: AtomicU64::new(0),
             streak: AtomicU32::new(0),
-            rotate: Mutex::new(()),
         }
     }
 
-    /// Moves the ring forward to `now`; returns the current slot number.
+    /// Moves the ring forward to `now`; returns the current slot number. Each slot
+    /// entered is the one that leaves the window, emptied.
     fn advance(&self, now: Instant) -> u64 {
-        let nanos = u64::try_from(now.saturating_duration_since(self.origin).as_nanos())
-            .unwrap_or(u64::MAX);
-        let slot = nanos / self.slot_nanos;
-        let head = self.head.load(Acquire);
-        if slot <= head {
-            return head;
-        }
-        let _guard = self.rotate.lock().unwrap_or_else(|p| p.into_inner());
-        let head = self.head.load(Acquire);
-        if slot <= head {
-            return head;
-        }
-        // Each slot entered is the one that leaves the window, emptied.
-        for k in (head + 1)..=slot.min(head + SLOTS) {
-            let s = &self.ring[(k % SLOTS) as usize];
-            self.requests
-                .fetch_sub(s.requests.swap(0, Relaxed), Relaxed);
-            self.accepts.fetch_sub(s.accepts.swap(0, Relaxed), Relaxed);
-        }
-        self.head.store(slot, Release);
-        slot
+        self.clock.advance(now, |head, slot| {
+            for k in (head + 1)..=slot.min(head + SLOTS) {
+                self.empty(&self.ring[(k % SLOTS) as usize]);
+            }
+        })
+    }
+
+    fn empty(&self, s: &Slot) {
+        self.requests
+            .fetch_sub(s.requests.swap(0, Relaxed), Relaxed);
+        self.accepts.fetch_sub(s.accepts.swap(0, Relaxed), Relaxed);
     }
 
     fn slot(&self, now: Instant) -> &Slot {
@@ -178,18 +161,15 @@ impl Throttle {
     /// The upstream is back: the window starts afresh, with the accepts that showed it
     /// (the requests they answer are still to be counted).
     fn forget(&self, now: Instant) {
-        let slot = self.advance(now);
-        let _guard = self.rotate.lock().unwrap_or_else(|p| p.into_inner());
-        for s in self.ring.iter() {
-            self.requests
-                .fetch_sub(s.requests.swap(0, Relaxed), Relaxed);
-            self.accepts.fetch_sub(s.accepts.swap(0, Relaxed), Relaxed);
-        }
-        let seed = u64::from(self.streak.swap(0, Relaxed));
-        self.ring[(slot % SLOTS) as usize]
-            .accepts
-            .fetch_add(seed, Relaxed);
-        self.accepts.fetch_add(seed, Relaxed);
+        self.advance(now);
+        self.clock.exclusive(|slot| {
+            self.ring.iter().for_each(|s| self.empty(s));
+            let seed = u64::from(self.streak.swap(0, Relaxed));
+            self.ring[(slot % SLOTS) as usize]
+                .accepts
+                .fetch_add(seed, Relaxed);
+            self.accepts.fetch_add(seed, Relaxed);
+        })
     }
 }
 
