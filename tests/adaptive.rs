@@ -166,3 +166,28 @@ async fn a_dead_upstream_sinks_the_share_below_ratio_and_gets_fewer_retries() {
     // Never above the fixed rule with max_ratio in place of ratio.
     assert!(adaptive_retries as f64 <= N as f64 * 0.6);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reload_keeps_what_the_share_learnt_unless_the_budget_changed() {
+    let up = first_attempts_fail(Arc::new(AtomicU8::new(FAIL_PLAIN))).await;
+    let dir = tempdir::TempDir::new("adaptive");
+    let path = dir.path().join("tollgate.toml");
+    let budget = "ratio = 0.1\nmax_ratio = 0.5\nmin_per_sec = 100\n";
+    std::fs::write(&path, adaptive(up.addr, budget)).unwrap();
+    let tg = Tollgate::start_file(&path).await;
+    for i in 0..10 {
+        get(tg.addr, &format!("/{i}"), "api").await;
+    }
+    assert!((share(&tg.metrics().await) - 0.3).abs() < 1e-9);
+    // Another setting changes: the budget, and what its share learnt, carry over.
+    let text = adaptive(up.addr, budget)
+        .replace("max_attempts = 2", "max_attempts = 2\nmax_body = \"32KiB\"");
+    std::fs::write(&path, text).unwrap();
+    tg.wait_reloads("ok", 1.0).await;
+    assert!((share(&tg.metrics().await) - 0.3).abs() < 1e-9);
+    // The budget changes: a new one, starting at its ratio.
+    std::fs::write(&path, adaptive(up.addr, &budget.replace("0.5", "0.6"))).unwrap();
+    tg.wait_reloads("ok", 2.0).await;
+    assert_eq!(share(&tg.metrics().await), 0.1);
+    tg.stop().await;
+}

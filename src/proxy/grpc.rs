@@ -68,6 +68,17 @@ mod tests {
                 Code::DeadlineExceeded,
             ),
             (Outcome::Overloaded, None, Code::ResourceExhausted),
+            (Outcome::Throttled, None, Code::ResourceExhausted),
+            (
+                Outcome::RetryRejected,
+                Some(Failure::Reset),
+                Code::ResourceExhausted,
+            ),
+            (
+                Outcome::AppRetry,
+                Some(Failure::Status(StatusCode::SERVICE_UNAVAILABLE)),
+                Code::Unavailable,
+            ),
             (Outcome::NoRoute, None, Code::Unimplemented),
             (
                 Outcome::UpstreamUnreachable,
