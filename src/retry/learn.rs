@@ -20,7 +20,7 @@ use http::StatusCode;
 use http::header::RETRY_AFTER;
 use tokio::time::Instant;
 
-use super::headers::{GRPC_PUSHBACK, OUTCOME_HEADER};
+use super::headers::{GRPC_PUSHBACK, GRPC_STATUS, OUTCOME_HEADER};
 use super::policy::Failure;
 use super::retry_after::{Pushback, parse_pushback_ms};
 use super::upstream::Upstream;
@@ -39,7 +39,16 @@ pub(crate) struct Seen<'a> {
 
 /// Tells the upstream's throttle and adaptive share what an attempt showed.
 pub(crate) fn attempt_done<A>(up: &Upstream<A>, seen: &Seen<'_>, now: Instant) {
-    let owned_by_another = seen.response.is_some_and(|(_, f)| {
+    let share = up.budget.adaptive();
+    if up.throttle.is_none() && share.is_none() {
+        return;
+    }
+    // Only a failure or a gRPC answer can say anything about load or ownership: a plain
+    // success's fields are not searched.
+    let telling = seen.response.filter(|(status, fields)| {
+        seen.failure.is_some() || !status.is_success() || fields.contains(&GRPC_STATUS)
+    });
+    let owned_by_another = telling.is_some_and(|(_, f)| {
         f.get(&OUTCOME_HEADER)
             .is_some_and(|o| !callee_overloaded(o))
     });
@@ -49,13 +58,10 @@ pub(crate) fn attempt_done<A>(up: &Upstream<A>, seen: &Seen<'_>, now: Instant) {
             Some(_) => t.failed(),
         }
     }
-    let Some(share) = up.budget.adaptive() else {
+    let Some(share) = share else {
         return;
     };
-    if seen
-        .response
-        .is_some_and(|(status, fields)| overload(status, fields))
-    {
+    if telling.is_some_and(|(status, fields)| overload(status, fields)) {
         share.overloaded(now);
     } else if seen.failure == Some(Failure::Timeout) {
         share.slow(now);
