@@ -1,4 +1,5 @@
-//! The per-request pieces, one by one: budget bookkeeping, a backoff draw, deadline
+//! The per-request pieces, one by one: budget bookkeeping (fixed and adaptive), a
+//! backoff draw, the throttle's decision, the look for the app's own retries, deadline
 //! header parsing and formatting, route lookup, the endpoint choice with its ejection
 //! check, and the hedge timer and decision. Each runs on every request (or every
 //! failure), so each must cost nanoseconds, not microseconds.
@@ -10,13 +11,15 @@ use criterion::{Criterion, criterion_group, criterion_main};
 use http::{HeaderMap, HeaderName, HeaderValue};
 use tokio::time::Instant;
 
-use tollgate::config::{BudgetConfig, HedgeAfter, HedgeConfig};
+use tollgate::config::{BudgetConfig, HedgeAfter, HedgeConfig, ThrottleConfig};
 use tollgate::deadline;
 use tollgate::http::NoBody;
 use tollgate::proxy::route::Routes;
 use tollgate::retry::backoff::Backoff;
 use tollgate::retry::budget::RetryBudget;
 use tollgate::retry::hedge::Hedging;
+use tollgate::retry::recent::{RecentFailures, Remembered};
+use tollgate::retry::throttle::Throttle;
 use tollgate::upstream::Endpoints;
 use tollgate::upstream::outlier::Verdict;
 
@@ -25,6 +28,7 @@ fn budget(c: &mut Criterion) {
         ratio: 0.1,
         min_per_sec: 10.0,
         window: Duration::from_secs(10),
+        max_ratio: None,
     };
     let b = RetryBudget::new(Some(&cfg), Instant::now());
     c.bench_function("budget: record a request", |bench| {
@@ -35,6 +39,78 @@ fn budget(c: &mut Criterion) {
     });
     c.bench_function("budget: ask for a retry", |bench| {
         bench.iter(|| black_box(b.try_retry(Instant::now())))
+    });
+}
+
+fn adaptive_budget(c: &mut Criterion) {
+    let cfg = BudgetConfig {
+        ratio: 0.2,
+        min_per_sec: 10.0,
+        window: Duration::from_secs(10),
+        max_ratio: Some(0.6),
+    };
+    let b = RetryBudget::new(Some(&cfg), Instant::now());
+    c.bench_function("adaptive budget: ask for a retry", |bench| {
+        bench.iter(|| black_box(b.try_retry(Instant::now())))
+    });
+    let share = b.adaptive().expect("max_ratio above ratio");
+    c.bench_function("adaptive budget: a retry succeeded", |bench| {
+        bench.iter(|| share.retry_succeeded(black_box(Instant::now())))
+    });
+    c.bench_function("adaptive budget: a retry failed", |bench| {
+        bench.iter(|| share.retry_failed())
+    });
+}
+
+fn throttle(c: &mut Criterion) {
+    let t = Throttle::new(&ThrottleConfig::default(), Instant::now());
+    let mut rng = fastrand::Rng::with_seed(1);
+    c.bench_function(
+        "throttle: decide a first attempt, upstream healthy",
+        |bench| {
+            bench.iter(|| {
+                let now = Instant::now();
+                let go = t.admit(now, &mut rng);
+                t.accepted(now);
+                t.answered(now);
+                black_box(go)
+            })
+        },
+    );
+    let failing = Throttle::new(&ThrottleConfig::default(), Instant::now());
+    c.bench_function(
+        "throttle: decide a first attempt, upstream failing",
+        |bench| {
+            bench.iter(|| {
+                let now = Instant::now();
+                let go = failing.admit(now, &mut rng);
+                if go {
+                    failing.failed();
+                    failing.answered(now);
+                }
+                black_box(go)
+            })
+        },
+    );
+}
+
+fn app_retries(c: &mut Criterion) {
+    let recent = RecentFailures::new(Instant::now());
+    let what = ("GET", "payments", Some("/charge?id=42"), None::<&[u8]>);
+    c.bench_function("app retries: fingerprint a request", |bench| {
+        bench.iter(|| black_box(recent.fingerprint(black_box(what))))
+    });
+    let fp = recent.fingerprint(what);
+    c.bench_function("app retries: look, nothing failed recently", |bench| {
+        bench.iter(|| black_box(recent.lookup(black_box(fp), Instant::now())))
+    });
+    let failed = Remembered {
+        status: 503,
+        grpc: None,
+    };
+    recent.record(recent.fingerprint("another"), failed, Instant::now());
+    c.bench_function("app retries: look, a failure in the table", |bench| {
+        bench.iter(|| black_box(recent.lookup(black_box(fp), Instant::now())))
     });
 }
 
@@ -150,6 +226,9 @@ fn hedging(c: &mut Criterion) {
 criterion_group!(
     benches,
     budget,
+    adaptive_budget,
+    throttle,
+    app_retries,
     backoff,
     deadlines,
     routing,

@@ -351,6 +351,8 @@ wait_until 20 "tollgate /readyz" ready tollgate "$TG_PID" "http://127.0.0.1:$ADM
 alive "$TG_PID" tollgate
 
 # request HOST N: send N requests through the listener; every answer must be as expected.
+# Each to a target of its own: the same request again within 2 s of a failure would be
+# the app's own retry (sent once, as a retry).
 request() {
   local host=$1 n=$2 i got want
   case $host in
@@ -360,7 +362,7 @@ request() {
   for ((i = 1; i <= n; i++)); do
     got=$(curl -sS --max-time 10 -o /dev/null -H "Host: $host" \
       -w '%{http_code} %header{x-tollgate-attempts} %header{x-tollgate-outcome}' \
-      "http://127.0.0.1:$LISTEN/e2e/$i") || fail "curl to upstream $host failed"
+      "http://127.0.0.1:$LISTEN/e2e/$n-$i") || fail "curl to upstream $host failed"
     got=$(awk '{print $1, ($2 == "" ? "-" : $2), ($3 == "" ? "-" : $3)}' <<<"$got")
     [ "$got" = "$want" ] || fail "upstream $host: got '$got' (status attempts outcome), want '$want'"
   done

@@ -166,6 +166,11 @@ fn refresh_gauges(shared: &Shared) {
         shared
             .metrics
             .set_ejected(up.name(), up.endpoints.readmit_due());
+        let throttle = up.throttle.as_ref().map_or(0.0, |t| t.probability(now));
+        shared
+            .metrics
+            .learning
+            .set(up.name(), up.budget.share(), throttle);
     }
     if let Some(inbound) = &shared.inbound {
         inbound.refresh_gauges();

@@ -13,7 +13,12 @@
 mod family;
 pub mod health;
 pub mod inbound;
+mod labels;
+mod learning;
 pub mod process;
+
+pub use labels::{AttemptResult, Denied, Outcome, Shortage};
+pub use learning::Learning;
 
 use std::sync::{Arc, OnceLock};
 
@@ -23,172 +28,6 @@ use prometheus::{
     Encoder, Gauge, GaugeVec, Histogram, HistogramVec, IntCounter, IntCounterVec, IntGauge,
     IntGaugeVec, Opts, Registry, TextEncoder,
 };
-
-/// Why tollgate did not simply deliver the upstream's answer: the `x-tollgate-outcome`
-/// header and the `outcome` label.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum Outcome {
-    Ok,
-    AttemptsExhausted,
-    BudgetExhausted,
-    DeadlineExceeded,
-    RetryAfterTooLong,
-    NotRetryable,
-    BodyTooLarge,
-    Overloaded,
-    NoRoute,
-    UpstreamUnreachable,
-    RetryRejected,
-}
-
-impl Outcome {
-    pub const ALL: [Outcome; 11] = [
-        Outcome::Ok,
-        Outcome::AttemptsExhausted,
-        Outcome::BudgetExhausted,
-        Outcome::DeadlineExceeded,
-        Outcome::RetryAfterTooLong,
-        Outcome::NotRetryable,
-        Outcome::BodyTooLarge,
-        Outcome::Overloaded,
-        Outcome::NoRoute,
-        Outcome::UpstreamUnreachable,
-        Outcome::RetryRejected,
-    ];
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Outcome::Ok => "ok",
-            Outcome::AttemptsExhausted => "attempts-exhausted",
-            Outcome::BudgetExhausted => "budget-exhausted",
-            Outcome::DeadlineExceeded => "deadline-exceeded",
-            Outcome::RetryAfterTooLong => "retry-after-too-long",
-            Outcome::NotRetryable => "not-retryable",
-            Outcome::BodyTooLarge => "body-too-large",
-            Outcome::Overloaded => "overloaded",
-            Outcome::NoRoute => "no-route",
-            Outcome::UpstreamUnreachable => "upstream-unreachable",
-            Outcome::RetryRejected => "retry-rejected",
-        }
-    }
-
-    pub fn header_value(self) -> http::HeaderValue {
-        http::HeaderValue::from_static(self.as_str())
-    }
-
-    fn index(self) -> usize {
-        self as usize
-    }
-}
-
-/// The `result` label of `tollgate_attempts_total`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum AttemptResult {
-    Informational,
-    Success,
-    Redirect,
-    ClientError,
-    ServerError,
-    ConnectFailure,
-    /// The TLS handshake failed, or the server refused the connection right after it.
-    Tls,
-    Reset,
-    Timeout,
-    Cancelled,
-}
-
-impl AttemptResult {
-    const ALL: [AttemptResult; 10] = [
-        AttemptResult::Informational,
-        AttemptResult::Success,
-        AttemptResult::Redirect,
-        AttemptResult::ClientError,
-        AttemptResult::ServerError,
-        AttemptResult::ConnectFailure,
-        AttemptResult::Tls,
-        AttemptResult::Reset,
-        AttemptResult::Timeout,
-        AttemptResult::Cancelled,
-    ];
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            AttemptResult::Informational => "1xx",
-            AttemptResult::Success => "2xx",
-            AttemptResult::Redirect => "3xx",
-            AttemptResult::ClientError => "4xx",
-            AttemptResult::ServerError => "5xx",
-            AttemptResult::ConnectFailure => "connect-failure",
-            AttemptResult::Tls => "tls",
-            AttemptResult::Reset => "reset",
-            AttemptResult::Timeout => "timeout",
-            AttemptResult::Cancelled => "cancelled",
-        }
-    }
-
-    pub fn of_status(status: u16) -> Self {
-        match status {
-            100..=199 => AttemptResult::Informational,
-            200..=299 => AttemptResult::Success,
-            300..=399 => AttemptResult::Redirect,
-            400..=499 => AttemptResult::ClientError,
-            _ => AttemptResult::ServerError,
-        }
-    }
-}
-
-/// Where the process found itself out of file descriptors: the `at` label of
-/// `tollgate_descriptors_exhausted_total`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Shortage {
-    Accept,
-    Connect,
-}
-
-impl Shortage {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Shortage::Accept => "accept",
-            Shortage::Connect => "connect",
-        }
-    }
-}
-
-/// The `reason` label of `tollgate_retries_denied_total`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Denied {
-    Budget,
-    Deadline,
-    Attempts,
-    RetryAfter,
-    Method,
-    BodyTooLarge,
-    Ownership,
-}
-
-impl Denied {
-    const ALL: [Denied; 7] = [
-        Denied::Budget,
-        Denied::Deadline,
-        Denied::Attempts,
-        Denied::RetryAfter,
-        Denied::Method,
-        Denied::BodyTooLarge,
-        Denied::Ownership,
-    ];
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Denied::Budget => "budget",
-            Denied::Deadline => "deadline",
-            Denied::Attempts => "attempts",
-            Denied::RetryAfter => "retry-after",
-            Denied::Method => "method",
-            Denied::BodyTooLarge => "body-too-large",
-            Denied::Ownership => "ownership",
-        }
-    }
-}
 
 /// Seconds; from a pooled loopback hop (~100 us) to a patient caller (~30 s).
 const LATENCY_BUCKETS: &[f64] = &[
@@ -218,6 +57,8 @@ pub struct Metrics {
     health: health::Families,
     /// Registered with the inbound side, when the config has one.
     inbound: OnceLock<inbound::InboundMetrics>,
+    /// The families of a caller that learns from its upstream.
+    pub learning: Learning,
 }
 
 /// How a reload ended.
@@ -240,6 +81,23 @@ pub fn amplification(attempts: u64, requests: u64) -> f64 {
     } else {
         attempts as f64 / requests as f64
     }
+}
+
+/// `tollgate_descriptors_exhausted_total{at}`, one handle per place.
+fn exhausted_family(r: &Registry) -> [IntCounter; 2] {
+    let family = family(
+        &r,
+        IntCounterVec::new(
+            Opts::new(
+                "tollgate_descriptors_exhausted_total",
+                "Times the process was out of file descriptors: a client \
+                     connection not accepted, or an upstream connection not opened \
+                     (answered 503 overloaded, not counted as an attempt).",
+            ),
+            &["at"],
+        ),
+    );
+    [Shortage::Accept, Shortage::Connect].map(|at| family.with_label_values(&[at.as_str()]))
 }
 
 impl Metrics {
@@ -323,22 +181,7 @@ impl Metrics {
                 "Config reloads, by result.",
                 &["result"],
             ),
-            exhausted: {
-                let family = family(
-                    &r,
-                    IntCounterVec::new(
-                        Opts::new(
-                            "tollgate_descriptors_exhausted_total",
-                            "Times the process was out of file descriptors: a client \
-                             connection not accepted, or an upstream connection not opened \
-                             (answered 503 overloaded, not counted as an attempt).",
-                        ),
-                        &["at"],
-                    ),
-                );
-                [Shortage::Accept, Shortage::Connect]
-                    .map(|at| family.with_label_values(&[at.as_str()]))
-            },
+            exhausted: exhausted_family(&r),
             last_reload: family(
                 &r,
                 Gauge::with_opts(Opts::new(
@@ -363,10 +206,18 @@ impl Metrics {
             ),
             health: health::Families::new(&r),
             inbound: OnceLock::new(),
+            learning: Learning::new(&r),
             registry: r,
         };
+        m.register_fixed();
+        Arc::new(m)
+    }
+
+    /// The series that exist once per process: the build, the process's own figures,
+    /// and every result of a reload.
+    fn register_fixed(&self) {
         int_gauges(
-            &m.registry,
+            &self.registry,
             "tollgate_build_info",
             "Always 1; the labels say which build of tollgate is running.",
             &["version"],
@@ -374,15 +225,14 @@ impl Metrics {
         .with_label_values(&[env!("CARGO_PKG_VERSION")])
         .set(1);
         // Its names are constants too, and clash with nothing above.
-        m.registry
+        self.registry
             .register(Box::new(process::ProcessCollector::new()))
             .expect("metric registration");
         // Every result exists from the start, so `rate()` and `increase()` see the first
         // reload of each kind (a series born at 1 shows no increase).
         for result in ["ok", "error", "partial"] {
-            m.reloads.with_label_values(&[result]);
+            self.reloads.with_label_values(&[result]);
         }
-        Arc::new(m)
     }
 
     /// `tollgate_descriptors_exhausted_total{at}`.
@@ -409,6 +259,7 @@ impl Metrics {
             by_code: Default::default(),
             exhausted: self.exhausted(Shortage::Connect).clone(),
             health: self.health.upstream(name),
+            app_retries: self.learning.upstream(name),
         };
         // The common answers exist from the start so dashboards show zeros, not gaps.
         m.request_counter(200, Outcome::Ok);
@@ -455,6 +306,7 @@ impl Metrics {
         let _ = self.inflight.remove_label_values(l);
         let _ = self.connections.remove_label_values(l);
         self.health.forget(name);
+        self.learning.forget(name);
     }
 
     /// `tollgate_endpoints_ejected{upstream}`, read from live state before a scrape.
@@ -512,7 +364,7 @@ impl Metrics {
 pub struct UpstreamMetrics {
     name: String,
     attempts: [IntCounter; 10],
-    denied: [IntCounter; 7],
+    denied: [IntCounter; Denied::ALL.len()],
     retries: Vec<(String, IntCounter)>,
     pub attempts_per_request: Histogram,
     pub request_duration: Histogram,
@@ -524,6 +376,8 @@ pub struct UpstreamMetrics {
     pub exhausted: IntCounter,
     /// Ejections and hedges.
     pub health: health::Handles,
+    /// `tollgate_app_retries_total`.
+    pub app_retries: IntCounter,
 }
 
 impl std::fmt::Debug for UpstreamMetrics {
@@ -598,6 +452,9 @@ mod tests {
             "tollgate_hedges_total",
             "tollgate_endpoints_ejected",
             "tollgate_ejections_total",
+            "tollgate_retry_budget_ratio",
+            "tollgate_throttle_probability",
+            "tollgate_app_retries_total",
         ] {
             assert!(text.contains(&format!("# TYPE {name} ")), "{name} missing");
         }

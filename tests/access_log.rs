@@ -73,11 +73,15 @@ async fn every_request_gets_a_line_saying_what_happened_to_it() {
     )
     .await;
     assert_eq!(first.status, 503);
-    let refused = get(p.addr, "/fail", "down").await;
+    let refused = get(p.addr, "/fail-too", "down").await;
     assert_eq!(refused.outcome(), Some("budget-exhausted"));
+    // The first request again, within 2 s of its owned failure: the app's own retry,
+    // refused by the spent budget before any attempt.
+    let again = get(p.addr, "/fail", "down").await;
+    assert_eq!(again.outcome(), Some("budget-exhausted"));
     assert_eq!(get(p.addr, "/", "nowhere").await.status, 404);
 
-    let lines = wait_lines(&p, 4, false).await;
+    let lines = wait_lines(&p, 5, false).await;
     let line = |needle: &str| {
         lines
             .iter()
@@ -115,6 +119,13 @@ async fn every_request_gets_a_line_saying_what_happened_to_it() {
         .find(|l| l.contains("outcome=budget-exhausted") && l.contains("attempts=1"))
         .unwrap_or_else(|| panic!("no budget-refused line:\n{lines:#?}"));
     assert!(budget.contains("retries=- denied=budget"), "{budget}");
+    assert!(budget.contains("path=/fail-too "), "{budget}");
+    let app_retry = lines
+        .iter()
+        .find(|l| l.contains("outcome=budget-exhausted") && l.contains("attempts=0"))
+        .unwrap_or_else(|| panic!("no line for the app's own retry:\n{lines:#?}"));
+    assert!(app_retry.contains("path=/fail "), "{app_retry}");
+    assert!(app_retry.contains("denied=budget"), "{app_retry}");
 
     let unrouted = line("authority=nowhere");
     assert!(unrouted.contains("upstream=- "), "{unrouted}");

@@ -439,3 +439,30 @@ fn an_inbound_side_without_a_fleet_budget_is_valid_and_linted() {
     );
     assert!(w[0].contains("[inbound.retries]"), "{}", w[0]);
 }
+
+#[test]
+fn an_adaptive_budget_and_a_throttle_are_shown_with_what_they_allow() {
+    let run = check(&["--config", &fixture("adaptive.toml")]);
+    assert_eq!(run.code, 0, "{}", run.out);
+    run.says("budget        1.10× to 1.30× in steady state: adapting between 1 + ratio 0.1 and 1 + max_ratio 0.3");
+    run.says("while retries keep failing the share falls below ratio");
+    run.says("throttle      first attempts rejected locally once fewer than 50% of requests are accepted over 5s (k = 2)");
+    assert!(warnings(&run.out).is_empty(), "{}", run.out);
+}
+
+#[test]
+fn a_max_ratio_below_ratio_is_an_error_at_its_line() {
+    let text = std::fs::read_to_string(fixture("adaptive.toml"))
+        .unwrap()
+        .replace("max_ratio = 0.3", "max_ratio = 0.05");
+    let path = std::env::temp_dir().join(format!(
+        "tollgate-check-{}-max-ratio.toml",
+        std::process::id()
+    ));
+    std::fs::write(&path, text).unwrap();
+    let run = check(&["--config", path.to_str().unwrap()]);
+    let _ = std::fs::remove_file(&path);
+    assert_eq!(run.code, 1, "{}", run.out);
+    run.says(":14:13: upstreams.api.budget.max_ratio: max_ratio 0.05 is below ratio 0.1");
+    run.says("(make max_ratio greater than ratio");
+}

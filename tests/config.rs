@@ -162,7 +162,7 @@ retry = 1
     let found = problems(text);
     let expected = [
         "t.toml:1:1: max_attempts: `max_attempts` does not belong at the top level (it belongs in [upstreams.NAME.retry])",
-        "t.toml:3:1: listener.window: `window` does not belong in [listener] (it belongs in [upstreams.NAME.budget] or in [inbound.retries])",
+        "t.toml:3:1: listener.window: `window` does not belong in [listener] (it belongs in [upstreams.NAME.budget] or in [upstreams.NAME.throttle] or in [inbound.retries])",
         "t.toml:7:1: upstreams.p.max_attempts: `max_attempts` does not belong in [upstreams.p] (it belongs in [upstreams.p.retry])",
         "t.toml:8:1: upstreams.p.addr: `addr` does not belong in [upstreams.p] (it belongs in [listener] or in [admin] or in [inbound])",
         "t.toml:10:1: upstreams.p.retry.ratio: `ratio` does not belong in [upstreams.p.retry] (it belongs in [upstreams.p.budget] or in [inbound.retries])",

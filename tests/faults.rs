@@ -480,10 +480,14 @@ async fn a_name_that_does_not_resolve_is_a_prompt_502() {
         "[upstreams.faulty.retry]\nmax_attempts = 3\nbackoff_base = \"1ms\"\n",
     )
     .await;
-    for _ in 0..3 {
-        let r = timeout(Duration::from_secs(10), get(tg.addr, "/", "faulty"))
-            .await
-            .expect("a resolver failure must not hang the request");
+    for i in 0..3 {
+        // Distinct requests: the same one again within 2 s would be the app's retry.
+        let r = timeout(
+            Duration::from_secs(10),
+            get(tg.addr, &format!("/{i}"), "faulty"),
+        )
+        .await
+        .expect("a resolver failure must not hang the request");
         assert_eq!(r.status, 502);
         assert_eq!(r.outcome(), Some("upstream-unreachable"));
         healthy_still_answers(&tg).await;

@@ -6,7 +6,7 @@
 
 use std::time::Duration;
 
-use tollgate::lab::scenario::{Overrides, scenario};
+use tollgate::lab::scenario::{Chain, Overrides, scenario};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn owned_retries_beat_naive_retries_in_a_short_storm() {
@@ -45,6 +45,40 @@ async fn owned_retries_beat_naive_retries_in_a_short_storm() {
     assert!(naive.backend_calls >= naive.requests);
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn against_a_dead_dependency_the_adaptive_share_falls_and_the_throttle_sheds() {
+    let s = scenario(
+        "dead",
+        &Overrides {
+            duration: Some(Duration::from_secs(8)),
+            ..Overrides::default()
+        },
+    )
+    .unwrap();
+    let chains = [Chain::Owned, Chain::Adaptive, Chain::Throttled];
+    let run = tollgate::lab::run_chains(s, &chains, false).await.unwrap();
+    let episode = |c: &str| run.chain(c).unwrap().episode.unwrap();
+    let (owned, adaptive, throttled) =
+        (episode("owned"), episode("adaptive"), episode("throttled"));
+    println!("in the outage: owned {owned:?}, adaptive {adaptive:?}, throttled {throttled:?}");
+    // The fixed budget keeps retrying a fifth of the requests; the adaptive share
+    // stops once retries keep failing.
+    assert!(owned.amplification > 1.15, "owned {}", owned.amplification);
+    assert!(
+        adaptive.amplification < owned.amplification - 0.1,
+        "adaptive {} owned {}",
+        adaptive.amplification,
+        owned.amplification
+    );
+    assert!(throttled.amplification < adaptive.amplification);
+    let api = run.chain("adaptive").unwrap();
+    assert!(
+        api.share.iter().any(|s| *s < 0.2),
+        "the share never fell below ratio: {:?}",
+        api.share
+    );
+}
+
 #[test]
 fn the_lab_command_runs_and_prints_json() {
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_tollgate"))
@@ -58,7 +92,7 @@ fn the_lab_command_runs_and_prints_json() {
     );
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(v["scenario"], "down");
-    for chain in ["naive", "owned"] {
+    for chain in ["naive", "owned", "adaptive", "throttled"] {
         assert!(v[chain]["amplification"].as_f64().is_some(), "{chain}");
         assert!(v[chain]["series"]["backend_rps"].as_array().unwrap().len() >= 3);
     }
@@ -78,7 +112,10 @@ fn sim_shows_the_published_shape() {
     assert!(out.status.success());
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     let policies = v["policies"].as_array().unwrap();
-    assert_eq!(policies.len(), 5);
+    assert_eq!(policies.len(), 7);
+    for name in ["+ adaptive budget, 10-30%", "+ throttle (k = 2, 5 s)"] {
+        assert!(policies.iter().any(|p| p["policy"] == name), "{name}");
+    }
     let budget = policies
         .iter()
         .find(|p| p["policy"] == "full jitter + 10% budget")

@@ -22,8 +22,9 @@ async fn two_tollgates_in_a_chain_cost_the_failing_upstream_one_layer_of_attempt
     let inner = Tollgate::start(&layer("db", failing.addr)).await;
     let outer = Tollgate::start(&layer("db", inner.addr)).await;
     const REQUESTS: usize = 10;
-    for _ in 0..REQUESTS {
-        let r = get(outer.addr, "/", "db").await;
+    for i in 0..REQUESTS {
+        // Distinct requests: the same one again within 2 s would be the app's retry.
+        let r = get(outer.addr, &format!("/{i}"), "db").await;
         assert_eq!(r.status, 503);
         assert_eq!(
             r.outcome(),
@@ -56,7 +57,13 @@ async fn two_tollgates_in_a_chain_cost_the_failing_upstream_one_layer_of_attempt
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ignoring_ownership_multiplies_the_attempts() {
     let failing = Upstream::start(|_req| async { respond(503, "down") }).await;
-    let inner = Tollgate::start(&layer("db", failing.addr)).await;
+    // The inner layer takes the outer one's retries for new requests, as a stack of
+    // client libraries would (tests/app_retries.rs shows what it does by default).
+    let inner = Tollgate::start(&layer("db", failing.addr).replace(
+        "[upstreams.db.retry]",
+        "app_retries = \"ignore\"\n[upstreams.db.retry]",
+    ))
+    .await;
     let outer = Tollgate::start(&layer("db", inner.addr).replace(
         "max_attempts = 3\n",
         "max_attempts = 3\nownership = \"ignore\"\n",

@@ -284,18 +284,19 @@ async fn a_budget_window_survives_a_reload_that_only_changed_max_attempts() {
         )
     };
     let (_dir, path, tg) = watched("budget", &cfg(3, "0.0")).await;
-    // 0.5/s x 60 s = 30 retries in the window, then the budget is spent.
-    for _ in 0..20 {
-        get(tg.addr, "/", "a").await;
+    // 0.5/s x 60 s = 30 retries in the window, then the budget is spent. Distinct
+    // requests: the same one again within 2 s would be the app's own retry.
+    for i in 0..20 {
+        get(tg.addr, &format!("/{i}"), "a").await;
     }
     assert_eq!(
-        get(tg.addr, "/", "a").await.outcome(),
+        get(tg.addr, "/20", "a").await.outcome(),
         Some("budget-exhausted")
     );
 
     std::fs::write(&path, cfg(4, "0.0")).unwrap();
     tg.wait_reloads("ok", 1.0).await;
-    let r = get(tg.addr, "/", "a").await;
+    let r = get(tg.addr, "/21", "a").await;
     assert_eq!(
         r.outcome(),
         Some("budget-exhausted"),
@@ -306,7 +307,7 @@ async fn a_budget_window_survives_a_reload_that_only_changed_max_attempts() {
     // A changed budget starts a fresh window.
     std::fs::write(&path, cfg(4, "0.001")).unwrap();
     tg.wait_reloads("ok", 2.0).await;
-    let r = get(tg.addr, "/", "a").await;
+    let r = get(tg.addr, "/22", "a").await;
     assert_eq!(r.attempts(), 4, "a new budget has its floor to spend");
     tg.stop().await;
 }

@@ -24,8 +24,10 @@ async fn a_hard_down_upstream_gets_no_more_than_the_budget_allows() {
     for w in 0..CONCURRENCY {
         tasks.spawn(async move {
             let mut outcomes = Vec::new();
-            for _ in 0..REQUESTS / CONCURRENCY {
-                let r = get(addr, &format!("/w{w}"), "down").await;
+            for i in 0..REQUESTS / CONCURRENCY {
+                // Distinct requests: the same one again within 2 s would be the app's
+                // own retry.
+                let r = get(addr, &format!("/w{w}/{i}"), "down").await;
                 assert_eq!(r.status, 503);
                 outcomes.push(r.outcome().unwrap().to_string());
             }
@@ -98,8 +100,8 @@ async fn without_a_budget_every_failure_uses_every_attempt() {
         up.addr
     )))
     .await;
-    for _ in 0..20 {
-        let r = get(tg.addr, "/", "down").await;
+    for i in 0..20 {
+        let r = get(tg.addr, &format!("/{i}"), "down").await;
         assert_eq!(r.attempts(), 3);
         assert_eq!(r.outcome(), Some("attempts-exhausted"));
     }

@@ -23,6 +23,10 @@
 //! `Π min(1 + r_i, 1 + b)` at worst, `≈ Π min(E_i, 1 + b)` expected (approximate,
 //! because a budget also changes how often each layer gives up).
 //!
+//! An adaptive budget (`max_ratio`) moves its share between `b` and `max_ratio` as
+//! the upstream shows how well retries go: `--max-ratio` shows the same two figures
+//! with the share at its top, the most it can ever allow.
+//!
 //! The parts: [`math`] the formulas, [`report`] what they give for one scenario (and
 //! its JSON), [`text`] the tables printed for people. This file takes the command line.
 
@@ -47,6 +51,10 @@ pub struct CalcArgs {
     /// the budget figures are left out, null in JSON].
     #[arg(long, allow_negative_numbers = true)]
     pub budget: Option<f64>,
+    /// The top of an adaptive budget (the config's max_ratio): what the share allows at
+    /// most, beside what --budget allows [default: none].
+    #[arg(long, allow_negative_numbers = true, requires = "budget")]
+    pub max_ratio: Option<f64>,
     /// Requests per second offered by users at the top.
     #[arg(long, default_value_t = 1000.0, allow_negative_numbers = true)]
     pub rps: f64,
@@ -57,7 +65,9 @@ pub struct CalcArgs {
 
 /// Runs `tollgate calc`; returns the exit code.
 pub fn main(args: CalcArgs) -> i32 {
-    let scenario = match Scenario::try_new(args.retries, args.failure_rate, args.budget, args.rps) {
+    let scenario = Scenario::try_new(args.retries, args.failure_rate, args.budget, args.rps)
+        .and_then(|s| s.with_max_ratio(args.max_ratio));
+    let scenario = match scenario {
         Ok(s) => s,
         Err(e) => {
             eprintln!("tollgate calc: {e}");
@@ -85,6 +95,10 @@ pub enum InvalidInput {
     #[error("--rps must be a number of at least 0, got {0}")]
     Rps(f64),
     #[error(
+        "--max-ratio must be a number at least --budget ({budget}), got {max}: the share adapts upwards from the budget"
+    )]
+    MaxRatio { max: f64, budget: f64 },
+    #[error(
         "the worst case of these {0} layers is too large to compute: use fewer layers or retries"
     )]
     Overflow(usize),
@@ -98,6 +112,8 @@ pub struct Scenario {
     failure_rate: f64,
     budget: Option<f64>,
     rps: f64,
+    /// The top of an adaptive budget.
+    max_ratio: Option<f64>,
 }
 
 impl Scenario {
@@ -127,7 +143,29 @@ impl Scenario {
             failure_rate,
             budget,
             rps,
+            max_ratio: None,
         })
+    }
+
+    /// The same scenario with an adaptive budget whose share tops out at `max_ratio`
+    /// (none: a fixed budget). It needs a budget and must not be below it.
+    pub fn with_max_ratio(self, max_ratio: Option<f64>) -> Result<Self, InvalidInput> {
+        let Some(max) = max_ratio else {
+            return Ok(self);
+        };
+        let budget = self.budget.unwrap_or(f64::NAN);
+        if !(max.is_finite() && max >= budget) {
+            return Err(InvalidInput::MaxRatio { max, budget });
+        }
+        Ok(Scenario {
+            max_ratio: Some(max),
+            ..self
+        })
+    }
+
+    /// The top of an adaptive budget, if one was given.
+    pub fn max_ratio(&self) -> Option<f64> {
+        self.max_ratio
     }
 
     /// Retries per layer, top first.
@@ -189,6 +227,16 @@ mod tests {
             Err(InvalidInput::Overflow(40))
         ));
         assert!(ok(vec![0], 0.0, Some(0.0), 0.0).is_ok());
+        let adaptive = |b, m| ok(vec![2], 0.5, b, 1.0).unwrap().with_max_ratio(Some(m));
+        assert!(adaptive(Some(0.1), 0.3).is_ok());
+        assert!(matches!(
+            adaptive(Some(0.1), 0.05),
+            Err(InvalidInput::MaxRatio { .. })
+        ));
+        assert!(matches!(
+            adaptive(None, 0.3),
+            Err(InvalidInput::MaxRatio { .. })
+        ));
         assert!(ok(vec![3], 1.0, None, 0.0).is_ok());
     }
 }

@@ -27,6 +27,7 @@ impl Scenario {
                 failure_rate: p,
                 expected: expected(r, p),
                 budget_expected: self.budget.map(|b| budget_expected(r, p, b)),
+                max_ratio_expected: self.max_ratio.map(|m| budget_expected(r, p, m)),
             })
             .collect();
         Report {
@@ -37,6 +38,10 @@ impl Scenario {
             budget_expected: self
                 .budget
                 .map(|b| budget_expected(r, self.failure_rate, b)),
+            max_ratio_worst_case: self.max_ratio.map(|m| budget_worst_case(r, m)),
+            max_ratio_expected: self
+                .max_ratio
+                .map(|m| budget_expected(r, self.failure_rate, m)),
             danger_rate: danger_rate(r, DANGER_THRESHOLD),
             sensitivity,
             scenario: self.clone(),
@@ -60,6 +65,8 @@ pub struct SensitivityRow {
     pub expected: f64,
     /// `None` when no budget was given.
     pub budget_expected: Option<f64>,
+    /// With the share at `max_ratio`; `None` when none was given.
+    pub max_ratio_expected: Option<f64>,
 }
 
 /// Everything the calculator works out for one scenario. Budget figures are `None`
@@ -74,6 +81,10 @@ pub struct Report {
     pub expected: f64,
     pub budget_worst_case: Option<f64>,
     pub budget_expected: Option<f64>,
+    /// The budget's figures with an adaptive share at its top (`max_ratio`): the most
+    /// it ever allows. `None` without `--max-ratio`.
+    pub max_ratio_worst_case: Option<f64>,
+    pub max_ratio_expected: Option<f64>,
     /// Where the expected amplification passes [`DANGER_THRESHOLD`].
     pub danger_rate: Option<f64>,
     pub sensitivity: Vec<SensitivityRow>,
@@ -118,6 +129,7 @@ impl Report {
                     "failure_rate": row.failure_rate,
                     "expected": row.expected,
                     "budget_expected": row.budget_expected,
+                    "max_ratio_expected": row.max_ratio_expected,
                     "dangerous": row.expected > DANGER_THRESHOLD,
                 })
             })
@@ -127,6 +139,7 @@ impl Report {
                 "retries": s.retries,
                 "failure_rate": s.failure_rate,
                 "budget": s.budget,
+                "max_ratio": s.max_ratio,
                 "rps": s.rps,
             },
             "worst_case": whole_or_float(self.worst_case),
@@ -136,6 +149,9 @@ impl Report {
             "budget_worst_case": self.budget_worst_case,
             "budget_bottom_rps": self.budget_worst_case.map(|w| rps * w),
             "budget_expected": self.budget_expected,
+            "max_ratio_worst_case": self.max_ratio_worst_case,
+            "max_ratio_bottom_rps": self.max_ratio_worst_case.map(|w| rps * w),
+            "max_ratio_expected": self.max_ratio_expected,
             "danger_threshold": DANGER_THRESHOLD,
             "danger_failure_rate": self.danger_rate,
             "layers": layers,
@@ -185,6 +201,23 @@ mod tests {
         assert!(v["budget_worst_case"].is_null());
         assert!(v["budget_expected"].is_null());
         assert!(v["sensitivity"][0]["budget_expected"].is_null());
+        assert!(v["max_ratio_worst_case"].is_null());
         assert_eq!(v["worst_case"], 3);
+    }
+
+    #[test]
+    fn max_ratio_shows_what_an_adaptive_budget_allows_at_most() {
+        let v = Scenario::try_new(EXAMPLE.to_vec(), 0.5, Some(0.1), 1000.0)
+            .unwrap()
+            .with_max_ratio(Some(0.3))
+            .unwrap()
+            .report()
+            .to_json();
+        assert!((v["budget_worst_case"].as_f64().unwrap() - 1.331).abs() < 1e-9);
+        // 1.3 × 1.3 × 1.3: the fixed rule with max_ratio in place of the budget.
+        let top = v["max_ratio_worst_case"].as_f64().unwrap();
+        assert!((top - 2.197).abs() < 1e-9, "{top}");
+        assert!((v["max_ratio_bottom_rps"].as_f64().unwrap() - 2197.0).abs() < 1e-6);
+        assert_eq!(v["inputs"]["max_ratio"], 0.3);
     }
 }

@@ -43,9 +43,14 @@ impl Report {
             },
             attempts.join(" × "),
         );
-        let budget = match s.budget {
-            Some(b) => format!("retry budget {} per layer", percent(b)),
-            None => "no retry budget (add --budget 0.1 to see what one caps)".to_string(),
+        let budget = match (s.budget, s.max_ratio) {
+            (Some(b), Some(m)) => format!(
+                "retry budget {} per layer, adapting up to {} (max_ratio)",
+                percent(b),
+                percent(m)
+            ),
+            (Some(b), None) => format!("retry budget {} per layer", percent(b)),
+            (None, _) => "no retry budget (add --budget 0.1 to see what one caps)".to_string(),
         };
         let _ = writeln!(
             out,
@@ -77,6 +82,10 @@ impl Report {
         if s.budget.is_some() {
             summary.push(("worst case with the budget".into(), self.budget_worst_case));
             summary.push(("expected with the budget".into(), self.budget_expected));
+        }
+        if s.max_ratio.is_some() {
+            summary.push(("worst case at max_ratio".into(), self.max_ratio_worst_case));
+            summary.push(("expected at max_ratio".into(), self.max_ratio_expected));
         }
         for (label, value) in summary {
             if let Some(v) = value {
@@ -153,14 +162,22 @@ impl Report {
         } else {
             ""
         };
+        let max_column = if s.max_ratio.is_some() {
+            "at max_ratio"
+        } else {
+            ""
+        };
         let header = format!(
-            "  {:>12}{:>11}{:>20}{:>14}",
-            "failure rate", "expected", "RPS at the bottom", budget_column
+            "  {:>12}{:>11}{:>20}{:>14}{:>14}",
+            "failure rate", "expected", "RPS at the bottom", budget_column, max_column
         );
         let _ = writeln!(out, "{}", header.trim_end());
         for row in &self.sensitivity {
             let budget = row
                 .budget_expected
+                .map_or_else(String::new, |b| format!("{b:.2}×"));
+            let top = row
+                .max_ratio_expected
                 .map_or_else(String::new, |b| format!("{b:.2}×"));
             let mut marks = Vec::new();
             if row.expected > DANGER_THRESHOLD {
@@ -170,11 +187,12 @@ impl Report {
                 marks.push("<- --failure-rate");
             }
             let line = format!(
-                "  {:>12}{:>11}{:>20}{:>14}   {}",
+                "  {:>12}{:>11}{:>20}{:>14}{:>14}   {}",
                 percent(row.failure_rate),
                 format!("{:.2}×", row.expected),
                 rate(s.rps * row.expected),
                 budget,
+                top,
                 marks.join(", "),
             );
             let _ = writeln!(out, "{}", line.trim_end());
@@ -203,6 +221,15 @@ impl Report {
                 "  With a {} budget per layer no failure rate takes it past {}.",
                 percent(b),
                 times(budget_worst_case(&s.retries, b))
+            );
+        }
+        if let Some(m) = s.max_ratio {
+            let _ = writeln!(
+                out,
+                "  An adaptive share reaches its max_ratio of {} only while retries succeed and the upstream shows no overload:
+                   even then no failure rate takes it past {}; while retries keep failing it falls below the budget.",
+                percent(m),
+                times(budget_worst_case(&s.retries, m))
             );
         }
         if n > 1 && s.retries.iter().filter(|r| **r > 0).count() > 1 {

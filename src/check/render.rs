@@ -117,11 +117,27 @@ fn render_upstream(out: &mut String, up: &UpstreamConfig) {
         }
         Some(b) => {
             let cap = budget_cap(up).unwrap_or(f64::from(attempts));
-            let _ = writeln!(
-                out,
-                "    budget        {cap:.2}× in steady state: the lower of {attempts} and 1 + ratio {}",
-                b.ratio
-            );
+            match b.adaptive_max() {
+                None => {
+                    let _ = writeln!(
+                        out,
+                        "    budget        {cap:.2}× in steady state: the lower of {attempts} and 1 + ratio {}",
+                        b.ratio
+                    );
+                }
+                Some(max) => {
+                    let low = f64::from(attempts).min(1.0 + b.ratio);
+                    let _ = writeln!(
+                        out,
+                        "    budget        {low:.2}× to {cap:.2}× in steady state: adapting between 1 + ratio {} and 1 + max_ratio {max} (never above {attempts})",
+                        b.ratio
+                    );
+                    let _ = writeln!(
+                        out,
+                        "                  while retries keep failing the share falls below ratio and the floor is suspended"
+                    );
+                }
+            }
             if b.min_per_sec > 0.0 && cap < f64::from(attempts) {
                 let quiet = if b.ratio > 0.0 {
                     format!("below {} requests/s", short(b.min_per_sec / b.ratio))
@@ -135,6 +151,15 @@ fn render_upstream(out: &mut String, up: &UpstreamConfig) {
                 );
             }
         }
+    }
+    if let Some(t) = &up.throttle {
+        let _ = writeln!(
+            out,
+            "    throttle      first attempts rejected locally once fewer than {}% of requests are accepted over {} (k = {})",
+            short(100.0 / t.k),
+            format_duration(t.window),
+            short(t.k)
+        );
     }
     let patience = up.total_patience();
     let backoff = total_backoff(up);

@@ -187,6 +187,8 @@ fn changed_fields(a: &UpstreamConfig, b: &UpstreamConfig) -> Vec<&'static str> {
     );
     check("outlier", a.outlier == b.outlier);
     check("hedge", a.hedge == b.hedge);
+    check("throttle", a.throttle == b.throttle);
+    check("app_retries", a.app_retries == b.app_retries);
     // Anything not named above (a key added later): still a change, said plainly.
     if out.is_empty() && a != b {
         out.push("other settings");

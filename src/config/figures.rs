@@ -5,12 +5,13 @@ use std::time::Duration;
 
 use super::UpstreamConfig;
 
-/// The steady-state amplification a budget allows: `min(max_attempts, 1 + ratio)`.
+/// The steady-state amplification a budget allows: `min(max_attempts, 1 + ratio)`, with
+/// `max_ratio` in place of `ratio` when the share adapts (the most it allows).
 /// `None` without a budget. The `min_per_sec` floor allows more at low traffic.
 pub fn budget_cap(up: &UpstreamConfig) -> Option<f64> {
     up.budget
         .as_ref()
-        .map(|b| f64::from(up.retry.max_attempts).min(1.0 + b.ratio))
+        .map(|b| f64::from(up.retry.max_attempts).min(1.0 + b.top_ratio()))
 }
 
 /// The model's total patience for `attempts` attempts instead of `max_attempts`.
@@ -60,6 +61,12 @@ mod tests {
         assert_eq!(budget_cap(&config.upstreams[0]), Some(1.1));
         let loose = parse(&BASE.replacen("ratio = 0.1", "ratio = 5", 1));
         assert_eq!(budget_cap(&loose.upstreams[0]), Some(3.0));
+        let adaptive = parse(&BASE.replacen("ratio = 0.1", "ratio = 0.1\nmax_ratio = 0.4", 1));
+        assert_eq!(
+            budget_cap(&adaptive.upstreams[0]),
+            Some(1.4),
+            "the most it allows"
+        );
         let none = parse(&BASE.replacen("[upstreams.api.budget]\nratio = 0.1", "", 1));
         assert_eq!(budget_cap(&none.upstreams[0]), None);
     }

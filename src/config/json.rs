@@ -88,7 +88,13 @@ impl UpstreamConfig {
                 "ratio": b.ratio,
                 "min_per_sec": b.min_per_sec,
                 "window": format_duration(b.window),
+                "max_ratio": b.max_ratio,
             })),
+            "throttle": self.throttle.as_ref().map(|t| json!({
+                "k": t.k,
+                "window": format_duration(t.window),
+            })),
+            "app_retries": self.app_retries.as_str(),
             "tls": self.tls.as_ref().map(|t| json!({
                 "server_name": t.server_name,
                 "ca_file": t.ca_file.as_ref().map(|f| f.path.display().to_string()),

@@ -9,10 +9,14 @@ use http::Method;
 
 use super::figures::{attempts_that_fit, total_backoff};
 use super::units::format_duration;
-use super::{Config, Diagnostic, HedgeAfter, Jitter, Ownership, Severity, UpstreamConfig};
+use super::{AppRetries, Config, Diagnostic, Jitter, Ownership, Severity, UpstreamConfig};
+
+mod endpoints;
 
 /// A retry budget above this share of requests barely caps a storm.
 pub const LOOSE_BUDGET_RATIO: f64 = 0.5;
+/// A throttle with a smaller `k` rejects what a healthy upstream would serve.
+pub const MIN_THROTTLE_K: f64 = 1.5;
 
 pub fn warning(config: &Config, key: &str, message: String, fix: String) -> Diagnostic {
     let (line, column) = config.position(key);
@@ -90,11 +94,14 @@ fn lint_upstream(config: &Config, up: &UpstreamConfig, out: &mut Vec<Diagnostic>
     out.extend(lint.timeouts());
     out.extend(lint.outlier());
     out.extend(lint.hedge());
+    out.extend(lint.throttle());
+    out.extend(lint.app_retries());
     if up.retry.max_attempts <= 1 {
         return;
     }
     out.extend(lint.methods());
     out.extend(lint.budget());
+    out.extend(lint.max_ratio());
     out.extend(lint.jitter());
     out.extend(lint.ownership());
 }
@@ -278,6 +285,76 @@ impl Lint<'_> {
         }
     }
 
+    /// A `max_ratio` that changes nothing, or whose top can never bind.
+    fn max_ratio(&self) -> Option<Diagnostic> {
+        let b = self.up.budget.as_ref()?;
+        let max = b.max_ratio?;
+        let attempts = self.up.retry.max_attempts;
+        if max == b.ratio {
+            return Some(self.warn(
+                "budget.max_ratio",
+                format!(
+                    "max_ratio {max} equals ratio: the share cannot move, and the budget is \
+                     the fixed one"
+                ),
+                format!(
+                    "raise max_ratio (e.g. to {}) to let the share grow while retries \
+                     succeed, or remove it",
+                    short_ratio(b.ratio * 3.0)
+                ),
+            ));
+        }
+        let most_retries = f64::from(attempts - 1);
+        (max >= most_retries && b.ratio < most_retries).then(|| {
+            self.warn(
+                "budget.max_ratio",
+                format!(
+                    "max_ratio {max} can never bind: with max_attempts = {attempts} retries \
+                     add at most {:.0}% whatever the share, so at its top the budget caps \
+                     nothing",
+                    most_retries * 100.0
+                ),
+                format!(
+                    "lower max_ratio below {most_retries}, e.g. to {}",
+                    short_ratio((b.ratio * 3.0).min(most_retries / 2.0))
+                ),
+            )
+        })
+    }
+
+    /// A throttle so eager it rejects traffic a healthy upstream would take.
+    fn throttle(&self) -> Option<Diagnostic> {
+        let t = self.up.throttle.as_ref()?;
+        (t.k < MIN_THROTTLE_K).then(|| {
+            self.warn(
+                "throttle.k",
+                format!(
+                    "k = {} starts rejecting requests as soon as fewer than {:.0}% of them \
+                     are accepted: an ordinary dip throttles traffic the upstream would have \
+                     served",
+                    t.k,
+                    100.0 / t.k
+                ),
+                "use k = 2 (the default, as in the SRE book), or at least 1.5".to_string(),
+            )
+        })
+    }
+
+    fn app_retries(&self) -> Option<Diagnostic> {
+        (self.up.app_retries == AppRetries::Ignore).then(|| {
+            self.warn(
+                "app_retries",
+                "app_retries = \"ignore\": a request the app sends again after a failure \
+                 tollgate owned goes as a new request and is retried again, so the app's \
+                 attempts multiply with tollgate's"
+                    .to_string(),
+                "remove it or set \"count\", the default, or \"refuse\"; \"ignore\" exists \
+                 to demonstrate retry storms"
+                    .to_string(),
+            )
+        })
+    }
+
     fn jitter(&self) -> Option<Diagnostic> {
         (self.up.retry.backoff.jitter() == Jitter::None).then(|| {
             self.warn(
@@ -307,118 +384,6 @@ impl Lint<'_> {
     }
 }
 
-impl Lint<'_> {
-    /// An outlier section that can eject nothing, or that can eject all but one.
-    fn outlier(&self) -> Option<Diagnostic> {
-        let o = self.up.outlier.as_ref()?;
-        let n = self.up.endpoints.len();
-        let share = format!("{}%", (o.max_ejected * 1000.0).round() / 10.0);
-        if n == 1 {
-            return Some(
-                self.warn(
-                    "outlier",
-                    "with one endpoint nothing is ever ejected: there is nowhere else to send \
-                 its traffic"
-                        .to_string(),
-                    "list the upstream's endpoints one by one, or remove the outlier section"
-                        .to_string(),
-                ),
-            );
-        }
-        if o.max_ejected >= 1.0 {
-            return Some(
-                self.warn(
-                    "outlier.max_ejected",
-                    format!(
-                        "max_ejected = {share} lets every endpoint but one be ejected: when the \
-                     whole upstream fails (a bad deploy, a dependency of its own down), the \
-                     endpoints are ejected one after another and the last one takes all the \
-                     traffic"
-                    ),
-                    "keep it at \"50%\" (the default) or lower, so most of the upstream stays in \
-                 rotation when all of it is failing"
-                        .to_string(),
-                ),
-            );
-        }
-        if o.max_out(n) == 0 {
-            let least = (100.0 / n as f64).ceil();
-            return Some(self.warn(
-                "outlier.max_ejected",
-                format!(
-                    "max_ejected = {share} of {n} endpoints rounds down to none: no endpoint \
-                     is ever ejected"
-                ),
-                format!("raise it to at least \"{least}%\", or remove the outlier section"),
-            ));
-        }
-        None
-    }
-
-    /// A hedge section that never sends a hedge, or sends them beside unbudgeted
-    /// retries.
-    fn hedge(&self) -> Option<Diagnostic> {
-        let h = self.up.hedge.as_ref()?;
-        let up = self.up;
-        if up.retry.max_attempts <= 1 {
-            return Some(
-                self.warn(
-                    "hedge",
-                    "a hedge is an attempt and counts toward max_attempts: with max_attempts = 1 \
-                 no hedge is ever sent"
-                        .to_string(),
-                    format!(
-                        "set max_attempts = 2 or more in [upstreams.{}.retry], or remove the hedge \
-                     section",
-                        up.name
-                    ),
-                ),
-            );
-        }
-        if let HedgeAfter::Fixed(after) = h.after
-            && after >= up.attempt_timeout
-        {
-            return Some(self.warn(
-                "hedge.after",
-                format!(
-                    "after = {} is not shorter than attempt_timeout {}: the attempt times out \
-                     before its hedge would be sent, so no hedge is ever sent",
-                    format_duration(after),
-                    format_duration(up.attempt_timeout)
-                ),
-                "hedge well within the attempt's time, e.g. after = \"p95\"".to_string(),
-            ));
-        }
-        if h.max_extra == 0.0 {
-            return Some(
-                self.warn(
-                    "hedge.max_extra",
-                    "max_extra = 0 leaves hedges no room: none is ever sent".to_string(),
-                    "set max_extra = 0.05 (hedges add at most 5% to the requests), or remove the \
-                 hedge section"
-                        .to_string(),
-                ),
-            );
-        }
-        if up.budget.is_none() {
-            return Some(self.warn(
-                "hedge",
-                format!(
-                    "hedging without a retry budget: hedges are capped by max_extra, but the \
-                     retries after them are not, so when the upstream fails every request \
-                     still makes all {} attempts",
-                    up.retry.max_attempts
-                ),
-                format!(
-                    "add [upstreams.{}.budget] with ratio = 0.1 and min_per_sec = 10",
-                    up.name
-                ),
-            ));
-        }
-        None
-    }
-}
-
 /// Idempotent by RFC 9110 §9.2.2. Any other method, extension methods included, may
 /// change something each time it is applied.
 fn is_idempotent(method: &Method) -> bool {
@@ -431,6 +396,11 @@ fn is_idempotent(method: &Method) -> bool {
         Method::DELETE,
     ]
     .contains(method)
+}
+
+/// A share as a config value: two decimals at most.
+fn short_ratio(x: f64) -> String {
+    format!("{}", (x * 100.0).round() / 100.0)
 }
 
 /// Rounded down to whole milliseconds, so a suggested value reads like a config value.
@@ -510,6 +480,21 @@ mod tests {
                 "max_attempts = 3",
                 "max_attempts = 3\nownership = \"ignore\"",
                 "upstreams.api.retry.ownership",
+            ),
+            (
+                "ratio = 0.1",
+                "ratio = 0.1\nmax_ratio = 0.1",
+                "upstreams.api.budget.max_ratio",
+            ),
+            (
+                "ratio = 0.1",
+                "ratio = 0.1\nmax_ratio = 2.5",
+                "upstreams.api.budget.max_ratio",
+            ),
+            (
+                "ratio = 0.1",
+                "ratio = 0.1\n[upstreams.api.throttle]\nk = 1.2",
+                "upstreams.api.throttle.k",
             ),
             (
                 r#"addr = "127.0.0.1:15001""#,

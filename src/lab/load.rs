@@ -85,9 +85,13 @@ pub async fn run(
                 let mut headers = http::HeaderMap::with_capacity(2);
                 headers.insert(http::header::HOST, HeaderValue::from_static(host));
                 headers.insert("x-timeout-ms", deadline_value);
+                // Each user request its own: the same target again within 2 s of a
+                // failure would be an app's own retry of it.
+                let uri = http::Uri::try_from(format!("/work?n={i}"))
+                    .unwrap_or_else(|_| http::Uri::from_static("/work"));
                 let head = RequestHead {
                     method: &http::Method::GET,
-                    uri: &http::Uri::from_static("/work"),
+                    uri: &uri,
                     headers: &headers,
                     fields: AttemptFields::default(),
                     https: false,

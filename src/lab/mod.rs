@@ -4,9 +4,11 @@
 //! edge -> api -> backend, where edge and api are real tollgate proxies (the same code
 //! as `run`, on their own ports) and the backend is a degraded HTTP server. Each
 //! scenario runs such chains side by side, at the same time, against identical
-//! backends: for the retry storms one configured naively and one the way tollgate
-//! recommends, for the endpoint scenarios the owned chain without and with the feature
-//! at stake. Amplification is measured at the backends.
+//! backends of their own: for the retry storms one configured naively, one the way
+//! tollgate recommends with a fixed budget, and the same with an adaptive budget and
+//! with the throttle of first attempts on top; for the endpoint scenarios the owned
+//! chain without and with the feature at stake ([`scenario::Column`]). Amplification is
+//! measured at the backends.
 //!
 //! The simulator ([`sim`]) replays the published tick model on a virtual clock, driving
 //! tollgate's own budget and backoff types.
@@ -31,7 +33,7 @@ use tokio::time::Instant;
 use backend::{Backend, Silent};
 use load::Live;
 use report::{ChainResult, Proxy};
-use scenario::{Column, Overrides, Scenario};
+use scenario::{Chain, Column, Overrides, Scenario};
 
 /// Arguments of `tollgate lab`.
 #[derive(clap::Args, Debug, Clone)]
@@ -59,6 +61,11 @@ pub struct LabArgs {
     /// fleet: the numbers of callers to run, e.g. 1,10,50.
     #[arg(long, value_delimiter = ',')]
     pub callers: Option<Vec<usize>>,
+    /// The chains to run side by side, comma-separated, by their names in `--json`
+    /// (default: all of the scenario's; the retry storms have naive, owned, adaptive,
+    /// throttled).
+    #[arg(long, value_delimiter = ',')]
+    pub chains: Vec<String>,
 }
 
 /// Arguments of `tollgate sim`.
@@ -70,6 +77,9 @@ pub struct SimArgs {
     /// Random seed.
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
+    /// How long the capacity dip lasts, in ticks of 100 ms (the published model: 20).
+    #[arg(long, default_value_t = sim::DIP_TICKS)]
+    pub dip_ticks: usize,
 }
 
 /// Every chain's results for one scenario, in the scenario's order.
@@ -135,6 +145,17 @@ async fn rig(column: Column, s: &Scenario, start: Instant) -> Result<ChainRig, L
     })
 }
 
+/// Runs the columns of `s` whose chain is one of `chains`, side by side; `progress`
+/// draws a bar on stderr.
+pub async fn run_chains(
+    mut s: Scenario,
+    chains: &[Chain],
+    progress: bool,
+) -> Result<LabRun, LabError> {
+    s.columns.retain(|c| chains.contains(&c.chain));
+    run(s, progress).await
+}
+
 /// Runs the chains of `s` side by side; `progress` draws a bar on stderr.
 pub async fn run(s: Scenario, progress: bool) -> Result<LabRun, LabError> {
     let start = Instant::now() + Duration::from_millis(300);
@@ -149,30 +170,12 @@ pub async fn run(s: Scenario, progress: bool) -> Result<LabRun, LabError> {
             .zip(&lives)
             .map(|(r, l)| (r.column.key, r.backend.counters.clone(), l.clone()))
             .collect();
-        let total = s.load.duration;
-        tokio::spawn(async move {
-            loop {
-                tokio::time::sleep(Duration::from_millis(250)).await;
-                let t = start.elapsed().min(total);
-                let frac = t.as_secs_f64() / total.as_secs_f64();
-                let filled = (frac * 30.0) as usize;
-                let mut line = format!(
-                    "\r  [{}{}] {:>4.1}s ",
-                    "#".repeat(filled),
-                    ".".repeat(30 - filled),
-                    t.as_secs_f64()
-                );
-                for (key, counters, live) in &watched {
-                    let sent = live.sent.load(Relaxed).max(1);
-                    let amp = counters.total.load(Relaxed) as f64 / sent as f64;
-                    let ok = live.ok.load(Relaxed) as f64 / live.done.load(Relaxed).max(1) as f64;
-                    line.push_str(&format!(" {key} {amp:>5.2}x {:>5.1}% ok ", ok * 100.0));
-                }
-                eprint!("{line}");
-                let _ = std::io::stderr().flush();
-            }
-        })
+        tokio::spawn(show_progress(watched, start, s.load.duration))
     });
+    let samplers: Vec<_> = rigs
+        .iter()
+        .map(|r| tokio::spawn(sample_api(r.api.server.clone(), start, s.load.duration)))
+        .collect();
     let loads = rigs.iter().zip(&lives).map(|(r, live)| {
         load::run(
             r.edge.server.local_addr(),
@@ -181,13 +184,13 @@ pub async fn run(s: Scenario, progress: bool) -> Result<LabRun, LabError> {
             live.clone(),
         )
     });
-    let records = futures_join_all(loads).await;
+    let records = join_loads(loads).await;
     if let Some(t) = ticker {
         t.abort();
         eprintln!();
     }
     let mut chains = Vec::new();
-    for (rig, records) in rigs.into_iter().zip(records) {
+    for ((rig, records), sampler) in rigs.into_iter().zip(records).zip(samplers) {
         let counters = &rig.backend.counters;
         let arrivals: Vec<u64> = counters.arrivals.iter().map(|a| a.load(Relaxed)).collect();
         let backend = report::BackendCounts {
@@ -197,14 +200,9 @@ pub async fn run(s: Scenario, progress: bool) -> Result<LabRun, LabError> {
         };
         let proxy = Proxy::read(&rig.api.server.shared().metrics.encode(), "backend");
         let (key, title) = (rig.column.key, rig.column.title);
-        chains.push(ChainResult::build(
-            (key, title),
-            &records,
-            &arrivals,
-            backend,
-            proxy,
-            &s,
-        ));
+        let mut result = ChainResult::build((key, title), &records, &arrivals, backend, proxy, &s);
+        (result.share, result.throttle) = sampler.await.unwrap_or_default();
+        chains.push(result);
         rig.edge.shutdown(Duration::ZERO).await;
         rig.api.shutdown(Duration::ZERO).await;
         rig.backend.stop().await;
@@ -218,31 +216,66 @@ pub async fn run(s: Scenario, progress: bool) -> Result<LabRun, LabError> {
     })
 }
 
-/// Runs the futures concurrently on this task and returns their outputs in order.
-async fn futures_join_all<F: Future>(futures: impl Iterator<Item = F>) -> Vec<F::Output> {
-    let mut pending: Vec<_> = futures.map(|f| Some(Box::pin(f))).collect();
-    let mut out: Vec<Option<F::Output>> = pending.iter().map(|_| None).collect();
-    std::future::poll_fn(|cx| {
-        let mut done = true;
-        for (slot, result) in pending.iter_mut().zip(out.iter_mut()) {
-            if let Some(f) = slot {
-                match f.as_mut().poll(cx) {
-                    std::task::Poll::Ready(v) => {
-                        *result = Some(v);
-                        *slot = None;
-                    }
-                    std::task::Poll::Pending => done = false,
-                }
-            }
+/// Once a second, what the api hop has learnt about the backend: its budget's share
+/// and its throttle's probability of rejecting a first attempt.
+async fn sample_api(
+    api: Arc<crate::proxy::Server>,
+    start: Instant,
+    duration: Duration,
+) -> (Vec<f64>, Vec<f64>) {
+    let (mut share, mut throttle) = (Vec::new(), Vec::new());
+    let mut at = start + Duration::from_millis(500);
+    while at < start + duration {
+        tokio::time::sleep_until(at).await;
+        let snap = api.shared().snapshot();
+        if let Some(up) = snap.upstreams.first() {
+            share.push(up.budget.share());
+            throttle.push(up.throttle.as_ref().map_or(0.0, |t| t.probability(at)));
         }
-        if done {
-            std::task::Poll::Ready(())
-        } else {
-            std::task::Poll::Pending
+        at += Duration::from_secs(1);
+    }
+    (share, throttle)
+}
+
+/// Every load at once, each on its own task; the records in the order given.
+async fn join_loads(
+    loads: impl Iterator<Item = impl Future<Output = Vec<load::Record>> + Send + 'static>,
+) -> Vec<Vec<load::Record>> {
+    let handles: Vec<_> = loads.map(tokio::spawn).collect();
+    let mut out = Vec::new();
+    for h in handles {
+        out.push(h.await.unwrap_or_default());
+    }
+    out
+}
+
+/// The progress line on stderr: time, and per chain the amplification and successes
+/// so far.
+async fn show_progress(
+    watched: Vec<(&'static str, Arc<backend::Counters>, Arc<Live>)>,
+    start: Instant,
+    total: Duration,
+) {
+    loop {
+        tokio::time::sleep(Duration::from_millis(250)).await;
+        let t = start.elapsed().min(total);
+        let frac = t.as_secs_f64() / total.as_secs_f64();
+        let filled = (frac * 20.0) as usize;
+        let mut line = format!(
+            "\r  [{}{}] {:>4.1}s",
+            "#".repeat(filled),
+            ".".repeat(20 - filled),
+            t.as_secs_f64()
+        );
+        for (key, counters, live) in &watched {
+            let sent = live.sent.load(Relaxed).max(1);
+            let amp = counters.total.load(Relaxed) as f64 / sent as f64;
+            let ok = live.ok.load(Relaxed) as f64 / live.done.load(Relaxed).max(1) as f64;
+            line.push_str(&format!("  {key} {amp:>4.2}x {:>5.1}%", ok * 100.0));
         }
-    })
-    .await;
-    out.into_iter().flatten().collect()
+        eprint!("{line} ");
+        let _ = std::io::stderr().flush();
+    }
 }
 
 fn lab_runtime() -> std::io::Result<tokio::runtime::Runtime> {
@@ -344,7 +377,7 @@ pub fn lab_main(args: LabArgs) -> i32 {
     if let Some(code) = inbound_scenario(&args) {
         return code;
     }
-    let Some(s) = scenario::scenario(&args.scenario, &overrides) else {
+    let Some(mut s) = scenario::scenario(&args.scenario, &overrides) else {
         eprintln!(
             "tollgate lab: unknown scenario `{}` (choose one of: {}, fleet, overload)",
             args.scenario,
@@ -361,6 +394,9 @@ pub fn lab_main(args: LabArgs) -> i32 {
     };
     // The table printed at the end starts with the scenario's name and description;
     // while it runs, stderr only says how long that will be.
+    if !choose(&mut s, &args.chains) {
+        return 2;
+    }
     let progress = !args.json && std::io::stderr().is_terminal();
     if progress {
         crate::print::stderr_line(&format!(
@@ -396,14 +432,45 @@ pub fn lab_main(args: LabArgs) -> i32 {
     0
 }
 
+/// Keeps the columns `--chains` names, in the scenario's order (all of them when it
+/// names none); `false` after saying which name is unknown.
+fn choose(s: &mut Scenario, names: &[String]) -> bool {
+    if names.is_empty() {
+        return true;
+    }
+    if let Some(name) = names
+        .iter()
+        .find(|n| !s.columns.iter().any(|c| c.key == n.trim()))
+    {
+        let keys: Vec<&str> = s.columns.iter().map(|c| c.key).collect();
+        eprintln!(
+            "tollgate lab: the {} scenario has no chain `{name}` (choose from: {})",
+            s.name,
+            keys.join(", ")
+        );
+        return false;
+    }
+    s.columns
+        .retain(|c| names.iter().any(|n| n.trim() == c.key));
+    true
+}
+
 /// Runs `tollgate sim`; returns the exit code.
 pub fn sim_main(args: SimArgs) -> i32 {
-    let results = sim::run_all(args.seed);
+    if !(1..=sim::MAX_DIP_TICKS).contains(&args.dip_ticks) {
+        eprintln!(
+            "tollgate sim: --dip-ticks must be from 1 to {}",
+            sim::MAX_DIP_TICKS
+        );
+        return 2;
+    }
+    let results = sim::run_with_dip(args.seed, args.dip_ticks);
     if args.json {
-        let json = serde_json::to_string_pretty(&sim::to_json(&results)).unwrap_or_default();
+        let json = serde_json::to_string_pretty(&sim::to_json(&results, args.dip_ticks))
+            .unwrap_or_default();
         crate::print::stdout(&(json + "\n"));
     } else {
-        crate::print::stdout(&sim::table(&results));
+        crate::print::stdout(&sim::table(&results, args.dip_ticks));
     }
     0
 }

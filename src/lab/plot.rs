@@ -14,8 +14,8 @@ const RIGHT: f64 = 20.0;
 const TOP: f64 = 75.0;
 const GAP: f64 = 70.0;
 /// The chains' colours, in the scenario's order: red for the naive (or the plain)
-/// chain, green for the owned one, blue for a third.
-const COLOURS: [&str; 3] = ["#d62728", "#2ca02c", "#1f77b4"];
+/// chain, green for the owned one, then blue and purple (adaptive, throttled).
+const COLOURS: [&str; 4] = ["#d62728", "#2ca02c", "#1f77b4", "#9467bd"];
 
 fn nice_max(v: f64) -> f64 {
     if v <= 0.0 {
@@ -113,6 +113,8 @@ fn legend_label(c: &ChainResult) -> String {
     match c.key {
         "naive" => "naive: blind retries at every hop".to_string(),
         "owned" => "owned: tollgate".to_string(),
+        "adaptive" => "adaptive: + max_ratio".to_string(),
+        "throttled" => "throttled: + throttle".to_string(),
         _ => format!("{}: {}", c.key, c.title),
     }
 }
@@ -192,7 +194,7 @@ pub fn svg(s: &Scenario, chains: &[ChainResult]) -> String {
         .collect();
     let _ = writeln!(
         out,
-        r##"<text x="{LEFT}" y="24" font-size="16" font-weight="bold">tollgate lab: {} — {}</text>"##,
+        r##"<text x="{LEFT}" y="24" font-size="14" font-weight="bold">tollgate lab: {}</text><text x="{LEFT}" y="44" font-size="12">{}</text>"##,
         s.name,
         summary.join("; ")
     );

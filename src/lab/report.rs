@@ -86,7 +86,32 @@ pub struct ChainResult {
     pub backend_rps: Vec<f64>,
     /// Per second: user requests that succeeded (by completion time).
     pub success_rps: Vec<f64>,
+    /// For a scenario with an episode: what it did while the trouble lasted.
+    pub episode: Option<Episode>,
+    /// Per second: the api hop's retry budget share (`+Inf` without a budget).
+    pub share: Vec<f64>,
+    /// Per second: the api hop's probability of throttling a first attempt.
+    pub throttle: Vec<f64>,
 }
+
+/// A chain during and after a scenario's episode (the trouble from its start to its
+/// end), measured in 100 ms steps over sliding seconds.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Episode {
+    /// Backend calls ÷ user requests sent while the trouble lasted.
+    pub amplification: f64,
+    /// From the trouble's start until the calls offered to the backend over a second
+    /// fall below [`SHED_SHARE`] of the user requests; `None`: never within it.
+    pub shed_after: Option<Duration>,
+    /// From the trouble's end until the successes over a second reach
+    /// [`GOODPUT_SHARE`] of the user requests; `None`: never within the run.
+    pub goodput_after: Option<Duration>,
+}
+
+/// The load that counts as shed: below this share of the user request rate.
+pub const SHED_SHARE: f64 = 0.3;
+/// Full goodput: successes at this share of the user request rate.
+pub const GOODPUT_SHARE: f64 = 0.95;
 
 impl ChainResult {
     pub fn success_rate(&self) -> f64 {
@@ -153,9 +178,17 @@ impl ChainResult {
                 scenario.backend.capacity(&scenario.backend.normal),
             )
         });
+        let episode = scenario
+            .backend
+            .episodes
+            .first()
+            .map(|(from, to, _)| episode(records, arrivals, *from, *to, scenario));
         ChainResult {
             key,
             title,
+            episode,
+            share: Vec::new(),
+            throttle: Vec::new(),
             requests: records.len() as u64,
             succeeded: records.iter().filter(|r| r.ok).count() as u64,
             backend_calls: backend.calls,
@@ -174,6 +207,11 @@ impl ChainResult {
 
     pub fn to_json(&self) -> Value {
         json!({
+            "episode": self.episode.map(|e| json!({
+                "amplification": e.amplification,
+                "shed_after_s": e.shed_after.map(|d| d.as_secs_f64()),
+                "goodput_after_s": e.goodput_after.map(|d| d.as_secs_f64()),
+            })),
             "requests": self.requests,
             "succeeded": self.succeeded,
             "success_rate": self.success_rate(),
@@ -197,6 +235,8 @@ impl ChainResult {
             "series": {
                 "backend_rps": self.backend_rps,
                 "success_rps": self.success_rps,
+                "budget_share": self.share.iter().map(|s| s.is_finite().then_some(*s)).collect::<Vec<_>>(),
+                "throttle_probability": self.throttle,
             },
         })
     }
@@ -223,6 +263,51 @@ pub fn recovery(arrivals: &[u64], from: Duration, capacity_per_sec: f64) -> Opti
     })
 }
 
+/// What a chain did during the episode `from..to` and after it.
+fn episode(
+    records: &[Record],
+    arrivals: &[u64],
+    from: Duration,
+    to: Duration,
+    s: &Scenario,
+) -> Episode {
+    let bucket = |d: Duration| (d.as_millis() / BUCKET.as_millis()) as usize;
+    let second = bucket(Duration::from_secs(1));
+    let (start, end) = (bucket(from), bucket(to).min(arrivals.len()));
+    let sent = records
+        .iter()
+        .filter(|r| r.sent >= from && r.sent < to)
+        .count();
+    let calls: u64 = arrivals.get(start..end).map_or(0, |a| a.iter().sum());
+    let per_second = s.load.rps;
+    // The first 100 ms step from which the next second's calls are shed.
+    let shed_after = (start..end.saturating_sub(second)).find_map(|i| {
+        let calls: u64 = arrivals[i..i + second].iter().sum();
+        ((calls as f64) < SHED_SHARE * per_second).then(|| BUCKET * (i - start) as u32)
+    });
+    let mut ok = vec![0u64; arrivals.len().max(bucket(s.load.duration) + second)];
+    for r in records.iter().filter(|r| r.ok) {
+        if let Some(b) = ok.get_mut(bucket(r.sent + r.latency)) {
+            *b += 1;
+        }
+    }
+    // Only while load is still offered: the end of the run is no loss of goodput.
+    let last = bucket(s.load.duration).saturating_sub(second);
+    let goodput_after = (end..last).find_map(|i| {
+        let done: u64 = ok[i..i + second].iter().sum();
+        (done as f64 >= GOODPUT_SHARE * per_second).then(|| BUCKET * (i - end) as u32)
+    });
+    Episode {
+        amplification: if sent == 0 {
+            0.0
+        } else {
+            calls as f64 / sent as f64
+        },
+        shed_after,
+        goodput_after,
+    }
+}
+
 fn fmt_latency(d: Duration) -> String {
     if d < Duration::from_secs(1) {
         format!("{}ms", d.as_millis())
@@ -234,17 +319,31 @@ fn fmt_latency(d: Duration) -> String {
 /// One row of the table: its label, each chain's cell, and the published figure.
 type Row = (String, Vec<String>, String);
 
+/// The table's rows, one cell per chain.
+struct Rows<'a> {
+    chains: &'a [ChainResult],
+    rows: Vec<Row>,
+}
+
+impl Rows<'_> {
+    fn add(&mut self, label: &str, f: &dyn Fn(&ChainResult) -> String, p: Option<String>) {
+        self.rows.push((
+            label.to_string(),
+            self.chains.iter().map(f).collect(),
+            p.unwrap_or_default(),
+        ));
+    }
+}
+
 /// The side-by-side table.
 pub fn table(s: &Scenario, chains: &[ChainResult]) -> String {
     let published: Option<&Published> = s.published.as_ref();
-    let mut rows: Vec<Row> = Vec::new();
-    let mut row = |label: &str, f: &dyn Fn(&ChainResult) -> String, p: Option<String>| {
-        rows.push((
-            label.to_string(),
-            chains.iter().map(f).collect(),
-            p.unwrap_or_default(),
-        ));
+    let mut rows = Rows {
+        chains,
+        rows: Vec::new(),
     };
+    let mut row =
+        |label: &str, f: &dyn Fn(&ChainResult) -> String, p: Option<String>| rows.add(label, f, p);
     row(
         "requests",
         &|c| c.requests.to_string(),
@@ -337,14 +436,49 @@ pub fn table(s: &Scenario, chains: &[ChainResult]) -> String {
             None,
         );
     }
+    episode_rows(&mut rows);
     let head: Row = (
         String::new(),
         chains.iter().map(|c| c.title.to_string()).collect(),
         published.map_or(String::new(), |p| p.source.to_string()),
     );
+    render(s, head, &rows.rows)
+}
+
+/// The rows of a scenario with an episode: what each chain did while it lasted.
+fn episode_rows(rows: &mut Rows<'_>) {
+    if !rows.chains.iter().any(|c| c.episode.is_some()) {
+        return;
+    }
+    let after = |d: Option<Duration>, never: &str| match d {
+        Some(d) => format!("{:.1}s", d.as_secs_f64()),
+        None => never.to_string(),
+    };
+    let during = |c: &ChainResult, f: &dyn Fn(&Episode) -> String| {
+        c.episode.as_ref().map_or(String::new(), f)
+    };
+    rows.add(
+        "amplification in episode",
+        &|c| during(c, &|e| format!("{:.2}x", e.amplification)),
+        None,
+    );
+    rows.add(
+        "load < 0.3x after",
+        &|c| during(c, &|e| after(e.shed_after, "never")),
+        None,
+    );
+    rows.add(
+        "full goodput after",
+        &|c| during(c, &|e| after(e.goodput_after, "not within the run")),
+        None,
+    );
+}
+
+/// The table as text: its title, then the head and the rows, columns aligned.
+fn render(s: &Scenario, head: Row, rows: &[Row]) -> String {
     let all: Vec<&Row> = std::iter::once(&head).chain(rows.iter()).collect();
     let w0 = all.iter().map(|r| r.0.len()).max().unwrap_or(0);
-    let widths: Vec<usize> = (0..chains.len())
+    let widths: Vec<usize> = (0..head.1.len())
         .map(|i| all.iter().map(|r| r.1[i].len()).max().unwrap_or(0))
         .collect();
     let mut out = format!("tollgate lab: {}\n{}\n\n", s.name, s.about);

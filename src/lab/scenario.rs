@@ -4,7 +4,8 @@
 //!
 //! - **naive**: every hop makes three blind attempts with a fixed 50 ms backoff, no
 //!   budget, ignores the caller's deadline (`accept = []`), ignores Retry-After and
-//!   retries failures another layer already gave up on (`ownership = "ignore"`). Each
+//!   retries failures another layer already gave up on (`ownership = "ignore"`, and
+//!   `app_retries = "ignore"`: the layer above's retries are new requests to it). Each
 //!   hop has a per-attempt timeout of its own choosing (600 ms at the edge, 200 ms
 //!   below it), numbers that look sensible one at a time. This is what a stack of
 //!   well-meaning client libraries does.
@@ -12,6 +13,13 @@
 //!   a per-upstream budget (20 % of requests plus 10 retries a second, the share the
 //!   published budgeted chain used), and the ownership rule, so the layer nearest the
 //!   failure owns the retry and the edge passes its verdict back.
+//! - **adaptive**: owned, with the budget's share adapting between 20 % and 60 %
+//!   (`max_ratio = 0.6`) from what the backend shows.
+//! - **throttled**: adaptive, with client-side throttling of first attempts
+//!   (`[throttle]`, `k = 2`, 5 s window) at both hops.
+//!
+//! In the retry-storm scenarios (storm, brownout, dip, down, dead) the four chains run
+//! side by side, against backends of their own.
 //!
 //! Two scenarios are about the endpoints rather than retry storms, and compare the
 //! owned chain with and without one feature: `hedge` (a slow tail, without and with
@@ -66,24 +74,18 @@ pub struct Column {
     pub silent: usize,
 }
 
-/// The columns of the retry-storm scenarios.
-fn naive_and_owned() -> Vec<Column> {
-    vec![
-        Column {
-            chain: Chain::Naive,
-            key: "naive",
-            title: "naive (blind retries)",
+/// The columns of the retry-storm scenarios: one per chain of [`Chain::STORM`].
+fn storm_columns() -> Vec<Column> {
+    Chain::STORM
+        .into_iter()
+        .map(|chain| Column {
+            chain,
+            key: chain.as_str(),
+            title: chain.title(),
             endpoints: 1,
             silent: 0,
-        },
-        Column {
-            chain: Chain::Owned,
-            key: "owned",
-            title: "owned (tollgate)",
-            endpoints: 1,
-            silent: 0,
-        },
-    ]
+        })
+        .collect()
 }
 
 /// Flags that override a scenario's parameters.
@@ -94,7 +96,15 @@ pub struct Overrides {
     pub error_rate: Option<f64>,
 }
 
-pub const NAMES: [&str; 6] = ["storm", "brownout", "dip", "down", "hedge", "blackhole"];
+pub const NAMES: [&str; 7] = [
+    "storm",
+    "brownout",
+    "dip",
+    "down",
+    "dead",
+    "hedge",
+    "blackhole",
+];
 
 fn ms(n: u64) -> Duration {
     Duration::from_millis(n)
@@ -111,6 +121,7 @@ pub fn scenario(name: &str, o: &Overrides) -> Option<Scenario> {
         "brownout" => brownout(),
         "dip" => dip(),
         "down" => down(),
+        "dead" => dead(),
         "hedge" => hedge(),
         "blackhole" => blackhole(),
         _ => return None,
@@ -166,7 +177,7 @@ fn storm() -> Scenario {
             episodes: vec![],
         },
         recovery_from: None,
-        columns: naive_and_owned(),
+        columns: storm_columns(),
         settled_after: None,
         published: Some(Published {
             source: "published budgeted chain (2026-07-08)",
@@ -215,7 +226,7 @@ fn brownout() -> Scenario {
         },
         recovery_from: Some(secs(40)),
         published: None,
-        columns: naive_and_owned(),
+        columns: storm_columns(),
         settled_after: None,
     }
 }
@@ -253,7 +264,7 @@ fn dip() -> Scenario {
         },
         recovery_from: Some(secs(7)),
         published: None,
-        columns: naive_and_owned(),
+        columns: storm_columns(),
         settled_after: None,
     }
 }
@@ -291,7 +302,7 @@ fn down() -> Scenario {
         },
         recovery_from: Some(secs(15)),
         published: None,
-        columns: naive_and_owned(),
+        columns: storm_columns(),
         settled_after: None,
     }
 }
@@ -379,6 +390,25 @@ fn blackhole() -> Scenario {
     }
 }
 
+/// Dead for 10 s behind a load balancer that answers every request 503 at once (no
+/// healthy endpoint), then healthy: every call is counted at the backend, so what the
+/// chains send a dead dependency can be read.
+fn dead() -> Scenario {
+    let mut s = down();
+    s.name = "dead";
+    s.backend.episodes = vec![(
+        secs(5),
+        secs(15),
+        Condition {
+            service: ms(1),
+            error_rate: 1.0,
+            slow_share: 0.0,
+            down: false,
+        },
+    )];
+    s
+}
+
 fn describe(s: &Scenario) -> String {
     let cap = s.backend.capacity(&s.backend.normal);
     let base = format!(
@@ -417,6 +447,8 @@ fn describe(s: &Scenario) -> String {
         .map(|(from, to, c)| {
             let what = if c.down {
                 "hard down".to_string()
+            } else if c.error_rate >= 1.0 {
+                "dead behind its load balancer (every request answered 503 at once)".to_string()
             } else if c.service != s.backend.normal.service {
                 format!(
                     "median {} ms -> {} ms ({:.0} requests/s capacity)",
@@ -446,10 +478,47 @@ fn describe(s: &Scenario) -> String {
 pub enum Chain {
     Naive,
     Owned,
+    /// Owned, with `max_ratio`.
+    Adaptive,
+    /// Adaptive, with `[throttle]`.
+    Throttled,
     /// Owned, with `[hedge]` after the p95 and `max_extra = 0.05` at the api hop.
     Hedged,
     /// Owned, with `[outlier]` (its defaults) at the api hop.
     Ejecting,
+}
+
+impl Chain {
+    /// The chains of the retry-storm scenarios.
+    pub const STORM: [Chain; 4] = [
+        Chain::Naive,
+        Chain::Owned,
+        Chain::Adaptive,
+        Chain::Throttled,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Chain::Naive => "naive",
+            Chain::Owned => "owned",
+            Chain::Adaptive => "adaptive",
+            Chain::Throttled => "throttled",
+            Chain::Hedged => "hedged",
+            Chain::Ejecting => "ejecting",
+        }
+    }
+
+    /// What the chain is, for a table's head.
+    pub fn title(self) -> &'static str {
+        match self {
+            Chain::Naive => "naive (blind retries)",
+            Chain::Owned => "owned (tollgate)",
+            Chain::Adaptive => "adaptive (max_ratio)",
+            Chain::Throttled => "throttled (+throttle)",
+            Chain::Hedged => "hedged",
+            Chain::Ejecting => "ejecting",
+        }
+    }
 }
 
 fn listener() -> &'static str {
@@ -459,10 +528,9 @@ fn listener() -> &'static str {
 /// The edge tollgate's config: it forwards `Host: api` to the api tollgate at `next`.
 /// Hedging and ejection are the api hop's, nearest the endpoints.
 pub fn edge_config(chain: Chain, next: SocketAddr, s: &Scenario) -> String {
-    let chain = if chain == Chain::Naive {
-        Chain::Naive
-    } else {
-        Chain::Owned
+    let chain = match chain {
+        Chain::Hedged | Chain::Ejecting => Chain::Owned,
+        c => c,
     };
     hop(chain, "api", "backend", &[next], s, true)
 }
@@ -489,19 +557,20 @@ fn hop(
     let feature = match chain {
         Chain::Hedged => format!("[upstreams.{name}.hedge]\nafter = \"p95\"\nmax_extra = 0.05\n"),
         Chain::Ejecting => format!("[upstreams.{name}.outlier]\n"),
-        Chain::Naive | Chain::Owned => String::new(),
+        _ => String::new(),
     };
     match chain {
         Chain::Naive => format!(
             "{}[deadline]\naccept = []\n\
              [upstreams.{name}]\nauthorities = [\"{authority}\"]\nendpoints = [{next}]\nhost = \"{host_out}\"\n\
              connect_timeout = \"1s\"\nrequest_timeout = \"1h\"\nattempt_timeout = \"{}\"\nmax_inflight = 100000\n\
+             app_retries = \"ignore\"\n\
              [upstreams.{name}.retry]\nmax_attempts = 3\nbackoff_base = \"50ms\"\nbackoff_max = \"50ms\"\n\
              backoff_jitter = \"none\"\nretry_after = \"ignore\"\nownership = \"ignore\"\n",
             listener(),
             if edge { "600ms" } else { "200ms" }
         ),
-        Chain::Owned | Chain::Hedged | Chain::Ejecting => {
+        Chain::Owned | Chain::Adaptive | Chain::Throttled | Chain::Hedged | Chain::Ejecting => {
             // The edge's attempt may take the whole deadline; the api's attempts are a
             // fraction of it so a retry still fits. Patience shrinks with depth.
             let deadline = s.load.deadline.as_millis();
@@ -514,10 +583,23 @@ fn hop(
                 "{}[upstreams.{name}]\nauthorities = [\"{authority}\"]\nendpoints = [{next}]\nhost = \"{host_out}\"\n\
                  connect_timeout = \"200ms\"\nrequest_timeout = \"{deadline}ms\"\nattempt_timeout = \"{attempt}ms\"\nmax_inflight = 100000\n\
                  [upstreams.{name}.retry]\nmax_attempts = 3\nbackoff_base = \"25ms\"\nbackoff_max = \"1s\"\n\
-                 [upstreams.{name}.budget]\nratio = 0.2\nmin_per_sec = 10\nwindow = \"10s\"\n{feature}",
-                listener()
+                 [upstreams.{name}.budget]\nratio = 0.2\nmin_per_sec = 10\nwindow = \"10s\"\n{}{feature}",
+                listener(),
+                learning(chain, name)
             )
         }
+    }
+}
+
+/// What the adaptive and throttled chains add to the owned one.
+fn learning(chain: Chain, name: &str) -> String {
+    let adaptive = "max_ratio = 0.6\n";
+    match chain {
+        Chain::Adaptive => adaptive.to_string(),
+        Chain::Throttled => {
+            format!("{adaptive}[upstreams.{name}.throttle]\nk = 2.0\nwindow = \"5s\"\n")
+        }
+        _ => String::new(),
     }
 }
 

@@ -8,22 +8,32 @@
 //! for ticks 100 to 119 capacity drops to 20. A rejected request is retried up to three
 //! times according to the policy; one that runs out of retries is a failed user.
 //! "Recovery" is the ticks after the dip until the offered load first fits capacity.
+//!
+//! Beside the published five, two policies of tollgate's own: the budget's share
+//! adapting up to 30 % ([`crate::retry::adaptive`]; the model's instant rejections are
+//! a load shedder saying "overloaded", so they hold it at 10 % during the dip), and the
+//! same with client-side throttling of first attempts ([`crate::retry::throttle`], k =
+//! 2 over 5 s), which rejects nothing in a dip as short as this one.
 
 use std::time::Duration;
 
 use serde_json::{Value, json};
 use tokio::time::Instant;
 
-use crate::config::BudgetConfig;
+use crate::config::{BudgetConfig, ThrottleConfig};
 use crate::retry::backoff::{Backoff, Jitter};
 use crate::retry::budget::RetryBudget;
+use crate::retry::throttle::Throttle;
 
 pub const TICK: Duration = Duration::from_millis(100);
 const TICKS: usize = 400;
 const CAPACITY: u64 = 100;
 const ARRIVALS: u64 = 95;
 const DIP_START: usize = 100;
-const DIP_END: usize = 120;
+/// The published dip: 20 ticks (2 s).
+pub const DIP_TICKS: usize = 20;
+/// The longest dip `--dip-ticks` takes: the run must see its end.
+pub const MAX_DIP_TICKS: usize = 250;
 const DIP_CAPACITY: u64 = 20;
 const MAX_RETRY: usize = 3;
 const CAP_TICKS: usize = 64;
@@ -34,6 +44,8 @@ pub struct Policy {
     /// `None`: never retry.
     pub backoff: Option<Backoff>,
     pub budget: Option<BudgetConfig>,
+    /// Client-side throttling of first attempts.
+    pub throttle: Option<ThrottleConfig>,
 }
 
 /// The five policies of the published table.
@@ -49,36 +61,65 @@ pub fn policies() -> Vec<Policy> {
             name: "no retries",
             backoff: None,
             budget: None,
+            throttle: None,
         },
         Policy {
             name: "immediate retry",
             backoff: Some(immediate),
             budget: None,
+            throttle: None,
         },
         Policy {
             name: "exponential, no jitter",
             backoff: Some(expo.with_jitter(Jitter::None)),
             budget: None,
+            throttle: None,
         },
         Policy {
             name: "exponential, full jitter",
             backoff: Some(expo),
             budget: None,
+            throttle: None,
         },
         Policy {
             name: "full jitter + 10% budget",
             backoff: Some(expo),
-            // The window is one tick, the model's resolution: like the published token
-            // bucket, whose cap of 10 tokens is one tick's deposits, it allows no burst
-            // larger than a tenth of a tick's traffic.
+            budget: Some(TEN_PERCENT),
+            throttle: None,
+        },
+        Policy {
+            name: "+ adaptive budget, 10-30%",
+            backoff: Some(expo),
             budget: Some(BudgetConfig {
-                ratio: 0.1,
-                min_per_sec: 0.0,
-                window: TICK,
+                max_ratio: Some(0.3),
+                ..TEN_PERCENT
+            }),
+            throttle: None,
+        },
+        Policy {
+            name: "+ throttle (k = 2, 5 s)",
+            backoff: Some(expo),
+            budget: Some(BudgetConfig {
+                max_ratio: Some(0.3),
+                ..TEN_PERCENT
+            }),
+            throttle: Some(ThrottleConfig {
+                k: 2.0,
+                window: TICK * 50,
             }),
         },
     ]
 }
+
+/// The published budget. Its window is one tick, the model's resolution: like the
+/// published token bucket, whose cap of 10 tokens is one tick's deposits, it allows no
+/// burst larger than a tenth of a tick's traffic.
+const TEN_PERCENT: BudgetConfig = BudgetConfig {
+    ratio: 0.1,
+    min_per_sec: 0.0,
+    window: TICK,
+    max_ratio: None,
+};
 
 #[derive(Clone, Debug, PartialEq)]
 pub struct SimResult {
@@ -90,17 +131,25 @@ pub struct SimResult {
     pub recovery: Option<usize>,
 }
 
-/// Runs one policy with a seeded RNG.
-pub fn simulate(p: &Policy, seed: u64) -> SimResult {
+/// Runs one policy with a seeded RNG and a dip of `dip` ticks.
+pub fn simulate(p: &Policy, seed: u64, dip: usize) -> SimResult {
+    let dip_end = DIP_START + dip.min(MAX_DIP_TICKS);
     let mut rng = fastrand::Rng::with_seed(seed);
     let origin = Instant::now();
     let budget = p.budget.as_ref().map(|b| RetryBudget::new(Some(b), origin));
+    let adaptive = budget.as_ref().and_then(|b| b.adaptive());
+    let throttle = p.throttle.as_ref().map(|c| Throttle::new(c, origin));
     let mut pending = vec![[0u64; MAX_RETRY + 1]; TICKS + CAP_TICKS + 2];
     let (mut peak, mut sent, mut failed, mut recovery) = (0, 0, 0, None);
     for t in 0..TICKS {
         let now = origin + TICK * t as u32;
         let mut offered = pending[t];
-        offered[0] += ARRIVALS;
+        // A request the throttle rejects is a failed user, never sent.
+        let throttled = throttle.as_ref().map_or(0, |th| {
+            (0..ARRIVALS).filter(|_| !th.admit(now, &mut rng)).count() as u64
+        });
+        failed += throttled;
+        offered[0] += ARRIVALS - throttled;
         if let Some(b) = &budget {
             for _ in 0..ARRIVALS {
                 b.record_request(now);
@@ -109,7 +158,7 @@ pub fn simulate(p: &Policy, seed: u64) -> SimResult {
         let total: u64 = offered.iter().sum();
         sent += total;
         peak = peak.max(total);
-        let capacity = if (DIP_START..DIP_END).contains(&t) {
+        let capacity = if (DIP_START..dip_end).contains(&t) {
             DIP_CAPACITY
         } else {
             CAPACITY
@@ -120,19 +169,42 @@ pub fn simulate(p: &Policy, seed: u64) -> SimResult {
             let rej = (0..*count)
                 .filter(|_| rejected > 0 && rng.u64(0..total) < rejected)
                 .count();
+            // What the learning parts hear: attempts served, and rejections (a load
+            // shedder's "overloaded").
+            for _ in rej as u64..*count {
+                if let Some(th) = &throttle {
+                    th.accepted(now);
+                    th.answered(now);
+                }
+                adaptive
+                    .filter(|_| a > 0)
+                    .inspect(|s| s.retry_succeeded(now));
+            }
             for _ in 0..rej {
+                throttle.iter().for_each(Throttle::failed);
+                if let Some(s) = adaptive {
+                    s.overloaded(now);
+                    if a > 0 {
+                        s.retry_failed();
+                    }
+                }
+                // Given up on: its answer is the failure.
+                let done = |failed: &mut u64| {
+                    *failed += 1;
+                    throttle.iter().for_each(|th| th.answered(now));
+                };
                 let Some(backoff) = &p.backoff else {
-                    failed += 1;
+                    done(&mut failed);
                     continue;
                 };
                 if a == MAX_RETRY {
-                    failed += 1;
+                    done(&mut failed);
                     continue;
                 }
                 if let Some(b) = &budget
                     && !b.try_retry(now)
                 {
-                    failed += 1;
+                    done(&mut failed);
                     continue;
                 }
                 let sleep = backoff.draw(a as u32, &mut rng);
@@ -140,8 +212,8 @@ pub fn simulate(p: &Policy, seed: u64) -> SimResult {
                 pending[t + ticks][a + 1] += 1;
             }
         }
-        if t >= DIP_END && recovery.is_none() && total <= CAPACITY {
-            recovery = Some(t - DIP_END);
+        if t >= dip_end && recovery.is_none() && total <= CAPACITY {
+            recovery = Some(t - dip_end);
         }
     }
     SimResult {
@@ -153,15 +225,21 @@ pub fn simulate(p: &Policy, seed: u64) -> SimResult {
     }
 }
 
+/// Every policy, with the published dip.
 pub fn run_all(seed: u64) -> Vec<SimResult> {
-    policies().iter().map(|p| simulate(p, seed)).collect()
+    run_with_dip(seed, DIP_TICKS)
 }
 
-pub fn table(results: &[SimResult]) -> String {
+/// Every policy, with a dip of `dip` ticks.
+pub fn run_with_dip(seed: u64, dip: usize) -> Vec<SimResult> {
+    policies().iter().map(|p| simulate(p, seed, dip)).collect()
+}
+
+pub fn table(results: &[SimResult], dip: usize) -> String {
     let mut out = format!(
         "tollgate sim: {TICKS} ticks of 100 ms, capacity {CAPACITY}/tick, {ARRIVALS} arrivals/tick, \
          capacity {DIP_CAPACITY} for ticks {DIP_START}-{}, up to {MAX_RETRY} retries\n\n",
-        DIP_END - 1
+        DIP_START + dip - 1
     );
     out.push_str(&format!(
         "  {:<28} {:>10} {:>12} {:>10} {:>10}\n",
@@ -184,13 +262,13 @@ pub fn table(results: &[SimResult]) -> String {
     out
 }
 
-pub fn to_json(results: &[SimResult]) -> Value {
+pub fn to_json(results: &[SimResult], dip: usize) -> Value {
     json!({
         "ticks": TICKS,
         "tick_ms": TICK.as_millis() as u64,
         "capacity": CAPACITY,
         "arrivals": ARRIVALS,
-        "dip": { "from": DIP_START, "to": DIP_END, "capacity": DIP_CAPACITY },
+        "dip": { "from": DIP_START, "to": DIP_START + dip, "capacity": DIP_CAPACITY },
         "max_retries": MAX_RETRY,
         "policies": results.iter().map(|r| json!({
             "policy": r.policy,
@@ -244,6 +322,26 @@ mod tests {
                 "{name} sent less than the budgeted policy"
             );
         }
+    }
+
+    #[test]
+    fn the_throttle_rejects_nothing_in_a_short_dip_and_sheds_a_long_one() {
+        let short = run_all(1);
+        let long = run_with_dip(1, 100);
+        let by = |r: &[SimResult], name: &str| r.iter().find(|x| x.policy == name).unwrap().clone();
+        let (budget, throttle) = ("full jitter + 10% budget", "+ throttle (k = 2, 5 s)");
+        assert_eq!(by(&short, throttle).sent, by(&short, budget).sent);
+        assert_eq!(by(&short, throttle).failed, by(&short, budget).failed);
+        // Ten seconds of a service that rejects four requests in five: the throttle
+        // stops sending most of what would be rejected anyway.
+        let (b, t) = (by(&long, budget), by(&long, throttle));
+        assert!(
+            t.sent + 2_000 < b.sent,
+            "throttled {} sent, budgeted {}",
+            t.sent,
+            b.sent
+        );
+        assert!(t.recovery.is_some_and(|r| r <= 2), "{:?}", t.recovery);
     }
 
     #[test]

@@ -26,7 +26,9 @@ pub const NO_RETRY_LINE: &str = "grpc-retry-pushback-ms: -1";
 pub fn code(outcome: Outcome, failure: Option<Failure>, status: StatusCode) -> Code {
     match outcome {
         Outcome::DeadlineExceeded => Code::DeadlineExceeded,
-        Outcome::Overloaded => Code::ResourceExhausted,
+        Outcome::Overloaded | Outcome::Throttled | Outcome::RetryRejected => {
+            Code::ResourceExhausted
+        }
         Outcome::NoRoute => Code::Unimplemented,
         Outcome::UpstreamUnreachable => Code::Unavailable,
         _ => match failure {
@@ -66,6 +68,17 @@ mod tests {
                 Code::DeadlineExceeded,
             ),
             (Outcome::Overloaded, None, Code::ResourceExhausted),
+            (Outcome::Throttled, None, Code::ResourceExhausted),
+            (
+                Outcome::RetryRejected,
+                Some(Failure::Reset),
+                Code::ResourceExhausted,
+            ),
+            (
+                Outcome::AppRetry,
+                Some(Failure::Status(StatusCode::SERVICE_UNAVAILABLE)),
+                Code::Unavailable,
+            ),
             (Outcome::NoRoute, None, Code::Unimplemented),
             (
                 Outcome::UpstreamUnreachable,

@@ -2,7 +2,9 @@
 //! fix its deadline, clean its headers, hand it to the retry engine, and dress the
 //! answer with what the app must know (`x-tollgate-attempts`, and
 //! `x-tollgate-outcome` when tollgate gave up). A gRPC call's answers are gRPC
-//! answers ([`super::grpc`]).
+//! answers ([`super::grpc`]). A first attempt may be rejected locally by the upstream's
+//! throttle, and a request the app sends again after an owned failure is its own retry
+//! ([`super::app_retries`]).
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering::AcqRel;
@@ -15,6 +17,7 @@ use http_body::Body;
 use tokio::time::Instant;
 
 use super::access_log::Entry;
+use super::app_retries::{self, Verdict};
 use super::grpc;
 use super::headers::prepare_request;
 use super::route::authority_of;
@@ -27,12 +30,12 @@ use crate::deadline::Deadline;
 use crate::http::ByProtocol;
 use crate::http::fields::strip;
 use crate::http::grpc::{GRPC_PUSHBACK, GRPC_STATUS, is_grpc, is_grpc_answer};
-use crate::metrics::{Outcome, UpstreamMetrics};
+use crate::metrics::{Denied, Outcome, UpstreamMetrics};
 use crate::retry::headers::{
     ATTEMPTS_HEADER, OUTCOME_HEADER, attempts_line, count_value, outcome_line,
 };
 use crate::retry::policy::Failure;
-use crate::retry::{self, Answer, Exchange, Reply};
+use crate::retry::{self, Answer, Exchange, Reply, learn};
 
 /// The app's outbound requests, routed to upstreams by authority, or all to one
 /// upstream on its dedicated `listen` port.
@@ -72,7 +75,8 @@ async fn handle(
     // it meets a reset (and its HTTP client may retry that behind tollgate's back).
     let unread = req.version() < Version::HTTP_2 && !req.body().is_end_stream();
     let grpc = is_grpc(req.headers());
-    let refuse = |metrics: Option<&UpstreamMetrics>, r: Refusal, guard| {
+    let refuse = |metrics: Option<&UpstreamMetrics>, r: Refusal, mut entry, mut guard| {
+        log_refusal(&mut entry, &mut guard, &r, grpc);
         let mut resp = local_answer(metrics, Local::of(&r), grpc, guard);
         if unread {
             announce_close(&mut resp);
@@ -97,31 +101,23 @@ async fn handle(
     let Some(up) = upstream else {
         shared.unrouted[usize::from(grpc)].inc();
         log_refusal(&mut entry, &mut guard, &NO_ROUTE, grpc);
-        // Named, so a typo in the app's Host or a missing authority shows at once.
-        let text = match &dedicated {
-            Some(name) => format!("upstream {name} is not in the config any more\n"),
-            None => match authority_of(&req) {
-                Some(a) => format!("no upstream is configured for the authority {a:?}\n"),
-                None => "the request names no authority (no Host)\n".to_string(),
-            },
-        };
-        let local = Local {
-            text: &text,
-            ..Local::of(&NO_ROUTE)
-        };
-        let mut resp = local_answer(None, local, grpc, guard);
+        let mut resp = no_route(dedicated.as_deref(), &req, grpc, guard);
         if unread {
             announce_close(&mut resp);
         }
         return resp;
     };
     if req.method() == Method::CONNECT {
-        log_refusal(&mut entry, &mut guard, &CONNECT, grpc);
-        return refuse(Some(&up.metrics), CONNECT, guard);
+        return refuse(Some(&up.metrics), CONNECT, entry, guard);
     }
+    let fingerprint = app_retries::fingerprint(&up, &req, authority_of(&req).unwrap_or(""));
+    let refused = |r: &Refusal| {
+        let verdict = Verdict::refused(r.status, r.outcome, grpc);
+        app_retries::remember(&up, fingerprint, verdict, start);
+    };
     if !admit(&up, &mut guard) {
-        log_refusal(&mut entry, &mut guard, &OVERLOADED, grpc);
-        return refuse(Some(&up.metrics), OVERLOADED, guard);
+        refused(&OVERLOADED);
+        return refuse(Some(&up.metrics), OVERLOADED, entry, guard);
     }
     let (parts, body) = req.into_parts();
     let mut headers = parts.headers;
@@ -138,8 +134,18 @@ async fn handle(
         if let Some(e) = entry.as_mut() {
             e.denied = Some(crate::metrics::Denied::Deadline);
         }
-        log_refusal(&mut entry, &mut guard, &EXPIRED, grpc);
-        return refuse(Some(&up.metrics), EXPIRED, guard);
+        refused(&EXPIRED);
+        return refuse(Some(&up.metrics), EXPIRED, entry, guard);
+    }
+    let again = app_retries::recall(&up, fingerprint, start);
+    if let Some(stop) = again.and_then(|a| app_retries::stop(&up, a, start)) {
+        return app_retry_stopped(&up.metrics, stop, (grpc, unread), entry, guard);
+    }
+    if let Some(t) = up.throttle.as_ref().filter(|_| again.is_none())
+        && !t.admit(start, &mut fastrand::Rng::new())
+    {
+        refused(&THROTTLED);
+        return refuse(Some(&up.metrics), THROTTLED, entry, guard);
     }
     let deadline = Deadline::new(start, facts.caller_timeout, up.config.request_timeout);
     set_upstream_host(&up, &parts.uri, &mut headers);
@@ -154,16 +160,12 @@ async fn handle(
         arrived: start,
         grpc: facts.grpc,
         upgrade: facts.upgrade,
+        app_retry: again.is_some(),
     };
     let answer = retry::forward(&up, exchange).await;
-    if let Some(mut e) = entry {
-        e.status = app_status(&answer, grpc);
-        e.attempts = answer.attempts;
-        e.outcome = answer.outcome;
-        e.retries = answer.trail.retries().collect();
-        e.denied = answer.trail.denied;
-        e.upstream_time = Some(start.elapsed());
-        guard.on_finish(e);
+    learn_from(&up, fingerprint, &answer, grpc, again.is_some());
+    if let Some(e) = entry {
+        log_answer(e, &answer, grpc, start, &mut guard);
     }
     // A body still streaming to the upstream may yet be read to its end; one that was
     // never touched (an answer at `Expect: 100-continue`) will not.
@@ -177,6 +179,28 @@ async fn handle(
         announce_close(&mut resp);
     }
     resp
+}
+
+/// The answer to a request for which no upstream is configured: named, so a typo in
+/// the app's Host or a missing authority shows at once.
+fn no_route(
+    dedicated: Option<&str>,
+    req: &Request<AppBody>,
+    grpc: bool,
+    guard: RequestGuard,
+) -> Response<ResponseBody> {
+    let text = match dedicated {
+        Some(name) => format!("upstream {name} is not in the config any more\n"),
+        None => match authority_of(req) {
+            Some(a) => format!("no upstream is configured for the authority {a:?}\n"),
+            None => "the request names no authority (no Host)\n".to_string(),
+        },
+    };
+    let local = Local {
+        text: &text,
+        ..Local::of(&NO_ROUTE)
+    };
+    local_answer(None, local, grpc, guard)
 }
 
 /// The access log's line for `req`, before it is answered.
@@ -205,6 +229,23 @@ fn access_log_entry(
         deadline: None,
         upstream_time: None,
     })
+}
+
+/// Finishes the access log's line of a request the retry engine answered.
+fn log_answer(
+    mut e: Box<Entry>,
+    answer: &Answer,
+    grpc: bool,
+    start: Instant,
+    guard: &mut RequestGuard,
+) {
+    e.status = app_status(answer, grpc);
+    e.attempts = answer.attempts;
+    e.outcome = answer.outcome;
+    e.retries = answer.trail.retries().collect();
+    e.denied = answer.trail.denied;
+    e.upstream_time = Some(start.elapsed());
+    guard.on_finish(e);
 }
 
 /// Finishes the access log's line of a request refused before any upstream call.
@@ -238,6 +279,49 @@ fn app_status(answer: &Answer, grpc: bool) -> u16 {
     }
 }
 
+/// An app's own retry that goes no further: refused, or no room in the budget.
+fn app_retry_stopped(
+    metrics: &UpstreamMetrics,
+    stop: app_retries::Stopped,
+    (grpc, unread): (bool, bool),
+    entry: Option<Box<Entry>>,
+    mut guard: RequestGuard,
+) -> Response<ResponseBody> {
+    if let Some(mut e) = entry {
+        e.status = if grpc { 200 } else { stop.status.as_u16() };
+        e.outcome = stop.outcome;
+        e.denied = (stop.outcome == Outcome::BudgetExhausted).then_some(Denied::Budget);
+        guard.on_finish(e);
+    }
+    let local = Local {
+        status: stop.status,
+        outcome: stop.outcome,
+        attempts: 0,
+        failure: None,
+        text: stop.text,
+        retry_after: None,
+    };
+    let mut resp =
+        app_retries::with_grpc_status(local_answer(Some(metrics), local, grpc, guard), stop.grpc);
+    if unread {
+        announce_close(&mut resp);
+    }
+    resp
+}
+
+/// What an answer teaches: the throttle counts the request as answered (unless
+/// another tollgate owned its failure), and the memory of failures remembers it, or
+/// forgets the failure an app's retry (`again`) has now succeeded past.
+fn learn_from(up: &Upstream, fingerprint: u64, answer: &Answer, grpc: bool, again: bool) {
+    let now = Instant::now();
+    if let Some(t) = &up.throttle
+        && learn::counts_for_throttle(answer.outcome, answer.owned_elsewhere)
+    {
+        t.answered(now);
+    }
+    app_retries::remember(up, fingerprint, Verdict::of(answer, grpc, again), now);
+}
+
 /// An answer tollgate gives before any upstream call.
 struct Refusal {
     status: StatusCode,
@@ -266,6 +350,14 @@ const OVERLOADED: Refusal = Refusal {
     outcome: Outcome::Overloaded,
     text: "too many requests in flight to this upstream\n",
     retry_after: Some(HeaderValue::from_static("1")),
+};
+
+const THROTTLED: Refusal = Refusal {
+    status: StatusCode::SERVICE_UNAVAILABLE,
+    outcome: Outcome::Throttled,
+    text: "throttled: the upstream has lately been rejecting most requests, so some are \
+           not sent\n",
+    retry_after: None,
 };
 
 const EXPIRED: Refusal = Refusal {

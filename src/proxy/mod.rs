@@ -18,6 +18,7 @@
 //! with a spare descriptor kept for that, and backs off; it warns once per few seconds.
 
 pub mod access_log;
+mod app_retries;
 mod apply;
 pub mod grpc;
 pub mod handler;

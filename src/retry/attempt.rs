@@ -99,6 +99,8 @@ pub(super) struct Ran<A> {
     /// What went wrong, when it is worth telling the app (a TLS failure's reason).
     pub detail: Option<String>,
     pub endpoint: usize,
+    /// The attempt's number as sent (`x-tollgate-attempt`).
+    pub number: u32,
 }
 
 impl<'a, A: AppBody> Attempt<'a, A> {
@@ -125,6 +127,7 @@ impl<'a, A: AppBody> Attempt<'a, A> {
             unsent: body,
             detail,
             endpoint: self.endpoint,
+            number: self.number,
         };
         let r = match &result {
             Ok(resp) => AttemptResult::of_status(resp.status().as_u16()),

@@ -30,6 +30,14 @@
 //! apart. So a slot (`window / SLOTS`) may grant at most twice its even share of the
 //! allowance: the same retries in total, spread over at least half a window.
 //!
+//! # An adaptive share
+//!
+//! With `max_ratio`, `ratio` in the rule is replaced by a share that moves between
+//! `ratio / 10` and `max_ratio` as the upstream shows how well retries go, and the floor
+//! may be suspended while they keep failing ([`super::adaptive`]). The share never
+//! leaves that range, so the rule with `max_ratio` in place of `ratio` is never
+//! exceeded.
+//!
 //! # Cost on the request path
 //!
 //! Recording a request is two relaxed atomic adds; granting a retry is a compare-and-swap
@@ -37,12 +45,13 @@
 //! `SLOTS` times a window), to retire the slot that falls out. Time comes from the caller
 //! (`tokio::time::Instant`), so tests and the simulator can drive it.
 
-use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering::*};
 use std::time::Duration;
 
 use tokio::time::Instant;
 
+use super::adaptive::AdaptiveShare;
+use super::slots::SlotClock;
 use crate::config::BudgetConfig;
 
 /// Slots per window: the window's resolution is `window / SLOTS`.
@@ -56,6 +65,10 @@ const PACE: f64 = 2.0;
 /// The window an upstream without a budget still keeps, for the amplification gauge.
 const UNBUDGETED_WINDOW: Duration = Duration::from_secs(10);
 
+/// While an adaptive share's floor is suspended, it still allows this many retries a
+/// window (never more than `min_per_sec` would), so one can succeed and end it.
+const PROBES: f64 = 1.0;
+
 #[derive(Default)]
 struct Slot {
     requests: AtomicU64,
@@ -66,18 +79,16 @@ struct Slot {
 pub struct RetryBudget {
     limit: Option<BudgetConfig>,
     window: Duration,
-    slot_nanos: u64,
-    origin: Instant,
+    clock: SlotClock,
     ring: Box<[Slot]>,
-    /// The newest slot number the ring has been advanced to.
-    head: AtomicU64,
     /// Requests in slots `head - SLOTS + 1 ..= head`.
     requests: AtomicU64,
     /// Attempts over the same slots as `requests`.
     attempts: AtomicU64,
     /// Retries in slots `head - SLOTS ..= head`.
     retries: AtomicU64,
-    rotate: Mutex<()>,
+    /// The share that replaces `ratio` when the budget has a `max_ratio`.
+    adaptive: Option<AdaptiveShare>,
 }
 
 impl std::fmt::Debug for RetryBudget {
@@ -102,18 +113,30 @@ impl RetryBudget {
     /// `None`: retries are not limited, but the window is still kept for the gauges.
     pub fn new(limit: Option<&BudgetConfig>, now: Instant) -> Self {
         let window = limit.map_or(UNBUDGETED_WINDOW, |b| b.window);
-        let slot_nanos = (u64::try_from(window.as_nanos()).unwrap_or(u64::MAX) / SLOTS).max(1);
         RetryBudget {
             limit: limit.cloned(),
             window,
-            slot_nanos,
-            origin: now,
+            clock: SlotClock::new(window, SLOTS, now),
             ring: (0..RING).map(|_| Slot::default()).collect(),
-            head: AtomicU64::new(0),
             requests: AtomicU64::new(0),
             attempts: AtomicU64::new(0),
             retries: AtomicU64::new(0),
-            rotate: Mutex::new(()),
+            adaptive: limit.and_then(|l| AdaptiveShare::new(l, now)),
+        }
+    }
+
+    /// The adaptive share, when the budget has a `max_ratio` above its `ratio`.
+    pub fn adaptive(&self) -> Option<&AdaptiveShare> {
+        self.adaptive.as_ref()
+    }
+
+    /// The share of requests retries may add now: `ratio`, the adaptive share, or
+    /// `f64::INFINITY` without a budget. The `tollgate_retry_budget_ratio` gauge.
+    pub fn share(&self) -> f64 {
+        match (&self.limit, &self.adaptive) {
+            (None, _) => f64::INFINITY,
+            (Some(_), Some(a)) => a.share(),
+            (Some(l), None) => l.ratio,
         }
     }
 
@@ -125,24 +148,14 @@ impl RetryBudget {
         self.window
     }
 
-    fn slot_of(&self, now: Instant) -> u64 {
-        let nanos = u64::try_from(now.saturating_duration_since(self.origin).as_nanos())
-            .unwrap_or(u64::MAX);
-        nanos / self.slot_nanos
-    }
-
     /// Moves the ring forward to `now`; returns the current slot number.
     fn advance(&self, now: Instant) -> u64 {
-        let slot = self.slot_of(now);
-        let head = self.head.load(Acquire);
-        if slot <= head {
-            return head;
-        }
-        let _guard = self.rotate.lock().unwrap_or_else(|p| p.into_inner());
-        let head = self.head.load(Acquire);
-        if slot <= head {
-            return head;
-        }
+        self.clock
+            .advance(now, |head, slot| self.retire(head, slot))
+    }
+
+    /// Empties what the slots `head + 1 ..= slot` push out of the windows.
+    fn retire(&self, head: u64, slot: u64) {
         if slot - head >= RING {
             for s in self.ring.iter() {
                 s.requests.store(0, Relaxed);
@@ -152,26 +165,24 @@ impl RetryBudget {
             self.requests.store(0, Relaxed);
             self.attempts.store(0, Relaxed);
             self.retries.store(0, Relaxed);
-        } else {
-            for k in head + 1..=slot {
-                // Period k - SLOTS leaves the request window; its slot is kept for the
-                // retry window one slot longer.
-                if let Some(p) = k.checked_sub(SLOTS) {
-                    let s = &self.ring[(p % RING) as usize];
-                    self.requests
-                        .fetch_sub(s.requests.swap(0, Relaxed), Relaxed);
-                    self.attempts
-                        .fetch_sub(s.attempts.swap(0, Relaxed), Relaxed);
-                }
-                // Period k - RING leaves the retry window; its slot becomes period k.
-                let s = &self.ring[(k % RING) as usize];
-                self.retries.fetch_sub(s.retries.swap(0, Relaxed), Relaxed);
-                s.requests.store(0, Relaxed);
-                s.attempts.store(0, Relaxed);
-            }
+            return;
         }
-        self.head.store(slot, Release);
-        slot
+        for k in head + 1..=slot {
+            // Period k - SLOTS leaves the request window; its slot is kept for the
+            // retry window one slot longer.
+            if let Some(p) = k.checked_sub(SLOTS) {
+                let s = &self.ring[(p % RING) as usize];
+                self.requests
+                    .fetch_sub(s.requests.swap(0, Relaxed), Relaxed);
+                self.attempts
+                    .fetch_sub(s.attempts.swap(0, Relaxed), Relaxed);
+            }
+            // Period k - RING leaves the retry window; its slot becomes period k.
+            let s = &self.ring[(k % RING) as usize];
+            self.retries.fetch_sub(s.retries.swap(0, Relaxed), Relaxed);
+            s.requests.store(0, Relaxed);
+            s.attempts.store(0, Relaxed);
+        }
     }
 
     /// A request arrived that will be sent upstream.
@@ -203,7 +214,12 @@ impl RetryBudget {
     }
 
     fn bound(&self, limit: &BudgetConfig, requests: u64) -> f64 {
-        limit.ratio * requests as f64 + limit.min_per_sec * self.window.as_secs_f64()
+        let floor = limit.min_per_sec * self.window.as_secs_f64();
+        match &self.adaptive {
+            None => limit.ratio * requests as f64 + floor,
+            Some(a) if a.floor_on() => a.share() * requests as f64 + floor,
+            Some(a) => a.share() * requests as f64 + floor.min(PROBES),
+        }
     }
 
     /// The most retries the current slot may still grant, by the pacing rule: no slot
@@ -289,6 +305,7 @@ mod tests {
             ratio,
             min_per_sec,
             window: Duration::from_secs(window_s),
+            max_ratio: None,
         };
         (RetryBudget::new(Some(&cfg), now), now)
     }
@@ -416,6 +433,7 @@ mod tests {
             ratio: 0.5,
             min_per_sec: 0.0,
             window: Duration::from_secs(10),
+            max_ratio: None,
         };
         let b = RetryBudget::new(Some(&cfg), Instant::now());
         for _ in 0..20 {
@@ -442,6 +460,81 @@ mod tests {
     enum Event {
         Request,
         Retry,
+        /// What an adaptive share learns from (a fixed budget ignores these).
+        RetrySucceeded,
+        RetryFailed,
+        Overloaded,
+        Slow,
+    }
+
+    fn events(adaptive: bool) -> impl Strategy<Value = Vec<(u64, Event)>> {
+        let learn = if adaptive { 1 } else { 0 };
+        prop::collection::vec(
+            (
+                0u64..2_000,
+                prop_oneof![
+                    3 => Just(Event::Request),
+                    2 => Just(Event::Retry),
+                    2 * learn => Just(Event::RetrySucceeded),
+                    2 * learn => Just(Event::RetryFailed),
+                    learn => Just(Event::Overloaded),
+                    learn => Just(Event::Slow),
+                ],
+            ),
+            1..600,
+        )
+    }
+
+    /// Drives `b` with `events`; whenever a retry is granted at t, checks that the
+    /// retries granted in (t - window, t] stay within
+    /// `ratio * (requests in that interval) + min_per_sec * window`.
+    fn never_above_the_rule(
+        b: &RetryBudget,
+        t0: Instant,
+        events: Vec<(u64, Event)>,
+        ratio: f64,
+        min_per_sec: f64,
+        window: Duration,
+    ) -> Result<(), TestCaseError> {
+        let window_ms = window.as_millis() as u64;
+        let mut at = Duration::ZERO;
+        let mut requests: Vec<Duration> = Vec::new();
+        let mut grants: Vec<Duration> = Vec::new();
+        for (gap_ms, event) in events {
+            at += Duration::from_millis(gap_ms % (window_ms * 2));
+            let now = t0 + at;
+            let adaptive = b.adaptive();
+            match event {
+                Event::Request => {
+                    b.record_request(now);
+                    requests.push(at);
+                }
+                Event::Retry => {
+                    if b.try_retry(now) {
+                        grants.push(at);
+                        let from = at.saturating_sub(window);
+                        let inside = |t: &&Duration| **t > from || (at < window && **t >= from);
+                        let r = requests.iter().filter(inside).count() as f64;
+                        let g = grants.iter().filter(inside).count() as f64;
+                        let bound = ratio * r + min_per_sec * window.as_secs_f64();
+                        prop_assert!(
+                            g <= bound + 1e-9,
+                            "{g} retries granted in a window whose bound is {bound}"
+                        );
+                    }
+                }
+                Event::RetrySucceeded => adaptive.iter().for_each(|a| a.retry_succeeded(now)),
+                Event::RetryFailed => adaptive.iter().for_each(|a| a.retry_failed()),
+                Event::Overloaded => adaptive.iter().for_each(|a| a.overloaded(now)),
+                Event::Slow => adaptive.iter().for_each(|a| a.slow(now)),
+            }
+            prop_assert!(
+                b.share() <= ratio + 1e-12,
+                "share {} above {ratio}",
+                b.share()
+            );
+        }
+        Ok(())
     }
 
     proptest! {
@@ -453,38 +546,34 @@ mod tests {
             ratio in 0.0f64..1.0,
             min_per_sec in 0u32..5,
             window_ms in 100u64..5_000,
-            events in prop::collection::vec(
-                (0u64..2_000, prop_oneof![3 => Just(Event::Request), 2 => Just(Event::Retry)]),
-                1..600,
-            ),
+            events in events(false),
         ) {
             let t0 = Instant::now();
             let window = Duration::from_millis(window_ms);
-            let cfg = BudgetConfig { ratio, min_per_sec: f64::from(min_per_sec), window };
+            let min_per_sec = f64::from(min_per_sec);
+            let cfg = BudgetConfig { ratio, min_per_sec, window, max_ratio: None };
             let b = RetryBudget::new(Some(&cfg), t0);
-            let mut at = Duration::ZERO;
-            let mut requests: Vec<Duration> = Vec::new();
-            let mut grants: Vec<Duration> = Vec::new();
-            for (gap_ms, event) in events {
-                at += Duration::from_millis(gap_ms % (window_ms * 2));
-                match event {
-                    Event::Request => {
-                        b.record_request(t0 + at);
-                        requests.push(at);
-                    }
-                    Event::Retry => {
-                        if b.try_retry(t0 + at) {
-                            grants.push(at);
-                            let from = at.saturating_sub(window);
-                            let inside = |t: &&Duration| **t > from || (at < window && **t >= from);
-                            let r = requests.iter().filter(inside).count() as f64;
-                            let g = grants.iter().filter(inside).count() as f64;
-                            let bound = ratio * r + f64::from(min_per_sec) * window.as_secs_f64();
-                            prop_assert!(g <= bound + 1e-9, "{g} retries granted in a window whose bound is {bound}");
-                        }
-                    }
-                }
-            }
+            never_above_the_rule(&b, t0, events, ratio, min_per_sec, window)?;
+        }
+
+        /// The same with an adaptive share, whatever it learns in whatever order: never
+        /// above the fixed rule with max_ratio in place of ratio.
+        #[test]
+        fn an_adaptive_share_never_exceeds_the_rule_with_max_ratio(
+            ratio in 0.0f64..0.5,
+            above in 0.01f64..1.0,
+            min_per_sec in 0u32..5,
+            window_ms in 100u64..5_000,
+            events in events(true),
+        ) {
+            let t0 = Instant::now();
+            let window = Duration::from_millis(window_ms);
+            let min_per_sec = f64::from(min_per_sec);
+            let max_ratio = ratio + above;
+            let cfg = BudgetConfig { ratio, min_per_sec, window, max_ratio: Some(max_ratio) };
+            let b = RetryBudget::new(Some(&cfg), t0);
+            prop_assert!(b.adaptive().is_some());
+            never_above_the_rule(&b, t0, events, max_ratio, min_per_sec, window)?;
         }
     }
 }

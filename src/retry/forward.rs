@@ -18,11 +18,13 @@
 //! their own: the first lives in this future, the hedge (rare, within `max_extra`) in a
 //! box.
 //!
+//! What each attempt showed goes to the parts that learn from the upstream
+//! ([`learn`](super::learn)); the failure a retry retries is kept while it runs, in case
+//! the callee refuses the retry ([`rejected`](super::rejected)).
+//!
 //! [`Hedging`]: super::hedge::Hedging
 
-use std::future::Future;
-use std::pin::{Pin, pin};
-use std::task::{Context, Poll};
+use std::pin::pin;
 use std::time::Duration;
 
 use http::{HeaderMap, Method, Response, StatusCode, Uri, Version};
@@ -32,11 +34,14 @@ use tokio::time::{Instant, Sleep};
 use super::attempt::{Attempt, AttemptError, NotUpstream, Ran};
 use super::backoff::Backoff;
 use super::headers::{outcome_of, owned_elsewhere, refused_as_retry};
+use super::learn::{self, Seen};
 use super::policy::{self, Failure, Policy, Situation, Stop};
+use super::race::{Event, Hedge, race};
+use super::rejected::{self, Previous};
 use super::replay::{AppBody, BodySource, ReplayBody};
 use super::upstream::Upstream;
 use crate::deadline::Deadline;
-use crate::metrics::{Denied, HedgeResult, Outcome, health};
+use crate::metrics::{Denied, HedgeResult, Outcome};
 use crate::upstream::pool::Want;
 use crate::upstream::request::{AttemptFields, RequestHead};
 use crate::upstream::response::{Fields, UpstreamBody};
@@ -59,6 +64,9 @@ pub struct Exchange<A> {
     /// An HTTP/1.1 upgrade (`Connection: upgrade`, `Upgrade: websocket`): sent over
     /// HTTP/1.1, never retried once sent, and a `101` is its answer.
     pub upgrade: bool,
+    /// The app sent this again after a failure tollgate owned: it goes as a retry
+    /// (`x-tollgate-attempt: 2`, its budget already spent) and is not retried again.
+    pub app_retry: bool,
 }
 
 /// What goes back to the app.
@@ -159,6 +167,10 @@ struct Call<'a, A> {
     hedge_asked: bool,
     /// A hedge was sent.
     hedged: bool,
+    /// The app's own retry: numbered from 2, one attempt only.
+    app_retry: bool,
+    /// The failure the attempt in flight retries.
+    previous: Option<Previous>,
 }
 
 /// Forwards `ex` to `up`, retrying and hedging as the policy allows.
@@ -185,7 +197,7 @@ pub async fn forward<A: AppBody>(up: &Upstream<A>, ex: Exchange<A>) -> Answer {
         }
         call.attempts += 1;
         let endpoint = call.pick(call.avoid);
-        let keep = if call.retryable && call.attempts < up.config.retry.max_attempts {
+        let keep = if call.retryable && call.attempts < call.limit() {
             up.config.retry.max_body
         } else {
             0
@@ -234,77 +246,13 @@ pub async fn forward<A: AppBody>(up: &Upstream<A>, ex: Exchange<A>) -> Answer {
             Ok(sleep) => {
                 up.metrics.retried(failure.condition());
                 call.trail.retried(failure);
-                if let Some(resp) = response {
-                    discard(resp);
-                }
-                if !sleep.is_zero() {
-                    tokio::time::sleep(sleep).await;
-                }
+                call.previous = None;
+                let kept = rejected::keep_while_sleeping(response, failure, sleep).await;
+                call.previous = Some(kept);
                 call.avoid = Some(failed_on);
             }
             Err(stop) => return call.give_up(stop, failure, response),
         }
-    }
-}
-
-/// What the attempts in flight did.
-enum Event<T> {
-    First(T),
-    Hedge(T),
-    /// The first attempt has not answered by the hedge delay.
-    HedgeDue,
-}
-
-/// Polls the attempts in flight, then the hedge timer.
-fn race<F: Future>(
-    cx: &mut Context<'_>,
-    first: Pin<&mut Option<F>>,
-    hedge: &mut Option<Hedge<'_, F>>,
-    timer: Pin<&mut Option<Sleep>>,
-) -> Poll<Event<F::Output>> {
-    if let Some(f) = first.as_pin_mut()
-        && let Poll::Ready(ran) = f.poll(cx)
-    {
-        return Poll::Ready(Event::First(ran));
-    }
-    if let Some(h) = hedge
-        && let Poll::Ready(ran) = h.attempt.as_mut().poll(cx)
-    {
-        return Poll::Ready(Event::Hedge(ran));
-    }
-    if let Some(t) = timer.as_pin_mut()
-        && t.poll(cx).is_ready()
-    {
-        return Poll::Ready(Event::HedgeDue);
-    }
-    Poll::Pending
-}
-
-/// A hedge in flight. Dropped without having won (it failed, or the other attempt
-/// answered first and it was cancelled), it counts as lost.
-struct Hedge<'m, F> {
-    attempt: Pin<Box<F>>,
-    metrics: &'m health::Handles,
-    won: bool,
-}
-
-impl<'m, F> Hedge<'m, F> {
-    fn new(attempt: F, metrics: &'m health::Handles) -> Self {
-        Hedge {
-            attempt: Box::pin(attempt),
-            metrics,
-            won: false,
-        }
-    }
-}
-
-impl<F> Drop for Hedge<'_, F> {
-    fn drop(&mut self) {
-        self.metrics.hedge(if self.won {
-            HedgeResult::Won
-        } else {
-            HedgeResult::Lost
-        });
     }
 }
 
@@ -357,8 +305,54 @@ impl<'a, A: AppBody> Call<'a, A> {
             rng: None,
             hedge_asked: false,
             hedged: false,
+            app_retry: ex.app_retry,
+            previous: None,
         };
         (head, call)
+    }
+
+    /// The number of the attempt in flight as sent upstream: an app's own retry is
+    /// already the second.
+    fn number(&self) -> u32 {
+        self.attempts + u32::from(self.app_retry)
+    }
+
+    /// The attempts this request may make: one for an app's own retry.
+    fn limit(&self) -> u32 {
+        if self.app_retry {
+            1
+        } else {
+            self.up.config.retry.max_attempts
+        }
+    }
+
+    /// Tells what the attempt just ended showed to the parts that learn from it.
+    fn learn(&self, number: u32, failure: Option<Failure>, resp: Option<&Response<UpstreamBody>>) {
+        let seen = Seen {
+            number,
+            failure,
+            response: resp.map(|r| (r.status(), Fields::of(r))),
+        };
+        learn::attempt_done(self.up, &seen, Instant::now());
+    }
+
+    /// The callee refused this retry: no further attempt, and the app gets the failure
+    /// the retry retried, with outcome `retry-rejected`.
+    fn rejected(&mut self, refusal: Response<UpstreamBody>) -> Answer {
+        let Some(previous) = self.previous.take() else {
+            return self.answer(refusal, Outcome::Ok);
+        };
+        discard(refusal);
+        self.up.metrics.denied(Denied::UpstreamRejected);
+        let failure = previous.failure();
+        let mut answer = match previous {
+            Previous::Response(resp, _) => self.answer(*resp, Outcome::RetryRejected),
+            Previous::Failure(f) => self.local(Previous::local_status(f), Outcome::RetryRejected),
+        };
+        answer.outcome = Outcome::RetryRejected;
+        answer.owned_elsewhere = false;
+        answer.failure = Some(failure);
+        answer
     }
 
     /// An endpoint for the next attempt: round-robin, away from `avoid` and from any
@@ -388,7 +382,9 @@ impl<'a, A: AppBody> Call<'a, A> {
         'a: 'h,
     {
         let cfg = &self.up.config;
-        if self.attempts == 1 {
+        // An app's own retry is a retry: counted in the budget's retries, not as a
+        // request.
+        if self.attempts == 1 && !self.app_retry {
             self.up.budget.record_first_attempt(started);
         } else {
             self.up.budget.record_attempt(started);
@@ -397,7 +393,7 @@ impl<'a, A: AppBody> Call<'a, A> {
         Attempt {
             up: self.up,
             endpoint,
-            number: self.attempts,
+            number: self.number(),
             hedge,
             want: self.want,
             started,
@@ -421,8 +417,7 @@ impl<'a, A: AppBody> Call<'a, A> {
     /// already asked for, a delay not known yet or past the attempt's own time).
     fn hedge_due(&self, attempt: &Attempt<'_, A>) -> Option<Instant> {
         let h = self.up.hedge.as_ref()?;
-        if self.hedge_asked || !self.retryable || self.attempts >= self.up.config.retry.max_attempts
-        {
+        if self.hedge_asked || !self.retryable || self.attempts >= self.limit() {
             return None;
         }
         let at = attempt.started + h.delay()?;
@@ -473,16 +468,23 @@ impl<'a, A: AppBody> Call<'a, A> {
                 let on = &self.up.config.retry.on;
                 let fields = Fields::of(&resp);
                 let failure = policy::classify_response(resp.status(), fields, on);
-                match failure {
-                    Some(f) => (f, Some(resp)),
-                    None if others && refused_as_retry(fields) => {
+                self.learn(ran.number, failure, Some(&resp));
+                if ran.number > 1 && refused_as_retry(resp.status(), fields) {
+                    if others {
                         discard(resp);
                         return Step::Wait;
                     }
+                    return Step::Answer(self.rejected(resp));
+                }
+                match failure {
+                    Some(f) => (f, Some(resp)),
                     None => return Step::Answer(self.answer(resp, Outcome::Ok)),
                 }
             }
-            Err(AttemptError::Upstream(f)) => (f, None),
+            Err(AttemptError::Upstream(f)) => {
+                self.learn(ran.number, Some(f), None);
+                (f, None)
+            }
             Err(AttemptError::NotUpstream(NotUpstream::NoDescriptors)) if others => {
                 // Never got a connection: not an attempt.
                 self.attempts -= 1;
@@ -516,7 +518,7 @@ impl<'a, A: AppBody> Call<'a, A> {
         if self.body.recorded()
             && failure.maybe_sent()
             && self.retryable
-            && self.attempts < retry.max_attempts
+            && self.attempts < self.limit()
         {
             let grace = if self.body.started() {
                 BODY_GRACE
@@ -543,7 +545,8 @@ impl<'a, A: AppBody> Call<'a, A> {
         let situation = Situation {
             failure,
             response: response.map(Fields::of),
-            attempts: self.attempts,
+            // An app's own retry has used every attempt: it is not retried again.
+            attempts: self.attempts + retry.max_attempts.saturating_sub(self.limit()),
             request_retryable: self.retryable,
             deadline: self.deadline,
             now,

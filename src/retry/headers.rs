@@ -2,7 +2,7 @@
 //! the attempt number an upstream receives, and the attempt count and outcome the app
 //! receives. Names and the values written on every request, made without formatting.
 
-use http::{HeaderName, HeaderValue};
+use http::{HeaderName, HeaderValue, StatusCode};
 
 use crate::metrics::Outcome;
 use crate::upstream::response::Fields;
@@ -75,11 +75,10 @@ pub fn owned_elsewhere(fields: Fields<'_>) -> bool {
 }
 
 /// Whether a callee's inbound side refused the attempt from its fleet-wide retry
-/// budget (`x-tollgate-outcome: retry-rejected`).
-pub fn refused_as_retry(fields: Fields<'_>) -> bool {
-    fields
-        .get(&OUTCOME_HEADER)
-        .is_some_and(|v| v == b"retry-rejected".as_slice())
+/// budget (`503` with `x-tollgate-outcome: retry-rejected`).
+pub fn refused_as_retry(status: StatusCode, fields: Fields<'_>) -> bool {
+    status == StatusCode::SERVICE_UNAVAILABLE
+        && fields.get(&OUTCOME_HEADER) == Some(Outcome::RetryRejected.as_str().as_bytes())
 }
 
 /// Whether a response says its endpoint failed, for outlier ejection: a 5xx of the

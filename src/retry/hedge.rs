@@ -41,6 +41,7 @@ impl Hedging {
             ratio: config.max_extra,
             min_per_sec: 0.0,
             window: window.unwrap_or(DEFAULT_WINDOW),
+            max_ratio: None,
         };
         Hedging {
             budget: RetryBudget::new(Some(&limit), now),

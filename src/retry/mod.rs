@@ -5,20 +5,31 @@
 //! loop that puts them together ([`forward`], one [`attempt`] at a time, or two with a
 //! hedge).
 //!
+//! The caller also learns from its upstream: the budget's share adapts ([`adaptive`]),
+//! first attempts are throttled when most are rejected ([`throttle`]), both fed by
+//! what each attempt showed ([`learn`]).
+//!
 //! Generic over the app's body `A`: this layer records and replays it, and does not
 //! care which protocol brought it.
 
+pub mod adaptive;
 mod attempt;
 pub mod backoff;
 pub mod budget;
 mod forward;
 pub mod headers;
 pub mod hedge;
+pub mod learn;
 pub mod median;
 pub mod policy;
 pub mod quantile;
+mod race;
+pub mod recent;
+mod rejected;
 pub mod replay;
 pub mod retry_after;
+mod slots;
+pub mod throttle;
 mod upstream;
 
 pub use forward::{Answer, Exchange, Reply, Trail, forward};

@@ -276,6 +276,7 @@ mod tests {
                         ratio: 0.1,
                         min_per_sec: 10.0,
                         window: Duration::from_secs(10),
+                        max_ratio: None,
                     }),
                     now,
                 ),

@@ -1,12 +1,14 @@
 //! An upstream as the retry engine drives it: its validated config, its endpoints, the
 //! retry budget, the recent median attempt time, hedging, the in-flight count and the
-//! metric handles.
+//! metric handles; and what it learns from the upstream: the throttle of first attempts
+//! and the failures owned recently (to see the app's own retries).
 //!
 //! Built from config on start and on every reload. What must survive a reload is carried
 //! over from the previous build: metric handles and the in-flight count always, pools
 //! and endpoint health while the endpoints and transport settings are unchanged, the
-//! budget's window while its settings are unchanged, hedging's budget and latency
-//! estimate while the hedge section and the window are.
+//! budget's window (and its adaptive share) while its settings are unchanged, hedging's
+//! budget and latency estimate while the hedge section and the window are, the
+//! throttle's window while its settings are, and the failures owned recently always.
 
 use std::sync::Arc;
 use std::sync::atomic::AtomicUsize;
@@ -16,7 +18,9 @@ use tokio::time::Instant;
 use super::budget::RetryBudget;
 use super::hedge::Hedging;
 use super::median::RecentMedian;
+use super::recent::RecentFailures;
 use super::replay::{AppBody, ReplayBody};
+use super::throttle::Throttle;
 use crate::config::{DeadlineConfig, UpstreamConfig};
 use crate::metrics::{Metrics, UpstreamMetrics};
 use crate::upstream::Endpoints;
@@ -37,6 +41,10 @@ pub struct Upstream<A> {
     pub metrics: Arc<UpstreamMetrics>,
     /// The TLS client of `config.tls`.
     pub tls: Option<Arc<TlsClient>>,
+    /// The throttle of first attempts, with `config.throttle`.
+    pub throttle: Option<Arc<Throttle>>,
+    /// The failures tollgate owned in the last 2 s, to see the app retrying them.
+    pub recent: Arc<RecentFailures>,
 }
 
 impl<A: AppBody> Upstream<A> {
@@ -90,6 +98,15 @@ impl<A: AppBody> Upstream<A> {
                 Some(p) if p.built_from(h, window) => p.clone(),
                 _ => Arc::new(Hedging::new(h, window, now)),
             });
+        let throttle = match previous {
+            Some(p) if p.config.throttle == config.throttle => p.throttle.clone(),
+            _ => config
+                .throttle
+                .as_ref()
+                .map(|t| Arc::new(Throttle::new(t, now))),
+        };
+        let recent =
+            previous.map_or_else(|| Arc::new(RecentFailures::new(now)), |p| p.recent.clone());
         Upstream {
             inflight: previous
                 .map_or_else(|| Arc::new(AtomicUsize::new(0)), |p| p.inflight.clone()),
@@ -100,6 +117,8 @@ impl<A: AppBody> Upstream<A> {
             hedge,
             metrics,
             tls,
+            throttle,
+            recent,
             deadline,
             config,
         }

@@ -20,6 +20,7 @@
 //! One buffer each way per connection, kept while it is pooled. The head is read by
 //! [`crate::http::response`], in place; the body is read by [`crate::http::framing`].
 
+use std::collections::VecDeque;
 use std::io;
 use std::pin::{Pin, pin};
 use std::sync::Arc;
@@ -520,6 +521,7 @@ where
         reuse: head.reuse && !upload_failed && !refused,
         upload,
         broken: None,
+        ahead: VecDeque::new(),
     };
     // A protocol switch keeps its connection for the tunnel (see `take_upgraded`).
     if head.status != http::StatusCode::SWITCHING_PROTOCOLS {
@@ -544,6 +546,8 @@ pub struct Http1Response {
     /// The body broke; reported on the next poll, so that what arrived before the
     /// break is flushed to the app first.
     broken: Option<io::Error>,
+    /// What [`Http1Response::read_ahead`] read into memory, given out first.
+    ahead: VecDeque<Result<Frame<Bytes>, BoxError>>,
 }
 
 impl Http1Response {
@@ -561,6 +565,28 @@ impl Http1Response {
 
     fn ended(&self) -> bool {
         self.framing == Framing::Length(0)
+    }
+
+    /// Reads the rest of the body into memory, up to about `limit` bytes, so that its
+    /// connection goes back to the pool now while the response is kept to be answered
+    /// later (a failed response kept while its retry runs). `true` once the body has
+    /// ended; what was read is given out first either way.
+    pub async fn read_ahead(&mut self, limit: usize) -> bool {
+        let mut size = 0;
+        while size <= limit {
+            match std::future::poll_fn(|cx| self.poll_wire(cx)).await {
+                None => return true,
+                Some(Ok(frame)) => {
+                    size += frame.data_ref().map_or(0, Bytes::len);
+                    self.ahead.push_back(Ok(frame));
+                }
+                Some(Err(e)) => {
+                    self.ahead.push_back(Err(e));
+                    return false;
+                }
+            }
+        }
+        false
     }
 
     /// Once the response has ended: the connection goes back to the pool if it can
@@ -624,6 +650,39 @@ impl Body for Http1Response {
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
         let this = self.get_mut();
+        match this.ahead.pop_front() {
+            Some(frame) => Poll::Ready(Some(frame)),
+            None => this.poll_wire(cx),
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.ahead.is_empty() && (self.ended() || (self.lease.is_none() && self.broken.is_none()))
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        let wire = self.framing.size_hint();
+        if self.ahead.is_empty() {
+            return wire;
+        }
+        let n: u64 = self
+            .ahead
+            .iter()
+            .filter_map(|f| f.as_ref().ok()?.data_ref().map(|d| d.len() as u64))
+            .sum();
+        let mut hint = SizeHint::new();
+        hint.set_lower(wire.lower() + n);
+        if let Some(upper) = wire.upper() {
+            hint.set_upper(upper + n);
+        }
+        hint
+    }
+}
+
+impl Http1Response {
+    /// The body as it comes off the connection.
+    fn poll_wire(&mut self, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        let this = self;
         if let Some(e) = this.broken.take() {
             return Poll::Ready(Some(Err(e.into())));
         }
@@ -645,13 +704,5 @@ impl Body for Http1Response {
             }
             Poll::Pending => Poll::Pending,
         }
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.ended() || (self.lease.is_none() && self.broken.is_none())
-    }
-
-    fn size_hint(&self) -> SizeHint {
-        self.framing.size_hint()
     }
 }

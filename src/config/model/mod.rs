@@ -193,6 +193,10 @@ pub struct UpstreamConfig {
     pub outlier: Option<OutlierConfig>,
     /// `None`: no hedged attempts.
     pub hedge: Option<HedgeConfig>,
+    /// `None`: first attempts are never rejected locally.
+    pub throttle: Option<ThrottleConfig>,
+    /// What a request the app sends again after an owned failure gets.
+    pub app_retries: AppRetries,
 }
 
 impl UpstreamConfig {

@@ -1,7 +1,8 @@
-//! What an upstream's `[retry]` and `[budget]` sections say: which failures may be
-//! retried, how often, how long to sleep between attempts, and how many retries the
-//! upstream may take in a window. Plain data: the retry layer builds its running
-//! `Backoff` and `RetryBudget` from these.
+//! What an upstream's `[retry]`, `[budget]` and `[throttle]` sections say: which
+//! failures may be retried, how often, how long to sleep between attempts, how many
+//! retries the upstream may take in a window (and how far that share may adapt), and
+//! when first attempts are rejected locally. Plain data: the retry layer builds its
+//! running `Backoff`, `RetryBudget` and `Throttle` from these.
 
 use std::fmt;
 use std::time::Duration;
@@ -254,6 +255,20 @@ pub struct BudgetConfig {
     /// Retries per second allowed whatever the traffic, so quiet upstreams can retry.
     pub min_per_sec: f64,
     pub window: Duration,
+    /// Present and above `ratio`: the share adapts between `ratio` and this.
+    pub max_ratio: Option<f64>,
+}
+
+impl BudgetConfig {
+    /// The most the share can be: `max_ratio` when it adapts, else `ratio`.
+    pub fn top_ratio(&self) -> f64 {
+        self.adaptive_max().unwrap_or(self.ratio)
+    }
+
+    /// `max_ratio`, when the share adapts (it is above `ratio`).
+    pub fn adaptive_max(&self) -> Option<f64> {
+        self.max_ratio.filter(|m| *m > self.ratio)
+    }
 }
 
 impl Default for BudgetConfig {
@@ -262,6 +277,50 @@ impl Default for BudgetConfig {
             ratio: 0.1,
             min_per_sec: 10.0,
             window: Duration::from_secs(10),
+            max_ratio: None,
+        }
+    }
+}
+
+/// `[upstreams.NAME.throttle]`: client-side adaptive throttling of first attempts (the
+/// SRE book's "Handling Overload"): reject locally with probability
+/// `max(0, (requests - k * accepts) / (requests + 1))` over the window.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ThrottleConfig {
+    /// How many requests per accepted one the upstream may be asked before throttling.
+    pub k: f64,
+    pub window: Duration,
+}
+
+impl Default for ThrottleConfig {
+    fn default() -> Self {
+        ThrottleConfig {
+            k: 2.0,
+            window: Duration::from_secs(5),
+        }
+    }
+}
+
+/// `app_retries`: what happens to a request the app sends again within 2 s of a
+/// failure tollgate owned.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum AppRetries {
+    /// Counted, and forwarded as a retry: within the budget, never retried again.
+    #[default]
+    Count,
+    /// Answered at once with the failure's status and outcome `app-retry`.
+    Refuse,
+    /// Not looked for: the app's retries go as new requests, with tollgate's own
+    /// retries. Only for demonstrating retry storms (the lab's naive chain).
+    Ignore,
+}
+
+impl AppRetries {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            AppRetries::Count => "count",
+            AppRetries::Refuse => "refuse",
+            AppRetries::Ignore => "ignore",
         }
     }
 }

@@ -1,5 +1,7 @@
-//! `[upstreams.NAME.retry]` and `[upstreams.NAME.budget]`: what may be retried, how
-//! often, the sleep between attempts, and the share of retries an upstream may take.
+//! `[upstreams.NAME.retry]`, `[upstreams.NAME.budget]` and `[upstreams.NAME.throttle]`:
+//! what may be retried, how often, the sleep between attempts, the share of retries an
+//! upstream may take (and how far it may adapt), and when first attempts are rejected
+//! locally.
 
 use std::time::Duration;
 
@@ -144,12 +146,55 @@ pub(super) fn budget(w: &mut Walker<'_>, upstream: &str, t: &Table) -> BudgetCon
     w.check_keys(Section::Budget, upstream, t);
     let d = BudgetConfig::default();
     let window = Duration::from_millis(100)..=Duration::from_secs(3600);
+    let ratio = w.ranged(t, "ratio", d.ratio, 0.0..=1000.0);
     BudgetConfig {
-        ratio: w.ranged(t, "ratio", d.ratio, 0.0..=1000.0),
+        ratio,
         min_per_sec: w.ranged(t, "min_per_sec", d.min_per_sec, 0.0..=1e6),
+        window: w.ranged(t, "window", d.window, window),
+        max_ratio: max_ratio(w, t, ratio),
+    }
+}
+
+/// `max_ratio`: the most the share may adapt to. One below `ratio` is an error (a
+/// ceiling under the floor has no meaning to guess at); checked only when `ratio` was
+/// readable, since a default standing in for it would make up a second problem.
+fn max_ratio(w: &mut Walker<'_>, t: &Table, ratio: f64) -> Option<f64> {
+    let max = w.optional(t, "max_ratio", 0.0..=1000.0)?;
+    if max < ratio && !w.is_invalid(&t.key("ratio")) {
+        let span = t.get("max_ratio").map_or(0..0, |v| v.span());
+        w.reject(
+            span,
+            &t.key("max_ratio"),
+            format!("max_ratio {max} is below ratio {ratio}: the share adapts upwards from ratio"),
+            "make max_ratio greater than ratio (e.g. 3 × ratio), or remove it to keep the share fixed",
+        );
+        return None;
+    }
+    Some(max)
+}
+
+/// `[upstreams.NAME.throttle]`; a key not written takes its default. `k` below 1 would
+/// reject requests of an upstream that accepts every one of them.
+pub(super) fn throttle(w: &mut Walker<'_>, upstream: &str, t: &Table) -> ThrottleConfig {
+    w.check_keys(Section::Throttle, upstream, t);
+    let d = ThrottleConfig::default();
+    let window = Duration::from_millis(100)..=Duration::from_secs(3600);
+    ThrottleConfig {
+        k: w.ranged(t, "k", d.k, 1.0..=100.0),
         window: w.ranged(t, "window", d.window, window),
     }
 }
+
+/// `app_retries`: `count` (the default) or `refuse`.
+pub(super) const APP_RETRIES: Choice<AppRetries> = Choice {
+    what: "an app_retries mode",
+    fix: "use \"count\" (the default: counted and sent as a retry) or \"refuse\"",
+    words: &[
+        ("count", AppRetries::Count),
+        ("refuse", AppRetries::Refuse),
+        ("ignore", AppRetries::Ignore),
+    ],
+};
 
 /// `backoff_jitter`: `none` only to demonstrate synchronised retries.
 const JITTER: Choice<Jitter> = Choice {

@@ -22,12 +22,13 @@ pub(super) enum Section {
     Tls,
     Outlier,
     Hedge,
+    Throttle,
     Inbound,
     InboundRetries,
 }
 
 impl Section {
-    const ALL: [Section; 14] = [
+    const ALL: [Section; 15] = [
         Section::Root,
         Section::Runtime,
         Section::Listener,
@@ -40,6 +41,7 @@ impl Section {
         Section::Tls,
         Section::Outlier,
         Section::Hedge,
+        Section::Throttle,
         Section::Inbound,
         Section::InboundRetries,
     ];
@@ -85,6 +87,8 @@ impl Section {
                 "max_connection_age",
                 "outlier",
                 "hedge",
+                "throttle",
+                "app_retries",
             ],
             Section::Retry => &[
                 "max_attempts",
@@ -99,12 +103,13 @@ impl Section {
                 "max_body",
                 "ownership",
             ],
-            Section::Budget => &["ratio", "min_per_sec", "window"],
+            Section::Budget => &["ratio", "min_per_sec", "window", "max_ratio"],
             Section::Tls => &["server_name", "ca_file", "client_cert", "client_key"],
             Section::Outlier => &["consecutive_failures", "base_ejection", "max_ejected"],
             Section::Hedge => &["after", "max_extra"],
             Section::Inbound => &["addr", "app", "max_inflight", "request_timeout", "retries"],
             Section::InboundRetries => &["ratio", "min_per_sec", "window"],
+            Section::Throttle => &["k", "window"],
         }
     }
 
@@ -124,6 +129,7 @@ impl Section {
             Section::Hedge => Some((Section::Upstream, "hedge")),
             Section::Inbound => Some((Section::Root, "inbound")),
             Section::InboundRetries => Some((Section::Inbound, "retries")),
+            Section::Throttle => Some((Section::Upstream, "throttle")),
         }
     }
 
@@ -149,6 +155,7 @@ impl Section {
                 | Section::Tls
                 | Section::Outlier
                 | Section::Hedge
+                | Section::Throttle
         )
     }
 }

@@ -201,6 +201,12 @@ fn upstream(
         hedge: w
             .table(t, "hedge")
             .map(|(hedge, _)| super::health::hedge(w, name, &hedge)),
+        throttle: w
+            .table(t, "throttle")
+            .map(|(throttle, _)| super::retry::throttle(w, name, &throttle)),
+        app_retries: w
+            .word(t, "app_retries", &super::retry::APP_RETRIES)
+            .unwrap_or_default(),
     }
 }
 
