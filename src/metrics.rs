@@ -86,7 +86,7 @@ pub fn amplification(attempts: u64, requests: u64) -> f64 {
 /// `tollgate_descriptors_exhausted_total{at}`, one handle per place.
 fn exhausted_family(r: &Registry) -> [IntCounter; 2] {
     let family = family(
-        &r,
+        r,
         IntCounterVec::new(
             Opts::new(
                 "tollgate_descriptors_exhausted_total",
