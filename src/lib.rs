@@ -32,5 +32,6 @@ pub mod proxy;
 pub mod reload;
 pub mod retry;
 pub mod run;
+pub mod server;
 pub mod upstream;
 pub mod worker;

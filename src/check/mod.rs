@@ -15,7 +15,7 @@
 //! connections for an answer nobody reads, while the outer layer retries on top.
 //!
 //! The parts: [`lint`] the warnings of one file, [`chain`] the analysis of a call
-//! chain, [`figures`] what an upstream's settings cost (amplification, patience),
+//! chain, [`figures`](crate::config::figures) what an upstream's settings cost (amplification, patience),
 //! [`render`] the text `check` prints. This file reads the files and decides the exit
 //! code.
 

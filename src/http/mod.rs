@@ -2,7 +2,7 @@
 //! on the wire, how a body is framed, and the field rules every hop must keep.
 //!
 //! tollgate speaks HTTP/1.1 with its own codec on both sides (to the app in
-//! `proxy::server`, to the endpoints in `upstream::h1`) and HTTP/2 through hyper. The
+//! `server`, to the endpoints in `upstream::h1`) and HTTP/2 through hyper. The
 //! pieces here have one role each, as in hyper's `proto::h1` and Pingora's
 //! `protocols::http::v1::common`: [`request`] reads request heads (the server's role),
 //! [`response`] reads response heads (the client's role), [`framing`] reads bodies

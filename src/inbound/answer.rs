@@ -10,8 +10,8 @@ use http::{HeaderValue, Response, StatusCode};
 
 use crate::http::grpc::{Code, GRPC_PUSHBACK, trailers_only};
 use crate::metrics::Outcome;
-use crate::proxy::server::{RequestGuard, ResponseBody};
 use crate::retry::headers::OUTCOME_HEADER;
+use crate::server::{RequestGuard, ResponseBody};
 
 /// An answer the inbound side gives in the app's place, and why.
 #[derive(Clone, Debug)]

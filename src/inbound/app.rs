@@ -11,7 +11,7 @@ use prometheus::IntCounter;
 use tokio::time::{Instant, timeout_at};
 
 use crate::deadline::{self, Deadline};
-use crate::proxy::server::AppBody;
+use crate::server::AppBody;
 use crate::upstream::pool::{Endpoint, SendError, Want};
 use crate::upstream::request::{AttemptFields, RequestHead};
 use crate::upstream::response::UpstreamBody;

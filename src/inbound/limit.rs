@@ -19,7 +19,7 @@ use tokio::time::Instant;
 use super::gradient::{Control, Seen};
 use super::samples::Samples;
 use crate::config::InflightLimit;
-use crate::proxy::server::Admission;
+use crate::server::Admission;
 
 /// The concurrency limit in front of the app.
 pub struct Limit {

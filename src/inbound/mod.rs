@@ -10,7 +10,7 @@
 //! wait for (a deadline already spent), and keeps the app's queue short with a
 //! concurrency limit, fixed or learned from the app's latency.
 //!
-//! It is a [`Service`](crate::proxy::server::Service) beside the outbound one, handed
+//! It is a [`Service`](crate::server::Service) beside the outbound one, handed
 //! to the same app-facing server (HTTP/1.1 and h2c, head limits, slowloris, drain), and
 //! it talks to the app through the endpoint layer with one endpoint, sending the
 //! caller's body as it streams: it never retries, so it never keeps one.
@@ -41,8 +41,8 @@ use tokio::time::Instant;
 
 use crate::config::{DeadlineConfig, InboundConfig};
 use crate::metrics::{Metrics, amplification};
-use crate::proxy::server::AppBody;
 use crate::retry::budget::RetryBudget;
+use crate::server::AppBody;
 use crate::upstream::pool::Endpoint;
 use limit::Limit;
 pub use service::InboundService;

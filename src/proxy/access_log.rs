@@ -18,10 +18,10 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use http::Method;
 
-use super::server::Finish;
 use crate::config::AccessLogFormat;
 use crate::metrics::{Denied, Outcome};
 use crate::retry::policy::Failure;
+use crate::server::Finish;
 
 /// Lines waiting for the writer before new ones are dropped (and counted).
 const QUEUE: usize = 16 * 1024;

@@ -26,12 +26,12 @@ use tokio::time::Instant;
 
 use super::Upstream;
 use super::grpc;
-use super::server::{AppBody, ResponseBody};
 use crate::config::AppRetries;
 use crate::http::grpc::{GRPC_STATUS, is_grpc_answer};
 use crate::metrics::{Denied, Outcome};
 use crate::retry::recent::Remembered;
 use crate::retry::{Answer, Reply};
+use crate::server::{AppBody, ResponseBody};
 use crate::upstream::response::Fields;
 
 /// The fingerprint of what makes two requests the same: method, authority, target and

@@ -19,11 +19,7 @@ use tokio::time::Instant;
 use super::access_log::Entry;
 use super::app_retries::{self, Verdict};
 use super::grpc;
-use super::headers::prepare_request;
 use super::route::authority_of;
-use super::server::{
-    AddedFields, Admission, AppBody, ConnState, RequestGuard, ResponseBody, Service,
-};
 use super::{Shared, Upstream};
 use crate::config::AccessLogConfig;
 use crate::deadline::Deadline;
@@ -36,6 +32,10 @@ use crate::retry::headers::{
 };
 use crate::retry::policy::Failure;
 use crate::retry::{self, Answer, Exchange, Reply, learn};
+use crate::server::headers::prepare_request;
+use crate::server::{
+    AddedFields, Admission, AppBody, ConnState, RequestGuard, ResponseBody, Service,
+};
 
 /// The app's outbound requests, routed to upstreams by authority, or all to one
 /// upstream on its dedicated `listen` port.

@@ -2,11 +2,12 @@
 //! snapshot every request reads, and the orderly ways it changes (reload) and ends
 //! (drain).
 //!
-//! - [`server`]: client connections and their codecs, handed a [`server::Service`];
+//! - [`crate::server`]: client connections and their codecs, handed a
+//!   [`server::Service`];
 //! - [`handler`]: the outbound service: route, admit, deadline, retry, answer (the
 //!   inbound side's listener, when the config has one, is handed
 //!   [`crate::inbound::InboundService`] instead);
-//! - [`headers`], [`route`], [`snapshot`], [`grpc`]: what the handler works with.
+//! - [`route`], [`snapshot`], [`grpc`]: what the handler works with.
 //!
 //! The snapshot is an `ArcSwap`: a request loads it once, clones the `Arc` of the one
 //! upstream it needs and keeps it to the end, so a reload never changes a request
@@ -22,9 +23,7 @@ mod app_retries;
 mod apply;
 pub mod grpc;
 pub mod handler;
-pub mod headers;
 pub mod route;
-pub mod server;
 pub mod snapshot;
 
 use std::collections::HashMap;
@@ -43,9 +42,9 @@ use crate::config::Config;
 use crate::descriptors::{self, Throttled};
 use crate::inbound::Inbound;
 use crate::metrics::{Metrics, Shortage};
+use crate::server::{self, AppBody, Service};
 use crate::worker::Workers;
 use handler::Outbound;
-use server::{AppBody, Service};
 pub use snapshot::Snapshot;
 
 /// An upstream as the proxy runs it: the retry engine's, sending the app's bodies.

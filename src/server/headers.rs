@@ -1,7 +1,7 @@
-//! A request's headers at the outbound hop, read and cleaned in one pass: the caller's
-//! deadline and whether it is a gRPC call are read; hop-by-hop headers (RFC 9110
-//! section 7.6.1), the accepted deadline headers and any `x-tollgate-attempt` go (each
-//! attempt writes its own).
+//! A request's headers, read and cleaned in one pass, at the outbound hop and at the
+//! inbound side alike: the caller's deadline and whether it is a gRPC call are read;
+//! hop-by-hop headers (RFC 9110 section 7.6.1), the accepted deadline headers and any
+//! `x-tollgate-attempt` go (each attempt writes its own).
 //!
 //! Almost no request carries any of them, so the headers are read once and changed
 //! only where something was found: removing a header that is not there still costs a

@@ -1,6 +1,9 @@
-//! The app-facing server: client connections, HTTP/1.1 on tollgate's own codec and
-//! HTTP/2 on hyper's, each request handed to a [`Service`]. Nothing here knows what the
-//! service does with it: routes, retries and tollgate's headers are the service's.
+//! The app-facing server of both sides, the outbound proxy's and the inbound side's:
+//! client connections, HTTP/1.1 on tollgate's own codec and HTTP/2 on hyper's, each
+//! request handed to a [`Service`]. Nothing here knows what the service does with it:
+//! routes, retries and admission are the service's. [`headers`] is the one pass both
+//! services make over a request's headers (the caller's deadline read, hop-by-hop
+//! headers dropped).
 //!
 //! From the bottom: [`watchdog`] (slow heads, idle connections), [`socket`] (an
 //! HTTP/1.1 connection's socket and request body), [`body`] (the bodies that cross),
@@ -10,6 +13,7 @@
 pub mod body;
 pub mod conn;
 pub mod h1;
+pub mod headers;
 pub mod service;
 pub mod socket;
 mod tunnel;
