@@ -23,8 +23,6 @@ use super::route::authority_of;
 use super::{Shared, Upstream};
 use crate::config::AccessLogConfig;
 use crate::deadline::Deadline;
-use crate::http::ByProtocol;
-use crate::http::fields::strip;
 use crate::http::grpc::{GRPC_PUSHBACK, GRPC_STATUS, is_grpc, is_grpc_answer};
 use crate::metrics::{Denied, Outcome, UpstreamMetrics};
 use crate::retry::headers::{
@@ -36,6 +34,7 @@ use crate::server::headers::prepare_request;
 use crate::server::{
     AddedFields, Admission, AppBody, ConnState, RequestGuard, ResponseBody, Service,
 };
+use crate::upstream::response::relayed;
 
 /// The app's outbound requests, routed to upstreams by authority, or all to one
 /// upstream on its dedicated `listen` port.
@@ -478,18 +477,7 @@ fn answer_app(
         return local_answer(Some(metrics), local, grpc, guard);
     }
     let pushback = grpc && outcome.is_some();
-    let (mut parts, body) = resp.into_parts();
-    match &body {
-        ByProtocol::Http2(_) => strip(&mut parts.headers),
-        // An HTTP/1.1 response lost its hop-by-hop fields as it was parsed and
-        // keeps the rest in its head, from where they go to an HTTP/1.1 app as
-        // they are; an HTTP/2 app needs them in the map.
-        ByProtocol::Http1(b) if version == Version::HTTP_2 => {
-            b.fields().append_to(&mut parts.headers);
-        }
-        ByProtocol::Http1(_) => {}
-    }
-    parts.version = version;
+    let (mut parts, body) = relayed(resp, version);
     metrics.request(parts.status.as_u16(), answer.outcome, answer.attempts);
     if let (true, Some(attempts)) = (version < Version::HTTP_2, attempts_line(answer.attempts)) {
         // Written straight into the head by the HTTP/1.1 writer, in place of an
