@@ -20,6 +20,8 @@ use tokio::time::Instant;
 
 /// The gRPC deadline header, whose value has its own wire format.
 pub const GRPC_TIMEOUT: HeaderName = HeaderName::from_static("grpc-timeout");
+/// The same name as a static, for the per-attempt fields that borrow their names.
+pub static GRPC_TIMEOUT_NAME: HeaderName = GRPC_TIMEOUT;
 
 /// Anything longer is treated as "no deadline of its own" (and capped by
 /// `request_timeout` anyway); it keeps `Instant` arithmetic far from overflow.

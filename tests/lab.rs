@@ -100,7 +100,6 @@ fn the_lab_table_names_its_scenario_once() {
     assert_eq!(both.matches("tollgate lab: down").count(), 1, "{both}");
 }
 
-<<<<<<< HEAD
 /// The endpoint scenarios, shortened: what they report holds whatever the machine's
 /// speed (the budget's bound on hedges, ejection of the silent endpoint); their
 /// latency figures are for `tollgate lab` itself, never asserted here.
@@ -148,7 +147,8 @@ fn the_endpoint_scenarios_run_and_report_their_figures() {
         to_silent("ejecting") < to_silent("silent"),
         "ejection did not spare the silent endpoint its traffic"
     );
-=======
+}
+
 /// The fleet scenario, shortened: ten callers, each within its own budget, multiply
 /// the failing app's load; the inbound side's budget holds it near 1.1x, and a lone
 /// quiet caller still gets every retry.
@@ -186,5 +186,4 @@ async fn the_inbound_budget_caps_what_a_fleet_of_callers_retries() {
         r.quiet.with
     );
     assert_eq!(r.quiet.with.rejected, 0);
->>>>>>> inbound
 }

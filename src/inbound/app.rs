@@ -11,10 +11,9 @@ use prometheus::IntCounter;
 use tokio::time::{Instant, timeout_at};
 
 use crate::deadline::{self, Deadline};
-use crate::http::fields::ExtraFields;
 use crate::proxy::server::AppBody;
 use crate::upstream::pool::{Endpoint, SendError, Want};
-use crate::upstream::request::RequestHead;
+use crate::upstream::request::{AttemptFields, RequestHead};
 use crate::upstream::response::UpstreamBody;
 
 /// The app is local: a connection that takes longer than this is not coming.
@@ -46,33 +45,37 @@ pub struct DeadlineFields<'a> {
     pub grpc: bool,
 }
 
-impl DeadlineFields<'_> {
+impl<'a> DeadlineFields<'a> {
     /// The fields for a request sent now.
-    fn at(&self, now: Instant) -> ExtraFields<3> {
+    fn at(&self, now: Instant) -> AttemptFields<'a> {
         let left = self.deadline.remaining(now);
-        ExtraFields([
-            Some((self.header.clone(), deadline::format_millis(left))),
+        AttemptFields([
+            Some((self.header, deadline::format_millis(left))),
             self.deadline.caller_at().filter(|_| self.grpc).map(|at| {
                 let left = at.saturating_duration_since(now);
-                (deadline::GRPC_TIMEOUT, deadline::format_grpc_timeout(left))
+                (
+                    &deadline::GRPC_TIMEOUT_NAME,
+                    deadline::format_grpc_timeout(left),
+                )
             }),
+            None,
             None,
         ])
     }
 }
 
 /// Sends the request to `app` and waits for its response head until the deadline.
-pub async fn send(
+pub async fn send<'a>(
     app: &Endpoint<AppBody>,
     want: Want,
-    head: &mut RequestHead<'_>,
+    head: &mut RequestHead<'a>,
     mut body: AppBody,
-    fields: &DeadlineFields<'_>,
+    fields: &DeadlineFields<'a>,
     exhausted: &IntCounter,
 ) -> Result<Response<UpstreamBody>, Failed> {
     let by = fields.deadline.at();
     for _ in 0..=MAX_STALE {
-        let conn = match app.pooled(want) {
+        let conn = match app.pooled(want, Instant::now()) {
             Some(c) => c,
             None => {
                 let connect_by = (Instant::now() + CONNECT_TIMEOUT).min(by);

@@ -152,6 +152,7 @@ impl State {
                 config.app.clone(),
                 connections.clone(),
                 workers,
+                None,
             )),
         };
         let budget = match previous {

@@ -20,7 +20,7 @@ use crate::deadline::Deadline;
 use crate::http::grpc::is_grpc;
 use crate::metrics::inbound::{InboundDenied, InboundMetrics, Kind};
 use crate::proxy::headers::prepare_request;
-use crate::proxy::server::{AppBody, ConnState, RequestGuard, ResponseBody, Service};
+use crate::proxy::server::{AddedFields, AppBody, ConnState, RequestGuard, ResponseBody, Service};
 use crate::retry::headers::outcome_of;
 use crate::upstream::pool::Want;
 use crate::upstream::request::{AttemptFields, RequestHead};
@@ -191,5 +191,8 @@ fn relay(
     call.metrics
         .request(call.kind, resp.status().as_u16(), outcome);
     let (parts, body) = relayed(resp, version);
-    Response::from_parts(parts, ResponseBody::upstream(body, guard))
+    Response::from_parts(
+        parts,
+        ResponseBody::upstream(body, guard, AddedFields::default()),
+    )
 }

@@ -163,15 +163,16 @@ async fn rig(callers: usize, budget: bool, run: Duration, start: Instant) -> Res
         normal: Condition {
             service: Duration::from_millis(2),
             error_rate: 1.0,
+            slow_share: 0.0,
             down: false,
         },
         episodes: vec![],
     };
     let setup = |e: &dyn std::fmt::Display| LabError::Setup(e.to_string());
-    let app = Backend::start(failing, run, start)
+    let app = Backend::start(failing, run, start, 1)
         .await
         .map_err(|e| setup(&e))?;
-    let inbound = Running::start(parse(&inbound_config(app.addr, budget))?, None)
+    let inbound = Running::start(parse(&inbound_config(app.addrs[0], budget))?, None)
         .await
         .map_err(|e| setup(&e))?;
     let next = inbound

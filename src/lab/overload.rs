@@ -142,15 +142,20 @@ async fn phase(
         normal: Condition {
             service: spec.service,
             error_rate: 0.0,
+            slow_share: 0.0,
             down: false,
         },
         episodes: vec![],
     };
-    let app = Backend::start(schedule, duration + Duration::from_secs(5), start)
+    let app = Backend::start(schedule, duration + Duration::from_secs(5), start, 1)
         .await
         .map_err(|e| setup(&e))?;
-    let config = crate::config::parse("lab.toml", &inbound_config(app.addr, limit), Path::new("."))
-        .map_err(|e| setup(&e))?;
+    let config = crate::config::parse(
+        "lab.toml",
+        &inbound_config(app.addrs[0], limit),
+        Path::new("."),
+    )
+    .map_err(|e| setup(&e))?;
     let inbound = Running::start(config, None).await.map_err(|e| setup(&e))?;
     let target = inbound
         .server

@@ -32,7 +32,6 @@ use crate::upstream::tls_failure;
 
 /// The names of the per-attempt fields, borrowed by every attempt.
 static ATTEMPT_NAME: HeaderName = ATTEMPT_HEADER;
-static GRPC_TIMEOUT_NAME: HeaderName = deadline::GRPC_TIMEOUT;
 static HEDGE_NAME: HeaderName = HEDGE_HEADER;
 
 /// Stale pooled connections skipped within one attempt before giving up on it.
@@ -272,7 +271,10 @@ impl<'a, A: AppBody> Attempt<'a, A> {
             Some((&self.up.deadline.header, deadline::format_millis(left))),
             self.grpc_deadline.map(|at| {
                 let left = at.saturating_duration_since(now);
-                (&GRPC_TIMEOUT_NAME, deadline::format_grpc_timeout(left))
+                (
+                    &deadline::GRPC_TIMEOUT_NAME,
+                    deadline::format_grpc_timeout(left),
+                )
             }),
             self.hedge.then_some((&HEDGE_NAME, HEDGE_VALUE)),
         ])
