@@ -13,6 +13,7 @@
 mod family;
 pub mod health;
 pub mod inbound;
+pub mod passthrough;
 pub mod process;
 
 use std::sync::{Arc, OnceLock};
@@ -216,6 +217,7 @@ pub struct Metrics {
     last_reload_ok: IntGauge,
     listener_up: IntGaugeVec,
     health: health::Families,
+    passthrough: passthrough::Passthrough,
     /// Registered with the inbound side, when the config has one.
     inbound: OnceLock<inbound::InboundMetrics>,
 }
@@ -362,6 +364,7 @@ impl Metrics {
                 up,
             ),
             health: health::Families::new(&r),
+            passthrough: passthrough::Passthrough::new(&r),
             inbound: OnceLock::new(),
             registry: r,
         };
@@ -388,6 +391,11 @@ impl Metrics {
     /// `tollgate_descriptors_exhausted_total{at}`.
     pub fn exhausted(&self, at: Shortage) -> &IntCounter {
         &self.exhausted[at as usize]
+    }
+
+    /// The passthrough of redirected connections ([`passthrough`]).
+    pub fn passthrough(&self) -> &passthrough::Passthrough {
+        &self.passthrough
     }
 
     /// The handles of one upstream; resolving them is the only label lookup.
