@@ -5,8 +5,9 @@
 //! app behind its inbound listener, and an unrelated server-speaks-first TCP service in
 //! pod B.
 //!
-//! It shows: a call goes through both sidecars (the attempt header the app receives,
-//! both sides' metrics); a failure is retried in pod A's sidecar only; the TCP service
+//! It shows: a call goes through both sidecars (the attempts header the app receives,
+//! both sides' metrics); a failure is retried in pod A's sidecar only, and rejected
+//! across the link when pod B's fleet budget has no room; the TCP service
 //! is reached through passthrough both ways, its greeting heard before the client says
 //! anything; a connection the app sends to one of its own sidecar's listeners is
 //! refused, not looped; removing the rules restores direct traffic.
@@ -420,6 +421,49 @@ fn two_pods_talk_through_both_sidecars_and_pass_other_tcp_through() {
         "the first attempt's 503 came from the app and was not retried in pod B:\n{b}"
     );
 
+    // 2b. Pod B's fleet budget, made to admit no retry (a reload): pod A's retry of a
+    // failure is rejected across the link (`retry-rejected`, no further attempt), and
+    // the app was called once.
+    let path = pods.dir.path().join("tollgate-b.toml");
+    let next = pods.dir.path().join("tollgate-b.toml.next");
+    std::fs::write(&next, CONFIG_B.replace("ratio = 0.5", "ratio = 0.0")).unwrap();
+    std::fs::rename(&next, &path).unwrap();
+    pods.wait("pod B's sidecar to reload its config", || {
+        value(
+            &metrics(NS_B),
+            r#"tollgate_config_reloads_total{result="ok"}"#,
+        ) >= 1.0
+    });
+    let r = get(NS_A, &url("/down")).unwrap();
+    assert_eq!(r.status, 503, "{}", r.head);
+    assert_eq!(
+        r.header("x-tollgate-outcome").as_deref(),
+        Some("retry-rejected"),
+        "{}",
+        r.head
+    );
+    assert_eq!(
+        r.header("x-tollgate-attempts").as_deref(),
+        Some("2"),
+        "{}",
+        r.head
+    );
+    let b = metrics(NS_B);
+    assert_eq!(
+        value(
+            &b,
+            r#"tollgate_inbound_denied_total{reason="retry-budget"}"#
+        ),
+        1.0,
+        "{b}"
+    );
+    // The app itself (on pod B's loopback, which capture leaves alone) had one call.
+    let direct = get(NS_B, &format!("http://127.0.0.1:{APP_PORT}/down")).unwrap();
+    assert_eq!(
+        direct.body, "down call 2",
+        "the rejected retry never reached the app"
+    );
+
     // 3. A TCP service no upstream owns: passed through by both sidecars, the server's
     // greeting heard before the client sends a byte.
     let (out, ok) = pods_role_once(NS_A, "banner-client", &dir);
@@ -487,7 +531,8 @@ fn two_pods_talk_through_both_sidecars_and_pass_other_tcp_through() {
     );
     eprintln!(
         "two pods: 5 captured calls through both sidecars (1 retried in pod A only), \
-         1 TCP connection passed through both ways, 1 loop refused, direct after --clean"
+         1 retry rejected by pod B's fleet budget, 1 TCP connection passed through both \
+         ways, 1 loop refused, direct after --clean"
     );
 }
 
@@ -534,9 +579,11 @@ fn pod_process() {
     }
 }
 
-/// Pod B's app: `/flaky` fails its first call and says how many it has had.
+/// Pod B's app: `/flaky` fails its first call, `/down` every call; both say how many
+/// they have had.
 fn app(dir: &Path) {
     static FLAKY: AtomicUsize = AtomicUsize::new(0);
+    static DOWN: AtomicUsize = AtomicUsize::new(0);
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -547,11 +594,17 @@ fn app(dir: &Path) {
             .unwrap();
         let _app = Upstream::serve(l, |req| async move {
             let path = req.uri().path().to_string();
-            if path != "/flaky" {
-                return common::respond(200, format!("path={path}"));
+            match path.as_str() {
+                "/flaky" => {
+                    let n = FLAKY.fetch_add(1, Ordering::SeqCst) + 1;
+                    common::respond(if n == 1 { 503 } else { 200 }, format!("flaky call {n}"))
+                }
+                "/down" => {
+                    let n = DOWN.fetch_add(1, Ordering::SeqCst) + 1;
+                    common::respond(503, format!("down call {n}"))
+                }
+                _ => common::respond(200, format!("path={path}")),
             }
-            let n = FLAKY.fetch_add(1, Ordering::SeqCst) + 1;
-            common::respond(if n == 1 { 503 } else { 200 }, format!("flaky call {n}"))
         });
         std::fs::write(dir.join("app.ready"), "").unwrap();
         tokio::time::sleep(LIFETIME).await;
