@@ -178,7 +178,6 @@ async fn pass(
     shutdown: watch::Receiver<bool>,
 ) {
     let metrics = &shared.metrics;
-    metrics.passthrough().connection(direction).inc();
     if is_own(shared, original) {
         metrics
             .passthrough()
@@ -189,6 +188,7 @@ async fn pass(
         }
         return;
     }
+    metrics.passthrough().connection(direction).inc();
     passthrough::relay(
         stream,
         original,
