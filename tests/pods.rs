@@ -186,7 +186,7 @@ impl Pods {
             .collect()
     }
 
-    /// Waits (bounded) until `cond` holds; false if it never did.
+    /// Waits (bounded) until `cond` holds; fails the test, with the logs, if it never did.
     fn wait(&self, what: &str, cond: impl Fn() -> bool) {
         let until = Instant::now() + Duration::from_secs(30);
         while Instant::now() < until {
@@ -342,6 +342,22 @@ fn two_pods_talk_through_both_sidecars_and_pass_other_tcp_through() {
         return;
     }
     let mut pods = Pods::create();
+    start(&mut pods);
+    calls_go_through_both_sidecars(&pods);
+    a_failure_is_retried_in_the_callers_sidecar_only();
+    the_callees_budget_rejects_a_retry_across_the_link(&pods);
+    other_tcp_is_passed_through_both_ways(&pods);
+    no_connection_loops_into_the_sidecar();
+    removing_the_rules_restores_direct_traffic();
+    eprintln!(
+        "two pods: 5 captured calls through both sidecars (1 retried in pod A only), \
+         1 retry rejected by pod B's fleet budget, 1 TCP connection passed through both \
+         ways, 1 loop refused, direct after --clean"
+    );
+}
+
+/// Rules in both pods, then the app, the TCP service and both sidecars, ready.
+fn start(pods: &mut Pods) {
     let bin = common::binary();
     let bin = bin.to_str().unwrap();
     for (ns, uid) in [(NS_A, UID_A), (NS_B, UID_B)] {
@@ -361,9 +377,10 @@ fn two_pods_talk_through_both_sidecars_and_pass_other_tcp_through() {
             get(ns, "http://127.0.0.1:15090/readyz").is_some_and(|r| r.status == 200)
         });
     }
+}
 
+fn calls_go_through_both_sidecars(pods: &Pods) {
     // 1. The app in pod A calls pod B's address: both sidecars are on the path.
-    let url = |path: &str| format!("http://{IP_B}:{APP_PORT}{path}");
     for _ in 0..4 {
         let r = get(NS_A, &url("/hello")).unwrap_or_else(|| panic!("{}", pods.logs()));
         assert_eq!(r.status, 200, "{}\n{}", r.head, pods.logs());
@@ -392,7 +409,9 @@ fn two_pods_talk_through_both_sidecars_and_pass_other_tcp_through() {
         4.0,
         "pod B's inbound side admitted them:\n{b}"
     );
+}
 
+fn a_failure_is_retried_in_the_callers_sidecar_only() {
     // 2. A failure is retried by pod A's sidecar, once, and only there.
     let r = get(NS_A, &url("/flaky")).unwrap();
     assert_eq!(r.status, 200, "{}", r.head);
@@ -420,7 +439,9 @@ fn two_pods_talk_through_both_sidecars_and_pass_other_tcp_through() {
         1.0,
         "the first attempt's 503 came from the app and was not retried in pod B:\n{b}"
     );
+}
 
+fn the_callees_budget_rejects_a_retry_across_the_link(pods: &Pods) {
     // 2b. Pod B's fleet budget, made to admit no retry (a reload): pod A's retry of a
     // failure is rejected across the link (`retry-rejected`, no further attempt), and
     // the app was called once.
@@ -463,23 +484,21 @@ fn two_pods_talk_through_both_sidecars_and_pass_other_tcp_through() {
         direct.body, "down call 2",
         "the rejected retry never reached the app"
     );
+}
 
+fn other_tcp_is_passed_through_both_ways(pods: &Pods) {
     // 3. A TCP service no upstream owns: passed through by both sidecars, the server's
     // greeting heard before the client sends a byte.
-    let (out, ok) = pods_role_once(NS_A, "banner-client", &dir);
+    let (out, ok) = pods_role_once(NS_A, "banner-client", pods.dir.path());
     assert!(ok, "{out}\n{}", pods.logs());
     assert!(out.contains("GREETING:hello from b"), "{out}");
     assert!(out.contains("ECHO:ping"), "{out}");
     let (a, b) = (metrics(NS_A), metrics(NS_B));
-    let passed = |m: &str, d: &str| {
-        value(
-            m,
-            &format!("tollgate_passthrough_connections_total{{direction=\"{d}\"}}"),
-        )
-    };
     assert_eq!(passed(&a, "outbound"), 1.0, "{a}");
     assert_eq!(passed(&b, "inbound"), 1.0, "{b}");
+}
 
+fn no_connection_loops_into_the_sidecar() {
     // 4. No loop: a connection to pod A's own sidecar at its pod address is captured,
     // recognised as tollgate's own listener and closed, not connected to again.
     let own = get(NS_A, &format!("http://{IP_A}:15090/metrics"));
@@ -487,7 +506,7 @@ fn two_pods_talk_through_both_sidecars_and_pass_other_tcp_through() {
         own.is_none(),
         "the sidecar's own listener was reached through capture"
     );
-    let a = metrics(NS_A);
+    let (a, b) = (metrics(NS_A), metrics(NS_B));
     assert_eq!(
         value(
             &a,
@@ -506,10 +525,13 @@ fn two_pods_talk_through_both_sidecars_and_pass_other_tcp_through() {
         0.0,
         "pod B's sidecar sent nothing of its own:\n{b}"
     );
+}
 
+fn removing_the_rules_restores_direct_traffic() {
     // 5. Rules removed in pod A: the app reaches pod B directly (still through pod B's
     // inbound side), pod A's sidecar sees nothing.
-    let (out, ok) = run_in(NS_A, &[bin, "iptables", "--clean"]);
+    let bin = common::binary();
+    let (out, ok) = run_in(NS_A, &[bin.to_str().unwrap(), "iptables", "--clean"]);
     assert!(ok, "{out}");
     let r = get(NS_A, &url("/hello")).unwrap();
     assert_eq!(r.status, 200);
@@ -529,11 +551,19 @@ fn two_pods_talk_through_both_sidecars_and_pass_other_tcp_through() {
         5.0,
         "four calls and the retried one, nothing since:\n{a}"
     );
-    eprintln!(
-        "two pods: 5 captured calls through both sidecars (1 retried in pod A only), \
-         1 retry rejected by pod B's fleet budget, 1 TCP connection passed through both \
-         ways, 1 loop refused, direct after --clean"
-    );
+}
+
+/// pod B's app at `path`, by pod B's address.
+fn url(path: &str) -> String {
+    format!("http://{IP_B}:{APP_PORT}{path}")
+}
+
+/// `tollgate_passthrough_connections_total{direction}` in a metrics text.
+fn passed(metrics: &str, direction: &str) -> f64 {
+    value(
+        metrics,
+        &format!("tollgate_passthrough_connections_total{{direction=\"{direction}\"}}"),
+    )
 }
 
 /// This test binary run once as `role` inside `ns`, to its end (bounded).
