@@ -17,7 +17,10 @@ sees each object alone. This script:
     the admin port (which listens on the pod's interface) only from chosen peers;
     and the Service sends callers to tollgate's inbound port (its targetPort is the
     port of [inbound] addr, declared by the tollgate container), never to the app's
-    own port, which listens on loopback, and a NetworkPolicy admits the inbound port.
+    own port, which listens on loopback, and a NetworkPolicy admits the inbound port;
+    and a capture Deployment's `tollgate iptables` init container runs first, as root
+    with NET_ADMIN only, names tollgate's UID and the config's ports, and its app has
+    no proxy settings.
 
 Usage: check_manifests.py DIR [--extract-config FILE]
   --extract-config FILE  also write the ConfigMap's tollgate.toml to FILE, so that
@@ -197,6 +200,60 @@ def check_inbound(where, labels, config, ports, services, policies):
         problem(where, f"no NetworkPolicy admits the inbound port {in_port}: callers would be refused")
 
 
+def iptables_args(container):
+    """The flags of a `tollgate iptables` container, as {flag: value}; None if it is not one."""
+    argv = list(container.get("command", [])) + list(container.get("args", []))
+    if container.get("image", "").split(":")[0].rsplit("/", 1)[-1] != "tollgate-iptables" \
+            and argv[:2] != ["tollgate", "iptables"]:
+        return None
+    flags = {}
+    for a in argv:
+        if a.startswith("--"):
+            k, _, v = a[2:].partition("=")
+            flags[k] = v
+    return flags
+
+
+def check_capture(where, inits, tg, config):
+    """The capture init container, when there is one: it runs before tollgate with
+    NET_ADMIN only, as root, and its flags name tollgate's UID and the config's ports.
+    Returns whether the Deployment captures."""
+    found = [(i, c, iptables_args(c)) for i, c in enumerate(inits) if iptables_args(c) is not None]
+    if not found:
+        return False
+    if len(found) > 1:
+        problem(where, "more than one tollgate iptables init container")
+    i, c, flags = found[0]
+    name = f"init container {c['name']}"
+    if tg in inits and inits.index(tg) < i:
+        problem(where, f"{name} must run before tollgate (and so before the app)")
+    if "restartPolicy" in c:
+        problem(where, f"{name} runs once: no restartPolicy")
+    sc = c.get("securityContext", {})
+    caps = sc.get("capabilities", {})
+    if caps.get("drop") != ["ALL"] or caps.get("add") != ["NET_ADMIN"]:
+        problem(where, f"{name}: capabilities must be drop [ALL], add [NET_ADMIN] only")
+    if sc.get("runAsUser") != 0 or sc.get("runAsNonRoot") is not False:
+        problem(where, f"{name}: iptables needs root in the pod's namespace (runAsUser 0, runAsNonRoot false)")
+    if sc.get("privileged") or sc.get("allowPrivilegeEscalation") is not False:
+        problem(where, f"{name}: not privileged, allowPrivilegeEscalation false")
+    uid = tg.get("securityContext", {}).get("runAsUser")
+    if flags.get("uid") != str(uid):
+        problem(where, f"{name}: --uid={flags.get('uid')} is not tollgate's runAsUser {uid}: its own traffic would be captured again")
+    want = {
+        "outbound-port": port_of(config["listener"]["addr"]),
+        "admin-port": port_of(config["admin"]["addr"]),
+    }
+    if "inbound" in config:
+        want["inbound-port"] = port_of(config["inbound"]["addr"])
+    defaults = {"outbound-port": 15001, "inbound-port": 15006, "admin-port": 15090}
+    for flag, port in want.items():
+        given = int(flags.get(flag) or defaults[flag])
+        if given != port:
+            problem(where, f"{name}: --{flag}={given} is not the ConfigMap's port {port}")
+    return True
+
+
 def check_deployment(name, dep, configmaps, podmonitors, policies, services):
     where = f"{name} Deployment/{dep['metadata']['name']}"
     pod = dep["spec"]["template"]
@@ -291,8 +348,14 @@ def check_deployment(name, dep, configmaps, podmonitors, policies, services):
     listener = config["listener"]["addr"]
     if not listener.startswith("127.0.0.1:"):
         problem(where, f"listener.addr {listener} should be loopback: only the pod's app calls it")
+    capture = check_capture(where, inits, tg, config)
     for app in apps:
         env = env_of(app)
+        if capture:
+            for var in ("HTTP_PROXY", "http_proxy", "HTTPS_PROXY", "https_proxy"):
+                if var in env:
+                    problem(where, f"app container {app['name']}: {var}: with capture the app needs no proxy settings")
+            continue
         for var in ("HTTP_PROXY", "http_proxy"):
             if env.get(var) != f"http://{listener}":
                 problem(where, f"app container {app['name']}: {var} must be http://{listener}")

@@ -11,8 +11,9 @@
 #   4. end to end: tollgate in front of a loopback upstream that always succeeds and
 #      one that always fails with 503, scraped by a real Prometheus (on a free
 #      loopback port, with deploy/prometheus/rules.yml loaded), driven with curl;
-#      the metrics and recording rules must show exactly the retries made, and the
-#      scraped text must pass `promtool check metrics`.
+#      the metrics and recording rules must show exactly the retries made, every
+#      query of the Grafana dashboard (deploy/grafana/tollgate.json) must return data,
+#      and the scraped text must pass `promtool check metrics`.
 # Only 127.0.0.1 is used; every process started here is stopped on exit; every wait
 # is bounded.
 set -euo pipefail
@@ -112,6 +113,12 @@ for want in 'USER 65532:65532' 'EXPOSE 15001 15006 15090' 'ENTRYPOINT ["tollgate
   grep -qF -- "$want" <<<"$final_stage" || fail "deploy/Dockerfile final stage lacks: $want"
 done
 grep -q 'cargo build --release --locked' deploy/Dockerfile || fail "deploy/Dockerfile must build with --locked"
+# The capture init container's image: a stage named iptables with the tool and tollgate.
+iptables_stage=$(awk '/^FROM /{on = / AS iptables$/} on' deploy/Dockerfile)
+for want in 'apt-get install -y --no-install-recommends iptables' 'COPY --from=build /out/tollgate /usr/local/bin/tollgate' \
+  'ENTRYPOINT ["tollgate", "iptables"]'; do
+  grep -qF -- "$want" <<<"$iptables_stage" || fail "deploy/Dockerfile's iptables stage lacks: $want"
+done
 unpinned=$(grep '^FROM ' deploy/Dockerfile | grep -v '@sha256:[0-9a-f]\{64\}' || true)
 [ -z "$unpinned" ] || fail "deploy/Dockerfile has a base image not pinned by digest: $unpinned"
 for ignored in target/ .git/; do
@@ -124,7 +131,7 @@ grep -qF "org.opencontainers.image.licenses=\"$license\"" deploy/Dockerfile \
   || fail "deploy/Dockerfile's licenses label is not $license"
 head -n 5 LICENSE | grep -q 'Apache License' && head -n 5 LICENSE | grep -q 'Version 2.0, January 2004' \
   && grep -q 'END OF TERMS AND CONDITIONS' LICENSE || fail "LICENSE is not the full Apache License 2.0 text"
-pass "Dockerfile lints clean (hadolint) and has the user, ports, entrypoint and config path the manifests use; LICENSE, Cargo.toml and the image agree (Apache-2.0)"
+pass "Dockerfile lints clean (hadolint) and has the user, ports, entrypoint and config path the manifests use, and the iptables target of the capture init container; LICENSE, Cargo.toml and the image agree (Apache-2.0)"
 
 # ---------------------------------------------------------------------------
 step "Kubernetes manifests"
@@ -143,24 +150,43 @@ validate() { # VERSION FILES...
     || fail "kubernetes-validate --strict (Kubernetes $v) rejected: $*"
 }
 # The native sidecar (an init container with restartPolicy: Always) needs 1.29+.
-validate 1.29.0 $K/configmap.yaml $K/deployment-native-sidecar.yaml $K/networkpolicy.yaml $K/service.yaml
-validate "$K8S_NEWEST" $K/configmap.yaml $K/deployment-native-sidecar.yaml $K/deployment-plain-sidecar.yaml \
+# So does the capture variant (the same native sidecar, after a `tollgate iptables`
+# init container).
+validate 1.29.0 $K/configmap.yaml $K/deployment-native-sidecar.yaml $K/deployment-capture.yaml \
   $K/networkpolicy.yaml $K/service.yaml
+validate "$K8S_NEWEST" $K/configmap.yaml $K/deployment-native-sidecar.yaml $K/deployment-plain-sidecar.yaml \
+  $K/deployment-capture.yaml $K/networkpolicy.yaml $K/service.yaml
 # The plain sidecar is for older clusters: it must validate against the oldest schema too.
 validate "$K8S_OLDEST" $K/configmap.yaml $K/deployment-plain-sidecar.yaml $K/networkpolicy.yaml $K/service.yaml
-pass "manifests valid: ConfigMap, both Deployments, NetworkPolicy, Service (kubernetes-validate --strict against $K8S_OLDEST, 1.29.0 and $K8S_NEWEST)"
+pass "manifests valid: ConfigMap, the three Deployments (native, plain, capture), NetworkPolicy, Service (kubernetes-validate --strict against $K8S_OLDEST, 1.29.0 and $K8S_NEWEST)"
 
 # The PodMonitor is a CRD kubernetes-validate has no schema for: check_manifests.py
 # checks its structure, and how all the objects fit together.
 python3 deploy/check_manifests.py $K --extract-config "$TMP/configmap.toml" \
   || fail "deploy/check_manifests.py found problems in $K"
-pass "PodMonitor well-formed; manifests consistent with each other and with the ConfigMap's tollgate.toml; the admin port admitted only from Prometheus (NetworkPolicy); the Service's targetPort is the inbound port, the app's port off it"
+pass "PodMonitor well-formed; manifests consistent with each other and with the ConfigMap's tollgate.toml; the admin port admitted only from Prometheus (NetworkPolicy); the Service's targetPort is the inbound port, the app's port off it; the capture init container runs first with NET_ADMIN only, tollgate's UID and the config's ports"
 
 step "build tollgate"
 # --locked as in the Dockerfile: a stale Cargo.lock would break the image build too.
 cargo build --locked --quiet || fail "cargo build --locked failed"
 TOLLGATE=$(readlink -m "${CARGO_TARGET_DIR:-target}")/debug/tollgate
 [ -x "$TOLLGATE" ] || fail "no binary at $TOLLGATE"
+
+step "the capture init container's arguments, as tollgate iptables reads them"
+mapfile -t IPT_ARGS < <(python3 -c '
+import sys, yaml
+spec = yaml.safe_load(open(sys.argv[1]))["spec"]["template"]["spec"]
+print("\n".join(next(c for c in spec["initContainers"] if c["name"] == "tollgate-iptables")["args"]))' \
+  $K/deployment-capture.yaml)
+"$TOLLGATE" iptables "${IPT_ARGS[@]}" --dry-run >"$TMP/iptables.out" 2>&1 \
+  || { cat "$TMP/iptables.out" >&3; fail "tollgate iptables refuses the init container's args: ${IPT_ARGS[*]}"; }
+for want in '-A TOLLGATE_OUTPUT -m owner --uid-owner 65532 -j RETURN' \
+  '-A TOLLGATE_OUTPUT -p tcp -j REDIRECT --to-ports 15001' \
+  '-A TOLLGATE_INBOUND -p tcp --dport 15090 -j RETURN' \
+  '-A TOLLGATE_INBOUND -p tcp -j REDIRECT --to-ports 15006'; do
+  grep -qF -- "$want" "$TMP/iptables.out" || fail "tollgate iptables --dry-run with the init container's args lacks: $want"
+done
+pass "the capture init container's args (${IPT_ARGS[*]}) give the rules the ConfigMap needs (tollgate iptables --dry-run)"
 
 step "tollgate check --strict on the ConfigMap's config"
 # Exit 0 = valid without warnings, 3 = valid with warnings (--strict), 1 = invalid.
@@ -463,6 +489,13 @@ expect 30 'tollgate:inbound_retries_rejected:ratio_rate5m{namespace="e2e",app="e
 expect 30 'tollgate_build_info{job="tollgate",namespace="e2e",app="e2e-app"}' 1
 expect 30 'count(process_start_time_seconds{job="tollgate",app="e2e-app"} > time() - 600)' 1
 expect 30 'count(process_open_fds{job="tollgate",app="e2e-app"} > 0)' 1
+
+# The Grafana dashboard: every panel's query, as Grafana sends it for this pod
+# (namespace e2e, app e2e-app), must parse and return data.
+python3 deploy/check_dashboard.py deploy/grafana/tollgate.json "$PROM_URL" \
+  --var namespace=e2e --var app=e2e-app --rate-interval 5m --wait 30 \
+  || fail "a panel of deploy/grafana/tollgate.json returns no data (above)"
+pass "Grafana dashboard: every panel query of deploy/grafana/tollgate.json returns data from the real Prometheus"
 
 # The exposition itself, as Prometheus's own linter reads it, after all that traffic
 # (histograms, every outcome and denial series present).

@@ -15,6 +15,7 @@ pub mod health;
 pub mod inbound;
 mod labels;
 mod learning;
+pub mod passthrough;
 pub mod process;
 
 pub use labels::{AttemptResult, Denied, Outcome, Shortage};
@@ -55,6 +56,7 @@ pub struct Metrics {
     last_reload_ok: IntGauge,
     listener_up: IntGaugeVec,
     health: health::Families,
+    passthrough: passthrough::Passthrough,
     /// Registered with the inbound side, when the config has one.
     inbound: OnceLock<inbound::InboundMetrics>,
     /// The families of a caller that learns from its upstream.
@@ -205,6 +207,7 @@ impl Metrics {
                 up,
             ),
             health: health::Families::new(&r),
+            passthrough: passthrough::Passthrough::new(&r),
             inbound: OnceLock::new(),
             learning: Learning::new(&r),
             registry: r,
@@ -238,6 +241,11 @@ impl Metrics {
     /// `tollgate_descriptors_exhausted_total{at}`.
     pub fn exhausted(&self, at: Shortage) -> &IntCounter {
         &self.exhausted[at as usize]
+    }
+
+    /// The passthrough of redirected connections ([`passthrough`]).
+    pub fn passthrough(&self) -> &passthrough::Passthrough {
+        &self.passthrough
     }
 
     /// The handles of one upstream; resolving them is the only label lookup.

@@ -83,7 +83,7 @@ impl Server {
         self.shared.snapshot.store(Arc::new(next));
         for (name, l) in started {
             let service = outbound(&self.shared, Some(name.clone().into()));
-            let a = accept(l, &self.shared, service, settings);
+            let a = accept(l, &self.shared, service, None, settings);
             self.shared.metrics.listener_up(&name, true);
             self.dedicated
                 .lock()

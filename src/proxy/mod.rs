@@ -3,11 +3,14 @@
 //! (drain).
 //!
 //! - [`crate::server`]: client connections and their codecs, handed a
-//!   [`server::Service`];
+//!   [`crate::server::Service`];
 //! - [`handler`]: the outbound service: route, admit, deadline, retry, answer (the
 //!   inbound side's listener, when the config has one, is handed
 //!   [`crate::inbound::InboundService`] instead);
-//! - [`route`], [`snapshot`], [`grpc`]: what the handler works with.
+//! - [`route`], [`snapshot`], [`grpc`]: what the handler works with;
+//! - [`redirect`], [`destinations`], [`passthrough`]: transparent capture, a redirected
+//!   connection served by the service its original destination calls for, or passed
+//!   through to it untouched.
 //!
 //! The snapshot is an `ArcSwap`: a request loads it once, clones the `Arc` of the one
 //! upstream it needs and keeps it to the end, so a reload never changes a request
@@ -21,8 +24,11 @@
 pub mod access_log;
 mod app_retries;
 mod apply;
+pub mod destinations;
 pub mod grpc;
 pub mod handler;
+pub mod passthrough;
+pub mod redirect;
 pub mod route;
 pub mod snapshot;
 
@@ -41,10 +47,12 @@ use tokio::task::JoinHandle;
 use crate::config::Config;
 use crate::descriptors::{self, Throttled};
 use crate::inbound::Inbound;
+use crate::metrics::passthrough::Direction;
 use crate::metrics::{Metrics, Shortage};
-use crate::server::{self, AppBody, Service};
+use crate::server::AppBody;
 use crate::worker::Workers;
 use handler::Outbound;
+use redirect::Captures;
 pub use snapshot::Snapshot;
 
 /// An upstream as the proxy runs it: the retry engine's, sending the app's bodies.
@@ -60,6 +68,9 @@ pub struct Shared {
     pub inbound: Option<Arc<Inbound>>,
     /// Listeners bound and config loaded (and not draining): `/readyz` says 200.
     pub ready: AtomicBool,
+    /// Where the outbound and inbound listeners are bound: a redirected connection is
+    /// never passed through to them.
+    own: Box<[SocketAddr]>,
     connections: AtomicUsize,
     /// The most client connections open at once: `max_connections`, lowered to what
     /// the open-file limit leaves for them.
@@ -231,21 +242,37 @@ impl Server {
             inbound,
             metrics,
             ready: AtomicBool::new(false),
+            own: [Some(main_addr), inbound_listener.as_ref().map(|l| l.addr)]
+                .into_iter()
+                .flatten()
+                .collect(),
             connections: AtomicUsize::new(0),
             client_cap,
             all_closed: Notify::new(),
             shutdown,
         });
-        let main = accept(main_listener, &shared, outbound(&shared, None), settings);
+        let main = accept(
+            main_listener,
+            &shared,
+            outbound(&shared, None),
+            Some(Direction::Outbound),
+            settings,
+        );
         let inbound_addr = inbound_listener.as_ref().map(|l| l.addr);
         let inbound = match (inbound_listener, &shared.inbound) {
-            (Some(l), Some(i)) => Some(accept(l, &shared, i.service(), settings)),
+            (Some(l), Some(i)) => Some(accept(
+                l,
+                &shared,
+                i.service(),
+                Some(Direction::Inbound),
+                settings,
+            )),
             _ => None,
         };
         let mut dedicated = HashMap::new();
         for (name, l) in dedicated_listeners {
             let service = outbound(&shared, Some(name.clone().into()));
-            let a = accept(l, &shared, service, settings);
+            let a = accept(l, &shared, service, None, settings);
             shared.metrics.listener_up(&name, true);
             dedicated.insert(name, a);
         }
@@ -360,11 +387,13 @@ fn outbound(shared: &Arc<Shared>, dedicated: Option<Arc<str>>) -> Outbound {
     }
 }
 
-/// Serves the connections of `bound` with `service`.
-fn accept<S: Service>(
+/// Serves the connections of `bound` with `service`; with `capture`, connections
+/// redirected to it are told apart ([`redirect`]).
+fn accept<S: Captures>(
     bound: Bound,
     shared: &Arc<Shared>,
     service: S,
+    capture: Option<Direction>,
     settings: crate::config::ListenerConfig,
 ) -> Accepting {
     let (stop, _) = watch::channel(false);
@@ -372,8 +401,12 @@ fn accept<S: Service>(
     for (handle, listener) in bound.listeners {
         let work = accept_loop(
             listener,
+            Listening {
+                bound: bound.addr,
+                capture,
+                service: service.clone(),
+            },
             shared.clone(),
-            service.clone(),
             settings,
             stop.subscribe(),
         );
@@ -418,10 +451,18 @@ impl Spare {
     }
 }
 
-async fn accept_loop<S: Service>(
-    listener: TcpListener,
-    shared: Arc<Shared>,
+/// What an accept loop hands each connection.
+struct Listening<S> {
+    /// Where the listener is bound.
+    bound: SocketAddr,
+    capture: Option<Direction>,
     service: S,
+}
+
+async fn accept_loop<S: Captures>(
+    listener: TcpListener,
+    listening: Listening<S>,
+    shared: Arc<Shared>,
     settings: crate::config::ListenerConfig,
     mut stopped: watch::Receiver<bool>,
 ) {
@@ -431,7 +472,7 @@ async fn accept_loop<S: Service>(
             biased;
             _ = stopped.changed() => break,
             r = listener.accept() => match r {
-                Ok((stream, _peer)) => {
+                Ok((stream, peer)) => {
                     if shared.connections() >= shared.client_cap {
                         // Over the limit: close at once rather than queue.
                         drop(stream);
@@ -440,7 +481,16 @@ async fn accept_loop<S: Service>(
                     shared.connections.fetch_add(1, AcqRel);
                     let count = ConnCount(shared.clone());
                     let shutdown = shared.shutdown.subscribe();
-                    let fut = server::serve(stream, service.clone(), settings, shutdown);
+                    let fut = redirect::connection(
+                        stream,
+                        peer,
+                        listening.bound,
+                        listening.capture,
+                        listening.service.clone(),
+                        shared.clone(),
+                        settings,
+                        shutdown,
+                    );
                     tokio::spawn(async move {
                         let _count = count;
                         fut.await;

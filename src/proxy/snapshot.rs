@@ -5,6 +5,7 @@
 use std::sync::Arc;
 
 use super::Upstream;
+use super::destinations::Destinations;
 use super::route::{NameMap, Routes};
 use crate::config::Config;
 use crate::metrics::Metrics;
@@ -15,6 +16,8 @@ pub struct Snapshot {
     pub config: Arc<Config>,
     pub upstreams: Box<[Arc<Upstream>]>,
     pub routes: Routes,
+    /// The addresses a captured connection may be for, by upstream.
+    pub destinations: Destinations,
     by_name: NameMap<usize>,
     /// Settings the file changed that take effect only after a restart.
     pub pending_restart: Vec<String>,
@@ -52,6 +55,7 @@ impl Snapshot {
                 .enumerate()
                 .map(|(i, u)| (i, u.authorities.as_slice())),
         );
+        let destinations = Destinations::new(&config);
         let by_name = config
             .upstreams
             .iter()
@@ -62,6 +66,7 @@ impl Snapshot {
             config: Arc::new(config),
             upstreams,
             routes,
+            destinations,
             by_name,
             pending_restart: Vec::new(),
             listeners_down: Vec::new(),

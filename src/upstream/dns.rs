@@ -161,34 +161,26 @@ impl Resolver {
         if let Some(a) = self.literal {
             return Ok(a);
         }
+        self.addresses().await.map(|addrs| self.pick(&addrs))
+    }
+
+    /// Every address of the name, as [`Resolver::resolve`] would find them: the known
+    /// ones, or the answer of the lookup in flight (started if there is none). The wait
+    /// is bounded by the caller.
+    pub async fn addresses(&self) -> Result<Arc<[SocketAddr]>, ResolveError> {
+        if let Some(a) = self.literal {
+            return Ok(Arc::new([a]));
+        }
         let mut answer = {
             let mut known = lock(&self.known);
-            let failed_lately = known
-                .failed
-                .as_ref()
-                .is_some_and(|(_, at)| at.elapsed() < NEGATIVE_TTL);
-            // A lookup task that died with its runtime leaves a closed channel: it is
-            // in flight no more.
-            if known
-                .pending
-                .as_ref()
-                .is_some_and(|p| p.has_changed().is_err())
-            {
-                known.pending = None;
+            let failed_lately = self.refresh(&mut known);
+            if let Some((addrs, _)) = &known.addrs {
+                return Ok(addrs.clone());
             }
-            if let Some((addrs, at)) = &known.addrs {
-                let addrs = addrs.clone();
-                if at.elapsed() >= DNS_TTL && known.pending.is_none() && !failed_lately {
-                    known.pending = Some(self.look_up());
-                }
-                return Ok(self.pick(&addrs));
-            }
-            if let (true, Some((e, _))) = (failed_lately, &known.failed) {
-                return Err(self.error(copy(e)));
-            }
-            match &known.pending {
-                Some(answer) => answer.clone(),
-                None => {
+            match (&known.pending, &known.failed) {
+                (Some(answer), _) => answer.clone(),
+                (None, Some((e, _))) if failed_lately => return Err(self.error(copy(e))),
+                (None, _) => {
                     let answer = self.look_up();
                     known.pending = Some(answer.clone());
                     answer
@@ -200,10 +192,47 @@ impl Resolver {
             Err(_) => None,
         };
         match found {
-            Some(Ok(addrs)) => Ok(self.pick(&addrs)),
+            Some(Ok(addrs)) => Ok(addrs),
             Some(Err(e)) => Err(self.error(copy(&e))),
             None => Err(self.error(io::Error::other("the lookup was abandoned"))),
         }
+    }
+
+    /// The addresses known now, without waiting: a literal, or the last answer (looked
+    /// up again when it has aged). When none is known, a lookup is started (unless one
+    /// is in flight or failed a moment ago) for [`Resolver::addresses`] to join.
+    pub fn known(&self) -> Option<Arc<[SocketAddr]>> {
+        if let Some(a) = self.literal {
+            return Some(Arc::new([a]));
+        }
+        let mut known = lock(&self.known);
+        self.refresh(&mut known);
+        known.addrs.as_ref().map(|(a, _)| a.clone())
+    }
+
+    /// Under the lock: forgets a lookup whose task died with its runtime (a closed
+    /// channel), and starts one when no answer is known or the known one has aged,
+    /// unless one is in flight or failed a moment ago. Whether one failed a moment ago.
+    fn refresh(&self, known: &mut Known) -> bool {
+        let failed_lately = known
+            .failed
+            .as_ref()
+            .is_some_and(|(_, at)| at.elapsed() < NEGATIVE_TTL);
+        if known
+            .pending
+            .as_ref()
+            .is_some_and(|p| p.has_changed().is_err())
+        {
+            known.pending = None;
+        }
+        let due = known
+            .addrs
+            .as_ref()
+            .is_none_or(|(_, at)| at.elapsed() >= DNS_TTL);
+        if due && known.pending.is_none() && !failed_lately {
+            known.pending = Some(self.look_up());
+        }
+        failed_lately
     }
 
     /// Starts a lookup on a task of its own: it waits for a place, looks the name up,

@@ -303,6 +303,11 @@ impl<B: OutgoingBody> Endpoint<B> {
 }
 
 impl<B> Endpoint<B> {
+    /// The endpoint's name and what it resolves to.
+    pub fn resolver(&self) -> &Resolver {
+        &self.resolver
+    }
+
     /// Whether new requests should avoid this endpoint: it refused a connection a
     /// moment ago. Skipping it for a while (250 ms, doubling with each failure in a row
     /// up to 30 s, then one request tries it again) keeps a dead endpoint from eating

@@ -1,0 +1,201 @@
+//! Transparent capture, as a listener sees it: a connection the pod's NAT rules
+//! redirected here (`tollgate iptables`) still knows where it was going, and that
+//! decides what it is.
+//!
+//! The original destination is read from the socket (`SO_ORIGINAL_DST`, or
+//! `IP6T_SO_ORIGINAL_DST` for IPv6) as soon as the connection is accepted, before a
+//! byte is read: one `getsockopt` per connection, on the outbound and inbound listeners
+//! only. A connection that was not redirected (no original destination, or the
+//! listener's own address) is served exactly as before. A redirected one:
+//!
+//! - outbound: to an address that belongs to an upstream ([`super::destinations`]) it
+//!   is HTTP to that upstream, as on the upstream's own `listen` port: every request on
+//!   it goes there whatever its `Host` (which is still sent on, unless the upstream sets
+//!   `host`), under that upstream's retry policy, budget and limits;
+//! - inbound: to the port of `[inbound].app` (or the inbound port itself) it is a
+//!   caller's HTTP to the app, through the inbound side;
+//! - anything else is passed through to where it was going, bytes untouched
+//!   ([`super::passthrough`]), counted in `tollgate_passthrough_connections_total`.
+//!
+//! Never into tollgate itself: a destination that is one of tollgate's own listeners is
+//! refused (closed, counted as a `loop` failure), not connected to.
+
+use std::future::Future;
+use std::net::{IpAddr, SocketAddr};
+use std::sync::Arc;
+
+use socket2::SockRef;
+use tokio::net::TcpStream;
+use tokio::sync::watch;
+
+use super::Shared;
+use super::handler::Outbound;
+use super::passthrough;
+use crate::config::ListenerConfig;
+use crate::descriptors::Throttled;
+use crate::inbound::InboundService;
+use crate::metrics::passthrough::{Direction, PassFailure};
+use crate::server::{self, Service};
+
+/// A service whose listener may receive redirected connections.
+pub trait Captures: Service {
+    /// The service for a connection redirected from `original`, or `None` when it is
+    /// not this service's to serve (it is passed through).
+    fn redirected(&self, original: SocketAddr) -> impl Future<Output = Option<Self>> + Send;
+}
+
+impl Captures for Outbound {
+    async fn redirected(&self, original: SocketAddr) -> Option<Self> {
+        let snap = self.shared.snapshot();
+        let i = snap
+            .destinations
+            .upstream_of(&snap.upstreams, original)
+            .await?;
+        Some(Outbound {
+            shared: self.shared.clone(),
+            dedicated: Some(snap.upstreams[i].name().into()),
+        })
+    }
+}
+
+impl Captures for InboundService {
+    async fn redirected(&self, original: SocketAddr) -> Option<Self> {
+        (original.port() == self.0.state().config.app.port).then(|| self.clone())
+    }
+}
+
+/// Where a connection was going when it was accepted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Arrival {
+    /// To this listener: not redirected.
+    Direct,
+    /// Redirected here from this address.
+    Redirected(SocketAddr),
+}
+
+/// The original destination of an accepted connection, when the kernel's connection
+/// tracking knows one (it does for every connection once a NAT rule exists in the
+/// network namespace, redirected or not).
+fn original_dst(stream: &TcpStream, peer: SocketAddr) -> Option<SocketAddr> {
+    let sock = SockRef::from(stream);
+    let found = match peer {
+        SocketAddr::V6(p) if p.ip().to_ipv4_mapped().is_none() => sock.original_dst_v6(),
+        _ => sock.original_dst_v4(),
+    };
+    found.ok()?.as_socket()
+}
+
+/// Whether the connection was redirected to the listener bound at `bound`.
+fn arrival(stream: &TcpStream, peer: SocketAddr, bound: SocketAddr, d: Direction) -> Arrival {
+    let Some(original) = original_dst(stream, peer) else {
+        return Arrival::Direct;
+    };
+    let ip = original.ip().to_canonical();
+    if original.port() != bound.port() {
+        return Arrival::Redirected(original);
+    }
+    let direct = match d {
+        // Sent to the inbound port, at whichever of the pod's addresses: what it is for.
+        Direction::Inbound => true,
+        Direction::Outbound => {
+            ip == bound.ip().to_canonical()
+                || ip.is_loopback()
+                // Bound to every address: the one it came to tells.
+                || (bound.ip().is_unspecified()
+                    && stream
+                        .local_addr()
+                        .is_ok_and(|l| l.ip().to_canonical() == ip))
+        }
+    };
+    if direct {
+        Arrival::Direct
+    } else {
+        Arrival::Redirected(original)
+    }
+}
+
+/// Whether a local socket may be bound to `ip`: whether it is one of this host's (this
+/// network namespace's) addresses.
+fn is_local(ip: IpAddr) -> bool {
+    ip.is_loopback() || std::net::UdpSocket::bind((ip, 0)).is_ok()
+}
+
+/// Whether `dst` is one of tollgate's own listeners: the outbound and inbound ones,
+/// the admin endpoint, an upstream's own `listen` port.
+fn is_own(shared: &Shared, dst: SocketAddr) -> bool {
+    let snap = shared.snapshot.load();
+    let config = &snap.config;
+    let mut own = shared
+        .own
+        .iter()
+        .copied()
+        .chain([config.admin.addr])
+        .chain(config.upstreams.iter().filter_map(|u| u.listen));
+    own.any(|l| {
+        l.port() == dst.port()
+            && (l.ip().to_canonical() == dst.ip().to_canonical()
+                || (l.ip().is_unspecified() && is_local(dst.ip())))
+    })
+}
+
+static LOOPS: Throttled = Throttled::new();
+
+/// One accepted connection of a listener that `capture`s in that direction (`None`:
+/// it does not, like an upstream's own `listen` port): served by `service`, by the
+/// service a redirect calls for, or passed through.
+#[allow(clippy::too_many_arguments)]
+pub(super) async fn connection<S: Captures>(
+    stream: TcpStream,
+    peer: SocketAddr,
+    bound: SocketAddr,
+    capture: Option<Direction>,
+    service: S,
+    shared: Arc<Shared>,
+    settings: ListenerConfig,
+    shutdown: watch::Receiver<bool>,
+) {
+    let redirected = match capture.map(|d| (d, arrival(&stream, peer, bound, d))) {
+        Some((d, Arrival::Redirected(original))) => Some((d, original)),
+        _ => None,
+    };
+    let service = match redirected {
+        None => service,
+        Some((d, original)) => match service.redirected(original).await {
+            Some(service) => service,
+            None => return pass(stream, original, d, &shared, settings, shutdown).await,
+        },
+    };
+    server::serve(stream, service, settings, shutdown).await
+}
+
+/// Passes a redirected connection through to `original`, unless that would loop.
+async fn pass(
+    stream: TcpStream,
+    original: SocketAddr,
+    direction: Direction,
+    shared: &Shared,
+    settings: ListenerConfig,
+    shutdown: watch::Receiver<bool>,
+) {
+    let metrics = &shared.metrics;
+    if is_own(shared, original) {
+        metrics
+            .passthrough()
+            .failure(direction, PassFailure::Loop)
+            .inc();
+        if let Some(n) = LOOPS.due() {
+            tracing::warn!(count = n, %original, direction = direction.as_str(), "a redirected connection to one of tollgate's own listeners is closed, not passed through (it would loop)");
+        }
+        return;
+    }
+    metrics.passthrough().connection(direction).inc();
+    passthrough::relay(
+        stream,
+        original,
+        direction,
+        metrics,
+        shutdown,
+        settings.drain_timeout,
+    )
+    .await;
+}
