@@ -185,6 +185,40 @@ fn a_duplicate_key_is_named() {
 }
 
 #[test]
+fn key_less_lines_are_reported_where_the_key_is_missing_and_nothing_else() {
+    // Each line whose key was deleted is one error at its place; the two are not also
+    // reported as a nameless key set twice, nor is an empty header.
+    let text = format!("{UPSTREAM_P}[upstreams.p.retry]\n= 3\n= \"25ms\"\n[ ]\n");
+    let found = problems(&text);
+    for place in ["t.toml:5:1: (syntax): ", "t.toml:6:1: (syntax): "] {
+        assert!(
+            found.iter().any(|d| d.starts_with(place)),
+            "nothing at {place}: {found:#?}"
+        );
+    }
+    for d in &found {
+        starts(d, "t.toml:");
+        mentions(d, ": (syntax): ");
+        assert!(!d.contains("duplicate"), "{found:#?}");
+    }
+}
+
+#[test]
+fn a_section_over_a_key_of_the_same_name_says_which_to_keep() {
+    let found = problems(&format!(
+        "{UPSTREAM_P}retry = 3\n[upstreams.p.retry]\nmax_attempts = 3\n"
+    ));
+    assert_eq!(
+        found,
+        [
+            "t.toml:5:14: upstreams.p.retry: duplicate key `retry`: it is already set as a key, \
+             so [upstreams.p.retry] cannot be a section (keep either the key `retry` or the \
+             [upstreams.p.retry] section, not both)"
+        ]
+    );
+}
+
+#[test]
 fn envoy_retry_words_are_refused_with_the_tollgate_spelling() {
     let on = r#"on = ["5xx", "gateway-error", "retriable-4xx", "refused-stream", "connect-failure", "reset"]"#;
     let text = format!("{UPSTREAM_P}[upstreams.p.retry]\n{on}\n");
