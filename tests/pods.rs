@@ -259,19 +259,23 @@ impl Reply {
 }
 
 fn get(ns: &str, url: &str) -> Option<Reply> {
-    let (out, ok) = run_in(
-        ns,
-        &[
-            "curl",
-            "-sS",
-            "-i",
-            "--noproxy",
-            "*",
-            "--max-time",
-            "5",
-            url,
-        ],
-    );
+    get_with(ns, url, &[], None)
+}
+
+/// A GET from inside `ns` with extra `headers`, as `uid` when given (tollgate's own UID
+/// is one the capture rules spare: a caller with no sidecar of its own).
+fn get_with(ns: &str, url: &str, headers: &[&str], uid: Option<u32>) -> Option<Reply> {
+    let id = uid.map(|u| u.to_string());
+    let mut argv: Vec<&str> = Vec::new();
+    if let Some(id) = &id {
+        argv.extend(["setpriv", "--reuid", id, "--regid", id, "--clear-groups"]);
+    }
+    argv.extend(["curl", "-sS", "-i", "--noproxy", "*", "--max-time", "5"]);
+    for h in headers {
+        argv.extend(["-H", h]);
+    }
+    argv.push(url);
+    let (out, ok) = run_in(ns, &argv);
     if !ok {
         return None;
     }
@@ -345,6 +349,7 @@ fn two_pods_talk_through_both_sidecars_and_pass_other_tcp_through() {
     start(&mut pods);
     calls_go_through_both_sidecars(&pods);
     a_failure_is_retried_in_the_callers_sidecar_only();
+    the_deadline_travels_and_is_shed_across_the_link();
     the_callees_budget_rejects_a_retry_across_the_link(&pods);
     other_tcp_is_passed_through_both_ways(&pods);
     no_connection_loops_into_the_sidecar();
@@ -438,6 +443,45 @@ fn a_failure_is_retried_in_the_callers_sidecar_only() {
         ),
         1.0,
         "the first attempt's 503 came from the app and was not retried in pod B:\n{b}"
+    );
+}
+
+fn the_deadline_travels_and_is_shed_across_the_link() {
+    // 2a. Pod A's app gives 1.5 s: pod A's sidecar passes on what is left of it, and pod
+    // B's inbound side hands its app what is left on arrival, never more.
+    let r = get_with(NS_A, &url("/deadline"), &["x-timeout-ms: 1500"], None).unwrap();
+    assert_eq!(r.status, 200, "{}", r.head);
+    let left: u64 = r
+        .body
+        .strip_prefix("x-timeout-ms ")
+        .and_then(|rest| rest.split_whitespace().next())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("pod B's app got no deadline: {}", r.body));
+    assert!(
+        (1..=1500).contains(&left),
+        "pod B's app was given {left} ms"
+    );
+    // A caller with no sidecar (it runs as tollgate's UID, which the rules spare) that
+    // has no time left: shed by pod B's inbound side, the app never called.
+    let r = get_with(NS_A, &url("/deadline"), &["x-timeout-ms: 0"], Some(UID_A)).unwrap();
+    assert_eq!(r.status, 504, "{}", r.head);
+    assert_eq!(
+        r.header("x-tollgate-outcome").as_deref(),
+        Some("deadline-exceeded"),
+        "{}",
+        r.head
+    );
+    let b = metrics(NS_B);
+    assert_eq!(
+        value(&b, r#"tollgate_inbound_denied_total{reason="deadline"}"#),
+        1.0,
+        "{b}"
+    );
+    let direct = get(NS_B, &format!("http://127.0.0.1:{APP_PORT}/deadline")).unwrap();
+    assert!(
+        direct.body.ends_with("call 2"),
+        "the shed request never reached the app: {}",
+        direct.body
     );
 }
 
@@ -563,8 +607,8 @@ fn removing_the_rules_restores_direct_traffic() {
             &a,
             r#"tollgate_requests_total{code="200",outcome="ok",upstream="b"}"#
         ),
-        5.0,
-        "four calls and the retried one, nothing since:\n{a}"
+        6.0,
+        "four calls, the retried one and the one with a deadline, nothing since:\n{a}"
     );
 }
 
@@ -624,11 +668,12 @@ fn pod_process() {
     }
 }
 
-/// Pod B's app: `/flaky` fails its first call, `/down` every call; both say how many
-/// they have had.
+/// Pod B's app: `/flaky` fails its first call, `/down` every call, `/deadline` says
+/// the `x-timeout-ms` it was given; each says how many calls it has had.
 fn app(dir: &Path) {
     static FLAKY: AtomicUsize = AtomicUsize::new(0);
     static DOWN: AtomicUsize = AtomicUsize::new(0);
+    static DEADLINE: AtomicUsize = AtomicUsize::new(0);
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -643,6 +688,16 @@ fn app(dir: &Path) {
                 "/flaky" => {
                     let n = FLAKY.fetch_add(1, Ordering::SeqCst) + 1;
                     common::respond(if n == 1 { 503 } else { 200 }, format!("flaky call {n}"))
+                }
+                "/deadline" => {
+                    let n = DEADLINE.fetch_add(1, Ordering::SeqCst) + 1;
+                    let given = req
+                        .headers()
+                        .get("x-timeout-ms")
+                        .and_then(|v| v.to_str().ok())
+                        .unwrap_or("-")
+                        .to_string();
+                    common::respond(200, format!("x-timeout-ms {given} call {n}"))
                 }
                 "/down" => {
                     let n = DOWN.fetch_add(1, Ordering::SeqCst) + 1;
