@@ -110,6 +110,30 @@ async fn the_same_request_again_is_counted_and_sent_as_a_retry() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_authority_is_the_one_the_app_called_when_a_host_is_configured() {
+    let (up, seen) = recording(failing).await;
+    let cfg = api(up.addr, "host = \"backend.example\"\n", ROOMY).replace(
+        "authorities = [\"api\"]",
+        "authorities = [\"api\", \"api2\"]",
+    );
+    let tg = Tollgate::start(&cfg).await;
+    assert_eq!(get(tg.addr, "/charge", "api").await.attempts(), 2);
+    // Sent upstream with the same Host, but the app called another authority: another
+    // request, not a retry of the first.
+    assert_eq!(get(tg.addr, "/charge", "api2").await.attempts(), 2);
+    assert_eq!(app_retries(&tg.metrics().await), 0.0);
+    let again = get(tg.addr, "/charge", "api").await;
+    assert_eq!(
+        again.attempts(),
+        1,
+        "the same authority again is the app's retry"
+    );
+    assert_eq!(app_retries(&tg.metrics().await), 1.0);
+    assert_eq!(seen.lock().unwrap().len(), 5);
+    tg.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_success_ends_the_memory_of_the_failure() {
     let (up, _) = recording(|_, attempt| (if attempt >= 2 { 200 } else { 503 }, None)).await;
     // One attempt only: tollgate gives up on the first failure, the app's retry works.

@@ -20,8 +20,10 @@
 //! nearer the upstream. A success of the same request ends its memory. The memory
 //! itself, its bound and its cost are [`crate::retry::recent`]'s.
 
-use http::header::CONTENT_TYPE;
-use http::{HeaderValue, Request, StatusCode};
+use std::cell::Cell;
+
+use http::header::{CONTENT_TYPE, HOST};
+use http::{HeaderValue, StatusCode};
 use tokio::time::Instant;
 
 use super::Upstream;
@@ -30,32 +32,67 @@ use crate::config::AppRetries;
 use crate::http::grpc::{GRPC_STATUS, is_grpc_answer};
 use crate::metrics::{Denied, Outcome};
 use crate::retry::recent::Remembered;
-use crate::retry::{Answer, Reply};
-use crate::server::{AppBody, ResponseBody};
+use crate::retry::{Answer, Head, Reply};
+use crate::server::ResponseBody;
 use crate::upstream::response::Fields;
 
-/// The fingerprint of what makes two requests the same: method, authority, target and
-/// the idempotency key, if any.
-pub(super) fn fingerprint(up: &Upstream, req: &Request<AppBody>, authority: &str) -> u64 {
-    let key = up
-        .config
-        .retry
-        .idempotency_header
-        .as_ref()
-        .and_then(|h| req.headers().get(h))
-        .map(HeaderValue::as_bytes);
-    let target = req.uri().path_and_query().map(|pq| pq.as_str());
-    up.recent
-        .fingerprint((req.method().as_str(), authority, target, key))
+/// What makes two requests the same: method, the authority the app called, target and
+/// the idempotency key, if any; and their fingerprint, hashed when first asked for. A
+/// request needs it only when a failure was recorded in the last 2 s (to look for it)
+/// or when it is answered with a failure (to remember it), so most hash nothing.
+pub(super) struct Sameness<'a> {
+    up: &'a Upstream,
+    /// The request as it goes upstream.
+    head: &'a Head,
+    /// The authority the app called, when the head's Host is not it (a configured
+    /// `host` replaced it).
+    called: Option<&'a str>,
+    /// The fingerprint once taken (never 0).
+    value: Cell<u64>,
+}
+
+impl<'a> Sameness<'a> {
+    pub(super) fn new(up: &'a Upstream, head: &'a Head, called: Option<&'a str>) -> Self {
+        Sameness {
+            up,
+            head,
+            called,
+            value: Cell::new(0),
+        }
+    }
+
+    fn fingerprint(&self) -> u64 {
+        if self.value.get() == 0 {
+            let head = self.head;
+            let authority = self.called.unwrap_or_else(|| {
+                head.headers
+                    .get(HOST)
+                    .and_then(|h| h.to_str().ok())
+                    .unwrap_or("")
+            });
+            let key = self
+                .up
+                .config
+                .retry
+                .idempotency_header
+                .as_ref()
+                .and_then(|h| head.headers.get(h))
+                .map(HeaderValue::as_bytes);
+            let target = head.uri.path_and_query().map(|pq| pq.as_str());
+            let what = (head.method.as_str(), authority, target, key);
+            self.value.set(self.up.recent.fingerprint(what));
+        }
+        self.value.get()
+    }
 }
 
 /// The failure this request repeats, if the app is retrying one tollgate owned. Looks
-/// only when a failure was recorded in the last 2 s.
-pub(super) fn recall(up: &Upstream, fingerprint: u64, now: Instant) -> Option<Remembered> {
-    if up.config.app_retries == AppRetries::Ignore {
+/// (and takes the fingerprint) only when a failure was recorded in the last 2 s.
+pub(super) fn recall(up: &Upstream, same: &Sameness<'_>, now: Instant) -> Option<Remembered> {
+    if up.config.app_retries == AppRetries::Ignore || !up.recent.active(now) {
         return None;
     }
-    let again = up.recent.lookup(fingerprint, now)?;
+    let again = up.recent.lookup(same.fingerprint(), now)?;
     up.metrics.app_retries.inc();
     Some(again)
 }
@@ -112,14 +149,15 @@ pub(super) fn with_grpc_status(
 }
 
 /// Remembers a failure tollgate owned (an answer with an outcome), and forgets one the
-/// request has now succeeded past. Not called for a refusal of an app retry.
-pub(super) fn remember(up: &Upstream, fingerprint: u64, verdict: Verdict, now: Instant) {
+/// request has now succeeded past. Not called for a refusal of an app retry. A success
+/// that was not an app's retry touches nothing.
+pub(super) fn remember(up: &Upstream, same: &Sameness<'_>, verdict: Verdict, now: Instant) {
     if up.config.app_retries == AppRetries::Ignore {
         return;
     }
     match verdict {
-        Verdict::Failed(answer) => up.recent.record(fingerprint, answer, now),
-        Verdict::Succeeded { again: true } => up.recent.forget(fingerprint),
+        Verdict::Failed(answer) => up.recent.record(same.fingerprint(), answer, now),
+        Verdict::Succeeded { again: true } => up.recent.forget(same.fingerprint()),
         Verdict::Succeeded { again: false } => {}
     }
 }

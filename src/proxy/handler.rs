@@ -11,13 +11,13 @@ use std::sync::atomic::Ordering::AcqRel;
 
 use bytes::Bytes;
 use http::header::{CONNECTION, CONTENT_TYPE, HOST, RETRY_AFTER};
-use http::uri::PathAndQuery;
+use http::uri::{Authority, PathAndQuery};
 use http::{HeaderValue, Method, Request, Response, StatusCode, Uri, Version};
 use http_body::Body;
 use tokio::time::Instant;
 
 use super::access_log::Entry;
-use super::app_retries::{self, Verdict};
+use super::app_retries::{self, Sameness, Verdict};
 use super::grpc;
 use super::route::authority_of;
 use super::{Shared, Upstream};
@@ -29,7 +29,7 @@ use crate::retry::headers::{
     ATTEMPTS_HEADER, OUTCOME_HEADER, attempts_line, count_value, outcome_line,
 };
 use crate::retry::policy::Failure;
-use crate::retry::{self, Answer, Exchange, Reply, learn};
+use crate::retry::{self, Answer, Exchange, Head, Reply, learn};
 use crate::server::headers::prepare_request;
 use crate::server::{
     AddedFields, Admission, AppBody, ConnState, RequestGuard, ResponseBody, Service,
@@ -109,15 +109,6 @@ async fn handle(
     if req.method() == Method::CONNECT {
         return refuse(Some(&up.metrics), CONNECT, entry, guard);
     }
-    let fingerprint = app_retries::fingerprint(&up, &req, authority_of(&req).unwrap_or(""));
-    let refused = |r: &Refusal| {
-        let verdict = Verdict::refused(r.status, r.outcome, grpc);
-        app_retries::remember(&up, fingerprint, verdict, start);
-    };
-    if !admit(&up, &mut guard) {
-        refused(&OVERLOADED);
-        return refuse(Some(&up.metrics), OVERLOADED, entry, guard);
-    }
     let (parts, body) = req.into_parts();
     let mut headers = parts.headers;
     let facts = prepare_request(
@@ -125,6 +116,22 @@ async fn handle(
         &up.deadline.accept,
         parts.version == Version::HTTP_11,
     );
+    let called = set_upstream_host(&up, &parts.uri, &mut headers);
+    let version = parts.version;
+    let head = Head {
+        method: parts.method,
+        uri: origin_form(parts.uri),
+        headers,
+    };
+    let same = Sameness::new(&up, &head, called.as_ref().map(Called::as_str));
+    let refused = |r: &Refusal| {
+        let verdict = Verdict::refused(r.status, r.outcome, grpc);
+        app_retries::remember(&up, &same, verdict, start);
+    };
+    if !admit(&up, &mut guard) {
+        refused(&OVERLOADED);
+        return refuse(Some(&up.metrics), OVERLOADED, entry, guard);
+    }
     if let Some(e) = entry.as_mut() {
         e.deadline = facts.caller_timeout;
     }
@@ -136,7 +143,7 @@ async fn handle(
         refused(&EXPIRED);
         return refuse(Some(&up.metrics), EXPIRED, entry, guard);
     }
-    let again = app_retries::recall(&up, fingerprint, start);
+    let again = app_retries::recall(&up, &same, start);
     if let Some(stop) = again.and_then(|a| app_retries::stop(&up, a, start)) {
         return app_retry_stopped(&up.metrics, stop, (grpc, unread), entry, guard);
     }
@@ -146,23 +153,18 @@ async fn handle(
         refused(&THROTTLED);
         return refuse(Some(&up.metrics), THROTTLED, entry, guard);
     }
-    let deadline = Deadline::new(start, facts.caller_timeout, up.config.request_timeout);
-    set_upstream_host(&up, &parts.uri, &mut headers);
-    let version = parts.version;
     let exchange = Exchange {
-        method: parts.method,
-        uri: origin_form(parts.uri),
+        head: &head,
         version,
-        headers,
         body,
-        deadline,
+        deadline: Deadline::new(start, facts.caller_timeout, up.config.request_timeout),
         arrived: start,
         grpc: facts.grpc,
         upgrade: facts.upgrade,
         app_retry: again.is_some(),
     };
     let answer = retry::forward(&up, exchange).await;
-    learn_from(&up, fingerprint, &answer, grpc, again.is_some());
+    learn_from(&up, &same, &answer, grpc, again.is_some());
     if let Some(e) = entry {
         log_answer(e, &answer, grpc, start, &mut guard);
     }
@@ -310,15 +312,18 @@ fn app_retry_stopped(
 
 /// What an answer teaches: the throttle counts the request as answered (unless
 /// another tollgate owned its failure), and the memory of failures remembers it, or
-/// forgets the failure an app's retry (`again`) has now succeeded past.
-fn learn_from(up: &Upstream, fingerprint: u64, answer: &Answer, grpc: bool, again: bool) {
-    let now = Instant::now();
+/// forgets the failure an app's retry (`again`) has now succeeded past. The clock is
+/// read only when one of them needs it.
+fn learn_from(up: &Upstream, same: &Sameness<'_>, answer: &Answer, grpc: bool, again: bool) {
     if let Some(t) = &up.throttle
         && learn::counts_for_throttle(answer.outcome, answer.owned_elsewhere)
     {
-        t.answered(now);
+        t.answered(Instant::now());
     }
-    app_retries::remember(up, fingerprint, Verdict::of(answer, grpc, again), now);
+    let verdict = Verdict::of(answer, grpc, again);
+    if !matches!(verdict, Verdict::Succeeded { again: false }) {
+        app_retries::remember(up, same, verdict, Instant::now());
+    }
 }
 
 /// An answer tollgate gives before any upstream call.
@@ -367,18 +372,40 @@ const EXPIRED: Refusal = Refusal {
 };
 
 /// The Host sent upstream: the configured one, else the authority the app called,
-/// which for an origin-form HTTP/1.1 request is already the Host header.
-fn set_upstream_host(up: &Upstream, uri: &Uri, headers: &mut http::HeaderMap) {
+/// which for an origin-form HTTP/1.1 request is already the Host header. Returns the
+/// authority the app called when the configured Host replaced it.
+fn set_upstream_host(up: &Upstream, uri: &Uri, headers: &mut http::HeaderMap) -> Option<Called> {
     match (&up.config.host, uri.authority()) {
-        (Some(h), _) => {
+        (Some(h), Some(a)) => {
             headers.insert(HOST, h.clone());
+            Some(Called::Uri(a.clone()))
         }
+        (Some(h), None) => headers.insert(HOST, h.clone()).map(Called::Host),
         (None, Some(a)) => {
             if let Ok(v) = HeaderValue::from_str(a.as_str()) {
                 headers.insert(HOST, v);
             }
+            None
         }
-        (None, None) => {}
+        (None, None) => None,
+    }
+}
+
+/// The authority the app called (as [`authority_of`] reads it), kept when the Host
+/// sent upstream is not it.
+enum Called {
+    /// An absolute-form target's.
+    Uri(Authority),
+    /// The app's Host.
+    Host(HeaderValue),
+}
+
+impl Called {
+    fn as_str(&self) -> &str {
+        match self {
+            Called::Uri(a) => a.as_str(),
+            Called::Host(h) => h.to_str().unwrap_or(""),
+        }
     }
 }
 

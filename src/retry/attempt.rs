@@ -115,13 +115,13 @@ impl<'a, A: AppBody> Attempt<'a, A> {
         let watch = self.body.watch();
         let mut body = Some(std::mem::replace(&mut self.body, ReplayBody::Empty));
         let mut detail = None;
-        let result = match self.exchange(&mut body, &mut detail).await {
+        // In place, not matched into a new binding: a response is a few hundred bytes,
+        // and every move of it is a copy.
+        let mut result = self.exchange(&mut body, &mut detail).await;
+        if matches!(result, Err(AttemptError::Upstream(_))) && watch.app_failed() {
             // Whatever the exchange then failed with, the app's body broke first.
-            Err(AttemptError::Upstream(_)) if watch.app_failed() => {
-                Err(AttemptError::NotUpstream(NotUpstream::AppBody))
-            }
-            r => r,
-        };
+            result = Err(AttemptError::NotUpstream(NotUpstream::AppBody));
+        }
         let ran = |result| Ran {
             result,
             unsent: body,

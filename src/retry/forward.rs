@@ -47,13 +47,20 @@ use crate::upstream::request::{AttemptFields, RequestHead};
 use crate::upstream::response::{Fields, UpstreamBody};
 use crate::upstream::want;
 
-/// A request ready to forward: headers already cleaned, Host already set.
-pub struct Exchange<A> {
+/// What every attempt of a request sends ahead of its body: headers already cleaned,
+/// Host already set. The caller keeps it, and every attempt borrows it, so what the
+/// request was is still at hand when its answer comes.
+pub struct Head {
     pub method: Method,
     pub uri: Uri,
+    pub headers: HeaderMap,
+}
+
+/// A request ready to forward.
+pub struct Exchange<'h, A> {
+    pub head: &'h Head,
     /// The HTTP version the app spoke (for `protocol = "auto"`).
     pub version: Version,
-    pub headers: HeaderMap,
     pub body: A,
     pub deadline: Deadline,
     /// When the request arrived: its first attempt starts then.
@@ -133,13 +140,6 @@ const BODY_GRACE: Duration = Duration::from_millis(50);
 /// may take to arrive, once tollgate asks the app for it to retry.
 const EXPECT_GRACE: Duration = Duration::from_secs(1);
 
-/// What every attempt of a request sends ahead of its body; each attempt borrows it.
-struct Head {
-    method: Method,
-    uri: Uri,
-    headers: HeaderMap,
-}
-
 /// One request on its way through its attempts.
 struct Call<'a, A> {
     up: &'a Upstream<A>,
@@ -174,8 +174,9 @@ struct Call<'a, A> {
 }
 
 /// Forwards `ex` to `up`, retrying and hedging as the policy allows.
-pub async fn forward<A: AppBody>(up: &Upstream<A>, ex: Exchange<A>) -> Answer {
-    let (head, mut call) = Call::new(up, ex);
+pub async fn forward<A: AppBody>(up: &Upstream<A>, ex: Exchange<'_, A>) -> Answer {
+    let head = ex.head;
+    let mut call = Call::new(up, ex);
     if let Some(h) = &up.hedge {
         h.record_request(call.arrived);
     }
@@ -203,7 +204,7 @@ pub async fn forward<A: AppBody>(up: &Upstream<A>, ex: Exchange<A>) -> Answer {
             0
         };
         let body = call.body.take(keep);
-        let attempt = call.attempt(&head, endpoint, false, body, now);
+        let attempt = call.attempt(head, endpoint, false, body, now);
         timer.set(call.hedge_due(&attempt).map(tokio::time::sleep_until));
         first.set(Some(attempt.run()));
         // Until an answer, or until every attempt in flight has failed.
@@ -211,22 +212,26 @@ pub async fn forward<A: AppBody>(up: &Upstream<A>, ex: Exchange<A>) -> Answer {
             let event =
                 std::future::poll_fn(|cx| race(cx, first.as_mut(), &mut hedge, timer.as_mut()))
                     .await;
-            let (ran, finished) = match event {
+            // Each arm judges its own result: no tuple to move it through.
+            let mut finished = None;
+            let step = match event {
                 Event::HedgeDue => {
                     timer.set(None);
-                    if let Some(a) = call.hedge(&head, endpoint) {
+                    if let Some(a) = call.hedge(head, endpoint) {
                         hedge = Some(Hedge::new(a.run(), &up.metrics.health));
                     }
                     continue;
                 }
                 Event::First(ran) => {
                     first.set(None);
-                    (ran, None)
+                    call.judge(ran, false, hedge.is_some())
                 }
-                Event::Hedge(ran) => (ran, hedge.take()),
+                Event::Hedge(ran) => {
+                    finished = hedge.take();
+                    call.judge(ran, true, first.is_some())
+                }
             };
-            let others = first.is_some() || hedge.is_some();
-            match call.judge(ran, finished.is_some(), others) {
+            match step {
                 Step::Answer(answer) => {
                     if let Some(mut h) = finished {
                         h.won = matches!(answer.reply, Reply::Upstream(_));
@@ -268,23 +273,18 @@ enum Step {
 }
 
 impl<'a, A: AppBody> Call<'a, A> {
-    fn new(up: &'a Upstream<A>, ex: Exchange<A>) -> (Head, Self) {
+    fn new(up: &'a Upstream<A>, ex: Exchange<'_, A>) -> Self {
         let retry = &up.config.retry;
         // An upgrade changes the connection for good once it is answered: never sent
         // twice.
         let retryable = retry.max_attempts > 1
             && !ex.upgrade
-            && (retry.method_allowed(&ex.method)
+            && (retry.method_allowed(&ex.head.method)
                 || retry
                     .idempotency_header
                     .as_ref()
-                    .is_some_and(|h| ex.headers.contains_key(h)));
-        let head = Head {
-            method: ex.method,
-            uri: ex.uri,
-            headers: ex.headers,
-        };
-        let call = Call {
+                    .is_some_and(|h| ex.head.headers.contains_key(h)));
+        Call {
             up,
             want: if ex.upgrade {
                 Want::Http1
@@ -307,8 +307,7 @@ impl<'a, A: AppBody> Call<'a, A> {
             hedged: false,
             app_retry: ex.app_retry,
             previous: None,
-        };
-        (head, call)
+        }
     }
 
     /// The number of the attempt in flight as sent upstream: an app's own retry is
@@ -328,6 +327,9 @@ impl<'a, A: AppBody> Call<'a, A> {
 
     /// Tells what the attempt just ended showed to the parts that learn from it.
     fn learn(&self, number: u32, failure: Option<Failure>, resp: Option<&Response<UpstreamBody>>) {
+        if !learn::listening(self.up) {
+            return;
+        }
         let seen = Seen {
             number,
             failure,

@@ -37,6 +37,12 @@ pub(crate) struct Seen<'a> {
     pub response: Option<(StatusCode, Fields<'a>)>,
 }
 
+/// Whether anything learns from `up`'s attempts: a throttle or an adaptive share. When
+/// nothing does, an attempt's result is not looked at (nor the clock read).
+pub(crate) fn listening<A>(up: &Upstream<A>) -> bool {
+    up.throttle.is_some() || up.budget.adaptive().is_some()
+}
+
 /// Tells the upstream's throttle and adaptive share what an attempt showed.
 pub(crate) fn attempt_done<A>(up: &Upstream<A>, seen: &Seen<'_>, now: Instant) {
     let share = up.budget.adaptive();

@@ -32,6 +32,6 @@ mod slots;
 pub mod throttle;
 mod upstream;
 
-pub use forward::{Answer, Exchange, Reply, Trail, forward};
+pub use forward::{Answer, Exchange, Head, Reply, Trail, forward};
 pub use replay::{AppBody, ReplayBody};
 pub use upstream::Upstream;

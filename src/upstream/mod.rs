@@ -140,6 +140,10 @@ impl<B> Endpoints<B> {
     /// the fewest requests in flight, so a least-loaded balancer sends retries straight
     /// back to the broken one.
     pub fn pick(&self, avoid: Option<usize>) -> usize {
+        // One endpoint: no clock to read, nothing to choose.
+        if self.list.len() <= 1 {
+            return 0;
+        }
         self.pick_at(avoid, pool::clock_ms())
     }
 
