@@ -83,16 +83,7 @@ async fn handle(
         resp
     };
 
-    let (upstream, log) = {
-        let snap = shared.snapshot.load();
-        let up = match &dedicated {
-            Some(name) => snap.by_name(name).cloned(),
-            None => authority_of(&req)
-                .and_then(|a| snap.routes.lookup(a))
-                .and_then(|i| snap.upstreams.get(i).cloned()),
-        };
-        (up, snap.config.access_log)
-    };
+    let (upstream, log) = route(&shared, dedicated.as_deref(), &req);
     // The access log's line, begun when it is on: the request is taken apart below.
     let mut entry = log
         .enabled
@@ -180,6 +171,23 @@ async fn handle(
         announce_close(&mut resp);
     }
     resp
+}
+
+/// The upstream of `req` (the dedicated listener's, or by authority) in the config in
+/// force, and its access log settings.
+fn route(
+    shared: &Shared,
+    dedicated: Option<&str>,
+    req: &Request<AppBody>,
+) -> (Option<Arc<Upstream>>, AccessLogConfig) {
+    let snap = shared.snapshot.load();
+    let up = match dedicated {
+        Some(name) => snap.by_name(name).cloned(),
+        None => authority_of(req)
+            .and_then(|a| snap.routes.lookup(a))
+            .and_then(|i| snap.upstreams.get(i).cloned()),
+    };
+    (up, snap.config.access_log)
 }
 
 /// The answer to a request for which no upstream is configured: named, so a typo in
