@@ -79,9 +79,10 @@ usage: scripts/bench.sh [options]
   --tollgate PATH      the tollgate binary (default: $TOLLGATE_BIN, else
                        target/release/tollgate, built with cargo if missing)
   --targets LIST       comma-separated subset of: direct,tollgate,tollgate-noretry,
-                       tollgate-inbound,nginx,haproxy,pingora (each cell runs those of its
-                       targets that are listed; tollgate-inbound is the inbound side alone
-                       in front of the backend, in the inbound cell)
+                       tollgate-log,tollgate-inbound,nginx,haproxy,pingora (each cell runs
+                       those of its targets that are listed; tollgate-log, in the get cell
+                       and only when listed, has the access log on; tollgate-inbound is the
+                       inbound side alone in front of the backend, in the inbound cell)
   --proxy-cpu N        the core the proxy under test runs on (default 0)
   --load-cpu N         the core the load generator and the backend share (default 1)
   --rss-connections N  client connections for tollgate's memory measurement (default 1000)

@@ -184,3 +184,26 @@ async fn the_no_route_answer_names_the_authority_it_got() {
     );
     tg.stop().await;
 }
+
+/// Lines gather in the writer for a few milliseconds under load: the last requests'
+/// lines are still written when tollgate is stopped right after answering them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_last_lines_are_written_before_a_stop() {
+    let (ok, down) = upstreams().await;
+    let mut p = Process::start_logged(&sections(&ok, &down, "[access_log]\nenabled = true")).await;
+    for i in 0..20 {
+        let path = format!("/last/{i}");
+        assert_eq!(get(p.addr, &path, "ok").await.status, 200);
+    }
+    p.signal("TERM");
+    assert_eq!(p.wait_exit(Duration::from_secs(10)).await, Some(0));
+    let log = p.log();
+    let lines = access_lines(&log, false);
+    assert_eq!(lines.len(), 20, "{log}");
+    assert!(lines[19].contains("path=/last/19 "), "{log}");
+    let stopped = log.find("stopped").unwrap_or_else(|| panic!("{log}"));
+    assert!(
+        log.find("path=/last/19 ").is_some_and(|at| at < stopped),
+        "the last line comes before the exit:\n{log}"
+    );
+}

@@ -5,7 +5,7 @@
 # cell. This file says what each cell runs; bench.sh measures it.
 
 ALL_CELLS="get,h2c,tls,body16k,body256k,c2000,cores2,inbound"
-KNOWN_TARGETS="direct,tollgate,tollgate-noretry,tollgate-inbound,nginx,haproxy,pingora"
+KNOWN_TARGETS="direct,tollgate,tollgate-noretry,tollgate-log,tollgate-inbound,nginx,haproxy,pingora"
 
 # The second CPU of the two-core cell and the load CPUs beside it: on a machine with
 # four CPUs or more, two for the proxy and the rest of the pair for the load; on two
@@ -51,7 +51,7 @@ cell_define() {
     get)
       rounds=8; warmup=2
       C_TITLE="small GET, 1 core: wrk -c$CONNS"
-      targets=(direct tollgate tollgate-noretry nginx haproxy pingora)
+      targets=(direct tollgate tollgate-noretry tollgate-log nginx haproxy pingora)
       C_RATIOS="tollgate/direct tollgate/haproxy tollgate/nginx tollgate/pingora tollgate/tollgate-noretry" ;;
     h2c)
       C_LOAD=h2; C_CONNS=$H2_STREAMS
@@ -129,9 +129,12 @@ target_prepare() {
   case "$t" in
     direct)
       T_CMD=(); T_PORT[$t]=$UP_PORT ;;
-    tollgate|tollgate-noretry|tollgate-1w|tollgate-2w)
+    tollgate|tollgate-noretry|tollgate-log|tollgate-1w|tollgate-2w)
       free_port; main=$PORT; free_port; admin=$PORT; free_port; listen=$PORT
       tollgate_conf "$main" "$admin" "$listen" "127.0.0.1:$UP_PORT" "$UP_PROTO" "$retries" "$workers" "$UP_TLS" > "$WORK/$name.toml"
+      # The access log on, its lines to the target's log file as a container's go to
+      # its log pipe.
+      [ "$t" != tollgate-log ] || printf '[access_log]\nenabled = true\n' >> "$WORK/$name.toml"
       "$TG" check --config "$WORK/$name.toml" > "$WORK/$name.check.log" 2>&1 || {
         cat "$WORK/$name.check.log" >&2; die "tollgate check rejected the config of $name ($WORK/$name.toml)"; }
       T_CMD=(env RUST_LOG=info "$TG" run --config "$WORK/$name.toml"); T_PORT[$t]=$listen ;;

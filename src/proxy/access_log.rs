@@ -8,6 +8,12 @@
 //! builds its line on its own thread and hands it to a writer thread over a bounded
 //! queue, so a slow stderr never stalls a request; lines that do not fit are counted
 //! and the count is written instead.
+//!
+//! After each batch the writer lets the next lines gather for [`LINGER`] before it
+//! looks again: under load a line then costs neither a wake-up of the writer (a futex
+//! call on each side) nor a write of its own, only its place in the next batch. An idle
+//! writer waits for the next line without waking. At exit, [`drain`] gives the writer
+//! a moment to write what is queued.
 
 use std::fmt::Write as _;
 use std::io::Write as _;
@@ -25,6 +31,8 @@ use crate::server::Finish;
 
 /// Lines waiting for the writer before new ones are dropped (and counted).
 const QUEUE: usize = 16 * 1024;
+/// How long lines gather after a batch before the writer takes the next one.
+const LINGER: Duration = Duration::from_millis(5);
 
 /// The logs are JSON lines (`--log-format json`): so are the access lines.
 static JSON_LOGS: AtomicBool = AtomicBool::new(false);
@@ -300,6 +308,8 @@ fn civil_from_days(z: i64) -> (i64, u32, u32) {
 
 /// Lines dropped because the writer was behind.
 static DROPPED: AtomicU64 = AtomicU64::new(0);
+/// Lines queued and not yet written.
+static PENDING: AtomicU64 = AtomicU64::new(0);
 
 fn sender() -> &'static SyncSender<String> {
     static SENDER: OnceLock<SyncSender<String>> = OnceLock::new();
@@ -315,21 +325,34 @@ fn sender() -> &'static SyncSender<String> {
 }
 
 fn write_line(line: String) {
+    PENDING.fetch_add(1, Relaxed);
     match sender().try_send(line) {
         Ok(()) => {}
         Err(TrySendError::Full(_) | TrySendError::Disconnected(_)) => {
+            PENDING.fetch_sub(1, Relaxed);
             DROPPED.fetch_add(1, Relaxed);
         }
     }
 }
 
-/// Writes lines as they come, in batches when they come faster than stderr takes them.
+/// Waits, at most `within`, until every queued line is written: for the exit, after the
+/// last requests are answered.
+pub fn drain(within: Duration) {
+    let by = std::time::Instant::now() + within;
+    while PENDING.load(Relaxed) > 0 && std::time::Instant::now() < by {
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+/// Writes lines in batches: what has come, then what comes within [`LINGER`].
 fn writer(rx: Receiver<String>) {
     let mut out = std::io::BufWriter::with_capacity(64 * 1024, std::io::stderr());
     while let Ok(line) = rx.recv() {
+        let mut written = 1;
         let _ = out.write_all(line.as_bytes());
         let _ = out.write_all(b"\n");
         while let Ok(line) = rx.try_recv() {
+            written += 1;
             let _ = out.write_all(line.as_bytes());
             let _ = out.write_all(b"\n");
         }
@@ -342,6 +365,8 @@ fn writer(rx: Receiver<String>) {
             );
         }
         let _ = out.flush();
+        PENDING.fetch_sub(written, Relaxed);
+        std::thread::sleep(LINGER);
     }
 }
 
