@@ -59,8 +59,9 @@ async fn a_post_without_a_key_is_sent_once_and_with_a_key_is_retried() {
     tg.stop().await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_ten_kib_body_is_replayed_byte_identical() {
+/// An upstream that keeps every request body it reads and answers 503, except every
+/// `ok_every`th request, which it answers 200 with the body it read.
+async fn recording(ok_every: usize) -> (Upstream, Arc<Mutex<Vec<Bytes>>>) {
     let bodies: Arc<Mutex<Vec<Bytes>>> = Arc::default();
     let seen = bodies.clone();
     let up = Upstream::start(move |req: http::Request<hyper::body::Incoming>| {
@@ -69,17 +70,23 @@ async fn a_ten_kib_body_is_replayed_byte_identical() {
             let body = req.into_body().collect().await.unwrap().to_bytes();
             let n = {
                 let mut s = seen.lock().unwrap();
-                s.push(body);
+                s.push(body.clone());
                 s.len()
             };
-            if n < 3 {
+            if n % ok_every != 0 {
                 respond(503, "again")
             } else {
-                respond(200, "stored")
+                respond(200, body)
             }
         }
     })
     .await;
+    (up, bodies)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_ten_kib_body_is_replayed_byte_identical() {
+    let (up, bodies) = recording(3).await;
     let tg = Tollgate::start(&retrying("store", &format!("\"{}\"", up.addr), "")).await;
     // Streamed from the client in chunks as it is produced.
     let body = Generated::new(5, 10 * 1024).boxed();
@@ -103,6 +110,52 @@ async fn a_ten_kib_body_is_replayed_byte_identical() {
             original.as_slice(),
             "attempt {} carried a different body",
             i + 1
+        );
+    }
+    tg.stop().await;
+}
+
+/// A body large enough to go out from its own buffers rather than copied: each attempt
+/// carries it whole, declared by its length or chunked as it streams, and the answer
+/// that echoes it back reaches the app whole as well.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_256_kib_body_is_replayed_byte_identical_with_or_without_a_length() {
+    const LEN: usize = 256 * 1024;
+    let (up, bodies) = recording(3).await;
+    let tg = Tollgate::start(&retrying(
+        "store",
+        &format!("\"{}\"", up.addr),
+        "max_body = \"1MiB\"",
+    ))
+    .await;
+    let mut original = Vec::new();
+    let mut g = Generated::new(11, LEN);
+    while let Some(frame) = futures_frame(&mut g).await {
+        original.extend_from_slice(&frame);
+    }
+    let sized = full(original.clone());
+    let streamed = Generated::new(11, LEN).boxed();
+    for (how, body) in [("with a length", sized), ("chunked", streamed)] {
+        let r = send(
+            tg.addr,
+            request("PUT", "/blob", "store").body(body).unwrap(),
+        )
+        .await;
+        assert_eq!(r.status, 200, "{how}");
+        assert_eq!(r.attempts(), 3, "{how}");
+        assert!(
+            r.body == original.as_slice(),
+            "{how}: the echoed answer differs"
+        );
+    }
+    let bodies = bodies.lock().unwrap().clone();
+    assert_eq!(bodies.len(), 6);
+    for (i, b) in bodies.iter().enumerate() {
+        assert!(
+            b.as_ref() == original.as_slice(),
+            "attempt {} carried a different body ({} bytes)",
+            i + 1,
+            b.len()
         );
     }
     tg.stop().await;

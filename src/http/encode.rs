@@ -9,6 +9,7 @@ use http::HeaderMap;
 use http_body::Frame;
 
 use super::fields::write_field;
+use super::write::WriteBuf;
 
 /// How a body goes out after its head.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -22,7 +23,8 @@ pub enum BodyFraming {
     Close,
 }
 
-/// Puts a body's frames into a write buffer in its framing, and notices a body that
+/// Puts a body's frames into a write queue in its framing (a large chunk as it is, not
+/// copied; see [`WriteBuf`]), and notices a body that
 /// does not fit it: more bytes than its length, or fewer when it ends. Such a body is
 /// `broken`: what was written is all that may be, and the connection must close.
 #[derive(Clone, Copy, Debug)]
@@ -70,14 +72,14 @@ impl BodyEncoder {
     }
 
     /// Puts one frame into `wbuf`: data, or trailers (which end the body).
-    pub fn frame(&mut self, wbuf: &mut Vec<u8>, frame: Frame<Bytes>) {
+    pub fn frame(&mut self, wbuf: &mut WriteBuf, frame: Frame<Bytes>) {
         match frame.into_data() {
-            Ok(data) => self.data(wbuf, &data),
+            Ok(data) => self.data(wbuf, data),
             Err(frame) => self.finish(wbuf, frame.trailers_ref()),
         }
     }
 
-    fn data(&mut self, wbuf: &mut Vec<u8>, data: &[u8]) {
+    fn data(&mut self, wbuf: &mut WriteBuf, mut data: Bytes) {
         if data.is_empty() || self.ended {
             return;
         }
@@ -85,9 +87,11 @@ impl BodyEncoder {
             BodyFraming::None => {}
             BodyFraming::Length(_) => {
                 let n = self.left.min(data.len() as u64);
-                wbuf.extend_from_slice(&data[..n as usize]);
+                let more = n < data.len() as u64;
+                data.truncate(n as usize);
+                wbuf.put(data);
                 self.left -= n;
-                if n < data.len() as u64 {
+                if more {
                     // More than the length said: the rest cannot go in this framing.
                     self.broken = true;
                     self.ended = true;
@@ -96,28 +100,30 @@ impl BodyEncoder {
                 }
             }
             BodyFraming::Chunked => {
-                write_hex(wbuf, data.len());
-                wbuf.extend_from_slice(b"\r\n");
-                wbuf.extend_from_slice(data);
-                wbuf.extend_from_slice(b"\r\n");
+                let bytes = wbuf.bytes_mut();
+                write_hex(bytes, data.len());
+                bytes.extend_from_slice(b"\r\n");
+                wbuf.put(data);
+                wbuf.bytes_mut().extend_from_slice(b"\r\n");
             }
-            BodyFraming::Close => wbuf.extend_from_slice(data),
+            BodyFraming::Close => wbuf.put(data),
         }
     }
 
     /// The body has ended (with these trailers, which only chunked framing carries).
-    pub fn finish(&mut self, wbuf: &mut Vec<u8>, trailers: Option<&HeaderMap>) {
+    pub fn finish(&mut self, wbuf: &mut WriteBuf, trailers: Option<&HeaderMap>) {
         if self.ended {
             return;
         }
         self.ended = true;
         match self.framing {
             BodyFraming::Chunked => {
-                wbuf.extend_from_slice(b"0\r\n");
+                let bytes = wbuf.bytes_mut();
+                bytes.extend_from_slice(b"0\r\n");
                 for (name, value) in trailers.into_iter().flatten() {
-                    write_field(wbuf, name, value);
+                    write_field(bytes, name, value);
                 }
-                wbuf.extend_from_slice(b"\r\n");
+                bytes.extend_from_slice(b"\r\n");
             }
             // Shorter than its length: the peer must see it cut short.
             BodyFraming::Length(_) if self.left > 0 => self.broken = true,
@@ -198,14 +204,19 @@ pub fn write_date(wbuf: &mut Vec<u8>) {
 mod tests {
     use super::*;
 
+    /// What the frames come to on the wire, and whether the body broke.
     fn encode(framing: BodyFraming, frames: &[&[u8]]) -> (Vec<u8>, bool) {
-        let mut wbuf = Vec::new();
+        let mut wbuf = WriteBuf::default();
         let mut enc = BodyEncoder::new(framing);
         for f in frames {
             enc.frame(&mut wbuf, Frame::data(Bytes::copy_from_slice(f)));
         }
         enc.finish(&mut wbuf, None);
-        (wbuf, enc.broken())
+        let mut out = Vec::new();
+        let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+        let written = wbuf.poll_write_all(&mut out, &mut cx);
+        assert!(matches!(written, std::task::Poll::Ready(Ok(()))));
+        (out, enc.broken())
     }
 
     #[test]
@@ -233,6 +244,29 @@ mod tests {
         assert_eq!(
             encode(BodyFraming::Close, &[b"hello"]),
             (b"hello".to_vec(), false)
+        );
+    }
+
+    #[test]
+    fn large_chunks_go_out_in_their_framing_as_small_ones_do() {
+        let big: Vec<u8> = (0..5000u32).map(|i| (i % 251) as u8).collect();
+        let mut chunked = b"3\r\nabc\r\n1388\r\n".to_vec();
+        chunked.extend_from_slice(&big);
+        chunked.extend_from_slice(b"\r\n1\r\nz\r\n0\r\n\r\n");
+        assert_eq!(
+            encode(BodyFraming::Chunked, &[b"abc", &big, b"z"]),
+            (chunked, false)
+        );
+        let mut exact = b"abc".to_vec();
+        exact.extend_from_slice(&big);
+        assert_eq!(
+            encode(BodyFraming::Length(5003), &[b"abc", &big]),
+            (exact.clone(), false)
+        );
+        // Longer than its length: cut at the length, and broken.
+        assert_eq!(
+            encode(BodyFraming::Length(4500), &[b"abc", &big]),
+            (exact[..4500].to_vec(), true)
         );
     }
 

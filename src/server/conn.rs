@@ -308,7 +308,11 @@ pub async fn serve<S: Service>(
                         state.request_finished();
                         Err(bad_request(why, req.version()))
                     }
-                    None => Ok(service.call(req, &state)),
+                    // Boxed: hyper moves a stream's future several times on its way
+                    // into the stream's task (and tokio once more as the task ends), and
+                    // a request's future is kilobytes: one allocation costs far less than
+                    // copying it each time. HTTP/1.1 pins it in place and needs no box.
+                    None => Ok(Box::pin(service.call(req, &state))),
                 };
                 async move {
                     Ok::<_, Infallible>(match answer {

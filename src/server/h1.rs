@@ -7,7 +7,9 @@
 //! of the buffer; the next head is read only once the response has gone out, by which
 //! time nothing holds the old one, so the buffer is reused as it is rather than
 //! replaced. The response head, and as much of its body as is already there, leave in
-//! one write. A refused head gets its status and the connection is closed.
+//! one write: small body chunks copied after the head, large ones written from their
+//! own buffers beside it ([`WriteBuf`]). A refused head gets its status and the
+//! connection is closed.
 //!
 //! While a request is answered the socket is still watched: the app closing its side
 //! cancels the request (and every attempt in flight), as nobody waits for the answer.
@@ -39,6 +41,7 @@ use crate::http::encode::{
 use crate::http::fields::{content_length, has_token, write_field};
 use crate::http::framing::Framing;
 use crate::http::request::parse_request_head;
+use crate::http::write::WriteBuf;
 use crate::http::{KEEP_WRITE, READ_CHUNK, WRITE_BATCH};
 
 /// What one client connection needs to answer its requests.
@@ -109,7 +112,7 @@ enum Next {
 }
 
 async fn run<S: Service>(io: Arc<Mutex<Io>>, settings: Settings<S>, closing: Arc<AtomicBool>) {
-    let mut wbuf: Vec<u8> = Vec::new();
+    let mut wbuf = WriteBuf::default();
     loop {
         let head = match poll_fn(|cx| poll_head(&io, &settings, &closing, cx)).await {
             Next::Request(head) => head,
@@ -164,9 +167,7 @@ async fn run<S: Service>(io: Arc<Mutex<Io>>, settings: Settings<S>, closing: Arc
             close(&io, unread).await;
             return;
         }
-        if wbuf.capacity() > KEEP_WRITE {
-            wbuf = Vec::new();
-        }
+        wbuf.clear_and_bound(KEEP_WRITE);
     }
 }
 
@@ -231,7 +232,7 @@ fn poll_head<S>(
 /// Writes the response; `Ok(true)` when the connection may carry another request.
 async fn write_response(
     io: &Mutex<Io>,
-    wbuf: &mut Vec<u8>,
+    wbuf: &mut WriteBuf,
     resp: Response<ResponseBody>,
     version: Version,
     head_request: bool,
@@ -242,9 +243,15 @@ async fn write_response(
     // later (an HTTP/2 upstream's connection reads it on a task of its own).
     lock(io).continue_left = 0;
     wbuf.clear();
-    let (framing, keep_alive) = write_head(wbuf, &parts, &body, version, head_request, keep_alive);
+    let (framing, keep_alive) = write_head(
+        wbuf.bytes_mut(),
+        &parts,
+        &body,
+        version,
+        head_request,
+        keep_alive,
+    );
     let mut encoder = BodyEncoder::new(framing);
-    let mut pos = 0;
     poll_fn(|cx| {
         loop {
             let mut waiting = false;
@@ -266,9 +273,7 @@ async fn write_response(
                 }
             }
             let mut io = lock(io);
-            ready!(io.poll_write_all(cx, wbuf, &mut pos))?;
-            wbuf.clear();
-            pos = 0;
+            ready!(io.poll_write_all(cx, wbuf))?;
             if encoder.ended() {
                 return Poll::Ready(Ok::<(), io::Error>(()));
             }
@@ -375,7 +380,7 @@ fn write_head(
 }
 
 /// Answers a head that will not be served, and closes.
-async fn refuse(io: &Mutex<Io>, wbuf: &mut Vec<u8>, status: StatusCode, why: &'static str) {
+async fn refuse(io: &Mutex<Io>, wbuf: &mut WriteBuf, status: StatusCode, why: &'static str) {
     tracing::debug!(
         status = status.as_u16(),
         reason = why.trim_end(),

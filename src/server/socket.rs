@@ -17,6 +17,7 @@ use tokio::io::{AsyncReadExt, AsyncWrite};
 use tokio::net::TcpStream;
 
 use crate::http::framing::{Framing, Step, step};
+use crate::http::write::WriteBuf;
 use crate::http::{BoxError, READ_CHUNK};
 
 /// While a request is answered, bytes the app sends ahead (a pipelined request) are
@@ -69,20 +70,13 @@ impl Io {
         Poll::Ready(Ok(n))
     }
 
+    /// Writes everything `wbuf` holds.
     pub(super) fn poll_write_all(
         &mut self,
         cx: &mut Context<'_>,
-        buf: &[u8],
-        pos: &mut usize,
+        wbuf: &mut WriteBuf,
     ) -> Poll<io::Result<()>> {
-        while *pos < buf.len() {
-            match ready!(Pin::new(&mut self.stream).poll_write(cx, &buf[*pos..])) {
-                Ok(0) => return Poll::Ready(Err(io::ErrorKind::WriteZero.into())),
-                Ok(n) => *pos += n,
-                Err(e) => return Poll::Ready(Err(e)),
-            }
-        }
-        Poll::Ready(Ok(()))
+        wbuf.poll_write_all(&mut self.stream, cx)
     }
 
     pub(super) fn body_done(&self) -> bool {

@@ -19,6 +19,8 @@
 //!
 //! One buffer each way per connection, kept while it is pooled. The head is read by
 //! [`crate::http::response`], in place; the body is read by [`crate::http::framing`].
+//! The request goes out through a [`WriteBuf`]: its head and small body chunks copied,
+//! large chunks written from the app's own buffers.
 
 use std::collections::VecDeque;
 use std::io;
@@ -45,13 +47,14 @@ use crate::http::encode::{BodyEncoder, BodyFraming, write_content_length};
 use crate::http::fields::{content_length, write_field};
 use crate::http::framing::{Framing, Step, step};
 use crate::http::response::{MAX_HEAD, Parsed, RawFields, ResponseHead, parse_response_head};
+use crate::http::write::WriteBuf;
 use crate::http::{BoxError, KEEP_WRITE, READ_CHUNK, WRITE_BATCH};
 
 /// One HTTP/1.1 connection to an endpoint, idle or carrying one exchange.
 pub struct Connection {
     io: Transport,
     rbuf: BytesMut,
-    wbuf: Vec<u8>,
+    wbuf: WriteBuf,
     /// The endpoint answered `100 Continue` to the request in flight.
     continued: bool,
     /// When it was opened (for `max_connection_age`).
@@ -64,7 +67,7 @@ impl Connection {
         Connection {
             io,
             rbuf: BytesMut::new(),
-            wbuf: Vec::new(),
+            wbuf: WriteBuf::default(),
             continued: false,
             born: Instant::now(),
             _open: OpenGuard::new(open),
@@ -93,23 +96,10 @@ impl Connection {
         read.poll(cx)
     }
 
-    /// Writes what the write buffer holds, then flushes.
-    fn poll_drain(&mut self, cx: &mut Context<'_>, pos: &mut usize) -> Poll<io::Result<()>> {
-        while *pos < self.wbuf.len() {
-            match Pin::new(&mut self.io).poll_write(cx, &self.wbuf[*pos..]) {
-                Poll::Ready(Ok(0)) => return Poll::Ready(Err(io::ErrorKind::WriteZero.into())),
-                Poll::Ready(Ok(n)) => *pos += n,
-                Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
-                Poll::Pending => return Poll::Pending,
-            }
-        }
-        std::task::ready!(Pin::new(&mut self.io).poll_flush(cx))?;
-        self.wbuf.clear();
-        if self.wbuf.capacity() > KEEP_WRITE {
-            self.wbuf.shrink_to(READ_CHUNK);
-        }
-        *pos = 0;
-        Poll::Ready(Ok(()))
+    /// Writes what the write queue holds, then flushes.
+    fn poll_drain(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        std::task::ready!(self.wbuf.poll_write_all(&mut self.io, cx))?;
+        Pin::new(&mut self.io).poll_flush(cx)
     }
 
     /// Reads until a final response head is in, skipping interim (1xx) responses and
@@ -265,7 +255,10 @@ impl Lease {
     }
 
     /// The response was read to its end: the connection may serve another request.
-    pub fn release(self) {
+    /// Its write buffer is kept through the exchange and bounded only now, so a large
+    /// head is not followed by a reallocation at every write.
+    pub fn release(mut self) {
+        self.conn.wbuf.clear_and_bound(KEEP_WRITE);
         self.idle.put(self.worker, self.conn);
     }
 }
@@ -283,8 +276,6 @@ enum UploadError {
 struct Upload<B> {
     body: B,
     encoder: BodyEncoder,
-    /// Written up to here in the connection's write buffer.
-    pos: usize,
     done: bool,
     /// `Expect: 100-continue`: the body waits for the endpoint's `100 Continue` (or a
     /// final answer, which means it is never sent), at most until this timer fires.
@@ -306,8 +297,7 @@ where
         if let Some(timer) = self.expecting.as_mut() {
             // The head goes out; the body waits.
             if !conn.wbuf.is_empty() {
-                std::task::ready!(conn.poll_drain(cx, &mut self.pos))
-                    .map_err(UploadError::Write)?;
+                std::task::ready!(conn.poll_drain(cx)).map_err(UploadError::Write)?;
             }
             if !conn.continued && timer.as_mut().poll(cx).is_pending() {
                 return Poll::Pending;
@@ -340,7 +330,7 @@ where
                 }
                 return Poll::Pending;
             }
-            std::task::ready!(conn.poll_drain(cx, &mut self.pos)).map_err(UploadError::Write)?;
+            std::task::ready!(conn.poll_drain(cx)).map_err(UploadError::Write)?;
             if self.encoder.ended() {
                 self.done = true;
                 return Poll::Ready(Ok(()));
@@ -467,7 +457,7 @@ where
     B: OutgoingBody,
 {
     let conn = lease.conn();
-    let framing = encode_head(&mut conn.wbuf, head, &body)?;
+    let framing = encode_head(conn.wbuf.bytes_mut(), head, &body)?;
     conn.continued = false;
     let expects = !body.is_end_stream()
         && head
@@ -477,7 +467,6 @@ where
     let mut upload = Upload {
         body,
         encoder: BodyEncoder::new(framing),
-        pos: 0,
         done: false,
         expecting: expects.then(|| Box::pin(tokio::time::sleep(head.continue_wait))),
     };

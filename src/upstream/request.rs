@@ -3,6 +3,8 @@
 
 use std::time::Duration;
 
+use http::header::HOST;
+use http::uri::{self, Authority, PathAndQuery, Scheme};
 use http::{HeaderMap, HeaderName, HeaderValue, Method, Request, Uri, Version};
 
 /// The header fields one attempt adds to the request (its number, its time, the
@@ -44,32 +46,111 @@ impl RequestHead<'_> {
     /// the scheme and authority HTTP/2 requires. The authority comes from `Host`, and
     /// `Host` itself is not sent: HTTP/2 carries it as `:authority` (RFC 9113 section
     /// 8.3.1), and servers such as nginx refuse a request that has both.
+    ///
+    /// The header map is built afresh rather than cloned and then edited: made with room
+    /// for every field it will hold (the attempt's own, and the `content-length` hyper
+    /// adds for a body of known size), it never grows, and `Host` and the fields the
+    /// attempt replaces are left out as the others are copied, never removed after. The
+    /// `:path` is the target's own shared bytes, not parsed again.
     pub(super) fn to_h2<B>(&self, body: B) -> Request<B> {
         let mut req = Request::new(body);
         *req.method_mut() = self.method.clone();
         *req.version_mut() = Version::HTTP_2;
-        *req.uri_mut() = if self.uri.scheme().is_some() {
-            self.uri.clone()
-        } else {
-            let authority = self
-                .headers
-                .get(http::header::HOST)
-                .and_then(|h| h.to_str().ok())
-                .unwrap_or("localhost");
-            let pq = self.uri.path_and_query().map_or("/", |p| p.as_str());
-            Uri::builder()
-                .scheme(if self.https { "https" } else { "http" })
-                .authority(authority)
-                .path_and_query(pq)
-                .build()
-                .unwrap_or_else(|_| self.uri.clone())
-        };
-        let mut headers = self.headers.clone();
-        headers.remove(http::header::HOST);
+        *req.uri_mut() = self.h2_uri();
+        let added = self.fields.iter().count();
+        let mut headers = HeaderMap::with_capacity(self.headers.keys_len() + added + 1);
+        for (name, value) in self.headers {
+            if name != HOST && !self.fields.names(name) {
+                headers.append(name.clone(), value.clone());
+            }
+        }
         for (name, value) in self.fields.iter() {
-            headers.insert(name.clone(), value.clone());
+            headers.append(name.clone(), value.clone());
         }
         *req.headers_mut() = headers;
         req
+    }
+
+    /// The target in absolute form, as HTTP/2's pseudo-header fields carry it.
+    fn h2_uri(&self) -> Uri {
+        if self.uri.scheme().is_some() {
+            return self.uri.clone();
+        }
+        let authority = match self.headers.get(HOST).and_then(|h| h.to_str().ok()) {
+            Some(host) => match Authority::try_from(host) {
+                Ok(a) => a,
+                Err(_) => return self.uri.clone(),
+            },
+            None => Authority::from_static("localhost"),
+        };
+        let mut parts = uri::Parts::default();
+        parts.scheme = Some(if self.https {
+            Scheme::HTTPS
+        } else {
+            Scheme::HTTP
+        });
+        parts.authority = Some(authority);
+        parts.path_and_query = Some(
+            self.uri
+                .path_and_query()
+                .cloned()
+                .unwrap_or_else(|| PathAndQuery::from_static("/")),
+        );
+        Uri::from_parts(parts).unwrap_or_else(|_| self.uri.clone())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_http2_request_has_the_authority_no_host_and_the_attempts_own_fields() {
+        let attempt = HeaderName::from_static("x-tollgate-attempt");
+        let mut headers = HeaderMap::new();
+        headers.insert(HOST, HeaderValue::from_static("api.example:8080"));
+        headers.append("accept", HeaderValue::from_static("a/b"));
+        headers.append("accept", HeaderValue::from_static("c/d"));
+        headers.insert(&attempt, HeaderValue::from_static("7"));
+        headers.insert("te", HeaderValue::from_static("trailers"));
+        let uri = Uri::from_static("/p/q?x=1");
+        let head = RequestHead {
+            method: &Method::POST,
+            uri: &uri,
+            headers: &headers,
+            fields: AttemptFields([
+                Some((&attempt, HeaderValue::from_static("2"))),
+                None,
+                None,
+                None,
+            ]),
+            https: false,
+            continue_wait: Duration::ZERO,
+        };
+        let req = head.to_h2(());
+        assert_eq!(req.uri(), "http://api.example:8080/p/q?x=1");
+        assert_eq!(req.version(), Version::HTTP_2);
+        assert_eq!(req.method(), Method::POST);
+        let h = req.headers();
+        assert!(h.get(HOST).is_none());
+        let accept: Vec<_> = h.get_all("accept").iter().collect();
+        assert_eq!(accept, ["a/b", "c/d"]);
+        let attempts: Vec<_> = h.get_all(&attempt).iter().collect();
+        assert_eq!(attempts, ["2"]);
+        assert_eq!(h["te"], "trailers");
+        assert_eq!(h.len(), 4);
+
+        let https = RequestHead {
+            https: true,
+            fields: AttemptFields::default(),
+            ..head
+        };
+        assert_eq!(https.to_h2(()).uri(), "https://api.example:8080/p/q?x=1");
+        let no_host = HeaderMap::new();
+        let bare = RequestHead {
+            headers: &no_host,
+            ..https
+        };
+        assert_eq!(bare.to_h2(()).uri(), "https://localhost/p/q?x=1");
     }
 }
