@@ -3,7 +3,7 @@
 # parser, the deadline headers, HTTP/1.1 requests from the app and responses from
 # upstreams, and Retry-After / grpc-retry-pushback-ms. Each target
 # runs for SECONDS (default 60). Run from anywhere; needs a Rust toolchain, a C++
-# compiler (libFuzzer is built from source) and crates.io.
+# compiler (libFuzzer is built from source) and the Rust package registry.
 #
 #   scripts/fuzz.sh [SECONDS]
 #
