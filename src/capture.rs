@@ -70,6 +70,11 @@ fn args(parts: &[&str]) -> Vec<String> {
     parts.iter().map(|s| s.to_string()).collect()
 }
 
+/// The rule that lets TCP to `port` pass, unredirected.
+fn spare(port: &str) -> [&str; 6] {
+    ["-p", "tcp", "--dport", port, "-j", "RETURN"]
+}
+
 /// The steps that install the rules (for one address family: `loopback` is its
 /// loopback network).
 pub fn install(a: &IptablesArgs, loopback: &str) -> Vec<Step> {
@@ -88,14 +93,7 @@ pub fn install(a: &IptablesArgs, loopback: &str) -> Vec<Step> {
     steps.push(out(&["-m", "owner", "--uid-owner", &uid, "-j", "RETURN"]));
     steps.push(out(&["-d", loopback, "-j", "RETURN"]));
     for p in &a.exclude_outbound_ports {
-        steps.push(out(&[
-            "-p",
-            "tcp",
-            "--dport",
-            &p.to_string(),
-            "-j",
-            "RETURN",
-        ]));
+        steps.push(out(&spare(&p.to_string())));
     }
     let to_out = a.outbound_port.to_string();
     steps.push(out(&["-p", "tcp", "-j", "REDIRECT", "--to-ports", &to_out]));
@@ -107,14 +105,7 @@ pub fn install(a: &IptablesArgs, loopback: &str) -> Vec<Step> {
     let mut spared = vec![a.admin_port];
     spared.extend(&a.exclude_inbound_ports);
     for p in spared {
-        steps.push(inb(&[
-            "-p",
-            "tcp",
-            "--dport",
-            &p.to_string(),
-            "-j",
-            "RETURN",
-        ]));
+        steps.push(inb(&spare(&p.to_string())));
     }
     let to_in = a.inbound_port.to_string();
     steps.push(inb(&["-p", "tcp", "-j", "REDIRECT", "--to-ports", &to_in]));
