@@ -99,7 +99,7 @@ EOF
 # nginx's HTTP/2 listener because it is some four times faster on one core, so the load
 # side stays far above what a proxy of the cell can do, and because nginx 1.22 refuses
 # an HTTP/2 request that carries a Host field beside :authority (400, "duplicate host
-# header"), which tollgate sends.
+# header"), which some proxies send.
 h2_backend_cmd() {
   mkdir -p "$WORK/h2-backend"
   printf ok > "$WORK/h2-backend/index.html"
@@ -111,14 +111,16 @@ h2_backend_cmd() {
 nginx_proxy_conf() {
   local name="$1" port="$2" mode="$3"
   nginx_common "$name" "${4:-1}"
-  case "$mode" in
-    h1) cat <<EOF
+  cat <<EOF
   upstream backend {
     server 127.0.0.1:$UP_PORT;
     keepalive $PROXY_CONNS;
     keepalive_requests 10000000;
     keepalive_timeout 60s;
   }
+EOF
+  case "$mode" in
+    h1) cat <<EOF
   server {
     listen 127.0.0.1:$port;
     location / {
@@ -132,12 +134,6 @@ nginx_proxy_conf() {
 EOF
     ;;
     h2c) cat <<EOF
-  upstream backend {
-    server 127.0.0.1:$UP_PORT;
-    keepalive $PROXY_CONNS;
-    keepalive_requests 10000000;
-    keepalive_timeout 60s;
-  }
   server {
     listen 127.0.0.1:$port http2;
     location / { grpc_pass grpc://backend; }
@@ -146,12 +142,6 @@ EOF
 EOF
     ;;
     tls) cat <<EOF
-  upstream backend {
-    server 127.0.0.1:$UP_PORT;
-    keepalive $PROXY_CONNS;
-    keepalive_requests 10000000;
-    keepalive_timeout 60s;
-  }
   server {
     listen 127.0.0.1:$port;
     location / {
