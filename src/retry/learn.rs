@@ -43,12 +43,10 @@ pub(crate) fn listening<A>(up: &Upstream<A>) -> bool {
     up.throttle.is_some() || up.budget.adaptive().is_some()
 }
 
-/// Tells the upstream's throttle and adaptive share what an attempt showed.
+/// Tells the upstream's throttle and adaptive share what an attempt showed; called only
+/// when one of them is [`listening`].
 pub(crate) fn attempt_done<A>(up: &Upstream<A>, seen: &Seen<'_>, now: Instant) {
     let share = up.budget.adaptive();
-    if up.throttle.is_none() && share.is_none() {
-        return;
-    }
     // Only a failure or a gRPC answer can say anything about load or ownership: a plain
     // success's fields are not searched.
     let telling = seen.response.filter(|(status, fields)| {
