@@ -54,6 +54,25 @@ pub fn has_token(value: &[u8], token: &[u8]) -> bool {
         .any(|t| t.trim_ascii().eq_ignore_ascii_case(token))
 }
 
+/// Whether `token` (a field name or token as it came) is `lower`, in any case. `lower`
+/// holds only lowercase letters, digits and `-`, for which setting bit 5 of each byte is
+/// exact: no other byte of a token becomes one of them. Eight bytes at a time, as this
+/// runs for fields of every request and response.
+pub fn is_token(token: &[u8], lower: &[u8]) -> bool {
+    if token.len() != lower.len() {
+        return false;
+    }
+    let word = |b: &[u8]| {
+        let mut w = [0u8; 8];
+        w[..b.len()].copy_from_slice(b);
+        u64::from_le_bytes(w)
+    };
+    token
+        .chunks(8)
+        .zip(lower.chunks(8))
+        .all(|(t, l)| word(t) | (0x2020_2020_2020_2020 >> (8 * (8 - t.len()))) == word(l))
+}
+
 /// Whether a `Connection` value names fields of its own, beyond `keep-alive` and
 /// `close` (which name nothing outside the usual set).
 pub fn names_others(value: &[u8]) -> bool {
@@ -302,6 +321,40 @@ pub fn authority_syntax(value: &[u8]) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn tokens_compare_in_any_case_and_nothing_else_matches() {
+        for (token, lower) in [
+            (&b"Content-Length"[..], &b"content-length"[..]),
+            (b"CONNECTION", b"connection"),
+            (b"Keep-Alive", b"keep-alive"),
+            (b"date", b"date"),
+            (b"TE", b"te"),
+            (b"Proxy-Authorization", b"proxy-authorization"),
+        ] {
+            assert!(is_token(token, lower), "{}", String::from_utf8_lossy(token));
+        }
+        for (token, lower) in [
+            // One byte off, at each end and past the first eight.
+            (&b"content-lengtx"[..], &b"content-length"[..]),
+            (b"xontent-length", b"content-length"),
+            (b"content_length", b"content-length"),
+            (b"content-length ", b"content-length"),
+            (b"content-lengt", b"content-length"),
+            (b"keep.alive", b"keep-alive"),
+            (b"dat", b"date"),
+            (b"", b"te"),
+            // Bit 5 makes other punctuation of these, never a letter.
+            (b"@ate", b"date"),
+            (b"Dat^", b"date"),
+        ] {
+            assert!(
+                !is_token(token, lower),
+                "{}",
+                String::from_utf8_lossy(token)
+            );
+        }
+    }
 
     #[test]
     fn host_values_are_checked_in_place() {

@@ -22,7 +22,8 @@ use http::{HeaderMap, HeaderName, HeaderValue, StatusCode, Version};
 use super::bad;
 use super::encode::write_content_length;
 use super::fields::{
-    FEW_HEADERS, LengthProblem, Span, field_spans, fold_content_length, has_token, names_others,
+    FEW_HEADERS, LengthProblem, Span, field_spans, fold_content_length, has_token, is_token,
+    names_others,
 };
 use super::framing::{Chunk, Framing, Step, step};
 
@@ -76,17 +77,31 @@ impl RawFields {
 
     /// Writes every field as a line of an HTTP/1.1 head, except the fields `replaced`
     /// names (the writer adds its own), then the `Content-Length` unless `length` is
-    /// false.
+    /// false. Lines that follow one another in the head as they are written go in one
+    /// copy.
     pub fn write_to(&self, wbuf: &mut Vec<u8>, length: bool, replaced: impl Fn(&[u8]) -> bool) {
+        // The lines not yet written: from `run` to `end` in the head.
+        let (mut run, mut end) = (0, 0);
         for &[ns, ne, _, ve] in &self.lines {
-            let line = &self.head[ns as usize..ve as usize];
-            let name = &line[..(ne - ns) as usize];
-            if replaced(name) {
+            let (ns, ve) = (ns as usize, ve as usize);
+            if replaced(&self.head[ns..ne as usize]) {
                 continue;
             }
-            wbuf.extend_from_slice(line);
-            wbuf.extend_from_slice(b"\r\n");
+            if ns != end {
+                wbuf.extend_from_slice(&self.head[run..end]);
+                run = ns;
+            }
+            if self.head.get(ve..ve + 2) == Some(b"\r\n") {
+                end = ve + 2;
+            } else {
+                // A line that ended otherwise (a bare LF, or blanks after the value):
+                // written up to its value, with a CRLF.
+                wbuf.extend_from_slice(&self.head[run..ve]);
+                wbuf.extend_from_slice(b"\r\n");
+                (run, end) = (0, 0);
+            }
         }
+        wbuf.extend_from_slice(&self.head[run..end]);
         if let Some(n) = self.length.filter(|_| length) {
             write_content_length(wbuf, n);
         }
@@ -132,7 +147,7 @@ enum FieldKind {
 
 /// Classifies a field name as it came (any case), by length first.
 fn field_kind(name: &[u8]) -> FieldKind {
-    let is = |n: &str| name.eq_ignore_ascii_case(n.as_bytes());
+    let is = |n: &str| is_token(name, n.as_bytes());
     match name.len() {
         2 if is("te") => FieldKind::HopByHop,
         4 if is("date") => FieldKind::Date,
@@ -281,6 +296,8 @@ fn read_fields(head: &Bytes, spans: &[Span], switching: bool) -> io::Result<Read
                     .is_some_and(|last| last.trim_ascii().eq_ignore_ascii_case(b"chunked"));
                 continue;
             }
+            // The usual value, told at once.
+            FieldKind::Connection if is_token(value, b"keep-alive") => continue,
             FieldKind::Connection => {
                 read.close |= has_token(value, b"close");
                 if names_others(value) {
@@ -452,6 +469,40 @@ mod tests {
         assert_eq!(r.body, b"hello");
         assert!(!r.headers.contains_key("content-length"));
         assert!(!r.reusable);
+    }
+
+    #[test]
+    fn the_fields_pass_on_line_by_line_as_they_came_with_crlf() {
+        let written = |input: &[u8], replaced: &dyn Fn(&[u8]) -> bool| {
+            let mut rbuf = BytesMut::from(input);
+            let Some(Parsed::Final(head)) = parse_response_head(&mut rbuf, false).unwrap() else {
+                panic!("no final head")
+            };
+            let mut out = Vec::new();
+            head.fields.write_to(&mut out, true, replaced);
+            String::from_utf8(out).unwrap()
+        };
+        let none = |_: &[u8]| false;
+        // Runs of lines broken by fields that do not pass on, or that are replaced.
+        let input = b"HTTP/1.1 200 OK\r\nServer: s\r\nDate: d\r\nConnection: keep-alive\r\n\
+                      X-A: 1\r\nX-Tollgate-Attempts: 9\r\nX-B: 2\r\nContent-Length: 0\r\n\r\n";
+        assert_eq!(
+            written(input, &none),
+            "Server: s\r\nDate: d\r\nX-A: 1\r\nX-Tollgate-Attempts: 9\r\nX-B: 2\r\n\
+             content-length: 0\r\n"
+        );
+        let ours = |n: &[u8]| n.eq_ignore_ascii_case(b"x-tollgate-attempts");
+        assert_eq!(
+            written(input, &ours),
+            "Server: s\r\nDate: d\r\nX-A: 1\r\nX-B: 2\r\ncontent-length: 0\r\n"
+        );
+        // Lines that end in a bare LF, or with blanks after the value, go out with CRLF
+        // right after the value, whatever comes before or after them.
+        let input = b"HTTP/1.1 200 OK\nX-A: 1\nX-B: 2 \t\r\nX-C: 3\r\nX-D: 4\n\r\n";
+        assert_eq!(
+            written(input, &none),
+            "X-A: 1\r\nX-B: 2\r\nX-C: 3\r\nX-D: 4\r\n"
+        );
     }
 
     #[test]

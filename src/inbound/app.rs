@@ -6,7 +6,7 @@
 
 use std::time::Duration;
 
-use http::{HeaderName, Response};
+use http::HeaderName;
 use prometheus::IntCounter;
 use tokio::time::{Instant, timeout_at};
 
@@ -14,7 +14,7 @@ use crate::deadline::{self, Deadline};
 use crate::server::AppBody;
 use crate::upstream::pool::{Endpoint, SendError, Want};
 use crate::upstream::request::{AttemptFields, RequestHead};
-use crate::upstream::response::UpstreamBody;
+use crate::upstream::response::UpstreamResponse;
 
 /// The app is local: a connection that takes longer than this is not coming.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
@@ -72,7 +72,7 @@ pub async fn send<'a>(
     mut body: AppBody,
     fields: &DeadlineFields<'a>,
     exhausted: &IntCounter,
-) -> Result<Response<UpstreamBody>, Failed> {
+) -> Result<UpstreamResponse, Failed> {
     let by = fields.deadline.at();
     for _ in 0..=MAX_STALE {
         let conn = match app.pooled(want, Instant::now()) {

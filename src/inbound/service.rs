@@ -21,10 +21,11 @@ use crate::http::grpc::is_grpc;
 use crate::metrics::inbound::{InboundDenied, InboundMetrics, Kind};
 use crate::retry::headers::outcome_of;
 use crate::server::headers::prepare_request;
+use crate::server::service::{AppRequest, AppResponse};
 use crate::server::{AddedFields, AppBody, ConnState, RequestGuard, ResponseBody, Service};
 use crate::upstream::pool::Want;
 use crate::upstream::request::{AttemptFields, RequestHead};
-use crate::upstream::response::{Fields, UpstreamBody, relayed};
+use crate::upstream::response::{Fields, UpstreamResponse, relayed};
 
 /// The callers' requests to the app.
 #[derive(Clone)]
@@ -33,10 +34,12 @@ pub struct InboundService(pub Arc<Inbound>);
 impl Service for InboundService {
     fn call(
         &self,
-        req: Request<AppBody>,
+        req: AppRequest,
         conn: &Arc<ConnState>,
-    ) -> impl Future<Output = Response<ResponseBody>> + Send + use<> {
-        handle(self.0.clone(), conn.clone(), req)
+    ) -> impl Future<Output = AppResponse> + Send + use<> {
+        let inbound = self.0.clone();
+        let conn = conn.clone();
+        async move { Box::new(handle(inbound, conn, *req).await) }
     }
 }
 
@@ -182,7 +185,7 @@ fn refusal(failed: Failed) -> &'static Refusal {
 /// nothing of tollgate's added.
 fn relay(
     call: &Call<'_>,
-    resp: Response<UpstreamBody>,
+    resp: UpstreamResponse,
     version: Version,
     guard: RequestGuard,
 ) -> Response<ResponseBody> {

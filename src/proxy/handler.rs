@@ -31,6 +31,7 @@ use crate::retry::headers::{
 use crate::retry::policy::Failure;
 use crate::retry::{self, Answer, Exchange, Head, Reply, learn};
 use crate::server::headers::prepare_request;
+use crate::server::service::{AppRequest, AppResponse};
 use crate::server::{
     AddedFields, Admission, AppBody, ConnState, RequestGuard, ResponseBody, Service,
 };
@@ -49,9 +50,9 @@ impl Service for Outbound {
     #[inline]
     fn call(
         &self,
-        req: Request<AppBody>,
+        req: AppRequest,
         conn: &Arc<ConnState>,
-    ) -> impl Future<Output = Response<ResponseBody>> + Send + use<> {
+    ) -> impl Future<Output = AppResponse> + Send + use<> {
         handle(
             self.shared.clone(),
             self.dedicated.clone(),
@@ -65,8 +66,8 @@ async fn handle(
     shared: Arc<Shared>,
     dedicated: Option<Arc<str>>,
     conn: Arc<ConnState>,
-    req: Request<AppBody>,
-) -> Response<ResponseBody> {
+    req: AppRequest,
+) -> AppResponse {
     let start = Instant::now();
     let mut guard = RequestGuard::new(conn, start);
     // An HTTP/1.x body tollgate does not read to its end leaves the connection unable
@@ -80,7 +81,7 @@ async fn handle(
         if unread {
             announce_close(&mut resp);
         }
-        resp
+        Box::new(resp)
     };
 
     let (upstream, log) = route(&shared, dedicated.as_deref(), &req);
@@ -95,12 +96,12 @@ async fn handle(
         if unread {
             announce_close(&mut resp);
         }
-        return resp;
+        return Box::new(resp);
     };
     if req.method() == Method::CONNECT {
         return refuse(Some(&up.metrics), CONNECT, entry, guard);
     }
-    let (parts, body) = req.into_parts();
+    let (parts, body) = (*req).into_parts();
     let mut headers = parts.headers;
     let facts = prepare_request(
         &mut headers,
@@ -136,7 +137,13 @@ async fn handle(
     }
     let again = app_retries::recall(&up, &same, start);
     if let Some(stop) = again.and_then(|a| app_retries::stop(&up, a, start)) {
-        return app_retry_stopped(&up.metrics, stop, (grpc, unread), entry, guard);
+        return Box::new(app_retry_stopped(
+            &up.metrics,
+            stop,
+            (grpc, unread),
+            entry,
+            guard,
+        ));
     }
     if let Some(t) = up.throttle.as_ref().filter(|_| again.is_none())
         && !t.admit(start, &mut fastrand::Rng::new())
@@ -432,11 +439,9 @@ fn admit(up: &Arc<Upstream>, guard: &mut RequestGuard) -> bool {
 /// An admitted request has been answered: it leaves the in-flight count, and its
 /// duration is observed.
 impl Admission for Upstream {
-    fn release(&self, started: Instant) {
+    fn release(&self, took: std::time::Duration) {
         self.inflight.fetch_sub(1, AcqRel);
-        self.metrics
-            .request_duration
-            .observe(started.elapsed().as_secs_f64());
+        self.metrics.request_duration.observe(took.as_secs_f64());
     }
 }
 
@@ -462,7 +467,7 @@ fn answer_app(
     version: http::Version,
     grpc: bool,
     guard: RequestGuard,
-) -> Response<ResponseBody> {
+) -> AppResponse {
     let resp = match answer.reply {
         Reply::Upstream(resp) => resp,
         Reply::Local(status) => {
@@ -488,7 +493,7 @@ fn answer_app(
                 text,
                 retry_after,
             };
-            return local_answer(Some(metrics), local, grpc, guard);
+            return Box::new(local_answer(Some(metrics), local, grpc, guard));
         }
     };
     // Given up on: a failure listed in `retry.on` that no other tollgate owned.
@@ -509,7 +514,7 @@ fn answer_app(
             text: &text,
             retry_after: None,
         };
-        return local_answer(Some(metrics), local, grpc, guard);
+        return Box::new(local_answer(Some(metrics), local, grpc, guard));
     }
     let pushback = grpc && outcome.is_some();
     let (mut parts, body) = relayed(resp, version);
@@ -522,7 +527,10 @@ fn answer_app(
             outcome.map(outcome_line),
             pushback.then_some(grpc::NO_RETRY_LINE),
         ]);
-        return Response::from_parts(parts, ResponseBody::upstream(body, guard, added));
+        return Box::new(Response::from_parts(
+            parts,
+            ResponseBody::upstream(body, guard, added),
+        ));
     }
     let body = ResponseBody::upstream(body, guard, AddedFields::default());
     parts
@@ -534,7 +542,7 @@ fn answer_app(
     if pushback {
         parts.headers.insert(GRPC_PUSHBACK, grpc::NO_RETRY);
     }
-    Response::from_parts(parts, body)
+    Box::new(Response::from_parts(parts, body))
 }
 
 /// Whether an upstream's response head is a gRPC answer.

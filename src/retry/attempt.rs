@@ -14,7 +14,7 @@
 //! hedge). What it came to is reported to the endpoint's health
 //! ([`crate::upstream::outlier`]) and to the latency estimates, once.
 
-use http::{HeaderName, Response};
+use http::HeaderName;
 use tokio::time::{Instant, timeout_at};
 
 use super::headers::{ATTEMPT_HEADER, HEDGE_HEADER, HEDGE_VALUE, count_value, endpoint_failed};
@@ -27,7 +27,7 @@ use crate::metrics::AttemptResult;
 use crate::upstream::outlier::Verdict;
 use crate::upstream::pool::{SendError, Want, clock_ms};
 use crate::upstream::request::{AttemptFields, RequestHead};
-use crate::upstream::response::{Fields, UpstreamBody};
+use crate::upstream::response::{Fields, UpstreamResponse};
 use crate::upstream::tls_failure;
 
 /// The names of the per-attempt fields, borrowed by every attempt.
@@ -93,7 +93,7 @@ pub(super) struct Attempt<'a, A> {
 
 /// What an attempt came to.
 pub(super) struct Ran<A> {
-    pub result: Result<Response<UpstreamBody>, AttemptError>,
+    pub result: Result<UpstreamResponse, AttemptError>,
     /// The body, when it never left (no connection took it): the next attempt sends it.
     pub unsent: Option<ReplayBody<A>>,
     /// What went wrong, when it is worth telling the app (a TLS failure's reason).
@@ -153,7 +153,7 @@ impl<'a, A: AppBody> Attempt<'a, A> {
     }
 
     /// What the result says about the endpoint.
-    fn verdict(&self, result: &Result<Response<UpstreamBody>, AttemptError>) -> Verdict {
+    fn verdict(&self, result: &Result<UpstreamResponse, AttemptError>) -> Verdict {
         match result {
             Ok(resp) if endpoint_failed(resp.status().as_u16(), Fields::of(resp)) => {
                 Verdict::Failure
@@ -171,7 +171,7 @@ impl<'a, A: AppBody> Attempt<'a, A> {
         &mut self,
         body: &mut Option<ReplayBody<A>>,
         detail: &mut Option<String>,
-    ) -> Result<Response<UpstreamBody>, AttemptError> {
+    ) -> Result<UpstreamResponse, AttemptError> {
         let cfg = &self.up.config;
         let endpoint = self.up.endpoints.get(self.endpoint);
         let tls = self.up.tls.as_deref();
@@ -212,9 +212,10 @@ impl<'a, A: AppBody> Attempt<'a, A> {
             };
             // A pooled connection is taken at once: the attempt's start is still now.
             let now = if fresh { Instant::now() } else { self.started };
-            self.head.fields = self.fields(now);
+            let left = self.by.saturating_duration_since(now);
+            self.head.fields = self.fields(now, left);
             // As curl waits, but leaving most of the attempt's time to the exchange.
-            self.head.continue_wait = CONTINUE_WAIT.min(self.by.saturating_duration_since(now) / 4);
+            self.head.continue_wait = CONTINUE_WAIT.min(left / 4);
             let Some(sending) = body.take() else {
                 return Err(Failure::ConnectFailure.into());
             };
@@ -264,11 +265,10 @@ impl<'a, A: AppBody> Attempt<'a, A> {
         Failure::Tls
     }
 
-    /// The per-attempt fields: the attempt number, the time this attempt may take,
-    /// `min(attempt_timeout, time left)`, for a gRPC call with a deadline the time
-    /// left of the caller's own, and on a hedge `x-tollgate-hedge: 1`.
-    fn fields(&self, now: Instant) -> AttemptFields<'a> {
-        let left = self.by.saturating_duration_since(now);
+    /// The per-attempt fields: the attempt number, the time this attempt may take
+    /// (`left`: `min(attempt_timeout, time left)`), for a gRPC call with a deadline the
+    /// time left of the caller's own, and on a hedge `x-tollgate-hedge: 1`.
+    fn fields(&self, now: Instant, left: std::time::Duration) -> AttemptFields<'a> {
         AttemptFields([
             Some((&ATTEMPT_NAME, count_value(self.number))),
             Some((&self.up.deadline.header, deadline::format_millis(left))),
@@ -297,7 +297,7 @@ impl<A> Record<'_, A> {
         self.up.metrics.attempt(AttemptResult::Cancelled);
     }
 
-    fn finish(&mut self, result: &Result<Response<UpstreamBody>, AttemptError>, r: AttemptResult) {
+    fn finish(&mut self, result: &Result<UpstreamResponse, AttemptError>, r: AttemptResult) {
         self.done = true;
         let took = self.started.elapsed();
         let metrics = &self.up.metrics;

@@ -27,7 +27,7 @@
 use std::pin::pin;
 use std::time::Duration;
 
-use http::{HeaderMap, Method, Response, StatusCode, Uri, Version};
+use http::{HeaderMap, Method, StatusCode, Uri, Version};
 use http_body::Body;
 use tokio::time::{Instant, Sleep};
 
@@ -44,7 +44,7 @@ use crate::deadline::Deadline;
 use crate::metrics::{Denied, HedgeResult, Outcome};
 use crate::upstream::pool::Want;
 use crate::upstream::request::{AttemptFields, RequestHead};
-use crate::upstream::response::{Fields, UpstreamBody};
+use crate::upstream::response::{Fields, UpstreamResponse};
 use crate::upstream::want;
 
 /// What every attempt of a request sends ahead of its body: headers already cleaned,
@@ -83,7 +83,7 @@ pub struct Exchange<'h, A> {
 pub enum Reply {
     /// The upstream's response. An HTTP/1.1 body carries its connection, which goes
     /// back to the pool once the body has been read to the end.
-    Upstream(Response<UpstreamBody>),
+    Upstream(UpstreamResponse),
     /// tollgate answers itself: 502 or 504 for the upstream, 400 for a malformed body
     /// from the app, 503 (with `Retry-After`) when out of file descriptors.
     Local(StatusCode),
@@ -269,7 +269,7 @@ enum Step {
     Wait,
     /// The last attempt in flight failed (on this endpoint), with the response when
     /// there was one.
-    Failed(Failure, Option<Response<UpstreamBody>>, usize),
+    Failed(Failure, Option<UpstreamResponse>, usize),
 }
 
 impl<'a, A: AppBody> Call<'a, A> {
@@ -326,7 +326,7 @@ impl<'a, A: AppBody> Call<'a, A> {
     }
 
     /// Tells what the attempt just ended showed to the parts that learn from it.
-    fn learn(&self, number: u32, failure: Option<Failure>, resp: Option<&Response<UpstreamBody>>) {
+    fn learn(&self, number: u32, failure: Option<Failure>, resp: Option<&UpstreamResponse>) {
         if !learn::listening(self.up) {
             return;
         }
@@ -340,7 +340,7 @@ impl<'a, A: AppBody> Call<'a, A> {
 
     /// The callee refused this retry: no further attempt, and the app gets the failure
     /// the retry retried, with outcome `retry-rejected`.
-    fn rejected(&mut self, refusal: Response<UpstreamBody>) -> Answer {
+    fn rejected(&mut self, refusal: UpstreamResponse) -> Answer {
         let Some(previous) = self.previous.take() else {
             return self.answer(refusal, Outcome::Ok);
         };
@@ -348,7 +348,7 @@ impl<'a, A: AppBody> Call<'a, A> {
         self.up.metrics.denied(Denied::UpstreamRejected);
         let failure = previous.failure();
         let mut answer = match previous {
-            Previous::Response(resp, _) => self.answer(*resp, Outcome::RetryRejected),
+            Previous::Response(resp, _) => self.answer(resp, Outcome::RetryRejected),
             Previous::Failure(f) => self.local(Previous::local_status(f), Outcome::RetryRejected),
         };
         answer.outcome = Outcome::RetryRejected;
@@ -511,7 +511,7 @@ impl<'a, A: AppBody> Call<'a, A> {
     async fn decide(
         &mut self,
         failure: Failure,
-        response: Option<&Response<UpstreamBody>>,
+        response: Option<&UpstreamResponse>,
     ) -> Result<Duration, Stop> {
         let retry = &self.up.config.retry;
         // The response came while the app's body was still arriving (an upstream that
@@ -546,7 +546,7 @@ impl<'a, A: AppBody> Call<'a, A> {
         };
         let situation = Situation {
             failure,
-            response: response.map(Fields::of),
+            response: response.map(|r| Fields::of(r)),
             // An app's own retry has used every attempt: it is not retried again.
             attempts: self.attempts + retry.max_attempts.saturating_sub(self.limit()),
             request_retryable: self.retryable,
@@ -559,7 +559,7 @@ impl<'a, A: AppBody> Call<'a, A> {
 
     /// The upstream's response goes back: a success, or a failure that another tollgate
     /// already owned.
-    fn answer(&self, resp: Response<UpstreamBody>, outcome: Outcome) -> Answer {
+    fn answer(&self, resp: UpstreamResponse, outcome: Outcome) -> Answer {
         let owned = owned_elsewhere(Fields::of(&resp));
         Answer {
             outcome: if owned {
@@ -585,7 +585,7 @@ impl<'a, A: AppBody> Call<'a, A> {
         &mut self,
         stop: Stop,
         failure: Failure,
-        response: Option<Response<UpstreamBody>>,
+        response: Option<UpstreamResponse>,
     ) -> Answer {
         if let Some(d) = stop.denied() {
             self.up.metrics.denied(d);
@@ -654,7 +654,7 @@ impl<'a, A: AppBody> Call<'a, A> {
 /// background so its HTTP/1.1 connection can be reused: during an incident the same
 /// upstream is asked again within milliseconds, and a fresh connection per failure
 /// would add a handshake to every retry.
-fn discard(resp: Response<UpstreamBody>) {
+fn discard(resp: UpstreamResponse) {
     let body = match resp.into_body() {
         crate::http::ByProtocol::Http1(b) => b,
         crate::http::ByProtocol::Http2(_) => return,

@@ -15,11 +15,11 @@
 
 use std::time::Duration;
 
-use http::{Response, StatusCode};
+use http::StatusCode;
 
 use super::policy::Failure;
 use crate::http::ByProtocol;
-use crate::upstream::response::UpstreamBody;
+use crate::upstream::response::UpstreamResponse;
 
 /// The most of a failed response's body read into memory to keep it.
 const KEEP_BODY: usize = 64 * 1024;
@@ -30,7 +30,7 @@ const KEEP_WAIT: Duration = Duration::from_millis(50);
 pub(super) enum Previous {
     /// The upstream's failed response, as it came (boxed: kept only while a retry
     /// runs, it should not make every request's state larger).
-    Response(Box<Response<UpstreamBody>>, Failure),
+    Response(UpstreamResponse, Failure),
     /// A failure with no response (reset, timeout, connect failure).
     Failure(Failure),
 }
@@ -38,7 +38,7 @@ pub(super) enum Previous {
 /// Sleeps the backoff before a retry, keeping the failure it retries; a small HTTP/1.1
 /// body is read into memory meanwhile, so its connection is released.
 pub(super) async fn keep_while_sleeping(
-    response: Option<Response<UpstreamBody>>,
+    response: Option<UpstreamResponse>,
     failure: Failure,
     sleep: Duration,
 ) -> Previous {
@@ -54,7 +54,7 @@ pub(super) async fn keep_while_sleeping(
     } else if !sleep.is_zero() {
         tokio::time::sleep(sleep).await;
     }
-    Previous::Response(Box::new(resp), failure)
+    Previous::Response(resp, failure)
 }
 
 impl Previous {

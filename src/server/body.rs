@@ -65,9 +65,9 @@ impl AddedFields {
 }
 
 /// What admitted a request (a concurrency limit, say) and must hear when its answer
-/// has gone out.
+/// has gone out, and how long that took.
 pub trait Admission: Send + Sync {
-    fn release(&self, started: Instant);
+    fn release(&self, took: std::time::Duration);
 }
 
 /// What must hear, once, how long a request took to answer (an access log line).
@@ -107,13 +107,16 @@ impl RequestGuard {
 
 impl Drop for RequestGuard {
     fn drop(&mut self) {
+        // One clock read for everything that hears of the end.
+        let now = Instant::now();
+        let took = now.saturating_duration_since(self.start);
         if let Some(a) = &self.admitted {
-            a.release(self.start);
+            a.release(took);
         }
         if let Some(f) = self.finish.take() {
-            f.finish(self.start.elapsed());
+            f.finish(took);
         }
-        self.conn.request_finished();
+        self.conn.request_finished(now);
     }
 }
 

@@ -305,18 +305,18 @@ pub async fn serve<S: Service>(
                         // Counted as a request of the connection, so the watchdog sees the
                         // head as read and the connection as idle again once answered.
                         state.request_started();
-                        state.request_finished();
+                        state.request_finished(tokio::time::Instant::now());
                         Err(bad_request(why, req.version()))
                     }
                     // Boxed: hyper moves a stream's future several times on its way
                     // into the stream's task (and tokio once more as the task ends), and
                     // a request's future is kilobytes: one allocation costs far less than
                     // copying it each time. HTTP/1.1 pins it in place and needs no box.
-                    None => Ok(Box::pin(service.call(req, &state))),
+                    None => Ok(Box::pin(service.call(Box::new(req), &state))),
                 };
                 async move {
                     Ok::<_, Infallible>(match answer {
-                        Ok(answering) => answering.await,
+                        Ok(answering) => *answering.await,
                         Err(refused) => refused,
                     })
                 }

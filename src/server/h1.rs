@@ -31,7 +31,7 @@ use http_body::Body;
 use tokio::net::TcpStream;
 
 use super::body::{AppBody, ResponseBody};
-use super::service::Service;
+use super::service::{AppRequest, AppResponse, Service};
 use super::socket::{CONTINUE, Http1Body, Io, close, lock};
 use super::tunnel;
 use super::watchdog::ConnState;
@@ -96,13 +96,11 @@ impl Future for Http1Conn {
 
 /// A request as read, and whether its connection may carry another.
 struct Incoming {
-    req: Request<AppBody>,
+    req: AppRequest,
     keep_alive: bool,
 }
 
-/// What waiting for the next request head found. Unboxed: it is unpacked as soon as
-/// it is returned, and a box would cost an allocation per request.
-#[allow(clippy::large_enum_variant)]
+/// What waiting for the next request head found.
 enum Next {
     Request(Incoming),
     /// The app closed the connection, or it is being drained and nothing is pending.
@@ -194,7 +192,9 @@ fn poll_head<S>(
                     } else {
                         0
                     };
-                    let mut req = Request::new(AppBody::Http1(Http1Body { io: shared.clone() }));
+                    let mut req = Box::new(Request::new(AppBody::Http1(Http1Body {
+                        io: shared.clone(),
+                    })));
                     *req.method_mut() = head.method;
                     *req.uri_mut() = head.uri;
                     *req.version_mut() = head.version;
@@ -233,30 +233,25 @@ fn poll_head<S>(
 async fn write_response(
     io: &Mutex<Io>,
     wbuf: &mut WriteBuf,
-    resp: Response<ResponseBody>,
+    mut resp: AppResponse,
     version: Version,
     head_request: bool,
     keep_alive: bool,
 ) -> io::Result<bool> {
-    let (parts, mut body) = resp.into_parts();
     // The answer is final: no `100 Continue` may follow it, whoever reads the body
     // later (an HTTP/2 upstream's connection reads it on a task of its own).
     lock(io).continue_left = 0;
     wbuf.clear();
-    let (framing, keep_alive) = write_head(
-        wbuf.bytes_mut(),
-        &parts,
-        &body,
-        version,
-        head_request,
-        keep_alive,
-    );
+    let (framing, keep_alive) =
+        write_head(wbuf.bytes_mut(), &resp, version, head_request, keep_alive);
     let mut encoder = BodyEncoder::new(framing);
+    // Read where it is, in the answer's box.
+    let body = resp.body_mut();
     poll_fn(|cx| {
         loop {
             let mut waiting = false;
             while !encoder.ended() && wbuf.len() < WRITE_BATCH {
-                match Pin::new(&mut body).poll_frame(cx) {
+                match Pin::new(&mut *body).poll_frame(cx) {
                     Poll::Ready(Some(Ok(frame))) => encoder.frame(wbuf, frame),
                     Poll::Ready(Some(Err(e))) => {
                         tracing::debug!(error = %e, "response body broke; closing");
@@ -296,13 +291,12 @@ async fn write_response(
 /// out and whether the connection may be kept.
 fn write_head(
     wbuf: &mut Vec<u8>,
-    parts: &http::response::Parts,
-    body: &ResponseBody,
+    resp: &Response<ResponseBody>,
     version: Version,
     head_request: bool,
     mut keep_alive: bool,
 ) -> (BodyFraming, bool) {
-    let status = parts.status;
+    let (status, body) = (resp.status(), resp.body());
     let code = status.as_u16();
     let bodiless = head_request || status.is_informational() || code == 204 || code == 304;
     let lengthless = status.is_informational() || code == 204;
@@ -318,7 +312,7 @@ fn write_head(
     let added = body.added_fields();
     let mut length = None;
     let mut dated = false;
-    for (name, value) in &parts.headers {
+    for (name, value) in resp.headers() {
         if name == CONNECTION {
             if has_token(value.as_bytes(), b"close") {
                 keep_alive = false;
@@ -386,7 +380,7 @@ async fn refuse(io: &Mutex<Io>, wbuf: &mut WriteBuf, status: StatusCode, why: &'
         reason = why.trim_end(),
         "request head refused"
     );
-    let mut resp = Response::new(ResponseBody::full(why, None));
+    let mut resp = Box::new(Response::new(ResponseBody::full(why, None)));
     *resp.status_mut() = status;
     resp.headers_mut().insert(
         http::header::CONTENT_TYPE,

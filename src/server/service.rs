@@ -11,12 +11,19 @@ use http::{Request, Response};
 use super::body::{AppBody, ResponseBody};
 use super::watchdog::ConnState;
 
+/// A request as a codec hands it to the service. Boxed where its head is read, as the
+/// answer is where it is made: each passes through several futures on its way, and a
+/// box moves as one word where the value is a few hundred bytes copied at every step.
+pub type AppRequest = Box<Request<AppBody>>;
+/// An answer as the service hands it back to the codec.
+pub type AppResponse = Box<Response<ResponseBody>>;
+
 pub trait Service: Clone + Send + Sync + 'static {
     /// Answers one request that came over `conn`. The answer's body holds whatever must
     /// live until the response has gone out (the in-flight count, the request's timer).
     fn call(
         &self,
-        req: Request<AppBody>,
+        req: AppRequest,
         conn: &Arc<ConnState>,
-    ) -> impl Future<Output = Response<ResponseBody>> + Send + use<Self>;
+    ) -> impl Future<Output = AppResponse> + Send + use<Self>;
 }

@@ -42,7 +42,11 @@ impl ConnState {
     }
 
     fn micros(&self) -> u64 {
-        u64::try_from(self.epoch.elapsed().as_micros()).unwrap_or(u64::MAX)
+        self.micros_at(Instant::now())
+    }
+
+    fn micros_at(&self, now: Instant) -> u64 {
+        u64::try_from(now.saturating_duration_since(self.epoch).as_micros()).unwrap_or(u64::MAX)
     }
 
     fn at(&self, micros: u64) -> Instant {
@@ -54,9 +58,10 @@ impl ConnState {
         self.head_started.store(0, Release);
     }
 
-    pub fn request_finished(&self) {
+    /// A request was answered, `now`.
+    pub fn request_finished(&self, now: Instant) {
         if self.inflight.fetch_sub(1, AcqRel) == 1 {
-            self.idle_since.store(self.micros(), Release);
+            self.idle_since.store(self.micros_at(now), Release);
         }
     }
 

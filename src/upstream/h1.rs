@@ -43,6 +43,7 @@ use super::OutgoingBody;
 use super::connect::{OpenGuard, Transport};
 use super::request::RequestHead;
 use super::upgraded::Upgraded;
+use crate::http::ByProtocol;
 use crate::http::encode::{BodyEncoder, BodyFraming, write_content_length};
 use crate::http::fields::{content_length, write_field};
 use crate::http::framing::{Framing, Step, step};
@@ -447,12 +448,13 @@ fn encode_head<B: Body>(
 
 /// Sends the request on the leased connection and reads the response head. The
 /// response's body holds the lease and releases it once read to its end (and once the
-/// request body has gone out in full); dropped before, it closes the connection.
+/// request body has gone out in full); dropped before, it closes the connection. The
+/// response is made in its box (see [`UpstreamResponse`](super::response::UpstreamResponse)).
 pub async fn send<B>(
     mut lease: Lease,
     head: &RequestHead<'_>,
     body: B,
-) -> io::Result<Response<Http1Response>>
+) -> io::Result<Box<Response<ByProtocol<Http1Response>>>>
 where
     B: OutgoingBody,
 {
@@ -516,7 +518,7 @@ where
     if head.status != http::StatusCode::SWITCHING_PROTOCOLS {
         body.finish_if_done();
     }
-    let mut resp = Response::new(body);
+    let mut resp = Box::new(Response::new(ByProtocol::Http1(body)));
     *resp.status_mut() = head.status;
     *resp.version_mut() = head.version;
     Ok(resp)

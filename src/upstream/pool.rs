@@ -13,7 +13,6 @@ use std::sync::atomic::{AtomicU8, AtomicU32, AtomicU64, AtomicUsize, Ordering::R
 use std::time::Duration;
 
 use arc_swap::ArcSwapOption;
-use http::Response;
 use tokio::task::AbortHandle;
 use tokio::time::Instant;
 
@@ -23,7 +22,7 @@ use super::dns::Resolver;
 use super::h1::{self, Connection, IdleQueues, Lease};
 use super::outlier::Health;
 use super::request::RequestHead;
-use super::response::UpstreamBody;
+use super::response::UpstreamResponse;
 use super::tls::TlsClient;
 use super::tls_failure::WarnEvery;
 use crate::config::EndpointAddr;
@@ -355,14 +354,13 @@ impl<B: OutgoingBody> Conn<B> {
         self,
         head: &RequestHead<'_>,
         body: B,
-    ) -> Result<Response<UpstreamBody>, SendError<B>> {
+    ) -> Result<UpstreamResponse, SendError<B>> {
         match self {
             Conn::Http1(lease) => h1::send(lease, head, body)
                 .await
-                .map(|r| r.map(ByProtocol::Http1))
                 .map_err(|e| SendError::Failed(e.into())),
             Conn::Http2(mut s) => match s.try_send_request(head.to_h2(body)).await {
-                Ok(r) => Ok(r.map(ByProtocol::Http2)),
+                Ok(r) => Ok(Box::new(r.map(ByProtocol::Http2))),
                 Err(mut e) => Err(match e.take_message() {
                     Some(req) => SendError::NotSent(req.into_body(), Some(e.into_error())),
                     None => SendError::Failed(e.into_error().into()),

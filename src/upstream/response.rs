@@ -12,6 +12,11 @@ use crate::http::response::RawFields;
 /// A response body from an endpoint, whichever HTTP carried it.
 pub type UpstreamBody = ByProtocol<Http1Response>;
 
+/// A response from an endpoint, boxed once where its head is read. It passes from the
+/// attempt through the race and the judgement to the answer, and in a box each of
+/// those moves is one word rather than the response's few hundred bytes.
+pub type UpstreamResponse = Box<Response<UpstreamBody>>;
+
 impl UpstreamBody {
     /// An HTTP/1.1 response's fields, kept in its head (its header map is empty).
     pub fn raw_fields(&self) -> Option<&RawFields> {
@@ -24,8 +29,8 @@ impl UpstreamBody {
 
 /// A response from an endpoint, as it goes on to a client that spoke `version`: its
 /// hop-by-hop fields dropped, at that version.
-pub fn relayed(resp: Response<UpstreamBody>, version: Version) -> (Parts, UpstreamBody) {
-    let (mut parts, body) = resp.into_parts();
+pub fn relayed(resp: UpstreamResponse, version: Version) -> (Parts, UpstreamBody) {
+    let (mut parts, body) = (*resp).into_parts();
     match &body {
         ByProtocol::Http2(_) => strip(&mut parts.headers),
         // An HTTP/1.1 response lost its hop-by-hop fields as it was parsed and keeps
