@@ -16,7 +16,8 @@
 //!
 //! The two attempts are polled side by side in this task, with no task or channel of
 //! their own: the first lives in this future, the hedge (rare, within `max_extra`) in a
-//! box.
+//! box. An attempt that can get no hedge (none configured, or none left to ask for) is
+//! simply awaited.
 //!
 //! What each attempt showed goes to the parts that learn from the upstream
 //! ([`learn`](super::learn)); the failure a retry retries is kept while it runs, in case
@@ -205,13 +206,25 @@ pub async fn forward<A: AppBody>(up: &Upstream<A>, ex: Exchange<'_, A>) -> Answe
         };
         let body = call.body.take(keep);
         let attempt = call.attempt(head, endpoint, false, body, now);
-        timer.set(call.hedge_due(&attempt).map(tokio::time::sleep_until));
-        first.set(Some(attempt.run()));
+        // An attempt that will get no hedge runs alone: awaited where it is made,
+        // rather than moved into the race's slot.
+        let mut alone = None;
+        match call.hedge_due(&attempt) {
+            Some(at) => {
+                timer.set(Some(tokio::time::sleep_until(at)));
+                first.set(Some(attempt.run()));
+            }
+            None => alone = Some(attempt),
+        }
         // Until an answer, or until every attempt in flight has failed.
         let (failure, response, failed_on) = loop {
-            let event =
-                std::future::poll_fn(|cx| race(cx, first.as_mut(), &mut hedge, timer.as_mut()))
-                    .await;
+            let event = match alone.take() {
+                Some(attempt) => Event::First(attempt.run().await),
+                None => {
+                    std::future::poll_fn(|cx| race(cx, first.as_mut(), &mut hedge, timer.as_mut()))
+                        .await
+                }
+            };
             // Each arm judges its own result: no tuple to move it through.
             let mut finished = None;
             let step = match event {
