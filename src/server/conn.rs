@@ -28,7 +28,7 @@ use http::header::{CONNECTION, CONTENT_TYPE};
 use http::{HeaderValue, Request, Response, StatusCode, Version};
 use hyper::body::Incoming;
 use hyper::service::service_fn;
-use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
 use tokio::sync::watch;
@@ -40,6 +40,7 @@ use super::service::Service;
 use super::watchdog::{ConnState, Verdict, verdict};
 use crate::config::ListenerConfig;
 use crate::http::fields::{host_problem, target_problem};
+use crate::http::spawn::BoxedSpawn;
 
 const H2_PREFACE: &[u8; 24] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
 
@@ -322,7 +323,7 @@ pub async fn serve<S: Service>(
                 }
             })
         };
-        let mut b = hyper::server::conn::http2::Builder::new(TokioExecutor::new());
+        let mut b = hyper::server::conn::http2::Builder::new(BoxedSpawn);
         b.timer(TokioTimer::new())
             .max_header_list_size(u32::try_from(settings.max_header_bytes).unwrap_or(u32::MAX))
             .max_concurrent_streams(1024)

@@ -19,7 +19,7 @@ use std::pin::Pin;
 use std::task::{Context, Poll};
 
 use hyper::client::conn::http2;
-use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
 use tokio::task::AbortHandle;
@@ -27,6 +27,7 @@ use tokio::task::AbortHandle;
 use super::OutgoingBody;
 use super::dns::ResolveError;
 use super::tls::TlsClient;
+use crate::http::spawn::BoxedSpawn;
 
 /// hyper's HTTP/2 client handle, sending bodies of type `B`.
 pub type H2Sender<B> = http2::SendRequest<B>;
@@ -334,7 +335,7 @@ pub async fn handshake_h2<B>(
 where
     B: OutgoingBody,
 {
-    let mut builder = http2::Builder::new(TokioExecutor::new());
+    let mut builder = http2::Builder::new(BoxedSpawn);
     builder
         .timer(TokioTimer::new())
         .adaptive_window(true)
