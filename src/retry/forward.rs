@@ -15,9 +15,9 @@
 //! pool.
 //!
 //! The two attempts are polled side by side in this task, with no task or channel of
-//! their own: the first lives in this future, the hedge (rare, within `max_extra`) in a
-//! box. An attempt that can get no hedge (none configured, or none left to ask for) is
-//! simply awaited.
+//! their own, each in a box (hedging is configured for few upstreams, and within
+//! `max_extra`). An attempt that can get no hedge (none configured, or none left to ask
+//! for), nearly every attempt, is simply awaited in this future.
 //!
 //! What each attempt showed goes to the parts that learn from the upstream
 //! ([`learn`](super::learn)); the failure a retry retries is kept while it runs, in case
@@ -181,7 +181,7 @@ pub async fn forward<A: AppBody>(up: &Upstream<A>, ex: Exchange<'_, A>) -> Answe
     if let Some(h) = &up.hedge {
         h.record_request(call.arrived);
     }
-    let mut first = pin!(None);
+    let mut first = None;
     let mut hedge: Option<Hedge<'_, _>> = None;
     let mut timer = pin!(None::<Sleep>);
     loop {
@@ -204,24 +204,27 @@ pub async fn forward<A: AppBody>(up: &Upstream<A>, ex: Exchange<'_, A>) -> Answe
         } else {
             0
         };
-        let body = call.body.take(keep);
-        let attempt = call.attempt(head, endpoint, false, body, now);
         // An attempt that will get no hedge runs alone: awaited where it is made,
-        // rather than moved into the race's slot.
-        let mut alone = None;
-        match call.hedge_due(&attempt) {
-            Some(at) => {
-                timer.set(Some(tokio::time::sleep_until(at)));
-                first.set(Some(attempt.run()));
+        // rather than moved into the race's slot. (In a block of its own, so that the
+        // request's future keeps no room for it across the awaits.)
+        let mut alone = {
+            let body = call.body.take(keep);
+            let attempt = call.attempt(head, endpoint, false, body, now);
+            match call.hedge_due(&attempt) {
+                Some(at) => {
+                    timer.set(Some(tokio::time::sleep_until(at)));
+                    first = Some(Box::pin(attempt.run()));
+                    None
+                }
+                None => Some(attempt),
             }
-            None => alone = Some(attempt),
-        }
+        };
         // Until an answer, or until every attempt in flight has failed.
         let (failure, response, failed_on) = loop {
             let event = match alone.take() {
                 Some(attempt) => Event::First(attempt.run().await),
                 None => {
-                    std::future::poll_fn(|cx| race(cx, first.as_mut(), &mut hedge, timer.as_mut()))
+                    std::future::poll_fn(|cx| race(cx, &mut first, &mut hedge, timer.as_mut()))
                         .await
                 }
             };
@@ -236,7 +239,7 @@ pub async fn forward<A: AppBody>(up: &Upstream<A>, ex: Exchange<'_, A>) -> Answe
                     continue;
                 }
                 Event::First(ran) => {
-                    first.set(None);
+                    first = None;
                     call.judge(ran, false, hedge.is_some())
                 }
                 Event::Hedge(ran) => {

@@ -2,8 +2,9 @@
 //! most one hedge, polled side by side in the request's own task, with no task or
 //! channel of their own, and the timer that says when the hedge is due.
 //!
-//! The first attempt lives in the caller's future; the hedge (rare, within
-//! `max_extra`) in a box. A hedge dropped without having won counts as lost.
+//! Both live in boxes: the race is run only when a hedge may come, which is rare, and
+//! the request's future need not keep room for it. A hedge dropped without having won
+//! counts as lost.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -24,12 +25,12 @@ pub(super) enum Event<T> {
 /// Polls the attempts in flight, then the hedge timer.
 pub(super) fn race<F: Future>(
     cx: &mut Context<'_>,
-    first: Pin<&mut Option<F>>,
+    first: &mut Option<Pin<Box<F>>>,
     hedge: &mut Option<Hedge<'_, F>>,
     timer: Pin<&mut Option<Sleep>>,
 ) -> Poll<Event<F::Output>> {
-    if let Some(f) = first.as_pin_mut()
-        && let Poll::Ready(ran) = f.poll(cx)
+    if let Some(f) = first
+        && let Poll::Ready(ran) = f.as_mut().poll(cx)
     {
         return Poll::Ready(Event::First(ran));
     }
