@@ -2,11 +2,12 @@
 //! side of tollgate's HTTP/1.1 codec. It is handed the [`Service`] that answers each
 //! request; what a request is and what tollgate adds to its answer are the service's.
 //!
-//! One read buffer and one write buffer per connection, kept for its life. A request
-//! head is read in place ([`crate::http::request`]) and its header values are slices
-//! of the buffer; the next head is read only once the response has gone out, by which
-//! time nothing holds the old one, so the buffer is reused as it is rather than
-//! replaced. The response head, and as much of its body as is already there, leave in
+//! One read buffer and one write buffer per connection. A request head is read in
+//! place ([`crate::http::request`]) and its header values are slices of the buffer;
+//! the next head is read only once the response has gone out. A connection waiting
+//! for its next request gives its read buffer back, and the read that ends the wait
+//! allocates only what it brings ([`crate::http::read`]): an idle keep-alive
+//! connection holds no read buffer, and one being answered holds its head's bytes. The response head, and as much of its body as is already there, leave in
 //! one write: small body chunks copied after the head, large ones written from their
 //! own buffers beside it ([`WriteBuf`]). A refused head gets its status and the
 //! connection is closed.
@@ -40,9 +41,10 @@ use crate::http::encode::{
 };
 use crate::http::fields::{content_length, has_token, write_field};
 use crate::http::framing::Framing;
+use crate::http::read::release;
 use crate::http::request::parse_request_head;
 use crate::http::write::WriteBuf;
-use crate::http::{KEEP_WRITE, READ_CHUNK, WRITE_BATCH};
+use crate::http::{KEEP_WRITE, WRITE_BATCH};
 
 /// What one client connection needs to answer its requests.
 pub struct Settings<S> {
@@ -63,8 +65,8 @@ pub struct Http1Conn {
 impl Http1Conn {
     /// Serves `stream`, whose first bytes (`prefix`) were already read.
     pub fn new<S: Service>(stream: TcpStream, prefix: &[u8], settings: Settings<S>) -> Self {
-        let mut rbuf = BytesMut::with_capacity(READ_CHUNK.max(prefix.len()));
-        rbuf.extend_from_slice(prefix);
+        // Only what was read: the rest of the head is read into it as it comes.
+        let rbuf = BytesMut::from(prefix);
         let io = Arc::new(Mutex::new(Io {
             stream,
             rbuf,
@@ -222,7 +224,13 @@ fn poll_head<S>(
             // Closed, between requests or within a head: nothing to answer.
             return Poll::Ready(Next::Closed);
         }
-        if let Err(_) | Ok(0) = ready!(io.poll_fill(cx, 1024, READ_CHUNK)) {
+        let Poll::Ready(filled) = io.poll_fill_small(cx) else {
+            // Nothing more yet: the connection waits, and holds no read buffer while it
+            // does (the next read allocates what it brings).
+            release(&mut io.rbuf);
+            return Poll::Pending;
+        };
+        if let Err(_) | Ok(0) = filled {
             // An error or the end: either way the next turn ends the connection.
             io.eof = true;
         }
