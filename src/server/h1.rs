@@ -113,64 +113,102 @@ enum Next {
     Refused(StatusCode, &'static str),
 }
 
+/// What the response must match in the request it answers.
+#[derive(Clone, Copy)]
+struct Asked {
+    version: Version,
+    head_request: bool,
+    keep_alive: bool,
+}
+
 async fn run<S: Service>(io: Arc<Mutex<Io>>, settings: Settings<S>, closing: Arc<AtomicBool>) {
     let mut wbuf = WriteBuf::default();
     loop {
-        let head = match poll_fn(|cx| poll_head(&io, &settings, &closing, cx)).await {
-            Next::Request(head) => head,
+        let (req, keep_alive) = match poll_fn(|cx| poll_head(&io, &settings, &closing, cx)).await {
+            // The Host was checked as the head was read.
+            Next::Request(Incoming { req, keep_alive }) => (req, keep_alive),
             Next::Closed => return,
             Next::Refused(status, why) => {
-                refuse(&io, &mut wbuf, status, why).await;
+                // Boxed: rare, and inline it would add its size to every connection's.
+                Box::pin(refuse(&io, &mut wbuf, status, why)).await;
                 return;
             }
         };
-        // The Host was checked as the head was read.
-        let Incoming { req, keep_alive } = head;
-        let version = req.version();
-        let head_request = req.method() == Method::HEAD;
-        let mut answer = pin!(settings.service.call(req, &settings.state));
-        let answered = poll_fn(|cx| {
-            if let Poll::Ready(resp) = answer.as_mut().poll(cx) {
-                return Poll::Ready(Some(resp));
-            }
-            // Nobody waits for the answer: dropping the request cancels it.
-            match lock(&io).poll_gone(cx) {
-                Poll::Ready(()) => Poll::Ready(None),
-                Poll::Pending => Poll::Pending,
-            }
-        })
-        .await;
-        let Some(mut resp) = answered else {
+        let asked = Asked {
+            version: req.version(),
+            head_request: req.method() == Method::HEAD,
+            keep_alive,
+        };
+        // The request's future (kilobytes) lives in this block only, and the response
+        // is written by a future of its own, which takes its room in this loop's
+        // future once it is gone: every connection holds this future all its life,
+        // idle or not, so it is the size of the larger of the two, not of both.
+        let Some(resp) = ({
+            let mut answer = pin!(settings.service.call(req, &settings.state));
+            poll_fn(|cx| {
+                if let Poll::Ready(resp) = answer.as_mut().poll(cx) {
+                    return Poll::Ready(Some(resp));
+                }
+                // Nobody waits for the answer: dropping the request cancels it.
+                match lock(&io).poll_gone(cx) {
+                    Poll::Ready(()) => Poll::Ready(None),
+                    Poll::Pending => Poll::Pending,
+                }
+            })
+            .await
+        }) else {
             return;
         };
-        // A protocol switch: the head goes out, then the connection is a tunnel.
-        let upgrade = match resp.status() {
-            StatusCode::SWITCHING_PROTOCOLS => resp.body_mut().take_upgrade(),
-            _ => None,
-        };
-        if let Some((upstream, guard)) = upgrade {
-            if write_response(&io, &mut wbuf, resp, version, false, true)
-                .await
-                .is_ok()
-            {
-                tunnel::run(&io, upstream, &closing, settings.drain_timeout).await;
-            }
-            drop(guard);
-            return;
-        }
-        let keep_alive = keep_alive && !closing.load(Acquire);
-        let Ok(kept) =
-            write_response(&io, &mut wbuf, resp, version, head_request, keep_alive).await
-        else {
-            return;
-        };
-        let unread = !lock(&io).body_done();
-        if !kept || unread {
-            close(&io, unread).await;
+        if !respond(&io, &settings, &closing, &mut wbuf, resp, asked).await {
             return;
         }
         wbuf.clear_and_bound(KEEP_WRITE);
     }
+}
+
+/// Writes the response (after a `101 Switching Protocols`, then runs the tunnel);
+/// whether the connection may carry another request.
+async fn respond<S>(
+    io: &Mutex<Io>,
+    settings: &Settings<S>,
+    closing: &AtomicBool,
+    wbuf: &mut WriteBuf,
+    mut resp: Response<ResponseBody>,
+    asked: Asked,
+) -> bool {
+    // A protocol switch: the head goes out, then the connection is a tunnel.
+    let upgrade = match resp.status() {
+        StatusCode::SWITCHING_PROTOCOLS => resp.body_mut().take_upgrade(),
+        _ => None,
+    };
+    if let Some((upstream, guard)) = upgrade {
+        if write_response(io, wbuf, resp, asked.version, false, true)
+            .await
+            .is_ok()
+        {
+            tunnel::run(io, upstream, closing, settings.drain_timeout).await;
+        }
+        drop(guard);
+        return false;
+    }
+    let keep_alive = asked.keep_alive && !closing.load(Acquire);
+    let written = write_response(
+        io,
+        wbuf,
+        resp,
+        asked.version,
+        asked.head_request,
+        keep_alive,
+    );
+    let Ok(kept) = written.await else {
+        return false;
+    };
+    let unread = !lock(io).body_done();
+    if !kept || unread {
+        close(io, unread).await;
+        return false;
+    }
+    true
 }
 
 /// Reads until a whole request head is in the buffer, and takes it.
