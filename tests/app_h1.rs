@@ -296,3 +296,41 @@ async fn bodies_from_http11_apps_reach_an_h2c_upstream_whole() {
     }
     tg.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn heads_larger_than_one_read_after_a_wait_are_answered_whole() {
+    // Between requests a connection holds no read buffer, and the read that ends the
+    // wait takes at most a few KiB: a head larger than that, sent in one piece, and a
+    // body right behind it, must still arrive whole.
+    let up = Upstream::start(|req: http::Request<hyper::body::Incoming>| async move {
+        let big = req.headers().get("x-big").map_or(0, |v| v.len());
+        let body = req.into_body().collect().await.unwrap().to_bytes();
+        respond(200, format!("big={big} body={}", body.len()))
+    })
+    .await;
+    let tg = Tollgate::start(&app(up.addr)).await;
+    let mut s = TcpStream::connect(tg.addr).await.unwrap();
+    let mut pending = Vec::new();
+    let big = "b".repeat(12 * 1024);
+    let body = "x".repeat(20 * 1024);
+    for round in 0..3 {
+        s.write_all(b"GET /small HTTP/1.1\r\nHost: app\r\n\r\n")
+            .await
+            .unwrap();
+        let resp = one_response(&mut s, &mut pending).await;
+        assert!(resp.ends_with("big=0 body=0"), "round {round}: {resp}");
+        let ask = format!(
+            "POST /large HTTP/1.1\r\nHost: app\r\nX-Big: {big}\r\nContent-Length: {}\r\n\r\n{body}",
+            body.len()
+        );
+        s.write_all(ask.as_bytes()).await.unwrap();
+        let resp = one_response(&mut s, &mut pending).await;
+        assert!(
+            resp.ends_with(&format!("big={} body={}", big.len(), body.len())),
+            "round {round}: {}",
+            &resp[..resp.len().min(200)]
+        );
+    }
+    assert_eq!(up.hits(), 6);
+    tg.stop().await;
+}

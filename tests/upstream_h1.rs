@@ -321,3 +321,39 @@ async fn response_fields_reach_either_app_once_and_clean() {
     assert!(all("x-named").is_empty() && all("keep-alive").is_empty());
     tg.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_response_head_larger_than_one_read_arrives_whole_on_a_pooled_connection() {
+    // A pooled connection holds no read buffer, and the read of the next response takes
+    // at most a few KiB: a larger head, written in one piece with its body, must still
+    // arrive whole, on the same connection, each time.
+    let big = "v".repeat(10 * 1024);
+    let answer =
+        format!("HTTP/1.1 200 OK\r\nX-Big: {big}\r\nContent-Length: 11\r\n\r\nhello world");
+    let up = Scripted::start(move |mut s, _| {
+        let answer = answer.clone();
+        async move {
+            loop {
+                if read_head(&mut s).await.is_empty() {
+                    return;
+                }
+                if s.write_all(answer.as_bytes()).await.is_err() {
+                    return;
+                }
+            }
+        }
+    })
+    .await;
+    let tg = Tollgate::start(&h1_upstream(up.addr)).await;
+    for round in 0..3 {
+        let r = get(tg.addr, "/big", "raw").await;
+        assert_eq!(
+            (r.status.as_u16(), &r.body[..]),
+            (200, &b"hello world"[..]),
+            "round {round}"
+        );
+        assert_eq!(r.header("x-big").map(str::len), Some(big.len()));
+    }
+    assert_eq!(up.accepted(), 1, "every exchange on the one connection");
+    tg.stop().await;
+}

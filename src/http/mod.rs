@@ -6,15 +6,18 @@
 //! pieces here have one role each, as in hyper's `proto::h1` and Pingora's
 //! `protocols::http::v1::common`: [`request`] reads request heads (the server's role),
 //! [`response`] reads response heads (the client's role), [`framing`] reads bodies
-//! either way, [`encode`] writes them into a [`write`] queue, [`fields`] holds the field rules of RFC 9110
-//! and 9112, [`grpc`] the few words of gRPC a hop must speak, and [`spawn`] how hyper's
-//! HTTP/2 starts its tasks. Nothing here knows about retries, routes or tollgate's own headers: a
+//! either way, [`read`] fills a read buffer that a waiting connection has given back,
+//! [`encode`] writes them into a [`write`] queue, [`fields`] holds the field rules of
+//! RFC 9110 and 9112, [`grpc`] the few words of gRPC a hop must speak, and [`spawn`] how
+//! hyper's HTTP/2 starts its tasks. Nothing here knows about retries, routes or
+//! tollgate's own headers: a
 //! caller that wants a field dropped or added says so.
 
 pub mod encode;
 pub mod fields;
 pub mod framing;
 pub mod grpc;
+pub mod read;
 pub mod request;
 pub mod response;
 pub mod spawn;

@@ -481,7 +481,10 @@ async fn accept_loop<S: Captures>(
                     shared.connections.fetch_add(1, AcqRel);
                     let count = ConnCount(shared.clone());
                     let shutdown = shared.shutdown.subscribe();
-                    let fut = redirect::connection(
+                    // Boxed before it is spawned: the task's own future would hold
+                    // it twice (as what it was given and as what it awaits), for
+                    // every connection's life.
+                    let fut = Box::pin(redirect::connection(
                         stream,
                         peer,
                         listening.bound,
@@ -490,7 +493,7 @@ async fn accept_loop<S: Captures>(
                         shared.clone(),
                         settings,
                         shutdown,
-                    );
+                    ));
                     tokio::spawn(async move {
                         let _count = count;
                         fut.await;

@@ -2,11 +2,12 @@
 //! side of tollgate's HTTP/1.1 codec. It is handed the [`Service`] that answers each
 //! request; what a request is and what tollgate adds to its answer are the service's.
 //!
-//! One read buffer and one write buffer per connection, kept for its life. A request
-//! head is read in place ([`crate::http::request`]) and its header values are slices
-//! of the buffer; the next head is read only once the response has gone out, by which
-//! time nothing holds the old one, so the buffer is reused as it is rather than
-//! replaced. The response head, and as much of its body as is already there, leave in
+//! One read buffer and one write buffer per connection. A request head is read in
+//! place ([`crate::http::request`]) and its header values are slices of the buffer;
+//! the next head is read only once the response has gone out. A connection waiting
+//! for its next request gives its read buffer back, and the read that ends the wait
+//! allocates only what it brings ([`crate::http::read`]): an idle keep-alive
+//! connection holds no read buffer, and one being answered holds its head's bytes. The response head, and as much of its body as is already there, leave in
 //! one write: small body chunks copied after the head, large ones written from their
 //! own buffers beside it ([`WriteBuf`]). A refused head gets its status and the
 //! connection is closed.
@@ -40,9 +41,10 @@ use crate::http::encode::{
 };
 use crate::http::fields::{content_length, has_token, write_field};
 use crate::http::framing::Framing;
+use crate::http::read::release;
 use crate::http::request::parse_request_head;
 use crate::http::write::WriteBuf;
-use crate::http::{KEEP_WRITE, READ_CHUNK, WRITE_BATCH};
+use crate::http::{KEEP_WRITE, WRITE_BATCH};
 
 /// What one client connection needs to answer its requests.
 pub struct Settings<S> {
@@ -63,8 +65,8 @@ pub struct Http1Conn {
 impl Http1Conn {
     /// Serves `stream`, whose first bytes (`prefix`) were already read.
     pub fn new<S: Service>(stream: TcpStream, prefix: &[u8], settings: Settings<S>) -> Self {
-        let mut rbuf = BytesMut::with_capacity(READ_CHUNK.max(prefix.len()));
-        rbuf.extend_from_slice(prefix);
+        // Only what was read: the rest of the head is read into it as it comes.
+        let rbuf = BytesMut::from(prefix);
         let io = Arc::new(Mutex::new(Io {
             stream,
             rbuf,
@@ -109,64 +111,102 @@ enum Next {
     Refused(StatusCode, &'static str),
 }
 
+/// What the response must match in the request it answers.
+#[derive(Clone, Copy)]
+struct Asked {
+    version: Version,
+    head_request: bool,
+    keep_alive: bool,
+}
+
 async fn run<S: Service>(io: Arc<Mutex<Io>>, settings: Settings<S>, closing: Arc<AtomicBool>) {
     let mut wbuf = WriteBuf::default();
     loop {
-        let head = match poll_fn(|cx| poll_head(&io, &settings, &closing, cx)).await {
-            Next::Request(head) => head,
+        let (req, keep_alive) = match poll_fn(|cx| poll_head(&io, &settings, &closing, cx)).await {
+            // The Host was checked as the head was read.
+            Next::Request(Incoming { req, keep_alive }) => (req, keep_alive),
             Next::Closed => return,
             Next::Refused(status, why) => {
-                refuse(&io, &mut wbuf, status, why).await;
+                // Boxed: rare, and inline it would add its size to every connection's.
+                Box::pin(refuse(&io, &mut wbuf, status, why)).await;
                 return;
             }
         };
-        // The Host was checked as the head was read.
-        let Incoming { req, keep_alive } = head;
-        let version = req.version();
-        let head_request = req.method() == Method::HEAD;
-        let mut answer = pin!(settings.service.call(req, &settings.state));
-        let answered = poll_fn(|cx| {
-            if let Poll::Ready(resp) = answer.as_mut().poll(cx) {
-                return Poll::Ready(Some(resp));
-            }
-            // Nobody waits for the answer: dropping the request cancels it.
-            match lock(&io).poll_gone(cx) {
-                Poll::Ready(()) => Poll::Ready(None),
-                Poll::Pending => Poll::Pending,
-            }
-        })
-        .await;
-        let Some(mut resp) = answered else {
+        let asked = Asked {
+            version: req.version(),
+            head_request: req.method() == Method::HEAD,
+            keep_alive,
+        };
+        // The request's future (kilobytes) lives in this block only, and the response
+        // is written by a future of its own, which takes its room in this loop's
+        // future once it is gone: every connection holds this future all its life,
+        // idle or not, so it is the size of the larger of the two, not of both.
+        let Some(resp) = ({
+            let mut answer = pin!(settings.service.call(req, &settings.state));
+            poll_fn(|cx| {
+                if let Poll::Ready(resp) = answer.as_mut().poll(cx) {
+                    return Poll::Ready(Some(resp));
+                }
+                // Nobody waits for the answer: dropping the request cancels it.
+                match lock(&io).poll_gone(cx) {
+                    Poll::Ready(()) => Poll::Ready(None),
+                    Poll::Pending => Poll::Pending,
+                }
+            })
+            .await
+        }) else {
             return;
         };
-        // A protocol switch: the head goes out, then the connection is a tunnel.
-        let upgrade = match resp.status() {
-            StatusCode::SWITCHING_PROTOCOLS => resp.body_mut().take_upgrade(),
-            _ => None,
-        };
-        if let Some((upstream, guard)) = upgrade {
-            if write_response(&io, &mut wbuf, resp, version, false, true)
-                .await
-                .is_ok()
-            {
-                tunnel::run(&io, upstream, &closing, settings.drain_timeout).await;
-            }
-            drop(guard);
-            return;
-        }
-        let keep_alive = keep_alive && !closing.load(Acquire);
-        let Ok(kept) =
-            write_response(&io, &mut wbuf, resp, version, head_request, keep_alive).await
-        else {
-            return;
-        };
-        let unread = !lock(&io).body_done();
-        if !kept || unread {
-            close(&io, unread).await;
+        if !respond(&io, &settings, &closing, &mut wbuf, resp, asked).await {
             return;
         }
         wbuf.clear_and_bound(KEEP_WRITE);
     }
+}
+
+/// Writes the response (after a `101 Switching Protocols`, then runs the tunnel);
+/// whether the connection may carry another request.
+async fn respond<S>(
+    io: &Mutex<Io>,
+    settings: &Settings<S>,
+    closing: &AtomicBool,
+    wbuf: &mut WriteBuf,
+    mut resp: AppResponse,
+    asked: Asked,
+) -> bool {
+    // A protocol switch: the head goes out, then the connection is a tunnel.
+    let upgrade = match resp.status() {
+        StatusCode::SWITCHING_PROTOCOLS => resp.body_mut().take_upgrade(),
+        _ => None,
+    };
+    if let Some((upstream, guard)) = upgrade {
+        if write_response(io, wbuf, resp, asked.version, false, true)
+            .await
+            .is_ok()
+        {
+            tunnel::run(io, upstream, closing, settings.drain_timeout).await;
+        }
+        drop(guard);
+        return false;
+    }
+    let keep_alive = asked.keep_alive && !closing.load(Acquire);
+    let written = write_response(
+        io,
+        wbuf,
+        resp,
+        asked.version,
+        asked.head_request,
+        keep_alive,
+    );
+    let Ok(kept) = written.await else {
+        return false;
+    };
+    let unread = !lock(io).body_done();
+    if !kept || unread {
+        close(io, unread).await;
+        return false;
+    }
+    true
 }
 
 /// Reads until a whole request head is in the buffer, and takes it.
@@ -222,7 +262,13 @@ fn poll_head<S>(
             // Closed, between requests or within a head: nothing to answer.
             return Poll::Ready(Next::Closed);
         }
-        if let Err(_) | Ok(0) = ready!(io.poll_fill(cx, 1024, READ_CHUNK)) {
+        let Poll::Ready(filled) = io.poll_fill_small(cx) else {
+            // Nothing more yet: the connection waits, and holds no read buffer while it
+            // does (the next read allocates what it brings).
+            release(&mut io.rbuf);
+            return Poll::Pending;
+        };
+        if let Err(_) | Ok(0) = filled {
             // An error or the end: either way the next turn ends the connection.
             io.eof = true;
         }

@@ -17,6 +17,7 @@ use tokio::io::{AsyncReadExt, AsyncWrite};
 use tokio::net::TcpStream;
 
 use crate::http::framing::{Framing, Step, step};
+use crate::http::read::poll_read_head;
 use crate::http::write::WriteBuf;
 use crate::http::{BoxError, READ_CHUNK};
 
@@ -64,6 +65,17 @@ impl Io {
         }
         let read = pin!(self.stream.read_buf(&mut self.rbuf));
         let n = ready!(read.poll(cx))?;
+        if n == 0 {
+            self.eof = true;
+        }
+        Poll::Ready(Ok(n))
+    }
+
+    /// Reads what the socket holds without making room ahead of the read
+    /// ([`poll_read_head`]): for heads and what the app sends ahead while it is
+    /// answered, not for bodies.
+    pub(super) fn poll_fill_small(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<usize>> {
+        let n = ready!(poll_read_head(&mut self.stream, cx, &mut self.rbuf))?;
         if n == 0 {
             self.eof = true;
         }
@@ -125,7 +137,7 @@ impl Io {
     pub(super) fn poll_gone(&mut self, cx: &mut Context<'_>) -> Poll<()> {
         // A body still being read is watched by its reader.
         while self.body_done() && !self.eof && self.rbuf.len() < READ_AHEAD {
-            match ready!(self.poll_fill(cx, 512, 4096)) {
+            match ready!(self.poll_fill_small(cx)) {
                 Ok(0) | Err(_) => return Poll::Ready(()),
                 Ok(_) => {}
             }

@@ -17,8 +17,10 @@
 //! body is never sent, and the app, whose body is read only as it goes out, is never
 //! told to send it.
 //!
-//! One buffer each way per connection, kept while it is pooled. The head is read by
-//! [`crate::http::response`], in place; the body is read by [`crate::http::framing`].
+//! One buffer each way per connection. The head is read by [`crate::http::response`],
+//! in place; the body is read by [`crate::http::framing`]. The read buffer is given
+//! back while the connection is pooled, and the next response's head is read into one
+//! of its own size ([`crate::http::read`]); the write buffer is kept.
 //! The request goes out through a [`WriteBuf`]: its head and small body chunks copied,
 //! large chunks written from the app's own buffers.
 
@@ -47,6 +49,7 @@ use crate::http::ByProtocol;
 use crate::http::encode::{BodyEncoder, BodyFraming, write_content_length};
 use crate::http::fields::{content_length, write_field};
 use crate::http::framing::{Framing, Step, step};
+use crate::http::read::{poll_read_head, release};
 use crate::http::response::{MAX_HEAD, Parsed, RawFields, ResponseHead, parse_response_head};
 use crate::http::write::WriteBuf;
 use crate::http::{BoxError, KEEP_WRITE, READ_CHUNK, WRITE_BATCH};
@@ -125,7 +128,7 @@ impl Connection {
                     None => {}
                 }
             }
-            let n = std::task::ready!(self.poll_fill(cx, READ_CHUNK))?;
+            let n = std::task::ready!(poll_read_head(&mut self.io, cx, &mut self.rbuf))?;
             if n == 0 {
                 return Poll::Ready(Err(io::Error::new(
                     io::ErrorKind::UnexpectedEof,
@@ -260,6 +263,9 @@ impl Lease {
     /// head is not followed by a reallocation at every write.
     pub fn release(mut self) {
         self.conn.wbuf.clear_and_bound(KEEP_WRITE);
+        // A pooled connection holds no read buffer: the next response's head is read
+        // into one of its own size.
+        release(&mut self.conn.rbuf);
         self.idle.put(self.worker, self.conn);
     }
 }
