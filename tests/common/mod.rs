@@ -108,10 +108,17 @@ impl Drop for Upstream {
     }
 }
 
-/// A loopback port with nothing listening on it.
+/// A loopback port with nothing listening on it: a connection to it is refused. The
+/// port stays bound (not listening) until the test process ends, so no server another
+/// test starts meanwhile can be given it, nor can a connection take it as its own end.
 pub async fn dead_port() -> SocketAddr {
-    let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    l.local_addr().unwrap()
+    static HELD: std::sync::Mutex<Vec<socket2::Socket>> = std::sync::Mutex::new(Vec::new());
+    let s = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
+    s.bind(&SocketAddr::from(([127, 0, 0, 1], 0)).into())
+        .unwrap();
+    let addr = s.local_addr().unwrap().as_socket().unwrap();
+    HELD.lock().unwrap_or_else(|p| p.into_inner()).push(s);
+    addr
 }
 
 /// Config text for one tollgate on ephemeral loopback ports; `upstreams` is appended.
