@@ -1,11 +1,17 @@
 //! What an attempt sends ahead of its body: the request's head, borrowed (every attempt
-//! of a request sends the same one), and the few fields each attempt adds to it.
+//! of a request sends the same one), and the few fields each attempt adds to it; and
+//! how that head is written, as HTTP/1.1 ([`encode_h1`]) or for hyper's HTTP/2.
 
+use std::io;
 use std::time::Duration;
 
-use http::header::HOST;
+use http::header::{CONTENT_LENGTH, COOKIE, HOST};
 use http::uri::{self, Authority, PathAndQuery, Scheme};
 use http::{HeaderMap, HeaderName, HeaderValue, Method, Request, Uri, Version};
+use http_body::Body;
+
+use crate::http::encode::{BodyFraming, write_content_length};
+use crate::http::fields::{content_length, write_field};
 
 /// The header fields one attempt adds to the request (its number, its time, the
 /// caller's own time for gRPC, the hedge mark), each replacing any field of the same
@@ -98,6 +104,92 @@ impl RequestHead<'_> {
         );
         Uri::from_parts(parts).unwrap_or_else(|_| self.uri.clone())
     }
+}
+
+/// Writes the request's `Cookie` fields as one line.
+fn write_cookies(wbuf: &mut Vec<u8>, headers: &http::HeaderMap) {
+    wbuf.extend_from_slice(b"cookie: ");
+    for (i, value) in headers.get_all(COOKIE).iter().enumerate() {
+        if i > 0 {
+            wbuf.extend_from_slice(b"; ");
+        }
+        wbuf.extend_from_slice(value.as_bytes());
+    }
+    wbuf.extend_from_slice(b"\r\n");
+}
+
+/// Methods whose request means something with a body, so an empty one is declared.
+fn declares_empty_body(method: &Method) -> bool {
+    *method == Method::POST || *method == Method::PUT || *method == Method::PATCH
+}
+
+/// Writes the request head as HTTP/1.1 into a connection's write buffer and says how the body
+/// goes out after it: in the length the request declares (a body that does not match
+/// it breaks the exchange rather than go out misframed), else in its known size, else
+/// chunked.
+pub(super) fn encode_h1<B: Body>(
+    wbuf: &mut Vec<u8>,
+    head: &RequestHead<'_>,
+    body: &B,
+) -> io::Result<BodyFraming> {
+    let fields = &head.fields;
+    let pq = head.uri.path_and_query().map_or("/", |p| p.as_str());
+    wbuf.extend_from_slice(head.method.as_str().as_bytes());
+    wbuf.push(b' ');
+    wbuf.extend_from_slice(if pq.is_empty() { b"/" } else { pq.as_bytes() });
+    wbuf.extend_from_slice(b" HTTP/1.1\r\n");
+    let mut cookies = false;
+    for (name, value) in head.headers {
+        if *name == COOKIE {
+            // An HTTP/2 app may split its cookies over several fields; HTTP/1.1 wants
+            // them in one, joined by "; " (RFC 9113 section 8.2.3).
+            if !cookies {
+                cookies = true;
+                write_cookies(wbuf, head.headers);
+            }
+        } else if !fields.names(name) && name != CONTENT_LENGTH {
+            // The length goes out once, as the value the body is framed by.
+            write_field(wbuf, name, value);
+        }
+    }
+    for (name, value) in fields.iter() {
+        write_field(wbuf, name, value);
+    }
+    let ended = body.is_end_stream();
+    if ended && !declares_empty_body(head.method) {
+        // No body, and none expected (a GET): no length to look up or write.
+        wbuf.extend_from_slice(b"\r\n");
+        return Ok(BodyFraming::Length(0));
+    }
+    let declared = head
+        .headers
+        .get(CONTENT_LENGTH)
+        .map(|v| content_length(v.as_bytes().trim_ascii()));
+    let framing = match (declared, ended) {
+        (Some(None), _) => return Err(crate::http::bad("invalid Content-Length")),
+        (Some(Some(n)), _) => {
+            write_content_length(wbuf, n);
+            BodyFraming::Length(n)
+        }
+        (None, true) => {
+            if declares_empty_body(head.method) {
+                write_content_length(wbuf, 0);
+            }
+            BodyFraming::Length(0)
+        }
+        (None, false) => match body.size_hint().exact() {
+            Some(n) => {
+                write_content_length(wbuf, n);
+                BodyFraming::Length(n)
+            }
+            None => {
+                wbuf.extend_from_slice(b"transfer-encoding: chunked\r\n");
+                BodyFraming::Chunked
+            }
+        },
+    };
+    wbuf.extend_from_slice(b"\r\n");
+    Ok(framing)
 }
 
 #[cfg(test)]
