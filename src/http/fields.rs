@@ -93,13 +93,12 @@ pub fn write_field(wbuf: &mut Vec<u8>, name: &HeaderName, value: &HeaderValue) {
 /// Heads with up to this many fields are taken apart without an allocation.
 pub const FEW_HEADERS: usize = 24;
 
-/// Where a field of a parsed head sits in its buffer: name start and length, value
-/// start and length.
-pub type Span = (usize, usize, usize, usize);
+/// Where a field of a parsed head sits in its buffer: where its name starts and ends,
+/// where its value starts and ends. Offsets into a head, which is never near 4 GiB (a
+/// head is refused long before: `max_header_bytes`, `MAX_HEAD`).
+pub type Span = [u32; 4];
 
 /// The spans of `fields`, parsed from `buf`: in `few` when they fit, else in `many`.
-/// Kept so the names and values can be taken from the head once it is split off the
-/// buffer (values as slices of it, not copies).
 pub fn field_spans<'s>(
     buf: &[u8],
     fields: &[httparse::Header<'_>],
@@ -110,16 +109,20 @@ pub fn field_spans<'s>(
     let spans = if fields.len() <= FEW_HEADERS {
         &mut few[..fields.len()]
     } else {
-        many.resize(fields.len(), (0, 0, 0, 0));
+        many.resize(fields.len(), [0; 4]);
         &mut many[..]
     };
     for (span, f) in spans.iter_mut().zip(fields) {
-        *span = (
+        let (ns, vs) = (
             f.name.as_ptr() as usize - base,
-            f.name.len(),
             f.value.as_ptr() as usize - base,
-            f.value.len(),
         );
+        *span = [
+            ns as u32,
+            (ns + f.name.len()) as u32,
+            vs as u32,
+            (vs + f.value.len()) as u32,
+        ];
     }
     spans
 }

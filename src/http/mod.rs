@@ -8,8 +8,9 @@
 //! [`response`] reads response heads (the client's role), [`framing`] reads bodies
 //! either way, [`read`] fills a read buffer that a waiting connection has given back,
 //! [`encode`] writes them into a [`write`] queue, [`fields`] holds the field rules of
-//! RFC 9110 and 9112, [`grpc`] the few words of gRPC a hop must speak, and [`spawn`] how
-//! hyper's HTTP/2 starts its tasks. Nothing here knows about retries, routes or
+//! RFC 9110 and 9112, [`grpc`] the few words of gRPC a hop must speak, [`spare`] the
+//! allocations a thread keeps from one request for the next, and [`spawn`] how hyper's
+//! HTTP/2 starts its tasks. Nothing here knows about retries, routes or
 //! tollgate's own headers: a
 //! caller that wants a field dropped or added says so.
 
@@ -20,6 +21,7 @@ pub mod grpc;
 pub mod read;
 pub mod request;
 pub mod response;
+pub mod spare;
 pub mod spawn;
 pub mod write;
 

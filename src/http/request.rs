@@ -18,6 +18,7 @@ use super::fields::{
     host_value_problem, target_problem,
 };
 use super::framing::{Chunk, Framing, Step, step};
+use super::spare;
 
 /// The most fields `max_headers` may allow (the config refuses more).
 pub const MOST_HEADERS: usize = 1000;
@@ -85,7 +86,7 @@ pub fn parse_request_head(
     // the head once it is split off (slices of it, not copies).
     let path = parsed.path.unwrap_or_default();
     let target = (path.as_ptr() as usize - rbuf.as_ptr() as usize, path.len());
-    let (mut few, mut many) = ([(0, 0, 0, 0); FEW_HEADERS], Vec::new());
+    let (mut few, mut many) = ([[0; 4]; FEW_HEADERS], Vec::new());
     let spans = field_spans(rbuf, parsed.headers, &mut few, &mut many);
     let head = rbuf.split_to(len).freeze();
     let uri = Uri::from_maybe_shared(head.slice(target.0..target.0 + target.1))
@@ -150,7 +151,7 @@ struct RequestFields {
 /// two ways.
 fn read_fields(head: &Bytes, spans: &[Span], version: Version) -> Result<RequestFields, Refusal> {
     let mut read = RequestFields {
-        headers: HeaderMap::with_capacity(spans.len() + 3),
+        headers: spare::header_map(spans.len() + 3),
         length: None,
         length_rewritten: false,
         coded: false,
@@ -158,10 +159,11 @@ fn read_fields(head: &Bytes, spans: &[Span], version: Version) -> Result<Request
         keep_alive: version == Version::HTTP_11,
     };
     let mut hosts = 0;
-    for &(ns, nl, vs, vl) in spans {
-        let name = HeaderName::from_bytes(&head[ns..ns + nl])
+    for span in spans {
+        let [ns, ne, vs, ve] = span.map(|i| i as usize);
+        let name = HeaderName::from_bytes(&head[ns..ne])
             .map_err(|_| malformed("invalid header name\n"))?;
-        let value = HeaderValue::from_maybe_shared(head.slice(vs..vs + vl))
+        let value = HeaderValue::from_maybe_shared(head.slice(vs..ve))
             .map_err(|_| malformed("invalid header value\n"))?;
         if name == CONTENT_LENGTH {
             let v = value.as_bytes();

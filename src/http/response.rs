@@ -26,6 +26,7 @@ use super::fields::{
     names_others,
 };
 use super::framing::{Chunk, Framing, Step, step};
+use super::spare;
 
 /// The largest response head accepted.
 pub const MAX_HEAD: usize = 256 * 1024;
@@ -55,6 +56,12 @@ pub struct RawFields {
     /// `Transfer-Encoding`).
     length: Option<u64>,
     has_date: bool,
+}
+
+impl Drop for RawFields {
+    fn drop(&mut self) {
+        spare::give_lines(std::mem::take(&mut self.lines));
+    }
 }
 
 impl RawFields {
@@ -198,7 +205,7 @@ pub fn parse_response_head(rbuf: &mut BytesMut, head_request: bool) -> io::Resul
     } else {
         Version::HTTP_11
     };
-    let (mut few, mut many) = ([(0, 0, 0, 0); FEW_HEADERS], Vec::new());
+    let (mut few, mut many) = ([[0; 4]; FEW_HEADERS], Vec::new());
     let spans = field_spans(rbuf, res.headers, &mut few, &mut many);
     // The fields stay in the head, not copied. The read buffer is shared with it until
     // the response has gone back to the app, which is before this connection reads
@@ -266,7 +273,7 @@ struct ReadFields {
 /// (`switching`), which the client must see.
 fn read_fields(head: &Bytes, spans: &[Span], switching: bool) -> io::Result<ReadFields> {
     let mut read = ReadFields {
-        lines: Vec::with_capacity(spans.len()),
+        lines: spare::lines(spans.len()),
         length: None,
         coded: false,
         chunked: false,
@@ -275,9 +282,10 @@ fn read_fields(head: &Bytes, spans: &[Span], switching: bool) -> io::Result<Read
     };
     // `Connection` values naming fields of their own: those fields go too.
     let mut named: Vec<(usize, usize)> = Vec::new();
-    for &(ns, nl, vs, vl) in spans {
-        let name = &head[ns..ns + nl];
-        let value = &head[vs..vs + vl];
+    for &span in spans {
+        let [ns, ne, vs, ve] = span.map(|i| i as usize);
+        let name = &head[ns..ne];
+        let value = &head[vs..ve];
         match field_kind(name) {
             FieldKind::ContentLength => {
                 read.length = Some(fold_content_length(read.length, value).map_err(|p| {
@@ -301,7 +309,7 @@ fn read_fields(head: &Bytes, spans: &[Span], switching: bool) -> io::Result<Read
             FieldKind::Connection => {
                 read.close |= has_token(value, b"close");
                 if names_others(value) {
-                    named.push((vs, vl));
+                    named.push((vs, ve));
                 }
                 continue;
             }
@@ -310,12 +318,10 @@ fn read_fields(head: &Bytes, spans: &[Span], switching: bool) -> io::Result<Read
             FieldKind::Date => read.has_date = true,
             FieldKind::Other => {}
         }
-        let at = |i: usize| u32::try_from(i).map_err(|_| bad("response head too large"));
-        read.lines
-            .push([at(ns)?, at(ns + nl)?, at(vs)?, at(vs + vl)?]);
+        read.lines.push(span);
     }
-    for &(vs, vl) in &named {
-        let value = &head[vs..vs + vl];
+    for &(vs, ve) in &named {
+        let value = &head[vs..ve];
         read.lines.retain(|&[ns, ne, _, _]| {
             let name = &head[ns as usize..ne as usize];
             (switching && name.eq_ignore_ascii_case(b"upgrade"))

@@ -24,6 +24,7 @@ use super::{Shared, Upstream};
 use crate::config::AccessLogConfig;
 use crate::deadline::Deadline;
 use crate::http::grpc::{GRPC_PUSHBACK, GRPC_STATUS, is_grpc, is_grpc_answer};
+use crate::http::spare;
 use crate::metrics::{Denied, Outcome, UpstreamMetrics};
 use crate::retry::headers::{
     ATTEMPTS_HEADER, OUTCOME_HEADER, attempts_line, count_value, outcome_line,
@@ -74,8 +75,7 @@ async fn handle(
     // to carry another request: the answer must say so, or the app's next request on
     // it meets a reset (and its HTTP client may retry that behind tollgate's back).
     let unread = req.version() < Version::HTTP_2 && !req.body().is_end_stream();
-    let grpc = is_grpc(req.headers());
-    let refuse = |metrics: Option<&UpstreamMetrics>, r: Refusal, mut entry, mut guard| {
+    let refuse = |metrics: Option<&UpstreamMetrics>, r: Refusal, grpc, mut entry, mut guard| {
         log_refusal(&mut entry, &mut guard, &r, grpc);
         let mut resp = local_answer(metrics, Local::of(&r), grpc, guard);
         if unread {
@@ -90,6 +90,7 @@ async fn handle(
         .enabled
         .then(|| access_log_entry(&req, log, upstream.as_deref()));
     let Some(up) = upstream else {
+        let grpc = is_grpc(req.headers());
         shared.unrouted[usize::from(grpc)].inc();
         log_refusal(&mut entry, &mut guard, &NO_ROUTE, grpc);
         let mut resp = no_route(dedicated.as_deref(), &req, grpc, guard);
@@ -99,7 +100,8 @@ async fn handle(
         return Box::new(resp);
     };
     if req.method() == Method::CONNECT {
-        return refuse(Some(&up.metrics), CONNECT, entry, guard);
+        let grpc = is_grpc(req.headers());
+        return refuse(Some(&up.metrics), CONNECT, grpc, entry, guard);
     }
     let (parts, body) = (*req).into_parts();
     let mut headers = parts.headers;
@@ -110,6 +112,7 @@ async fn handle(
     );
     let called = set_upstream_host(&up, &parts.uri, &mut headers);
     let version = parts.version;
+    let grpc = facts.grpc;
     let head = Head {
         method: parts.method,
         uri: origin_form(parts.uri),
@@ -122,7 +125,7 @@ async fn handle(
     };
     if !admit(&up, &mut guard) {
         refused(&OVERLOADED);
-        return refuse(Some(&up.metrics), OVERLOADED, entry, guard);
+        return refuse(Some(&up.metrics), OVERLOADED, grpc, entry, guard);
     }
     if let Some(e) = entry.as_mut() {
         e.deadline = facts.caller_timeout;
@@ -133,7 +136,7 @@ async fn handle(
             e.denied = Some(crate::metrics::Denied::Deadline);
         }
         refused(&EXPIRED);
-        return refuse(Some(&up.metrics), EXPIRED, entry, guard);
+        return refuse(Some(&up.metrics), EXPIRED, grpc, entry, guard);
     }
     let again = app_retries::recall(&up, &same, start);
     if let Some(stop) = again.and_then(|a| app_retries::stop(&up, a, start)) {
@@ -149,7 +152,7 @@ async fn handle(
         && !t.admit(start, &mut fastrand::Rng::new())
     {
         refused(&THROTTLED);
-        return refuse(Some(&up.metrics), THROTTLED, entry, guard);
+        return refuse(Some(&up.metrics), THROTTLED, grpc, entry, guard);
     }
     let exchange = Exchange {
         head: &head,
@@ -177,6 +180,7 @@ async fn handle(
     if close {
         announce_close(&mut resp);
     }
+    spare::give_header_map(head.headers);
     resp
 }
 

@@ -14,7 +14,7 @@
 //! hedge). What it came to is reported to the endpoint's health
 //! ([`crate::upstream::outlier`]) and to the latency estimates, once.
 
-use http::HeaderName;
+use http::{HeaderMap, HeaderName, Method, Uri};
 use tokio::time::{Instant, timeout_at};
 
 use super::headers::{ATTEMPT_HEADER, HEDGE_HEADER, HEDGE_VALUE, count_value, endpoint_failed};
@@ -86,8 +86,12 @@ pub(super) struct Attempt<'a, A> {
     /// A gRPC call with a deadline of its caller's own: when that ends (sent as
     /// `grpc-timeout`, which a gRPC server applies to the whole call).
     pub grpc_deadline: Option<Instant>,
-    /// The request's head, shared with every attempt of the request.
-    pub head: RequestHead<'a>,
+    /// The request's head, shared with every attempt of the request (the attempt's
+    /// own fields are added as it is sent).
+    pub method: &'a Method,
+    /// Origin-form (path and query).
+    pub uri: &'a Uri,
+    pub headers: &'a HeaderMap,
     pub body: ReplayBody<A>,
 }
 
@@ -213,13 +217,19 @@ impl<'a, A: AppBody> Attempt<'a, A> {
             // A pooled connection is taken at once: the attempt's start is still now.
             let now = if fresh { Instant::now() } else { self.started };
             let left = self.by.saturating_duration_since(now);
-            self.head.fields = self.fields(now, left);
-            // As curl waits, but leaving most of the attempt's time to the exchange.
-            self.head.continue_wait = CONTINUE_WAIT.min(left / 4);
+            let head = RequestHead {
+                method: self.method,
+                uri: self.uri,
+                headers: self.headers,
+                fields: self.fields(now, left),
+                https: cfg.tls.is_some(),
+                // As curl waits, but leaving most of the attempt's time to the exchange.
+                continue_wait: CONTINUE_WAIT.min(left / 4),
+            };
             let Some(sending) = body.take() else {
                 return Err(Failure::ConnectFailure.into());
             };
-            match timeout_at(self.by, conn.send(&self.head, sending)).await {
+            match timeout_at(self.by, conn.send(&head, sending)).await {
                 Err(_) => return Err(Failure::Timeout.into()),
                 Ok(Ok(resp)) => return Ok(resp),
                 Ok(Err(SendError::NotSent(unsent, _))) => {

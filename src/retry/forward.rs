@@ -44,7 +44,6 @@ use super::upstream::Upstream;
 use crate::deadline::Deadline;
 use crate::metrics::{Denied, HedgeResult, Outcome};
 use crate::upstream::pool::Want;
-use crate::upstream::request::{AttemptFields, RequestHead};
 use crate::upstream::response::{Fields, UpstreamResponse};
 use crate::upstream::want;
 
@@ -418,14 +417,9 @@ impl<'a, A: AppBody> Call<'a, A> {
             by: whole.min(self.deadline.at()),
             full_time: whole <= self.deadline.at(),
             grpc_deadline: self.deadline.caller_at().filter(|_| self.grpc),
-            head: RequestHead {
-                method: &head.method,
-                uri: &head.uri,
-                headers: &head.headers,
-                fields: AttemptFields::default(),
-                https: cfg.tls.is_some(),
-                continue_wait: Duration::ZERO,
-            },
+            method: &head.method,
+            uri: &head.uri,
+            headers: &head.headers,
             body,
         }
     }

@@ -40,10 +40,12 @@ pub fn prepare_request(
     let mut facts = RequestFacts::default();
     let (mut hop, mut deadline, mut attempt) = (false, false, false);
     let mut upgrade = None;
-    let mut asks_upgrade = false;
+    let (mut asks_upgrade, mut typed) = (false, false);
     for (name, value) in headers.iter() {
         if *name == header::CONTENT_TYPE {
-            facts.grpc = value.as_bytes().starts_with(b"application/grpc");
+            // The first, as a lookup by name would read it.
+            facts.grpc |= !typed && value.as_bytes().starts_with(b"application/grpc");
+            typed = true;
         } else if is_hop_by_hop(name) {
             hop = true;
             if *name == header::UPGRADE {
