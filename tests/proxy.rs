@@ -212,6 +212,52 @@ async fn hop_by_hop_headers_are_removed_both_ways() {
     tg.stop().await;
 }
 
+/// Request heads are read into header maps, and response fields listed, that the next
+/// request reuses: nothing of one request may show in the next, either way.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nothing_of_one_request_shows_in_the_next() {
+    use tokio::io::AsyncWriteExt;
+    let up = Upstream::start(|req: http::Request<hyper::body::Incoming>| async move {
+        let mut names: Vec<String> = req
+            .headers()
+            .keys()
+            .map(|k| k.to_string())
+            .filter(|k| k.starts_with("x-asked") || k.starts_with("x-only"))
+            .collect();
+        names.sort();
+        let mut resp = Response::builder();
+        if req.uri().path() == "/first" {
+            for i in 0..20 {
+                resp = resp.header(format!("x-first-{i}"), "1");
+            }
+        }
+        resp.body(full(names.join(","))).unwrap()
+    })
+    .await;
+    let tg = Tollgate::start(&config(&format!(
+        "[upstreams.a]\nauthorities = [\"a\"]\nendpoints = [\"{}\"]\n",
+        up.addr
+    )))
+    .await;
+    let mut s = tokio::net::TcpStream::connect(tg.addr).await.unwrap();
+    let many: String = (0..20).map(|i| format!("x-asked-{i}: 1\r\n")).collect();
+    for round in 0..3 {
+        let first = format!("GET /first HTTP/1.1\r\nhost: a\r\n{many}\r\n");
+        s.write_all(first.as_bytes()).await.unwrap();
+        let got = raw_response(&mut s).await;
+        assert!(got.contains("x-asked-19"), "round {round}: {got}");
+        assert!(got.contains("x-first-19: 1"), "round {round}: {got}");
+        s.write_all(b"GET /second HTTP/1.1\r\nhost: a\r\nx-only: 1\r\n\r\n")
+            .await
+            .unwrap();
+        let got = raw_response(&mut s).await;
+        let body = got.split("\r\n\r\n").nth(1).unwrap_or("");
+        assert_eq!(body, "x-only", "round {round}: the upstream saw {got}");
+        assert!(!got.contains("x-first"), "round {round}: the app got {got}");
+    }
+    tg.stop().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn connect_failure_is_a_502() {
     let dead = dead_port().await;
