@@ -357,3 +357,65 @@ async fn a_response_head_larger_than_one_read_arrives_whole_on_a_pooled_connecti
     assert_eq!(up.accepted(), 1, "every exchange on the one connection");
     tg.stop().await;
 }
+
+/// The pool hands out the connection that answered last: after a burst has opened
+/// several, one request at a time keeps using one of them, and the others stay idle
+/// (and can be closed by the upstream when they have waited long enough) instead of
+/// each being used in turn.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_connection_that_answered_last_carries_the_next_request() {
+    const BURST: usize = 6;
+    let next_id = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let burst = std::sync::Arc::new(tokio::sync::Barrier::new(BURST));
+    let up = {
+        let next_id = next_id.clone();
+        Scripted::start(move |mut s, _| {
+            let id = next_id.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            let burst = burst.clone();
+            async move {
+                let mut first = true;
+                loop {
+                    if read_head(&mut s).await.is_empty() {
+                        return;
+                    }
+                    // Each of the burst's connections answers its first request only
+                    // once all of them hold one: the burst needs them all at once.
+                    if std::mem::take(&mut first) {
+                        let _ = tokio::time::timeout(Duration::from_secs(10), burst.wait()).await;
+                    }
+                    let body = id.to_string();
+                    let head = format!("HTTP/1.1 200 OK\r\nContent-Length: {}\r\n\r\n", body.len());
+                    if s.write_all(format!("{head}{body}").as_bytes())
+                        .await
+                        .is_err()
+                    {
+                        return;
+                    }
+                }
+            }
+        })
+        .await
+    };
+    let tg = Tollgate::start(&h1_upstream(up.addr)).await;
+    let addr = tg.addr;
+    let burst: Vec<_> = (0..BURST)
+        .map(|_| tokio::spawn(async move { get(addr, "/", "raw").await }))
+        .collect();
+    for r in burst {
+        assert_eq!(r.await.unwrap().status.as_u16(), 200);
+    }
+    assert_eq!(up.accepted(), BURST);
+    let mut carried = std::collections::BTreeSet::new();
+    for _ in 0..20 {
+        let r = get(tg.addr, "/", "raw").await;
+        assert_eq!(r.status.as_u16(), 200);
+        carried.insert(String::from_utf8_lossy(&r.body).into_owned());
+    }
+    assert_eq!(up.accepted(), BURST, "a pooled connection was not reused");
+    assert_eq!(
+        carried.len(),
+        1,
+        "twenty requests one at a time went over {carried:?}, not one connection"
+    );
+    tg.stop().await;
+}

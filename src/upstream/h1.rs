@@ -27,8 +27,8 @@
 use std::collections::VecDeque;
 use std::io;
 use std::pin::{Pin, pin};
-use std::sync::Arc;
 use std::sync::atomic::AtomicUsize;
+use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
@@ -38,7 +38,6 @@ use http::{Method, Response};
 use http_body::{Body, Frame, SizeHint};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, ReadBuf};
 
-use crossbeam_queue::SegQueue;
 use tokio::time::Instant;
 
 use super::OutgoingBody;
@@ -143,8 +142,7 @@ impl Connection {
 }
 
 /// Idle connections kept per endpoint and worker: as many as the app had in flight, up
-/// to this. The queue grows in small blocks as it fills, so an endpoint with few
-/// connections costs little memory.
+/// to this.
 const MAX_IDLE: usize = 4096;
 /// An idle connection older than this is closed rather than reused: upstream servers
 /// close idle keep-alive connections after a while, and reusing one they are about to
@@ -166,10 +164,19 @@ impl Idle {
     }
 }
 
-/// The idle HTTP/1.1 connections of one endpoint, a queue per worker: a connection is
+/// The idle HTTP/1.1 connections of one endpoint, a stack per worker: a connection is
 /// used by the worker that opened it.
+///
+/// Last in, first out, as hyper's pool and nginx's upstream keep-alive cache take them:
+/// the connection that has just answered carries the next request, so only as many
+/// connections are in use as requests are in flight at once, and their memory (socket
+/// buffers, this side's state) stays warm. The ones at the bottom sit idle until the
+/// sweeper closes them. Taken oldest first instead, every kept connection is used in
+/// turn: at 2,000 app connections each upstream connection waited some 70 ms between
+/// requests, and the kernel sent a delayed ACK on its own for every response (5.7 % of
+/// the CPU in `tcp_delack_timer`, against nginx's 2.6 %).
 pub struct IdleQueues {
-    queues: Box<[SegQueue<Idle>]>,
+    stacks: Box<[Mutex<Vec<Idle>>]>,
     /// `max_connection_age`: an older connection is closed, not kept.
     max_age: Option<Duration>,
 }
@@ -177,20 +184,23 @@ pub struct IdleQueues {
 impl IdleQueues {
     pub fn new(workers: usize, max_age: Option<Duration>) -> Self {
         IdleQueues {
-            queues: (0..workers.max(1)).map(|_| SegQueue::new()).collect(),
+            stacks: (0..workers.max(1))
+                .map(|_| Mutex::new(Vec::new()))
+                .collect(),
             max_age,
         }
     }
 
     pub fn count(&self) -> usize {
-        self.queues.iter().map(SegQueue::len).sum()
+        self.stacks.iter().map(|s| lock(s).len()).sum()
     }
 
-    /// An idle connection of `worker` that can still carry a request, on loan (`now`:
-    /// the caller's clock reading, to judge how long it sat idle).
+    /// The idle connection of `worker` that answered last, if it can still carry a
+    /// request, on loan (`now`: the caller's clock reading, to judge how long it sat
+    /// idle).
     pub fn take(&self, this: &Arc<IdleQueues>, worker: usize, now: Instant) -> Option<Lease> {
-        let queue = self.queues.get(worker)?;
-        while let Some(mut idle) = queue.pop() {
+        let mut stack = lock(self.stacks.get(worker)?);
+        while let Some(mut idle) = stack.pop() {
             // Closed by the endpoint while it sat idle, or kept too long: dropped.
             if !idle.reusable(self.max_age, now) {
                 continue;
@@ -204,34 +214,44 @@ impl IdleQueues {
         None
     }
 
-    /// Closes the idle connections the endpoint has closed or that were kept too long.
+    /// Closes the idle connections the endpoint has closed or that were kept too long,
+    /// and gives back the room of a stack that has emptied.
     pub fn sweep(&self) {
-        for queue in self.queues.iter() {
-            for _ in 0..queue.len() {
-                let Some(mut idle) = queue.pop() else {
-                    break;
-                };
-                if idle.reusable(self.max_age, Instant::now()) {
-                    queue.push(idle);
-                }
+        let now = Instant::now();
+        for stack in self.stacks.iter() {
+            let mut stack = lock(stack);
+            stack.retain_mut(|idle| idle.reusable(self.max_age, now));
+            let len = stack.len();
+            if len < stack.capacity() / 4 {
+                stack.shrink_to(len * 2);
             }
         }
     }
 
-    /// Keeps a connection whose response ended, unless it is too old or the queue is
+    /// Keeps a connection whose response ended, unless it is too old or the stack is
     /// full: then it is closed.
     fn put(&self, worker: usize, conn: Box<Connection>) {
-        let young = self.max_age.is_none_or(|age| conn.born.elapsed() < age);
-        if let Some(queue) = self.queues.get(worker)
-            && queue.len() < MAX_IDLE
+        let now = Instant::now();
+        let young = self
+            .max_age
+            .is_none_or(|age| now.saturating_duration_since(conn.born) < age);
+        if let Some(stack) = self.stacks.get(worker)
             && young
         {
-            queue.push(Idle {
-                conn,
-                since: Instant::now(),
-            });
+            let mut stack = lock(stack);
+            if stack.len() < MAX_IDLE {
+                stack.push(Idle { conn, since: now });
+            }
         }
     }
+}
+
+/// The lock of a worker's idle stack; a panic while it was held left nothing half done
+/// (a push or a pop), so a poisoned lock is taken as it is.
+fn lock(stack: &Mutex<Vec<Idle>>) -> std::sync::MutexGuard<'_, Vec<Idle>> {
+    stack
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 /// An HTTP/1.1 connection on loan: `release` returns it after a complete response;
