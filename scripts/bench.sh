@@ -196,8 +196,8 @@ if [ "${#need_pkgs[@]}" -gt 0 ]; then
 fi
 # The script itself and whatever it starts unpinned (its samplers of CPU time and memory,
 # their subshells) stay off the proxy's CPU: only the proxy under test runs there. Measured
-# with `perf sched` on the proxy's CPU before this: the script's own processes took it
-# for up to 15 ms at a time, in the middle of rounds.
+# with `perf sched` on the proxy's CPU before this: the script's own processes ran there
+# for 340 ms of a one-minute cell, up to 7 ms at a time, in the middle of rounds.
 taskset -pc "$LOAD_CPU" $$ >/dev/null || die "could not keep this script on CPU $LOAD_CPU"
 NGINX="$(command -v nginx)"
 HAPROXY="$(command -v haproxy)"
