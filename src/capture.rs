@@ -184,25 +184,23 @@ pub enum CaptureError {
     Failed { command: String, stderr: String },
 }
 
-fn run(tool: &str, a: &[String]) -> Result<bool, CaptureError> {
-    let out = Command::new(tool)
+/// What `tool a...` printed and how it ended.
+fn output(tool: &str, a: &[String]) -> Result<std::process::Output, CaptureError> {
+    Command::new(tool)
         .args(a)
         .output()
         .map_err(|source| CaptureError::Spawn {
             tool: tool.into(),
             source,
-        })?;
-    Ok(out.status.success())
+        })
+}
+
+fn run(tool: &str, a: &[String]) -> Result<bool, CaptureError> {
+    Ok(output(tool, a)?.status.success())
 }
 
 fn must(tool: &str, a: &[String]) -> Result<(), CaptureError> {
-    let out = Command::new(tool)
-        .args(a)
-        .output()
-        .map_err(|source| CaptureError::Spawn {
-            tool: tool.into(),
-            source,
-        })?;
+    let out = output(tool, a)?;
     if out.status.success() {
         return Ok(());
     }

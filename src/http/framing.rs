@@ -10,6 +10,7 @@ use http::{HeaderMap, HeaderName, HeaderValue};
 use http_body::SizeHint;
 
 use super::bad;
+use super::fields::byte_class;
 
 /// The longest chunk-size line or trailer block accepted.
 pub const MAX_CHUNK_META: usize = 256 * 1024;
@@ -254,33 +255,7 @@ fn skip_ws(s: &[u8]) -> &[u8] {
 }
 
 /// `tchar` (RFC 9110 section 5.6.2).
-const TCHAR: [bool; 256] = {
-    let mut t = [false; 256];
-    let mut b = 0;
-    while b < 256 {
-        let c = b as u8;
-        t[b] = c.is_ascii_alphanumeric()
-            || matches!(
-                c,
-                b'!' | b'#'
-                    | b'$'
-                    | b'%'
-                    | b'&'
-                    | b'\''
-                    | b'*'
-                    | b'+'
-                    | b'-'
-                    | b'.'
-                    | b'^'
-                    | b'_'
-                    | b'`'
-                    | b'|'
-                    | b'~'
-            );
-        b += 1;
-    }
-    t
-};
+const TCHAR: [bool; 256] = byte_class(b"!#$%&'*+-.^_`|~");
 
 /// The length of the token at the front of `s` (0: none).
 fn token_len(s: &[u8]) -> usize {
