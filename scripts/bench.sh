@@ -44,6 +44,7 @@ LOAD_CPU=1
 JSON=0
 OUT_DIR=""
 TOLLGATE_BIN="${TOLLGATE_BIN:-}"
+COMPARE_BIN=""
 TARGETS="direct,tollgate,tollgate-noretry,tollgate-inbound,nginx,haproxy,pingora"
 CELLS=""
 INSTALL=1
@@ -78,6 +79,10 @@ usage: scripts/bench.sh [options]
   --out DIR            keep the configs, logs, raw outputs, table and JSON in DIR
   --tollgate PATH      the tollgate binary (default: $TOLLGATE_BIN, else
                        target/release/tollgate, built with cargo if missing)
+  --compare PATH       a second tollgate binary, run as target tollgate-b right after
+                       tollgate in every cell that runs tollgate, with the ratio
+                       tollgate/tollgate-b: two builds compared paired by round (a wrapper
+                       script that execs a binary with other settings works too)
   --targets LIST       comma-separated subset of: direct,tollgate,tollgate-noretry,
                        tollgate-log,tollgate-inbound,nginx,haproxy,pingora (each cell runs
                        those of its targets that are listed; tollgate-log, in the get cell
@@ -111,6 +116,7 @@ while [ $# -gt 0 ]; do
     --json) JSON=1; shift ;;
     --out) OUT_DIR="${2:?"$1 needs a value"}"; shift 2 ;;
     --tollgate) TOLLGATE_BIN="${2:?"$1 needs a value"}"; shift 2 ;;
+    --compare) COMPARE_BIN="${2:?"$1 needs a value"}"; shift 2 ;;
     --targets) TARGETS="${2:?"$1 needs a value"}"; shift 2 ;;
     --proxy-cpu) PROXY_CPU="${2:?"$1 needs a value"}"; shift 2 ;;
     --load-cpu) LOAD_CPU="${2:?"$1 needs a value"}"; shift 2 ;;
@@ -267,6 +273,12 @@ trap 'exit 143' TERM
 # A stable copy: the binary in target/ may be rebuilt while this runs.
 cp "$TOLLGATE_BIN" "$WORK/tollgate"
 TG="$WORK/tollgate"
+TG_B=""
+if [ -n "$COMPARE_BIN" ]; then
+  [ -x "$COMPARE_BIN" ] || die "--compare: no executable at $COMPARE_BIN"
+  cp "$COMPARE_BIN" "$WORK/tollgate-b"
+  TG_B="$WORK/tollgate-b"
+fi
 # What was measured: the version, and for the in-tree binary the commit it was built
 # from (+dirty when src/ or Cargo.* differ from it).
 TOLLGATE_REV="$("$TG" --version 2>/dev/null | awk '{ print $NF }')"

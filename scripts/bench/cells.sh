@@ -103,6 +103,11 @@ cell_define() {
     case ",$TARGETS," in *",${t%-[12]w},"*|*",${t%-chain},"*) ;; *) continue ;; esac
     [ "$t" != pingora ] || [ -n "$PINGORA_BIN" ] || continue
     C_TARGETS+=("$t")
+    # The build it is compared with (--compare) runs right after it.
+    if [ "$t" = tollgate ] && [ -n "$TG_B" ]; then
+      C_TARGETS+=(tollgate-b)
+      C_RATIOS="$C_RATIOS tollgate/tollgate-b"
+    fi
   done
 }
 
@@ -120,7 +125,7 @@ cell_upstream() {
 # it is ready (h1 or h2). Writes its config. $1 cell, $2 target.
 declare -A T_PORT=() T_PIDS=() T_KIND=()
 target_prepare() {
-  local cell="$1" t="$2" name="$1-$2" workers=1 retries=1 main admin listen
+  local cell="$1" t="$2" name="$1-$2" workers=1 retries=1 main admin listen bin="$TG"
   cell_upstream "$cell"
   case "$t" in *-2w) workers=2 ;; esac
   [ "$t" != tollgate-noretry ] || retries=0
@@ -129,15 +134,16 @@ target_prepare() {
   case "$t" in
     direct)
       T_CMD=(); T_PORT[$t]=$UP_PORT ;;
-    tollgate|tollgate-noretry|tollgate-log|tollgate-1w|tollgate-2w)
+    tollgate|tollgate-b|tollgate-noretry|tollgate-log|tollgate-1w|tollgate-2w)
+      [ "$t" != tollgate-b ] || bin="$TG_B"
       free_port; main=$PORT; free_port; admin=$PORT; free_port; listen=$PORT
       tollgate_conf "$main" "$admin" "$listen" "127.0.0.1:$UP_PORT" "$UP_PROTO" "$retries" "$workers" "$UP_TLS" > "$WORK/$name.toml"
       # The access log on, its lines to the target's log file as a container's go to
       # its log pipe.
       [ "$t" != tollgate-log ] || printf '[access_log]\nenabled = true\n' >> "$WORK/$name.toml"
-      "$TG" check --config "$WORK/$name.toml" > "$WORK/$name.check.log" 2>&1 || {
+      "$bin" check --config "$WORK/$name.toml" > "$WORK/$name.check.log" 2>&1 || {
         cat "$WORK/$name.check.log" >&2; die "tollgate check rejected the config of $name ($WORK/$name.toml)"; }
-      T_CMD=(env RUST_LOG=info "$TG" run --config "$WORK/$name.toml"); T_PORT[$t]=$listen ;;
+      T_CMD=(env RUST_LOG=info "$bin" run --config "$WORK/$name.toml"); T_PORT[$t]=$listen ;;
     tollgate-inbound)
       free_port; main=$PORT; free_port; admin=$PORT; free_port; listen=$PORT; free_port
       { tollgate_conf "$main" "$admin" "$listen" "127.0.0.1:$BACKEND_PORT" http1 1 1 0
