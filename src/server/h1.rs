@@ -21,7 +21,6 @@
 use std::future::{Future, poll_fn};
 use std::io;
 use std::pin::{Pin, pin};
-use std::sync::atomic::{AtomicBool, Ordering::*};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll, ready};
 
@@ -56,44 +55,25 @@ pub struct Settings<S> {
     pub drain_timeout: std::time::Duration,
 }
 
-/// An HTTP/1.1 client connection being served; a future that ends when it closes.
-pub struct Http1Conn {
-    run: Pin<Box<dyn Future<Output = ()> + Send>>,
-    closing: Arc<AtomicBool>,
-}
-
-impl Http1Conn {
-    /// Serves `stream`, whose first bytes (`prefix`) were already read.
-    pub fn new<S: Service>(stream: TcpStream, prefix: &[u8], settings: Settings<S>) -> Self {
-        // Only what was read: the rest of the head is read into it as it comes.
-        let rbuf = BytesMut::from(prefix);
-        let io = Arc::new(Mutex::new(Io {
-            stream,
-            rbuf,
-            body: Framing::Length(0),
-            body_failed: false,
-            continue_left: 0,
-            eof: false,
-        }));
-        let closing = Arc::new(AtomicBool::new(false));
-        Http1Conn {
-            run: Box::pin(run(io, settings, closing.clone())),
-            closing,
-        }
-    }
-
-    /// Closes the connection after the response in flight, or at once when idle.
-    pub fn graceful_shutdown(self: Pin<&mut Self>) {
-        self.closing.store(true, Release);
-    }
-}
-
-impl Future for Http1Conn {
-    type Output = ();
-
-    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
-        self.run.as_mut().poll(cx)
-    }
+/// Serves `stream`, whose first bytes (`prefix`) were already read; ends when the
+/// connection closes. [`ConnState::close_gracefully`] on the settings' state closes it
+/// after the response in flight, or at once when idle.
+pub fn connection<S: Service>(
+    stream: TcpStream,
+    prefix: &[u8],
+    settings: Settings<S>,
+) -> impl Future<Output = ()> + Send + use<S> {
+    // Only what was read: the rest of the head is read into it as it comes.
+    let rbuf = BytesMut::from(prefix);
+    let io = Arc::new(Mutex::new(Io {
+        stream,
+        rbuf,
+        body: Framing::Length(0),
+        body_failed: false,
+        continue_left: 0,
+        eof: false,
+    }));
+    run(io, settings)
 }
 
 /// A request as read, and whether its connection may carry another.
@@ -119,10 +99,10 @@ struct Asked {
     keep_alive: bool,
 }
 
-async fn run<S: Service>(io: Arc<Mutex<Io>>, settings: Settings<S>, closing: Arc<AtomicBool>) {
+async fn run<S: Service>(io: Arc<Mutex<Io>>, settings: Settings<S>) {
     let mut wbuf = WriteBuf::default();
     loop {
-        let (req, keep_alive) = match poll_fn(|cx| poll_head(&io, &settings, &closing, cx)).await {
+        let (req, keep_alive) = match poll_fn(|cx| poll_head(&io, &settings, cx)).await {
             // The Host was checked as the head was read.
             Next::Request(Incoming { req, keep_alive }) => (req, keep_alive),
             Next::Closed => return,
@@ -157,7 +137,7 @@ async fn run<S: Service>(io: Arc<Mutex<Io>>, settings: Settings<S>, closing: Arc
         }) else {
             return;
         };
-        if !respond(&io, &settings, &closing, &mut wbuf, resp, asked).await {
+        if !respond(&io, &settings, &mut wbuf, resp, asked).await {
             return;
         }
         wbuf.clear_and_bound(KEEP_WRITE);
@@ -169,7 +149,6 @@ async fn run<S: Service>(io: Arc<Mutex<Io>>, settings: Settings<S>, closing: Arc
 async fn respond<S>(
     io: &Mutex<Io>,
     settings: &Settings<S>,
-    closing: &AtomicBool,
     wbuf: &mut WriteBuf,
     mut resp: AppResponse,
     asked: Asked,
@@ -184,12 +163,12 @@ async fn respond<S>(
             .await
             .is_ok()
         {
-            tunnel::run(io, upstream, closing, settings.drain_timeout).await;
+            tunnel::run(io, upstream, &settings.state, settings.drain_timeout).await;
         }
         drop(guard);
         return false;
     }
-    let keep_alive = asked.keep_alive && !closing.load(Acquire);
+    let keep_alive = asked.keep_alive && !settings.state.closing();
     let written = write_response(
         io,
         wbuf,
@@ -213,7 +192,6 @@ async fn respond<S>(
 fn poll_head<S>(
     shared: &Arc<Mutex<Io>>,
     settings: &Settings<S>,
-    closing: &AtomicBool,
     cx: &mut Context<'_>,
 ) -> Poll<Next> {
     let mut io = lock(shared);
@@ -255,7 +233,7 @@ fn poll_head<S>(
                 Ok(None) => settings.state.bytes_read(),
                 Err((status, why)) => return Poll::Ready(Next::Refused(status, why)),
             }
-        } else if closing.load(Acquire) {
+        } else if settings.state.closing() {
             return Poll::Ready(Next::Closed);
         }
         if io.eof {

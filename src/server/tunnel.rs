@@ -7,7 +7,6 @@
 use std::io;
 use std::pin::Pin;
 use std::sync::Mutex;
-use std::sync::atomic::{AtomicBool, Ordering::Acquire};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -15,6 +14,7 @@ use bytes::Buf;
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, ReadBuf};
 
 use super::socket::{Io, lock};
+use super::watchdog::ConnState;
 use crate::upstream::upgraded::Upgraded;
 
 /// The app's side of the tunnel: its socket, and what was read ahead of it.
@@ -67,7 +67,7 @@ const LINGER: Duration = Duration::from_secs(1);
 pub(super) async fn run(
     io: &Mutex<Io>,
     upstream: Upgraded,
-    closing: &AtomicBool,
+    closing: &ConnState,
     drain_timeout: Duration,
 ) {
     let (mut app_read, mut app_write) = tokio::io::split(AppSide(io));
@@ -91,7 +91,7 @@ pub(super) async fn run(
     // Polled again when the connection is asked to finish.
     let mut drain: Option<Pin<Box<tokio::time::Sleep>>> = None;
     let draining = std::future::poll_fn(|cx| {
-        if drain.is_none() && closing.load(Acquire) {
+        if drain.is_none() && closing.closing() {
             drain = Some(Box::pin(tokio::time::sleep(drain_timeout)));
         }
         match drain.as_mut() {
