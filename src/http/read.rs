@@ -70,8 +70,13 @@ fn poll_read_scratch<R: AsyncRead + ?Sized>(
 /// Gives back the memory of a read buffer that holds nothing (bytes read ahead are
 /// kept). The memory is freed once nothing else refers to it: header values and body
 /// chunks taken from it hold it until they are dropped.
+///
+/// Also a buffer with no room left: once a head has been split off, the empty rest
+/// still shares its allocation, and kept, it would hold that memory while the
+/// connection waits, and make the next read look up whether it is the last owner (a
+/// cache line of that allocation, long since gone cold) before it can grow.
 pub fn release(rbuf: &mut BytesMut) {
-    if rbuf.is_empty() && rbuf.capacity() > 0 {
+    if rbuf.is_empty() {
         *rbuf = BytesMut::new();
     }
 }
@@ -120,6 +125,20 @@ mod tests {
         rbuf.clear();
         release(&mut rbuf);
         assert_eq!(rbuf.capacity(), 0);
+        assert!(wants_scratch(&rbuf));
+    }
+
+    #[test]
+    fn release_lets_go_of_the_memory_a_head_was_split_from() {
+        let mut rbuf = BytesMut::new();
+        let head = b"GET / HTTP/1.1\r\nhost: a\r\n\r\n";
+        assert_eq!(read_all(head, &mut rbuf), head.len());
+        // The head is taken whole (its header values are slices of it), then dropped
+        // once answered: the empty rest is the allocation's last owner.
+        drop(rbuf.split_to(head.len()).freeze());
+        assert_eq!((rbuf.len(), rbuf.capacity()), (0, 0));
+        release(&mut rbuf);
+        assert!(!rbuf.try_reclaim(1), "a released buffer holds no memory");
         assert!(wants_scratch(&rbuf));
     }
 }

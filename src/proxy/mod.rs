@@ -369,6 +369,8 @@ impl Accepting {
     }
 }
 
+/// One open client connection in its listener's count, given back when dropped; it
+/// carries the listener's shared state too.
 struct ConnCount(Arc<Shared>);
 
 impl Drop for ConnCount {
@@ -479,25 +481,21 @@ async fn accept_loop<S: Captures>(
                         continue;
                     }
                     shared.connections.fetch_add(1, AcqRel);
-                    let count = ConnCount(shared.clone());
                     let shutdown = shared.shutdown.subscribe();
-                    // Boxed before it is spawned: the task's own future would hold
-                    // it twice (as what it was given and as what it awaits), for
-                    // every connection's life.
-                    let fut = Box::pin(redirect::connection(
+                    // Spawned as it is, not wrapped in a block of its own: the task's
+                    // future would hold it twice (as what it was given and as what it
+                    // awaits), or behind a box, one more allocation a connection's task
+                    // reaches through on every wake-up.
+                    tokio::spawn(redirect::connection(
                         stream,
                         peer,
                         listening.bound,
                         listening.capture,
                         listening.service.clone(),
-                        shared.clone(),
+                        ConnCount(shared.clone()),
                         settings,
                         shutdown,
                     ));
-                    tokio::spawn(async move {
-                        let _count = count;
-                        fut.await;
-                    });
                 }
                 Err(e) if descriptors::is_exhaustion(&e) => {
                     shared.metrics.exhausted(Shortage::Accept).inc();

@@ -22,15 +22,14 @@
 
 use std::future::Future;
 use std::net::{IpAddr, SocketAddr};
-use std::sync::Arc;
 
 use socket2::SockRef;
 use tokio::net::TcpStream;
 use tokio::sync::watch;
 
-use super::Shared;
 use super::handler::Outbound;
 use super::passthrough;
+use super::{ConnCount, Shared};
 use crate::config::ListenerConfig;
 use crate::descriptors::Throttled;
 use crate::inbound::InboundService;
@@ -142,7 +141,8 @@ static LOOPS: Throttled = Throttled::new();
 
 /// One accepted connection of a listener that `capture`s in that direction (`None`:
 /// it does not, like an upstream's own `listen` port): served by `service`, by the
-/// service a redirect calls for, or passed through.
+/// service a redirect calls for, or passed through. `counted` holds the connection's
+/// place in its listener's count until it closes.
 #[allow(clippy::too_many_arguments)]
 pub(super) async fn connection<S: Captures>(
     stream: TcpStream,
@@ -150,10 +150,11 @@ pub(super) async fn connection<S: Captures>(
     bound: SocketAddr,
     capture: Option<Direction>,
     service: S,
-    shared: Arc<Shared>,
+    counted: ConnCount,
     settings: ListenerConfig,
     shutdown: watch::Receiver<bool>,
 ) {
+    let shared = &counted.0;
     let redirected = match capture.map(|d| (d, arrival(&stream, peer, bound, d))) {
         Some((d, Arrival::Redirected(original))) => Some((d, original)),
         _ => None,
@@ -162,7 +163,7 @@ pub(super) async fn connection<S: Captures>(
         None => service,
         Some((d, original)) => match service.redirected(original).await {
             Some(service) => service,
-            None => return pass(stream, original, d, &shared, settings, shutdown).await,
+            None => return pass(stream, original, d, shared, settings, shutdown).await,
         },
     };
     server::serve(stream, service, settings, shutdown).await
