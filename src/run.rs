@@ -9,7 +9,7 @@ use crate::admin::Admin;
 use crate::config::{self, Config};
 use crate::metrics::Metrics;
 use crate::proxy::Server;
-use crate::worker::{WorkerPool, Workers};
+use crate::worker::{self, WorkerPool, Workers};
 
 /// Why `run` could not start.
 #[derive(Debug, thiserror::Error)]
@@ -116,18 +116,14 @@ pub fn run(path: PathBuf) -> i32 {
     let drain = config.listener.drain_timeout;
     // The workers serve traffic; this thread runs signals, reload and the admin
     // endpoint (and, with a single worker, the traffic too).
-    let (pool, rt) = match WorkerPool::start(&config).and_then(|pool| {
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()?;
-        Ok((pool, rt))
-    }) {
-        Ok(v) => v,
-        Err(e) => {
-            startup_error(StartError::Runtime(e));
-            return 2;
-        }
-    };
+    let (pool, rt) =
+        match WorkerPool::start(&config).and_then(|pool| Ok((pool, worker::runtime()?))) {
+            Ok(v) => v,
+            Err(e) => {
+                startup_error(StartError::Runtime(e));
+                return 2;
+            }
+        };
     let workers = pool.workers();
     let code = rt.block_on(async move {
         let running = match Running::start_on(config, Some(path), workers).await {
