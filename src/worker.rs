@@ -53,7 +53,7 @@ pub fn current() -> usize {
 /// How many tasks a worker runs before it asks the kernel for new events while its queue
 /// is not empty (tokio's default is 61). At 2,000 busy connections the queue never
 /// empties, and asking every 61 tasks cost 4-9 % more CPU per request than every 1,024
-/// in four paired runs (docs/benchmarks.md). When the queue empties, as it does under
+/// in three paired runs (docs/benchmarks.md). When the queue empties, as it does under
 /// tens of connections, the worker waits on the kernel at once either way; a timer or a
 /// new connection is seen at worst some 1,024 requests' work later under saturation.
 const EVENT_INTERVAL: u32 = 1024;
