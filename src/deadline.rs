@@ -3,9 +3,13 @@
 //! The app says how long it will still wait (`x-timeout-ms: 800`, `grpc-timeout: 800m`,
 //! `x-envoy-expected-rq-timeout-ms: 800`): a duration relative to now, never a clock
 //! time, so hosts need not agree on the time. The smaller of that and the upstream's
-//! `request_timeout` becomes this request's deadline, an instant. Every attempt then
-//! tells the upstream how long *it* may take, `min(attempt_timeout, time left)`, so the
-//! next hop works to the same instant and nobody starts work no one will wait for.
+//! `request_timeout` (whichever of the two there is) becomes this request's deadline,
+//! an instant; with neither, the request has none and waits as long as it would without
+//! tollgate. Every attempt tells the upstream the time left of that deadline, so the next
+//! hop works to the same instant and nobody starts work no one will wait for. It is not
+//! the attempt timeout: tollgate keeps waiting for a slow attempt past that (a retry
+//! starts beside it), so an upstream told to give up then would give up on an answer
+//! still wanted.
 //!
 //! gRPC is the exception: a gRPC server applies `grpc-timeout` to the whole call, its
 //! streams included, not just to the response head. So a gRPC call carries the time
@@ -124,27 +128,36 @@ pub fn caller_timeout(headers: &HeaderMap, accept: &[HeaderName]) -> Option<Dura
     best
 }
 
-/// The instant by which a request must have its response head, and the caller's own
-/// deadline, which may lie beyond it.
+/// The instant by which a request must have its response head, if it has one, and the
+/// caller's own deadline, which may lie beyond it.
+///
+/// A request has a deadline only when its caller sent one or its upstream sets a
+/// `request_timeout`; without either it waits as long as it would without tollgate.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Deadline {
-    at: Instant,
+    /// `None`: no deadline.
+    at: Option<Instant>,
     /// When the caller stops waiting, as it said itself (not capped by
     /// `request_timeout`); `None` when it said nothing.
     caller: Option<Instant>,
 }
 
 impl Deadline {
-    /// `min(caller, request_timeout)` from `now`.
-    pub fn new(now: Instant, caller: Option<Duration>, request_timeout: Duration) -> Self {
-        let d = caller.map_or(request_timeout, |c| c.min(request_timeout));
+    /// `min(caller, request_timeout)` from `now`, or whichever of the two there is.
+    pub fn new(now: Instant, caller: Option<Duration>, request_timeout: Option<Duration>) -> Self {
+        let caller = caller.map(|c| c.min(MAX_CALLER_TIMEOUT));
+        let d = match (caller, request_timeout) {
+            (Some(c), Some(r)) => Some(c.min(r)),
+            (c, r) => c.or(r),
+        };
         Deadline {
-            at: now + d,
-            caller: caller.map(|c| now + c.min(MAX_CALLER_TIMEOUT)),
+            at: d.map(|d| now + d),
+            caller: caller.map(|c| now + c),
         }
     }
 
-    pub fn at(&self) -> Instant {
+    /// When tollgate stops waiting for a response head; `None`: it does not.
+    pub fn at(&self) -> Option<Instant> {
         self.at
     }
 
@@ -159,12 +172,27 @@ impl Deadline {
         self.caller.map(|c| c.saturating_duration_since(now))
     }
 
-    pub fn remaining(&self, now: Instant) -> Duration {
-        self.at.saturating_duration_since(now)
+    /// The time left; `None` without a deadline.
+    pub fn remaining(&self, now: Instant) -> Option<Duration> {
+        self.at.map(|at| at.saturating_duration_since(now))
+    }
+
+    /// Whether there is time left for something that takes `d`.
+    pub fn allows(&self, now: Instant, d: Duration) -> bool {
+        self.remaining(now).is_none_or(|left| left > d)
     }
 
     pub fn expired(&self, now: Instant) -> bool {
-        now >= self.at
+        self.at.is_some_and(|at| now >= at)
+    }
+}
+
+/// Runs `fut` until `at`, or to its end when there is no deadline; `None` when the
+/// deadline came first.
+pub async fn within<F: Future>(at: Option<Instant>, fut: F) -> Option<F::Output> {
+    match at {
+        Some(at) => tokio::time::timeout_at(at, fut).await.ok(),
+        None => Some(fut.await),
     }
 }
 
@@ -288,26 +316,43 @@ mod tests {
     #[test]
     fn deadline_is_the_smaller_of_caller_and_request_timeout() {
         let now = Instant::now();
+        let two = Some(ms(2000));
         assert_eq!(
-            Deadline::new(now, Some(ms(400)), ms(2000)).at(),
-            now + ms(400)
+            Deadline::new(now, Some(ms(400)), two).at(),
+            Some(now + ms(400))
         );
         assert_eq!(
-            Deadline::new(now, Some(ms(9000)), ms(2000)).at(),
-            now + ms(2000)
+            Deadline::new(now, Some(ms(9000)), two).at(),
+            Some(now + ms(2000))
         );
-        assert_eq!(Deadline::new(now, None, ms(2000)).at(), now + ms(2000));
-        assert!(Deadline::new(now, Some(ms(0)), ms(2000)).expired(now));
+        assert_eq!(Deadline::new(now, None, two).at(), Some(now + ms(2000)));
+        assert!(Deadline::new(now, Some(ms(0)), two).expired(now));
+    }
+
+    #[test]
+    fn without_a_request_timeout_the_callers_deadline_is_the_deadline() {
+        let now = Instant::now();
+        let d = Deadline::new(now, Some(ms(10_000)), None);
+        assert_eq!(d.at(), Some(now + ms(10_000)), "never capped by a default");
+        assert_eq!(d.remaining(now + ms(2500)), Some(ms(7500)));
+        let none = Deadline::new(now, None, None);
+        assert_eq!(none.at(), None, "no deadline at all");
+        assert_eq!(none.remaining(now), None);
+        assert!(!none.expired(now + Duration::from_secs(3600)));
+        assert!(none.allows(now, Duration::from_secs(3600)));
     }
 
     #[test]
     fn the_callers_own_deadline_is_kept_uncapped() {
         let now = Instant::now();
-        let d = Deadline::new(now, Some(ms(9000)), ms(2000));
+        let d = Deadline::new(now, Some(ms(9000)), Some(ms(2000)));
         assert_eq!(d.caller_left(now), Some(ms(9000)), "not capped");
         assert_eq!(d.caller_left(now + ms(1000)), Some(ms(8000)));
         assert_eq!(d.caller_left(now + ms(10_000)), Some(ms(0)));
-        assert_eq!(Deadline::new(now, None, ms(2000)).caller_left(now), None);
+        assert_eq!(
+            Deadline::new(now, None, Some(ms(2000))).caller_left(now),
+            None
+        );
     }
 
     #[test]

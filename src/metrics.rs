@@ -168,7 +168,7 @@ impl Metrics {
             inflight: int_gauges(
                 &r,
                 "tollgate_inflight_requests",
-                "Requests being served now.",
+                "Requests waiting for their response head now (what max_inflight counts).",
                 up,
             ),
             connections: int_gauges(

@@ -160,9 +160,10 @@ async fn the_caller_deadline_is_propagated_and_shrinks() {
     let r = send(tg.addr, req).await;
     let ms: u64 = std::str::from_utf8(&r.body).unwrap().parse().unwrap();
     assert!(ms <= 900 && ms > 500, "the upstream was told {ms} ms");
-    // No deadline from the caller: the request_timeout capped by the attempt_timeout.
+    // No deadline from the caller: the request_timeout's time left, not the attempt
+    // timeout (tollgate waits past that, with a retry beside, and so should the callee).
     let r = get(tg.addr, "/", "api").await;
     let ms: u64 = std::str::from_utf8(&r.body).unwrap().parse().unwrap();
-    assert!(ms <= 5000 && ms > 4000, "the upstream was told {ms} ms");
+    assert!(ms <= 8000 && ms > 7000, "the upstream was told {ms} ms");
     tg.stop().await;
 }

@@ -131,8 +131,10 @@ async fn tollgates_own_failures_are_grpc_statuses_a_client_does_not_retry() {
         sleep_ms: 2_000,
         ..Ask::default()
     };
+    // Past attempt_timeout with no retry to start beside it, the call runs on to the
+    // deadline.
     let s = client.unary(slow.clone(), None).await.unwrap_err();
-    assert_tollgate_status(&s, Code::DeadlineExceeded, "not-retryable");
+    assert_tollgate_status(&s, Code::DeadlineExceeded, "deadline-exceeded");
 
     // One call in flight fills max_inflight = 1: the next is shed.
     let mut holder = Client::connect(tg.addr, "busy").await;
@@ -163,7 +165,8 @@ async fn tollgates_own_failures_are_grpc_statuses_a_client_does_not_retry() {
         ("no-route", "", 1.0),
         ("upstream-unreachable", "down", 1.0),
         ("overloaded", "busy", 1.0),
-        ("not-retryable", "greeter", 2.0),
+        ("not-retryable", "greeter", 1.0),
+        ("deadline-exceeded", "greeter", 1.0),
     ] {
         let series = format!(
             "tollgate_requests_total{{code=\"200\",outcome=\"{outcome}\",upstream=\"{upstream}\"}}"

@@ -377,8 +377,8 @@ async fn a_config_with_only_an_inbound_side_serves() {
     let m = tg.metrics().await;
     assert_eq!(
         metric(&m, "tollgate_inbound_concurrency_limit"),
-        Some(1000.0),
-        "the default limit is a fixed 1000"
+        Some(10_000.0),
+        "the default limit is a fixed 10,000"
     );
     tg.stop().await;
 }

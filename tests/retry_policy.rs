@@ -300,7 +300,12 @@ async fn each_attempt_is_numbered_and_carries_its_deadline() {
         }
     })
     .await;
-    let tg = Tollgate::start(&retrying("api", &format!("\"{}\"", up.addr), "")).await;
+    let tg = Tollgate::start(&retrying("api", &format!("\"{}\"", up.addr), "").replacen(
+        "[upstreams.api.retry]",
+        "request_timeout = \"800ms\"\n[upstreams.api.retry]",
+        1,
+    ))
+    .await;
     let r = get(tg.addr, "/", "api").await;
     assert_eq!(r.status, 200);
     assert_eq!(r.attempts(), 3);
@@ -311,10 +316,14 @@ async fn each_attempt_is_numbered_and_carries_its_deadline() {
     );
     for (_, ms) in &first {
         assert!(
-            *ms <= 600 && *ms > 400,
-            "x-timeout-ms {ms} should be the attempt_timeout (600 ms) or a little less"
+            *ms <= 800 && *ms > 600,
+            "x-timeout-ms {ms} should be the time left of request_timeout (800 ms)"
         );
     }
+    assert!(
+        first.windows(2).all(|w| w[1].1 <= w[0].1),
+        "each attempt is told the time left, which only shrinks: {first:?}"
+    );
 
     // With a tighter caller deadline, the header carries what is left of it.
     let req = request("GET", "/", "api")

@@ -129,10 +129,16 @@ async fn a_rejected_retry_answers_the_previous_failure_as_it_came() {
 async fn a_rejected_retry_of_a_reset_or_a_timeout_is_tollgates_own_502_or_504() {
     let (reset, requests, _) = scripted(|attempt| (attempt > 1).then_some(REJECTED)).await;
     let (slow, _, _) = scripted(|attempt| Some(if attempt == 1 { b"" } else { REJECTED })).await;
+    // The slow one's first attempt never answers: past its attempt timeout a retry
+    // starts beside it and is refused, and it runs on to the deadline.
     let tg = Tollgate::start(&config(&format!(
         "{}{}",
         section("reset", reset.addr),
-        section("slow", slow.addr)
+        section("slow", slow.addr).replacen(
+            "attempt_timeout = \"300ms\"\n",
+            "attempt_timeout = \"300ms\"\nrequest_timeout = \"1s\"\n",
+            1
+        )
     )))
     .await;
     let r = get(tg.addr, "/a", "reset").await;

@@ -6,7 +6,7 @@
 use crate::config::units::format_duration;
 use crate::config::{Config, Diagnostic, Severity, UpstreamConfig};
 
-use crate::config::figures::{effective_patience, plain, total_backoff};
+use crate::config::figures::{effective_patience, plain};
 use crate::config::lint::warning;
 
 /// One layer of a chain: a file and the upstream through which it calls the next layer.
@@ -114,43 +114,61 @@ fn growing_patience(
         let (Some(outer), Some(inner)) = (&resolved[i - 1].upstream, &resolved[i].upstream) else {
             continue;
         };
-        let outer_wait = outer.attempt_timeout.min(outer.request_timeout);
+        // The outer layer starts a retry beside its call after its attempt timeout (when
+        // it may retry at all), and stops waiting at its request timeout.
+        let retries_after = outer
+            .attempt_timeout
+            .filter(|_| outer.retry.max_attempts > 1)
+            .map(|a| outer.request_timeout.map_or(a, |r| a.min(r)));
+        let (outer_wait, then, what) = match (retries_after, outer.request_timeout) {
+            (Some(w), _) => (
+                w,
+                "retries while this layer is still working on the first call",
+                "attempt_timeout",
+            ),
+            (None, Some(r)) => (
+                r,
+                "has stopped waiting while this layer is still working",
+                "request_timeout",
+            ),
+            (None, None) => continue,
+        };
         let inner_work = effective_patience(inner);
-        if inner_work < outer_wait {
+        if inner_work.is_some_and(|w| w < outer_wait) {
             continue;
         }
         let d = format_duration;
         let (inner_config, _) = layers[i];
-        let total = inner.total_patience();
-        let how = if total > inner.request_timeout {
-            format!("{} cut to its request_timeout", d(total))
-        } else {
-            format!(
+        let how = match (
+            inner.total_patience(),
+            inner.attempt_timeout,
+            inner.request_timeout,
+        ) {
+            (Some(total), _, Some(r)) if total > r => {
+                format!("{} cut to its request_timeout", d(total))
+            }
+            (Some(total), Some(a), _) => format!(
                 "{} × {} + {} backoff",
                 inner.retry.max_attempts,
-                d(inner.attempt_timeout),
-                d(total_backoff(inner))
-            )
+                d(a),
+                d(total - a * inner.retry.max_attempts)
+            ),
+            _ => "no attempt_timeout".to_string(),
         };
-        let then = if outer.retry.max_attempts > 1 {
-            "retries while this layer is still working on the first call"
-        } else {
-            "has stopped waiting while this layer is still working"
-        };
+        let work = inner_work.map_or_else(|| "until the caller's deadline".to_string(), d);
         diagnostics.push(warning(
             inner_config,
             &format!("upstreams.{}.attempt_timeout", inner.name),
             format!(
-                "patience does not shrink with depth: this layer may work {} ({how}) on a call \
-                 that {} gives up after {} (upstreams.{}.attempt_timeout), so the outer layer {then}",
-                d(inner_work),
+                "patience does not shrink with depth: this layer may work {work} ({how}) on a call \
+                 that {} gives up after {} (upstreams.{}.{what}), so the outer layer {then}",
                 resolved[i - 1].file,
                 d(outer_wait),
                 outer.name
             ),
             format!(
                 "make this layer's total patience, attempts × attempt_timeout + backoff, shorter \
-                 than {}, or raise attempt_timeout in {}",
+                 than {}, or raise {what} in {}",
                 d(outer_wait),
                 resolved[i - 1].file
             ),
@@ -196,11 +214,10 @@ fn pick_link<'c>(
             found
         }
         None => {
-            let found = config
-                .upstreams
-                .iter()
-                .rev()
-                .max_by_key(|u| (u.retry.max_attempts, effective_patience(u)));
+            let found = config.upstreams.iter().rev().max_by_key(|u| {
+                let patience = effective_patience(u).unwrap_or(std::time::Duration::MAX);
+                (u.retry.max_attempts, patience)
+            });
             if found.is_none() {
                 diagnostics.push(warning(
                     config,
@@ -236,11 +253,21 @@ mod tests {
         assert!(multiply[0].fix.starts_with("retry at one layer only"));
     }
 
+    /// The chain's warnings about patience that grows with depth.
+    fn patience(layers: &[(&Config, Option<&str>)]) -> Vec<Diagnostic> {
+        check_chain(layers)
+            .diagnostics
+            .into_iter()
+            .filter(|d| d.message.starts_with("patience does not shrink"))
+            .collect()
+    }
+
     #[test]
     fn patience_must_shrink_with_depth() {
+        // The outer layer starts a retry beside a call still running after 2 s.
         let outer = parse(
             &BASE
-                .replacen("max_attempts = 3", "max_attempts = 1", 1)
+                .replacen("max_attempts = 3", "max_attempts = 2", 1)
                 .replacen(
                     r#"attempt_timeout = "600ms""#,
                     r#"attempt_timeout = "2s""#,
@@ -248,8 +275,8 @@ mod tests {
                 ),
         );
         // 3 × 600ms + 75ms = 1875ms of work under an outer attempt of 2s: fine.
-        let ok = check_chain(&[(&outer, None), (&parse(BASE), None)]);
-        assert!(ok.diagnostics.is_empty(), "{:?}", ok.diagnostics);
+        let ok = patience(&[(&outer, None), (&parse(BASE), None)]);
+        assert!(ok.is_empty(), "{ok:?}");
         // 3 × 650ms + 75ms = 2025ms: longer than the outer layer waits.
         let slow = parse(
             &BASE
@@ -260,14 +287,39 @@ mod tests {
                 )
                 .replacen(r#"request_timeout = "2s""#, r#"request_timeout = "3s""#, 1),
         );
-        let bad = check_chain(&[(&outer, None), (&slow, None)]);
-        assert_eq!(bad.diagnostics.len(), 1, "{:?}", bad.diagnostics);
-        let d = &bad.diagnostics[0];
+        let bad = patience(&[(&outer, None), (&slow, None)]);
+        assert_eq!(bad.len(), 1, "{bad:?}");
+        let d = &bad[0];
         assert_eq!(d.key, "upstreams.api.attempt_timeout");
         assert!(
             d.message.contains("2s") && d.message.contains("2025ms"),
             "{d}"
         );
+        // An inner layer with no timeouts of its own works until the caller's deadline.
+        let unbounded = parse(
+            &BASE.replacen("request_timeout = \"2s\"\n", "", 1).replacen(
+                "attempt_timeout = \"600ms\"\n",
+                "",
+                1,
+            ),
+        );
+        let bad = patience(&[(&outer, None), (&unbounded, None)]);
+        assert_eq!(bad.len(), 1, "{bad:?}");
+        assert!(
+            bad[0].message.contains("until the caller's deadline"),
+            "{}",
+            bad[0]
+        );
+        // An outer layer with no attempt timeout waits for its call: nothing to shrink.
+        let patient = parse(
+            &BASE.replacen("request_timeout = \"2s\"\n", "", 1).replacen(
+                "attempt_timeout = \"600ms\"\n",
+                "",
+                1,
+            ),
+        );
+        let fine = patience(&[(&patient, None), (&unbounded, None)]);
+        assert!(fine.is_empty(), "{fine:?}");
     }
 
     #[test]

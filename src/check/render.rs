@@ -161,30 +161,41 @@ fn render_upstream(out: &mut String, up: &UpstreamConfig) {
             short(t.k)
         );
     }
-    let patience = up.total_patience();
+    let _ = writeln!(out, "    patience      {}", patience(up));
+}
+
+/// How long a caller can wait on `up`, and how the timeouts shape it.
+fn patience(up: &UpstreamConfig) -> String {
+    let attempts = up.retry.max_attempts;
+    let d = format_duration;
+    let deadline = match up.request_timeout {
+        Some(r) => format!("request_timeout {}", d(r)),
+        None => "the caller's deadline, or as long as it takes when it sends none (no \
+                 request_timeout)"
+            .to_string(),
+    };
+    let Some((patience, attempt_timeout)) = up.total_patience().zip(up.attempt_timeout) else {
+        return format!("each attempt runs to {deadline}");
+    };
     let backoff = total_backoff(up);
-    let verdict = if patience <= up.request_timeout {
-        "within".to_string()
-    } else {
-        let fit = attempts_that_fit(up, up.request_timeout);
-        let verb = if fit == 1 { "fits" } else { "fit" };
-        format!("{fit} of {attempts} attempts {verb} in")
+    let verdict = match up.request_timeout {
+        Some(r) if patience > r => {
+            let fit = attempts_that_fit(up, r);
+            let verb = if fit == 1 { "fits" } else { "fit" };
+            format!("{fit} of {attempts} attempts {verb} in")
+        }
+        _ => "within".to_string(),
     };
     let how = if attempts > 1 {
         format!(
             "= {attempts} × {} + {} backoff",
-            format_duration(up.attempt_timeout),
-            format_duration(backoff)
+            d(attempt_timeout),
+            d(backoff)
         )
     } else {
-        "for its one attempt".to_string()
+        "for its one attempt, which runs on past attempt_timeout".to_string()
     };
-    let _ = writeln!(
-        out,
-        "    patience      {} {how}; {verdict} request_timeout {}",
-        format_duration(patience),
-        format_duration(up.request_timeout),
-    );
+    format!("{} {how}; {verdict} {deadline}", d(patience))
 }
 
 fn render_inbound(out: &mut String, i: &InboundConfig) {
@@ -209,11 +220,17 @@ fn render_inbound(out: &mut String, i: &InboundConfig) {
         InflightLimit::Fixed(n) => format!("{n} at once"),
     };
     let _ = writeln!(out, "    max_inflight  {limit}; beyond it 503 overloaded");
-    let _ = writeln!(
-        out,
-        "    deadline      the caller's, at most request_timeout {}",
-        format_duration(i.request_timeout)
-    );
+    let _ = match i.request_timeout {
+        Some(r) => writeln!(
+            out,
+            "    deadline      the caller's, at most request_timeout {}",
+            format_duration(r)
+        ),
+        None => writeln!(
+            out,
+            "    deadline      the caller's, or none when it sends none (no request_timeout)"
+        ),
+    };
 }
 
 fn render_chain(out: &mut String, chain: &ChainReport) {
@@ -233,8 +250,9 @@ fn render_chain(out: &mut String, chain: &ChainReport) {
                 layer.file,
                 u.name,
                 u.retry.max_attempts,
-                format_duration(u.attempt_timeout),
-                format_duration(effective_patience(u)),
+                u.attempt_timeout
+                    .map_or_else(|| "none".to_string(), format_duration),
+                effective_patience(u).map_or_else(|| "deadline".to_string(), format_duration),
             ),
             None => writeln!(
                 out,

@@ -14,31 +14,39 @@ pub fn budget_cap(up: &UpstreamConfig) -> Option<f64> {
         .map(|b| f64::from(up.retry.max_attempts).min(1.0 + b.top_ratio()))
 }
 
-/// The model's total patience for `attempts` attempts instead of `max_attempts`.
-pub fn patience_with(up: &UpstreamConfig, attempts: u32) -> Duration {
+/// The model's total patience for `attempts` attempts instead of `max_attempts`;
+/// `None` without an attempt timeout.
+pub fn patience_with(up: &UpstreamConfig, attempts: u32) -> Option<Duration> {
     let mut fewer = up.clone();
     fewer.retry.max_attempts = attempts;
     fewer.total_patience()
 }
 
-/// How many attempts, with their backoffs, fit whole within `limit`.
+/// How many attempts, with their backoffs, start within `limit` (every attempt but
+/// the last waiting its whole attempt timeout first).
 pub fn attempts_that_fit(up: &UpstreamConfig, limit: Duration) -> u32 {
     (1..=up.retry.max_attempts)
-        .take_while(|n| patience_with(up, *n) <= limit)
+        .take_while(|n| patience_with(up, *n).is_some_and(|p| p <= limit))
         .last()
         .unwrap_or(0)
 }
 
 /// What the attempts cost a caller's deadline: total patience, but never longer than
 /// `request_timeout`, since the deadline cancels whatever is still running then.
-pub fn effective_patience(up: &UpstreamConfig) -> Duration {
-    up.total_patience().min(up.request_timeout)
+/// `None`: no bound of this upstream's own (no attempt timeout and no request
+/// timeout): the caller's deadline, if any, is the only one.
+pub fn effective_patience(up: &UpstreamConfig) -> Option<Duration> {
+    match (up.total_patience(), up.request_timeout) {
+        (Some(p), Some(r)) => Some(p.min(r)),
+        (p, r) => p.or(r),
+    }
 }
 
 /// The backoff share of [`UpstreamConfig::total_patience`]: every backoff at its cap.
 pub fn total_backoff(up: &UpstreamConfig) -> Duration {
-    up.total_patience()
-        .saturating_sub(up.attempt_timeout * up.retry.max_attempts)
+    (0..up.retry.max_attempts.saturating_sub(1))
+        .map(|n| up.retry.backoff.cap(n))
+        .sum()
 }
 
 /// A whole number without a fraction, or scientific notation when it is huge.
@@ -80,7 +88,22 @@ mod tests {
         ));
         assert_eq!(
             effective_patience(&inner.upstreams[0]),
-            Duration::from_secs(2)
+            Some(Duration::from_secs(2))
         );
+    }
+
+    #[test]
+    fn without_timeouts_an_upstream_has_no_patience_of_its_own() {
+        let none = parse(
+            &BASE.replacen("request_timeout = \"2s\"\n", "", 1).replacen(
+                "attempt_timeout = \"600ms\"\n",
+                "",
+                1,
+            ),
+        );
+        let up = &none.upstreams[0];
+        assert_eq!((up.request_timeout, up.attempt_timeout), (None, None));
+        assert_eq!(effective_patience(up), None);
+        assert_eq!(attempts_that_fit(up, Duration::from_secs(60)), 0);
     }
 }

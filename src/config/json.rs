@@ -48,7 +48,7 @@ impl InboundConfig {
                 InflightLimit::Fixed(n) => json!(n),
                 InflightLimit::Adaptive => json!("adaptive"),
             },
-            "request_timeout": format_duration(self.request_timeout),
+            "request_timeout": self.request_timeout.map(format_duration),
             "retries": self.retries.as_ref().map(|b| json!({
                 "ratio": b.ratio,
                 "min_per_sec": b.min_per_sec,
@@ -68,8 +68,8 @@ impl UpstreamConfig {
             "host": self.host.as_ref().and_then(|h| h.to_str().ok()),
             "protocol": self.protocol.as_str(),
             "connect_timeout": format_duration(self.connect_timeout),
-            "request_timeout": format_duration(self.request_timeout),
-            "attempt_timeout": format_duration(self.attempt_timeout),
+            "request_timeout": self.request_timeout.map(format_duration),
+            "attempt_timeout": self.attempt_timeout.map(format_duration),
             "max_inflight": self.max_inflight,
             "retry": {
                 "max_attempts": r.max_attempts,

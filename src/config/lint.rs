@@ -122,47 +122,49 @@ impl Lint<'_> {
     }
 
     /// An attempt timeout past the deadline, or attempts that do not all fit in it.
+    /// Without both timeouts there is nothing to compare.
     fn timeouts(&self) -> Option<Diagnostic> {
         let up = self.up;
+        let (attempt_timeout, request_timeout) = (up.attempt_timeout?, up.request_timeout?);
         let attempts = up.retry.max_attempts;
         let d = format_duration;
-        if up.attempt_timeout > up.request_timeout {
+        if attempt_timeout > request_timeout {
             let never_retried = if attempts > 1 {
-                " and a slow attempt is never retried"
+                " and a slow attempt never gets a retry beside it"
             } else {
                 ""
             };
             let fix = if attempts > 1 {
                 format!(
                     "set attempt_timeout to at most {}, request_timeout / max_attempts, so that every attempt fits",
-                    d(whole_ms(up.request_timeout / attempts))
+                    d(whole_ms(request_timeout / attempts))
                 )
             } else {
                 format!(
                     "set attempt_timeout below request_timeout, or raise request_timeout to {}",
-                    d(up.attempt_timeout)
+                    d(attempt_timeout)
                 )
             };
             return Some(self.warn(
                 "attempt_timeout",
                 format!(
                     "attempt_timeout {} is longer than request_timeout {}: the deadline always \
-                     ends an attempt first, so attempt_timeout never applies{never_retried}",
-                    d(up.attempt_timeout),
-                    d(up.request_timeout),
+                     comes first, so attempt_timeout never applies{never_retried}",
+                    d(attempt_timeout),
+                    d(request_timeout),
                 ),
                 fix,
             ));
         }
         // When attempt_timeout alone is over the deadline the warning above says it all.
-        let patience = up.total_patience();
-        if patience <= up.request_timeout {
+        let patience = up.total_patience()?;
+        if patience <= request_timeout {
             return None;
         }
         let backoff = total_backoff(up);
-        let fit = attempts_that_fit(up, up.request_timeout);
+        let fit = attempts_that_fit(up, request_timeout);
         let mut fixes = Vec::new();
-        if let Some(room) = up.request_timeout.checked_sub(backoff) {
+        if let Some(room) = request_timeout.checked_sub(backoff) {
             let most = whole_ms(room / attempts);
             if !most.is_zero() {
                 fixes.push(format!("lower attempt_timeout to {} or less", d(most)));
@@ -177,9 +179,9 @@ impl Lint<'_> {
                  request_timeout {}: the deadline cuts off the later attempts, only {fit} of \
                  {attempts} {}",
                 d(patience),
-                d(up.attempt_timeout),
+                d(attempt_timeout),
                 d(backoff),
-                d(up.request_timeout),
+                d(request_timeout),
                 if fit == 1 { "fits" } else { "fit" }
             ),
             join_or(&fixes),

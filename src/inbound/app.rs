@@ -46,11 +46,12 @@ pub struct DeadlineFields<'a> {
 }
 
 impl<'a> DeadlineFields<'a> {
-    /// The fields for a request sent now.
+    /// The fields for a request sent now: the deadline header only when there is a
+    /// deadline.
     fn at(&self, now: Instant) -> AttemptFields<'a> {
         let left = self.deadline.remaining(now);
         AttemptFields([
-            Some((self.header, deadline::format_millis(left))),
+            left.map(|left| (self.header, deadline::format_millis(left))),
             self.deadline.caller_at().filter(|_| self.grpc).map(|at| {
                 let left = at.saturating_duration_since(now);
                 (
@@ -78,7 +79,9 @@ pub async fn send<'a>(
         let conn = match app.pooled(want, Instant::now()) {
             Some(c) => c,
             None => {
-                let connect_by = (Instant::now() + CONNECT_TIMEOUT).min(by);
+                let connect_by = by.map_or(Instant::now() + CONNECT_TIMEOUT, |by| {
+                    (Instant::now() + CONNECT_TIMEOUT).min(by)
+                });
                 // Boxed: a connect is a large future, and inline it would make every
                 // request's future that large.
                 let connecting = Box::pin(app.checkout(want, None, CONNECT_TIMEOUT));
@@ -92,19 +95,24 @@ pub async fn send<'a>(
                         tracing::debug!(app = %app.addr, error = %e, "connect to the app failed");
                         return Err(Failed::Unreachable);
                     }
-                    Err(_) if Instant::now() >= by => return Err(Failed::Timeout),
+                    Err(_) if fields.deadline.expired(Instant::now()) => {
+                        return Err(Failed::Timeout);
+                    }
                     Err(_) => return Err(Failed::Unreachable),
                 }
             }
         };
         let now = Instant::now();
         head.fields = fields.at(now);
-        head.continue_wait = CONTINUE_WAIT.min(by.saturating_duration_since(now) / 4);
-        match timeout_at(by, conn.send(head, body)).await {
-            Err(_) => return Err(Failed::Timeout),
-            Ok(Ok(resp)) => return Ok(resp),
-            Ok(Err(SendError::NotSent(unsent, _))) => body = unsent,
-            Ok(Err(SendError::Failed(e))) => {
+        head.continue_wait = fields
+            .deadline
+            .remaining(now)
+            .map_or(CONTINUE_WAIT, |left| CONTINUE_WAIT.min(left / 4));
+        match deadline::within(by, conn.send(head, body)).await {
+            None => return Err(Failed::Timeout),
+            Some(Ok(resp)) => return Ok(resp),
+            Some(Err(SendError::NotSent(unsent, _))) => body = unsent,
+            Some(Err(SendError::Failed(e))) => {
                 tracing::debug!(app = %app.addr, error = %e, "the app broke the connection");
                 return Err(Failed::Reset);
             }

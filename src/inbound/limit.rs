@@ -203,11 +203,15 @@ fn nanos(d: Duration) -> u64 {
     u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
 }
 
-/// A request the app was given has been answered, body and all: it leaves the in-flight
-/// count, and its duration is observed.
+/// A request the app was given has its response head: it leaves the in-flight count (a
+/// body that streams on holds no place); once answered, body and all, its duration is
+/// observed.
 impl Admission for Limit {
-    fn release(&self, took: Duration) {
+    fn leave(&self) {
         self.inflight.fetch_sub(1, AcqRel);
+    }
+
+    fn finished(&self, took: Duration) {
         self.duration.observe(took.as_secs_f64());
     }
 }
@@ -232,7 +236,7 @@ mod tests {
         assert_eq!(l.inflight(), 2);
         l.enter();
         assert_eq!(l.inflight(), 3, "a probe is counted, never refused");
-        l.release(Duration::ZERO);
+        l.leave();
         l.leave();
         assert_eq!(l.inflight(), 1);
         // A reload to a higher limit keeps the count of what is in flight.
@@ -278,7 +282,7 @@ mod tests {
         for _ in 0..2 * PROBE_SAMPLES {
             tokio::time::advance(Duration::from_millis(15)).await;
             let a = admitted.pop().unwrap_or_else(|| l.try_enter().unwrap());
-            l.release(Duration::from_millis(15));
+            l.leave();
             l.sample(a, Duration::from_millis(15), Instant::now());
             admitted.push(l.try_enter().unwrap());
         }

@@ -440,11 +440,14 @@ fn admit(up: &Arc<Upstream>, guard: &mut RequestGuard) -> bool {
     true
 }
 
-/// An admitted request has been answered: it leaves the in-flight count, and its
-/// duration is observed.
+/// An admitted request has its response head: it leaves the in-flight count; once
+/// answered, its duration is observed.
 impl Admission for Upstream {
-    fn release(&self, took: std::time::Duration) {
+    fn leave(&self) {
         self.inflight.fetch_sub(1, AcqRel);
+    }
+
+    fn finished(&self, took: std::time::Duration) {
         self.metrics.request_duration.observe(took.as_secs_f64());
     }
 }

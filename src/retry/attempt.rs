@@ -1,8 +1,11 @@
 //! One attempt on one endpoint: a connection (pooled, or opened within
 //! `connect_timeout`), the request sent with this attempt's own fields, and the response
-//! head awaited until the attempt's deadline. Its result is recorded exactly once; an
-//! attempt dropped before it has one (the app left, the deadline passed) counts as
-//! `cancelled`, and its connection is closed, never pooled.
+//! head awaited until the request's deadline (none: as long as it takes). The attempt
+//! timeout does not end an attempt: the loop starts a retry beside a slow one, and the
+//! first good answer wins. Its result is recorded exactly once; an attempt dropped before
+//! it has one counts as `cancelled` (the app left, another attempt won), or as `timeout`
+//! when it had run past its attempt timeout (it was abandoned for being slow), and its
+//! connection is closed, never pooled.
 //!
 //! Two ends are nobody's fault at the endpoint, and are told apart from its failures
 //! ([`NotUpstream`]): the app's body broke as it was sent (counted `cancelled`), and
@@ -78,11 +81,14 @@ pub(super) struct Attempt<'a, A> {
     pub hedge: bool,
     pub want: Want,
     pub started: Instant,
-    /// When tollgate stops waiting for this attempt's response head.
-    pub by: Instant,
-    /// Whether `by` is the whole `attempt_timeout` (not cut short by the deadline): a
-    /// timeout is then the endpoint's failure.
-    pub full_time: bool,
+    /// When tollgate stops waiting for this attempt's response head: the request's
+    /// deadline, if it has one.
+    pub by: Option<Instant>,
+    /// The attempt timeout: an attempt that ends without a head after this long (cut
+    /// off by the deadline, or abandoned for another attempt's answer) is a `timeout`
+    /// and the endpoint's failure; one cut off sooner had not had the time an endpoint
+    /// is judged by.
+    pub slow_after: Option<std::time::Duration>,
     /// A gRPC call with a deadline of its caller's own: when that ends (sent as
     /// `grpc-timeout`, which a gRPC server applies to the whole call).
     pub grpc_deadline: Option<Instant>,
@@ -113,7 +119,9 @@ impl<'a, A: AppBody> Attempt<'a, A> {
     pub async fn run(mut self) -> Ran<A> {
         let mut record = Record {
             up: self.up,
+            endpoint: self.endpoint,
             started: self.started,
+            slow_after: self.slow_after,
             done: false,
         };
         let watch = self.body.watch();
@@ -163,9 +171,13 @@ impl<'a, A: AppBody> Attempt<'a, A> {
                 Verdict::Failure
             }
             Ok(_) => Verdict::Success,
-            // Cut short by the caller's deadline, the attempt did not have the time an
-            // endpoint is judged by.
-            Err(AttemptError::Upstream(Failure::Timeout)) if !self.full_time => Verdict::Neutral,
+            // Cut short by the deadline before its attempt timeout, the attempt did not
+            // have the time an endpoint is judged by.
+            Err(AttemptError::Upstream(Failure::Timeout))
+                if self.slow_after.is_none_or(|s| self.started.elapsed() < s) =>
+            {
+                Verdict::Neutral
+            }
             Err(AttemptError::Upstream(_)) => Verdict::Failure,
             Err(AttemptError::NotUpstream(_)) => Verdict::Neutral,
         }
@@ -184,7 +196,8 @@ impl<'a, A: AppBody> Attempt<'a, A> {
             let (conn, fresh) = match endpoint.pooled(self.want, self.started) {
                 Some(c) => (c, false),
                 None => {
-                    let connect_by = (Instant::now() + cfg.connect_timeout).min(self.by);
+                    let connect_by = Instant::now() + cfg.connect_timeout;
+                    let connect_by = self.by.map_or(connect_by, |by| connect_by.min(by));
                     // Boxed: connecting (TLS included) is a large future, and keeping it
                     // inline would make every request's future that large to move.
                     let connecting =
@@ -216,23 +229,27 @@ impl<'a, A: AppBody> Attempt<'a, A> {
             };
             // A pooled connection is taken at once: the attempt's start is still now.
             let now = if fresh { Instant::now() } else { self.started };
-            let left = self.by.saturating_duration_since(now);
+            let left = self.by.map(|by| by.saturating_duration_since(now));
+            // As curl waits, but leaving most of the time to the exchange.
+            let patience = match (left, self.slow_after) {
+                (Some(l), Some(s)) => Some(l.min(s)),
+                (l, s) => l.or(s),
+            };
             let head = RequestHead {
                 method: self.method,
                 uri: self.uri,
                 headers: self.headers,
                 fields: self.fields(now, left),
                 https: cfg.tls.is_some(),
-                // As curl waits, but leaving most of the attempt's time to the exchange.
-                continue_wait: CONTINUE_WAIT.min(left / 4),
+                continue_wait: patience.map_or(CONTINUE_WAIT, |p| CONTINUE_WAIT.min(p / 4)),
             };
             let Some(sending) = body.take() else {
                 return Err(Failure::ConnectFailure.into());
             };
-            match timeout_at(self.by, conn.send(&head, sending)).await {
-                Err(_) => return Err(Failure::Timeout.into()),
-                Ok(Ok(resp)) => return Ok(resp),
-                Ok(Err(SendError::NotSent(unsent, _))) => {
+            match deadline::within(self.by, conn.send(&head, sending)).await {
+                None => return Err(Failure::Timeout.into()),
+                Some(Ok(resp)) => return Ok(resp),
+                Some(Err(SendError::NotSent(unsent, _))) => {
                     // The pooled connection had closed under us: the request never
                     // left, so it goes out on another connection as the same attempt,
                     // or, after a few, as the next attempt.
@@ -242,7 +259,7 @@ impl<'a, A: AppBody> Attempt<'a, A> {
                         return Err(Failure::ConnectFailure.into());
                     }
                 }
-                Ok(Err(SendError::Failed(e))) => {
+                Some(Err(SendError::Failed(e))) => {
                     // A server that refuses tollgate's client certificate may say so
                     // only once the handshake seemed done: on a new connection's first
                     // exchange, that is a TLS failure too.
@@ -275,13 +292,14 @@ impl<'a, A: AppBody> Attempt<'a, A> {
         Failure::Tls
     }
 
-    /// The per-attempt fields: the attempt number, the time this attempt may take
-    /// (`left`: `min(attempt_timeout, time left)`), for a gRPC call with a deadline the
-    /// time left of the caller's own, and on a hedge `x-tollgate-hedge: 1`.
-    fn fields(&self, now: Instant, left: std::time::Duration) -> AttemptFields<'a> {
+    /// The per-attempt fields: the attempt number, the time left of the request's
+    /// deadline when it has one (not the attempt timeout: tollgate may keep waiting past
+    /// that), for a gRPC call with a deadline the time left of the caller's own, and on
+    /// a hedge `x-tollgate-hedge: 1`.
+    fn fields(&self, now: Instant, left: Option<std::time::Duration>) -> AttemptFields<'a> {
         AttemptFields([
             Some((&ATTEMPT_NAME, count_value(self.number))),
-            Some((&self.up.deadline.header, deadline::format_millis(left))),
+            left.map(|left| (&self.up.deadline.header, deadline::format_millis(left))),
             self.grpc_deadline.map(|at| {
                 let left = at.saturating_duration_since(now);
                 (
@@ -294,10 +312,13 @@ impl<'a, A: AppBody> Attempt<'a, A> {
     }
 }
 
-/// Records an attempt's result exactly once; dropped before, it records `cancelled`.
+/// Records an attempt's result exactly once; dropped before, it records `cancelled`,
+/// or `timeout` (against the endpoint) once it had run past its attempt timeout.
 struct Record<'a, A> {
     up: &'a Upstream<A>,
+    endpoint: usize,
     started: Instant,
+    slow_after: Option<std::time::Duration>,
     done: bool,
 }
 
@@ -328,13 +349,23 @@ impl<A> Record<'_, A> {
 
 impl<A> Drop for Record<'_, A> {
     fn drop(&mut self) {
-        if !self.done {
-            self.up.metrics.attempt(AttemptResult::Cancelled);
-            // A hedge's loser, or an attempt the app or the deadline cut off: it had
-            // not answered after this long.
-            if let Some(h) = &self.up.hedge {
-                h.observe_at_least(self.started.elapsed());
+        if self.done {
+            return;
+        }
+        let took = self.started.elapsed();
+        if self.slow_after.is_some_and(|s| took >= s) {
+            // Abandoned for being slow: another attempt answered first, or the app left.
+            self.up.metrics.attempt(AttemptResult::Timeout);
+            if self.up.endpoints.ejects() {
+                self.up.endpoints.report(self.endpoint, Verdict::Failure);
             }
+        } else {
+            self.up.metrics.attempt(AttemptResult::Cancelled);
+        }
+        // A hedge's loser, or an attempt the app or the deadline cut off: it had not
+        // answered after this long.
+        if let Some(h) = &self.up.hedge {
+            h.observe_at_least(took);
         }
     }
 }

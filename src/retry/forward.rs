@@ -1,23 +1,27 @@
 //! The attempt loop: one request in, one answer out, with every retry tollgate makes on
-//! the app's behalf in between, and the hedge beside a slow attempt.
+//! the app's behalf in between, and the attempt beside a slow one.
 //!
 //! Each turn picks an endpoint (a different one after a failure), starts an [`Attempt`]
-//! and waits for it. A request that may be sent again gets at most one hedge: when the
-//! attempt has not answered by the hedge delay ([`Hedging`]), a second attempt goes to
-//! another endpoint beside it. The first answer that is neither a failure `retry.on`
-//! lists nor `retry-rejected` wins, and the other attempt is dropped at once (its
-//! HTTP/1.1 connection closed, its HTTP/2 stream reset); a failure that comes while the
-//! other attempt still runs is put aside. When the last attempt in flight has failed,
-//! [`Policy::decide`] either names the reason to stop or grants a retry from the budget
-//! with a full-jitter sleep. The app's body across attempts is the [`BodySource`]'s to
-//! keep. When the caller leaves or the deadline passes, the future is dropped: every
-//! attempt in flight is cancelled and its connection closed, never returned to the
-//! pool.
+//! and waits for it, until the request's deadline if it has one, else for as long as it
+//! takes: tollgate never cuts off a healthy answer the app would have waited for. A
+//! request that may be sent again gets at most one attempt beside a slow one, on another
+//! endpoint: a hedge when it has not answered by the hedge delay ([`Hedging`], charged to
+//! `max_extra`), or a retry once it has run past `attempt_timeout` (charged to the retry
+//! budget and `max_attempts`). The slow attempt is not abandoned: it may still be the one
+//! that answers. The first answer that is neither a failure `retry.on` lists nor
+//! `retry-rejected` wins, and the other attempt is dropped at once (its HTTP/1.1
+//! connection closed, its HTTP/2 stream reset; a slow one dropped so counts as a
+//! `timeout`); a failure that comes while the other attempt still runs is put aside.
+//! When the last attempt in flight has failed, [`Policy::decide`] either names the
+//! reason to stop or grants a retry from the budget with a full-jitter sleep. The app's
+//! body across attempts is the [`BodySource`]'s to keep. When the caller leaves or the
+//! deadline passes, the future is dropped: every attempt in flight is cancelled and its
+//! connection closed, never returned to the pool.
 //!
 //! The two attempts are polled side by side in this task, with no task or channel of
-//! their own, each in a box (hedging is configured for few upstreams, and within
-//! `max_extra`). An attempt that can get no hedge (none configured, or none left to ask
-//! for), nearly every attempt, is simply awaited in this future.
+//! their own, each in a box (hedging and attempt timeouts are configured for few
+//! upstreams). An attempt that can get nothing beside it (neither configured, or no
+//! attempt left to ask for), nearly every attempt, is simply awaited in this future.
 //!
 //! What each attempt showed goes to the parts that learn from the upstream
 //! ([`learn`](super::learn)); the failure a retry retries is kept while it runs, in case
@@ -37,7 +41,7 @@ use super::backoff::Backoff;
 use super::headers::{outcome_of, owned_elsewhere, refused_as_retry};
 use super::learn::{self, Seen};
 use super::policy::{self, Failure, Policy, Situation, Stop};
-use super::race::{Event, Hedge, race};
+use super::race::{Beside, Event, Second, race};
 use super::rejected::{self, Previous};
 use super::replay::{AppBody, BodySource, ReplayBody};
 use super::upstream::Upstream;
@@ -171,6 +175,9 @@ struct Call<'a, A> {
     app_retry: bool,
     /// The failure the attempt in flight retries.
     previous: Option<Previous>,
+    /// The callee refused a retry of this request (`retry-rejected`) while another
+    /// attempt still ran: no attempt follows that one.
+    refused: bool,
 }
 
 /// Forwards `ex` to `up`, retrying and hedging as the policy allows.
@@ -181,7 +188,7 @@ pub async fn forward<A: AppBody>(up: &Upstream<A>, ex: Exchange<'_, A>) -> Answe
         h.record_request(call.arrived);
     }
     let mut first = None;
-    let mut hedge: Option<Hedge<'_, _>> = None;
+    let mut second: Option<Second<'_, _>> = None;
     let mut timer = pin!(None::<Sleep>);
     loop {
         // The first attempt starts as the request arrived (a few microseconds ago):
@@ -203,15 +210,17 @@ pub async fn forward<A: AppBody>(up: &Upstream<A>, ex: Exchange<'_, A>) -> Answe
         } else {
             0
         };
-        // An attempt that will get no hedge runs alone: awaited where it is made,
-        // rather than moved into the race's slot. (In a block of its own, so that the
-        // request's future keeps no room for it across the awaits.)
+        // An attempt that can get nothing beside it runs alone: awaited where it is
+        // made, rather than moved into the race's slot. (In a block of its own, so that
+        // the request's future keeps no room for it across the awaits.)
+        let mut due = None;
         let mut alone = {
             let body = call.body.take(keep);
-            let attempt = call.attempt(head, endpoint, false, body, now);
-            match call.hedge_due(&attempt) {
-                Some(at) => {
+            let attempt = call.attempt(head, endpoint, None, body, now);
+            match call.next_due(&attempt) {
+                Some((at, what)) => {
                     timer.set(Some(tokio::time::sleep_until(at)));
+                    due = Some((what, attempt.started));
                     first = Some(Box::pin(attempt.run()));
                     None
                 }
@@ -223,33 +232,43 @@ pub async fn forward<A: AppBody>(up: &Upstream<A>, ex: Exchange<'_, A>) -> Answe
             let event = match alone.take() {
                 Some(attempt) => Event::First(attempt.run().await),
                 None => {
-                    std::future::poll_fn(|cx| race(cx, &mut first, &mut hedge, timer.as_mut()))
+                    std::future::poll_fn(|cx| race(cx, &mut first, &mut second, timer.as_mut()))
                         .await
                 }
             };
             // Each arm judges its own result: no tuple to move it through.
             let mut finished = None;
             let step = match event {
-                Event::HedgeDue => {
+                Event::Due => {
                     timer.set(None);
-                    if let Some(a) = call.hedge(head, endpoint) {
-                        hedge = Some(Hedge::new(a.run(), &up.metrics.health));
+                    let Some((what, started)) = due.take() else {
+                        continue;
+                    };
+                    if let Some(a) = call.beside(head, endpoint, what) {
+                        second = Some(Second::new(a.run(), what, &up.metrics.health));
+                    } else if what == Beside::Hedge
+                        && let Some(at) = call.slow_at(started)
+                    {
+                        // No hedge: the attempt may still get a retry beside it once it
+                        // is slow.
+                        timer.set(Some(tokio::time::sleep_until(at)));
+                        due = Some((Beside::Retry, started));
                     }
                     continue;
                 }
                 Event::First(ran) => {
                     first = None;
-                    call.judge(ran, false, hedge.is_some())
+                    call.judge(ran, Slot::First, second.is_some())
                 }
-                Event::Hedge(ran) => {
-                    finished = hedge.take();
-                    call.judge(ran, true, first.is_some())
+                Event::Second(ran) => {
+                    finished = second.take();
+                    call.judge(ran, Slot::Second, first.is_some())
                 }
             };
             match step {
                 Step::Answer(answer) => {
-                    if let Some(mut h) = finished {
-                        h.won = matches!(answer.reply, Reply::Upstream(_));
+                    if let Some(mut s) = finished {
+                        s.won = matches!(answer.reply, Reply::Upstream(_));
                     }
                     return answer;
                 }
@@ -257,6 +276,11 @@ pub async fn forward<A: AppBody>(up: &Upstream<A>, ex: Exchange<'_, A>) -> Answe
                 Step::Failed(f, resp, on) => break (f, resp, on),
             }
         };
+        // Every attempt in flight has ended: what was due for them is not.
+        timer.set(None);
+        if call.refused {
+            return call.give_up(Stop::Rejected, failure, response);
+        }
         if failure == Failure::Tls
             && call.tls_failed.count_ones() as usize >= up.endpoints.len().min(64)
         {
@@ -274,6 +298,15 @@ pub async fn forward<A: AppBody>(up: &Upstream<A>, ex: Exchange<'_, A>) -> Answe
             Err(stop) => return call.give_up(stop, failure, response),
         }
     }
+}
+
+/// Which of the race's two places an attempt ran in.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Slot {
+    /// The attempt that started alone: its body is the request's own.
+    First,
+    /// A hedge or a retry beside it: its body is a copy.
+    Second,
 }
 
 /// What a finished attempt means for the request.
@@ -322,6 +355,7 @@ impl<'a, A: AppBody> Call<'a, A> {
             hedged: false,
             app_retry: ex.app_retry,
             previous: None,
+            refused: false,
         }
     }
 
@@ -386,19 +420,19 @@ impl<'a, A: AppBody> Call<'a, A> {
         i
     }
 
-    /// Attempt number `self.attempts` on `endpoint`, starting at `started` (now).
+    /// Attempt number `self.attempts` on `endpoint`, starting at `started` (now);
+    /// `beside`: why it runs beside another attempt, if it does.
     fn attempt<'h>(
         &self,
         head: &'h Head,
         endpoint: usize,
-        hedge: bool,
+        beside: Option<Beside>,
         body: ReplayBody<A>,
         started: Instant,
     ) -> Attempt<'h, A>
     where
         'a: 'h,
     {
-        let cfg = &self.up.config;
         // An app's own retry is a retry: counted in the budget's retries, not as a
         // request.
         if self.attempts == 1 && !self.app_retry {
@@ -406,16 +440,15 @@ impl<'a, A: AppBody> Call<'a, A> {
         } else {
             self.up.budget.record_attempt(started);
         }
-        let whole = started + cfg.attempt_timeout;
         Attempt {
             up: self.up,
             endpoint,
             number: self.number(),
-            hedge,
+            hedge: beside == Some(Beside::Hedge),
             want: self.want,
             started,
-            by: whole.min(self.deadline.at()),
-            full_time: whole <= self.deadline.at(),
+            by: self.deadline.at(),
+            slow_after: self.up.config.attempt_timeout,
             grpc_deadline: self.deadline.caller_at().filter(|_| self.grpc),
             method: &head.method,
             uri: &head.uri,
@@ -424,46 +457,109 @@ impl<'a, A: AppBody> Call<'a, A> {
         }
     }
 
-    /// When `attempt` gets its hedge if it has not answered: `None` when it gets none
-    /// (no hedging, a request that may not be sent twice, no attempt left, the hedge
-    /// already asked for, a delay not known yet or past the attempt's own time).
-    fn hedge_due(&self, attempt: &Attempt<'_, A>) -> Option<Instant> {
-        let h = self.up.hedge.as_ref()?;
-        if self.hedge_asked || !self.retryable || self.attempts >= self.limit() {
-            return None;
-        }
-        let at = attempt.started + h.delay()?;
-        (at < attempt.by).then_some(at)
+    /// Whether another attempt may ever run beside this one: the request may be sent
+    /// again and has an attempt left.
+    fn may_add(&self) -> bool {
+        self.retryable && self.attempts < self.limit()
     }
 
-    /// The hedge beside the attempt on `beside`, when it is due: sent only with the
-    /// whole body in hand (it must not read ahead of the attempt still sending it) and
-    /// room in the `max_extra` budget.
-    fn hedge<'h>(&mut self, head: &'h Head, beside: usize) -> Option<Attempt<'h, A>>
+    /// When `attempt` may get a second attempt beside it if it has not answered, and
+    /// which: a hedge at the hedge delay, else a retry once it has run past its attempt
+    /// timeout. `None` when it can get neither, and then it runs alone.
+    fn next_due(&self, attempt: &Attempt<'_, A>) -> Option<(Instant, Beside)> {
+        if !self.may_add() {
+            return None;
+        }
+        let before_deadline = |at: Instant| attempt.by.is_none_or(|by| at < by);
+        let slow = self.slow_at(attempt.started);
+        let hedge = self
+            .up
+            .hedge
+            .as_ref()
+            .filter(|_| !self.hedge_asked)
+            .and_then(|h| h.delay())
+            .map(|d| attempt.started + d)
+            .filter(|at| before_deadline(*at) && slow.is_none_or(|s| *at < s));
+        match (hedge, slow) {
+            (Some(h), _) => Some((h, Beside::Hedge)),
+            (None, Some(s)) => Some((s, Beside::Retry)),
+            (None, None) => None,
+        }
+    }
+
+    /// When an attempt started at `started` runs past its attempt timeout, if a retry
+    /// beside it may then be asked for (timeouts listed in `retry.on`, time left).
+    fn slow_at(&self, started: Instant) -> Option<Instant> {
+        let t = self.up.config.attempt_timeout?;
+        if !self.up.config.retry.on.timeout || !self.may_add() {
+            return None;
+        }
+        let at = started + t;
+        self.deadline.at().is_none_or(|by| at < by).then_some(at)
+    }
+
+    /// The second attempt beside the one on `endpoint`, now that it is due: sent only
+    /// with the whole body in hand (it must not read ahead of the attempt still sending
+    /// it), and with room in `max_extra` for a hedge, in the retry budget for a retry.
+    fn beside<'h>(&mut self, head: &'h Head, endpoint: usize, why: Beside) -> Option<Attempt<'h, A>>
     where
         'a: 'h,
     {
-        let h = self.up.hedge.as_ref()?;
         let now = Instant::now();
-        if self.deadline.expired(now) {
+        if self.deadline.expired(now) || !self.may_add() {
             return None;
         }
-        let body = self.body.fork()?;
-        self.hedge_asked = true;
-        if !h.try_hedge(now) {
-            self.up.metrics.health.hedge(HedgeResult::Denied);
-            return None;
+        match why {
+            Beside::Hedge => {
+                let h = self.up.hedge.as_ref()?;
+                let body = self.body.fork()?;
+                self.hedge_asked = true;
+                if !h.try_hedge(now) {
+                    self.up.metrics.health.hedge(HedgeResult::Denied);
+                    return None;
+                }
+                self.hedged = true;
+                self.attempts += 1;
+                let endpoint = self.pick(Some(endpoint));
+                Some(self.attempt(head, endpoint, Some(why), body, now))
+            }
+            Beside::Retry => {
+                let body = self.body.fork()?;
+                let retry = &self.up.config.retry;
+                let policy = Policy {
+                    retry,
+                    backoff: &Backoff::from(&retry.backoff),
+                    budget: &self.up.budget,
+                    median: self.up.median.get(),
+                };
+                let situation = Situation {
+                    failure: Failure::Timeout,
+                    response: None,
+                    attempts: self.attempts + retry.max_attempts.saturating_sub(self.limit()),
+                    request_retryable: self.retryable,
+                    deadline: self.deadline,
+                    now,
+                };
+                if let Err(stop) = policy.decide_beside(&situation) {
+                    if let Some(d) = stop.denied() {
+                        self.up.metrics.denied(d);
+                        self.trail.denied = Some(d);
+                    }
+                    return None;
+                }
+                self.up.metrics.retried(Failure::Timeout.condition());
+                self.trail.retried(Failure::Timeout);
+                self.attempts += 1;
+                let endpoint = self.pick(Some(endpoint));
+                Some(self.attempt(head, endpoint, Some(why), body, now))
+            }
         }
-        self.hedged = true;
-        self.attempts += 1;
-        let endpoint = self.pick(Some(beside));
-        Some(self.attempt(head, endpoint, true, body, now))
     }
 
     /// What a finished attempt means: the answer, a failure to decide on, or, while
     /// `others` are in flight, a failure (or a `retry-rejected`) put aside.
-    fn judge(&mut self, ran: Ran<A>, hedge: bool, others: bool) -> Step {
-        if let Some(unsent) = ran.unsent.filter(|_| !hedge) {
+    fn judge(&mut self, ran: Ran<A>, slot: Slot, others: bool) -> Step {
+        if let Some(unsent) = ran.unsent.filter(|_| slot == Slot::First) {
             self.body.give_back(unsent);
         }
         self.detail = ran.detail;
@@ -483,6 +579,9 @@ impl<'a, A: AppBody> Call<'a, A> {
                 self.learn(ran.number, failure, Some(&resp));
                 if ran.number > 1 && refused_as_retry(resp.status(), fields) {
                     if others {
+                        // Put aside; but the callee will take no more retries of this
+                        // request, so if the other attempt fails, that is the end.
+                        self.refused = true;
                         discard(resp);
                         return Step::Wait;
                     }
@@ -537,11 +636,11 @@ impl<'a, A: AppBody> Call<'a, A> {
             } else {
                 EXPECT_GRACE
             };
-            let wait = retry
-                .backoff
-                .cap(self.attempts - 1)
-                .max(grace)
-                .min(self.deadline.remaining(Instant::now()) / 2);
+            let wait = retry.backoff.cap(self.attempts - 1).max(grace);
+            let wait = self
+                .deadline
+                .remaining(Instant::now())
+                .map_or(wait, |left| wait.min(left / 2));
             self.body.finish_within(wait).await;
         }
         let now = Instant::now();

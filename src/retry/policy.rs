@@ -106,6 +106,9 @@ pub enum Stop {
     Budget,
     /// A TLS failure, and no endpoint left that has not failed one for this request.
     NoOtherEndpoint,
+    /// The callee refused a retry of this request (`retry-rejected`) while this attempt
+    /// still ran.
+    Rejected,
 }
 
 impl Stop {
@@ -120,6 +123,7 @@ impl Stop {
             Stop::RetryAfter => Denied::RetryAfter,
             Stop::Deadline => Denied::Deadline,
             Stop::Budget => Denied::Budget,
+            Stop::Rejected => Denied::UpstreamRejected,
         })
     }
 
@@ -137,6 +141,7 @@ impl Stop {
             Stop::RetryAfter => Outcome::RetryAfterTooLong,
             Stop::Deadline => Outcome::DeadlineExceeded,
             Stop::Budget => Outcome::BudgetExhausted,
+            Stop::Rejected => Outcome::RetryRejected,
         }
     }
 }
@@ -189,15 +194,7 @@ impl Policy<'_> {
         if self.retry.ownership == Ownership::Honor && s.response.is_some_and(owned_elsewhere) {
             return Err(Stop::Ownership);
         }
-        if !s.failure.enabled(&self.retry.on) {
-            return Err(Stop::NotListed);
-        }
-        if s.failure.maybe_sent() && !s.request_retryable {
-            return Err(Stop::Method);
-        }
-        if s.attempts >= self.retry.max_attempts {
-            return Err(Stop::Attempts);
-        }
+        self.may_send_again(s)?;
         if s.failure.maybe_sent() && body.ready_for_retry().is_err() {
             return Err(Stop::BodyTooLarge);
         }
@@ -209,30 +206,74 @@ impl Policy<'_> {
         let wait_at_least = match pushback {
             None => Duration::ZERO,
             Some(Pushback::Never) => return Err(Stop::RetryAfter),
-            Some(Pushback::After(d)) if d > self.retry.max_retry_after || d >= left => {
+            Some(Pushback::After(d))
+                if d > self.retry.max_retry_after || left.is_some_and(|l| d >= l) =>
+            {
                 return Err(Stop::RetryAfter);
             }
             Some(Pushback::After(d)) => d,
         };
         let jitter = self.backoff.draw(s.attempts - 1, rng);
         let mut sleep = wait_at_least + jitter;
-        if sleep >= left && wait_at_least < left {
-            // The upstream's wait fits but not with jitter on top: keep the wait.
-            sleep = wait_at_least;
+        if let Some(left) = left {
+            if sleep >= left && wait_at_least < left {
+                // The upstream's wait fits but not with jitter on top: keep the wait.
+                sleep = wait_at_least;
+            }
+            if sleep >= left {
+                return Err(Stop::Deadline);
+            }
         }
+        self.worth_starting(s, sleep)?;
+        if !self.budget.try_retry(s.now) {
+            return Err(Stop::Budget);
+        }
+        Ok(sleep)
+    }
+
+    /// Whether a retry may start beside an attempt that has run past its attempt
+    /// timeout (`s.failure` is [`Failure::Timeout`], and the attempt goes on): what
+    /// [`Policy::decide`] asks but the body and the wait, since the retry starts at once
+    /// with a copy of a body already whole, and its first attempt still may answer.
+    /// `Ok` has taken the retry from the budget.
+    pub fn decide_beside(&self, s: &Situation<'_>) -> Result<(), Stop> {
+        self.may_send_again(s)?;
+        self.worth_starting(s, Duration::ZERO)?;
+        if !self.budget.try_retry(s.now) {
+            return Err(Stop::Budget);
+        }
+        Ok(())
+    }
+
+    /// The failure is one `retry.on` lists, the request may be sent again, and an
+    /// attempt is left.
+    fn may_send_again(&self, s: &Situation<'_>) -> Result<(), Stop> {
+        if !s.failure.enabled(&self.retry.on) {
+            return Err(Stop::NotListed);
+        }
+        if s.failure.maybe_sent() && !s.request_retryable {
+            return Err(Stop::Method);
+        }
+        if s.attempts >= self.retry.max_attempts {
+            return Err(Stop::Attempts);
+        }
+        Ok(())
+    }
+
+    /// An attempt that cannot finish in the time left after `sleep` only adds load.
+    fn worth_starting(&self, s: &Situation<'_>, sleep: Duration) -> Result<(), Stop> {
+        let Some(left) = s.deadline.remaining(s.now) else {
+            return Ok(());
+        };
         if sleep >= left {
             return Err(Stop::Deadline);
         }
-        // An attempt that cannot finish in the time left only adds load.
         if let Some(typical) = self.median
             && left - sleep < typical
         {
             return Err(Stop::Deadline);
         }
-        if !self.budget.try_retry(s.now) {
-            return Err(Stop::Budget);
-        }
-        Ok(sleep)
+        Ok(())
     }
 }
 
@@ -262,6 +303,7 @@ mod tests {
 
     struct Fixture {
         retry: RetryConfig,
+        backoff: Backoff,
         budget: RetryBudget,
         now: Instant,
     }
@@ -271,6 +313,7 @@ mod tests {
             let now = Instant::now();
             Fixture {
                 retry: RetryConfig::default(),
+                backoff: Backoff::default(),
                 budget: RetryBudget::new(
                     Some(&BudgetConfig {
                         ratio: 0.1,
@@ -307,13 +350,22 @@ mod tests {
             p.decide(s, &mut body, &mut fastrand::Rng::with_seed(1))
         }
 
+        fn policy(&self, median: Option<Duration>) -> Policy<'_> {
+            Policy {
+                retry: &self.retry,
+                backoff: &self.backoff,
+                budget: &self.budget,
+                median,
+            }
+        }
+
         fn situation<'a>(&self, failure: Failure, response: Option<Fields<'a>>) -> Situation<'a> {
             Situation {
                 failure,
                 response,
                 attempts: 1,
                 request_retryable: true,
-                deadline: Deadline::new(self.now, None, Duration::from_secs(2)),
+                deadline: Deadline::new(self.now, None, Some(Duration::from_secs(2))),
                 now: self.now,
             }
         }
@@ -445,6 +497,47 @@ mod tests {
         assert_eq!(
             f.decide(&mut f.situation(s503(), None), None),
             Err(Stop::Budget)
+        );
+    }
+
+    #[test]
+    fn a_retry_beside_a_slow_attempt_needs_all_but_a_body_and_a_wait() {
+        let f = Fixture::new();
+        let mut s = f.situation(Failure::Timeout, None);
+        assert_eq!(f.policy(None).decide_beside(&s), Ok(()));
+        s.request_retryable = false;
+        assert_eq!(f.policy(None).decide_beside(&s), Err(Stop::Method));
+        s.request_retryable = true;
+        s.attempts = 3;
+        assert_eq!(f.policy(None).decide_beside(&s), Err(Stop::Attempts));
+        s.attempts = 1;
+        assert_eq!(
+            f.policy(Some(Duration::from_secs(5))).decide_beside(&s),
+            Err(Stop::Deadline),
+            "the typical attempt does not fit in the 2 s left"
+        );
+        let mut off = Fixture::new();
+        off.retry.on.timeout = false;
+        assert_eq!(off.policy(None).decide_beside(&s), Err(Stop::NotListed));
+        // The budget is asked last, and spent.
+        for _ in 0..9 {
+            assert_eq!(f.policy(None).decide_beside(&s), Ok(()));
+        }
+        assert_eq!(f.policy(None).decide_beside(&s), Err(Stop::Budget));
+    }
+
+    #[test]
+    fn without_a_deadline_no_retry_is_refused_for_time() {
+        let f = Fixture::new();
+        let mut s = f.situation(s503(), None);
+        s.deadline = Deadline::new(f.now, None, None);
+        let mut h = HeaderMap::new();
+        h.insert(http::header::RETRY_AFTER, HeaderValue::from_static("3"));
+        s.response = Some((&h).into());
+        let sleep = f.decide(&mut s, Some(Duration::from_secs(60))).unwrap();
+        assert!(
+            sleep >= Duration::from_secs(3),
+            "the wait is kept: {sleep:?}"
         );
     }
 

@@ -64,10 +64,14 @@ impl AddedFields {
     }
 }
 
-/// What admitted a request (a concurrency limit, say) and must hear when its answer
-/// has gone out, and how long that took.
+/// What admitted a request (a concurrency limit, say): it holds a place until its
+/// response head is ready (a body that streams after it, for however long, holds none),
+/// and hears when the whole answer has gone out, and how long that took.
 pub trait Admission: Send + Sync {
-    fn release(&self, took: std::time::Duration);
+    /// The request has its response head: its place is free.
+    fn leave(&self);
+    /// The whole answer has gone out, `took` after the request arrived.
+    fn finished(&self, took: std::time::Duration);
 }
 
 /// What must hear, once, how long a request took to answer (an access log line).
@@ -78,6 +82,8 @@ pub trait Finish: Send {
 /// Held for as long as a request is being answered: the whole response, body included.
 pub struct RequestGuard {
     admitted: Option<Arc<dyn Admission>>,
+    /// The admission's place is still held: no response head yet.
+    placed: bool,
     finish: Option<Box<dyn Finish>>,
     conn: Arc<ConnState>,
     start: Instant,
@@ -88,15 +94,27 @@ impl RequestGuard {
         conn.request_started();
         RequestGuard {
             admitted: None,
+            placed: false,
             finish: None,
             conn,
             start,
         }
     }
 
-    /// Tells `admission` when the request has been answered.
+    /// Holds a place in `admission` until the response head is ready, and tells it when
+    /// the request has been answered.
     pub fn admitted(&mut self, admission: Arc<dyn Admission>) {
         self.admitted = Some(admission);
+        self.placed = true;
+    }
+
+    /// The response head is ready: the request's place is free, whatever its body does.
+    fn headed(&mut self) {
+        if std::mem::take(&mut self.placed)
+            && let Some(a) = &self.admitted
+        {
+            a.leave();
+        }
     }
 
     /// Tells `finish` how long the request took, once it has been answered.
@@ -110,8 +128,9 @@ impl Drop for RequestGuard {
         // One clock read for everything that hears of the end.
         let now = Instant::now();
         let took = now.saturating_duration_since(self.start);
+        self.headed();
         if let Some(a) = &self.admitted {
-            a.release(took);
+            a.finished(took);
         }
         if let Some(f) = self.finish.take() {
             f.finish(took);
@@ -133,7 +152,8 @@ pub struct ResponseBody {
 
 impl ResponseBody {
     /// The upstream's body, with the fields this hop adds to its head.
-    pub fn upstream(inner: UpstreamBody, guard: RequestGuard, added: AddedFields) -> Self {
+    pub fn upstream(inner: UpstreamBody, mut guard: RequestGuard, added: AddedFields) -> Self {
+        guard.headed();
         ResponseBody {
             kind: Kind::Upstream(inner),
             added,
@@ -141,7 +161,10 @@ impl ResponseBody {
         }
     }
 
-    pub fn full(bytes: impl Into<Bytes>, guard: Option<RequestGuard>) -> Self {
+    pub fn full(bytes: impl Into<Bytes>, mut guard: Option<RequestGuard>) -> Self {
+        if let Some(g) = guard.as_mut() {
+            g.headed();
+        }
         let bytes = bytes.into();
         ResponseBody {
             kind: Kind::Full((!bytes.is_empty()).then_some(bytes)),

@@ -61,12 +61,17 @@ pub struct Endpoints<B> {
     name: Arc<str>,
 }
 
+/// How long a probe is given when the upstream sets neither timeout.
+const PROBE_TIME: std::time::Duration = std::time::Duration::from_secs(10);
+
 /// The `[outlier]` rules as one build of the endpoints applies them.
 struct Outlier {
     config: OutlierConfig,
     /// `config.max_out` of these endpoints.
     max_out: usize,
-    /// How long a probe of an endpoint on probation may take (the attempt's time).
+    /// How long a probe of an endpoint on probation may take before another request
+    /// may be its probe: the attempt timeout, else the request timeout, else
+    /// [`PROBE_TIME`].
     probe_ms: u64,
     /// `tollgate_ejections_total{upstream}`.
     ejections: IntCounter,
@@ -314,7 +319,14 @@ impl Outlier {
     fn of(config: &UpstreamConfig, endpoints: usize, ejections: IntCounter) -> Option<Self> {
         config.outlier.as_ref().map(|o| Outlier {
             max_out: o.max_out(endpoints),
-            probe_ms: u64::try_from(config.attempt_timeout.as_millis()).unwrap_or(u64::MAX),
+            probe_ms: u64::try_from(
+                config
+                    .attempt_timeout
+                    .or(config.request_timeout)
+                    .unwrap_or(PROBE_TIME)
+                    .as_millis(),
+            )
+            .unwrap_or(u64::MAX),
             config: o.clone(),
             ejections,
         })
@@ -342,7 +354,7 @@ mod tests {
     fn endpoints(n: usize, outlier: &str) -> Endpoints<NoBody> {
         let list: Vec<String> = (1..=n).map(|p| format!("\"127.0.0.1:{p}\"")).collect();
         let text = format!(
-            "[upstreams.u]\nauthorities = [\"u\"]\nendpoints = [{}]\n{outlier}",
+            "[upstreams.u]\nauthorities = [\"u\"]\nendpoints = [{}]\nattempt_timeout = \"600ms\"\n{outlier}",
             list.join(", ")
         );
         let config = crate::config::parse("t.toml", &text, std::path::Path::new("."))

@@ -273,6 +273,20 @@ pub async fn send(addr: SocketAddr, req: Request<BoxBody>) -> Got {
     got
 }
 
+/// Sends one request over a fresh HTTP/1.1 connection and returns as soon as the
+/// response head is in, its body still to read; abort the task to close the connection.
+pub async fn send_for_head(
+    addr: SocketAddr,
+    req: Request<BoxBody>,
+) -> (Response<Incoming>, JoinHandle<hyper::Result<()>>) {
+    let stream = TcpStream::connect(addr).await.unwrap();
+    let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+        .await
+        .unwrap();
+    let conn = tokio::spawn(conn);
+    (sender.send_request(req).await.unwrap(), conn)
+}
+
 /// An HTTP/2 connection with prior knowledge, the way gRPC clients open one; abort the
 /// returned task to close it.
 pub async fn h2_client(

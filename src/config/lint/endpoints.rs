@@ -74,16 +74,16 @@ impl Lint<'_> {
                 ),
             );
         }
-        if let HedgeAfter::Fixed(after) = h.after
-            && after >= up.attempt_timeout
+        if let (HedgeAfter::Fixed(after), Some(attempt_timeout)) = (h.after, up.attempt_timeout)
+            && after >= attempt_timeout
         {
             return Some(self.warn(
                 "hedge.after",
                 format!(
-                    "after = {} is not shorter than attempt_timeout {}: the attempt times out \
-                     before its hedge would be sent, so no hedge is ever sent",
+                    "after = {} is not shorter than attempt_timeout {}: a retry starts beside \
+                     a slow attempt before its hedge would be sent, so no hedge is ever sent",
                     format_duration(after),
-                    format_duration(up.attempt_timeout)
+                    format_duration(attempt_timeout)
                 ),
                 "hedge well within the attempt's time, e.g. after = \"p95\"".to_string(),
             ));

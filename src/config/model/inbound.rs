@@ -17,8 +17,8 @@ pub struct InboundConfig {
     pub app: EndpointAddr,
     pub max_inflight: InflightLimit,
     /// Bounds the wait for the app's response head when the caller sent no deadline,
-    /// and caps a longer one.
-    pub request_timeout: Duration,
+    /// and caps a longer one. `None`: only the caller's deadline, if it sent one.
+    pub request_timeout: Option<Duration>,
     /// `[inbound.retries]`: one budget for the retries of every caller. `None`: retries
     /// are admitted as they come (counted, not limited).
     pub retries: Option<BudgetConfig>,
@@ -27,11 +27,10 @@ pub struct InboundConfig {
 impl InboundConfig {
     pub const DEFAULT_ADDR: SocketAddr =
         SocketAddr::new(std::net::IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED), 15006);
-    pub const DEFAULT_REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
     /// A fixed limit, as an upstream's: the adaptive one is asked for by name (it
     /// learns from latency measured through tollgate, so when tollgate's own CPU is
     /// the bottleneck it limits that too).
-    pub const DEFAULT_MAX_INFLIGHT: InflightLimit = InflightLimit::Fixed(1000);
+    pub const DEFAULT_MAX_INFLIGHT: InflightLimit = InflightLimit::Fixed(10_000);
 }
 
 /// How many requests the app is given at once.

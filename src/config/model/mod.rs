@@ -179,8 +179,14 @@ pub struct UpstreamConfig {
     pub host: Option<HeaderValue>,
     pub protocol: Protocol,
     pub connect_timeout: Duration,
-    pub request_timeout: Duration,
-    pub attempt_timeout: Duration,
+    /// The deadline when the caller sends none, and a cap on a longer one. `None`: a
+    /// request waits as long as it would without tollgate.
+    pub request_timeout: Option<Duration>,
+    /// When an attempt without a response head gets a retry started beside it. `None`:
+    /// an attempt runs to the deadline.
+    pub attempt_timeout: Option<Duration>,
+    /// Requests waiting for their response head at once; a streaming body holds no
+    /// place.
     pub max_inflight: usize,
     pub retry: RetryConfig,
     /// `None`: no retry budget (retries are capped only by `max_attempts`).
@@ -202,13 +208,14 @@ pub struct UpstreamConfig {
 impl UpstreamConfig {
     /// The longest a caller can wait on this upstream when every attempt times out and
     /// every backoff draws its maximum: attempts × attempt_timeout + the backoff caps.
-    pub fn total_patience(&self) -> Duration {
+    /// `None` without an attempt timeout: an attempt then waits to the deadline.
+    pub fn total_patience(&self) -> Option<Duration> {
         let attempts = self.retry.max_attempts;
-        let mut total = self.attempt_timeout * attempts;
+        let mut total = self.attempt_timeout? * attempts;
         for n in 0..attempts.saturating_sub(1) {
             total += self.retry.backoff.cap(n);
         }
-        total
+        Some(total)
     }
 }
 

@@ -42,12 +42,7 @@ pub(super) fn inbound(
         addr,
         app,
         max_inflight: max_inflight(w, &t),
-        request_timeout: w.ranged(
-            &t,
-            "request_timeout",
-            InboundConfig::DEFAULT_REQUEST_TIMEOUT,
-            ms(1)..=day,
-        ),
+        request_timeout: w.optional(&t, "request_timeout", ms(1)..=day),
         retries: w.table(&t, "retries").map(|(r, _)| retries(w, &r)),
     })
 }
@@ -170,8 +165,11 @@ mod tests {
         let i = c.inbound.unwrap();
         assert_eq!(i.addr, "0.0.0.0:15006".parse().unwrap());
         assert_eq!(i.app.to_string(), "127.0.0.1:8080");
-        assert_eq!(i.max_inflight, InflightLimit::Fixed(1000));
-        assert_eq!(i.request_timeout, Duration::from_secs(30));
+        assert_eq!(i.max_inflight, InflightLimit::Fixed(10_000));
+        assert_eq!(
+            i.request_timeout, None,
+            "no default: the caller's deadline, if any"
+        );
         assert!(i.retries.is_none());
         assert!(c.upstreams.is_empty());
     }
@@ -185,7 +183,7 @@ mod tests {
         .unwrap();
         let i = c.inbound.unwrap();
         assert_eq!(i.max_inflight, InflightLimit::Fixed(64));
-        assert_eq!(i.request_timeout, Duration::from_secs(3));
+        assert_eq!(i.request_timeout, Some(Duration::from_secs(3)));
         let r = i.retries.unwrap();
         assert_eq!((r.ratio, r.min_per_sec), (0.05, 2.0));
         assert_eq!(r.window, Duration::from_secs(5));

@@ -181,9 +181,9 @@ fn upstream(
         host: host(w, t),
         protocol,
         connect_timeout: w.ranged(t, "connect_timeout", ms(200), ms(1)..=secs(600)),
-        request_timeout: w.ranged(t, "request_timeout", secs(2), ms(1)..=day),
-        attempt_timeout: w.ranged(t, "attempt_timeout", ms(600), ms(1)..=day),
-        max_inflight: w.ranged(t, "max_inflight", 1000, 1..=10_000_000u64) as usize,
+        request_timeout: w.optional(t, "request_timeout", ms(1)..=day),
+        attempt_timeout: w.optional(t, "attempt_timeout", ms(1)..=day),
+        max_inflight: w.ranged(t, "max_inflight", 10_000, 1..=10_000_000u64) as usize,
         retry: match w.table(t, "retry") {
             Some((retry, _)) => super::retry::retry(w, name, &retry),
             None => RetryConfig::off(),
