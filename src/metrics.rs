@@ -352,6 +352,17 @@ impl Metrics {
         let _ = self.listener_up.remove_label_values(&[upstream]);
     }
 
+    /// The file on disk is the config in force again (a bad edit was reverted, by hand
+    /// or by a ConfigMap swap back), without a reload: nothing changed. `true` when a
+    /// refused reload was outstanding, now cleared.
+    pub fn in_effect_again(&self) -> bool {
+        let was = self.last_reload_ok.get() == 0;
+        if was {
+            self.last_reload_ok.set(1);
+        }
+        was
+    }
+
     pub fn mark_loaded(&self) {
         self.last_reload_ok.set(1);
         let now = std::time::SystemTime::now()

@@ -189,6 +189,10 @@ async fn watch(path: PathBuf, server: Arc<Server>, mut hup: Option<tokio::signal
             let same_text =
                 std::fs::read_to_string(&path).is_ok_and(|t| config::source_hash(&t) == serving);
             if same_text && !certificates_changed {
+                // Nothing to reload; but if a bad edit was refused, it is gone now.
+                if server.shared().metrics.in_effect_again() {
+                    tracing::info!(file = %path.display(), "the file on disk is the config in force again; the refused edit is gone");
+                }
                 last = Some(now);
                 continue;
             }

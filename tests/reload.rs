@@ -157,6 +157,51 @@ async fn an_invalid_file_keeps_the_old_config_and_counts_an_error() {
     tg.stop().await;
 }
 
+/// `tollgate_config_last_reload_successful`.
+async fn in_effect(tg: &Tollgate) -> f64 {
+    metric(&tg.metrics().await, "tollgate_config_last_reload_successful").unwrap()
+}
+
+/// Waits (at most 10 s) until the gauge says whether the file on disk is in force.
+async fn wait_in_effect(tg: &Tollgate, want: f64, what: &str) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while in_effect(tg).await != want {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{what}: tollgate_config_last_reload_successful did not become {want} within 10 s"
+        );
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reverting_a_refused_edit_clears_the_failure() {
+    let up = ok_upstream().await;
+    let good = with_b(up.addr);
+    let bad = text(up.addr, "[upstreams.a.retry]\nmax_atempts = 2\n");
+    // A file copied back over a bad edit.
+    let (_dir, path, tg) = watched("revert", &good).await;
+    assert_eq!(in_effect(&tg).await, 1.0);
+    std::fs::write(&path, &bad).unwrap();
+    tg.wait_reloads("error", 1.0).await;
+    wait_in_effect(&tg, 0.0, "the refused edit").await;
+    std::fs::write(&path, &good).unwrap();
+    wait_in_effect(&tg, 1.0, "the file copied back").await;
+    assert_eq!(tg.reloads("ok").await, 0.0, "nothing to reload: it is in force");
+    assert_eq!(get(tg.addr, "/", "b").await.status, 200);
+    tg.stop().await;
+
+    // A ConfigMap swapped to a bad version and back.
+    let mut cm = ConfigMapDir::new(&good);
+    let tg = Tollgate::start_file(&cm.path()).await;
+    cm.publish(&bad);
+    tg.wait_reloads("error", 1.0).await;
+    wait_in_effect(&tg, 0.0, "the bad ConfigMap").await;
+    cm.publish(&good);
+    wait_in_effect(&tg, 1.0, "the ConfigMap swapped back").await;
+    tg.stop().await;
+}
+
 /// A shell redirect (`cat new.toml > tollgate.toml`) truncates the file before it writes
 /// the new text. A reload that reads it in between finds an empty file, which serves
 /// nothing: it is refused and counted, and the old config keeps answering.
