@@ -167,8 +167,16 @@ fn certain_failure_and_certain_success_are_exact() {
 }
 
 #[test]
+fn attempts_as_the_config_counts_them_are_retries_plus_one() {
+    let by_attempts = json(&["--attempts", "3,4,4"]);
+    assert_eq!(by_attempts, json(&EXAMPLE[..2]));
+    assert_eq!(by_attempts["worst_case"].as_u64(), Some(48));
+    assert_eq!(by_attempts["inputs"]["retries"], serde_json::json!([2, 3, 3]));
+}
+
+#[test]
 fn bad_input_exits_2_with_a_message() {
-    let cases: [&[&str]; 7] = [
+    let cases: [&[&str]; 9] = [
         &["--retries", "2,3", "--failure-rate", "1.5"],
         &["--retries", "2,3", "--failure-rate", "-0.1"],
         &["--retries", "2,3", "--budget", "-1"],
@@ -176,6 +184,8 @@ fn bad_input_exits_2_with_a_message() {
         &["--retries", "two"],
         &["--retries", ""],
         &[],
+        &["--attempts", "0,2"],
+        &["--attempts", "3", "--retries", "2"],
     ];
     for args in cases {
         let (code, out, err) = calc(args);

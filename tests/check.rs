@@ -336,6 +336,19 @@ fn a_chain_that_retries_once_with_shrinking_patience_is_clean() {
 }
 
 #[test]
+fn a_warning_is_shown_beside_an_error_not_after_it_is_fixed() {
+    let path = fixture("error-and-warning.toml");
+    let run = check(&["--config", &path]);
+    assert_eq!(run.code, 1, "{}", run.out);
+    run.says(&format!("{path}:7:19: upstreams.api.connect_timeout: "));
+    run.says(&format!("{path}:13:1: warning: upstreams.api.budget.ratio: ratio 10"));
+    run.says("invalid: 1 error, 1 warning in 1 file");
+    // A lint about a key in error is not made up from its default.
+    let run = check(&["--config", &fixture("three-mistakes.toml")]);
+    run.says("invalid: 3 errors, 0 warnings");
+}
+
+#[test]
 fn patience_that_grows_with_depth_is_flagged_naming_both_files() {
     let layers = chain(&["stagefront-api.toml", "stagefront-checkout.toml"]);
     let run = check(&["--chain", &layers, "--strict"]);

@@ -41,9 +41,13 @@ pub use report::*;
 #[derive(clap::Args, Debug, Clone)]
 pub struct CalcArgs {
     /// Retries per layer, top layer first (e.g. 2,3,3): a layer with max_attempts = 3
-    /// retries 2 times.
-    #[arg(long, value_delimiter = ',', required = true)]
+    /// retries 2 times. Or give --attempts.
+    #[arg(long, value_delimiter = ',', required_unless_present = "attempts")]
     pub retries: Vec<u32>,
+    /// Attempts per layer, the first try included, as the config's max_attempts counts
+    /// them (e.g. 3,4,4 is --retries 2,3,3).
+    #[arg(long, value_delimiter = ',', conflicts_with = "retries")]
+    pub attempts: Vec<u32>,
     /// Failure rate per attempt at the bottom dependency, 0..=1.
     #[arg(long, default_value_t = 0.5, allow_negative_numbers = true)]
     pub failure_rate: f64,
@@ -65,7 +69,16 @@ pub struct CalcArgs {
 
 /// Runs `tollgate calc`; returns the exit code.
 pub fn main(args: CalcArgs) -> i32 {
-    let scenario = Scenario::try_new(args.retries, args.failure_rate, args.budget, args.rps)
+    let retries = if args.attempts.is_empty() {
+        Ok(args.retries)
+    } else {
+        args.attempts
+            .iter()
+            .map(|a| a.checked_sub(1).ok_or(InvalidInput::NoAttempt))
+            .collect()
+    };
+    let scenario = retries
+        .and_then(|r| Scenario::try_new(r, args.failure_rate, args.budget, args.rps))
         .and_then(|s| s.with_max_ratio(args.max_ratio));
     let scenario = match scenario {
         Ok(s) => s,
@@ -88,6 +101,8 @@ pub fn main(args: CalcArgs) -> i32 {
 pub enum InvalidInput {
     #[error("--retries needs at least one layer, e.g. --retries 2,3,3")]
     NoLayers,
+    #[error("--attempts counts the first try too: every layer makes at least 1, e.g. --attempts 3,4,4")]
+    NoAttempt,
     #[error("--failure-rate must be from 0 to 1 (0.5 is 50%), got {0}")]
     FailureRate(f64),
     #[error("--budget must be a number of at least 0 (0.1 is 10%), got {0}")]

@@ -69,7 +69,8 @@ pub struct CheckedFile {
     pub name: String,
     /// The config, or every error in the file.
     pub config: Result<Config, Vec<Diagnostic>>,
-    /// The lints of the file alone (empty when it is invalid).
+    /// The lints of the file alone; for an invalid file, those about keys without an
+    /// error (a mistake elsewhere must not hide `ratio = 10`).
     pub warnings: Vec<Diagnostic>,
 }
 
@@ -83,12 +84,32 @@ impl CheckedFile {
                 config: Ok(config),
             },
             Err(errors) => CheckedFile {
+                warnings: lints_beside(path, &name, &errors.0),
                 name,
                 config: Err(errors.0),
-                warnings: Vec::new(),
             },
         }
     }
+}
+
+/// The lints of an invalid file that concern no key in error: read leniently (a value in
+/// error stands at its default, so a lint about it, or about a section holding it,
+/// would be about a value the user did not write).
+fn lints_beside(path: &Path, name: &str, errors: &[Diagnostic]) -> Vec<Diagnostic> {
+    let Ok(text) = std::fs::read_to_string(path) else {
+        return Vec::new();
+    };
+    let base = path.parent().unwrap_or(Path::new("."));
+    let Some(config) = config::parse_lenient(name, &text, base) else {
+        return Vec::new();
+    };
+    let related = |a: &str, b: &str| {
+        a == b || a.starts_with(&format!("{b}.")) || b.starts_with(&format!("{a}."))
+    };
+    lint(&config)
+        .into_iter()
+        .filter(|w| !errors.iter().any(|e| related(&w.key, &e.key)))
+        .collect()
 }
 
 /// Everything `check` found: each file once, then the chain.

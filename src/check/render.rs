@@ -71,6 +71,9 @@ fn render_file(out: &mut String, file: &CheckedFile) {
             for e in errors {
                 let _ = writeln!(out, "{e}");
             }
+            for w in &file.warnings {
+                let _ = writeln!(out, "{w}");
+            }
             return;
         }
     };

@@ -23,7 +23,7 @@ pub use diagnostic::{ConfigErrors, Diagnostic, Severity, Source};
 pub use files::{MAX_FILE, files_unchanged, read_files};
 pub use lint::lint;
 pub use model::*;
-pub use parse::{normalize_authority, parse, parse_endpoint, source_hash};
+pub use parse::{normalize_authority, parse, parse_endpoint, parse_lenient, source_hash};
 
 use std::path::{Path, PathBuf};
 

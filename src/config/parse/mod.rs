@@ -54,6 +54,18 @@ pub fn parse(file: &str, text: &str, base: &Path) -> Result<Config, ConfigErrors
     }
 }
 
+/// The config as far as it could be read, errors or not (a value in error stands at its
+/// default): what the lints of a file that also has errors look at. `None` when the text
+/// is not TOML at all.
+pub fn parse_lenient(file: &str, text: &str, base: &Path) -> Option<Config> {
+    let (root, syntax_errors) = DeTable::parse_recoverable(text);
+    if !syntax_errors.is_empty() {
+        return None;
+    }
+    let mut w = Walker::new(Source::new(file, text));
+    Some(top_level(&mut w, root.get_ref(), base))
+}
+
 /// A digest of config text (stable within one build of tollgate).
 pub fn source_hash(text: &str) -> u64 {
     use std::hash::{Hash, Hasher};

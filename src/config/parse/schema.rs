@@ -178,6 +178,13 @@ pub(super) fn unknown_key(here: Section, upstream: &str, key: &str) -> (String, 
         "NAME"
     };
     let here_place = place(&here.path(upstream));
+    if let Some((ours, section, proxy)) = foreign(key) {
+        let at = place(&section.path(upstream));
+        return (
+            format!("unknown key `{key}` ({proxy}'s word)"),
+            format!("use `{ours}` {at}"),
+        );
+    }
     let homes: Vec<String> = Section::ALL
         .iter()
         .filter(|s| **s != here && s.keys().contains(&key))
@@ -205,6 +212,28 @@ pub(super) fn unknown_key(here: Section, upstream: &str, key: &str) -> (String, 
         message,
         format!("allowed {here_place}: {}", here.keys().join(", ")),
     )
+}
+
+/// Other proxies' words for tollgate's keys, which a user moving a config over is likely
+/// to write: the word (compared without case), the proxy, tollgate's key and its
+/// section.
+const FOREIGN: &[(&str, &str, &str, Section)] = &[
+    ("timeout", "Envoy", "request_timeout", Section::Upstream),
+    ("per_try_timeout", "Envoy", "attempt_timeout", Section::Upstream),
+    ("perTryTimeout", "Istio", "attempt_timeout", Section::Upstream),
+    ("num_retries", "Envoy", "max_attempts (the first try included: retries + 1)", Section::Retry),
+    ("attempts", "Istio", "max_attempts (the first try included: retries + 1)", Section::Retry),
+    ("retry_on", "Envoy", "on", Section::Retry),
+    ("retryOn", "Istio", "on", Section::Retry),
+    ("retry_budget", "Envoy", "a [budget] section", Section::Upstream),
+];
+
+/// tollgate's key for another proxy's word: (our key, its section, the proxy).
+fn foreign(key: &str) -> Option<(&'static str, Section, &'static str)> {
+    FOREIGN
+        .iter()
+        .find(|(word, ..)| word.eq_ignore_ascii_case(key))
+        .map(|(_, proxy, ours, section)| (*ours, *section, *proxy))
 }
 
 /// Where `key` of `section` is written: the section itself, or, for a key that is a
@@ -306,6 +335,18 @@ mod tests {
         );
         let (_, fix) = unknown_key(Section::Admin, "", "zzzzzzzzzz");
         assert_eq!(fix, "allowed in [admin]: addr");
+    }
+
+    #[test]
+    fn other_proxies_words_name_tollgates_key() {
+        let (message, fix) = unknown_key(Section::Upstream, "p", "per_try_timeout");
+        assert_eq!(message, "unknown key `per_try_timeout` (Envoy's word)");
+        assert_eq!(fix, "use `attempt_timeout` in [upstreams.p]");
+        let (_, fix) = unknown_key(Section::Upstream, "p", "timeout");
+        assert_eq!(fix, "use `request_timeout` in [upstreams.p]");
+        let (_, fix) = unknown_key(Section::Retry, "p", "num_retries");
+        assert!(fix.starts_with("use `max_attempts"), "{fix}");
+        assert!(fix.ends_with("in [upstreams.p.retry]"), "{fix}");
     }
 
     #[test]
