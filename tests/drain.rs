@@ -120,6 +120,55 @@ async fn an_invalid_config_or_a_taken_port_exits_2() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("cannot listen"));
 }
 
+/// A second tollgate on the same listener would share its port through SO_REUSEPORT
+/// and silently take part of the connections: it refuses to start instead, and the
+/// first keeps every connection.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_tollgate_on_the_same_port_refuses_to_start() {
+    let up = Upstream::start(|_req| async { respond(200, "first") }).await;
+    let first = Process::start(&format!(
+        "[upstreams.a]\nauthorities = [\"a\"]\nendpoints = [\"{}\"]\n",
+        up.addr
+    ))
+    .await;
+    let dir = tempdir::TempDir::new("second");
+    let cfg = dir.path().join("second.toml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "[listener]\naddr = \"{}\"\n[admin]\naddr = \"127.0.0.1:0\"\n\
+             [upstreams.a]\nauthorities = [\"a\"]\nendpoints = [\"127.0.0.1:1\"]\n",
+            first.addr
+        ),
+    )
+    .unwrap();
+    let mut second = std::process::Command::new(binary())
+        .args(["run", "--config"])
+        .arg(&cfg)
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Bounded: a second that started would serve until killed.
+    let mut code = None;
+    for _ in 0..200 {
+        if let Some(status) = second.try_wait().unwrap() {
+            code = status.code();
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    if code.is_none() {
+        let _ = second.kill();
+    }
+    let out = second.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(code, Some(2), "the second tollgate started: {err}");
+    assert!(err.contains("another process already listens there"), "{err}");
+    for _ in 0..10 {
+        assert_eq!(get(first.addr, "/", "a").await.body, "first");
+    }
+}
+
 /// A connection that has not sent a byte has nothing in flight: the drain closes it at
 /// once instead of waiting for it until `drain_timeout`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -173,6 +173,13 @@ async fn bind(addr: SocketAddr, what: &str, workers: &Workers) -> Result<Bound, 
             listeners: vec![(None, l)],
         });
     }
+    if addr.port() != 0 {
+        // The workers share the port through SO_REUSEPORT, and so would any other
+        // process that asks: a second tollgate started by mistake would silently take a
+        // share of the connections. A plain bind (no SO_REUSEPORT) fails while anyone
+        // listens there, reuse-port or not.
+        exclusive(addr).map_err(fail)?;
+    }
     let mut actual = addr;
     let mut listeners = Vec::new();
     for h in workers.handles() {
@@ -196,6 +203,25 @@ async fn bind(addr: SocketAddr, what: &str, workers: &Workers) -> Result<Bound, 
         addr: actual,
         listeners,
     })
+}
+
+/// Whether `addr` is free for tollgate alone: bound for a moment without SO_REUSEPORT
+/// (SO_REUSEADDR only lets it past connections of an earlier run in TIME_WAIT).
+fn exclusive(addr: SocketAddr) -> std::io::Result<()> {
+    let probe = socket2::Socket::new(
+        socket2::Domain::for_address(addr),
+        socket2::Type::STREAM,
+        None,
+    )?;
+    probe.set_reuse_address(true)?;
+    match probe.bind(&addr.into()) {
+        Err(e) if e.kind() == std::io::ErrorKind::AddrInUse => Err(std::io::Error::new(
+            e.kind(),
+            "another process already listens there (another tollgate?); tollgate does not \
+             share its ports",
+        )),
+        other => other,
+    }
 }
 
 impl Server {
