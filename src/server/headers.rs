@@ -1,7 +1,8 @@
 //! A request's headers, read and cleaned in one pass, at the outbound hop and at the
 //! inbound side alike: the caller's deadline and whether it is a gRPC call are read;
 //! hop-by-hop headers (RFC 9110 section 7.6.1), the accepted deadline headers and any
-//! `x-tollgate-attempt` go (each attempt writes its own).
+//! `x-tollgate-attempt` go (each attempt writes its own). A request passed through as
+//! it is loses its hop-by-hop headers alone.
 //!
 //! Almost no request carries any of them, so the headers are read once and changed
 //! only where something was found: removing a header that is not there still costs a
@@ -79,6 +80,30 @@ pub fn prepare_request(
         headers.remove(&ATTEMPT_HEADER);
     }
     facts
+}
+
+/// Cleans a request that is passed through as it is: only its hop-by-hop headers go
+/// (an HTTP/1.1 upgrade's kept, as [`prepare_request`] keeps them), and nothing of
+/// tollgate's is read or taken out. Whether it is an upgrade.
+pub fn strip_for_passing(headers: &mut HeaderMap, http1: bool) -> bool {
+    if !headers.keys().any(is_hop_by_hop) {
+        return false;
+    }
+    let asks_upgrade = headers
+        .get_all(header::CONNECTION)
+        .iter()
+        .any(|v| has_token(v.as_bytes(), b"upgrade"));
+    let protocol = headers
+        .get(header::UPGRADE)
+        .filter(|_| http1 && asks_upgrade)
+        .cloned();
+    strip_hop_by_hop(headers);
+    let Some(protocol) = protocol else {
+        return false;
+    };
+    headers.insert(header::UPGRADE, protocol);
+    headers.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
+    true
 }
 
 #[cfg(test)]
