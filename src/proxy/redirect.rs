@@ -53,6 +53,7 @@ impl Captures for Outbound {
         Some(Outbound {
             shared: self.shared.clone(),
             dedicated: Some(snap.upstreams[i].name().into()),
+            captured: Some(original),
         })
     }
 }
@@ -121,7 +122,7 @@ fn is_local(ip: IpAddr) -> bool {
 
 /// Whether `dst` is one of tollgate's own listeners: the outbound and inbound ones,
 /// the admin endpoint, an upstream's own `listen` port.
-fn is_own(shared: &Shared, dst: SocketAddr) -> bool {
+pub(super) fn is_own(shared: &Shared, dst: SocketAddr) -> bool {
     let snap = shared.snapshot.load();
     let config = &snap.config;
     let mut own = shared
@@ -129,6 +130,7 @@ fn is_own(shared: &Shared, dst: SocketAddr) -> bool {
         .iter()
         .copied()
         .chain([config.admin.addr])
+        .chain(shared.admin_bound.get().copied())
         .chain(config.upstreams.iter().filter_map(|u| u.listen));
     own.any(|l| {
         l.port() == dst.port()
@@ -190,13 +192,5 @@ async fn pass(
         return;
     }
     metrics.passthrough().connection(direction).inc();
-    passthrough::relay(
-        stream,
-        original,
-        direction,
-        metrics,
-        shutdown,
-        settings.drain_timeout,
-    )
-    .await;
+    passthrough::relay(stream, original, direction, metrics, shutdown, &settings).await;
 }
