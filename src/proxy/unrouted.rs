@@ -298,8 +298,8 @@ pub(super) async fn pass(
 /// Where a request no upstream claims goes: the original destination of a redirected
 /// connection, else the authority it names, port 80 unless it says another (a
 /// `CONNECT` must say).
-fn destination(
-    req: &Request<AppBody>,
+fn destination<B>(
+    req: &Request<B>,
     captured: Option<SocketAddr>,
 ) -> Result<EndpointAddr, &'static str> {
     if let Some(dst) = captured {
@@ -544,5 +544,70 @@ async fn h2_tunnel(
     tokio::select! {
         _ = tokio::io::copy_bidirectional(&mut app, &mut dst) => {}
         _ = drained => tracing::debug!("CONNECT tunnel closed at the drain timeout"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn to(method: &str, target: &str, host: Option<&str>) -> Result<String, &'static str> {
+        let mut b = Request::builder().method(method).uri(target);
+        if let Some(h) = host {
+            b = b.header(HOST, h);
+        }
+        let req = b.body(()).unwrap_or_else(|_| unreachable!());
+        destination(&req, None).map(|a| a.to_string())
+    }
+
+    #[test]
+    fn the_destination_is_the_authority_the_request_names_port_80_by_default() {
+        assert_eq!(
+            to("GET", "http://Api.Example/x", None),
+            Ok("api.example:80".into())
+        );
+        assert_eq!(
+            to("GET", "/x", Some("api.example:8080")),
+            Ok("api.example:8080".into())
+        );
+        assert_eq!(
+            to("GET", "/x", Some("api.example.")),
+            Ok("api.example:80".into())
+        );
+        assert_eq!(to("GET", "/x", Some("[::1]:81")), Ok("[::1]:81".into()));
+        // The target's authority wins over Host, as for routing.
+        assert_eq!(
+            to("GET", "http://a.example/", Some("b.example")),
+            Ok("a.example:80".into())
+        );
+        assert_eq!(
+            to("CONNECT", "a.example:443", None),
+            Ok("a.example:443".into())
+        );
+    }
+
+    #[test]
+    fn a_request_that_names_no_usable_destination_is_not_passed() {
+        assert!(to("GET", "/x", None).is_err(), "no Host");
+        assert!(
+            to("GET", "https://a.example/", None).is_err(),
+            "https goes by CONNECT"
+        );
+        assert!(to("GET", "/x", Some("a_b.example")).is_err());
+        assert!(to("CONNECT", "a.example:443", None).is_ok());
+    }
+
+    #[test]
+    fn a_captured_connection_goes_where_it_was_going() {
+        let req = Request::builder()
+            .uri("/x")
+            .header(HOST, "elsewhere.example")
+            .body(())
+            .unwrap_or_else(|_| unreachable!());
+        let original: SocketAddr = "[::ffff:10.0.0.7]:8080"
+            .parse()
+            .unwrap_or_else(|_| unreachable!());
+        let dst = destination(&req, Some(original)).map(|a| a.to_string());
+        assert_eq!(dst, Ok("10.0.0.7:8080".into()));
     }
 }

@@ -174,4 +174,25 @@ mod tests {
         );
         assert!(h.is_empty());
     }
+
+    #[test]
+    fn passing_drops_only_the_hop_by_hop_fields() {
+        let mut h = HeaderMap::new();
+        h.insert("x-timeout-ms", HeaderValue::from_static("900"));
+        h.insert("x-tollgate-attempt", HeaderValue::from_static("2"));
+        h.insert("connection", HeaderValue::from_static("keep-alive, x-hop"));
+        h.insert("x-hop", HeaderValue::from_static("1"));
+        h.insert("proxy-authorization", HeaderValue::from_static("Basic x"));
+        assert!(!strip_for_passing(&mut h, true));
+        let mut left: Vec<&str> = h.keys().map(|k| k.as_str()).collect();
+        left.sort();
+        assert_eq!(left, ["x-timeout-ms", "x-tollgate-attempt"]);
+
+        let mut up = HeaderMap::new();
+        up.insert("connection", HeaderValue::from_static("Upgrade"));
+        up.insert("upgrade", HeaderValue::from_static("websocket"));
+        assert!(strip_for_passing(&mut up.clone(), true));
+        assert!(!strip_for_passing(&mut up, false), "no upgrade over HTTP/2");
+        assert!(up.is_empty());
+    }
 }
