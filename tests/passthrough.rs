@@ -282,6 +282,37 @@ async fn connections_to_a_destination_are_kept_for_the_next_request() {
     server.abort();
 }
 
+#[tokio::test]
+async fn an_upgrade_passed_through_becomes_a_tunnel() {
+    // Answers any head with `101`, then echoes the bytes.
+    let origin = Scripted::start(|mut s: TcpStream, _| async move {
+        read_head(&mut s).await;
+        let switch =
+            b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: echo\r\nConnection: Upgrade\r\n\r\n";
+        s.write_all(switch).await.unwrap();
+        let (mut r, mut w) = s.split();
+        let _ = tokio::io::copy(&mut r, &mut w).await;
+    })
+    .await;
+    let tg = Tollgate::start(&with("")).await;
+    let mut s = TcpStream::connect(tg.addr).await.unwrap();
+    let at = origin.addr;
+    let head = format!(
+        "GET http://{at}/ws HTTP/1.1\r\nHost: {at}\r\nConnection: Upgrade\r\nUpgrade: echo\r\n\r\n"
+    );
+    s.write_all(head.as_bytes()).await.unwrap();
+    let head = String::from_utf8(read_head(&mut s).await).unwrap();
+    assert!(head.starts_with("HTTP/1.1 101"), "{head}");
+    assert!(
+        head.to_ascii_lowercase().contains("upgrade: echo"),
+        "{head}"
+    );
+    s.write_all(b"through").await.unwrap();
+    assert_eq!(read_n(&mut s, 7).await, b"through");
+    drop(s);
+    tg.stop().await;
+}
+
 /// A raw TCP echo server.
 async fn tcp_echo() -> (SocketAddr, tokio::task::JoinHandle<()>) {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -586,34 +617,6 @@ async fn a_request_for_tollgates_own_address_is_508_not_a_loop() {
         "nothing was sent anywhere"
     );
     tg.stop().await;
-}
-
-#[tokio::test]
-async fn passthrough_is_a_reserved_upstream_name() {
-    let text = "[upstreams.passthrough]\nauthorities = [\"p\"]\nendpoints = [\"127.0.0.1:1\"]\n";
-    let Err(e) = tollgate::config::load_text("t.toml", text, std::path::Path::new(".")) else {
-        panic!("the name is reserved");
-    };
-    let e = e.to_string();
-    assert!(
-        e.contains("t.toml:1:12: upstreams.passthrough: `passthrough` is reserved"),
-        "{e}"
-    );
-    assert!(e.contains("give the upstream another name"), "{e}");
-}
-
-#[tokio::test]
-async fn unknown_authorities_takes_pass_or_refuse() {
-    let text = "[listener]\nunknown_authorities = \"drop\"\n";
-    let Err(e) = tollgate::config::load_text("t.toml", text, std::path::Path::new(".")) else {
-        panic!("not a word it takes");
-    };
-    let e = e.to_string();
-    assert!(
-        e.contains("t.toml:2:23: listener.unknown_authorities: `drop` is not"),
-        "{e}"
-    );
-    assert!(e.contains("\"pass\""), "{e}");
 }
 
 #[tokio::test]
