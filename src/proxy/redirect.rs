@@ -132,10 +132,13 @@ pub(super) fn is_own(shared: &Shared, dst: SocketAddr) -> bool {
         .chain([config.admin.addr])
         .chain(shared.admin_bound.get().copied())
         .chain(config.upstreams.iter().filter_map(|u| u.listen));
+    let ip = dst.ip().to_canonical();
     own.any(|l| {
         l.port() == dst.port()
-            && (l.ip().to_canonical() == dst.ip().to_canonical()
-                || (l.ip().is_unspecified() && is_local(dst.ip())))
+            // A connection to 0.0.0.0 reaches this host, at whichever address listens.
+            && (ip.is_unspecified()
+                || l.ip().to_canonical() == ip
+                || (l.ip().is_unspecified() && is_local(ip)))
     })
 }
 
