@@ -26,17 +26,7 @@ use tokio::net::TcpStream;
 use tokio::time::Instant;
 
 use super::app::{COLUMN, SEQ};
-
-/// Which URLs a row asks for.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Urls {
-    /// One popular URL.
-    One,
-    /// A Zipf mix (s = 1) over this many URLs.
-    Zipf(usize),
-    /// A URL of its own per request.
-    Distinct,
-}
+pub use crate::lab::load::Urls;
 
 /// What a row sends.
 #[derive(Clone, Debug, PartialEq)]
@@ -66,46 +56,16 @@ impl Traffic {
 
     /// When each request goes out, and its path.
     pub fn plan(&self, seed: u64) -> Vec<(Duration, String)> {
-        let mut rng = fastrand::Rng::with_seed(seed);
-        let zipf = match self.urls {
-            Urls::Zipf(n) => zipf_cdf(n),
-            _ => Vec::new(),
-        };
-        let mut out = Vec::with_capacity(self.requests() as usize);
+        let mut at = Vec::with_capacity(self.requests() as usize);
         let mut from = Duration::ZERO;
         for &(rps, length) in &self.steps {
             let n = (rps * length.as_secs_f64()).round() as u64;
-            for i in 0..n {
-                let at = from + Duration::from_secs_f64(i as f64 / rps);
-                let seq = out.len();
-                let path = match self.urls {
-                    Urls::One => "/item/popular".to_string(),
-                    Urls::Zipf(_) => {
-                        let u = rng.f64();
-                        format!("/item/{}", zipf.partition_point(|c| *c < u))
-                    }
-                    Urls::Distinct => format!("/item/{seq}"),
-                };
-                out.push((at, path));
-            }
+            at.extend((0..n).map(|i| from + Duration::from_secs_f64(i as f64 / rps)));
             from += length;
         }
-        out
+        let paths = self.urls.paths("/item", at.len(), seed);
+        at.into_iter().zip(paths).collect()
     }
-}
-
-/// The cumulative shares of a Zipf law (s = 1) over `n` ranks.
-fn zipf_cdf(n: usize) -> Vec<f64> {
-    let weights: Vec<f64> = (1..=n.max(1)).map(|k| 1.0 / k as f64).collect();
-    let total: f64 = weights.iter().sum();
-    let mut acc = 0.0;
-    weights
-        .iter()
-        .map(|w| {
-            acc += w / total;
-            acc
-        })
-        .collect()
 }
 
 /// Where one column sends.
@@ -406,19 +366,9 @@ mod tests {
     }
 
     #[test]
-    fn urls_repeat_as_real_traffic_does() {
-        let one = traffic(Urls::One).plan(1);
-        assert!(one.iter().all(|(_, p)| p == "/item/popular"));
-        let zipf = traffic(Urls::Zipf(100)).plan(1);
-        let top = zipf.iter().filter(|(_, p)| p == "/item/0").count();
-        // Rank 1 of a Zipf law over 100 has 1 / H(100), about 19%, of the requests.
-        assert!((140..260).contains(&top), "{top}");
-        assert!(zipf.iter().all(|(_, p)| {
-            p.strip_prefix("/item/")
-                .and_then(|n| n.parse::<usize>().ok())
-                .is_some_and(|n| n < 100)
-        }));
-        // The same seed, the same plan: every column sends the same.
-        assert_eq!(zipf, traffic(Urls::Zipf(100)).plan(1));
+    fn every_column_gets_the_same_plan() {
+        let t = traffic(Urls::Zipf(100));
+        assert_eq!(t.plan(1), t.plan(1));
+        assert!(t.plan(1).iter().all(|(_, p)| p.starts_with("/item/")));
     }
 }

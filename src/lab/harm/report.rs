@@ -36,6 +36,26 @@ fn failures(f: &Figures, at_most: usize) -> String {
     parts.join(", ")
 }
 
+/// `text` in lines of at most `width`, each after `indent`.
+fn wrap(text: &str, indent: &str, width: usize) -> String {
+    let mut out = String::new();
+    let mut line = String::new();
+    for word in text.split_whitespace() {
+        if !line.is_empty() && indent.len() + line.len() + 1 + word.len() > width {
+            out.push_str(&format!("{indent}{line}\n"));
+            line.clear();
+        }
+        if !line.is_empty() {
+            line.push(' ');
+        }
+        line.push_str(word);
+    }
+    if !line.is_empty() {
+        out.push_str(&format!("{indent}{line}\n"));
+    }
+    out
+}
+
 const INTRO: &str = "\
 The same calls, at the same time, against the same upstream process: straight to it (direct: no
 proxy at all, the same client, which sends each call once), and through tollgate at its defaults
@@ -50,6 +70,9 @@ both sides served at the first attempt.
 
 fn row_block(out: &mut String, n: usize, r: &RowResult) {
     out.push_str(&format!("  {n:>2} {}: {}\n", r.row.key, r.row.what));
+    if let Some(note) = r.row.note {
+        out.push_str(&wrap(note, "       ", 100));
+    }
     if let Some(why) = &r.skipped {
         out.push_str(&format!("       skipped: {why}\n\n"));
         return;
@@ -124,14 +147,24 @@ pub fn table(run: &HarmRun) -> String {
                 .filter_map(move |f| f.overhead_per_hop.map(|d| (r.row.key, d)))
         })
         .collect();
-    if let Some(max) = overheads.iter().map(|(_, d)| *d).max() {
+    if !overheads.is_empty() {
+        let mut sorted: Vec<Duration> = overheads.iter().map(|(_, d)| *d).collect();
+        sorted.sort();
+        let median = sorted[sorted.len() / 2];
         let healthy = overheads
             .iter()
             .find(|(k, _)| *k == "healthy")
-            .map_or(String::new(), |(_, d)| format!("healthy row {}; ", fmt_ms(*d)));
+            .map_or(String::new(), |(_, d)| format!("{} in the healthy row, ", fmt_ms(*d)));
+        let (row, most) = overheads
+            .iter()
+            .max_by_key(|(_, d)| *d)
+            .copied()
+            .unwrap_or(("", Duration::ZERO));
         out.push_str(&format!(
-            "\n  p50 overhead per hop, calls served at the first attempt (target under 1 ms): {healthy}at most {} over every column\n",
-            fmt_ms(max)
+            "\n  p50 overhead per hop, calls served at the first attempt (target under 1 ms): {healthy}\
+             median {} over every column, most {} ({row})\n",
+            fmt_ms(median),
+            fmt_ms(most)
         ));
     }
     let worse = run.worse();
@@ -213,6 +246,7 @@ fn row_json(r: &RowResult) -> Value {
     json!({
         "key": r.row.key,
         "what": r.row.what,
+        "note": r.row.note,
         "verdict": r.verdict_word(),
         "skipped": r.skipped,
         "traffic": {

@@ -126,6 +126,8 @@ pub struct Row {
     pub replicas: Replicas,
     /// The app calls, through `http_proxy`, a host no upstream of tollgate lists.
     pub unknown_host: bool,
+    /// What the columns are, where it needs saying.
+    pub note: Option<&'static str>,
     pub columns: Vec<Column>,
 }
 
@@ -240,6 +242,7 @@ fn row(key: &'static str, what: &'static str, behaviour: Behaviour, traffic: Tra
         traffic,
         replicas: Replicas::One,
         unknown_host: false,
+        note: None,
         columns: vec![DIRECT, TOLLGATE],
     }
 }
@@ -338,9 +341,15 @@ pub fn all() -> Vec<Row> {
     rows
 }
 
+const REPLICAS: &str = "direct: the same client takes the replicas in turn and dials the next one \
+     when a connection is refused, as a client given a name with several addresses does; \
+     no sidecars: the caller's tollgate straight to the replicas (it skips or retries a bad one); \
+     sidecars: the same, each replica behind an inbound tollgate of its own";
+
 fn replica_rows() -> Vec<Row> {
     let replicas = |key, what, broken, traffic| Row {
         replicas: Replicas::ThreeOneBroken(broken),
+        note: Some(REPLICAS),
         columns: replica_columns(),
         ..row(key, what, Behaviour::HEALTHY, traffic)
     };
@@ -377,6 +386,10 @@ fn feature_rows() -> Vec<Row> {
             )
         },
         Row {
+            note: Some(
+                "the calls reach the app at an inbound tollgate's port (as a Service's targetPort \
+                 sends them), without and with the adaptive limit",
+            ),
             columns: vec![
                 DIRECT,
                 Column {
@@ -396,9 +409,9 @@ fn feature_rows() -> Vec<Row> {
             ],
             ..row(
                 "adaptive-step",
-                "a healthy app (log-normal, median 50 ms) behind max_inflight = \"adaptive\"; 5/s for 4 s, then 150/s",
+                "a healthy app (log-normal, median 100 ms) behind max_inflight = \"adaptive\"; 5/s for 4 s, then 150/s",
                 waits(Latency::LogNormal {
-                    median: ms(50),
+                    median: ms(100),
                     sigma: 0.3,
                 }),
                 Traffic {
@@ -466,6 +479,10 @@ fn throttle_rows() -> Vec<Row> {
 fn unknown_host() -> Row {
     Row {
         unknown_host: true,
+        note: Some(
+            "direct: the app without a proxy connects to the host itself; tollgate: the request \
+             goes to tollgate in absolute form (http://HOST/path), whose one upstream is another",
+        ),
         ..row(
             "unknown-host",
             "the app uses http_proxy and calls a host no upstream lists; Zipf over 100 URLs, 200/s",
