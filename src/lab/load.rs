@@ -58,7 +58,9 @@ impl Urls {
                 Urls::One => prefix.to_string(),
                 Urls::Zipf(_) => {
                     let u = rng.f64();
-                    let rank = cdf.partition_point(|c| *c < u).min(cdf.len().saturating_sub(1));
+                    let rank = cdf
+                        .partition_point(|c| *c < u)
+                        .min(cdf.len().saturating_sub(1));
                     format!("{prefix}/{rank}")
                 }
                 Urls::Distinct => format!("{prefix}/{i}"),
@@ -211,6 +213,9 @@ mod tests {
         }));
         // The same seed, the same sequence: chains side by side send the same.
         assert_eq!(zipf, Urls::Zipf(100).paths("/work", 1000, 1));
-        assert_eq!(Urls::Distinct.paths("/work", 3, 1), ["/work/0", "/work/1", "/work/2"]);
+        assert_eq!(
+            Urls::Distinct.paths("/work", 3, 1),
+            ["/work/0", "/work/1", "/work/2"]
+        );
     }
 }

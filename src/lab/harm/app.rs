@@ -47,7 +47,10 @@ pub enum Latency {
     None,
     Fixed(Duration),
     /// Log-normal around `median`, with this sigma (1.0: the p99 is ten times the median).
-    LogNormal { median: Duration, sigma: f64 },
+    LogNormal {
+        median: Duration,
+        sigma: f64,
+    },
 }
 
 /// What the upstream does with each request.
@@ -179,13 +182,7 @@ async fn serve(listener: TcpListener, state: Arc<State>) {
 }
 
 fn header_u64(req: &Request<Incoming>, name: &str) -> Option<u64> {
-    req.headers()
-        .get(name)?
-        .to_str()
-        .ok()?
-        .trim()
-        .parse()
-        .ok()
+    req.headers().get(name)?.to_str().ok()?.trim().parse().ok()
 }
 
 /// The draws of one attempt: the same for the same row, request and attempt number.
@@ -204,7 +201,11 @@ fn log_normal(median: Duration, sigma: f64, rng: &mut fastrand::Rng) -> Duration
     let (u1, u2) = (rng.f64().max(1e-12), rng.f64());
     let normal = (-2.0 * u1.ln()).sqrt() * (2.0 * std::f64::consts::PI * u2).cos();
     // Capped at a minute: the row waits for its slowest answer.
-    median.mul_f64((sigma * normal).exp().min(60.0 / median.as_secs_f64().max(1e-3)))
+    median.mul_f64(
+        (sigma * normal)
+            .exp()
+            .min(60.0 / median.as_secs_f64().max(1e-3)),
+    )
 }
 
 type AppBody = Either<Full<Bytes>, Dribble>;

@@ -148,8 +148,7 @@ impl Pool {
                 continue;
             }
             // Just handed back after its body: ready as soon as its task has seen it.
-            if let Ok(Ok(())) = tokio::time::timeout(Duration::from_millis(100), s.ready()).await
-            {
+            if let Ok(Ok(())) = tokio::time::timeout(Duration::from_millis(100), s.ready()).await {
                 return Some(s);
             }
         }
@@ -345,7 +344,10 @@ mod tests {
 
     fn traffic(urls: Urls) -> Traffic {
         Traffic {
-            steps: vec![(5.0, Duration::from_secs(2)), (100.0, Duration::from_secs(10))],
+            steps: vec![
+                (5.0, Duration::from_secs(2)),
+                (100.0, Duration::from_secs(10)),
+            ],
             urls,
             post: false,
             deadline: None,

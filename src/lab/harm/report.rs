@@ -59,13 +59,14 @@ fn wrap(text: &str, indent: &str, width: usize) -> String {
 const INTRO: &str = "\
 The same calls, at the same time, against the same upstream process: straight to it (direct: no
 proxy at all, the same client, which sends each call once), and through tollgate at its defaults
-plus the row's feature. Success: a 200 with its whole body. The upstream draws each call's fate
-(latency, failure) from the call's number, so direct and tollgate meet the same luck; a retry draws
-anew. WORSE: success below direct's (or, in a feature's row, below tollgate's without it) beyond
-noise, a one-sided two-proportion z-test at 99% (z > 2.33), or more upstream calls than the first
-attempts plus what the budget allows. trade: an opt-in feature that trades success for protection,
-judged by its documented purpose. +p50/hop: the median added per tollgate hop, over the calls
-both sides served at the first attempt.
+(retries on: empty [retry] and [budget] sections, every key at its default) plus the row's
+feature. Success: a 200 with its whole body. The upstream draws each call's fate (latency,
+failure) from the call's number, so direct and tollgate meet the same luck; a retry draws anew.
+WORSE: success below direct's (or, in a feature's row, below tollgate's without it) beyond noise,
+a one-sided two-proportion z-test at 99% (z > 2.33), or more upstream calls than the first
+attempts plus what the budget allows. trade: an opt-in feature that trades success for
+protection, judged by its documented purpose. +p50/hop: the median added per tollgate hop, over
+the calls both sides served at the first attempt.
 ";
 
 fn row_block(out: &mut String, n: usize, r: &RowResult) {
@@ -154,7 +155,9 @@ pub fn table(run: &HarmRun) -> String {
         let healthy = overheads
             .iter()
             .find(|(k, _)| *k == "healthy")
-            .map_or(String::new(), |(_, d)| format!("{} in the healthy row, ", fmt_ms(*d)));
+            .map_or(String::new(), |(_, d)| {
+                format!("{} in the healthy row, ", fmt_ms(*d))
+            });
         let (row, most) = overheads
             .iter()
             .max_by_key(|(_, d)| *d)

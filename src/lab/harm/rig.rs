@@ -32,8 +32,9 @@ fn quoted(addrs: &[SocketAddr]) -> String {
         .join(", ")
 }
 
-/// The caller's tollgate: one upstream, `app`, at its defaults plus `feature`. In the
-/// unknown-host row it lists another service only.
+/// The caller's tollgate: one upstream, `app`, with retries on (`[retry]`, which they
+/// are not without, and the `[budget]` that `check` asks for beside it), every key at
+/// its default, plus `feature`. In the unknown-host row it lists another service only.
 pub fn outbound_config(endpoints: &[SocketAddr], feature: Feature, unknown_host: bool) -> String {
     let name = if unknown_host { "other" } else { "app" };
     let (upstream, budget, section) = match feature {
@@ -45,7 +46,7 @@ pub fn outbound_config(endpoints: &[SocketAddr], feature: Feature, unknown_host:
     };
     format!(
         "{LOOPBACK}[upstreams.{name}]\nauthorities = [\"{name}\"]\nendpoints = [{}]\n{upstream}\
-         [upstreams.{name}.budget]\n{budget}{section}",
+         [upstreams.{name}.retry]\n[upstreams.{name}.budget]\n{budget}{section}",
         quoted(endpoints)
     )
 }
@@ -134,12 +135,20 @@ impl Rig {
             Path::Direct => Ok(target(replicas.to_vec(), false)),
             Path::Outbound => {
                 let endpoints = if row.unknown_host {
-                    vec![app::dead().await.map_err(|e| LabError::Setup(e.to_string()))?]
+                    vec![
+                        app::dead()
+                            .await
+                            .map_err(|e| LabError::Setup(e.to_string()))?,
+                    ]
                 } else {
                     replicas.to_vec()
                 };
-                let proxy =
-                    start(&outbound_config(&endpoints, column.feature, row.unknown_host)).await?;
+                let proxy = start(&outbound_config(
+                    &endpoints,
+                    column.feature,
+                    row.unknown_host,
+                ))
+                .await?;
                 let addr = proxy.server.local_addr();
                 self.proxies.push(proxy);
                 Ok(target(vec![addr], row.unknown_host))

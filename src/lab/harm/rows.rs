@@ -1,8 +1,9 @@
 //! The rows of the harm scenario: an upstream's behaviour, a mix of traffic, and the
 //! paths (columns) the same calls take side by side. Column 0 is always `direct`: the
 //! same client straight to the upstream, no proxy at all. The others go through
-//! tollgate at its defaults (every key at its default, with the `[budget]` section
-//! `check` asks for) plus, in a feature's row, that feature.
+//! tollgate at its defaults (retries on: the `[retry]` section and the `[budget]`
+//! section `check` asks for, every key at its default) plus, in a feature's row, that
+//! feature.
 
 use std::time::Duration;
 
@@ -451,7 +452,12 @@ fn feature_rows() -> Vec<Row> {
 
 fn throttle_rows() -> Vec<Row> {
     let throttle = |key, what, behaviour, purpose| Row {
-        columns: with_trade("throttle", "tollgate + [throttle]", Feature::Throttle, purpose),
+        columns: with_trade(
+            "throttle",
+            "tollgate + [throttle]",
+            Feature::Throttle,
+            purpose,
+        ),
         ..row(key, what, behaviour, traffic(200.0, 5, Urls::Zipf(100)))
     };
     vec![
@@ -543,6 +549,10 @@ mod tests {
     fn the_short_run_is_a_subset_of_the_full_one() {
         let short = rows(true);
         assert_eq!(short.len(), SHORT.len());
-        assert!(short.iter().any(|r| r.columns.iter().any(|c| c.trade.is_some())));
+        assert!(
+            short
+                .iter()
+                .any(|r| r.columns.iter().any(|c| c.trade.is_some()))
+        );
     }
 }

@@ -62,17 +62,30 @@ impl Figures {
         self.calls as f64 / self.requests.max(1) as f64
     }
 
-    pub fn build(records: &[Record], direct: Option<&[Record]>, hops: u32, calls: (u64, u64)) -> Self {
+    pub fn build(
+        records: &[Record],
+        direct: Option<&[Record]>,
+        hops: u32,
+        calls: (u64, u64),
+    ) -> Self {
         let mut latencies: Vec<Duration> = records.iter().map(|r| r.latency).collect();
         latencies.sort();
         let mut failures: BTreeMap<String, u64> = BTreeMap::new();
         for r in records.iter().filter(|r| !r.ok) {
-            let what = match (r.status, r.outcome) {
+            let mut what = match (r.status, r.outcome) {
                 (0, _) => "no answer".to_string(),
                 (s, Some(o)) => format!("{s} {o}"),
                 (200, None) => "200, body cut".to_string(),
                 (s, None) => s.to_string(),
             };
+            // tollgate says how many attempts an answer took; its own answer without
+            // the header made none.
+            match (r.attempts, r.outcome) {
+                (0, Some(_)) => what.push_str(" (no upstream call)"),
+                (0, None) => {}
+                (1, _) => what.push_str(" (1 attempt)"),
+                (n, _) => what.push_str(&format!(" ({n} attempts)")),
+            }
             *failures.entry(what).or_default() += 1;
         }
         let mut failures: Vec<(String, u64)> = failures.into_iter().collect();
@@ -218,7 +231,10 @@ pub fn judge(row: &Row, i: usize, figures: &[Figures]) -> Verdict {
     let mut why = Vec::new();
     for &j in column.against {
         let other = &figures[j];
-        let z = z_worse((other.succeeded, other.requests), (me.succeeded, me.requests));
+        let z = z_worse(
+            (other.succeeded, other.requests),
+            (me.succeeded, me.requests),
+        );
         if z > Z_99 {
             why.push(format!(
                 "success below {}'s beyond noise (z = {z:.1})",
@@ -319,7 +335,11 @@ mod tests {
 
     #[test]
     fn the_overhead_pairs_the_same_calls_and_leaves_out_retried_ones() {
-        let direct = [record(0, 10, true, 0), record(1, 20, true, 0), record(2, 5, false, 0)];
+        let direct = [
+            record(0, 10, true, 0),
+            record(1, 20, true, 0),
+            record(2, 5, false, 0),
+        ];
         let through = [
             record(0, 12, true, 1),
             record(1, 22, true, 1),
@@ -335,7 +355,10 @@ mod tests {
     #[test]
     fn the_budget_bounds_the_calls_over_the_windows_spanned() {
         let rows = super::super::rows::all();
-        let row = rows.iter().find(|r| r.key == "errors-one-url").unwrap_or_else(|| unreachable!());
+        let row = rows
+            .iter()
+            .find(|r| r.key == "errors-one-url")
+            .unwrap_or_else(|| unreachable!());
         // 1,000 requests over 10 s, patience 10 s: two windows of 10 s.
         let bound = call_bound(row, &row.columns[1]).unwrap_or_default();
         assert!((bound - (1000.0 * 1.1 + 200.0)).abs() < 1e-9, "{bound}");
@@ -351,9 +374,17 @@ mod tests {
             throttled,
             ..Figures::default()
         };
-        let v = trade(Purpose::ThrottleSheds, &figures(600, 400), &figures(1100, 0));
+        let v = trade(
+            Purpose::ThrottleSheds,
+            &figures(600, 400),
+            &figures(1100, 0),
+        );
         assert!(matches!(v, Verdict::Trade { held: true, .. }), "{v:?}");
-        let v = trade(Purpose::ThrottleIgnores500, &figures(600, 400), &figures(1100, 0));
+        let v = trade(
+            Purpose::ThrottleIgnores500,
+            &figures(600, 400),
+            &figures(1100, 0),
+        );
         assert!(matches!(v, Verdict::Trade { held: false, .. }), "{v:?}");
         assert!(!v.is_worse());
     }
