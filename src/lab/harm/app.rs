@@ -87,6 +87,9 @@ pub struct Counters {
     pub calls: [AtomicU64; MAX_COLUMNS],
     /// Of them, marked as a retry (`x-tollgate-attempt` >= 2).
     pub retries: [AtomicU64; MAX_COLUMNS],
+    /// Waiting for their response head now, and the most ever at once.
+    inflight: [AtomicU64; MAX_COLUMNS],
+    peak: [AtomicU64; MAX_COLUMNS],
 }
 
 impl Counters {
@@ -96,6 +99,36 @@ impl Counters {
 
     pub fn retries(&self, column: usize) -> u64 {
         self.retries.get(column).map_or(0, |c| c.load(Relaxed))
+    }
+
+    /// The most calls of `column` that waited for their response head at once.
+    pub fn peak(&self, column: usize) -> u64 {
+        self.peak.get(column).map_or(0, |c| c.load(Relaxed))
+    }
+}
+
+/// A call waiting for its response head, counted until it has one or is dropped.
+struct Waiting<'a> {
+    counters: &'a Counters,
+    column: usize,
+}
+
+impl<'a> Waiting<'a> {
+    fn new(counters: &'a Counters, column: usize) -> Self {
+        if let (Some(now), Some(peak)) = (counters.inflight.get(column), counters.peak.get(column))
+        {
+            let n = now.fetch_add(1, Relaxed) + 1;
+            peak.fetch_max(n, Relaxed);
+        }
+        Waiting { counters, column }
+    }
+}
+
+impl Drop for Waiting<'_> {
+    fn drop(&mut self) {
+        if let Some(now) = self.counters.inflight.get(self.column) {
+            now.fetch_sub(1, Relaxed);
+        }
     }
 }
 
@@ -221,6 +254,7 @@ async fn handle(state: &State, req: Request<Incoming>) -> Response<AppBody> {
     {
         c.fetch_add(1, Relaxed);
     }
+    let _waiting = Waiting::new(&state.counters, column);
     let seq = header_u64(&req, SEQ);
     let mut rng = match seq {
         Some(seq) => draws(state.seed, seq, attempt),

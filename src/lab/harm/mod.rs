@@ -28,7 +28,7 @@ use super::LabError;
 use app::Latency;
 use client::Client;
 use rows::{Path, Row};
-use verdict::{Figures, Verdict};
+use verdict::{Figures, Seen, Verdict};
 
 /// What a run of the harm scenario runs.
 #[derive(Clone, Debug, Default)]
@@ -175,9 +175,13 @@ pub async fn run_row(row: Row, seed: u64) -> Result<RowResult, LabError> {
         .iter()
         .enumerate()
         .map(|(i, c)| {
-            let calls = (counters.calls(i), counters.retries(i));
+            let seen = Seen {
+                calls: counters.calls(i),
+                retried: counters.retries(i),
+                peak_waiting: counters.peak(i),
+            };
             let paired = if c.path == Path::Direct { None } else { direct };
-            Figures::build(&records[i], paired, c.path.hops(), calls)
+            Figures::build(&records[i], paired, c.path.hops(), seen)
         })
         .collect();
     rig.stop().await;

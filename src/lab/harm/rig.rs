@@ -9,7 +9,7 @@ use tokio::time::Instant;
 
 use super::app::{self, App};
 use super::client::Target;
-use super::rows::{Broken, Column, Feature, Path, Replicas, Row};
+use super::rows::{Broken, Column, FIXED_LIMIT, Feature, Path, Replicas, Row};
 use crate::lab::LabError;
 use crate::lab::backend::Silent;
 use crate::run::Running;
@@ -38,11 +38,12 @@ fn quoted(addrs: &[SocketAddr]) -> String {
 pub fn outbound_config(endpoints: &[SocketAddr], feature: Feature, unknown_host: bool) -> String {
     let name = if unknown_host { "other" } else { "app" };
     let (upstream, budget, section) = match feature {
-        Feature::RefuseAppRetries => ("app_retries = \"refuse\"\n", "", String::new()),
-        Feature::MaxRatio => ("", "max_ratio = 0.5\n", String::new()),
-        Feature::Outlier => ("", "", format!("[upstreams.{name}.outlier]\n")),
-        Feature::Throttle => ("", "", format!("[upstreams.{name}.throttle]\n")),
-        Feature::None | Feature::AdaptiveLimit => ("", "", String::new()),
+        Feature::RefuseAppRetries => ("app_retries = \"refuse\"\n".to_string(), "", String::new()),
+        Feature::FixedLimit => (format!("max_inflight = {FIXED_LIMIT}\n"), "", String::new()),
+        Feature::MaxRatio => (String::new(), "max_ratio = 0.5\n", String::new()),
+        Feature::Outlier => (String::new(), "", format!("[upstreams.{name}.outlier]\n")),
+        Feature::Throttle => (String::new(), "", format!("[upstreams.{name}.throttle]\n")),
+        Feature::None | Feature::AdaptiveLimit => (String::new(), "", String::new()),
     };
     format!(
         "{LOOPBACK}[upstreams.{name}]\nauthorities = [\"{name}\"]\nendpoints = [{}]\n{upstream}\
@@ -200,6 +201,7 @@ mod tests {
             Feature::Throttle,
             Feature::RefuseAppRetries,
             Feature::AdaptiveLimit,
+            Feature::FixedLimit,
         ];
         for f in features {
             for text in [

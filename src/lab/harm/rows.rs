@@ -71,7 +71,12 @@ pub enum Feature {
     RefuseAppRetries,
     /// `[inbound] max_inflight = "adaptive"`.
     AdaptiveLimit,
+    /// `max_inflight = FIXED_LIMIT` on the upstream.
+    FixedLimit,
 }
+
+/// The fixed `max_inflight` of the [`Feature::FixedLimit`] column.
+pub const FIXED_LIMIT: u32 = 10;
 
 /// An opt-in trade's documented purpose, by which its column is judged.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -85,6 +90,8 @@ pub enum Purpose {
     ThrottleIgnores500,
     /// Only the app's own retries, known on evidence, are refused: first attempts never.
     RefusesOnlyAppRetries,
+    /// A fixed `max_inflight` bounds the calls waiting upstream at once.
+    BoundsWaiting,
 }
 
 impl Purpose {
@@ -97,6 +104,9 @@ impl Purpose {
                 "[throttle]: rejects nothing while the upstream accepts more than one call in two"
             }
             Purpose::ThrottleIgnores500 => "[throttle]: a 500 is an answer, it never trips it",
+            Purpose::BoundsWaiting => {
+                "max_inflight: never more calls waiting upstream at once than the limit"
+            }
             Purpose::RefusesOnlyAppRetries => {
                 "app_retries = \"refuse\": refuses the app's own retries, never a first attempt"
             }
@@ -337,6 +347,7 @@ pub fn all() -> Vec<Row> {
     ];
     rows.extend(replica_rows());
     rows.extend(feature_rows());
+    rows.push(fixed_limit());
     rows.extend(throttle_rows());
     rows.push(unknown_host());
     rows
@@ -448,6 +459,26 @@ fn feature_rows() -> Vec<Row> {
             )
         },
     ]
+}
+
+fn fixed_limit() -> Row {
+    Row {
+        columns: with_trade(
+            "fixed-limit",
+            "tollgate + max_inflight 10",
+            Feature::FixedLimit,
+            Purpose::BoundsWaiting,
+        ),
+        ..row(
+            "fixed-limit",
+            "a healthy app (log-normal, median 100 ms); Zipf over 100 URLs, 200/s (about 20 waiting at once)",
+            waits(Latency::LogNormal {
+                median: ms(100),
+                sigma: 0.3,
+            }),
+            traffic(200.0, 5, Urls::Zipf(100)),
+        )
+    }
 }
 
 fn throttle_rows() -> Vec<Row> {

@@ -28,6 +28,14 @@ const MAX_RATIO: f64 = 0.5;
 const MIN_PER_SEC: f64 = 10.0;
 const WINDOW: Duration = Duration::from_secs(10);
 
+/// What the upstream saw of one column.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Seen {
+    pub calls: u64,
+    pub retried: u64,
+    pub peak_waiting: u64,
+}
+
 /// One column's figures.
 #[derive(Clone, Debug, Default)]
 pub struct Figures {
@@ -39,6 +47,8 @@ pub struct Figures {
     pub calls: u64,
     /// Of them, marked as retries.
     pub retried: u64,
+    /// The most of them that waited for their response head at once.
+    pub peak_waiting: u64,
     /// The failures by what the app got (`"504 deadline-exceeded"`), most first.
     pub failures: Vec<(String, u64)>,
     /// Answers with outcome `throttled` / `app-retry`.
@@ -62,12 +72,7 @@ impl Figures {
         self.calls as f64 / self.requests.max(1) as f64
     }
 
-    pub fn build(
-        records: &[Record],
-        direct: Option<&[Record]>,
-        hops: u32,
-        calls: (u64, u64),
-    ) -> Self {
+    pub fn build(records: &[Record], direct: Option<&[Record]>, hops: u32, seen: Seen) -> Self {
         let mut latencies: Vec<Duration> = records.iter().map(|r| r.latency).collect();
         latencies.sort();
         let mut failures: BTreeMap<String, u64> = BTreeMap::new();
@@ -96,8 +101,9 @@ impl Figures {
             succeeded: records.iter().filter(|r| r.ok).count() as u64,
             p50: quantile(&latencies, 0.5),
             p99: quantile(&latencies, 0.99),
-            calls: calls.0,
-            retried: calls.1,
+            calls: seen.calls,
+            retried: seen.retried,
+            peak_waiting: seen.peak_waiting,
             failures,
             throttled: count("throttled"),
             refused_as_app_retry: count("app-retry"),
@@ -279,6 +285,13 @@ fn trade(purpose: Purpose, me: &Figures, without: &Figures) -> Verdict {
         Purpose::ThrottleIgnores500 => (
             me.throttled == 0 && not_worse,
             format!("{} throttled", me.throttled),
+        ),
+        Purpose::BoundsWaiting => (
+            me.peak_waiting <= u64::from(super::rows::FIXED_LIMIT),
+            format!(
+                "at most {} calls waiting upstream at once, {} without",
+                me.peak_waiting, without.peak_waiting
+            ),
         ),
         Purpose::RefusesOnlyAppRetries => (
             me.refused_as_app_retry == 0,
