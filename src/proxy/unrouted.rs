@@ -100,8 +100,11 @@ impl Passing {
 }
 
 impl Admission for Passing {
-    fn release(&self, took: Duration) {
+    fn leave(&self) {
         self.inflight.fetch_sub(1, AcqRel);
+    }
+
+    fn finished(&self, took: Duration) {
         self.metrics.request_duration.observe(took.as_secs_f64());
     }
 }
