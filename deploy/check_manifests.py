@@ -364,7 +364,7 @@ def check_deployment(name, dep, configmaps, podmonitors, policies, services):
                 problem(where, f"app container {app['name']}: {var} must exempt 127.0.0.1")
         for var in ("HTTPS_PROXY", "https_proxy"):
             if var in env:
-                problem(where, f"app container {app['name']}: {var}: tollgate does not tunnel TLS (CONNECT)")
+                problem(where, f"app container {app['name']}: {var}: tollgate refuses CONNECT to its upstreams (call them over http://)")
 
     # Shutdown: the grace period outlasts the app's stop and tollgate's drain.
     grace = spec.get("terminationGracePeriodSeconds", 30)

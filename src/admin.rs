@@ -175,6 +175,15 @@ fn refresh_gauges(shared: &Shared) {
     if let Some(inbound) = &shared.inbound {
         inbound.refresh_gauges();
     }
+    // Passed through: one attempt per request by construction, and no retry granted.
+    let passing = &shared.passing;
+    shared.metrics.set_gauges(
+        crate::config::PASSTHROUGH,
+        1.0,
+        0.0,
+        passing.inflight() as i64,
+        passing.connections() as i64,
+    );
 }
 
 #[cfg(test)]

@@ -37,7 +37,8 @@ enum Command {
     Check(tollgate::check::CheckArgs),
     /// The amplification calculator: worst case, expected, budget-capped, sensitivity.
     Calc(tollgate::calc::CalcArgs),
-    /// The retry-storm lab: a real HTTP chain on loopback, naive vs owned retries.
+    /// The lab: real HTTP chains on loopback; naive vs owned retries, the inbound side,
+    /// and whether a service is worse off through tollgate (`--scenario harm`).
     Lab(tollgate::lab::LabArgs),
     /// The tick simulation of a capacity dip under five retry policies.
     Sim(tollgate::lab::SimArgs),

@@ -47,6 +47,7 @@ impl Running {
         let admin_addr = config.admin.addr;
         let server = Arc::new(Server::start(config, metrics, workers).await?);
         let admin = Admin::start(admin_addr, server.shared().clone()).await?;
+        let _ = server.shared().admin_bound.set(admin.local_addr());
         let watcher = path.map(|p| crate::reload::spawn(p, server.clone()));
         Ok(Running {
             server,

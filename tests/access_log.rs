@@ -59,7 +59,11 @@ async fn wait_lines(p: &Process, n: usize, json: bool) -> Vec<String> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_request_gets_a_line_saying_what_happened_to_it() {
     let (ok, down) = upstreams().await;
-    let p = Process::start_logged(&sections(&ok, &down, "[access_log]\nenabled = true")).await;
+    let p = Process::start_logged_listening(
+        "unknown_authorities = \"refuse\"",
+        &sections(&ok, &down, "[access_log]\nenabled = true"),
+    )
+    .await;
 
     assert_eq!(get(p.addr, "/charge?card=4111", "ok").await.status, 200);
     // The first failure is retried (the floor allows one retry), the next ones find
@@ -164,7 +168,8 @@ async fn off_by_default_nothing_is_logged_per_request() {
     for _ in 0..5 {
         assert_eq!(get(p.addr, "/", "ok").await.status, 200);
     }
-    assert_eq!(get(p.addr, "/", "nowhere").await.status, 404);
+    // Passed through, as an unknown authority.
+    assert_eq!(get(p.addr, "/", &ok.addr.to_string()).await.status, 200);
     // The log's own lines (start, serving) are there; no request line is.
     assert!(p.log().contains("tollgate is serving"), "{}", p.log());
     assert!(access_lines(&p.log(), false).is_empty(), "{}", p.log());
@@ -174,7 +179,7 @@ async fn off_by_default_nothing_is_logged_per_request() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_no_route_answer_names_the_authority_it_got() {
     let (ok, down) = upstreams().await;
-    let tg = Tollgate::start(&config(&sections(&ok, &down, ""))).await;
+    let tg = Tollgate::start(&refusing(&sections(&ok, &down, ""))).await;
     let r = get(tg.addr, "/", "paymnets").await;
     assert_eq!(r.status, 404);
     assert!(

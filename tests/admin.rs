@@ -82,7 +82,7 @@ async fn config_shows_certificate_paths_never_their_contents() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn endpoints_answer_and_anything_else_is_refused() {
     let up = Upstream::start(|_req| async { Response::new(full("upstream")) }).await;
-    let tg = Tollgate::start(&config(&format!(
+    let tg = Tollgate::start(&refusing(&format!(
         "[upstreams.a]\nauthorities = [\"a\", \"admin\"]\nendpoints = [\"{}\"]\n",
         up.addr
     )))

@@ -18,7 +18,7 @@ use tokio::time::timeout;
 const LIMIT: Duration = Duration::from_secs(10);
 
 fn app(addr: SocketAddr) -> String {
-    config(&format!(
+    refusing(&format!(
         "[upstreams.app]\nauthorities = [\"app\"]\nendpoints = [\"{addr}\"]\n"
     ))
 }

@@ -240,6 +240,11 @@ fn an_exposed_listener_is_flagged_and_an_exposed_admin_port_is_not() {
         "{}",
         found[0]
     );
+    assert!(
+        found[0].contains("unknown_authorities = \"refuse\""),
+        "other hosts could use it as a forward proxy: {}",
+        found[0]
+    );
 }
 
 #[test]

@@ -437,3 +437,23 @@ fn mistakes_in_endpoint_health_and_hedging_name_their_place_and_fix() {
     mentions(&found[0], "\"p95\"");
     mentions(&found[1], "`half` is not a percentage");
 }
+
+#[test]
+fn passthrough_is_a_reserved_upstream_name_and_unknown_authorities_takes_two_words() {
+    let found = problems(
+        "[listener]\nunknown_authorities = \"drop\"\n\
+         [upstreams.passthrough]\nauthorities = [\"p\"]\nendpoints = [\"127.0.0.1:1\"]\n",
+    );
+    assert_eq!(found.len(), 2, "{found:#?}");
+    starts(
+        &found[0],
+        "t.toml:2:23: listener.unknown_authorities: `drop` is not",
+    );
+    mentions(&found[0], "\"pass\"");
+    mentions(&found[0], "\"refuse\"");
+    starts(
+        &found[1],
+        "t.toml:3:12: upstreams.passthrough: `passthrough` is reserved",
+    );
+    mentions(&found[1], "give the upstream another name");
+}

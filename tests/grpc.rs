@@ -17,9 +17,9 @@ use grpc_stack::{Ask, Client, Server};
 use tonic::Code;
 
 /// `[upstreams.greeter]` to `addr`, a short attempt_timeout and request_timeout;
-/// `extra` goes into the upstream's table.
+/// `extra` goes into the upstream's table. Unknown authorities are refused.
 fn greeter(addr: SocketAddr, extra: &str) -> String {
-    config(&format!(
+    refusing(&format!(
         "[upstreams.greeter]\nauthorities = [\"greeter\"]\nendpoints = [\"{addr}\"]\n\
          attempt_timeout = \"300ms\"\nrequest_timeout = \"500ms\"\n{extra}"
     ))
@@ -209,7 +209,7 @@ async fn a_grpc_failure_the_inner_tollgate_gave_up_on_is_not_retried_by_the_oute
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn over_http1_too_tollgates_answers_to_grpc_calls_are_grpc_answers() {
     let dead = dead_port().await;
-    let tg = Tollgate::start(&config(&format!(
+    let tg = Tollgate::start(&refusing(&format!(
         "[upstreams.down]\nauthorities = [\"down\"]\nendpoints = [\"{dead}\"]\n"
     )))
     .await;

@@ -66,6 +66,10 @@ fn app(addr: SocketAddr, extra_listener: &str, extra_upstream: &str) -> String {
     )
 }
 
+/// The listener setting that makes an authority no upstream lists a `404 no-route`
+/// (passed through as it is otherwise: `tests/passthrough.rs`).
+const REFUSE: &str = "unknown_authorities = \"refuse\"";
+
 /// A normal request through tollgate succeeds.
 async fn still_serving(tg: &Tollgate) {
     let r = get(tg.addr, "/normal", "app").await;
@@ -529,7 +533,7 @@ async fn malformed_request_lines_get_400_or_a_closed_connection() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn invalid_or_ambiguous_host_headers_are_refused() {
     let (up, seen) = recording_upstream().await;
-    let tg = Tollgate::start(&app(up.addr, "", "")).await;
+    let tg = Tollgate::start(&app(up.addr, REFUSE, "")).await;
 
     // Two Host lines (RFC 9112 section 3.2: 400), whichever comes first.
     for hosts in [
@@ -577,9 +581,9 @@ async fn invalid_or_ambiguous_host_headers_are_refused() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn tollgate_is_never_an_open_proxy() {
+async fn refusing_unknown_authorities_makes_no_open_proxy() {
     let (up, seen) = recording_upstream().await;
-    let tg = Tollgate::start(&app(up.addr, "", "")).await;
+    let tg = Tollgate::start(&app(up.addr, REFUSE, "")).await;
     let endpoint = up.addr;
     for target in [
         "http://evil.example/".to_string(),
@@ -636,9 +640,9 @@ async fn tollgate_is_never_an_open_proxy() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn connect_is_refused_and_nothing_is_tunnelled() {
+async fn refusing_unknown_authorities_tunnels_no_connect() {
     let (up, seen) = recording_upstream().await;
-    let tg = Tollgate::start(&app(up.addr, "", "")).await;
+    let tg = Tollgate::start(&app(up.addr, REFUSE, "")).await;
     let endpoint = up.addr;
 
     // To a configured authority: 405.

@@ -33,7 +33,7 @@ fn echo_upstream(
 async fn routes_by_host_and_absolute_form_and_refuses_the_rest() {
     let a = Upstream::start(echo_upstream("a")).await;
     let b = Upstream::start(echo_upstream("b")).await;
-    let tg = Tollgate::start(&config(&format!(
+    let tg = Tollgate::start(&refusing(&format!(
         "[upstreams.a]\nauthorities = [\"alpha\", \"alpha.default.svc.cluster.local\"]\nendpoints = [\"{}\"]\n\
          [upstreams.b]\nauthorities = [\"beta:8080\"]\nendpoints = [\"{}\"]\n",
         a.addr, b.addr
@@ -90,7 +90,7 @@ async fn routes_by_host_and_absolute_form_and_refuses_the_rest() {
 async fn a_dedicated_port_routes_whatever_the_host() {
     let a = Upstream::start(echo_upstream("a")).await;
     let port = free_port();
-    let tg = Tollgate::start(&config(&format!(
+    let tg = Tollgate::start(&refusing(&format!(
         "[upstreams.a]\nlisten = \"127.0.0.1:{port}\"\nendpoints = [\"{}\"]\nhost = \"api.example\"\n",
         a.addr
     )))

@@ -14,9 +14,11 @@ use common::*;
 use hyper_util::rt::TokioIo;
 
 /// A config with listener and admin on ephemeral ports and one upstream `a`, plus `extra`.
+/// Unknown authorities are refused: an upstream's absence reads `404 no-route`.
 fn text(up: SocketAddr, extra: &str) -> String {
     format!(
-        "[listener]\naddr = \"127.0.0.1:0\"\n[admin]\naddr = \"127.0.0.1:0\"\n\
+        "[listener]\naddr = \"127.0.0.1:0\"\nunknown_authorities = \"refuse\"\n\
+         [admin]\naddr = \"127.0.0.1:0\"\n\
          [upstreams.a]\nauthorities = [\"a\"]\nendpoints = [\"{up}\"]\n{extra}"
     )
 }

@@ -459,7 +459,7 @@ async fn a_config_refused_for_a_missing_certificate_is_applied_when_it_lands() {
     let server = TlsUpstream::start(server_config(&leaf, &["http/1.1"], None)).await;
     let plain = Upstream::start(|_req| async { respond(200, "plain") }).await;
     let dir = TempDir::new("tls-late-secret");
-    let first = config(&format!(
+    let first = refusing(&format!(
         "[upstreams.plain]\nauthorities = [\"plain\"]\nendpoints = [\"{}\"]\n",
         plain.addr
     ));

@@ -62,6 +62,16 @@ pub fn reconcile(running: &Config, new: Config) -> Reconciled {
         n.max_connections.to_string(),
     );
     differs(
+        "listener.unknown_authorities",
+        l.unknown_authorities.as_str().into(),
+        n.unknown_authorities.as_str().into(),
+    );
+    differs(
+        "listener.passthrough_connect_timeout",
+        d(l.passthrough_connect_timeout),
+        d(n.passthrough_connect_timeout),
+    );
+    differs(
         "admin.addr",
         running.admin.addr.to_string(),
         new.admin.addr.to_string(),

@@ -22,6 +22,8 @@ impl Config {
                 "max_headers": self.listener.max_headers,
                 "idle_timeout": format_duration(self.listener.idle_timeout),
                 "max_connections": self.listener.max_connections,
+                "unknown_authorities": self.listener.unknown_authorities.as_str(),
+                "passthrough_connect_timeout": format_duration(self.listener.passthrough_connect_timeout),
             },
             "admin": { "addr": self.admin.addr.to_string() },
             "deadline": {

@@ -9,7 +9,9 @@ use http::Method;
 
 use super::figures::{attempts_that_fit, total_backoff};
 use super::units::format_duration;
-use super::{AppRetries, Config, Diagnostic, Jitter, Ownership, Severity, UpstreamConfig};
+use super::{
+    AppRetries, Config, Diagnostic, Jitter, Ownership, Severity, UnknownAuthorities, UpstreamConfig,
+};
 
 mod endpoints;
 
@@ -35,11 +37,18 @@ pub fn warning(config: &Config, key: &str, message: String, fix: String) -> Diag
 pub fn lint(config: &Config) -> Vec<Diagnostic> {
     let mut out = Vec::new();
     if !config.listener.addr.ip().is_loopback() {
-        out.push(exposed_listener(
-            config,
-            "listener.addr",
-            config.listener.addr,
-        ));
+        let mut exposed = exposed_listener(config, "listener.addr", config.listener.addr);
+        if config.listener.unknown_authorities == UnknownAuthorities::Pass {
+            // Worse: a forward proxy into whatever the pod can reach.
+            exposed.message.push_str(
+                ", and reach any other host through it: requests for authorities no \
+                 upstream lists are passed through (unknown_authorities = \"pass\")",
+            );
+            exposed
+                .fix
+                .push_str(", or write unknown_authorities = \"refuse\" in [listener]");
+        }
+        out.push(exposed);
     }
     for up in &config.upstreams {
         lint_upstream(config, up, &mut out);

@@ -23,7 +23,7 @@ use tokio::time::Instant;
 
 use super::LabError;
 use super::backend::{BUCKET, Backend, Condition, Schedule};
-use super::load::{self, Live, LoadSpec, Record};
+use super::load::{self, Live, LoadSpec, Record, Urls};
 use crate::run::Running;
 
 /// What the fleet scenario runs.
@@ -226,6 +226,7 @@ async fn drive(rig: &Rig, rps: f64, duration: Duration, start: Instant) -> Vec<R
         deadline: Duration::from_secs(1),
         patience: Duration::from_secs(2),
         host: "app",
+        urls: Urls::Zipf(100),
     };
     let runs = rig.callers.iter().map(|c| {
         load::run(

@@ -15,6 +15,7 @@
 
 pub mod backend;
 pub mod fleet;
+pub mod harm;
 pub mod load;
 pub mod overload;
 pub mod plot;
@@ -38,9 +39,10 @@ use scenario::{Chain, Column, Overrides, Scenario};
 /// Arguments of `tollgate lab`.
 #[derive(clap::Args, Debug, Clone)]
 pub struct LabArgs {
-    /// Scenario: storm (the published experiment), brownout, dip, down, hedge,
+    /// Scenario: storm (the published experiment), brownout, dip, down, dead, hedge,
     /// blackhole; fleet (many callers and the inbound side's budget), overload (the
-    /// adaptive limit).
+    /// adaptive limit); harm (direct vs through tollgate, row after row: does it do
+    /// no harm?).
     #[arg(long, default_value = "storm")]
     pub scenario: String,
     /// Print one JSON object instead of the table.
@@ -66,6 +68,12 @@ pub struct LabArgs {
     /// throttled).
     #[arg(long, value_delimiter = ',')]
     pub chains: Vec<String>,
+    /// harm: the short set of rows (the one CI runs).
+    #[arg(long)]
+    pub short: bool,
+    /// harm: only these rows, by key, e.g. slow-700ms,replica-dead.
+    #[arg(long, value_delimiter = ',')]
+    pub rows: Vec<String>,
 }
 
 /// Arguments of `tollgate sim`.
@@ -278,7 +286,7 @@ async fn show_progress(
     }
 }
 
-fn lab_runtime() -> std::io::Result<tokio::runtime::Runtime> {
+pub(crate) fn lab_runtime() -> std::io::Result<tokio::runtime::Runtime> {
     tokio::runtime::Builder::new_multi_thread()
         .worker_threads(std::thread::available_parallelism().map_or(2, |n| n.get()))
         .enable_all()
@@ -374,12 +382,19 @@ pub fn lab_main(args: LabArgs) -> i32 {
         eprintln!("tollgate lab: --error-rate must be between 0 and 1");
         return 2;
     }
+    if args.scenario == "harm" {
+        return harm::harm_main(&args);
+    }
+    if args.short || !args.rows.is_empty() {
+        eprintln!("tollgate lab: --short and --rows are for the harm scenario");
+        return 2;
+    }
     if let Some(code) = inbound_scenario(&args) {
         return code;
     }
     let Some(mut s) = scenario::scenario(&args.scenario, &overrides) else {
         eprintln!(
-            "tollgate lab: unknown scenario `{}` (choose one of: {}, fleet, overload)",
+            "tollgate lab: unknown scenario `{}` (choose one of: {}, fleet, overload, harm)",
             args.scenario,
             scenario::NAMES.join(", ")
         );

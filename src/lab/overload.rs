@@ -18,7 +18,7 @@ use tokio::time::Instant;
 
 use super::LabError;
 use super::backend::{Backend, Condition, Schedule};
-use super::load::{self, Live, LoadSpec, Record};
+use super::load::{self, Live, LoadSpec, Record, Urls};
 use crate::run::Running;
 
 /// What the overload scenario runs.
@@ -167,6 +167,7 @@ async fn phase(
         deadline: Duration::from_secs(1),
         patience: Duration::from_secs(2),
         host: "app",
+        urls: Urls::Zipf(100),
     };
     let records = load::run(target, load, start, Arc::new(Live::default())).await;
     inbound.shutdown(Duration::ZERO).await;

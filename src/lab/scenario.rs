@@ -30,7 +30,7 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use super::backend::{Condition, Schedule};
-use super::load::LoadSpec;
+use super::load::{LoadSpec, Urls};
 
 /// Figures a scenario is compared against.
 #[derive(Clone, Copy, Debug)]
@@ -165,6 +165,7 @@ fn storm() -> Scenario {
             deadline: secs(1),
             patience: secs(2),
             host: "api",
+            urls: Urls::One,
         },
         backend: Schedule {
             workers: 3,
@@ -204,6 +205,7 @@ fn brownout() -> Scenario {
             deadline: secs(2),
             patience: secs(4),
             host: "api",
+            urls: Urls::Zipf(100),
         },
         backend: Schedule {
             workers: 20,
@@ -242,6 +244,7 @@ fn dip() -> Scenario {
             deadline: secs(1),
             patience: secs(2),
             host: "api",
+            urls: Urls::Zipf(100),
         },
         backend: Schedule {
             workers: 10,
@@ -280,6 +283,7 @@ fn down() -> Scenario {
             deadline: secs(1),
             patience: secs(2),
             host: "api",
+            urls: Urls::Zipf(100),
         },
         backend: Schedule {
             workers: 10,
@@ -327,6 +331,7 @@ fn hedge() -> Scenario {
             deadline: secs(1),
             patience: secs(2),
             host: "api",
+            urls: Urls::Zipf(100),
         },
         backend: Schedule {
             workers: 64,
@@ -368,6 +373,7 @@ fn blackhole() -> Scenario {
             deadline: secs(1),
             patience: secs(2),
             host: "api",
+            urls: Urls::Zipf(100),
         },
         backend: Schedule {
             workers: 30,
@@ -633,6 +639,8 @@ mod tests {
         assert_eq!(s.load.duration, secs(20));
         assert!((s.backend.capacity(&s.backend.normal) - 90.0).abs() < 0.01);
         assert_eq!(s.backend.normal.error_rate, 0.4);
+        // As the published load: every user asks for the same URL.
+        assert_eq!(s.load.urls, Urls::One);
     }
 
     #[test]

@@ -24,10 +24,12 @@ pub enum Outcome {
     RetryRejected,
     /// The app retried a failure tollgate had owned; refused without an upstream call.
     AppRetry,
+    /// A request passed through would have come back into tollgate (`508`).
+    Loop,
 }
 
 impl Outcome {
-    pub const ALL: [Outcome; 13] = [
+    pub const ALL: [Outcome; 14] = [
         Outcome::Ok,
         Outcome::AttemptsExhausted,
         Outcome::BudgetExhausted,
@@ -41,6 +43,7 @@ impl Outcome {
         Outcome::Throttled,
         Outcome::RetryRejected,
         Outcome::AppRetry,
+        Outcome::Loop,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -58,6 +61,7 @@ impl Outcome {
             Outcome::Throttled => "throttled",
             Outcome::RetryRejected => "retry-rejected",
             Outcome::AppRetry => "app-retry",
+            Outcome::Loop => "loop",
         }
     }
 

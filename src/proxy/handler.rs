@@ -6,6 +6,7 @@
 //! throttle, and a request the app sends again after an owned failure is its own retry
 //! ([`super::app_retries`]).
 
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::Ordering::AcqRel;
 
@@ -20,8 +21,8 @@ use super::access_log::Entry;
 use super::app_retries::{self, Sameness, Verdict};
 use super::grpc;
 use super::route::authority_of;
-use super::{Shared, Upstream};
-use crate::config::AccessLogConfig;
+use super::{Shared, Upstream, unrouted};
+use crate::config::{AccessLogConfig, UnknownAuthorities};
 use crate::deadline::Deadline;
 use crate::http::grpc::{GRPC_PUSHBACK, GRPC_STATUS, is_grpc, is_grpc_answer};
 use crate::http::spare;
@@ -45,6 +46,9 @@ pub struct Outbound {
     pub shared: Arc<Shared>,
     /// The upstream of a dedicated listener.
     pub dedicated: Option<Arc<str>>,
+    /// Where a redirected connection was going (its requests go there when its
+    /// upstream has gone from the config and unknown authorities are passed).
+    pub captured: Option<SocketAddr>,
 }
 
 impl Service for Outbound {
@@ -56,7 +60,7 @@ impl Service for Outbound {
     ) -> impl Future<Output = AppResponse> + Send + use<> {
         handle(
             self.shared.clone(),
-            self.dedicated.clone(),
+            (self.dedicated.clone(), self.captured),
             conn.clone(),
             req,
         )
@@ -65,7 +69,7 @@ impl Service for Outbound {
 
 async fn handle(
     shared: Arc<Shared>,
-    dedicated: Option<Arc<str>>,
+    (dedicated, captured): (Option<Arc<str>>, Option<SocketAddr>),
     conn: Arc<ConnState>,
     req: AppRequest,
 ) -> AppResponse {
@@ -84,12 +88,16 @@ async fn handle(
         Box::new(resp)
     };
 
-    let (upstream, log) = route(&shared, dedicated.as_deref(), &req);
+    let (upstream, log, unknown) = route(&shared, dedicated.as_deref(), &req);
     // The access log's line, begun when it is on: the request is taken apart below.
     let mut entry = log
         .enabled
         .then(|| access_log_entry(&req, log, upstream.as_deref()));
     let Some(up) = upstream else {
+        // A dedicated port is one upstream's: what it no longer has is not passed on.
+        if unknown == UnknownAuthorities::Pass && (dedicated.is_none() || captured.is_some()) {
+            return unrouted::pass(shared, captured, req, guard, entry).await;
+        }
         let grpc = is_grpc(req.headers());
         shared.unrouted[usize::from(grpc)].inc();
         log_refusal(&mut entry, &mut guard, &NO_ROUTE, grpc);
@@ -190,7 +198,7 @@ fn route(
     shared: &Shared,
     dedicated: Option<&str>,
     req: &Request<AppBody>,
-) -> (Option<Arc<Upstream>>, AccessLogConfig) {
+) -> (Option<Arc<Upstream>>, AccessLogConfig, UnknownAuthorities) {
     let snap = shared.snapshot.load();
     let up = match dedicated {
         Some(name) => snap.by_name(name).cloned(),
@@ -198,7 +206,11 @@ fn route(
             .and_then(|a| snap.routes.lookup(a))
             .and_then(|i| snap.upstreams.get(i).cloned()),
     };
-    (up, snap.config.access_log)
+    (
+        up,
+        snap.config.access_log,
+        snap.config.listener.unknown_authorities,
+    )
 }
 
 /// The answer to a request for which no upstream is configured: named, so a typo in
@@ -454,7 +466,7 @@ impl Admission for Upstream {
 
 /// The path and query alone, as HTTP/1.1 origin-form: an absolute-form target with an
 /// empty path (`http://up?x=1`) means `/` (RFC 9112 section 3.2.2).
-fn origin_form(uri: Uri) -> Uri {
+pub(super) fn origin_form(uri: Uri) -> Uri {
     if uri.scheme().is_none() && uri.authority().is_none() {
         return uri;
     }
@@ -563,20 +575,20 @@ fn is_grpc_answer_head(resp: &Response<crate::upstream::response::UpstreamBody>)
 }
 
 /// Adds `Connection: close` when the app's HTTP/1.x body was left unread.
-fn announce_close(resp: &mut Response<ResponseBody>) {
+pub(super) fn announce_close(resp: &mut Response<ResponseBody>) {
     resp.headers_mut()
         .insert(CONNECTION, HeaderValue::from_static("close"));
 }
 
 /// An answer tollgate makes itself, and why.
-struct Local<'a> {
-    status: StatusCode,
-    outcome: Outcome,
-    attempts: u32,
+pub(super) struct Local<'a> {
+    pub status: StatusCode,
+    pub outcome: Outcome,
+    pub attempts: u32,
     /// The failure tollgate gave up on, if any.
-    failure: Option<Failure>,
-    text: &'a str,
-    retry_after: Option<HeaderValue>,
+    pub failure: Option<Failure>,
+    pub text: &'a str,
+    pub retry_after: Option<HeaderValue>,
 }
 
 impl Local<'static> {
@@ -595,7 +607,7 @@ impl Local<'static> {
 
 /// Writes an answer tollgate makes itself: plain text, or for a gRPC call a
 /// trailers-only gRPC answer.
-fn local_answer(
+pub(super) fn local_answer(
     metrics: Option<&UpstreamMetrics>,
     local: Local<'_>,
     grpc: bool,

@@ -27,10 +27,12 @@ mod apply;
 pub mod destinations;
 pub mod grpc;
 pub mod handler;
+pub mod origins;
 pub mod passthrough;
 pub mod redirect;
 pub mod route;
 pub mod snapshot;
+pub mod unrouted;
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -64,6 +66,8 @@ pub struct Shared {
     pub metrics: Arc<Metrics>,
     /// Requests no upstream claimed (plain HTTP, and gRPC calls).
     pub unrouted: [prometheus::IntCounter; 2],
+    /// Requests for unknown authorities passed through, and where to.
+    pub passing: Arc<unrouted::Passing>,
     /// The inbound side, when the config has one (fixed at start: it is a listener).
     pub inbound: Option<Arc<Inbound>>,
     /// Listeners bound and config loaded (and not draining): `/readyz` says 200.
@@ -71,6 +75,8 @@ pub struct Shared {
     /// Where the outbound and inbound listeners are bound: a redirected connection is
     /// never passed through to them.
     own: Box<[SocketAddr]>,
+    /// Where the admin endpoint is bound, once it is (its configured port may be 0).
+    pub admin_bound: std::sync::OnceLock<SocketAddr>,
     connections: AtomicUsize,
     /// The most client connections open at once: `max_connections`, lowered to what
     /// the open-file limit leaves for them.
@@ -156,6 +162,7 @@ fn sweeper(shared: &Arc<Shared>) -> JoinHandle<()> {
             if let Some(inbound) = &shared.inbound {
                 inbound.sweep();
             }
+            shared.passing.origins.sweep();
         }
     })
 }
@@ -265,6 +272,7 @@ impl Server {
         let shared = Arc::new(Shared {
             snapshot: ArcSwap::from_pointee(snapshot),
             unrouted: [metrics.unrouted(false), metrics.unrouted(true)],
+            passing: unrouted::Passing::new(&metrics, workers.count()),
             inbound,
             metrics,
             ready: AtomicBool::new(false),
@@ -272,6 +280,7 @@ impl Server {
                 .into_iter()
                 .flatten()
                 .collect(),
+            admin_bound: std::sync::OnceLock::new(),
             connections: AtomicUsize::new(0),
             client_cap,
             all_closed: Notify::new(),
@@ -412,6 +421,7 @@ fn outbound(shared: &Arc<Shared>, dedicated: Option<Arc<str>>) -> Outbound {
     Outbound {
         shared: shared.clone(),
         dedicated,
+        captured: None,
     }
 }
 

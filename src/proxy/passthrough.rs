@@ -17,41 +17,54 @@ use socket2::SockRef;
 use tokio::net::TcpStream;
 use tokio::sync::watch;
 
+use crate::config::ListenerConfig;
 use crate::descriptors::{self, Throttled};
 use crate::metrics::Metrics;
 use crate::metrics::Shortage;
 use crate::metrics::passthrough::{Direction, PassFailure};
 
-/// How long connecting to the original destination may take: a SYN that is never
-/// answered would otherwise hold the client (and two descriptors) for the kernel's
-/// two minutes.
-pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
-
 static NO_DESCRIPTOR: Throttled = Throttled::new();
 
+/// Connects to `dst` within `timeout` (`passthrough_connect_timeout`): a SYN that is
+/// never answered would otherwise hold the client (and two descriptors) for the
+/// kernel's two minutes. A shortage of descriptors is counted and warned about here.
+pub async fn connect(
+    dst: SocketAddr,
+    timeout: Duration,
+    metrics: &Metrics,
+) -> io::Result<TcpStream> {
+    let e = match tokio::time::timeout(timeout, TcpStream::connect(dst)).await {
+        Ok(Ok(s)) => {
+            let _ = s.set_nodelay(true);
+            return Ok(s);
+        }
+        Ok(Err(e)) => e,
+        Err(_) => io::Error::new(io::ErrorKind::TimedOut, "connect timed out"),
+    };
+    if descriptors::is_exhaustion(&e) {
+        metrics.exhausted(Shortage::Connect).inc();
+        if let Some(n) = NO_DESCRIPTOR.due() {
+            tracing::warn!(count = n, error = %e, "out of file descriptors: a connection to be passed through is not opened (raise the open-file limit)");
+        }
+    }
+    Err(e)
+}
+
 /// Carries `client`'s connection to `dst` and back until both sides have ended, or
-/// `drain_timeout` after a drain began.
+/// `drain_timeout` after a drain began. The connect may take
+/// `passthrough_connect_timeout`.
 pub async fn relay(
     mut client: TcpStream,
     dst: SocketAddr,
     direction: Direction,
     metrics: &Metrics,
     mut shutdown: watch::Receiver<bool>,
-    drain_timeout: Duration,
+    settings: &ListenerConfig,
 ) {
-    let mut server = match tokio::time::timeout(CONNECT_TIMEOUT, TcpStream::connect(dst)).await {
-        Ok(Ok(s)) => s,
-        failed => {
-            let e = match failed {
-                Ok(Err(e)) => e,
-                _ => io::Error::new(io::ErrorKind::TimedOut, "connect timed out"),
-            };
-            if descriptors::is_exhaustion(&e) {
-                metrics.exhausted(Shortage::Connect).inc();
-                if let Some(n) = NO_DESCRIPTOR.due() {
-                    tracing::warn!(count = n, error = %e, "out of file descriptors: a connection to be passed through is closed (raise the open-file limit)");
-                }
-            }
+    let drain_timeout = settings.drain_timeout;
+    let mut server = match connect(dst, settings.passthrough_connect_timeout, metrics).await {
+        Ok(s) => s,
+        Err(e) => {
             metrics
                 .passthrough()
                 .failure(direction, PassFailure::ConnectFailure)

@@ -53,6 +53,7 @@ impl Captures for Outbound {
         Some(Outbound {
             shared: self.shared.clone(),
             dedicated: Some(snap.upstreams[i].name().into()),
+            captured: Some(original),
         })
     }
 }
@@ -121,7 +122,7 @@ fn is_local(ip: IpAddr) -> bool {
 
 /// Whether `dst` is one of tollgate's own listeners: the outbound and inbound ones,
 /// the admin endpoint, an upstream's own `listen` port.
-fn is_own(shared: &Shared, dst: SocketAddr) -> bool {
+pub(super) fn is_own(shared: &Shared, dst: SocketAddr) -> bool {
     let snap = shared.snapshot.load();
     let config = &snap.config;
     let mut own = shared
@@ -129,11 +130,15 @@ fn is_own(shared: &Shared, dst: SocketAddr) -> bool {
         .iter()
         .copied()
         .chain([config.admin.addr])
+        .chain(shared.admin_bound.get().copied())
         .chain(config.upstreams.iter().filter_map(|u| u.listen));
+    let ip = dst.ip().to_canonical();
     own.any(|l| {
         l.port() == dst.port()
-            && (l.ip().to_canonical() == dst.ip().to_canonical()
-                || (l.ip().is_unspecified() && is_local(dst.ip())))
+            // A connection to 0.0.0.0 reaches this host, at whichever address listens.
+            && (ip.is_unspecified()
+                || l.ip().to_canonical() == ip
+                || (l.ip().is_unspecified() && is_local(ip)))
     })
 }
 
@@ -190,13 +195,5 @@ async fn pass(
         return;
     }
     metrics.passthrough().connection(direction).inc();
-    passthrough::relay(
-        stream,
-        original,
-        direction,
-        metrics,
-        shutdown,
-        settings.drain_timeout,
-    )
-    .await;
+    passthrough::relay(stream, original, direction, metrics, shutdown, &settings).await;
 }

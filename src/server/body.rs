@@ -142,6 +142,8 @@ impl Drop for RequestGuard {
 enum Kind {
     Upstream(UpstreamBody),
     Full(Option<Bytes>),
+    /// The answer to a `CONNECT`: no body, and the connection to tunnel to.
+    Tunnel(Option<Upgraded>),
 }
 
 pub struct ResponseBody {
@@ -173,17 +175,29 @@ impl ResponseBody {
         }
     }
 
+    /// The answer to a `CONNECT` that opened `tunnel`: the HTTP/1.1 writer sends the
+    /// head, then carries bytes between the app and it.
+    pub fn tunnel(tunnel: Upgraded, guard: RequestGuard) -> Self {
+        ResponseBody {
+            kind: Kind::Tunnel(Some(tunnel)),
+            added: AddedFields::default(),
+            _guard: Some(guard),
+        }
+    }
+
     pub fn added_fields(&self) -> AddedFields {
         self.added
     }
 
-    /// A `101`'s connection to the upstream, to tunnel, and the request's guard, which
-    /// the tunnel holds for as long as it lasts (the request is still being answered).
+    /// A `101`'s connection to the upstream, or a `CONNECT`'s to its authority, to
+    /// tunnel, and the request's guard, which the tunnel holds for as long as it lasts
+    /// (the request is still being answered).
     pub fn take_upgrade(&mut self) -> Option<(Upgraded, Option<RequestGuard>)> {
-        let Kind::Upstream(ByProtocol::Http1(b)) = &mut self.kind else {
-            return None;
+        let upgraded = match &mut self.kind {
+            Kind::Upstream(ByProtocol::Http1(b)) => b.take_upgraded()?,
+            Kind::Tunnel(t) => t.take()?,
+            _ => return None,
         };
-        let upgraded = b.take_upgraded()?;
         Some((upgraded, self._guard.take()))
     }
 
@@ -192,7 +206,7 @@ impl ResponseBody {
     pub fn raw_fields(&self) -> Option<&RawFields> {
         match &self.kind {
             Kind::Upstream(b) => b.raw_fields(),
-            Kind::Full(_) => None,
+            Kind::Full(_) | Kind::Tunnel(_) => None,
         }
     }
 }
@@ -208,6 +222,7 @@ impl Body for ResponseBody {
         match &mut self.kind {
             Kind::Full(b) => Poll::Ready(b.take().map(|b| Ok(Frame::data(b)))),
             Kind::Upstream(inner) => Pin::new(inner).poll_frame(cx),
+            Kind::Tunnel(_) => Poll::Ready(None),
         }
     }
 
@@ -215,6 +230,7 @@ impl Body for ResponseBody {
         match &self.kind {
             Kind::Full(b) => b.is_none(),
             Kind::Upstream(inner) => inner.is_end_stream(),
+            Kind::Tunnel(_) => true,
         }
     }
 
@@ -222,6 +238,7 @@ impl Body for ResponseBody {
         match &self.kind {
             Kind::Full(b) => SizeHint::with_exact(b.as_ref().map_or(0, |b| b.len() as u64)),
             Kind::Upstream(inner) => inner.size_hint(),
+            Kind::Tunnel(_) => SizeHint::with_exact(0),
         }
     }
 }

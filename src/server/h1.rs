@@ -15,8 +15,9 @@
 //! While a request is answered the socket is still watched: the app closing its side
 //! cancels the request (and every attempt in flight), as nobody waits for the answer.
 //!
-//! A `101 Switching Protocols` that carries the upstream's connection ends the HTTP
-//! part: the head goes out and the connection becomes a byte tunnel ([`tunnel`]).
+//! A `101 Switching Protocols` that carries the upstream's connection, or a `2xx` to a
+//! `CONNECT` that carries the connection to its authority, ends the HTTP part: the
+//! head goes out and the connection becomes a byte tunnel ([`tunnel`]).
 
 use std::future::{Future, poll_fn};
 use std::io;
@@ -97,6 +98,8 @@ struct Asked {
     version: Version,
     head_request: bool,
     keep_alive: bool,
+    /// A `CONNECT`: a `2xx` answer opens a tunnel.
+    connect: bool,
 }
 
 async fn run<S: Service>(io: Arc<Mutex<Io>>, settings: Settings<S>) {
@@ -116,6 +119,7 @@ async fn run<S: Service>(io: Arc<Mutex<Io>>, settings: Settings<S>) {
             version: req.version(),
             head_request: req.method() == Method::HEAD,
             keep_alive,
+            connect: req.method() == Method::CONNECT,
         };
         // The request's future (kilobytes) lives in this block only, and the response
         // is written by a future of its own, which takes its room in this loop's
@@ -153,13 +157,15 @@ async fn respond<S>(
     mut resp: AppResponse,
     asked: Asked,
 ) -> bool {
-    // A protocol switch: the head goes out, then the connection is a tunnel.
+    // A protocol switch, or a `CONNECT` answered: the head goes out (with no framing,
+    // RFC 9110 section 9.3.6), then the connection is a tunnel.
     let upgrade = match resp.status() {
         StatusCode::SWITCHING_PROTOCOLS => resp.body_mut().take_upgrade(),
+        s if asked.connect && s.is_success() => resp.body_mut().take_upgrade(),
         _ => None,
     };
     if let Some((upstream, guard)) = upgrade {
-        if write_response(io, wbuf, resp, asked.version, false, true)
+        if write_response(io, wbuf, resp, asked.version, true, true)
             .await
             .is_ok()
         {

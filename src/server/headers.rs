@@ -1,7 +1,8 @@
 //! A request's headers, read and cleaned in one pass, at the outbound hop and at the
 //! inbound side alike: the caller's deadline and whether it is a gRPC call are read;
 //! hop-by-hop headers (RFC 9110 section 7.6.1), the accepted deadline headers and any
-//! `x-tollgate-attempt` go (each attempt writes its own).
+//! `x-tollgate-attempt` go (each attempt writes its own). A request passed through as
+//! it is loses its hop-by-hop headers alone.
 //!
 //! Almost no request carries any of them, so the headers are read once and changed
 //! only where something was found: removing a header that is not there still costs a
@@ -81,6 +82,30 @@ pub fn prepare_request(
     facts
 }
 
+/// Cleans a request that is passed through as it is: only its hop-by-hop headers go
+/// (an HTTP/1.1 upgrade's kept, as [`prepare_request`] keeps them), and nothing of
+/// tollgate's is read or taken out. Whether it is an upgrade.
+pub fn strip_for_passing(headers: &mut HeaderMap, http1: bool) -> bool {
+    if !headers.keys().any(is_hop_by_hop) {
+        return false;
+    }
+    let asks_upgrade = headers
+        .get_all(header::CONNECTION)
+        .iter()
+        .any(|v| has_token(v.as_bytes(), b"upgrade"));
+    let protocol = headers
+        .get(header::UPGRADE)
+        .filter(|_| http1 && asks_upgrade)
+        .cloned();
+    strip_hop_by_hop(headers);
+    let Some(protocol) = protocol else {
+        return false;
+    };
+    headers.insert(header::UPGRADE, protocol);
+    headers.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
+    true
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -148,5 +173,26 @@ mod tests {
             "Upgrade alone asks nothing"
         );
         assert!(h.is_empty());
+    }
+
+    #[test]
+    fn passing_drops_only_the_hop_by_hop_fields() {
+        let mut h = HeaderMap::new();
+        h.insert("x-timeout-ms", HeaderValue::from_static("900"));
+        h.insert("x-tollgate-attempt", HeaderValue::from_static("2"));
+        h.insert("connection", HeaderValue::from_static("keep-alive, x-hop"));
+        h.insert("x-hop", HeaderValue::from_static("1"));
+        h.insert("proxy-authorization", HeaderValue::from_static("Basic x"));
+        assert!(!strip_for_passing(&mut h, true));
+        let mut left: Vec<&str> = h.keys().map(|k| k.as_str()).collect();
+        left.sort();
+        assert_eq!(left, ["x-timeout-ms", "x-tollgate-attempt"]);
+
+        let mut up = HeaderMap::new();
+        up.insert("connection", HeaderValue::from_static("Upgrade"));
+        up.insert("upgrade", HeaderValue::from_static("websocket"));
+        assert!(strip_for_passing(&mut up.clone(), true));
+        assert!(!strip_for_passing(&mut up, false), "no upgrade over HTTP/2");
+        assert!(up.is_empty());
     }
 }

@@ -66,19 +66,24 @@ impl Lookups {
     pub fn system() -> Self {
         static SYSTEM: OnceLock<Lookups> = OnceLock::new();
         SYSTEM
-            .get_or_init(|| {
-                Lookups::limited(
-                    |host, port| {
-                        Box::pin(async move {
-                            tokio::net::lookup_host((host.as_str(), port))
-                                .await
-                                .map(Iterator::collect)
-                        })
-                    },
-                    MAX_LOOKUPS,
-                )
-            })
+            .get_or_init(|| Lookups::system_apart(MAX_LOOKUPS))
             .clone()
+    }
+
+    /// The system resolver with `in_flight` places of its own, apart from
+    /// [`Lookups::system`]'s: names no upstream lists (requests passed through) cannot
+    /// take the places the upstreams' names need.
+    pub fn system_apart(in_flight: usize) -> Self {
+        Lookups::limited(
+            |host, port| {
+                Box::pin(async move {
+                    tokio::net::lookup_host((host.as_str(), port))
+                        .await
+                        .map(Iterator::collect)
+                })
+            },
+            in_flight,
+        )
     }
 
     /// `lookup`, with at most `in_flight` lookups at once.
@@ -153,6 +158,11 @@ impl Resolver {
             known: Arc::default(),
             next: AtomicUsize::new(0),
         }
+    }
+
+    /// The name and port this resolves.
+    pub fn addr(&self) -> &EndpointAddr {
+        &self.addr
     }
 
     /// One of the name's addresses: a known one, or the answer of the lookup in flight

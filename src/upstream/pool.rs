@@ -119,12 +119,25 @@ impl<B: OutgoingBody> Endpoint<B> {
         workers: usize,
         max_age: Option<Duration>,
     ) -> Self {
+        let resolver = Resolver::new(addr.clone());
+        Self::with_resolver(upstream, resolver, open, workers, max_age)
+    }
+
+    /// An endpoint whose name is looked up by `resolver` (the endpoint's address is
+    /// the resolver's).
+    pub fn with_resolver(
+        upstream: Arc<str>,
+        resolver: Resolver,
+        open: Arc<AtomicUsize>,
+        workers: usize,
+        max_age: Option<Duration>,
+    ) -> Self {
         let workers = workers.max(1);
         Endpoint {
             upstream,
             tls_warn: WarnEvery::default(),
-            resolver: Resolver::new(addr.clone()),
-            addr,
+            addr: resolver.addr().clone(),
+            resolver,
             idle: Arc::new(IdleQueues::new(workers, max_age)),
             h2: (0..workers)
                 .map(|_| WorkerH2 {

@@ -1,14 +1,17 @@
 //! A connection to an endpoint after it answered `101 Switching Protocols`: no longer
 //! HTTP, a byte stream both ways (a WebSocket, say) that the app's side tunnels to the
 //! app. The bytes the endpoint sent right after the `101` head, already read with it,
-//! come first.
+//! come first. A connection opened for an app's `CONNECT` is one from the start.
 
 use std::io;
 use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::AtomicUsize;
 use std::task::{Context, Poll};
 
 use bytes::{Buf, BytesMut};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::net::TcpStream;
 
 use super::connect::{OpenGuard, Transport};
 
@@ -28,6 +31,12 @@ impl Upgraded {
             ahead,
             _open: open,
         }
+    }
+
+    /// A plain TCP connection to tunnel from the start (after a `CONNECT`), counted in
+    /// `open`.
+    pub fn plain(tcp: TcpStream, open: &Arc<AtomicUsize>) -> Self {
+        Upgraded::new(Transport::Plain(tcp), BytesMut::new(), OpenGuard::new(open))
     }
 }
 

@@ -126,6 +126,15 @@ pub fn config(upstreams: &str) -> String {
     format!("[listener]\naddr = \"127.0.0.1:0\"\n[admin]\naddr = \"127.0.0.1:0\"\n{upstreams}")
 }
 
+/// As [`config`], with requests for authorities no upstream lists refused (`404
+/// no-route`) rather than passed through.
+pub fn refusing(upstreams: &str) -> String {
+    format!(
+        "[listener]\naddr = \"127.0.0.1:0\"\nunknown_authorities = \"refuse\"\n\
+         [admin]\naddr = \"127.0.0.1:0\"\n{upstreams}"
+    )
+}
+
 /// Config text for one tollgate whose inbound side stands in front of `app` on an
 /// ephemeral loopback port; `extra` is appended to the `[inbound]` section.
 pub fn inbound_config(app: SocketAddr, extra: &str) -> String {
@@ -411,18 +420,23 @@ impl Process {
     /// Starts `tollgate run` on a config made of fixed listener/admin ports and
     /// `upstreams`, and waits (bounded) until `/readyz` answers 200.
     pub async fn start(upstreams: &str) -> Self {
-        Self::spawn(upstreams, None, false).await
+        Self::spawn("", upstreams, None, false).await
     }
 
     /// As [`Process::start`], with its log (at info) kept for [`Process::log`].
     pub async fn start_logged(upstreams: &str) -> Self {
-        Self::spawn(upstreams, None, true).await
+        Self::spawn("", upstreams, None, true).await
+    }
+
+    /// As [`Process::start_logged`], with `listener` added to the `[listener]` section.
+    pub async fn start_logged_listening(listener: &str, upstreams: &str) -> Self {
+        Self::spawn(listener, upstreams, None, true).await
     }
 
     /// As [`Process::start`], with the open-file limit set to `nofile` (soft and hard)
     /// and its log (at warn) kept for [`Process::log`].
     pub async fn start_limited(upstreams: &str, nofile: u64) -> Self {
-        Self::spawn(upstreams, Some(nofile), false).await
+        Self::spawn("", upstreams, Some(nofile), false).await
     }
 
     /// What the process has logged so far, when started by [`Process::start_logged`]
@@ -431,12 +445,12 @@ impl Process {
         std::fs::read_to_string(self.dir.path().join("tollgate.log")).unwrap_or_default()
     }
 
-    async fn spawn(upstreams: &str, nofile: Option<u64>, logged: bool) -> Self {
+    async fn spawn(listener: &str, upstreams: &str, nofile: Option<u64>, logged: bool) -> Self {
         let dir = tempdir::TempDir::new("proc");
         let port = free_port();
         let admin_port = free_port();
         let text = format!(
-            "[listener]\naddr = \"127.0.0.1:{port}\"\ndrain_timeout = \"10s\"\n[admin]\naddr = \"127.0.0.1:{admin_port}\"\n{upstreams}"
+            "[listener]\naddr = \"127.0.0.1:{port}\"\ndrain_timeout = \"10s\"\n{listener}\n[admin]\naddr = \"127.0.0.1:{admin_port}\"\n{upstreams}"
         );
         let path = dir.path().join("tollgate.toml");
         std::fs::write(&path, text).unwrap();

@@ -50,10 +50,11 @@ impl Config {
         self.upstreams.iter().find(|u| u.name == name)
     }
 
-    /// Whether this config gives tollgate something to serve. A config that serves
-    /// nothing answers every request with `404 no-route`: it is refused by `run`,
-    /// `check` and a reload, because it is far more often an empty or half-written file
-    /// than an intent: at least one upstream, or the inbound side.
+    /// Whether this config gives tollgate something to serve. A config with no
+    /// upstream and no inbound side owns no retry (it passes every request through, or
+    /// answers each with `404 no-route`): it is refused by `run`, `check` and a reload,
+    /// because it is far more often an empty or half-written file than an intent. A
+    /// plain forward proxy is asked for by writing `unknown_authorities = "pass"`.
     pub fn serves_anything(&self) -> bool {
         !self.upstreams.is_empty() || self.inbound.is_some()
     }
@@ -116,6 +117,34 @@ pub struct ListenerConfig {
     pub idle_timeout: Duration,
     /// Accepted client connections beyond this are closed at once.
     pub max_connections: usize,
+    /// What a request for an authority no upstream lists becomes.
+    pub unknown_authorities: UnknownAuthorities,
+    /// How long the connect of a connection or request passed through may take.
+    pub passthrough_connect_timeout: Duration,
+}
+
+/// The `upstream` label of the requests passed through (`unknown_authorities =
+/// "pass"`): no upstream may be named so.
+pub const PASSTHROUGH: &str = "passthrough";
+
+/// `unknown_authorities`: what a request for an authority no upstream lists becomes.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum UnknownAuthorities {
+    /// Forwarded as it is, once, as if tollgate were not there (and a `CONNECT`
+    /// tunnelled).
+    #[default]
+    Pass,
+    /// Answered `404 no-route`.
+    Refuse,
+}
+
+impl UnknownAuthorities {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            UnknownAuthorities::Pass => "pass",
+            UnknownAuthorities::Refuse => "refuse",
+        }
+    }
 }
 
 impl Default for ListenerConfig {
@@ -128,6 +157,8 @@ impl Default for ListenerConfig {
             max_headers: 100,
             idle_timeout: Duration::from_secs(60),
             max_connections: 10_000,
+            unknown_authorities: UnknownAuthorities::Pass,
+            passthrough_connect_timeout: Duration::from_secs(1),
         }
     }
 }

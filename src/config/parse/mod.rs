@@ -111,9 +111,14 @@ fn top_level(w: &mut Walker<'_>, root: &DeTable<'_>, base: &Path) -> Config {
 
 /// The rule of [`Config::serves_anything`], as an error that says what to add. Only
 /// when neither an upstream nor `[inbound]` was written at all: one that was written
-/// but is invalid has its own errors already.
+/// but is invalid has its own errors already. `unknown_authorities = "pass"` written
+/// out is a forward proxy asked for, not a file left empty.
 fn require_something_to_serve(w: &mut Walker<'_>, root: &Table, config: &Config) {
-    if config.serves_anything() || root.get("inbound").is_some() {
+    let forward_proxy = config.listener.unknown_authorities == UnknownAuthorities::Pass
+        && config
+            .positions
+            .contains_key("listener.unknown_authorities");
+    if config.serves_anything() || forward_proxy || root.get("inbound").is_some() {
         return;
     }
     let span = match root.get("upstreams") {
@@ -123,13 +128,20 @@ fn require_something_to_serve(w: &mut Walker<'_>, root: &Table, config: &Config)
             _ => return,
         },
     };
+    let would = match config.listener.unknown_authorities {
+        UnknownAuthorities::Pass => "own no retry, only pass every request through",
+        UnknownAuthorities::Refuse => "answer every request with 404 no-route",
+    };
     w.error(
         span,
         "upstreams",
-        "no upstream is configured: tollgate would answer every request with 404 no-route \
-         (an empty or half-written file reads this way)",
+        format!(
+            "no upstream is configured: tollgate would {would} (an empty or half-written \
+             file reads this way)"
+        ),
         "add an [upstreams.NAME] section with authorities and endpoints, as in \
-         config/tollgate.toml (or an [inbound] section, to stand in front of the app)",
+         config/tollgate.toml (or an [inbound] section, to stand in front of the app; or \
+         write unknown_authorities = \"pass\" in [listener] for a plain forward proxy)",
     );
 }
 
@@ -184,8 +196,26 @@ fn listener(w: &mut Walker<'_>, root: &Table) -> ListenerConfig {
             ms(100)..=secs(24 * 3600),
         ),
         max_connections: w.ranged(&t, "max_connections", 10_000, 1..=1_000_000u64) as usize,
+        unknown_authorities: w
+            .word(&t, "unknown_authorities", &UNKNOWN_AUTHORITIES)
+            .unwrap_or(d.unknown_authorities),
+        passthrough_connect_timeout: w.ranged(
+            &t,
+            "passthrough_connect_timeout",
+            d.passthrough_connect_timeout,
+            ms(10)..=secs(120),
+        ),
     }
 }
+
+const UNKNOWN_AUTHORITIES: Choice<UnknownAuthorities> = Choice {
+    what: "a way to treat unknown authorities",
+    fix: "use \"pass\" (forward them as they are, the default) or \"refuse\" (404 no-route)",
+    words: &[
+        ("pass", UnknownAuthorities::Pass),
+        ("refuse", UnknownAuthorities::Refuse),
+    ],
+};
 
 fn admin(w: &mut Walker<'_>, root: &Table) -> AdminConfig {
     let d = AdminConfig::default();

@@ -67,6 +67,8 @@ impl Section {
                 "max_headers",
                 "idle_timeout",
                 "max_connections",
+                "unknown_authorities",
+                "passthrough_connect_timeout",
             ],
             Section::Admin => &["addr"],
             Section::Deadline => &["header", "accept"],

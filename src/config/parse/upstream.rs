@@ -128,6 +128,16 @@ pub(super) fn upstreams(
                 format!("`{name_str}` is not a usable upstream name"),
                 "use letters, digits, `-` and `_` (it becomes a metric label)",
             );
+        } else if name_str == PASSTHROUGH {
+            w.error(
+                name.span(),
+                &path,
+                format!(
+                    "`{PASSTHROUGH}` is reserved: requests for unknown authorities are counted \
+                     under upstream=\"{PASSTHROUGH}\""
+                ),
+                "give the upstream another name",
+            );
         }
         let Some((t, _)) = w.table(&all, &name_str) else {
             continue;

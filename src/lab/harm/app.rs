@@ -1,0 +1,368 @@
+//! The upstream of the harm scenario: an HTTP server whose latency is bound by waiting,
+//! not by CPU (each request sleeps its drawn time; nothing queues), so a proxy in front
+//! of it is judged on what it does, not on a machine too small for the app.
+//!
+//! Every column of a row talks to the same process at the same time. A request says
+//! which column sent it (`x-harm-column`) and which request of the row it is
+//! (`x-harm-seq`): the app counts its calls per column, and draws the fate of a first
+//! attempt (latency, failure) from the row's seed and that number, so the same request
+//! meets the same upstream whether it came straight or through tollgate (common random
+//! numbers: what differs between the columns is the path, not the luck). An attempt
+//! tollgate marks as a retry (`x-tollgate-attempt` >= 2) gets a draw of its own.
+//!
+//! Beside it, the replicas that fail: [`dead`], an address where nothing listens, and
+//! the lab's [`Silent`](crate::lab::backend::Silent), which accepts and never answers.
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{Request, Response, StatusCode};
+use http_body::{Body, Frame};
+use http_body_util::{BodyExt, Either, Full};
+use hyper::body::Incoming;
+use hyper::service::service_fn;
+use hyper_util::rt::TokioIo;
+use tokio::net::TcpListener;
+use tokio::task::JoinHandle;
+use tokio::time::{Instant, Sleep};
+
+/// The most columns a row has.
+pub const MAX_COLUMNS: usize = 4;
+
+/// The header a request names its column in.
+pub const COLUMN: &str = "x-harm-column";
+/// The header a request names its number within the row in.
+pub const SEQ: &str = "x-harm-seq";
+
+/// How long an answer takes.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Latency {
+    /// At once.
+    None,
+    Fixed(Duration),
+    /// Log-normal around `median`, with this sigma (1.0: the p99 is ten times the median).
+    LogNormal {
+        median: Duration,
+        sigma: f64,
+    },
+}
+
+/// What the upstream does with each request.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Behaviour {
+    /// Until the response head.
+    pub latency: Latency,
+    /// The share of answers that fail, and their status (503, 500).
+    pub failures: Option<(f64, u16)>,
+    /// The body streams in 16 pieces over this long after the head (a download, a
+    /// server-sent event stream); `None`: a small body with the head.
+    pub stream: Option<Duration>,
+    /// From..to since the start of the row: every request answered 503 at once (the
+    /// service gone behind its load balancer).
+    pub outage: Option<(Duration, Duration)>,
+}
+
+impl Behaviour {
+    pub const HEALTHY: Behaviour = Behaviour {
+        latency: Latency::None,
+        failures: None,
+        stream: None,
+        outage: None,
+    };
+}
+
+/// Pieces of a streamed body.
+pub const STREAM_PIECES: u32 = 16;
+
+/// What the app counted, per column.
+#[derive(Debug, Default)]
+pub struct Counters {
+    /// Requests that arrived.
+    pub calls: [AtomicU64; MAX_COLUMNS],
+    /// Of them, marked as a retry (`x-tollgate-attempt` >= 2).
+    pub retries: [AtomicU64; MAX_COLUMNS],
+    /// Waiting for their response head now, and the most ever at once.
+    inflight: [AtomicU64; MAX_COLUMNS],
+    peak: [AtomicU64; MAX_COLUMNS],
+}
+
+impl Counters {
+    pub fn calls(&self, column: usize) -> u64 {
+        self.calls.get(column).map_or(0, |c| c.load(Relaxed))
+    }
+
+    pub fn retries(&self, column: usize) -> u64 {
+        self.retries.get(column).map_or(0, |c| c.load(Relaxed))
+    }
+
+    /// The most calls of `column` that waited for their response head at once.
+    pub fn peak(&self, column: usize) -> u64 {
+        self.peak.get(column).map_or(0, |c| c.load(Relaxed))
+    }
+}
+
+/// A call waiting for its response head, counted until it has one or is dropped.
+struct Waiting<'a> {
+    counters: &'a Counters,
+    column: usize,
+}
+
+impl<'a> Waiting<'a> {
+    fn new(counters: &'a Counters, column: usize) -> Self {
+        if let (Some(now), Some(peak)) = (counters.inflight.get(column), counters.peak.get(column))
+        {
+            let n = now.fetch_add(1, Relaxed) + 1;
+            peak.fetch_max(n, Relaxed);
+        }
+        Waiting { counters, column }
+    }
+}
+
+impl Drop for Waiting<'_> {
+    fn drop(&mut self) {
+        if let Some(now) = self.counters.inflight.get(self.column) {
+            now.fetch_sub(1, Relaxed);
+        }
+    }
+}
+
+struct State {
+    behaviour: Behaviour,
+    seed: u64,
+    start: Instant,
+    counters: Arc<Counters>,
+}
+
+/// The app: one process listening on one address per replica, all alike.
+pub struct App {
+    pub addrs: Vec<SocketAddr>,
+    pub counters: Arc<Counters>,
+    tasks: Vec<JoinHandle<()>>,
+}
+
+impl App {
+    /// `replicas` addresses served alike; `start` is the row's start (for outages).
+    pub async fn start(
+        behaviour: Behaviour,
+        seed: u64,
+        start: Instant,
+        replicas: usize,
+    ) -> std::io::Result<App> {
+        let counters = Arc::new(Counters::default());
+        let state = Arc::new(State {
+            behaviour,
+            seed,
+            start,
+            counters: counters.clone(),
+        });
+        let mut addrs = Vec::new();
+        let mut tasks = Vec::new();
+        for _ in 0..replicas.max(1) {
+            let listener = TcpListener::bind("127.0.0.1:0").await?;
+            addrs.push(listener.local_addr()?);
+            tasks.push(tokio::spawn(serve(listener, state.clone())));
+        }
+        Ok(App {
+            addrs,
+            counters,
+            tasks,
+        })
+    }
+
+    /// Closes the listeners and every connection.
+    pub fn stop(self) {
+        for t in self.tasks {
+            t.abort();
+        }
+    }
+}
+
+/// An address where nothing listens: connections to it are refused (a replica whose
+/// process is gone). The port was just free; nothing in this process binds it again.
+pub async fn dead() -> std::io::Result<SocketAddr> {
+    let listener = TcpListener::bind("127.0.0.1:0").await?;
+    listener.local_addr()
+}
+
+async fn serve(listener: TcpListener, state: Arc<State>) {
+    let mut conns = tokio::task::JoinSet::new();
+    loop {
+        tokio::select! {
+            r = listener.accept() => {
+                let Ok((stream, _)) = r else { continue };
+                let _ = stream.set_nodelay(true);
+                let state = state.clone();
+                conns.spawn(async move {
+                    let svc = service_fn(move |req| {
+                        let state = state.clone();
+                        async move { Ok::<_, Infallible>(handle(&state, req).await) }
+                    });
+                    let _ = hyper::server::conn::http1::Builder::new()
+                        .serve_connection(TokioIo::new(stream), svc)
+                        .await;
+                });
+            }
+            // Reap finished connections so the set stays small.
+            Some(_) = conns.join_next(), if !conns.is_empty() => {}
+        }
+    }
+}
+
+fn header_u64(req: &Request<Incoming>, name: &str) -> Option<u64> {
+    req.headers().get(name)?.to_str().ok()?.trim().parse().ok()
+}
+
+/// The draws of one attempt: the same for the same row, request and attempt number.
+pub fn draws(seed: u64, seq: u64, attempt: u64) -> fastrand::Rng {
+    // splitmix64 of the three, so that neighbouring numbers draw unrelated values.
+    let mut z = seed
+        ^ seq.wrapping_mul(0x9E37_79B9_7F4A_7C15)
+        ^ attempt.wrapping_mul(0xC2B2_AE3D_27D4_EB4F);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    fastrand::Rng::with_seed(z ^ (z >> 31))
+}
+
+/// A log-normal draw around `median`.
+fn log_normal(median: Duration, sigma: f64, rng: &mut fastrand::Rng) -> Duration {
+    let (u1, u2) = (rng.f64().max(1e-12), rng.f64());
+    let normal = (-2.0 * u1.ln()).sqrt() * (2.0 * std::f64::consts::PI * u2).cos();
+    // Capped at a minute: the row waits for its slowest answer.
+    median.mul_f64(
+        (sigma * normal)
+            .exp()
+            .min(60.0 / median.as_secs_f64().max(1e-3)),
+    )
+}
+
+type AppBody = Either<Full<Bytes>, Dribble>;
+
+async fn handle(state: &State, req: Request<Incoming>) -> Response<AppBody> {
+    let column = header_u64(&req, COLUMN).map_or(usize::MAX, |c| c as usize);
+    let attempt = header_u64(&req, "x-tollgate-attempt").unwrap_or(1).max(1);
+    if let Some(c) = state.counters.calls.get(column) {
+        c.fetch_add(1, Relaxed);
+    }
+    if attempt >= 2
+        && let Some(c) = state.counters.retries.get(column)
+    {
+        c.fetch_add(1, Relaxed);
+    }
+    let _waiting = Waiting::new(&state.counters, column);
+    let seq = header_u64(&req, SEQ);
+    let mut rng = match seq {
+        Some(seq) => draws(state.seed, seq, attempt),
+        None => fastrand::Rng::new(),
+    };
+    let b = state.behaviour;
+    let now = state.start.elapsed();
+    if b.outage.is_some_and(|(from, to)| now >= from && now < to) {
+        return answer(StatusCode::SERVICE_UNAVAILABLE, None);
+    }
+    // The request's body is read to its end, as an app does before it answers.
+    let _ = req.into_body().collect().await;
+    let took = match b.latency {
+        Latency::None => Duration::ZERO,
+        Latency::Fixed(d) => d,
+        Latency::LogNormal { median, sigma } => log_normal(median, sigma, &mut rng),
+    };
+    if !took.is_zero() {
+        tokio::time::sleep(took).await;
+    }
+    let status = match b.failures {
+        Some((share, status)) if rng.f64() < share => {
+            StatusCode::from_u16(status).unwrap_or(StatusCode::SERVICE_UNAVAILABLE)
+        }
+        _ => StatusCode::OK,
+    };
+    answer(status, b.stream.filter(|_| status == StatusCode::OK))
+}
+
+fn answer(status: StatusCode, stream: Option<Duration>) -> Response<AppBody> {
+    let body = match stream {
+        Some(over) => Either::Right(Dribble::new(over)),
+        None => Either::Left(Full::new(Bytes::from_static(b"done"))),
+    };
+    let mut resp = Response::new(body);
+    *resp.status_mut() = status;
+    resp
+}
+
+/// A body that sends [`STREAM_PIECES`] pieces, evenly over its duration.
+pub struct Dribble {
+    left: u32,
+    every: Duration,
+    sleep: Pin<Box<Sleep>>,
+}
+
+impl Dribble {
+    fn new(over: Duration) -> Self {
+        let every = over / STREAM_PIECES;
+        Dribble {
+            left: STREAM_PIECES,
+            every,
+            sleep: Box::pin(tokio::time::sleep(every)),
+        }
+    }
+}
+
+impl Body for Dribble {
+    type Data = Bytes;
+    type Error = Infallible;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
+        if self.left == 0 {
+            return Poll::Ready(None);
+        }
+        if self.sleep.as_mut().poll(cx).is_pending() {
+            return Poll::Pending;
+        }
+        self.left -= 1;
+        let next = Instant::now() + self.every;
+        self.sleep.as_mut().reset(next);
+        Poll::Ready(Some(Ok(Frame::data(Bytes::from_static(b"piece\n")))))
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.left == 0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_same_request_draws_the_same_and_a_retry_draws_anew() {
+        let a: Vec<u64> = (0..4).map(|_| draws(7, 42, 1).u64(..)).collect();
+        assert!(a.windows(2).all(|w| w[0] == w[1]));
+        assert_ne!(draws(7, 42, 1).u64(..), draws(7, 42, 2).u64(..));
+        assert_ne!(draws(7, 42, 1).u64(..), draws(7, 43, 1).u64(..));
+        // A share of 30% drawn over many requests is near 30%.
+        let failed = (0..10_000u64)
+            .filter(|&s| draws(1, s, 1).f64() < 0.3)
+            .count();
+        assert!((2_800..3_200).contains(&failed), "{failed}");
+    }
+
+    #[test]
+    fn a_log_normal_draw_has_its_median() {
+        let mut below = 0;
+        for s in 0..10_000u64 {
+            let d = log_normal(Duration::from_millis(200), 1.0, &mut draws(3, s, 1));
+            if d < Duration::from_millis(200) {
+                below += 1;
+            }
+        }
+        assert!((4_700..5_300).contains(&below), "{below}");
+    }
+}

@@ -1,0 +1,376 @@
+//! The app of the harm scenario: one HTTP/1.1 client, the same for every column, that
+//! sends each call once (its own retries off, as tollgate asks) on an open-loop
+//! schedule, and records what it got.
+//!
+//! Real traffic repeats URLs: a row asks for one URL, a Zipf mix over a hundred, or (as
+//! the control) a distinct URL per request. The schedule and the URLs are drawn once
+//! per row, and every column sends request `n` at the same instant, to its own path
+//! (straight to the upstream, or through tollgate).
+//!
+//! The client keeps its connections alive, as apps do. Given several addresses (the
+//! replicas of a service, without a mesh) it takes them in turn, and when a connection
+//! is refused it dials the next one, as a client given a name with several addresses
+//! does; it never sends a request twice (a request canceled on a pooled connection
+//! before any byte left is sent on a new one, as hyper's pool does).
+
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{HeaderValue, Method, Request};
+use http_body_util::{BodyExt, Full};
+use hyper::client::conn::http1::SendRequest;
+use hyper_util::rt::TokioIo;
+use tokio::net::TcpStream;
+use tokio::time::Instant;
+
+use super::app::{COLUMN, SEQ};
+pub use crate::lab::load::Urls;
+
+/// What a row sends.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Traffic {
+    /// One after another: requests a second, for how long.
+    pub steps: Vec<(f64, Duration)>,
+    pub urls: Urls,
+    /// POSTs with a body of their own each; else GETs.
+    pub post: bool,
+    /// Sent as `x-timeout-ms`: how long the app will wait.
+    pub deadline: Option<Duration>,
+    /// When the app gives up on a call, whatever it said.
+    pub patience: Duration,
+}
+
+impl Traffic {
+    pub fn duration(&self) -> Duration {
+        self.steps.iter().map(|(_, d)| *d).sum()
+    }
+
+    pub fn requests(&self) -> u64 {
+        self.steps
+            .iter()
+            .map(|(rps, d)| (rps * d.as_secs_f64()).round() as u64)
+            .sum()
+    }
+
+    /// When each request goes out, and its path.
+    pub fn plan(&self, seed: u64) -> Vec<(Duration, String)> {
+        let mut at = Vec::with_capacity(self.requests() as usize);
+        let mut from = Duration::ZERO;
+        for &(rps, length) in &self.steps {
+            let n = (rps * length.as_secs_f64()).round() as u64;
+            at.extend((0..n).map(|i| from + Duration::from_secs_f64(i as f64 / rps)));
+            from += length;
+        }
+        let paths = self.urls.paths("/item", at.len(), seed);
+        at.into_iter().zip(paths).collect()
+    }
+}
+
+/// Where one column sends.
+#[derive(Clone, Debug)]
+pub struct Target {
+    /// One address (a proxy), or the replicas, taken in turn.
+    pub addrs: Vec<SocketAddr>,
+    /// The authority the app calls (`Host`).
+    pub host: String,
+    /// As through `http_proxy`: the request line carries `http://host/path`.
+    pub absolute: bool,
+}
+
+/// One call as the app saw it.
+#[derive(Clone, Copy, Debug)]
+pub struct Record {
+    pub seq: u32,
+    /// From the start of the row.
+    pub sent: Duration,
+    /// Until the body's end (or the failure).
+    pub latency: Duration,
+    /// 0: no answer (refused, reset, or out of patience).
+    pub status: u16,
+    /// A 200 whose body came whole.
+    pub ok: bool,
+    pub outcome: Option<&'static str>,
+    /// `x-tollgate-attempts`; 0 when absent.
+    pub attempts: u8,
+}
+
+/// The outcomes tollgate may name, kept as static words.
+const OUTCOMES: [&str; 23] = [
+    "attempts-exhausted",
+    "budget-exhausted",
+    "deadline-exceeded",
+    "retry-after-too-long",
+    "not-retryable",
+    "body-too-large",
+    "overloaded",
+    "no-route",
+    "upstream-unreachable",
+    "throttled",
+    "retry-rejected",
+    "app-retry",
+    "app-unreachable",
+    "app-timeout",
+    "downstream-owned",
+    "in-progress",
+    "key-mismatch",
+    "not-replayable",
+    "dedupe-unavailable",
+    "loop",
+    "malformed",
+    "header-too-large",
+    "other",
+];
+
+fn outcome(v: &HeaderValue) -> &'static str {
+    let text = v.to_str().unwrap_or("other");
+    OUTCOMES
+        .iter()
+        .find(|o| **o == text)
+        .copied()
+        .unwrap_or("other")
+}
+
+type Sender = SendRequest<Full<Bytes>>;
+
+/// Kept-alive connections to one address.
+#[derive(Default)]
+struct Pool {
+    idle: Mutex<Vec<Sender>>,
+}
+
+impl Pool {
+    async fn take(&self) -> Option<Sender> {
+        loop {
+            let mut s = self.idle.lock().unwrap_or_else(|p| p.into_inner()).pop()?;
+            if s.is_closed() {
+                continue;
+            }
+            // Just handed back after its body: ready as soon as its task has seen it.
+            if let Ok(Ok(())) = tokio::time::timeout(Duration::from_millis(100), s.ready()).await {
+                return Some(s);
+            }
+        }
+    }
+
+    fn put(&self, s: Sender) {
+        if !s.is_closed() {
+            self.idle.lock().unwrap_or_else(|p| p.into_inner()).push(s);
+        }
+    }
+}
+
+async fn connect(addr: SocketAddr) -> std::io::Result<Sender> {
+    let stream = TcpStream::connect(addr).await?;
+    let _ = stream.set_nodelay(true);
+    let (sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+        .await
+        .map_err(std::io::Error::other)?;
+    tokio::spawn(conn);
+    Ok(sender)
+}
+
+/// One column's client: its target and its connections.
+pub struct Client {
+    target: Target,
+    column: usize,
+    pools: Vec<Pool>,
+}
+
+/// One request of the plan.
+pub struct Call<'a> {
+    pub seq: u32,
+    pub path: &'a str,
+    pub sent: Duration,
+}
+
+impl Client {
+    pub fn new(target: Target, column: usize) -> Self {
+        let pools = target.addrs.iter().map(|_| Pool::default()).collect();
+        Client {
+            target,
+            column,
+            pools,
+        }
+    }
+
+    fn request(&self, call: &Call<'_>, traffic: &Traffic) -> Option<Request<Full<Bytes>>> {
+        let t = &self.target;
+        let uri = if t.absolute {
+            format!("http://{}{}", t.host, call.path)
+        } else {
+            call.path.to_string()
+        };
+        let (method, body) = if traffic.post {
+            let body = format!("{{\"order\":{},\"column\":{}}}", call.seq, self.column);
+            (Method::POST, Bytes::from(body))
+        } else {
+            (Method::GET, Bytes::new())
+        };
+        let mut b = Request::builder()
+            .method(method)
+            .uri(uri)
+            .header(http::header::HOST, &t.host)
+            .header(COLUMN, self.column)
+            .header(SEQ, call.seq);
+        if traffic.post {
+            b = b.header(http::header::CONTENT_TYPE, "application/json");
+        }
+        if let Some(d) = traffic.deadline {
+            b = b.header("x-timeout-ms", d.as_millis() as u64);
+        }
+        b.body(Full::new(body)).ok()
+    }
+
+    /// Sends one call and waits for its whole answer, within the app's patience.
+    pub async fn send(&self, call: Call<'_>, traffic: &Traffic) -> Record {
+        let began = Instant::now();
+        let mut record = Record {
+            seq: call.seq,
+            sent: call.sent,
+            latency: Duration::ZERO,
+            status: 0,
+            ok: false,
+            outcome: None,
+            attempts: 0,
+        };
+        let exchange = self.exchange(&call, traffic, &mut record);
+        let _ = tokio::time::timeout(traffic.patience, exchange).await;
+        record.latency = began.elapsed().min(traffic.patience);
+        record
+    }
+
+    async fn exchange(&self, call: &Call<'_>, traffic: &Traffic, record: &mut Record) {
+        let n = self.pools.len();
+        if n == 0 {
+            return;
+        }
+        let first = call.seq as usize % n;
+        // In turn, and on a refused connection the next address.
+        for k in 0..n {
+            let i = (first + k) % n;
+            let pool = &self.pools[i];
+            let Some(req) = self.request(call, traffic) else {
+                return;
+            };
+            let mut sender = match pool.take().await {
+                Some(s) => s,
+                None => match connect(self.target.addrs[i]).await {
+                    Ok(s) => s,
+                    Err(_) => continue,
+                },
+            };
+            let resp = match sender.send_request(req).await {
+                Ok(r) => r,
+                Err(e) if e.is_canceled() => {
+                    // Never written: the pooled connection had closed. Once more on a
+                    // new one, as an HTTP client's pool does.
+                    let Some(req) = self.request(call, traffic) else {
+                        return;
+                    };
+                    let Ok(mut fresh) = connect(self.target.addrs[i]).await else {
+                        continue;
+                    };
+                    match fresh.send_request(req).await {
+                        Ok(r) => {
+                            sender = fresh;
+                            r
+                        }
+                        Err(_) => return,
+                    }
+                }
+                Err(_) => return,
+            };
+            record.status = resp.status().as_u16();
+            record.outcome = resp.headers().get("x-tollgate-outcome").map(outcome);
+            record.attempts = resp
+                .headers()
+                .get("x-tollgate-attempts")
+                .and_then(|v| v.to_str().ok()?.parse().ok())
+                .unwrap_or(0);
+            let whole = resp.into_body().collect().await.is_ok();
+            record.ok = whole && record.status == 200;
+            if whole {
+                pool.put(sender);
+            }
+            return;
+        }
+    }
+}
+
+/// Sends `plan` to every client at once, request `n` to all of them at the same
+/// instant from `start`; each client's records, in order of `seq`.
+pub async fn drive(
+    clients: Vec<Arc<Client>>,
+    plan: Arc<Vec<(Duration, String)>>,
+    traffic: Arc<Traffic>,
+    start: Instant,
+) -> Vec<Vec<Record>> {
+    let mut tasks = tokio::task::JoinSet::new();
+    let mut records: Vec<Vec<Record>> = clients.iter().map(|_| Vec::new()).collect();
+    for seq in 0..plan.len() {
+        let at = plan[seq].0;
+        tokio::time::sleep_until(start + at).await;
+        for (c, client) in clients.iter().enumerate() {
+            let (client, plan, traffic) = (client.clone(), plan.clone(), traffic.clone());
+            tasks.spawn(async move {
+                let call = Call {
+                    seq: seq as u32,
+                    path: &plan[seq].1,
+                    sent: at,
+                };
+                (c, client.send(call, &traffic).await)
+            });
+        }
+        while let Some(Ok((c, r))) = tasks.try_join_next() {
+            records[c].push(r);
+        }
+    }
+    while let Some(done) = tasks.join_next().await {
+        if let Ok((c, r)) = done {
+            records[c].push(r);
+        }
+    }
+    for r in &mut records {
+        r.sort_by_key(|r| r.seq);
+    }
+    records
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn traffic(urls: Urls) -> Traffic {
+        Traffic {
+            steps: vec![
+                (5.0, Duration::from_secs(2)),
+                (100.0, Duration::from_secs(10)),
+            ],
+            urls,
+            post: false,
+            deadline: None,
+            patience: Duration::from_secs(1),
+        }
+    }
+
+    #[test]
+    fn the_plan_follows_the_steps() {
+        let t = traffic(Urls::Distinct);
+        let plan = t.plan(1);
+        assert_eq!(plan.len() as u64, t.requests());
+        assert_eq!(plan.len(), 1010);
+        assert_eq!(plan[10].0, Duration::from_secs(2));
+        assert_eq!(plan[11].0, Duration::from_millis(2010));
+        assert_eq!(plan[3].1, "/item/3");
+        assert_eq!(t.duration(), Duration::from_secs(12));
+    }
+
+    #[test]
+    fn every_column_gets_the_same_plan() {
+        let t = traffic(Urls::Zipf(100));
+        assert_eq!(t.plan(1), t.plan(1));
+        assert!(t.plan(1).iter().all(|(_, p)| p.starts_with("/item/")));
+    }
+}

@@ -1,0 +1,589 @@
+//! The rows of the harm scenario: an upstream's behaviour, a mix of traffic, and the
+//! paths (columns) the same calls take side by side. Column 0 is always `direct`: the
+//! same client straight to the upstream, no proxy at all. The others go through
+//! tollgate at its defaults (retries on: the `[retry]` section and the `[budget]`
+//! section `check` asks for, every key at its default) plus, in a feature's row, that
+//! feature.
+
+use std::time::Duration;
+
+use super::app::{Behaviour, Latency};
+use super::client::{Traffic, Urls};
+
+/// The replicas behind the service a row calls.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Replicas {
+    /// One.
+    One,
+    /// Two alike.
+    Two,
+    /// Three, one of which is broken.
+    ThreeOneBroken(Broken),
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Broken {
+    /// Its process is gone: connections are refused.
+    Dead,
+    /// It accepts connections and never answers.
+    Hung,
+}
+
+/// How a column's calls reach the upstream.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Path {
+    /// Straight to it: the same client, taking the replicas in turn and dialling the
+    /// next one when a connection is refused.
+    Direct,
+    /// Through the caller's tollgate (its outbound listener, `Host: app`; or, in the
+    /// unknown-host row, as `http_proxy`).
+    Outbound,
+    /// Through the caller's tollgate, then an inbound tollgate (`[inbound]`) in front
+    /// of each replica: the mesh.
+    Sidecars,
+    /// Through an inbound tollgate in front of the app (callers reach it at its
+    /// `[inbound]` port, as a Service's targetPort sends them).
+    Inbound,
+}
+
+impl Path {
+    /// tollgate hops a call crosses.
+    pub fn hops(self) -> u32 {
+        match self {
+            Path::Direct => 0,
+            Path::Outbound | Path::Inbound => 1,
+            Path::Sidecars => 2,
+        }
+    }
+}
+
+/// The feature a column adds to the defaults.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Feature {
+    None,
+    /// `[upstreams.app.outlier]` at its defaults.
+    Outlier,
+    /// `max_ratio = 0.5` in the budget.
+    MaxRatio,
+    /// `[upstreams.app.throttle]` at its defaults.
+    Throttle,
+    /// `app_retries = "refuse"`.
+    RefuseAppRetries,
+    /// `[inbound] max_inflight = "adaptive"`.
+    AdaptiveLimit,
+    /// `max_inflight = FIXED_LIMIT` on the upstream.
+    FixedLimit,
+}
+
+/// The fixed `max_inflight` of the [`Feature::FixedLimit`] column.
+pub const FIXED_LIMIT: u32 = 10;
+
+/// An opt-in trade's documented purpose, by which its column is judged.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Purpose {
+    /// The throttle sends fewer calls to an upstream that rejects most of them.
+    ThrottleSheds,
+    /// The throttle rejects nothing while the upstream accepts more than one call in
+    /// k (= 2).
+    ThrottleIdle,
+    /// A 500 is an answer, not overload: it never trips the throttle.
+    ThrottleIgnores500,
+    /// Only the app's own retries, known on evidence, are refused: first attempts never.
+    RefusesOnlyAppRetries,
+    /// A fixed `max_inflight` bounds the calls waiting upstream at once.
+    BoundsWaiting,
+}
+
+impl Purpose {
+    pub fn describe(self) -> &'static str {
+        match self {
+            Purpose::ThrottleSheds => {
+                "[throttle]: sends an upstream that rejects most calls fewer of them"
+            }
+            Purpose::ThrottleIdle => {
+                "[throttle]: rejects nothing while the upstream accepts more than one call in two"
+            }
+            Purpose::ThrottleIgnores500 => "[throttle]: a 500 is an answer, it never trips it",
+            Purpose::BoundsWaiting => {
+                "max_inflight: never more calls waiting upstream at once than the limit"
+            }
+            Purpose::RefusesOnlyAppRetries => {
+                "app_retries = \"refuse\": refuses the app's own retries, never a first attempt"
+            }
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Column {
+    /// Its name in `--json`.
+    pub key: &'static str,
+    pub title: &'static str,
+    pub path: Path,
+    pub feature: Feature,
+    /// The columns whose success this one must not fall below beyond noise.
+    pub against: &'static [usize],
+    /// An opt-in trade, judged by its purpose instead.
+    pub trade: Option<Purpose>,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct Row {
+    pub key: &'static str,
+    /// The upstream and the traffic, in a line.
+    pub what: &'static str,
+    pub behaviour: Behaviour,
+    pub traffic: Traffic,
+    pub replicas: Replicas,
+    /// The app calls, through `http_proxy`, a host no upstream of tollgate lists.
+    pub unknown_host: bool,
+    /// What the columns are, where it needs saying.
+    pub note: Option<&'static str>,
+    pub columns: Vec<Column>,
+}
+
+const DIRECT: Column = Column {
+    key: "direct",
+    title: "direct",
+    path: Path::Direct,
+    feature: Feature::None,
+    against: &[],
+    trade: None,
+};
+
+const TOLLGATE: Column = Column {
+    key: "tollgate",
+    title: "tollgate (defaults)",
+    path: Path::Outbound,
+    feature: Feature::None,
+    against: &[0],
+    trade: None,
+};
+
+/// The columns of a feature's row: direct, tollgate without it, tollgate with it
+/// (judged against both).
+fn with_feature(key: &'static str, title: &'static str, feature: Feature) -> Vec<Column> {
+    vec![
+        DIRECT,
+        Column {
+            key: "without",
+            title: "tollgate (defaults)",
+            ..TOLLGATE
+        },
+        Column {
+            key,
+            title,
+            feature,
+            against: &[0, 1],
+            ..TOLLGATE
+        },
+    ]
+}
+
+/// The columns of a trade's row: the feature column judged by `purpose`.
+fn with_trade(
+    key: &'static str,
+    title: &'static str,
+    feature: Feature,
+    purpose: Purpose,
+) -> Vec<Column> {
+    let mut c = with_feature(key, title, feature);
+    c[2].against = &[];
+    c[2].trade = Some(purpose);
+    c
+}
+
+/// The columns of a replica row: direct, the caller's tollgate straight to the replicas
+/// (the reference: what the caller gets without sidecars), and the mesh.
+fn replica_columns() -> Vec<Column> {
+    vec![
+        DIRECT,
+        Column {
+            key: "no-sidecars",
+            title: "tollgate, no sidecars",
+            ..TOLLGATE
+        },
+        Column {
+            key: "sidecars",
+            title: "tollgate + [inbound] sidecars",
+            path: Path::Sidecars,
+            against: &[0, 1],
+            ..TOLLGATE
+        },
+    ]
+}
+
+fn ms(n: u64) -> Duration {
+    Duration::from_millis(n)
+}
+
+fn secs(n: u64) -> Duration {
+    Duration::from_secs(n)
+}
+
+fn traffic(rps: f64, seconds: u64, urls: Urls) -> Traffic {
+    Traffic {
+        steps: vec![(rps, secs(seconds))],
+        urls,
+        post: false,
+        deadline: None,
+        patience: secs(10),
+    }
+}
+
+fn failing(share: f64, status: u16) -> Behaviour {
+    Behaviour {
+        failures: Some((share, status)),
+        ..Behaviour::HEALTHY
+    }
+}
+
+fn waits(latency: Latency) -> Behaviour {
+    Behaviour {
+        latency,
+        ..Behaviour::HEALTHY
+    }
+}
+
+fn row(key: &'static str, what: &'static str, behaviour: Behaviour, traffic: Traffic) -> Row {
+    Row {
+        key,
+        what,
+        behaviour,
+        traffic,
+        replicas: Replicas::One,
+        unknown_host: false,
+        note: None,
+        columns: vec![DIRECT, TOLLGATE],
+    }
+}
+
+/// Every row of the full run, in order.
+pub fn all() -> Vec<Row> {
+    let zipf = Urls::Zipf(100);
+    let mut rows = vec![
+        row(
+            "healthy",
+            "an app that answers at once; Zipf over 100 URLs, 250/s",
+            Behaviour::HEALTHY,
+            traffic(250.0, 4, zipf),
+        ),
+        row(
+            "slow-700ms",
+            "healthy, just slow: every answer after 700 ms; Zipf over 100 URLs, 200/s, no deadline",
+            waits(Latency::Fixed(ms(700))),
+            traffic(200.0, 5, zipf),
+        ),
+        row(
+            "deadline-10s",
+            "the app sends x-timeout-ms: 10000, the answer takes 2.5 s; 200/s",
+            waits(Latency::Fixed(ms(2500))),
+            Traffic {
+                deadline: Some(secs(10)),
+                patience: secs(12),
+                ..traffic(200.0, 5, zipf)
+            },
+        ),
+        row(
+            "lognormal",
+            "a log-normal latency, median 200 ms, sigma 1 (p99 2 s); 200/s, no deadline",
+            waits(Latency::LogNormal {
+                median: ms(200),
+                sigma: 1.0,
+            }),
+            Traffic {
+                patience: secs(20),
+                ..traffic(200.0, 5, zipf)
+            },
+        ),
+        row(
+            "long-poll",
+            "a long poll: the head after 5 s; 220/s (1,100 waiting at once)",
+            waits(Latency::Fixed(secs(5))),
+            Traffic {
+                patience: secs(15),
+                ..traffic(220.0, 5, zipf)
+            },
+        ),
+        row(
+            "streams",
+            "streams: the head at once, the body over 4 s; 300/s (1,200 open at once)",
+            Behaviour {
+                stream: Some(secs(4)),
+                ..Behaviour::HEALTHY
+            },
+            Traffic {
+                patience: secs(15),
+                ..traffic(300.0, 4, zipf)
+            },
+        ),
+        row(
+            "errors-one-url",
+            "30% of answers 503 at random; one popular GET URL, 100/s",
+            failing(0.3, 503),
+            traffic(100.0, 10, Urls::One),
+        ),
+        row(
+            "errors-zipf",
+            "30% of answers 503 at random; Zipf over 100 URLs, 200/s",
+            failing(0.3, 503),
+            traffic(200.0, 5, zipf),
+        ),
+        row(
+            "errors-distinct",
+            "30% of answers 503 at random; a distinct URL per request, 200/s",
+            failing(0.3, 503),
+            traffic(200.0, 5, Urls::Distinct),
+        ),
+        row(
+            "post-one-url",
+            "30% of answers 503 at random; POSTs to one URL, a distinct body each, 100/s",
+            failing(0.3, 503),
+            Traffic {
+                post: true,
+                ..traffic(100.0, 10, Urls::One)
+            },
+        ),
+    ];
+    rows.extend(replica_rows());
+    rows.extend(feature_rows());
+    rows.push(fixed_limit());
+    rows.extend(throttle_rows());
+    rows.push(unknown_host());
+    rows
+}
+
+const REPLICAS: &str = "direct: the same client takes the replicas in turn and dials the next one \
+     when a connection is refused, as a client given a name with several addresses does; \
+     no sidecars: the caller's tollgate straight to the replicas (it skips or retries a bad one); \
+     sidecars: the same, each replica behind an inbound tollgate of its own";
+
+fn replica_rows() -> Vec<Row> {
+    let replicas = |key, what, broken, traffic| Row {
+        replicas: Replicas::ThreeOneBroken(broken),
+        note: Some(REPLICAS),
+        columns: replica_columns(),
+        ..row(key, what, Behaviour::HEALTHY, traffic)
+    };
+    vec![
+        replicas(
+            "replica-dead",
+            "three replicas, one dead (connections refused); Zipf over 100 URLs, 200/s",
+            Broken::Dead,
+            traffic(200.0, 5, Urls::Zipf(100)),
+        ),
+        replicas(
+            "replica-hung",
+            "three replicas, one hung (accepts, never answers); x-timeout-ms: 1000, 200/s",
+            Broken::Hung,
+            Traffic {
+                deadline: Some(secs(1)),
+                patience: ms(1500),
+                ..traffic(200.0, 5, Urls::Zipf(100))
+            },
+        ),
+    ]
+}
+
+fn feature_rows() -> Vec<Row> {
+    vec![
+        Row {
+            replicas: Replicas::Two,
+            columns: with_feature("outlier", "tollgate + [outlier]", Feature::Outlier),
+            ..row(
+                "outlier-shared",
+                "two replicas failing alike, 30% 503 each; Zipf over 100 URLs, 200/s",
+                failing(0.3, 503),
+                traffic(200.0, 5, Urls::Zipf(100)),
+            )
+        },
+        Row {
+            note: Some(
+                "the calls reach the app at an inbound tollgate's port (as a Service's targetPort \
+                 sends them), without and with the adaptive limit",
+            ),
+            columns: vec![
+                DIRECT,
+                Column {
+                    key: "inbound",
+                    title: "[inbound] (defaults)",
+                    path: Path::Inbound,
+                    ..TOLLGATE
+                },
+                Column {
+                    key: "adaptive",
+                    title: "[inbound] adaptive limit",
+                    path: Path::Inbound,
+                    feature: Feature::AdaptiveLimit,
+                    against: &[0, 1],
+                    trade: None,
+                },
+            ],
+            ..row(
+                "adaptive-step",
+                "a healthy app (log-normal, median 100 ms) behind max_inflight = \"adaptive\"; 5/s for 4 s, then 150/s",
+                waits(Latency::LogNormal {
+                    median: ms(100),
+                    sigma: 0.3,
+                }),
+                Traffic {
+                    steps: vec![(5.0, secs(4)), (150.0, secs(7))],
+                    ..traffic(0.0, 0, Urls::Zipf(100))
+                },
+            )
+        },
+        Row {
+            columns: with_feature("max-ratio", "tollgate + max_ratio 0.5", Feature::MaxRatio),
+            ..row(
+                "blip",
+                "a blip: every answer 503 for 2 s (from 4 s to 6 s); one URL, 100/s",
+                Behaviour {
+                    outage: Some((secs(4), secs(6))),
+                    ..Behaviour::HEALTHY
+                },
+                traffic(100.0, 10, Urls::One),
+            )
+        },
+        Row {
+            columns: with_trade(
+                "refuse",
+                "tollgate + app_retries refuse",
+                Feature::RefuseAppRetries,
+                Purpose::RefusesOnlyAppRetries,
+            ),
+            ..row(
+                "refuse-app-retries",
+                "30% of answers 503 at random; one popular GET URL, 100/s; the app never retries",
+                failing(0.3, 503),
+                traffic(100.0, 10, Urls::One),
+            )
+        },
+    ]
+}
+
+fn fixed_limit() -> Row {
+    Row {
+        columns: with_trade(
+            "fixed-limit",
+            "tollgate + max_inflight 10",
+            Feature::FixedLimit,
+            Purpose::BoundsWaiting,
+        ),
+        ..row(
+            "fixed-limit",
+            "a healthy app (log-normal, median 100 ms); Zipf over 100 URLs, 200/s (about 20 waiting at once)",
+            waits(Latency::LogNormal {
+                median: ms(100),
+                sigma: 0.3,
+            }),
+            traffic(200.0, 5, Urls::Zipf(100)),
+        )
+    }
+}
+
+fn throttle_rows() -> Vec<Row> {
+    let throttle = |key, what, behaviour, purpose| Row {
+        columns: with_trade(
+            "throttle",
+            "tollgate + [throttle]",
+            Feature::Throttle,
+            purpose,
+        ),
+        ..row(key, what, behaviour, traffic(200.0, 5, Urls::Zipf(100)))
+    };
+    vec![
+        throttle(
+            "throttle-503-30",
+            "30% of answers 503 at random; Zipf over 100 URLs, 200/s",
+            failing(0.3, 503),
+            Purpose::ThrottleIdle,
+        ),
+        throttle(
+            "throttle-503-80",
+            "80% of answers 503 at random; Zipf over 100 URLs, 200/s",
+            failing(0.8, 503),
+            Purpose::ThrottleSheds,
+        ),
+        throttle(
+            "throttle-500-80",
+            "80% of answers 500 at random; Zipf over 100 URLs, 200/s",
+            failing(0.8, 500),
+            Purpose::ThrottleIgnores500,
+        ),
+    ]
+}
+
+fn unknown_host() -> Row {
+    Row {
+        unknown_host: true,
+        note: Some(
+            "direct: the app without a proxy connects to the host itself; tollgate: the request \
+             goes to tollgate in absolute form (http://HOST/path), whose one upstream is another",
+        ),
+        ..row(
+            "unknown-host",
+            "the app uses http_proxy and calls a host no upstream lists; Zipf over 100 URLs, 200/s",
+            Behaviour::HEALTHY,
+            traffic(200.0, 5, Urls::Zipf(100)),
+        )
+    }
+}
+
+/// The rows `--short` runs (and CI): one per kind of harm that needs no more than a
+/// few seconds.
+pub const SHORT: [&str; 6] = [
+    "healthy",
+    "slow-700ms",
+    "errors-one-url",
+    "replica-dead",
+    "unknown-host",
+    "throttle-500-80",
+];
+
+/// The rows of a run: all of them, or the short set.
+pub fn rows(short: bool) -> Vec<Row> {
+    let mut rows = all();
+    if short {
+        rows.retain(|r| SHORT.contains(&r.key));
+    }
+    rows
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_row_sends_enough_for_the_test_and_judges_against_direct() {
+        let rows = all();
+        assert!(rows.len() >= 15);
+        for r in &rows {
+            assert!(r.traffic.requests() >= 1_000, "{}", r.key);
+            assert_eq!(r.columns[0].path, Path::Direct, "{}", r.key);
+            assert!(r.columns.len() <= super::super::app::MAX_COLUMNS);
+            for c in &r.columns[1..] {
+                assert!(
+                    c.trade.is_some() || c.against.contains(&0),
+                    "{}: {} is judged against nothing",
+                    r.key,
+                    c.key
+                );
+                assert!(c.against.iter().all(|&i| i < r.columns.len()));
+            }
+        }
+        let mut keys: Vec<_> = rows.iter().map(|r| r.key).collect();
+        keys.dedup();
+        assert_eq!(keys.len(), rows.len(), "row keys are unique");
+    }
+
+    #[test]
+    fn the_short_run_is_a_subset_of_the_full_one() {
+        let short = rows(true);
+        assert_eq!(short.len(), SHORT.len());
+        assert!(
+            short
+                .iter()
+                .any(|r| r.columns.iter().any(|c| c.trade.is_some()))
+        );
+    }
+}
