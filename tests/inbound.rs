@@ -91,6 +91,46 @@ async fn each_retry_header_marks_a_retry_and_a_rejected_retry_never_reaches_the_
     tg.stop().await;
 }
 
+/// An app's own attempt headers, passed through its caller's tollgate, would make the
+/// callee count a first attempt as a retry (and refuse it with the budget spent).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_apps_own_attempt_headers_make_no_first_attempt_a_retry() {
+    let (app, seen) = recording_app().await;
+    let callee = Tollgate::start(&inbound_config(app.addr, NO_RETRIES)).await;
+    let caller = Tollgate::start(&config(&format!(
+        "[upstreams.app]\nauthorities = [\"app\"]\nendpoints = [\"{}\"]\n",
+        callee.inbound()
+    )))
+    .await;
+    let marked = [
+        ("x-tollgate-attempt", "3"),
+        ("x-tollgate-hedge", "1"),
+        ("x-envoy-attempt-count", "3"),
+        ("grpc-previous-rpc-attempts", "2"),
+    ];
+    for _ in 0..5 {
+        let r = send(caller.addr, get_with("app", &marked)).await;
+        assert_eq!(r.status, 200, "{:?}", r.outcome());
+    }
+    let m = callee.metrics().await;
+    assert_eq!(
+        metric(
+            &m,
+            "tollgate_inbound_requests_total{code=\"200\",kind=\"first\",outcome=\"ok\"}"
+        ),
+        Some(5.0)
+    );
+    for (_, headers) in seen.lock().unwrap().iter() {
+        assert!(
+            headers.get("x-tollgate-hedge").is_none(),
+            "the app's x-tollgate-hedge went on"
+        );
+        assert!(headers.get("x-tollgate-attempt").is_none());
+    }
+    caller.stop().await;
+    callee.stop().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn retries_within_the_fleet_budget_reach_the_app_and_the_next_is_rejected() {
     let (app, _) = recording_app().await;

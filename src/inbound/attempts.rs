@@ -36,15 +36,22 @@ pub fn parse_count(value: &[u8]) -> Option<u32> {
     Some(value.iter().fold(0u32, |n, d| n * 10 + u32::from(d - b'0')))
 }
 
-/// Whether the request is a caller's retry: any value of any of the three headers says
-/// so.
+/// Whether the request is a caller's retry. A caller's tollgate says it with
+/// `x-tollgate-attempt`, which it writes itself on every attempt (removing whatever its
+/// app sent): when present, it alone decides, and an app's own `x-envoy-attempt-count` or
+/// `grpc-previous-rpc-attempts` that its tollgate passed on does not make a first attempt
+/// a retry. Without it, any value of either other header says so.
 pub fn is_retry(headers: &HeaderMap) -> bool {
-    RETRY_FROM.iter().any(|(name, from)| {
+    let says = |(name, from): &(HeaderName, u32)| {
         headers
             .get_all(name)
             .iter()
             .any(|v| parse_count(v.as_bytes()).is_some_and(|n| n >= *from))
-    })
+    };
+    if headers.contains_key(&RETRY_FROM[0].0) {
+        return says(&RETRY_FROM[0]);
+    }
+    RETRY_FROM[1..].iter().any(says)
 }
 
 /// Whether the request is the kubelet's probe.
@@ -80,7 +87,12 @@ mod tests {
         }
         assert!(!is_retry(&HeaderMap::new()), "no header: a first attempt");
         let both = headers(&[(&ATTEMPT_HEADER, b"1"), (&ENVOY_ATTEMPT_COUNT, b"3")]);
-        assert!(is_retry(&both), "any one header is enough");
+        assert!(
+            !is_retry(&both),
+            "a caller's tollgate decides: an app's own marker it passed on does not"
+        );
+        let both = headers(&[(&ATTEMPT_HEADER, b"2"), (&GRPC_PREVIOUS_ATTEMPTS, b"0")]);
+        assert!(is_retry(&both));
     }
 
     #[test]
@@ -146,8 +158,9 @@ mod tests {
             prop_assert_eq!(parse_count(n.to_string().as_bytes()), Some(n));
         }
 
-        /// A request is a retry exactly when one of its values of the three headers is
-        /// a count at or above that header's first retry.
+        /// A request is a retry exactly when one of its values of `x-tollgate-attempt`
+        /// is a count of 2 or more; without that header, when one of the others' values
+        /// is a count at or above that header's first retry.
         #[test]
         fn is_retry_follows_the_three_rules(
             values in prop::collection::vec((0usize..4, header_value()), 0..6),
@@ -159,13 +172,20 @@ mod tests {
                 HeaderName::from_static("x-other"),
             ];
             let mut h = HeaderMap::new();
-            let mut want = false;
+            let (mut ours, mut theirs, mut tollgate_said) = (false, false, false);
             for (i, v) in &values {
                 let Ok(value) = HeaderValue::from_bytes(v) else { continue };
                 h.append(names[*i].clone(), value);
                 let from = [2, 1, 2, u32::MAX][*i];
-                want |= model(v).is_some_and(|n| n >= from);
+                let says = model(v).is_some_and(|n| n >= from);
+                if *i == 0 {
+                    tollgate_said = true;
+                    ours |= says;
+                } else {
+                    theirs |= says;
+                }
             }
+            let want = if tollgate_said { ours } else { theirs };
             prop_assert_eq!(is_retry(&h), want);
         }
     }

@@ -1,8 +1,9 @@
 //! A request's headers, read and cleaned in one pass, at the outbound hop and at the
 //! inbound side alike: the caller's deadline and whether it is a gRPC call are read;
-//! hop-by-hop headers (RFC 9110 section 7.6.1), the accepted deadline headers and any
-//! `x-tollgate-attempt` go (each attempt writes its own). A request passed through as
-//! it is loses its hop-by-hop headers alone.
+//! hop-by-hop headers (RFC 9110 section 7.6.1), the accepted deadline headers and every
+//! `x-tollgate-*` header go: each attempt writes its own `x-tollgate-attempt` (and
+//! `x-tollgate-hedge`), and one the app sent would make the callee count a first attempt
+//! as a retry. A request passed through as it is loses its hop-by-hop headers alone.
 //!
 //! Almost no request carries any of them, so the headers are read once and changed
 //! only where something was found: removing a header that is not there still costs a
@@ -14,7 +15,6 @@ use http::HeaderValue;
 use http::header::{self, HeaderMap, HeaderName};
 
 use crate::http::fields::{has_token, is_hop_by_hop, strip_hop_by_hop};
-use crate::retry::headers::ATTEMPT_HEADER;
 
 /// What a request's headers say, read in one pass.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -28,8 +28,8 @@ pub struct RequestFacts {
 }
 
 /// Reads what the request says and cleans it for the upstream: hop-by-hop headers go,
-/// and so do the accepted deadline headers and any `x-tollgate-attempt` (each attempt
-/// writes its own).
+/// and so do the accepted deadline headers and every `x-tollgate-*` header (each
+/// attempt writes its own).
 ///
 /// With `http1` (an HTTP/1.1 request), `Connection: upgrade` with an `Upgrade` keeps
 /// both for this exchange (a WebSocket handshake, say): an upgrade is end to end.
@@ -39,7 +39,8 @@ pub fn prepare_request(
     http1: bool,
 ) -> RequestFacts {
     let mut facts = RequestFacts::default();
-    let (mut hop, mut deadline, mut attempt) = (false, false, false);
+    let (mut hop, mut deadline) = (false, false);
+    let mut own: Vec<HeaderName> = Vec::new();
     let mut upgrade = None;
     let (mut asks_upgrade, mut typed) = (false, false);
     for (name, value) in headers.iter() {
@@ -54,8 +55,10 @@ pub fn prepare_request(
             } else if *name == header::CONNECTION {
                 asks_upgrade |= has_token(value.as_bytes(), b"upgrade");
             }
-        } else if *name == ATTEMPT_HEADER {
-            attempt = true;
+        } else if is_own(name) {
+            if !own.contains(name) {
+                own.push(name.clone());
+            }
         } else if accept.contains(name) {
             deadline = true;
             if let Some(d) = crate::deadline::parse_header(name, value) {
@@ -76,10 +79,15 @@ pub fn prepare_request(
             headers.remove(name);
         }
     }
-    if attempt {
-        headers.remove(&ATTEMPT_HEADER);
+    for name in &own {
+        headers.remove(name);
     }
     facts
+}
+
+/// A header of tollgate's own (`x-tollgate-*`): only tollgate writes them on a request.
+fn is_own(name: &HeaderName) -> bool {
+    name.as_str().starts_with("x-tollgate-")
 }
 
 /// Cleans a request that is passed through as it is: only its hop-by-hop headers go
@@ -124,6 +132,10 @@ mod tests {
             HeaderValue::from_static("application/grpc+proto"),
         );
         h.insert("x-tollgate-attempt", HeaderValue::from_static("7"));
+        h.insert("x-tollgate-hedge", HeaderValue::from_static("1"));
+        h.append("x-tollgate-hedge", HeaderValue::from_static("1"));
+        h.insert("x-tollgate-outcome", HeaderValue::from_static("ok"));
+        h.insert("x-envoy-attempt-count", HeaderValue::from_static("3"));
         h.insert("connection", HeaderValue::from_static("keep-alive"));
         h.insert("x-app", HeaderValue::from_static("kept"));
         let facts = prepare_request(&mut h, &accept, true);
@@ -131,7 +143,8 @@ mod tests {
         assert!(facts.grpc);
         let mut left: Vec<&str> = h.keys().map(|k| k.as_str()).collect();
         left.sort();
-        assert_eq!(left, ["content-type", "x-app"]);
+        // Another proxy's words pass on; only tollgate writes tollgate's.
+        assert_eq!(left, ["content-type", "x-app", "x-envoy-attempt-count"]);
 
         let mut plain = HeaderMap::new();
         plain.insert("accept", HeaderValue::from_static("*/*"));
