@@ -171,7 +171,10 @@ fn attempts_as_the_config_counts_them_are_retries_plus_one() {
     let by_attempts = json(&["--attempts", "3,4,4"]);
     assert_eq!(by_attempts, json(&EXAMPLE[..2]));
     assert_eq!(by_attempts["worst_case"].as_u64(), Some(48));
-    assert_eq!(by_attempts["inputs"]["retries"], serde_json::json!([2, 3, 3]));
+    assert_eq!(
+        by_attempts["inputs"]["retries"],
+        serde_json::json!([2, 3, 3])
+    );
 }
 
 #[test]

@@ -346,7 +346,9 @@ fn a_warning_is_shown_beside_an_error_not_after_it_is_fixed() {
     let run = check(&["--config", &path]);
     assert_eq!(run.code, 1, "{}", run.out);
     run.says(&format!("{path}:7:19: upstreams.api.connect_timeout: "));
-    run.says(&format!("{path}:13:1: warning: upstreams.api.budget.ratio: ratio 10"));
+    run.says(&format!(
+        "{path}:13:1: warning: upstreams.api.budget.ratio: ratio 10"
+    ));
     run.says("invalid: 1 error, 1 warning in 1 file");
     // A lint about a key in error is not made up from its default.
     let run = check(&["--config", &fixture("three-mistakes.toml")]);

@@ -163,7 +163,10 @@ async fn a_second_tollgate_on_the_same_port_refuses_to_start() {
     let out = second.wait_with_output().unwrap();
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(code, Some(2), "the second tollgate started: {err}");
-    assert!(err.contains("another process already listens there"), "{err}");
+    assert!(
+        err.contains("another process already listens there"),
+        "{err}"
+    );
     for _ in 0..10 {
         assert_eq!(get(first.addr, "/", "a").await.body, "first");
     }

@@ -131,6 +131,76 @@ async fn an_apps_own_attempt_headers_make_no_first_attempt_a_retry() {
     callee.stop().await;
 }
 
+/// Sends one request from the loopback address `from` (127.0.0.x: a caller of its own).
+async fn send_from(from: [u8; 4], to: std::net::SocketAddr, req: http::Request<BoxBody>) -> Got {
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.bind(std::net::SocketAddr::from((from, 0))).unwrap();
+    let stream = socket.connect(to).await.unwrap();
+    let (mut sender, conn) =
+        hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
+            .await
+            .unwrap();
+    let conn = tokio::spawn(conn);
+    let got = read(sender.send_request(req).await.unwrap()).await;
+    conn.abort();
+    got
+}
+
+/// One caller marking every request a retry spends no more than its share of the fleet
+/// budget while another caller is seen: the other's one retry still reaches the app.
+/// (`per_caller = "off"`, first come first served, shows the harm it prevents.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_noisy_caller_cannot_spend_another_callers_share_of_the_fleet_budget() {
+    let (app, _) = recording_app().await;
+    // Four retries in 10 s for the whole fleet, one per half second at most.
+    let budget = |per_caller: &str| {
+        format!(
+            "max_inflight = 100\n[inbound.retries]\nratio = 0.0\nmin_per_sec = 0.4\n\
+             window = \"10s\"\nper_caller = \"{per_caller}\"\n"
+        )
+    };
+    let mut outcomes = Vec::new();
+    for per_caller in ["fair", "off"] {
+        let tg = Tollgate::start(&inbound_config(app.addr, &budget(per_caller))).await;
+        let (real, noisy) = ([127, 0, 0, 1], [127, 0, 0, 2]);
+        assert_eq!(
+            send_from(real, tg.inbound(), get_with("app", &[]))
+                .await
+                .status,
+            200
+        );
+        let retry = || get_with("app", &[("grpc-previous-rpc-attempts", "1")]);
+        let mut noisy_granted = 0;
+        for _ in 0..25 {
+            if send_from(noisy, tg.inbound(), retry()).await.status == 200 {
+                noisy_granted += 1;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        let real_retry = send_from(real, tg.inbound(), retry()).await;
+        outcomes.push((per_caller, noisy_granted, real_retry.status));
+        tg.stop().await;
+    }
+    let (_, noisy, real) = outcomes[0];
+    assert_eq!(
+        noisy, 2,
+        "fair: the noisy caller's share is half: {outcomes:?}"
+    );
+    assert_eq!(
+        real, 200,
+        "fair: the real caller's retry reached the app: {outcomes:?}"
+    );
+    let (_, noisy, real) = outcomes[1];
+    assert_eq!(
+        noisy, 4,
+        "off: the noisy caller took the whole budget: {outcomes:?}"
+    );
+    assert_eq!(
+        real, 503,
+        "off: the real caller's retry was rejected: {outcomes:?}"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn retries_within_the_fleet_budget_reach_the_app_and_the_next_is_rejected() {
     let (app, _) = recording_app().await;

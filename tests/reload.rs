@@ -161,7 +161,11 @@ async fn an_invalid_file_keeps_the_old_config_and_counts_an_error() {
 
 /// `tollgate_config_last_reload_successful`.
 async fn in_effect(tg: &Tollgate) -> f64 {
-    metric(&tg.metrics().await, "tollgate_config_last_reload_successful").unwrap()
+    metric(
+        &tg.metrics().await,
+        "tollgate_config_last_reload_successful",
+    )
+    .unwrap()
 }
 
 /// Waits (at most 10 s) until the gauge says whether the file on disk is in force.
@@ -189,7 +193,11 @@ async fn reverting_a_refused_edit_clears_the_failure() {
     wait_in_effect(&tg, 0.0, "the refused edit").await;
     std::fs::write(&path, &good).unwrap();
     wait_in_effect(&tg, 1.0, "the file copied back").await;
-    assert_eq!(tg.reloads("ok").await, 0.0, "nothing to reload: it is in force");
+    assert_eq!(
+        tg.reloads("ok").await,
+        0.0,
+        "nothing to reload: it is in force"
+    );
     assert_eq!(get(tg.addr, "/", "b").await.status, 200);
     tg.stop().await;
 

@@ -101,7 +101,9 @@ pub fn main(args: CalcArgs) -> i32 {
 pub enum InvalidInput {
     #[error("--retries needs at least one layer, e.g. --retries 2,3,3")]
     NoLayers,
-    #[error("--attempts counts the first try too: every layer makes at least 1, e.g. --attempts 3,4,4")]
+    #[error(
+        "--attempts counts the first try too: every layer makes at least 1, e.g. --attempts 3,4,4"
+    )]
     NoAttempt,
     #[error("--failure-rate must be from 0 to 1 (0.5 is 50%), got {0}")]
     FailureRate(f64),

@@ -137,6 +137,7 @@ fn inbound_fields(a: &InboundConfig, b: &InboundConfig) -> Vec<&'static str> {
         ("max_inflight", a.max_inflight == b.max_inflight),
         ("request_timeout", a.request_timeout == b.request_timeout),
         ("retries", a.retries == b.retries),
+        ("retries.per_caller", a.per_caller == b.per_caller),
     ]
     .into_iter()
     .filter(|(_, same)| !same)

@@ -55,6 +55,7 @@ impl InboundConfig {
                 "ratio": b.ratio,
                 "min_per_sec": b.min_per_sec,
                 "window": format_duration(b.window),
+                "per_caller": self.per_caller.as_str(),
             })),
         })
     }

@@ -16,6 +16,7 @@
 //! caller's body as it streams: it never retries, so it never keeps one.
 //!
 //! - [`attempts`]: which requests are retries, and which are the kubelet's probes;
+//! - [`fair`]: each caller's share of the fleet budget;
 //! - [`samples`], [`gradient`] and [`limit`]: the concurrency limit;
 //! - [`app`]: one request to the app; [`answer`]: the answers made in its place;
 //! - [`service`]: one request from a caller, start to finish.
@@ -28,6 +29,7 @@
 pub mod answer;
 pub mod app;
 pub mod attempts;
+pub mod fair;
 pub mod gradient;
 pub mod limit;
 pub mod samples;
@@ -39,11 +41,12 @@ use std::sync::atomic::AtomicUsize;
 use arc_swap::ArcSwap;
 use tokio::time::Instant;
 
-use crate::config::{DeadlineConfig, InboundConfig};
+use crate::config::{DeadlineConfig, InboundConfig, PerCaller};
 use crate::metrics::{Metrics, amplification};
 use crate::retry::budget::RetryBudget;
 use crate::server::AppBody;
 use crate::upstream::pool::Endpoint;
+use fair::FairShare;
 use limit::Limit;
 pub use service::InboundService;
 
@@ -62,6 +65,8 @@ pub struct State {
     pub deadline: DeadlineConfig,
     pub app: Arc<Endpoint<AppBody>>,
     pub budget: Arc<RetryBudget>,
+    /// The callers' shares of the budget (`per_caller = "fair"` with a budget).
+    pub fair: Option<Arc<FairShare>>,
     pub limit: Arc<Limit>,
 }
 
@@ -155,9 +160,24 @@ impl State {
                 None,
             )),
         };
-        let budget = match previous {
-            Some(p) if p.budget.limit() == config.retries.as_ref() => p.budget.clone(),
-            _ => Arc::new(RetryBudget::new(config.retries.as_ref(), now)),
+        let (budget, fair) = match previous {
+            Some(p)
+                if p.budget.limit() == config.retries.as_ref()
+                    && p.config.per_caller == config.per_caller =>
+            {
+                (p.budget.clone(), p.fair.clone())
+            }
+            _ => {
+                let fair = config
+                    .retries
+                    .as_ref()
+                    .filter(|_| config.per_caller == PerCaller::Fair)
+                    .map(|b| Arc::new(FairShare::new(b.window, now)));
+                (
+                    Arc::new(RetryBudget::new(config.retries.as_ref(), now)),
+                    fair,
+                )
+            }
         };
         let duration = metrics.inbound().request_duration.clone();
         let limit = Limit::build(
@@ -171,6 +191,7 @@ impl State {
             deadline: deadline.clone(),
             app,
             budget,
+            fair,
             limit,
         }
     }

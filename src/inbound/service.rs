@@ -72,6 +72,7 @@ async fn handle(
     req: Request<AppBody>,
 ) -> Response<ResponseBody> {
     let start = Instant::now();
+    let caller = conn.peer();
     let mut guard = RequestGuard::new(conn, start);
     let state = inbound.state.load_full();
     let probe = is_kube_probe(req.headers());
@@ -88,6 +89,9 @@ async fn handle(
     if !probe {
         // Every caller's request is what the fleet sends; a first attempt also earns
         // the retries the budget allows.
+        if let Some(fair) = &state.fair {
+            fair.see(caller, start);
+        }
         state.budget.record_attempt(start);
         if !retry {
             state.budget.record_request(start);
@@ -113,9 +117,15 @@ async fn handle(
             None => return call.deny(InboundDenied::Overloaded, &answer::OVERLOADED, guard),
         }
     };
-    if retry && !state.budget.try_retry(start) {
-        state.limit.leave();
-        return call.deny(InboundDenied::RetryBudget, &answer::RETRY_REJECTED, guard);
+    if retry {
+        let granted = match &state.fair {
+            Some(fair) => fair.try_retry(caller, &state.budget, start).is_ok(),
+            None => state.budget.try_retry(start),
+        };
+        if !granted {
+            state.limit.leave();
+            return call.deny(InboundDenied::RetryBudget, &answer::RETRY_REJECTED, guard);
+        }
     }
     guard.admitted(state.limit.clone());
     if !headers.contains_key(HOST)

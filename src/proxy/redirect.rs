@@ -171,7 +171,7 @@ pub(super) async fn connection<S: Captures>(
             None => return pass(stream, original, d, shared, settings, shutdown).await,
         },
     };
-    server::serve(stream, service, settings, shutdown).await
+    server::serve(stream, peer, service, settings, shutdown).await
 }
 
 /// Passes a redirected connection through to `original`, unless that would loop.

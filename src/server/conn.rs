@@ -243,9 +243,10 @@ async fn drive<C: Future + ?Sized>(
     }
 }
 
-/// Serves one accepted connection until it closes, times out or is drained.
+/// Serves one accepted connection from `peer` until it closes, times out or is drained.
 pub async fn serve<S: Service>(
     mut stream: TcpStream,
+    peer: std::net::SocketAddr,
     service: S,
     settings: ListenerConfig,
     shutdown: watch::Receiver<bool>,
@@ -255,7 +256,7 @@ pub async fn serve<S: Service>(
         Ok(v) => v,
         Err(_) => return,
     };
-    let state = Arc::new(ConnState::new(!h2, first_byte));
+    let state = Arc::new(ConnState::new(!h2, first_byte, peer.ip().to_canonical()));
     if !h2 {
         // The sniffed bytes were the start of a request head.
         state.head_began_at_epoch();

@@ -23,6 +23,8 @@ use crate::config::ListenerConfig;
 /// What the watchdog knows of a connection; updated by reads and by requests.
 pub struct ConnState {
     epoch: Instant,
+    /// The client's address.
+    peer: std::net::IpAddr,
     inflight: AtomicU32,
     /// Microseconds since `epoch` (+1) when the first byte of a request head arrived
     /// with nothing in flight; 0 when no head is being read.
@@ -39,9 +41,15 @@ pub struct ConnState {
 }
 
 impl ConnState {
-    pub(super) fn new(track_heads: bool, epoch: Instant) -> Self {
+    /// The client's address (the caller, on the inbound side).
+    pub fn peer(&self) -> std::net::IpAddr {
+        self.peer
+    }
+
+    pub(super) fn new(track_heads: bool, epoch: Instant, peer: std::net::IpAddr) -> Self {
         ConnState {
             epoch,
+            peer,
             inflight: AtomicU32::new(0),
             head_started: AtomicU64::new(0),
             idle_since: AtomicU64::new(0),
@@ -80,7 +88,11 @@ impl ConnState {
 
     /// A state for requests that did not come over a client connection (tests, lab).
     pub fn detached() -> Arc<Self> {
-        Arc::new(Self::new(false, Instant::now()))
+        Arc::new(Self::new(
+            false,
+            Instant::now(),
+            std::net::Ipv4Addr::LOCALHOST.into(),
+        ))
     }
 
     fn micros(&self) -> u64 {

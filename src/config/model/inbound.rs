@@ -22,6 +22,28 @@ pub struct InboundConfig {
     /// `[inbound.retries]`: one budget for the retries of every caller. `None`: retries
     /// are admitted as they come (counted, not limited).
     pub retries: Option<BudgetConfig>,
+    /// `[inbound.retries] per_caller`: how that budget is shared among the callers.
+    pub per_caller: PerCaller,
+}
+
+/// How the fleet's retry budget is shared among the callers asking for it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum PerCaller {
+    /// None gets more than an equal share while others ask (max-min fairness, by the
+    /// caller's source address).
+    #[default]
+    Fair,
+    /// First come, first served.
+    Off,
+}
+
+impl PerCaller {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PerCaller::Fair => "fair",
+            PerCaller::Off => "off",
+        }
+    }
 }
 
 impl InboundConfig {

@@ -9,7 +9,7 @@ use std::time::Duration;
 use toml::de::DeValue;
 
 use super::schema::Section;
-use super::walker::{Table, Walker, kind};
+use super::walker::{Choice, Table, Walker, kind};
 use crate::config::model::*;
 
 /// `[inbound]`, if written. `taken` are the addresses tollgate's other listeners bind,
@@ -44,6 +44,10 @@ pub(super) fn inbound(
         max_inflight: max_inflight(w, &t),
         request_timeout: w.optional(&t, "request_timeout", ms(1)..=day),
         retries: w.table(&t, "retries").map(|(r, _)| retries(w, &r)),
+        per_caller: w
+            .table(&t, "retries")
+            .and_then(|(r, _)| w.word(&r, "per_caller", &PER_CALLER))
+            .unwrap_or_default(),
     })
 }
 
@@ -131,6 +135,13 @@ fn max_inflight(w: &mut Walker<'_>, t: &Table) -> InflightLimit {
 
 const FIX_INFLIGHT: &str =
     "write a whole number such as 200, or \"adaptive\" for a limit learned from the app's latency";
+
+/// `[inbound.retries] per_caller`.
+const PER_CALLER: Choice<PerCaller> = Choice {
+    what: "a way to share the budget",
+    fix: "use \"fair\" (no caller gets more than an equal share while others ask) or \"off\"",
+    words: &[("fair", PerCaller::Fair), ("off", PerCaller::Off)],
+};
 
 /// `[inbound.retries]`; a key not written takes its default.
 fn retries(w: &mut Walker<'_>, t: &Table) -> BudgetConfig {

@@ -110,7 +110,7 @@ impl Section {
             Section::Outlier => &["consecutive_failures", "base_ejection", "max_ejected"],
             Section::Hedge => &["after", "max_extra"],
             Section::Inbound => &["addr", "app", "max_inflight", "request_timeout", "retries"],
-            Section::InboundRetries => &["ratio", "min_per_sec", "window"],
+            Section::InboundRetries => &["ratio", "min_per_sec", "window", "per_caller"],
             Section::Throttle => &["k", "window"],
         }
     }
@@ -221,13 +221,38 @@ pub(super) fn unknown_key(here: Section, upstream: &str, key: &str) -> (String, 
 /// section.
 const FOREIGN: &[(&str, &str, &str, Section)] = &[
     ("timeout", "Envoy", "request_timeout", Section::Upstream),
-    ("per_try_timeout", "Envoy", "attempt_timeout", Section::Upstream),
-    ("perTryTimeout", "Istio", "attempt_timeout", Section::Upstream),
-    ("num_retries", "Envoy", "max_attempts (the first try included: retries + 1)", Section::Retry),
-    ("attempts", "Istio", "max_attempts (the first try included: retries + 1)", Section::Retry),
+    (
+        "per_try_timeout",
+        "Envoy",
+        "attempt_timeout",
+        Section::Upstream,
+    ),
+    (
+        "perTryTimeout",
+        "Istio",
+        "attempt_timeout",
+        Section::Upstream,
+    ),
+    (
+        "num_retries",
+        "Envoy",
+        "max_attempts (the first try included: retries + 1)",
+        Section::Retry,
+    ),
+    (
+        "attempts",
+        "Istio",
+        "max_attempts (the first try included: retries + 1)",
+        Section::Retry,
+    ),
     ("retry_on", "Envoy", "on", Section::Retry),
     ("retryOn", "Istio", "on", Section::Retry),
-    ("retry_budget", "Envoy", "a [budget] section", Section::Upstream),
+    (
+        "retry_budget",
+        "Envoy",
+        "a [budget] section",
+        Section::Upstream,
+    ),
 ];
 
 /// tollgate's key for another proxy's word: (our key, its section, the proxy).
