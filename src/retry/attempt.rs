@@ -17,7 +17,7 @@
 use http::{HeaderMap, HeaderName, Method, Uri};
 use tokio::time::{Instant, timeout_at};
 
-use super::headers::{ATTEMPT_HEADER, HEDGE_HEADER, HEDGE_VALUE, count_value, endpoint_failed};
+use super::headers::{ATTEMPT_HEADER, Callee, HEDGE_HEADER, HEDGE_VALUE, count_value};
 use super::policy::Failure;
 use super::replay::{AppBody, ReplayBody};
 use super::upstream::Upstream;
@@ -33,6 +33,11 @@ use crate::upstream::tls_failure;
 /// The names of the per-attempt fields, borrowed by every attempt.
 static ATTEMPT_NAME: HeaderName = ATTEMPT_HEADER;
 static HEDGE_NAME: HeaderName = HEDGE_HEADER;
+
+/// How much earlier than this attempt's own time a callee's `app-timeout` must come to
+/// be its own limit rather than the deadline this attempt sent (rounded down to the
+/// millisecond, and carried across the network).
+const DEADLINE_SLACK: std::time::Duration = std::time::Duration::from_millis(10);
 
 /// Stale pooled connections skipped within one attempt before giving up on it.
 const MAX_STALE: u32 = 3;
@@ -159,10 +164,17 @@ impl<'a, A: AppBody> Attempt<'a, A> {
     /// What the result says about the endpoint.
     fn verdict(&self, result: &Result<UpstreamResponse, AttemptError>) -> Verdict {
         match result {
-            Ok(resp) if endpoint_failed(resp.status().as_u16(), Fields::of(resp)) => {
-                Verdict::Failure
-            }
-            Ok(_) => Verdict::Success,
+            Ok(resp) => match Callee::of(resp.status(), Fields::of(resp)) {
+                // The callee's inbound side ran out of the time this attempt gave it,
+                // as this attempt would have: judged as a timeout of its own is.
+                Callee::AppTimeout
+                    if !self.full_time && Instant::now() + DEADLINE_SLACK >= self.by =>
+                {
+                    Verdict::Neutral
+                }
+                callee if callee.endpoint_failed(resp.status()) => Verdict::Failure,
+                _ => Verdict::Success,
+            },
             // Cut short by the caller's deadline, the attempt did not have the time an
             // endpoint is judged by.
             Err(AttemptError::Upstream(Failure::Timeout)) if !self.full_time => Verdict::Neutral,

@@ -27,14 +27,15 @@ pub type AppBody = ByProtocol<Http1Body>;
 
 /// Up to three whole field lines (`name: value`) this hop adds to a response head for an
 /// HTTP/1.1 app, written after the response's own and replacing any field of the same
-/// name. Lines from tables made once, so nothing is formatted per response and the
-/// response stays small to move.
+/// name; a line with nothing after its colon (`name:`) only removes the response's own.
+/// Lines from tables made once, so nothing is formatted per response and the response
+/// stays small to move.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct AddedFields(pub [Option<&'static str>; 3]);
 
 impl AddedFields {
     fn lines(&self) -> impl Iterator<Item = &'static str> {
-        self.0.into_iter().flatten()
+        self.0.into_iter().flatten().filter(|l| !l.ends_with(':'))
     }
 
     /// Whether one of the lines is a field called `name`.
