@@ -183,10 +183,16 @@ impl AppRetry {
 
 /// Whether the request is the app's own retry, and on what evidence; counted. With
 /// no marker and nothing remembered in the last 2 s, one atomic load decides.
+#[inline]
 pub(super) fn recall(up: &Upstream, same: &Sameness<'_>, now: Instant) -> Option<AppRetry> {
-    if up.config.app_retries == AppRetries::Ignore || !(same.marker || up.recent.active(now)) {
+    if !(same.marker || up.recent.active(now)) || up.config.app_retries == AppRetries::Ignore {
         return None;
     }
+    look(up, same, now)
+}
+
+/// [`recall`] once there is something to look for.
+fn look(up: &Upstream, same: &Sameness<'_>, now: Instant) -> Option<AppRetry> {
     let lookup = |fp: Option<u64>| fp.and_then(|fp| up.recent.lookup(fp, now));
     let keyed = lookup(same.key());
     let again = if same.marker {

@@ -99,6 +99,7 @@ pub enum Callee {
 
 impl Callee {
     /// Reads the response's outcome, if any.
+    #[inline]
     pub fn of(status: StatusCode, fields: Fields<'_>) -> Callee {
         let Some(v) = fields.get(&OUTCOME_HEADER) else {
             return Callee::Silent;

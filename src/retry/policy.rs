@@ -84,6 +84,7 @@ impl Failure {
 /// request that may not be sent twice is not) and `app-timeout` its `timeout`. A
 /// callee's `in-progress` is retried as a `503` would be: the request still runs there
 /// and a retry only joins it.
+#[inline]
 pub fn classify_response(
     status: StatusCode,
     headers: Fields<'_>,

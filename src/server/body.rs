@@ -34,10 +34,6 @@ pub type AppBody = ByProtocol<Http1Body>;
 pub struct AddedFields(pub [Option<&'static str>; 3]);
 
 impl AddedFields {
-    fn lines(&self) -> impl Iterator<Item = &'static str> {
-        self.0.into_iter().flatten().filter(|l| !l.ends_with(':'))
-    }
-
     /// Whether one of the lines is a field called `name`.
     pub fn names(&self, name: &HeaderName) -> bool {
         self.names_raw(name.as_str().as_bytes())
@@ -56,11 +52,16 @@ impl AddedFields {
         false
     }
 
-    /// Writes the lines into an HTTP/1.1 head.
+    /// Writes the lines into an HTTP/1.1 head (but those that only remove a field).
+    #[inline]
     pub fn write_to(&self, wbuf: &mut Vec<u8>) {
-        for line in self.lines() {
-            wbuf.extend_from_slice(line.as_bytes());
-            wbuf.extend_from_slice(b"\r\n");
+        for line in &self.0 {
+            if let Some(l) = line
+                && !l.ends_with(':')
+            {
+                wbuf.extend_from_slice(l.as_bytes());
+                wbuf.extend_from_slice(b"\r\n");
+            }
         }
     }
 }
