@@ -213,7 +213,7 @@ async fn the_deadline_bounds_the_wait_for_the_head_never_a_streaming_body() {
         .unwrap();
     let r = send(tg.inbound(), slow).await;
     assert_eq!(r.status, 504);
-    assert_eq!(r.outcome(), Some("deadline-exceeded"));
+    assert_eq!(r.outcome(), Some("app-timeout"), "the app's, not owned");
     let streaming = request("GET", "/stream", "app")
         .header("x-timeout-ms", "300")
         .body(empty())
@@ -359,11 +359,21 @@ async fn bodies_stream_both_ways_and_hop_by_hop_fields_stay_behind() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_app_that_is_not_there_is_a_502_that_callers_do_not_retry() {
+async fn an_app_that_is_not_there_is_a_502_that_callers_retry_elsewhere() {
     let tg = Tollgate::start(&inbound_config(dead_port().await, "")).await;
     let r = send(tg.inbound(), get_with("app", &[])).await;
     assert_eq!(r.status, 502);
-    assert_eq!(r.outcome(), Some("upstream-unreachable"));
+    assert_eq!(r.outcome(), Some("app-unreachable"));
+    // Not owned: a gRPC client may retry it too (tests/ownership.rs: a caller's
+    // tollgate does, on another replica).
+    let call = request("POST", "/pkg.Svc/Method", "app")
+        .header("content-type", "application/grpc")
+        .body(empty())
+        .unwrap();
+    let r = send_h2(tg.inbound(), call).await;
+    assert_eq!(r.header("grpc-status"), Some("14"));
+    assert_eq!(r.outcome(), Some("app-unreachable"));
+    assert_eq!(r.header("grpc-retry-pushback-ms"), None);
     tg.stop().await;
 }
 
