@@ -158,6 +158,42 @@ async fn a_dead_replica_behind_its_sidecar_costs_its_callers_no_more_than_withou
     }
 }
 
+/// Without `[outlier]` and with no retry to spare, a caller stops offering a dead replica
+/// its first attempts as soon as it refuses a connection: the same must hold when the
+/// replica's sidecar answers for it (`502 app-unreachable`), or every third call fails.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dead_replica_behind_its_sidecar_is_skipped_as_a_refusing_one_is() {
+    let live = [
+        Upstream::start(|_req| async { respond(200, "ok") }).await,
+        Upstream::start(|_req| async { respond(200, "ok") }).await,
+    ];
+    let dead = dead_port().await;
+    const REQUESTS: usize = 60;
+    let no_room = "[upstreams.app.budget]\nratio = 0.0\nmin_per_sec = 0\n";
+    let plain = |endpoints: &[std::net::SocketAddr]| {
+        caller(endpoints, "").replace("[upstreams.app.outlier]\n", no_room)
+    };
+    let direct = Tollgate::start(&plain(&[live[0].addr, live[1].addr, dead])).await;
+    let direct_failed = REQUESTS - successes(direct.addr, REQUESTS).await;
+    direct.stop().await;
+
+    let mut sidecars = Vec::new();
+    for app in [live[0].addr, live[1].addr, dead] {
+        sidecars.push(Tollgate::start(&inbound_config(app, "")).await);
+    }
+    let inbound: Vec<_> = sidecars.iter().map(Tollgate::inbound).collect();
+    let tg = Tollgate::start(&plain(&inbound)).await;
+    let failed = REQUESTS - successes(tg.addr, REQUESTS).await;
+    assert!(
+        failed <= direct_failed + 2,
+        "{failed} of {REQUESTS} failed behind sidecars, {direct_failed} without"
+    );
+    tg.stop().await;
+    for s in sidecars {
+        s.stop().await;
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_hung_app_behind_its_sidecar_is_retried_on_another_replica() {
     let hung = Scripted::start(until_peer_closes).await;

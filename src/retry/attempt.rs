@@ -17,7 +17,7 @@
 //! hedge). What it came to is reported to the endpoint's health
 //! ([`crate::upstream::outlier`]) and to the latency estimates, once.
 
-use http::{HeaderMap, HeaderName, Method, Uri};
+use http::{HeaderMap, HeaderName, Method, StatusCode, Uri};
 use tokio::time::{Instant, timeout_at};
 
 use super::headers::{ATTEMPT_HEADER, Callee, HEDGE_HEADER, HEDGE_VALUE, count_value};
@@ -146,6 +146,16 @@ impl<'a, A: AppBody> Attempt<'a, A> {
             endpoint: self.endpoint,
             number: self.number,
         };
+        if let Ok(resp) = &result {
+            let endpoint = self.up.endpoints.get(self.endpoint);
+            if resp.status() == StatusCode::BAD_GATEWAY
+                && Callee::of(resp.status(), Fields::of(resp)) == Callee::AppUnreachable
+            {
+                endpoint.unreachable_behind();
+            } else {
+                endpoint.answered();
+            }
+        }
         let r = match &result {
             Ok(resp) => AttemptResult::of_status(resp.status().as_u16()),
             Err(AttemptError::Upstream(Failure::ConnectFailure)) => AttemptResult::ConnectFailure,
@@ -172,8 +182,7 @@ impl<'a, A: AppBody> Attempt<'a, A> {
     /// Whether the attempt ended before its attempt timeout (or had none): it had not
     /// had the time an endpoint is judged by.
     fn cut_short(&self) -> bool {
-        self.slow_after
-            .is_none_or(|s| self.started.elapsed() < s)
+        self.slow_after.is_none_or(|s| self.started.elapsed() < s)
     }
 
     /// What the result says about the endpoint.
@@ -196,9 +205,7 @@ impl<'a, A: AppBody> Attempt<'a, A> {
             },
             // Cut short by the deadline before its attempt timeout, the attempt did not
             // have the time an endpoint is judged by.
-            Err(AttemptError::Upstream(Failure::Timeout)) if self.cut_short() => {
-                Verdict::Neutral
-            }
+            Err(AttemptError::Upstream(Failure::Timeout)) if self.cut_short() => Verdict::Neutral,
             Err(AttemptError::Upstream(_)) => Verdict::Failure,
             Err(AttemptError::NotUpstream(_)) => Verdict::Neutral,
         }
