@@ -17,6 +17,10 @@ use common::*;
 
 const WORKERS: usize = 4;
 
+/// One test at a time: the limit learns from latency measured through tollgate, and
+/// another test's load on the same cores would be in it.
+static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
 /// An app of `WORKERS` workers taking 20 ms each; records the most requests it held at
 /// once (served or queued).
 async fn app(peak: &Arc<AtomicUsize>) -> Upstream {
@@ -79,6 +83,7 @@ async fn load(addr: std::net::SocketAddr, clients: usize, run: Duration) -> Arc<
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_adaptive_limit_sheds_under_overload_and_serves_everything_after() {
+    let _alone = ONE_AT_A_TIME.lock().await;
     let peak = Arc::new(AtomicUsize::new(0));
     let app = app(&peak).await;
     let tg = Tollgate::start(&inbound_config(app.addr, "max_inflight = \"adaptive\"\n")).await;
@@ -175,6 +180,7 @@ async fn step(addr: std::net::SocketAddr, quiet: Duration, busy: Duration) -> Ar
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_load_step_onto_a_healthy_app_is_served_as_without_tollgate() {
+    let _alone = ONE_AT_A_TIME.lock().await;
     let app = waiting_app().await;
     let tg = Tollgate::start(&inbound_config(app.addr, "max_inflight = \"adaptive\"\n")).await;
 

@@ -16,19 +16,27 @@
 //! - **baseline**: the median latency with no queue, taken from the requests that had
 //!   at most half the limit in flight from their admission to their answer (an app
 //!   given that many has no queue of ours in front of them; a request admitted low in a
-//!   burst that went higher does not count). Each time [`MIN_SAMPLES`] such answers have come, the
-//!   baseline moves a quarter of the way to their median: the noise of one window
-//!   averages out, an app that got faster or slower is followed within a few windows.
+//!   burst that went higher does not count). Each time [`MIN_SAMPLES`] such answers
+//!   have come, the baseline moves a quarter of the way to their median (the first
+//!   four measurements are averaged): the noise of one window averages out, an app
+//!   that got faster or slower is followed within a few windows.
 //! - **gradient**: `baseline × (1 + TOLERANCE) / recent median`, clamped to `[0.5, 2]`.
-//!   Below 1 there may be a queue; below `1 / (1 + QUEUE)` (latency a quarter above the
-//!   baseline, well outside the noise of a window's median) there is one.
-//! - **slow start**: while the app shows no queue, the limit is at least twice the most
-//!   requests it had in flight in the last window, and the first request of a window that
-//!   finds it full doubles it at once instead of being refused. A step in the load meets
-//!   a limit that doubles faster than the concurrency can build, and a healthy app is
-//!   shed nothing. Slow start ends, as TCP's does, the first time a window in which the
-//!   limit was reached shows a queue: the limit is cut at once to `limit × gradient +
-//!   headroom` (at worst halved: the last doubling taken back).
+//!   Below 1 there may be a queue. A recent median more than `QUEUE` (a quarter) above
+//!   the baseline, well outside the noise of a window's median, is one.
+//! - **slow start**: while the app shows no queue, the limit follows demand. An answer
+//!   that came within `QUEUE` of the baseline proves the app served, without a queue,
+//!   as many requests as were in flight when it was admitted; at every window the limit
+//!   is at least twice the most it proved. And the first request of a window that finds
+//!   the limit full doubles it at once instead of being refused, as long as the limit is
+//!   at most twice what the app proved, or at most [`INITIAL_LIMIT`] (so that a quiet
+//!   app can double at once): a doubling is taken only once answers show the previous
+//!   one did no harm, so an overload that arrives at once is given at most four times
+//!   what the app had shown it serves (or twice the initial limit). A step in the load
+//!   meets a limit that doubles faster than the concurrency can build, and a healthy
+//!   app is shed nothing. Slow
+//!   start ends, as TCP's does, the first time a window in which the limit was reached
+//!   shows a queue: the limit is cut at once to `limit × gradient + headroom` (at worst
+//!   halved: the last doubling taken back).
 //! - **the gradient law**, once the app has shown a queue: every window the limit moves a
 //!   fifth of the way to `limit × gradient + headroom`, with a **headroom** of
 //!   `√limit / 4` that keeps it probing upwards for capacity the app may have gained.
@@ -61,11 +69,15 @@
 //! the limit of an overloaded app its workers stay busy, so a probe costs little; an app
 //! that is not being shed, healthy or not, is never probed. This is the trade Envoy's
 //! filter makes the other way (it pins the limit every interval, healthy app or not, and
-//! documents the 503s it causes).
+//! documents the 503s it causes). The window after a probe is not judged: its answers
+//! are of requests admitted while the in-flight count climbed back from the pin, too
+//! early to show the queue at the restored limit.
 //!
 //! From a cold start nothing is known: the first window is served with at most
 //! [`INITIAL_LIMIT`] requests at once, and slow start doubles only once a baseline has
-//! been measured.
+//! been measured. When that window already refuses requests with no baseline measured
+//! (more than 20 wanted at once, none of them at low concurrency), only an experiment
+//! tells a queue from a wait, and a probe runs at once.
 
 use std::time::Duration;
 
@@ -132,6 +144,9 @@ pub struct Seen {
     pub refused: bool,
     /// Whether a request that found the limit full doubled it (slow start).
     pub grew: bool,
+    /// The most requests in flight when one was admitted that was answered within
+    /// `QUEUE` of the baseline: what the app has been seen to serve without a queue.
+    pub proven: usize,
     /// Responses waiting to be measured of requests that had at most half the limit in
     /// flight all their life (they are kept across windows until there are enough).
     pub low: u32,
@@ -142,10 +157,17 @@ pub struct Seen {
 pub struct Control {
     limit: f64,
     baseline: Option<Duration>,
+    /// Measurements in the baseline: the first few are averaged with equal weights.
+    measurements: u32,
     phase: Phase,
     growth: Growth,
     /// The last window showed no queue.
     clear: bool,
+    /// The last window's `Seen::proven`.
+    proven: usize,
+    /// A probe just ended: the next window's answers are of requests admitted while
+    /// the in-flight count was climbing back from the pin, too early to show a queue.
+    settling: bool,
     /// A probe may start from this moment on, if the app is being shed.
     next_probe: Instant,
     rng: fastrand::Rng,
@@ -156,9 +178,12 @@ impl Control {
         Control {
             limit: INITIAL_LIMIT,
             baseline: None,
+            measurements: 0,
             phase: Phase::Tracking,
             growth: Growth::SlowStart,
             clear: false,
+            proven: 0,
+            settling: false,
             next_probe: now,
             rng,
         }
@@ -185,12 +210,21 @@ impl Control {
     }
 
     /// Whether a request that finds the limit full may double it instead of being
-    /// refused: slow start, with a baseline measured and no queue in the last window.
+    /// refused: slow start, with a baseline measured, no queue in the last window, and
+    /// a limit at most twice what the app was seen to serve without a queue, or at most
+    /// the initial limit (so that a quiet app can double at once). A doubling is taken
+    /// only once answers show the one before did no harm.
     pub fn may_grow(&self) -> bool {
         self.growth == Growth::SlowStart
             && self.clear
             && self.baseline.is_some()
             && self.phase == Phase::Tracking
+            && self.limit <= (2.0 * self.proven as f64).max(INITIAL_LIMIT)
+    }
+
+    /// An answer that came this quickly met no queue: it counts toward `Seen::proven`.
+    pub fn clear_below(&self) -> Option<Duration> {
+        self.baseline.map(|b| b.mul_f64(1.0 + QUEUE))
     }
 
     /// A request that found the limit full raised it to `live` (slow start).
@@ -247,9 +281,11 @@ impl Control {
                 };
                 if let Some(b) = measured {
                     self.baseline = Some(b);
+                    self.measurements = 1;
                 }
                 self.limit = saved;
                 self.phase = Phase::Tracking;
+                self.settling = true;
                 self.clear = false;
                 self.next_probe = now + if soon { PROBE_SOON } else { self.jittered() };
                 true
@@ -261,6 +297,10 @@ impl Control {
                 let Some(recent) = median() else {
                     return false;
                 };
+                if self.settling {
+                    self.settling = false;
+                    return true;
+                }
                 let enough = if self.baseline.is_some() {
                     MIN_SAMPLES
                 } else {
@@ -296,12 +336,10 @@ impl Control {
     /// A baseline measured at low concurrency, outside a probe.
     fn measured(&mut self, m: Duration, now: Instant) {
         let first = self.baseline.is_none();
-        self.baseline = Some(match self.baseline {
-            None => m,
-            Some(b) => Duration::from_secs_f64(
-                b.as_secs_f64() + (m.as_secs_f64() - b.as_secs_f64()) * BASELINE_WEIGHT,
-            ),
-        });
+        self.measurements = self.measurements.saturating_add(1);
+        let weight = (1.0 / f64::from(self.measurements)).max(BASELINE_WEIGHT);
+        let b = self.baseline.unwrap_or(m).as_secs_f64();
+        self.baseline = Some(Duration::from_secs_f64(b + (m.as_secs_f64() - b) * weight));
         // A first baseline taken as an overload began may have seen some queue.
         self.next_probe = now + if first { PROBE_SOON } else { self.jittered() };
     }
@@ -333,7 +371,7 @@ impl Control {
                 self.growth = Growth::Gradient;
                 self.limit = self.limit * gradient.min(1.0) + headroom;
             } else if !queue {
-                self.limit = self.limit.max(peak * 2.0);
+                self.limit = self.limit.max(seen.proven as f64 * 2.0);
             }
         } else {
             let mut g = gradient;
@@ -348,6 +386,7 @@ impl Control {
         }
         self.limit = self.limit.clamp(MIN_LIMIT, MAX_LIMIT);
         self.clear = !queue;
+        self.proven = seen.proven;
     }
 
     /// `PROBE_EVERY`, ± 20%.
@@ -369,7 +408,8 @@ mod tests {
     }
 
     /// Runs the control loop against an overloaded app for `windows` windows; returns
-    /// the limits it set.
+    /// the limits it set. Every answer waits as long as the others, so the app proves
+    /// it serves the limit at once only while that is within its workers.
     fn run(
         c: &mut Control,
         at: &mut Instant,
@@ -385,6 +425,7 @@ mod tests {
                 count: 50,
                 peak: limit,
                 refused: true,
+                proven: limit.min(workers),
                 ..Seen::default()
             };
             c.close(*at, seen, || Some(loaded(workers, service, limit)), || None);
@@ -446,6 +487,7 @@ mod tests {
                 count: 50,
                 peak: limit,
                 refused: true,
+                proven: limit,
                 ..Seen::default()
             };
             c.close(at, seen, || Some(loaded(1000, 2 * MS, limit)), || None);
@@ -523,6 +565,7 @@ mod tests {
             let seen = Seen {
                 count: 40,
                 peak,
+                proven: peak,
                 low: 40,
                 ..Seen::default()
             };
@@ -540,18 +583,20 @@ mod tests {
             c.may_grow(),
             "a baseline and no queue: the limit may double"
         );
-        // A request found the limit full and doubled it; 30 were in flight.
+        // A request found the limit full and doubled it; 30 were in flight, each
+        // answered as quickly as before.
         c.grew_to(40);
         at += c.window();
         let grown = Seen {
             count: 40,
             peak: 30,
             grew: true,
+            proven: 30,
             low: 10,
             ..Seen::default()
         };
         c.close(at, grown, || Some(105 * MS), || Some(100 * MS));
-        assert_eq!(c.limit(), 60, "twice the peak in flight");
+        assert_eq!(c.limit(), 60, "twice what it proved");
         assert!(c.may_grow());
         // Doubled again, into a queue: the latency doubled with it.
         c.grew_to(120);

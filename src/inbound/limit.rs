@@ -9,10 +9,10 @@
 //! latency of each response into lock-free histograms ([`super::samples`]): one for
 //! every response, one for those that had at most half the limit in flight from their
 //! admission to their answer (the baseline's: known from a count of the requests
-//! admitted above that mark, read at both ends). Whichever response closes a sampling window runs the control law once
-//! for all. In slow start the law arms a flag, and the first request that finds the
-//! limit full takes it and doubles the limit with an atomic max instead of being
-//! refused: still no lock on the way in.
+//! admitted above that mark, read at both ends). Whichever response closes a sampling
+//! window runs the control law once for all. In slow start the law arms a flag, and the
+//! first request that finds the limit full takes it and doubles the limit with an
+//! atomic max instead of being refused: still no lock on the way in.
 
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering::*};
 use std::sync::{Arc, Mutex};
@@ -64,6 +64,11 @@ struct Adaptive {
     grow: AtomicBool,
     /// The limit was doubled since the window began.
     grew: AtomicBool,
+    /// Nanoseconds: an answer this quick met no queue (0: no baseline yet).
+    clear_below: AtomicU64,
+    /// The most requests in flight at the admission of one answered that quickly since
+    /// the window began.
+    proven: AtomicUsize,
     /// Nanoseconds from `origin` at which the window closes.
     window_end: AtomicU64,
     /// Odd while a probe runs; a request admitted in an earlier epoch is not measured.
@@ -71,11 +76,13 @@ struct Adaptive {
     control: Mutex<Control>,
 }
 
-/// A request admitted: which epoch it was admitted in, whether with at most half the
-/// limit in flight, and how many requests had been admitted above that mark.
+/// A request admitted: which epoch it was admitted in, with how many in flight
+/// (itself included), whether that was at most half the limit, and how many requests
+/// had been admitted above that mark.
 #[derive(Clone, Copy, Debug)]
 pub struct Admitted {
     epoch: u32,
+    inflight: usize,
     low: bool,
     high: u64,
 }
@@ -112,6 +119,8 @@ impl Limit {
                         refused: AtomicBool::new(false),
                         grow: AtomicBool::new(control.may_grow()),
                         grew: AtomicBool::new(false),
+                        clear_below: AtomicU64::new(0),
+                        proven: AtomicUsize::new(0),
                         window_end: AtomicU64::new(nanos(control.window())),
                         epoch: AtomicU32::new(0),
                         control: Mutex::new(control),
@@ -185,12 +194,14 @@ impl Limit {
                 };
                 Admitted {
                     epoch: a.epoch.load(Acquire),
+                    inflight,
                     low,
                     high,
                 }
             }
             None => Admitted {
                 epoch: 0,
+                inflight,
                 low: false,
                 high: 0,
             },
@@ -217,16 +228,24 @@ impl Limit {
         if admitted.low && a.high.load(Acquire) == admitted.high {
             a.low.record(latency);
         }
+        if nanos(latency) < a.clear_below.load(Relaxed) {
+            a.proven.fetch_max(admitted.inflight, Relaxed);
+        }
         let at = nanos(now.saturating_duration_since(a.origin));
         let end = a.window_end.load(Acquire);
-        if at < end
-            || a.window_end
+        if at >= end
+            && a.window_end
                 .compare_exchange(end, u64::MAX, AcqRel, Acquire)
-                .is_err()
+                .is_ok()
         {
-            return;
+            // This response closes the window; the others go on recording.
+            self.close(a, at, now);
         }
-        // This response closes the window; the others go on recording.
+    }
+
+    /// Runs the control law on the window that just closed, and sets what admission
+    /// reads from its outcome.
+    fn close(&self, a: &Adaptive, at: u64, now: Instant) {
         let mut control = a.control.lock().unwrap_or_else(|p| p.into_inner());
         // No doubling while the law decides; it arms the next one.
         a.grow.store(false, Release);
@@ -240,6 +259,7 @@ impl Limit {
             peak: a.peak.load(Acquire),
             refused: a.refused.load(Acquire),
             grew,
+            proven: a.proven.load(Acquire),
             low: a.low.count(),
         };
         let median = || a.samples.take_quantile(0.5);
@@ -247,6 +267,7 @@ impl Limit {
             a.peak.store(self.inflight(), Release);
             a.refused.store(false, Release);
             a.grew.store(false, Release);
+            a.proven.store(0, Release);
         }
         if control.probing() != was_probing {
             // A probe began or ended: what was measured before belongs to the other phase.
@@ -257,6 +278,8 @@ impl Limit {
         self.limit.store(control.limit(), Release);
         a.low_mark.store(control.low_mark(), Release);
         a.grow.store(control.may_grow(), Release);
+        let clear = control.clear_below().map_or(0, nanos);
+        a.clear_below.store(clear, Release);
         a.window_end.store(at + nanos(control.window()), Release);
     }
 
@@ -389,6 +412,7 @@ mod tests {
         assert_eq!(l.current(), INITIAL_LIMIT as usize / 2);
         let before = Admitted {
             epoch: 0,
+            inflight: 1,
             low: true,
             high: 0,
         };
@@ -558,5 +582,23 @@ mod tests {
         assert!(run.most <= 24, "the app was given {} at once", run.most);
         let base = l.baseline().unwrap().as_secs_f64() * 1000.0;
         assert!((22.0..=30.0).contains(&base), "baseline {base} ms");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_overload_onto_a_quiet_app_is_cut_back_after_one_doubling() {
+        let t0 = Instant::now();
+        let l = adaptive();
+        let mut rng = fastrand::Rng::with_seed(1);
+        // A quiet app of 8 workers (320 a second), then three times its capacity at
+        // once: slow start is armed when it comes.
+        let mut arrivals = poisson(&mut rng, t0, 5.0, Duration::from_secs(5));
+        let step = t0 + Duration::from_secs(5);
+        arrivals.extend(poisson(&mut rng, step, 960.0, Duration::from_secs(10)));
+        let run = simulate(&l, &arrivals, &mut Workers::new(8, t0), step);
+        // One doubling of the initial 20, none on answers that had not yet met the queue.
+        assert!(run.most <= 45, "the app was given {} at once", run.most);
+        let late = &run.limits[run.limits.len() / 2..];
+        let mean = late.iter().sum::<usize>() as f64 / late.len() as f64;
+        assert!((8.0..=13.0).contains(&mean), "the limit averaged {mean:.1}");
     }
 }
