@@ -130,11 +130,6 @@ async fn a_dead_replica_behind_its_sidecar_costs_its_callers_no_more_than_withou
         "as many answered as direct"
     );
     let m = tg.metrics().await;
-    assert_eq!(
-        metric(&m, "tollgate_endpoints_ejected{upstream=\"app\"}"),
-        Some(1.0),
-        "the dead replica's sidecar is ejected"
-    );
     assert!(
         metric(
             &m,
@@ -143,14 +138,17 @@ async fn a_dead_replica_behind_its_sidecar_costs_its_callers_no_more_than_withou
         .is_some_and(|n| n >= 1.0),
         "{m}"
     );
+    // Its sidecar's answer put the dead replica aside at once, as a refused connection
+    // does: it saw a few of the 60 calls, not a third of them.
     let dead_side = sidecars[2].metrics().await;
+    let reached = metric(
+        &dead_side,
+        "tollgate_inbound_requests_total{code=\"502\",kind=\"first\",outcome=\"app-unreachable\"}",
+    )
+    .unwrap_or(0.0);
     assert!(
-        metric(
-            &dead_side,
-            "tollgate_inbound_requests_total{code=\"502\",kind=\"first\",outcome=\"app-unreachable\"}"
-        )
-        .is_some_and(|n| n >= 1.0),
-        "{dead_side}"
+        (1.0..=5.0).contains(&reached),
+        "{reached} calls reached the dead replica"
     );
     tg.stop().await;
     for s in sidecars {
