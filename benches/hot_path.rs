@@ -85,7 +85,7 @@ fn throttle(c: &mut Criterion) {
                 let now = Instant::now();
                 let go = failing.admit(now, &mut rng);
                 if go {
-                    failing.failed();
+                    failing.rejected();
                     failing.answered(now);
                 }
                 black_box(go)

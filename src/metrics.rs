@@ -18,7 +18,7 @@ mod learning;
 pub mod passthrough;
 pub mod process;
 
-pub use labels::{AttemptResult, Denied, Outcome, Shortage};
+pub use labels::{AttemptResult, Denied, Evidence, Outcome, Shortage};
 pub use learning::Learning;
 
 use std::sync::{Arc, OnceLock};
@@ -395,8 +395,8 @@ pub struct UpstreamMetrics {
     pub exhausted: IntCounter,
     /// Ejections and hedges.
     pub health: health::Handles,
-    /// `tollgate_app_retries_total`.
-    pub app_retries: IntCounter,
+    /// `tollgate_app_retries_total`, by [`Evidence`].
+    app_retries: [IntCounter; 3],
 }
 
 impl std::fmt::Debug for UpstreamMetrics {
@@ -414,6 +414,11 @@ impl UpstreamMetrics {
 
     pub fn denied(&self, d: Denied) {
         self.denied[d as usize].inc();
+    }
+
+    /// The app's own retry, seen on `evidence`.
+    pub fn app_retry(&self, evidence: Evidence) {
+        self.app_retries[evidence as usize].inc();
     }
 
     /// `condition` is a `retry.on` word (`"503"`, `"reset"`, ...).

@@ -72,6 +72,7 @@ async fn every_request_gets_a_line_saying_what_happened_to_it() {
         p.addr,
         request("GET", "/fail", "down")
             .header("x-timeout-ms", "900")
+            .header("idempotency-key", "k1")
             .body(empty())
             .unwrap(),
     )
@@ -79,9 +80,16 @@ async fn every_request_gets_a_line_saying_what_happened_to_it() {
     assert_eq!(first.status, 503);
     let refused = get(p.addr, "/fail-too", "down").await;
     assert_eq!(refused.outcome(), Some("budget-exhausted"));
-    // The first request again, within 2 s of its owned failure: the app's own retry,
-    // refused by the spent budget before any attempt.
-    let again = get(p.addr, "/fail", "down").await;
+    // The first call again (its key), within 2 s of its owned failure: the app's own
+    // retry, refused by the spent budget before any attempt.
+    let again = send(
+        p.addr,
+        request("GET", "/fail", "down")
+            .header("idempotency-key", "k1")
+            .body(empty())
+            .unwrap(),
+    )
+    .await;
     assert_eq!(again.outcome(), Some("budget-exhausted"));
     assert_eq!(get(p.addr, "/", "nowhere").await.status, 404);
 
@@ -106,6 +114,7 @@ async fn every_request_gets_a_line_saying_what_happened_to_it() {
         "deadline_ms=-",
         "duration_ms=",
         "upstream_ms=",
+        "app_retry=-",
     ] {
         assert!(served.contains(part), "{part:?} not in {served}");
     }
@@ -130,6 +139,8 @@ async fn every_request_gets_a_line_saying_what_happened_to_it() {
         .unwrap_or_else(|| panic!("no line for the app's own retry:\n{lines:#?}"));
     assert!(app_retry.contains("path=/fail "), "{app_retry}");
     assert!(app_retry.contains("denied=budget"), "{app_retry}");
+    assert!(app_retry.contains("app_retry=key"), "{app_retry}");
+    assert!(retried.contains("app_retry=-"), "{retried}");
 
     let unrouted = line("authority=nowhere");
     assert!(unrouted.contains("upstream=- "), "{unrouted}");
@@ -157,6 +168,7 @@ async fn json_lines_carry_the_same_fields() {
     assert_eq!(v["outcome"], "ok");
     assert_eq!(v["retries"], serde_json::json!([]));
     assert!(v["denied"].is_null());
+    assert!(v["app_retry"].is_null());
     assert!(v["duration_ms"].as_f64().unwrap() >= 0.0);
     assert!(v["timestamp"].as_str().unwrap().ends_with('Z'));
 }

@@ -1,8 +1,9 @@
-//! The adaptive concurrency limit in front of a real app whose capacity is fixed (four
-//! workers, a queue in front of them): offered far more concurrency than it has, the
-//! app is given a few requests at a time and the rest are refused at once with
+//! The adaptive concurrency limit in front of real apps. One whose capacity is fixed
+//! (four workers, a queue in front of them), offered far more concurrency than it has,
+//! is given a few requests at a time and the rest are refused at once with
 //! `503 overloaded` and `Retry-After`; when the overload ends every request is served
-//! again.
+//! again. One whose latency is waiting (it takes any number at once) is never shed: a
+//! step in its load is served through tollgate as it is without it.
 
 #![allow(clippy::unwrap_used)]
 
@@ -15,6 +16,10 @@ use std::time::Duration;
 use common::*;
 
 const WORKERS: usize = 4;
+
+/// One test at a time: the limit learns from latency measured through tollgate, and
+/// another test's load on the same cores would be in it.
+static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 /// An app of `WORKERS` workers taking 20 ms each; records the most requests it held at
 /// once (served or queued).
@@ -78,14 +83,15 @@ async fn load(addr: std::net::SocketAddr, clients: usize, run: Duration) -> Arc<
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_adaptive_limit_sheds_under_overload_and_serves_everything_after() {
+    let _alone = ONE_AT_A_TIME.lock().await;
     let peak = Arc::new(AtomicUsize::new(0));
     let app = app(&peak).await;
     let tg = Tollgate::start(&inbound_config(app.addr, "max_inflight = \"adaptive\"\n")).await;
     let limit = |m: &str| metric(m, "tollgate_inbound_concurrency_limit").unwrap();
     assert_eq!(
         limit(&tg.metrics().await),
-        10.0,
-        "half the initial 20 while it probes"
+        20.0,
+        "the initial limit: nothing pinned at the start"
     );
 
     // 40 clients against 4 workers.
@@ -119,5 +125,84 @@ async fn the_adaptive_limit_sheds_under_overload_and_serves_everything_after() {
     }
     let after = load(tg.inbound(), 1, Duration::from_secs(1)).await;
     assert_eq!(after.shed.load(SeqCst) + after.other.load(SeqCst), 0);
+    tg.stop().await;
+}
+
+/// A healthy app whose latency is waiting, not work: every request sleeps 50 to 200 ms
+/// (as if on a database), however many there are at once.
+async fn waiting_app() -> Upstream {
+    let rng = Arc::new(std::sync::Mutex::new(fastrand::Rng::with_seed(11)));
+    Upstream::start(move |_req| {
+        let ms = rng.lock().unwrap().u64(50..=200);
+        async move {
+            tokio::time::sleep(Duration::from_millis(ms)).await;
+            respond(200, "done")
+        }
+    })
+    .await
+}
+
+/// Open-loop load: `quiet` at 5 requests a second, evenly spaced, then `busy` at 150 a
+/// second with Poisson arrivals (bursts included), each request sent whatever became of
+/// the others, as users send them. Every run sends the same schedule (a fixed seed).
+async fn step(addr: std::net::SocketAddr, quiet: Duration, busy: Duration) -> Arc<Tally> {
+    let tally = Arc::new(Tally::default());
+    let mut rng = fastrand::Rng::with_seed(7);
+    let start = tokio::time::Instant::now();
+    let mut at = Duration::ZERO;
+    let mut sent = Vec::new();
+    while at < quiet + busy {
+        tokio::time::sleep_until(start + at).await;
+        let tally = tally.clone();
+        sent.push(tokio::spawn(async move {
+            let r = get(addr, "/work", "app").await;
+            let counter = match (r.status.as_u16(), r.outcome()) {
+                (200, _) => &tally.ok,
+                (503, Some("overloaded")) => &tally.shed,
+                _ => &tally.other,
+            };
+            counter.fetch_add(1, SeqCst);
+        }));
+        at += if at < quiet {
+            Duration::from_millis(200)
+        } else {
+            Duration::from_secs_f64(-(1.0 - rng.f64()).ln() / 150.0)
+        };
+    }
+    for s in sent {
+        tokio::time::timeout(Duration::from_secs(5), s)
+            .await
+            .expect("every request is answered")
+            .unwrap();
+    }
+    tally
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_load_step_onto_a_healthy_app_is_served_as_without_tollgate() {
+    let _alone = ONE_AT_A_TIME.lock().await;
+    let app = waiting_app().await;
+    let tg = Tollgate::start(&inbound_config(app.addr, "max_inflight = \"adaptive\"\n")).await;
+
+    // The same schedule at the same time, through tollgate and straight to the app.
+    let (quiet, busy) = (Duration::from_secs(3), Duration::from_secs(4));
+    let (through, direct) =
+        tokio::join!(step(tg.inbound(), quiet, busy), step(app.addr, quiet, busy));
+    let count = |t: &Tally| (t.ok.load(SeqCst), t.shed.load(SeqCst), t.other.load(SeqCst));
+    let (direct_ok, _, direct_failed) = count(&direct);
+    assert_eq!(direct_failed, 0, "the app itself serves every request");
+    let (ok, shed, other) = count(&through);
+    assert_eq!(
+        (shed, other),
+        (0, 0),
+        "through tollgate: {ok} served, {shed} shed `overloaded`, {other} otherwise failed; \
+         straight to the app: {direct_ok} served"
+    );
+    assert_eq!(ok, direct_ok);
+    let m = tg.metrics().await;
+    assert_eq!(
+        metric(&m, "tollgate_inbound_denied_total{reason=\"overloaded\"}").unwrap_or(0.0),
+        0.0
+    );
     tg.stop().await;
 }

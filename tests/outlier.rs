@@ -1,9 +1,10 @@
-//! Passive outlier ejection over loopback: an endpoint that fails in a row is taken out
-//! of the rotation, comes back when its time is up, and goes out again for longer when
-//! it fails at once; no more of the upstream is out than `max_ejected` allows, the
-//! endpoints refusing connections counted in; answers carrying another tollgate's
-//! verdict are not held against the endpoint. Time is the paused clock's: ejections
-//! of seconds pass in no time.
+//! Passive outlier ejection over loopback: an endpoint that fails in a row, and fails
+//! clearly more than the others, is taken out of the rotation, comes back when its
+//! time is up, and goes out again for longer when it fails at once; errors every
+//! endpoint shares eject none; no more of the upstream is out than `max_ejected`
+//! allows, the endpoints refusing connections counted in; answers carrying another
+//! tollgate's verdict are not held against the endpoint. Time is mostly the paused
+//! clock's: ejections of seconds pass in no time.
 
 #![allow(clippy::unwrap_used)]
 
@@ -114,20 +115,22 @@ async fn a_success_between_failures_breaks_the_run() {
 
 #[tokio::test(start_paused = true)]
 async fn no_more_than_max_ejected_are_out_at_once() {
-    let bad: Vec<Upstream> = vec![
-        answering(503).await,
-        answering(503).await,
-        answering(503).await,
-    ];
-    let good = answering(200).await;
-    let mut endpoints: Vec<SocketAddr> = bad.iter().map(|u| u.addr).collect();
-    endpoints.push(good.addr);
+    let mut bad = Vec::new();
+    for _ in 0..3 {
+        bad.push(answering(503).await);
+    }
+    let mut good = Vec::new();
+    for _ in 0..5 {
+        good.push(answering(200).await);
+    }
+    let endpoints: Vec<SocketAddr> = bad.iter().chain(&good).map(|u| u.addr).collect();
+    // A quarter of eight: two.
     let tg = tollgate(
         &endpoints,
-        "consecutive_failures = 2\nmax_ejected = \"50%\"",
+        "consecutive_failures = 2\nmax_ejected = \"25%\"",
     )
     .await;
-    for i in 0..60 {
+    for i in 0..80 {
         // Three attempts may all fail: the answer is then the last 503.
         let r = get(tg.addr, &format!("/{i}"), "api").await;
         assert!(r.status == 200 || r.status == 503);
@@ -136,7 +139,7 @@ async fn no_more_than_max_ejected_are_out_at_once() {
     assert_eq!(gauge(&tg, "tollgate_endpoints_ejected").await, 2.0);
     assert_eq!(gauge(&tg, "tollgate_ejections_total").await, 2.0);
     let before: Vec<usize> = bad.iter().map(Upstream::hits).collect();
-    for i in 0..12 {
+    for i in 0..24 {
         get(tg.addr, &format!("/more{i}"), "api").await;
     }
     let still_in = bad
@@ -256,4 +259,91 @@ async fn one_log_line_per_ejection_and_per_readmission() {
     );
     p.signal("TERM");
     assert_eq!(p.wait_exit(Duration::from_secs(10)).await, Some(0));
+}
+
+/// An upstream whose answers fail (503) at random, `share` of them.
+async fn flaky(share: f64) -> Upstream {
+    Upstream::start(move |_req| async move {
+        if fastrand::f64() < share {
+            respond(503, "x")
+        } else {
+            respond(200, "x")
+        }
+    })
+    .await
+}
+
+/// tollgate with upstream `api` on `endpoints`, retrying and budgeted at the
+/// defaults (with a quick backoff), with `[outlier]` at its defaults when `outlier`.
+fn defaults(endpoints: &[SocketAddr], outlier: bool) -> String {
+    let list: Vec<String> = endpoints.iter().map(|a| format!("\"{a}\"")).collect();
+    let outlier = if outlier {
+        "[upstreams.api.outlier]\n"
+    } else {
+        ""
+    };
+    config(&format!(
+        "[upstreams.api]\nauthorities = [\"api\"]\nendpoints = [{}]\n\
+         [upstreams.api.retry]\nbackoff_base = \"1ms\"\nbackoff_max = \"2ms\"\n\
+         [upstreams.api.budget]\n{outlier}",
+        list.join(", ")
+    ))
+}
+
+/// The share of `n` GETs answered 200, sent by ten users at once.
+async fn success_rate(tg: &Tollgate, n: usize) -> f64 {
+    let addr = tg.addr;
+    let mut users = tokio::task::JoinSet::new();
+    for u in 0..10 {
+        users.spawn(async move {
+            let mut ok = 0;
+            for i in 0..n / 10 {
+                if get(addr, &format!("/{u}/{i}"), "api").await.status == 200 {
+                    ok += 1;
+                }
+            }
+            ok
+        });
+    }
+    let mut ok = 0;
+    while let Some(u) = users.join_next().await {
+        ok += u.unwrap();
+    }
+    ok as f64 / (n / 10 * 10) as f64
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn errors_every_replica_shares_eject_none() {
+    // Two replicas with the same 30% of errors: the dependency's, not a replica's.
+    // Runs of five failures in a row happen on each, several times in 3000 requests.
+    let replicas = [flaky(0.3).await, flaky(0.3).await];
+    let endpoints = [replicas[0].addr, replicas[1].addr];
+    const REQUESTS: usize = 3000;
+    let without = Tollgate::start(&defaults(&endpoints, false)).await;
+    let base = success_rate(&without, REQUESTS).await;
+    without.stop().await;
+
+    let tg = Tollgate::start(&defaults(&endpoints, true)).await;
+    let rate = success_rate(&tg, REQUESTS).await;
+    assert_eq!(gauge(&tg, "tollgate_ejections_total").await, 0.0);
+    assert_eq!(gauge(&tg, "tollgate_endpoints_ejected").await, 0.0);
+    assert!(
+        rate >= base - 0.05,
+        "{rate:.3} succeeded with [outlier], {base:.3} without"
+    );
+    tg.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_failing_alone_is_ejected_at_the_defaults() {
+    let bad = answering(503).await;
+    let good = answering(200).await;
+    let tg = Tollgate::start(&defaults(&[bad.addr, good.addr], true)).await;
+    for i in 0..20 {
+        let r = get(tg.addr, &format!("/{i}"), "api").await;
+        assert_eq!(r.status, 200, "{:?}", r.outcome());
+    }
+    assert_eq!(bad.hits(), 5, "five failures in a row, then out");
+    assert_eq!(gauge(&tg, "tollgate_endpoints_ejected").await, 1.0);
+    tg.stop().await;
 }

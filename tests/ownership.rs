@@ -1,6 +1,9 @@
 //! The ownership rule: a failure another tollgate already retried (or deliberately did
 //! not) passes straight back, so a chain of tollgates costs the failing dependency the
-//! attempts of one layer, not the product of all layers.
+//! attempts of one layer, not the product of all layers. Its exceptions: a callee's
+//! inbound side speaking of its own app (`app-unreachable`, `app-timeout`) is that
+//! endpoint's failure, retried on another and counted toward ejection; `in-progress`
+//! is retried like a 503; an outcome on a `1xx`-`3xx` answer is removed.
 
 #![allow(clippy::unwrap_used)]
 
@@ -23,7 +26,6 @@ async fn two_tollgates_in_a_chain_cost_the_failing_upstream_one_layer_of_attempt
     let outer = Tollgate::start(&layer("db", inner.addr)).await;
     const REQUESTS: usize = 10;
     for i in 0..REQUESTS {
-        // Distinct requests: the same one again within 2 s would be the app's retry.
         let r = get(outer.addr, &format!("/{i}"), "db").await;
         assert_eq!(r.status, 503);
         assert_eq!(
@@ -74,4 +76,229 @@ async fn ignoring_ownership_multiplies_the_attempts() {
     assert_eq!(failing.hits(), 9, "blind retries at both layers: 3 x 3");
     outer.stop().await;
     inner.stop().await;
+}
+
+/// A caller tollgate with `endpoints`, retrying at its defaults (quick backoff), with
+/// `[outlier]` at its defaults and `extra` in the upstream's section.
+fn caller(endpoints: &[std::net::SocketAddr], extra: &str) -> String {
+    let list: Vec<String> = endpoints.iter().map(|a| format!("\"{a}\"")).collect();
+    config(&format!(
+        "[upstreams.app]\nauthorities = [\"app\"]\nendpoints = [{}]\n{extra}\
+         [upstreams.app.retry]\nbackoff_base = \"1ms\"\nbackoff_max = \"2ms\"\n\
+         [upstreams.app.outlier]\n",
+        list.join(", ")
+    ))
+}
+
+/// Sends `n` GETs one after another; how many were answered 200.
+async fn successes(addr: std::net::SocketAddr, n: usize) -> usize {
+    let mut ok = 0;
+    for i in 0..n {
+        if get(addr, &format!("/{i}"), "app").await.status == 200 {
+            ok += 1;
+        }
+    }
+    ok
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dead_replica_behind_its_sidecar_costs_its_callers_no_more_than_without_one() {
+    let live = [
+        Upstream::start(|_req| async { respond(200, "ok") }).await,
+        Upstream::start(|_req| async { respond(200, "ok") }).await,
+    ];
+    let dead = dead_port().await;
+    const REQUESTS: usize = 60;
+
+    // Direct: the dead replica refuses connections, and each refusal is retried on
+    // another replica.
+    let direct = Tollgate::start(&caller(&[live[0].addr, live[1].addr, dead], "")).await;
+    assert_eq!(successes(direct.addr, REQUESTS).await, REQUESTS);
+    direct.stop().await;
+
+    // Each replica behind its own sidecar: the dead app's sidecar answers
+    // `502 app-unreachable`, the endpoint's failure.
+    let mut sidecars = Vec::new();
+    for app in [live[0].addr, live[1].addr, dead] {
+        sidecars.push(Tollgate::start(&inbound_config(app, "")).await);
+    }
+    let inbound: Vec<_> = sidecars.iter().map(Tollgate::inbound).collect();
+    let tg = Tollgate::start(&caller(&inbound, "")).await;
+    assert_eq!(
+        successes(tg.addr, REQUESTS).await,
+        REQUESTS,
+        "as many answered as direct"
+    );
+    let m = tg.metrics().await;
+    assert!(
+        metric(
+            &m,
+            "tollgate_retries_total{reason=\"reset\",upstream=\"app\"}"
+        )
+        .is_some_and(|n| n >= 1.0),
+        "{m}"
+    );
+    // Its sidecar's answer put the dead replica aside at once, as a refused connection
+    // does: it saw a few of the 60 calls, not a third of them.
+    let dead_side = sidecars[2].metrics().await;
+    let reached = metric(
+        &dead_side,
+        "tollgate_inbound_requests_total{code=\"502\",kind=\"first\",outcome=\"app-unreachable\"}",
+    )
+    .unwrap_or(0.0);
+    assert!(
+        (1.0..=5.0).contains(&reached),
+        "{reached} calls reached the dead replica"
+    );
+    tg.stop().await;
+    for s in sidecars {
+        s.stop().await;
+    }
+}
+
+/// Without `[outlier]` and with no retry to spare, a caller stops offering a dead replica
+/// its first attempts as soon as it refuses a connection: the same must hold when the
+/// replica's sidecar answers for it (`502 app-unreachable`), or every third call fails.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dead_replica_behind_its_sidecar_is_skipped_as_a_refusing_one_is() {
+    let live = [
+        Upstream::start(|_req| async { respond(200, "ok") }).await,
+        Upstream::start(|_req| async { respond(200, "ok") }).await,
+    ];
+    let dead = dead_port().await;
+    const REQUESTS: usize = 60;
+    let no_room = "[upstreams.app.budget]\nratio = 0.0\nmin_per_sec = 0\n";
+    let plain = |endpoints: &[std::net::SocketAddr]| {
+        caller(endpoints, "").replace("[upstreams.app.outlier]\n", no_room)
+    };
+    let direct = Tollgate::start(&plain(&[live[0].addr, live[1].addr, dead])).await;
+    let direct_failed = REQUESTS - successes(direct.addr, REQUESTS).await;
+    direct.stop().await;
+
+    let mut sidecars = Vec::new();
+    for app in [live[0].addr, live[1].addr, dead] {
+        sidecars.push(Tollgate::start(&inbound_config(app, "")).await);
+    }
+    let inbound: Vec<_> = sidecars.iter().map(Tollgate::inbound).collect();
+    let tg = Tollgate::start(&plain(&inbound)).await;
+    let failed = REQUESTS - successes(tg.addr, REQUESTS).await;
+    assert!(
+        failed <= direct_failed + 2,
+        "{failed} of {REQUESTS} failed behind sidecars, {direct_failed} without"
+    );
+    tg.stop().await;
+    for s in sidecars {
+        s.stop().await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hung_app_behind_its_sidecar_is_retried_on_another_replica() {
+    let hung = Scripted::start(until_peer_closes).await;
+    let live = Upstream::start(|_req| async { respond(200, "ok") }).await;
+    // The sidecars give their app 200 ms; the caller waits up to 5 s.
+    let mut sidecars = Vec::new();
+    for app in [hung.addr, live.addr] {
+        sidecars.push(Tollgate::start(&inbound_config(app, "request_timeout = \"200ms\"\n")).await);
+    }
+    let inbound: Vec<_> = sidecars.iter().map(Tollgate::inbound).collect();
+    let tg = Tollgate::start(&caller(&inbound, "request_timeout = \"5s\"\n")).await;
+    for i in 0..6 {
+        let r = get(tg.addr, &format!("/{i}"), "app").await;
+        assert_eq!(r.status, 200, "{:?}", r.outcome());
+    }
+    assert!(hung.accepted() >= 1, "the hung app was asked");
+    let m = tg.metrics().await;
+    assert!(
+        metric(
+            &m,
+            "tollgate_retries_total{reason=\"timeout\",upstream=\"app\"}"
+        )
+        .is_some_and(|n| n >= 1.0),
+        "{m}"
+    );
+    tg.stop().await;
+    for s in sidecars {
+        s.stop().await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_callees_request_in_progress_is_retried_like_a_503() {
+    let first = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let up = Upstream::start(move |_req| {
+        let first = first.swap(false, std::sync::atomic::Ordering::SeqCst);
+        async move {
+            if first {
+                http::Response::builder()
+                    .status(409)
+                    .header("x-tollgate-outcome", "in-progress")
+                    .header("retry-after", "0")
+                    .body(full("still running"))
+                    .unwrap()
+            } else {
+                respond(200, "done")
+            }
+        }
+    })
+    .await;
+    let tg = Tollgate::start(&layer("db", up.addr)).await;
+    let r = send(
+        tg.addr,
+        request("POST", "/charge", "db")
+            .header("idempotency-key", "k")
+            .body(empty())
+            .unwrap(),
+    )
+    .await;
+    assert_eq!(r.status, 200);
+    assert_eq!(r.attempts(), 2);
+    assert_eq!(
+        metric(
+            &tg.metrics().await,
+            "tollgate_retries_total{reason=\"503\",upstream=\"db\"}"
+        ),
+        Some(1.0)
+    );
+    tg.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_outcome_on_a_success_or_a_redirect_means_nothing_and_is_removed() {
+    let up = Upstream::start(|req: http::Request<hyper::body::Incoming>| async move {
+        let status = if req.uri().path() == "/moved" {
+            302
+        } else {
+            200
+        };
+        http::Response::builder()
+            .status(status)
+            .header("x-tollgate-outcome", "budget-exhausted")
+            .body(full("fine"))
+            .unwrap()
+    })
+    .await;
+    let tg = Tollgate::start(&layer("db", up.addr)).await;
+    for path in ["/ok", "/moved"] {
+        let r = get(tg.addr, path, "db").await;
+        assert_eq!(r.outcome(), None, "{path}: HTTP/1.1");
+        let r = send_h2(tg.addr, request("GET", path, "db").body(empty()).unwrap()).await;
+        assert_eq!(r.outcome(), None, "{path}: HTTP/2");
+    }
+    let m = tg.metrics().await;
+    assert_eq!(
+        metric(
+            &m,
+            "tollgate_requests_total{code=\"200\",outcome=\"ok\",upstream=\"db\"}"
+        ),
+        Some(2.0)
+    );
+    assert_eq!(
+        metric(
+            &m,
+            "tollgate_requests_total{code=\"302\",outcome=\"ok\",upstream=\"db\"}"
+        ),
+        Some(2.0)
+    );
+    tg.stop().await;
 }

@@ -1,8 +1,8 @@
 //! Client-side throttling of first attempts (`[upstreams.NAME.throttle]`) over loopback:
-//! never a rejection while the upstream accepts what it is sent; against an upstream
-//! that rejects most of it, some requests are answered at once with `503 throttled`
-//! (a gRPC call in gRPC's words) and never sent; and once it accepts again, the
-//! throttling ends.
+//! never a rejection while the upstream accepts what it is sent, errors such as 500
+//! included (only overload is a rejection); against an upstream that rejects most of
+//! it, some requests are answered at once with `503 throttled` (a gRPC call in gRPC's
+//! words) and never sent; and once it accepts again, the throttling ends.
 
 #![allow(clippy::unwrap_used)]
 
@@ -148,5 +148,55 @@ async fn a_throttled_grpc_call_is_answered_in_grpc_words() {
     assert_eq!(r.header("grpc-status"), Some("8"), "RESOURCE_EXHAUSTED");
     assert_eq!(r.header("grpc-retry-pushback-ms"), Some("-1"));
     assert_eq!(r.attempts(), 0);
+    tg.stop().await;
+}
+
+/// An upstream that answers `status` to `share` of the requests, at random, else 200.
+async fn failing_with(status: u16, share: f64) -> Upstream {
+    Upstream::start(move |_req| async move {
+        if fastrand::f64() < share {
+            respond(status, "no")
+        } else {
+            respond(200, "ok")
+        }
+    })
+    .await
+}
+
+/// Throttled, with 500 listed in `retry.on` and 503 not: what the throttle counts
+/// does not follow what is retried.
+fn listing_500(addr: std::net::SocketAddr) -> String {
+    throttled(addr).replace(
+        "[upstreams.api.throttle]",
+        "[upstreams.api.retry]\nmax_attempts = 1\non = [\"connect-failure\", \"500\"]\n\
+         [upstreams.api.throttle]",
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn errors_are_answers_and_only_overload_is_throttled() {
+    // 80% of the answers are 500s: answers, not overload.
+    let up = failing_with(500, 0.8).await;
+    let tg = Tollgate::start(&listing_500(up.addr)).await;
+    for i in 0..300 {
+        let r = get(tg.addr, &format!("/{i}"), "api").await;
+        assert_ne!(r.outcome(), Some("throttled"), "request {i}");
+    }
+    assert_eq!(up.hits(), 300, "every request was sent");
+    assert_eq!(probability(&tg.metrics().await), 0.0);
+    tg.stop().await;
+
+    // 80% of 503s, listed in retry.on or not: overload, throttled.
+    let up = failing_with(503, 0.8).await;
+    let tg = Tollgate::start(&listing_500(up.addr)).await;
+    let mut throttled = 0;
+    for i in 0..300 {
+        if get(tg.addr, &format!("/{i}"), "api").await.outcome() == Some("throttled") {
+            throttled += 1;
+        }
+    }
+    assert!(throttled > 0, "no request throttled");
+    assert_eq!(up.hits(), 300 - throttled);
+    assert!(probability(&tg.metrics().await) > 0.0);
     tg.stop().await;
 }

@@ -355,9 +355,9 @@ impl Lint<'_> {
         (self.up.app_retries == AppRetries::Ignore).then(|| {
             self.warn(
                 "app_retries",
-                "app_retries = \"ignore\": a request the app sends again after a failure \
-                 tollgate owned goes as a new request and is retried again, so the app's \
-                 attempts multiply with tollgate's"
+                "app_retries = \"ignore\": the app's own retries (marked by its client, or \
+                 repeating the identity of a call tollgate failed) go as new requests and are \
+                 retried again, so the app's attempts multiply with tollgate's"
                     .to_string(),
                 "remove it or set \"count\", the default, or \"refuse\"; \"ignore\" exists \
                  to demonstrate retry storms"

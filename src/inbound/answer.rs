@@ -1,8 +1,11 @@
 //! The answers the inbound side makes itself, before or instead of the app's: a
 //! refused retry, an overload, a deadline, an app that could not be reached. Each
-//! carries `x-tollgate-outcome`, so a caller's tollgate knows the failure is owned and
-//! does not retry it; a gRPC call gets them in gRPC's words (a trailers-only answer,
-//! HTTP 200, with `grpc-retry-pushback-ms: -1`), as the outbound side answers its app.
+//! carries `x-tollgate-outcome`. Most are owned, so a caller's tollgate does not retry
+//! them; `app-unreachable` and `app-timeout` are not: the inbound side never retries,
+//! so its app's failures are its endpoint's failures, for the caller to retry on
+//! another endpoint. A gRPC call gets them in gRPC's words (a trailers-only answer,
+//! HTTP 200, with `grpc-retry-pushback-ms: -1` on the owned ones), as the outbound side
+//! answers its app.
 
 use bytes::Bytes;
 use http::header::{CONNECTION, CONTENT_TYPE, RETRY_AFTER};
@@ -45,14 +48,14 @@ pub static EXPIRED: Refusal = Refusal {
 
 pub static TIMED_OUT: Refusal = Refusal {
     status: StatusCode::GATEWAY_TIMEOUT,
-    outcome: Outcome::DeadlineExceeded,
+    outcome: Outcome::AppTimeout,
     text: "no response from the app in time\n",
     retry_after: None,
 };
 
 pub static UNREACHABLE: Refusal = Refusal {
     status: StatusCode::BAD_GATEWAY,
-    outcome: Outcome::UpstreamUnreachable,
+    outcome: Outcome::AppUnreachable,
     text: "the app could not be reached\n",
     retry_after: None,
 };
@@ -60,7 +63,7 @@ pub static UNREACHABLE: Refusal = Refusal {
 /// The app took the request and broke the connection before answering.
 pub static RESET: Refusal = Refusal {
     status: StatusCode::BAD_GATEWAY,
-    outcome: Outcome::AttemptsExhausted,
+    outcome: Outcome::AppUnreachable,
     text: "the app closed the connection without an answer\n",
     retry_after: None,
 };
@@ -83,11 +86,17 @@ impl Refusal {
     /// The gRPC status of this answer.
     fn code(&self) -> Code {
         match self.outcome {
-            Outcome::DeadlineExceeded => Code::DeadlineExceeded,
+            Outcome::DeadlineExceeded | Outcome::AppTimeout => Code::DeadlineExceeded,
             Outcome::Overloaded | Outcome::RetryRejected => Code::ResourceExhausted,
-            Outcome::UpstreamUnreachable | Outcome::AttemptsExhausted => Code::Unavailable,
+            Outcome::AppUnreachable => Code::Unavailable,
             _ => Code::of_http(self.status),
         }
+    }
+
+    /// Whether a caller's tollgate takes the answer as owned (not retried by anyone):
+    /// all but the app's own failures, which are the endpoint's.
+    fn owned(&self) -> bool {
+        !matches!(self.outcome, Outcome::AppUnreachable | Outcome::AppTimeout)
     }
 
     /// The HTTP status the answer goes out with: 200 for a gRPC call.
@@ -101,8 +110,10 @@ impl Refusal {
         let mut resp = if grpc {
             let mut resp = Response::new(ResponseBody::full(Bytes::new(), Some(guard)));
             *resp.headers_mut() = trailers_only(self.code(), self.text);
-            resp.headers_mut()
-                .insert(GRPC_PUSHBACK, HeaderValue::from_static("-1"));
+            if self.owned() {
+                resp.headers_mut()
+                    .insert(GRPC_PUSHBACK, HeaderValue::from_static("-1"));
+            }
             resp
         } else {
             let text = Bytes::from_static(self.text.as_bytes());

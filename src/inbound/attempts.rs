@@ -15,11 +15,7 @@ use http::header::{HeaderName, USER_AGENT};
 
 use crate::retry::headers::ATTEMPT_HEADER;
 
-/// gRPC's count of the attempts before this one (gRFC A6).
-pub const GRPC_PREVIOUS_ATTEMPTS: HeaderName =
-    HeaderName::from_static("grpc-previous-rpc-attempts");
-/// Envoy's count of attempts, this one included.
-pub const ENVOY_ATTEMPT_COUNT: HeaderName = HeaderName::from_static("x-envoy-attempt-count");
+pub use crate::retry::markers::{ENVOY_ATTEMPT_COUNT, GRPC_PREVIOUS_ATTEMPTS, parse_count};
 
 /// The first value of each header that makes a request a retry.
 const RETRY_FROM: [(HeaderName, u32); 3] = [
@@ -27,14 +23,6 @@ const RETRY_FROM: [(HeaderName, u32); 3] = [
     (GRPC_PREVIOUS_ATTEMPTS, 1),
     (ENVOY_ATTEMPT_COUNT, 2),
 ];
-
-/// A count in a header value: one to nine ASCII digits, nothing else.
-pub fn parse_count(value: &[u8]) -> Option<u32> {
-    if value.is_empty() || value.len() > 9 || !value.iter().all(u8::is_ascii_digit) {
-        return None;
-    }
-    Some(value.iter().fold(0u32, |n, d| n * 10 + u32::from(d - b'0')))
-}
 
 /// Whether the request is a caller's retry. A caller's tollgate says it with
 /// `x-tollgate-attempt`, which it writes itself on every attempt (removing whatever its

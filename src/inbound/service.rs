@@ -200,7 +200,7 @@ fn relay(
     guard: RequestGuard,
 ) -> Response<ResponseBody> {
     // `ok`, or another tollgate's verdict the app passed on.
-    let outcome = outcome_of(Fields::of(&resp));
+    let outcome = outcome_of(resp.status(), Fields::of(&resp));
     call.metrics
         .request(call.kind, resp.status().as_u16(), outcome);
     let (parts, body) = relayed(resp, version);

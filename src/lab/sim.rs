@@ -181,7 +181,7 @@ pub fn simulate(p: &Policy, seed: u64, dip: usize) -> SimResult {
                     .inspect(|s| s.retry_succeeded(now));
             }
             for _ in 0..rej {
-                throttle.iter().for_each(Throttle::failed);
+                throttle.iter().for_each(Throttle::rejected);
                 if let Some(s) = adaptive {
                     s.overloaded(now);
                     if a > 0 {

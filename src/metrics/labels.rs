@@ -26,10 +26,18 @@ pub enum Outcome {
     AppRetry,
     /// A request passed through would have come back into tollgate (`508`).
     Loop,
+    /// A callee's inbound side could not reach its app (refused, reset or closed before
+    /// its head): that endpoint's failure, not owned.
+    AppUnreachable,
+    /// A callee's inbound side gave up waiting for its app's head: that endpoint's
+    /// timeout, not owned.
+    AppTimeout,
+    /// A callee's dedupe is still running the same keyed request: retried like a 503.
+    InProgress,
 }
 
 impl Outcome {
-    pub const ALL: [Outcome; 14] = [
+    pub const ALL: [Outcome; 17] = [
         Outcome::Ok,
         Outcome::AttemptsExhausted,
         Outcome::BudgetExhausted,
@@ -44,6 +52,9 @@ impl Outcome {
         Outcome::RetryRejected,
         Outcome::AppRetry,
         Outcome::Loop,
+        Outcome::AppUnreachable,
+        Outcome::AppTimeout,
+        Outcome::InProgress,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -62,6 +73,9 @@ impl Outcome {
             Outcome::RetryRejected => "retry-rejected",
             Outcome::AppRetry => "app-retry",
             Outcome::Loop => "loop",
+            Outcome::AppUnreachable => "app-unreachable",
+            Outcome::AppTimeout => "app-timeout",
+            Outcome::InProgress => "in-progress",
         }
     }
 
@@ -71,6 +85,31 @@ impl Outcome {
 
     pub(super) fn index(self) -> usize {
         self as usize
+    }
+}
+
+/// What showed a request to be the app's own retry: the `evidence` label of
+/// `tollgate_app_retries_total` and the access log's `app_retry`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Evidence {
+    /// A retry count the app's HTTP client set (`grpc-previous-rpc-attempts`, ...).
+    Marker,
+    /// The same per-call identity (idempotency key, `amz-sdk-invocation-id`) as a
+    /// failure tollgate answered in the last 2 s.
+    Key,
+    /// The same trace id or `x-request-id` as such a failure: counted only.
+    Trace,
+}
+
+impl Evidence {
+    pub const ALL: [Evidence; 3] = [Evidence::Marker, Evidence::Key, Evidence::Trace];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Evidence::Marker => "marker",
+            Evidence::Key => "key",
+            Evidence::Trace => "trace",
+        }
     }
 }
 

@@ -8,6 +8,7 @@
 
 use prometheus::{GaugeVec, IntCounter, IntCounterVec, Registry};
 
+use super::Evidence;
 use super::family::{counters, gauges};
 
 /// The families, registered once per process.
@@ -38,18 +39,20 @@ impl Learning {
             app_retries: counters(
                 r,
                 "tollgate_app_retries_total",
-                "Requests the app sent again within 2 s of a failure tollgate had owned.",
-                up,
+                "Requests taken for the app's own retries, by evidence: a retry count its \
+                 client set (marker), the per-call identity of a failure tollgate answered \
+                 in the last 2 s (key), or only the same trace id (trace, counted only).",
+                &["upstream", "evidence"],
             ),
         }
     }
 
     /// The series of one upstream exist from its first build, so dashboards show
-    /// values, not gaps; returns its app-retry counter.
-    pub(super) fn upstream(&self, name: &str) -> IntCounter {
+    /// values, not gaps; returns its app-retry counters, by [`Evidence`].
+    pub(super) fn upstream(&self, name: &str) -> [IntCounter; 3] {
         self.budget_ratio.with_label_values(&[name]);
         self.throttle_probability.with_label_values(&[name]);
-        self.app_retries.with_label_values(&[name])
+        Evidence::ALL.map(|e| self.app_retries.with_label_values(&[name, e.as_str()]))
     }
 
     /// Sets the gauges of `name` just before a scrape.

@@ -2,7 +2,8 @@
 //! written when its answer has gone out (so the duration covers a streamed body):
 //! upstream, method, authority, path (without the query unless `query = true`),
 //! status, attempts, outcome, the reason of each retry, the reason a retry was
-//! refused, the deadline the caller sent, and the total and upstream durations.
+//! refused, the deadline the caller sent, the total and upstream durations, and, for
+//! a request taken for the app's own retry, the evidence (`app_retry`).
 //!
 //! Off, it costs a request nothing: the handler reads one flag. On, each request
 //! builds its line on its own thread and hands it to a writer thread over a bounded
@@ -25,7 +26,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use http::Method;
 
 use crate::config::AccessLogFormat;
-use crate::metrics::{Denied, Outcome};
+use crate::metrics::{Denied, Evidence, Outcome};
 use crate::retry::policy::Failure;
 use crate::server::Finish;
 
@@ -58,6 +59,8 @@ pub struct Entry {
     pub deadline: Option<Duration>,
     /// From arrival to the response head.
     pub upstream_time: Option<Duration>,
+    /// Taken for the app's own retry, on this evidence.
+    pub app_retry: Option<Evidence>,
 }
 
 impl Finish for Entry {
@@ -111,6 +114,8 @@ impl Entry {
                 Some(d) => push_millis(&mut l, d),
                 None => l.push_str("null"),
             }
+            l.push_str(",\"app_retry\":");
+            push_json_opt(&mut l, self.app_retry.map(Evidence::as_str));
             l.push('}');
             return l;
         }
@@ -153,6 +158,8 @@ impl Entry {
             Some(d) => push_millis(&mut l, d),
             None => l.push('-'),
         }
+        l.push_str(" app_retry=");
+        l.push_str(self.app_retry.map_or("-", Evidence::as_str));
         l
     }
 }

@@ -1,45 +1,83 @@
-//! The app's own retries: a request the app sends again within 2 s of a failure
-//! tollgate owned, with the same method, authority, target and idempotency key.
+//! The app's own retries: a request tollgate takes for the app repeating an earlier
+//! call, on evidence only, never on its shape alone. Many users asking for one popular
+//! URL are many first attempts, and a guess that took them for retries would refuse
+//! them what the upstream would have given.
 //!
-//! An app behind tollgate should have turned its retries off; one that did not still
-//! multiplies the attempts of a failing upstream by its own. tollgate cannot stop the
-//! app from sending, but it can see it and keep it inside the rules:
+//! The evidence, in the order it is looked for:
 //!
-//! - `app_retries = "count"` (the default): counted in `tollgate_app_retries_total`,
-//!   and sent as what it is, a retry: `x-tollgate-attempt: 2` (so a callee's inbound
-//!   side counts it against its fleet budget), in `retries_sent` of the retry budget
-//!   and not in `requests_received`, refused with `budget-exhausted` when the budget
-//!   has no room, and never retried again by tollgate;
-//! - `app_retries = "refuse"`: counted, and answered at once with the status the
-//!   failure had and outcome `app-retry`, with no upstream call. A refusal is not a
-//!   new failure: the 2 s still run from the failure itself;
-//! - `app_retries = "ignore"`: not looked for, so the app's retries multiply with
-//!   tollgate's; only to demonstrate retry storms (`check` warns).
+//! - **marker**: its HTTP client counts it as a retry ([`crate::retry::markers`]:
+//!   `grpc-previous-rpc-attempts` >= 1, `x-envoy-attempt-count` >= 2,
+//!   `amz-sdk-request: attempt=N` with N >= 2, `retry-attempt` >= 1);
+//! - **key**: the same per-call identity (the idempotency header as the app sent it,
+//!   else `amz-sdk-invocation-id`) as a request tollgate answered with an outcome in
+//!   the last 2 s, with the same method, authority and target;
+//! - **trace**: the same trace id of `traceparent` (else the same `x-request-id`) as
+//!   such a failure. That names the app's *incoming* request, not the call (a poll loop
+//!   or a fan-out repeats it), so it is only counted: the request is a first attempt.
+//!
+//! A request with a marker and a key is counted once, as a marker. Each is counted in
+//! `tollgate_app_retries_total{evidence}`, and one on a marker or a key is, with
+//! `app_retries = "count"` (the default), sent as what it is, a retry:
+//! `x-tollgate-attempt: 2` (a callee's inbound side counts it against its fleet
+//! budget), in `retries_sent` of the retry budget and not in `requests_received`,
+//! answered `budget-exhausted` when the budget has no room, and never retried again
+//! by tollgate. With `app_retries = "refuse"` it is answered at once with the status
+//! of the failure it repeats and outcome `app-retry`, with no upstream call (a refusal
+//! is not a new failure: the 2 s still run from the failure itself). A marker whose
+//! failure tollgate does not remember (the call has no identity, and the same method,
+//! authority and target have no failure in the last 2 s, or have since succeeded) has
+//! no status to repeat: it goes as a counted retry, as with `"count"`.
+//! `app_retries = "ignore"` looks for nothing (the lab's naive chain).
 //!
 //! A failure is any answer that carries an outcome, tollgate's own or a tollgate's
-//! nearer the upstream. A success of the same request ends its memory. The memory
-//! itself, its bound and its cost are [`crate::retry::recent`]'s.
+//! nearer the upstream. It is remembered by the request's key and trace, when it
+//! carries them, and with `"refuse"` by its method, authority and target too (the
+//! status a marker's retry is refused with). A success of an app's retry forgets them.
+//! A request with none of this costs one atomic load: whether anything was remembered
+//! in the last 2 s. The memory itself, its bound and its cost are
+//! [`crate::retry::recent`]'s.
 
 use std::cell::Cell;
 
 use http::header::{CONTENT_TYPE, HOST};
-use http::{HeaderValue, StatusCode};
+use http::{HeaderName, HeaderValue, StatusCode};
 use tokio::time::Instant;
 
 use super::Upstream;
 use super::grpc;
 use crate::config::AppRetries;
 use crate::http::grpc::{GRPC_STATUS, is_grpc_answer};
-use crate::metrics::{Denied, Outcome};
+use crate::metrics::{Denied, Evidence, Outcome};
 use crate::retry::recent::Remembered;
 use crate::retry::{Answer, Head, Reply};
 use crate::server::ResponseBody;
 use crate::upstream::response::Fields;
 
-/// What makes two requests the same: method, the authority the app called, target and
-/// the idempotency key, if any; and their fingerprint, hashed when first asked for. A
-/// request needs it only when a failure was recorded in the last 2 s (to look for it)
-/// or when it is answered with a failure (to remember it), so most hash nothing.
+/// The AWS SDKs' identity of one call, the same on each of its attempts.
+const AMZ_INVOCATION_ID: HeaderName = HeaderName::from_static("amz-sdk-invocation-id");
+/// W3C trace context: `00-<trace id>-<parent id>-<flags>`.
+const TRACEPARENT: HeaderName = HeaderName::from_static("traceparent");
+const REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
+
+/// Which of a request's identities a fingerprint is of.
+#[derive(Clone, Copy, Hash)]
+enum Kind {
+    /// Method, authority and target alone.
+    Plain,
+    Key,
+    Trace,
+}
+
+/// A fingerprint not taken yet.
+const UNTAKEN: u64 = 0;
+/// No fingerprint: the request does not carry that identity.
+const ABSENT: u64 = 1;
+
+/// What makes two requests the same call, and their fingerprints, each taken when
+/// first asked for. A request needs them only when a failure was recorded in the last
+/// 2 s (to look for it) or when it is answered with a failure (to remember it), so
+/// most take none. Kept in the request's future while it runs: a word each, a
+/// fingerprint being above [`ABSENT`].
 pub(super) struct Sameness<'a> {
     up: &'a Upstream,
     /// The request as it goes upstream.
@@ -47,53 +85,138 @@ pub(super) struct Sameness<'a> {
     /// The authority the app called, when the head's Host is not it (a configured
     /// `host` replaced it).
     called: Option<&'a str>,
-    /// The fingerprint once taken (never 0).
-    value: Cell<u64>,
+    /// Its client marked it as a retry.
+    marker: bool,
+    plain: Cell<u64>,
+    key: Cell<u64>,
+    trace: Cell<u64>,
 }
 
 impl<'a> Sameness<'a> {
-    pub(super) fn new(up: &'a Upstream, head: &'a Head, called: Option<&'a str>) -> Self {
+    pub(super) fn new(
+        up: &'a Upstream,
+        head: &'a Head,
+        called: Option<&'a str>,
+        marker: bool,
+    ) -> Self {
         Sameness {
             up,
             head,
             called,
-            value: Cell::new(0),
+            marker,
+            plain: Cell::new(UNTAKEN),
+            key: Cell::new(UNTAKEN),
+            trace: Cell::new(UNTAKEN),
         }
     }
 
-    fn fingerprint(&self) -> u64 {
-        if self.value.get() == 0 {
-            let head = self.head;
-            let authority = self.called.unwrap_or_else(|| {
-                head.headers
-                    .get(HOST)
-                    .and_then(|h| h.to_str().ok())
-                    .unwrap_or("")
-            });
-            let key = self
-                .up
-                .config
-                .retry
-                .idempotency_header
-                .as_ref()
-                .and_then(|h| head.headers.get(h))
-                .map(HeaderValue::as_bytes);
-            let target = head.uri.path_and_query().map(|pq| pq.as_str());
-            let what = (head.method.as_str(), authority, target, key);
-            self.value.set(self.up.recent.fingerprint(what));
+    /// The fingerprint in `cell`, taken by `take` the first time.
+    fn taken(cell: &Cell<u64>, take: impl FnOnce() -> Option<u64>) -> Option<u64> {
+        if cell.get() == UNTAKEN {
+            cell.set(take().unwrap_or(ABSENT));
         }
-        self.value.get()
+        Some(cell.get()).filter(|fp| *fp != ABSENT)
+    }
+
+    fn fingerprint(&self, kind: Kind, identity: &[u8]) -> u64 {
+        let head = self.head;
+        let authority = self.called.unwrap_or_else(|| {
+            head.headers
+                .get(HOST)
+                .and_then(|h| h.to_str().ok())
+                .unwrap_or("")
+        });
+        let target = head.uri.path_and_query().map(|pq| pq.as_str());
+        let what = (kind, head.method.as_str(), authority, target, identity);
+        self.up.recent.fingerprint(what).max(ABSENT + 1)
+    }
+
+    fn plain(&self) -> u64 {
+        Self::taken(&self.plain, || Some(self.fingerprint(Kind::Plain, b""))).unwrap_or(ABSENT)
+    }
+
+    /// The call's own identity: the idempotency header, else the AWS SDK's.
+    fn key(&self) -> Option<u64> {
+        Self::taken(&self.key, || {
+            let h = &self.head.headers;
+            let own = self.up.config.retry.idempotency_header.as_ref();
+            let v = own
+                .and_then(|name| h.get(name))
+                .or_else(|| h.get(AMZ_INVOCATION_ID))?;
+            Some(self.fingerprint(Kind::Key, v.as_bytes()))
+        })
+    }
+
+    /// The app's incoming request: the trace id of `traceparent`, else `x-request-id`.
+    fn trace(&self) -> Option<u64> {
+        Self::taken(&self.trace, || {
+            let h = &self.head.headers;
+            let id = h
+                .get(TRACEPARENT)
+                .and_then(|v| trace_id(v.as_bytes()))
+                .or_else(|| h.get(REQUEST_ID).map(HeaderValue::as_bytes))?;
+            Some(self.fingerprint(Kind::Trace, id))
+        })
     }
 }
 
-/// The failure this request repeats, if the app is retrying one tollgate owned. Looks
-/// (and takes the fingerprint) only when a failure was recorded in the last 2 s.
-pub(super) fn recall(up: &Upstream, same: &Sameness<'_>, now: Instant) -> Option<Remembered> {
-    if up.config.app_retries == AppRetries::Ignore || !up.recent.active(now) {
+/// The trace id of a `traceparent` value, if it has one.
+fn trace_id(v: &[u8]) -> Option<&[u8]> {
+    let id = v.split(|b| *b == b'-').nth(1)?;
+    (id.len() == 32).then_some(id)
+}
+
+/// A request taken for the app's own retry: on what evidence, and the failure it
+/// repeats when tollgate remembers one.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct AppRetry {
+    pub evidence: Evidence,
+    pub failure: Option<Remembered>,
+}
+
+impl AppRetry {
+    /// Sent as a retry (on a marker or a key), not as a first attempt (a trace only).
+    pub(super) fn charged(again: Option<&AppRetry>) -> bool {
+        again.is_some_and(|a| a.evidence != Evidence::Trace)
+    }
+}
+
+/// Whether the request is the app's own retry, and on what evidence; counted. With
+/// no marker and nothing remembered in the last 2 s, one atomic load decides.
+#[inline]
+pub(super) fn recall(up: &Upstream, same: &Sameness<'_>, now: Instant) -> Option<AppRetry> {
+    if !(same.marker || up.recent.active(now)) || up.config.app_retries == AppRetries::Ignore {
         return None;
     }
-    let again = up.recent.lookup(same.fingerprint(), now)?;
-    up.metrics.app_retries.inc();
+    look(up, same, now)
+}
+
+/// [`recall`] once there is something to look for.
+fn look(up: &Upstream, same: &Sameness<'_>, now: Instant) -> Option<AppRetry> {
+    let lookup = |fp: Option<u64>| fp.and_then(|fp| up.recent.lookup(fp, now));
+    let keyed = lookup(same.key());
+    let again = if same.marker {
+        let failure = keyed.or_else(|| {
+            (up.config.app_retries == AppRetries::Refuse)
+                .then(|| lookup(Some(same.plain())))
+                .flatten()
+        });
+        AppRetry {
+            evidence: Evidence::Marker,
+            failure,
+        }
+    } else if keyed.is_some() {
+        AppRetry {
+            evidence: Evidence::Key,
+            failure: keyed,
+        }
+    } else {
+        AppRetry {
+            evidence: Evidence::Trace,
+            failure: Some(lookup(same.trace())?),
+        }
+    };
+    up.metrics.app_retry(again.evidence);
     Some(again)
 }
 
@@ -107,30 +230,40 @@ pub(super) struct Stopped {
     pub grpc: Option<u8>,
 }
 
-/// Whether an app's own retry is stopped here; when it goes on, its retry has been
-/// taken from the budget.
-pub(super) fn stop(up: &Upstream, again: Remembered, now: Instant) -> Option<Stopped> {
-    let status = StatusCode::from_u16(again.status).unwrap_or(StatusCode::BAD_GATEWAY);
-    let (outcome, text) = match up.config.app_retries {
-        AppRetries::Refuse => (
+/// Whether an app's own retry is stopped here; when it goes on as a retry, its retry
+/// has been taken from the budget. A trace alone stops nothing and takes nothing.
+pub(super) fn stop(up: &Upstream, again: &AppRetry, now: Instant) -> Option<Stopped> {
+    if again.evidence == Evidence::Trace {
+        return None;
+    }
+    let refuse = up.config.app_retries == AppRetries::Refuse;
+    let (failure, outcome, text) = match again.failure {
+        Some(f) if refuse => (
+            Some(f),
             Outcome::AppRetry,
-            "the app sent this request again within 2 s of a failure tollgate owned \
+            "the app sent this call again within 2 s of a failure tollgate owned \
              (app_retries = \"refuse\")\n",
         ),
-        AppRetries::Count | AppRetries::Ignore if up.budget.try_retry(now) => return None,
-        AppRetries::Count | AppRetries::Ignore => {
+        _ if up.budget.try_retry(now) => return None,
+        f => {
             up.metrics.denied(Denied::Budget);
             (
+                f,
                 Outcome::BudgetExhausted,
-                "the app sent this request again; the retry budget has no room for it\n",
+                "the app sent this call again; the retry budget has no room for it\n",
             )
         }
     };
+    // A retry whose failure tollgate never saw: refused as tollgate refuses what it
+    // has no room for.
+    let status = failure
+        .and_then(|f| StatusCode::from_u16(f.status).ok())
+        .unwrap_or(StatusCode::SERVICE_UNAVAILABLE);
     Some(Stopped {
         status,
         outcome,
         text,
-        grpc: again.grpc,
+        grpc: failure.and_then(|f| f.grpc),
     })
 }
 
@@ -148,17 +281,39 @@ pub(super) fn with_grpc_status(
     resp
 }
 
-/// Remembers a failure tollgate owned (an answer with an outcome), and forgets one the
-/// request has now succeeded past. Not called for a refusal of an app retry. A success
-/// that was not an app's retry touches nothing.
+/// Remembers a failure tollgate owned (an answer with an outcome) by the identities
+/// the request carries, and forgets them when an app's retry has now succeeded. Not
+/// called for a refusal of an app retry. With `"refuse"`, a success forgets the last
+/// failure of its method, authority and target, which a marker's retry would be
+/// refused with; otherwise a success that was not an app's retry touches nothing.
 pub(super) fn remember(up: &Upstream, same: &Sameness<'_>, verdict: Verdict, now: Instant) {
-    if up.config.app_retries == AppRetries::Ignore {
-        return;
-    }
+    let refuse = match up.config.app_retries {
+        AppRetries::Ignore => return,
+        mode => mode == AppRetries::Refuse,
+    };
+    let recent = &up.recent;
     match verdict {
-        Verdict::Failed(answer) => up.recent.record(same.fingerprint(), answer, now),
-        Verdict::Succeeded { again: true } => up.recent.forget(same.fingerprint()),
-        Verdict::Succeeded { again: false } => {}
+        Verdict::Failed(answer) => {
+            for fp in [same.key(), same.trace(), refuse.then(|| same.plain())]
+                .into_iter()
+                .flatten()
+            {
+                recent.record(fp, answer, now);
+            }
+        }
+        Verdict::Succeeded { again: true } => {
+            for fp in [same.key(), same.trace(), Some(same.plain())]
+                .into_iter()
+                .flatten()
+            {
+                recent.forget(fp);
+            }
+        }
+        Verdict::Succeeded { again: false } => {
+            if refuse && recent.active(now) {
+                recent.forget(same.plain());
+            }
+        }
     }
 }
 
@@ -166,7 +321,7 @@ pub(super) fn remember(up: &Upstream, same: &Sameness<'_>, verdict: Verdict, now
 pub(super) enum Verdict {
     /// With an outcome: what the app was answered.
     Failed(Remembered),
-    /// Without one; `again`: it was the app's own retry.
+    /// Without one; `again`: it was taken for the app's own retry.
     Succeeded { again: bool },
 }
 
@@ -221,5 +376,20 @@ impl Verdict {
                 grpc: None,
             }
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_trace_id_is_the_second_part_of_traceparent() {
+        assert_eq!(
+            trace_id(b"00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"),
+            Some(&b"4bf92f3577b34da6a3ce929d0e0e4736"[..])
+        );
+        assert_eq!(trace_id(b"00-short-00f067aa0ba902b7-01"), None);
+        assert_eq!(trace_id(b"garbage"), None);
     }
 }

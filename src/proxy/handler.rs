@@ -3,7 +3,7 @@
 //! answer with what the app must know (`x-tollgate-attempts`, and
 //! `x-tollgate-outcome` when tollgate gave up). A gRPC call's answers are gRPC
 //! answers ([`super::grpc`]). A first attempt may be rejected locally by the upstream's
-//! throttle, and a request the app sends again after an owned failure is its own retry
+//! throttle, and a request with evidence that the app repeats a call is its own retry
 //! ([`super::app_retries`]).
 
 use std::net::SocketAddr;
@@ -18,7 +18,7 @@ use http_body::Body;
 use tokio::time::Instant;
 
 use super::access_log::Entry;
-use super::app_retries::{self, Sameness, Verdict};
+use super::app_retries::{self, AppRetry, Sameness, Verdict};
 use super::grpc;
 use super::route::authority_of;
 use super::{Shared, Upstream, unrouted};
@@ -28,7 +28,7 @@ use crate::http::grpc::{GRPC_PUSHBACK, GRPC_STATUS, is_grpc, is_grpc_answer};
 use crate::http::spare;
 use crate::metrics::{Denied, Outcome, UpstreamMetrics};
 use crate::retry::headers::{
-    ATTEMPTS_HEADER, OUTCOME_HEADER, attempts_line, count_value, outcome_line,
+    ATTEMPTS_HEADER, OUTCOME_HEADER, OUTCOME_REMOVED_LINE, attempts_line, count_value, outcome_line,
 };
 use crate::retry::policy::Failure;
 use crate::retry::{self, Answer, Exchange, Head, Reply, learn};
@@ -126,7 +126,8 @@ async fn handle(
         uri: origin_form(parts.uri),
         headers,
     };
-    let same = Sameness::new(&up, &head, called.as_ref().map(Called::as_str));
+    let called = called.as_ref().map(Called::as_str);
+    let same = Sameness::new(&up, &head, called, facts.retry_marker);
     let refused = |r: &Refusal| {
         let verdict = Verdict::refused(r.status, r.outcome, grpc);
         app_retries::remember(&up, &same, verdict, start);
@@ -147,7 +148,13 @@ async fn handle(
         return refuse(Some(&up.metrics), EXPIRED, grpc, entry, guard);
     }
     let again = app_retries::recall(&up, &same, start);
-    if let Some(stop) = again.and_then(|a| app_retries::stop(&up, a, start)) {
+    if let (Some(a), Some(e)) = (&again, entry.as_mut()) {
+        e.app_retry = Some(a.evidence);
+    }
+    if let Some(stop) = again
+        .as_ref()
+        .and_then(|a| app_retries::stop(&up, a, start))
+    {
         return Box::new(app_retry_stopped(
             &up.metrics,
             stop,
@@ -156,7 +163,9 @@ async fn handle(
             guard,
         ));
     }
-    if let Some(t) = up.throttle.as_ref().filter(|_| again.is_none())
+    // An app's retry is a retry: the throttle is for first attempts.
+    let app_retry = AppRetry::charged(again.as_ref());
+    if let Some(t) = up.throttle.as_ref().filter(|_| !app_retry)
         && !t.admit(start, &mut fastrand::Rng::new())
     {
         refused(&THROTTLED);
@@ -170,7 +179,7 @@ async fn handle(
         arrived: start,
         grpc: facts.grpc,
         upgrade: facts.upgrade,
-        app_retry: again.is_some(),
+        app_retry,
     };
     let answer = retry::forward(&up, exchange).await;
     learn_from(&up, &same, &answer, grpc, again.is_some());
@@ -260,6 +269,7 @@ fn access_log_entry(
         denied: None,
         deadline: None,
         upstream_time: None,
+        app_retry: None,
     })
 }
 
@@ -352,7 +362,8 @@ fn learn_from(up: &Upstream, same: &Sameness<'_>, answer: &Answer, grpc: bool, a
         t.answered(Instant::now());
     }
     let verdict = Verdict::of(answer, grpc, again);
-    if !matches!(verdict, Verdict::Succeeded { again: false }) {
+    let refuse = up.config.app_retries == crate::config::AppRetries::Refuse;
+    if refuse || !matches!(verdict, Verdict::Succeeded { again: false }) {
         app_retries::remember(up, same, verdict, Instant::now());
     }
 }
@@ -543,7 +554,10 @@ fn answer_app(
         // upstream's own fields of the same names.
         let added = AddedFields([
             Some(attempts),
-            outcome.map(outcome_line),
+            match outcome {
+                Some(o) => Some(outcome_line(o)),
+                None => answer.strip_outcome.then_some(OUTCOME_REMOVED_LINE),
+            },
             pushback.then_some(grpc::NO_RETRY_LINE),
         ]);
         return Box::new(Response::from_parts(
@@ -557,6 +571,8 @@ fn answer_app(
         .insert(ATTEMPTS_HEADER, count_value(answer.attempts));
     if let Some(o) = outcome {
         parts.headers.insert(OUTCOME_HEADER, o.header_value());
+    } else if answer.strip_outcome {
+        parts.headers.remove(OUTCOME_HEADER);
     }
     if pushback {
         parts.headers.insert(GRPC_PUSHBACK, grpc::NO_RETRY);

@@ -17,10 +17,10 @@
 //! hedge). What it came to is reported to the endpoint's health
 //! ([`crate::upstream::outlier`]) and to the latency estimates, once.
 
-use http::{HeaderMap, HeaderName, Method, Uri};
+use http::{HeaderMap, HeaderName, Method, StatusCode, Uri};
 use tokio::time::{Instant, timeout_at};
 
-use super::headers::{ATTEMPT_HEADER, HEDGE_HEADER, HEDGE_VALUE, count_value, endpoint_failed};
+use super::headers::{ATTEMPT_HEADER, Callee, HEDGE_HEADER, HEDGE_VALUE, count_value};
 use super::policy::Failure;
 use super::replay::{AppBody, ReplayBody};
 use super::upstream::Upstream;
@@ -36,6 +36,11 @@ use crate::upstream::tls_failure;
 /// The names of the per-attempt fields, borrowed by every attempt.
 static ATTEMPT_NAME: HeaderName = ATTEMPT_HEADER;
 static HEDGE_NAME: HeaderName = HEDGE_HEADER;
+
+/// How much earlier than this attempt's own time a callee's `app-timeout` must come to
+/// be its own limit rather than the deadline this attempt sent (rounded down to the
+/// millisecond, and carried across the network).
+const DEADLINE_SLACK: std::time::Duration = std::time::Duration::from_millis(10);
 
 /// Stale pooled connections skipped within one attempt before giving up on it.
 const MAX_STALE: u32 = 3;
@@ -141,6 +146,16 @@ impl<'a, A: AppBody> Attempt<'a, A> {
             endpoint: self.endpoint,
             number: self.number,
         };
+        if let Ok(resp) = &result {
+            let endpoint = self.up.endpoints.get(self.endpoint);
+            if resp.status() == StatusCode::BAD_GATEWAY
+                && Callee::of(resp.status(), Fields::of(resp)) == Callee::AppUnreachable
+            {
+                endpoint.unreachable_behind();
+            } else {
+                endpoint.answered();
+            }
+        }
         let r = match &result {
             Ok(resp) => AttemptResult::of_status(resp.status().as_u16()),
             Err(AttemptError::Upstream(Failure::ConnectFailure)) => AttemptResult::ConnectFailure,
@@ -164,20 +179,33 @@ impl<'a, A: AppBody> Attempt<'a, A> {
         ran(result)
     }
 
+    /// Whether the attempt ended before its attempt timeout (or had none): it had not
+    /// had the time an endpoint is judged by.
+    fn cut_short(&self) -> bool {
+        self.slow_after.is_none_or(|s| self.started.elapsed() < s)
+    }
+
     /// What the result says about the endpoint.
     fn verdict(&self, result: &Result<UpstreamResponse, AttemptError>) -> Verdict {
         match result {
-            Ok(resp) if endpoint_failed(resp.status().as_u16(), Fields::of(resp)) => {
-                Verdict::Failure
-            }
-            Ok(_) => Verdict::Success,
+            Ok(resp) => match Callee::of(resp.status(), Fields::of(resp)) {
+                // The callee's inbound side ran out of the time this attempt gave it (the
+                // request's deadline) before the attempt timeout, as this attempt would
+                // have: judged as a timeout of its own is.
+                Callee::AppTimeout
+                    if self.cut_short()
+                        && self
+                            .by
+                            .is_some_and(|by| Instant::now() + DEADLINE_SLACK >= by) =>
+                {
+                    Verdict::Neutral
+                }
+                callee if callee.endpoint_failed(resp.status()) => Verdict::Failure,
+                _ => Verdict::Success,
+            },
             // Cut short by the deadline before its attempt timeout, the attempt did not
             // have the time an endpoint is judged by.
-            Err(AttemptError::Upstream(Failure::Timeout))
-                if self.slow_after.is_none_or(|s| self.started.elapsed() < s) =>
-            {
-                Verdict::Neutral
-            }
+            Err(AttemptError::Upstream(Failure::Timeout)) if self.cut_short() => Verdict::Neutral,
             Err(AttemptError::Upstream(_)) => Verdict::Failure,
             Err(AttemptError::NotUpstream(_)) => Verdict::Neutral,
         }

@@ -38,7 +38,7 @@ use tokio::time::{Instant, Sleep};
 
 use super::attempt::{Attempt, AttemptError, NotUpstream, Ran};
 use super::backoff::Backoff;
-use super::headers::{outcome_of, owned_elsewhere, refused_as_retry};
+use super::headers::{Callee, refused_as_retry};
 use super::learn::{self, Seen};
 use super::policy::{self, Failure, Policy, Situation, Stop};
 use super::race::{Beside, Event, Second, race};
@@ -104,8 +104,12 @@ pub struct Answer {
     /// What went wrong, in words for the app, when there is more to say than the
     /// status (a TLS failure's reason).
     pub detail: Option<String>,
-    /// The response already carries another tollgate's `x-tollgate-outcome`.
+    /// The response already carries another tollgate's `x-tollgate-outcome`, owned
+    /// there: it goes back as it came.
     pub owned_elsewhere: bool,
+    /// The response carries an `x-tollgate-outcome` that means nothing on its status
+    /// (a `1xx`-`3xx` that is not a gRPC answer): it is removed.
+    pub strip_outcome: bool,
     /// The app's body was not read to its end: the client connection cannot carry
     /// another request.
     pub body_unread: bool,
@@ -391,13 +395,17 @@ impl<'a, A: AppBody> Call<'a, A> {
     /// the retry retried, with outcome `retry-rejected`.
     fn rejected(&mut self, refusal: UpstreamResponse) -> Answer {
         let Some(previous) = self.previous.take() else {
-            return self.answer(refusal, Outcome::Ok);
+            let callee = Callee::of(refusal.status(), Fields::of(&refusal));
+            return self.answer(refusal, Outcome::Ok, callee);
         };
         discard(refusal);
         self.up.metrics.denied(Denied::UpstreamRejected);
         let failure = previous.failure();
         let mut answer = match previous {
-            Previous::Response(resp, _) => self.answer(resp, Outcome::RetryRejected),
+            Previous::Response(resp, _) => {
+                let callee = Callee::of(resp.status(), Fields::of(&resp));
+                self.answer(resp, Outcome::RetryRejected, callee)
+            }
             Previous::Failure(f) => self.local(Previous::local_status(f), Outcome::RetryRejected),
         };
         answer.outcome = Outcome::RetryRejected;
@@ -535,6 +543,7 @@ impl<'a, A: AppBody> Call<'a, A> {
                 let situation = Situation {
                     failure: Failure::Timeout,
                     response: None,
+                    owned: false,
                     attempts: self.attempts + retry.max_attempts.saturating_sub(self.limit()),
                     request_retryable: self.retryable,
                     deadline: self.deadline,
@@ -575,7 +584,8 @@ impl<'a, A: AppBody> Call<'a, A> {
             Ok(resp) => {
                 let on = &self.up.config.retry.on;
                 let fields = Fields::of(&resp);
-                let failure = policy::classify_response(resp.status(), fields, on);
+                let callee = Callee::of(resp.status(), fields);
+                let failure = policy::classify_response(resp.status(), fields, callee, on);
                 self.learn(ran.number, failure, Some(&resp));
                 if ran.number > 1 && refused_as_retry(resp.status(), fields) {
                     if others {
@@ -589,7 +599,7 @@ impl<'a, A: AppBody> Call<'a, A> {
                 }
                 match failure {
                     Some(f) => (f, Some(resp)),
-                    None => return Step::Answer(self.answer(resp, Outcome::Ok)),
+                    None => return Step::Answer(self.answer(resp, Outcome::Ok, callee)),
                 }
             }
             Err(AttemptError::Upstream(f)) => {
@@ -656,6 +666,7 @@ impl<'a, A: AppBody> Call<'a, A> {
         let situation = Situation {
             failure,
             response: response.map(|r| Fields::of(r)),
+            owned: response.is_some_and(|r| Callee::of(r.status(), Fields::of(r)).owned()),
             // An app's own retry has used every attempt: it is not retried again.
             attempts: self.attempts + retry.max_attempts.saturating_sub(self.limit()),
             request_retryable: self.retryable,
@@ -666,22 +677,22 @@ impl<'a, A: AppBody> Call<'a, A> {
         policy.decide(&situation, &mut self.body, rng)
     }
 
-    /// The upstream's response goes back: a success, or a failure that another tollgate
-    /// already owned.
-    fn answer(&self, resp: UpstreamResponse, outcome: Outcome) -> Answer {
-        let owned = owned_elsewhere(Fields::of(&resp));
+    /// The upstream's response goes back: a success, a failure that another tollgate
+    /// already owned, or one that a callee's outcome (`callee`) names and this tollgate
+    /// does not retry.
+    fn answer(&self, resp: UpstreamResponse, outcome: Outcome, callee: Callee) -> Answer {
         Answer {
-            outcome: if owned {
-                outcome_of(Fields::of(&resp))
-            } else {
-                outcome
+            outcome: match callee {
+                Callee::Silent | Callee::Stray => outcome,
+                c => c.outcome(),
             },
             reply: Reply::Upstream(resp),
             trail: self.trail,
             attempts: self.attempts,
             failure: None,
             detail: None,
-            owned_elsewhere: owned,
+            owned_elsewhere: callee.owned(),
+            strip_outcome: callee == Callee::Stray,
             body_unread: self.body.unread(),
             body_untouched: !self.body.started(),
             hedged: self.hedged,
@@ -702,7 +713,10 @@ impl<'a, A: AppBody> Call<'a, A> {
         }
         let outcome = stop.outcome(failure);
         match response {
-            Some(resp) if stop == Stop::Ownership => self.answer(resp, Outcome::Ok),
+            Some(resp) if stop == Stop::Ownership => {
+                let callee = Callee::of(resp.status(), Fields::of(&resp));
+                self.answer(resp, Outcome::Ok, callee)
+            }
             Some(resp) => Answer {
                 reply: Reply::Upstream(resp),
                 trail: self.trail,
@@ -711,6 +725,7 @@ impl<'a, A: AppBody> Call<'a, A> {
                 failure: Some(failure),
                 detail: None,
                 owned_elsewhere: false,
+                strip_outcome: false,
                 body_unread: self.body.unread(),
                 body_untouched: !self.body.started(),
                 hedged: self.hedged,
@@ -752,6 +767,7 @@ impl<'a, A: AppBody> Call<'a, A> {
             failure: None,
             detail: None,
             owned_elsewhere: false,
+            strip_outcome: false,
             body_unread: self.body.unread(),
             body_untouched: !self.body.started(),
             hedged: self.hedged,

@@ -2,6 +2,14 @@
 //! the throttle of first attempts counts what was accepted, and the budget's adaptive
 //! share hears about retries that succeeded or failed, overload and slowness.
 //!
+//! The throttle counts as accepted every attempt not rejected for overload. Rejections
+//! are only what says "too much": a `429` or `503`, an overload as below, a refused (or
+//! timed-out) connect, an attempt that ran out of its time, a callee's inbound side
+//! that could not get an answer from its app (`app-unreachable`, `app-timeout`: the
+//! endpoint's connect failure and timeout), and a gRPC `UNAVAILABLE` or
+//! `RESOURCE_EXHAUSTED` (gRPC's 503 and 429). Any other answer is an answer: an upstream
+//! that answers `500` to most requests is not helped by fewer of them.
+//!
 //! Overload is what the upstream (or a tollgate in front of it) says about itself: a
 //! `503` whose `x-tollgate-outcome` is `overloaded` or `retry-rejected`, a
 //! `Retry-After` on a `429` or `5xx`, or a non-negative `grpc-retry-pushback-ms`. A
@@ -20,7 +28,7 @@ use http::StatusCode;
 use http::header::RETRY_AFTER;
 use tokio::time::Instant;
 
-use super::headers::{GRPC_PUSHBACK, GRPC_STATUS, OUTCOME_HEADER};
+use super::headers::{Callee, GRPC_PUSHBACK, GRPC_STATUS, OUTCOME_HEADER};
 use super::policy::Failure;
 use super::retry_after::{Pushback, parse_pushback_ms};
 use super::upstream::Upstream;
@@ -52,14 +60,16 @@ pub(crate) fn attempt_done<A>(up: &Upstream<A>, seen: &Seen<'_>, now: Instant) {
     let telling = seen.response.filter(|(status, fields)| {
         seen.failure.is_some() || !status.is_success() || fields.contains(&GRPC_STATUS)
     });
-    let owned_by_another = telling.is_some_and(|(_, f)| {
-        f.get(&OUTCOME_HEADER)
-            .is_some_and(|o| !callee_overloaded(o))
+    let callee = telling.map(|(status, fields)| Callee::of(status, fields));
+    let owned_by_another = callee.is_some_and(|c| match c {
+        Callee::Owned(o) => !matches!(o, Outcome::Overloaded | Outcome::RetryRejected),
+        _ => false,
     });
     if let Some(t) = up.throttle.as_ref().filter(|_| !owned_by_another) {
-        match seen.failure {
-            None => t.accepted(now),
-            Some(_) => t.failed(),
+        if rejected(seen.failure, telling, callee) {
+            t.rejected();
+        } else {
+            t.accepted(now);
         }
     }
     let Some(share) = share else {
@@ -77,6 +87,34 @@ pub(crate) fn attempt_done<A>(up: &Upstream<A>, seen: &Seen<'_>, now: Instant) {
         }
     }
 }
+
+/// Whether an attempt was rejected for overload, for the throttle: a refused or
+/// timed-out connect, no head in time, or an answer that says so.
+fn rejected(
+    failure: Option<Failure>,
+    response: Option<(StatusCode, Fields<'_>)>,
+    callee: Option<Callee>,
+) -> bool {
+    if matches!(failure, Some(Failure::ConnectFailure | Failure::Timeout)) {
+        return true;
+    }
+    let Some((status, fields)) = response else {
+        return false;
+    };
+    if matches!(callee, Some(Callee::AppUnreachable | Callee::AppTimeout)) {
+        return true;
+    }
+    status == StatusCode::TOO_MANY_REQUESTS
+        || status == StatusCode::SERVICE_UNAVAILABLE
+        || fields
+            .get(&GRPC_STATUS)
+            .is_some_and(|v| v == GRPC_UNAVAILABLE || v == GRPC_RESOURCE_EXHAUSTED)
+        || overload(status, fields)
+}
+
+/// gRPC's 503 and 429.
+const GRPC_UNAVAILABLE: &[u8] = b"14";
+const GRPC_RESOURCE_EXHAUSTED: &[u8] = b"8";
 
 /// Whether an answer with outcome `outcome` counts in the throttle: one from another
 /// tollgate does only when it says the callee itself is overloaded.
@@ -126,6 +164,60 @@ mod tests {
         assert!(said(429, &[("retry-after", "2")]));
         assert!(said(200, &[("grpc-retry-pushback-ms", "100")]));
         assert!(said(200, &[("grpc-retry-pushback-ms", "0")]));
+    }
+
+    /// Whether the throttle takes an attempt with this failure and answer as rejected.
+    fn rejects(
+        failure: Option<Failure>,
+        status: u16,
+        pairs: &[(&'static str, &'static str)],
+    ) -> bool {
+        let mut h = HeaderMap::new();
+        for (k, v) in pairs {
+            h.insert(*k, HeaderValue::from_static(v));
+        }
+        let status = StatusCode::from_u16(status).unwrap();
+        let fields = (&h).into();
+        rejected(
+            failure,
+            Some((status, fields)),
+            Some(Callee::of(status, fields)),
+        )
+    }
+
+    #[test]
+    fn only_overload_is_a_rejection_for_the_throttle() {
+        let s500 = Some(Failure::Status(StatusCode::INTERNAL_SERVER_ERROR));
+        assert!(
+            !rejects(s500, 500, &[]),
+            "a 500 is an answer, listed or not"
+        );
+        assert!(!rejects(None, 500, &[]));
+        assert!(!rejects(
+            Some(Failure::Status(StatusCode::BAD_GATEWAY)),
+            502,
+            &[]
+        ));
+        assert!(!rejects(None, 404, &[]));
+        assert!(!rejects(None, 200, &[("grpc-status", "13")]), "INTERNAL");
+        assert!(rejects(None, 503, &[]), "503, listed or not");
+        assert!(rejects(None, 429, &[]));
+        assert!(rejects(None, 500, &[("retry-after", "1")]));
+        assert!(rejects(None, 200, &[("grpc-status", "14")]), "UNAVAILABLE");
+        assert!(
+            rejects(None, 200, &[("grpc-status", "8")]),
+            "RESOURCE_EXHAUSTED"
+        );
+        assert!(rejects(
+            None,
+            502,
+            &[("x-tollgate-outcome", "app-unreachable")]
+        ));
+        assert!(rejects(None, 504, &[("x-tollgate-outcome", "app-timeout")]));
+        assert!(rejected(Some(Failure::ConnectFailure), None, None));
+        assert!(rejected(Some(Failure::Timeout), None, None));
+        assert!(!rejected(Some(Failure::Reset), None, None));
+        assert!(!rejected(Some(Failure::Tls), None, None));
     }
 
     #[test]

@@ -7,7 +7,9 @@
 //!
 //! The caller also learns from its upstream: the budget's share adapts ([`adaptive`]),
 //! first attempts are throttled when most are rejected ([`throttle`]), both fed by
-//! what each attempt showed ([`learn`]).
+//! what each attempt showed ([`learn`]); and it sees the app's own retries, by the
+//! counts its client puts on them ([`markers`]) and by the failures it owned lately
+//! ([`recent`]).
 //!
 //! Generic over the app's body `A`: this layer records and replays it, and does not
 //! care which protocol brought it.
@@ -20,6 +22,7 @@ mod forward;
 pub mod headers;
 pub mod hedge;
 pub mod learn;
+pub mod markers;
 pub mod median;
 pub mod policy;
 pub mod quantile;

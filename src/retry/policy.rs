@@ -14,7 +14,7 @@ use tokio::time::Instant;
 
 use super::backoff::Backoff;
 use super::budget::RetryBudget;
-use super::headers::{GRPC_PUSHBACK, GRPC_STATUS, owned_elsewhere};
+use super::headers::{Callee, GRPC_PUSHBACK, GRPC_STATUS};
 use super::retry_after::{Pushback, parse_pushback_ms, parse_retry_after};
 use crate::config::{Ownership, RetryAfterMode, RetryConfig, RetryOn};
 use crate::deadline::Deadline;
@@ -76,8 +76,30 @@ impl Failure {
     }
 }
 
-/// Classifies a response head: `None` when it is not a failure `retry.on` names.
-pub fn classify_response(status: StatusCode, headers: Fields<'_>, on: &RetryOn) -> Option<Failure> {
+/// Classifies a response head, whose outcome (if any) says `callee`: `None` when it is
+/// not a failure `retry.on` names.
+///
+/// A callee's inbound side speaks for its app: `app-unreachable` is that endpoint's
+/// `reset` (the app refused, reset or closed; which one, the caller cannot tell, so a
+/// request that may not be sent twice is not) and `app-timeout` its `timeout`. A
+/// callee's `in-progress` is retried as a `503` would be: the request still runs there
+/// and a retry only joins it.
+#[inline]
+pub fn classify_response(
+    status: StatusCode,
+    headers: Fields<'_>,
+    callee: Callee,
+    on: &RetryOn,
+) -> Option<Failure> {
+    match callee {
+        Callee::AppUnreachable => return on.reset.then_some(Failure::Reset),
+        Callee::AppTimeout => return on.timeout.then_some(Failure::Timeout),
+        Callee::InProgress => {
+            let like = StatusCode::SERVICE_UNAVAILABLE;
+            return on.status(like.as_u16()).then_some(Failure::Status(like));
+        }
+        Callee::Silent | Callee::Stray | Callee::Owned(_) => {}
+    }
     if on.status(status.as_u16()) {
         return Some(Failure::Status(status));
     }
@@ -158,6 +180,8 @@ pub struct Situation<'a> {
     pub failure: Failure,
     /// The failed response's headers, when there was a response.
     pub response: Option<Fields<'a>>,
+    /// The response carries another tollgate's verdict ([`Callee::owned`]).
+    pub owned: bool,
     /// Attempts made, the failed one included.
     pub attempts: u32,
     /// Method listed or idempotency key present.
@@ -191,7 +215,7 @@ impl Policy<'_> {
         body: &mut impl Replayable,
         rng: &mut fastrand::Rng,
     ) -> Result<Duration, Stop> {
-        if self.retry.ownership == Ownership::Honor && s.response.is_some_and(owned_elsewhere) {
+        if self.retry.ownership == Ownership::Honor && s.owned {
             return Err(Stop::Ownership);
         }
         self.may_send_again(s)?;
@@ -360,9 +384,14 @@ mod tests {
         }
 
         fn situation<'a>(&self, failure: Failure, response: Option<Fields<'a>>) -> Situation<'a> {
+            let status = match failure {
+                Failure::Status(s) => s,
+                _ => StatusCode::OK,
+            };
             Situation {
                 failure,
                 response,
+                owned: response.is_some_and(|f| Callee::of(status, f).owned()),
                 attempts: 1,
                 request_retryable: true,
                 deadline: Deadline::new(self.now, None, Some(Duration::from_secs(2))),
@@ -546,15 +575,59 @@ mod tests {
         let on = RetryOn::default();
         let mut h = HeaderMap::new();
         h.insert(GRPC_STATUS, HeaderValue::from_static("14"));
+        let classify = |status, h: &HeaderMap, on: &RetryOn| {
+            classify_response(status, h.into(), Callee::of(status, h.into()), on)
+        };
         assert_eq!(
-            classify_response(StatusCode::OK, (&h).into(), &on),
+            classify(StatusCode::OK, &h, &on),
             Some(Failure::Unavailable)
         );
         h.insert(GRPC_STATUS, HeaderValue::from_static("0"));
-        assert_eq!(classify_response(StatusCode::OK, (&h).into(), &on), None);
+        assert_eq!(classify(StatusCode::OK, &h, &on), None);
         assert_eq!(
-            classify_response(StatusCode::BAD_GATEWAY, (&HeaderMap::new()).into(), &on),
+            classify(StatusCode::BAD_GATEWAY, &HeaderMap::new(), &on),
             Some(Failure::Status(StatusCode::BAD_GATEWAY))
+        );
+    }
+
+    #[test]
+    fn a_callees_word_about_its_own_app_is_the_endpoints_failure() {
+        let said = |status: u16, outcome: &'static str, on: &RetryOn| {
+            let mut h = HeaderMap::new();
+            h.insert(OUTCOME_HEADER, HeaderValue::from_static(outcome));
+            let status = StatusCode::from_u16(status).unwrap();
+            classify_response(status, (&h).into(), Callee::of(status, (&h).into()), on)
+        };
+        let on = RetryOn::default();
+        assert_eq!(said(502, "app-unreachable", &on), Some(Failure::Reset));
+        assert_eq!(said(504, "app-timeout", &on), Some(Failure::Timeout));
+        assert_eq!(
+            said(409, "in-progress", &on),
+            Some(Failure::Status(StatusCode::SERVICE_UNAVAILABLE)),
+            "retried like a 503"
+        );
+        let mut statuses_only = RetryOn::none();
+        statuses_only.add_status(502);
+        statuses_only.add_status(504);
+        assert_eq!(
+            said(502, "app-unreachable", &statuses_only),
+            None,
+            "needs reset"
+        );
+        assert_eq!(
+            said(504, "app-timeout", &statuses_only),
+            None,
+            "needs timeout"
+        );
+        assert_eq!(said(409, "in-progress", &statuses_only), None, "needs 503");
+
+        // Not owned: the policy retries them.
+        let f = Fixture::new();
+        let mut h = HeaderMap::new();
+        h.insert(OUTCOME_HEADER, HeaderValue::from_static("app-unreachable"));
+        assert!(
+            f.decide(&mut f.situation(Failure::Reset, Some((&h).into())), None)
+                .is_ok()
         );
     }
 

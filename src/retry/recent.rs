@@ -1,14 +1,15 @@
-//! The failures tollgate owned in the last [`REMEMBER`], per upstream, by request
-//! fingerprint: what lets it see the app retrying behind its back.
+//! The failures tollgate owned in the last [`REMEMBER`], per upstream, by fingerprint
+//! (a request's method, authority and target with the identity of its call or of the
+//! app's incoming request): what lets it see the app retrying behind its back.
 //!
 //! # The bound
 //!
-//! A fixed table of [`ENTRIES`] slots of two words (64 KiB), made at the first failure
-//! and never grown. A fingerprint has [`PROBE`] slots it may live in; a new one takes
-//! a free or expired slot among them, else the oldest. So under more distinct failures
-//! than the table holds within two seconds, the oldest are forgotten first, and some
-//! app retries go uncounted; a request is never taken for a retry it is not (but for
-//! a collision of 64-bit fingerprints).
+//! A fixed table of [`ENTRIES`] slots of two words (64 KiB per upstream), made at the
+//! first failure remembered and never grown. A fingerprint has [`PROBE`] slots it may
+//! live in; a new one takes a free or expired slot among them, else the oldest. So
+//! under more distinct failures than the table holds within two seconds, the oldest
+//! are forgotten first, and some app retries go unseen; a request is never taken for
+//! a retry it is not (but for a collision of 64-bit fingerprints).
 //!
 //! # Cost
 //!

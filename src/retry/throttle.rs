@@ -12,7 +12,9 @@
 //! # The rule
 //!
 //! Over a sliding `window`: `requests` is every request the app sent (those rejected
-//! here included), `accepts` the attempts answered without a failure `retry.on` lists.
+//! here included), `accepts` the attempts not rejected for overload (what counts as
+//! that is [`super::learn`]'s: a `429` or `503`, Retry-After, a refused connect, a
+//! timeout; a `500` is an answer).
 //! A first attempt is rejected locally (503, outcome `throttled`, no upstream call)
 //! with probability `p = max(0, (requests - k × accepts) / (requests + 1))`. While the
 //! upstream accepts at least one request in `k`, `p` stays at 0.
@@ -64,7 +66,7 @@ pub struct Throttle {
     /// Over the slots of the window, the current one included.
     requests: AtomicU64,
     accepts: AtomicU64,
-    /// Attempts accepted since the last one that failed.
+    /// Attempts accepted since the last one rejected.
     streak: AtomicU32,
 }
 
@@ -143,7 +145,7 @@ impl Throttle {
         self.requests.fetch_add(1, Relaxed);
     }
 
-    /// An attempt was answered without a failure `retry.on` lists.
+    /// An attempt was not rejected for overload.
     pub fn accepted(&self, now: Instant) {
         self.slot(now).accepts.fetch_add(1, Relaxed);
         self.accepts.fetch_add(1, Relaxed);
@@ -153,8 +155,8 @@ impl Throttle {
         }
     }
 
-    /// An attempt failed (a listed failure, or no answer).
-    pub fn failed(&self) {
+    /// An attempt was rejected for overload.
+    pub fn rejected(&self) {
         self.streak.store(0, Relaxed);
     }
 
@@ -228,7 +230,7 @@ mod tests {
             let now = Instant::now();
             if t.admit(now, &mut rng) {
                 sent += 1;
-                t.failed();
+                t.rejected();
                 t.answered(now);
             }
             tokio::time::advance(Duration::from_millis(10)).await;

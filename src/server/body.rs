@@ -27,16 +27,13 @@ pub type AppBody = ByProtocol<Http1Body>;
 
 /// Up to three whole field lines (`name: value`) this hop adds to a response head for an
 /// HTTP/1.1 app, written after the response's own and replacing any field of the same
-/// name. Lines from tables made once, so nothing is formatted per response and the
-/// response stays small to move.
+/// name; a line with nothing after its colon (`name:`) only removes the response's own.
+/// Lines from tables made once, so nothing is formatted per response and the response
+/// stays small to move.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct AddedFields(pub [Option<&'static str>; 3]);
 
 impl AddedFields {
-    fn lines(&self) -> impl Iterator<Item = &'static str> {
-        self.0.into_iter().flatten()
-    }
-
     /// Whether one of the lines is a field called `name`.
     pub fn names(&self, name: &HeaderName) -> bool {
         self.names_raw(name.as_str().as_bytes())
@@ -55,11 +52,16 @@ impl AddedFields {
         false
     }
 
-    /// Writes the lines into an HTTP/1.1 head.
+    /// Writes the lines into an HTTP/1.1 head (but those that only remove a field).
+    #[inline]
     pub fn write_to(&self, wbuf: &mut Vec<u8>) {
-        for line in self.lines() {
-            wbuf.extend_from_slice(line.as_bytes());
-            wbuf.extend_from_slice(b"\r\n");
+        for line in &self.0 {
+            if let Some(l) = line
+                && !l.ends_with(':')
+            {
+                wbuf.extend_from_slice(l.as_bytes());
+                wbuf.extend_from_slice(b"\r\n");
+            }
         }
     }
 }

@@ -1,9 +1,10 @@
 //! A request's headers, read and cleaned in one pass, at the outbound hop and at the
-//! inbound side alike: the caller's deadline and whether it is a gRPC call are read;
-//! hop-by-hop headers (RFC 9110 section 7.6.1), the accepted deadline headers and every
-//! `x-tollgate-*` header go: each attempt writes its own `x-tollgate-attempt` (and
-//! `x-tollgate-hedge`), and one the app sent would make the callee count a first attempt
-//! as a retry. A request passed through as it is loses its hop-by-hop headers alone.
+//! inbound side alike: the caller's deadline, whether it is a gRPC call and whether its
+//! client marked it as a retry are read; hop-by-hop headers (RFC 9110 section 7.6.1),
+//! the accepted deadline headers and every `x-tollgate-*` header go: each attempt writes
+//! its own `x-tollgate-attempt` (and `x-tollgate-hedge`), and one the app sent would make
+//! the callee count a first attempt as a retry. A request passed through as it is loses
+//! its hop-by-hop headers alone.
 //!
 //! Almost no request carries any of them, so the headers are read once and changed
 //! only where something was found: removing a header that is not there still costs a
@@ -15,6 +16,7 @@ use http::HeaderValue;
 use http::header::{self, HeaderMap, HeaderName};
 
 use crate::http::fields::{has_token, is_hop_by_hop, strip_hop_by_hop};
+use crate::retry::markers::marks_retry;
 
 /// What a request's headers say, read in one pass.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -25,6 +27,8 @@ pub struct RequestFacts {
     pub grpc: bool,
     /// An HTTP/1.1 upgrade: `Connection: upgrade` and `Upgrade` were kept.
     pub upgrade: bool,
+    /// Its HTTP client counts it as a retry ([`crate::retry::markers`]).
+    pub retry_marker: bool,
 }
 
 /// Reads what the request says and cleans it for the upstream: hop-by-hop headers go,
@@ -64,6 +68,8 @@ pub fn prepare_request(
             if let Some(d) = crate::deadline::parse_header(name, value) {
                 facts.caller_timeout = Some(facts.caller_timeout.map_or(d, |b| b.min(d)));
             }
+        } else {
+            facts.retry_marker |= marks_retry(name, value);
         }
     }
     if hop {
@@ -145,6 +151,11 @@ mod tests {
         left.sort();
         // Another proxy's words pass on; only tollgate writes tollgate's.
         assert_eq!(left, ["content-type", "x-app", "x-envoy-attempt-count"]);
+
+        let mut marked = HeaderMap::new();
+        marked.insert("x-envoy-attempt-count", HeaderValue::from_static("2"));
+        assert!(prepare_request(&mut marked, &accept, true).retry_marker);
+        assert_eq!(marked.len(), 1, "a marker goes on as it came");
 
         let mut plain = HeaderMap::new();
         plain.insert("accept", HeaderValue::from_static("*/*"));

@@ -35,7 +35,7 @@ use prometheus::IntCounter;
 use crate::config::units::format_duration;
 use crate::config::{OutlierConfig, Protocol, UpstreamConfig};
 use crate::http::BoxError;
-use outlier::{Room, Standing, Verdict};
+use outlier::{Room, Share, Standing, Verdict, clearly_worse};
 use pool::{Endpoint, Want};
 
 /// What this layer can send as a request body: any body of bytes, its errors boxed.
@@ -201,43 +201,75 @@ impl<B> Endpoints<B> {
         self.outlier.is_some()
     }
 
-    /// What an attempt on endpoint `i` said about it. The clock is read only for a
-    /// failure: a success costs a load or two.
+    /// What an attempt on endpoint `i` said about it: counted in its tally, and a
+    /// success costs a load or two more.
     pub fn report(&self, i: usize, verdict: Verdict) {
-        self.report_with(i, verdict, pool::clock_ms);
+        if verdict != Verdict::Neutral && self.outlier.is_some() {
+            self.report_at(i, verdict, pool::clock_ms());
+        }
     }
 
     /// [`Endpoints::report`] at `now_ms` on [`pool::clock_ms`].
     pub fn report_at(&self, i: usize, verdict: Verdict, now_ms: u64) {
-        self.report_with(i, verdict, || now_ms);
-    }
-
-    fn report_with(&self, i: usize, verdict: Verdict, now_ms: impl FnOnce() -> u64) {
         let (Some(o), Some(e)) = (&self.outlier, self.list.get(i)) else {
             return;
         };
         match verdict {
             Verdict::Neutral => {}
             Verdict::Success => {
+                e.health.tally.record(false, now_ms);
                 if e.health.succeeded() {
                     // Its probe answered: back in the rotation, its place freed.
                     self.room.release();
                 }
             }
             Verdict::Failure => {
+                e.health.tally.record(true, now_ms);
                 if let Some(from) = e.health.failed(o.config.consecutive_failures) {
-                    self.eject(o, i, from, now_ms());
+                    self.eject(o, i, from, now_ms);
                 }
             }
         }
     }
 
-    /// Ejects endpoint `i`, from the state `from`: a new ejection if `max_ejected`
-    /// leaves room (the endpoints skipped for refusing connections counted in), or the
-    /// next one of an endpoint whose probe failed (it kept its place on probation).
+    /// The failure share of endpoint `i` over the last 10 s, and that of the others in
+    /// the rotation together (those out have no say in what the rest still serve).
+    fn shares(&self, i: usize, now_ms: u64) -> (Share, Share) {
+        let own = self.list[i].health.tally.share(now_ms);
+        let others = self
+            .list
+            .iter()
+            .enumerate()
+            .filter(|(j, e)| *j != i && !e.health.is_out())
+            .fold(Share::default(), |sum, (_, e)| {
+                sum + e.health.tally.share(now_ms)
+            });
+        (own, others)
+    }
+
+    /// Ejects endpoint `i`, from the state `from`, if it fails clearly more than the
+    /// others: a new ejection if `max_ejected` leaves room (the endpoints skipped for
+    /// refusing connections counted in), or the next one of an endpoint whose probe
+    /// failed (it kept its place on probation). A probe that failed no worse than the
+    /// others puts its endpoint back in the rotation.
     fn eject(&self, o: &Outlier, i: usize, from: u64, now_ms: u64) {
         let e = &self.list[i];
         let new = from == 0;
+        let (own, others) = self.shares(i, now_ms);
+        if !clearly_worse(own, others) {
+            if !new && e.health.pardon(from) {
+                self.room.release();
+                tracing::info!(
+                    upstream = %self.name,
+                    endpoint = %e.addr,
+                    failing = %percent(own),
+                    others_failing = %percent(others),
+                    "endpoint back in the rotation: its probe failed, but no worse than the \
+                     others fail"
+                );
+            }
+            return;
+        }
         if new {
             let skipped = self
                 .list
@@ -269,6 +301,8 @@ impl<B> Endpoints<B> {
             ejected_for = %format_duration(length),
             in_a_row = e.health.ejections(),
             out = self.room.out(),
+            failing = %percent(own),
+            others_failing = %percent(others),
             "endpoint ejected: {why}"
         );
     }
@@ -331,6 +365,11 @@ impl Outlier {
             ejections,
         })
     }
+}
+
+/// A failure share as the log writes it: `30%`.
+fn percent(s: Share) -> String {
+    format!("{:.0}%", s.ratio() * 100.0)
 }
 
 /// Which HTTP to speak to an upstream's endpoints for a request that arrived as
@@ -430,6 +469,52 @@ mod tests {
     }
 
     #[test]
+    fn failures_every_endpoint_shares_eject_none() {
+        let e = endpoints(3, OUTLIER);
+        // All three fail 3 in 10, in runs of three: the dependency's errors.
+        for round in 0..10 {
+            for i in 0..3 {
+                let failed = round % 10 < 3;
+                let v = if failed {
+                    Verdict::Failure
+                } else {
+                    Verdict::Success
+                };
+                e.report_at(i, v, 100 * round as u64);
+            }
+        }
+        assert_eq!(e.room.out(), 0);
+        // One of them now fails alone: out once its share (7 in 14) is more than twice
+        // the others' (6 in 28).
+        for _ in 0..4 {
+            e.report_at(2, Verdict::Failure, 1_000);
+            e.report_at(0, Verdict::Success, 1_000);
+            e.report_at(1, Verdict::Success, 1_000);
+        }
+        assert_eq!(e.room.out(), 1);
+        assert_eq!(chosen(&e, 1_000, 9), [0, 1]);
+    }
+
+    #[test]
+    fn a_probe_failing_with_everyone_else_puts_its_endpoint_back() {
+        let e = endpoints(2, OUTLIER);
+        for _ in 0..3 {
+            e.report_at(1, Verdict::Failure, 0);
+            e.report_at(0, Verdict::Success, 0);
+        }
+        assert_eq!(e.room.out(), 1);
+        // Ten seconds on, the whole upstream fails: its probe fails, and so does the
+        // other endpoint, as much.
+        for _ in 0..20 {
+            e.report_at(0, Verdict::Failure, 10_000);
+        }
+        assert_eq!(chosen(&e, 10_000, 4), [0, 1], "its probe");
+        e.report_at(1, Verdict::Failure, 10_000);
+        assert_eq!(e.room.out(), 0, "no worse than the other: back in");
+        assert_eq!(chosen(&e, 10_001, 4), [0, 1]);
+    }
+
+    #[test]
     fn one_endpoint_is_never_ejected_and_without_rules_none_is() {
         let one = endpoints(1, OUTLIER);
         for _ in 0..10 {
@@ -467,6 +552,9 @@ mod tests {
         let e = endpoints(4, OUTLIER);
         // 50% of 4: two may be out. One refuses connections, so one more may go.
         e.list[0].skip_until(1_000);
+        for _ in 0..20 {
+            e.report_at(3, Verdict::Success, 0);
+        }
         for _ in 0..3 {
             e.report_at(1, Verdict::Failure, 0);
             e.report_at(2, Verdict::Failure, 0);

@@ -15,13 +15,20 @@
 //! would take its whole share of the traffic for an attempt's time after every
 //! ejection.
 //!
+//! A run of failures ejects only an endpoint that fails clearly more than its peers:
+//! their failure share over the last 10 s ([`Tally`]) under half of its own. Errors
+//! every endpoint shares are the dependency's (a database behind them all, a bad
+//! deploy): ejecting for them moves the load onto fewer replicas and helps nobody. So
+//! each endpoint also counts its results in two time buckets, a couple of atomic adds
+//! per result, and the shares are only computed when a run would eject ([`clearly_worse`]).
+//!
 //! Ejections are limited by `max_ejected`: never more of the upstream out at once than
 //! that share, and the endpoints skipped for refusing connections count against it.
 //! When a whole upstream fails, its endpoints are not the problem, and ejecting them
 //! one after another would pile its traffic onto the last ones standing.
 //!
-//! This file holds the two pieces of state; [`super::Endpoints`] puts them together
-//! with the endpoints' other state, and logs.
+//! This file holds the pieces of state; [`super::Endpoints`] puts them together with
+//! the endpoints' other state, and logs.
 //!
 //! [`MAX_EJECTION`]: crate::config::MAX_EJECTION
 
@@ -56,9 +63,114 @@ pub enum Standing {
 /// probe in flight is given up on (0: none in flight).
 const PROBE: u64 = 1 << 63;
 
+/// How long one bucket of a [`Tally`] counts; the window is about as long.
+pub const BUCKET_MS: u64 = 10_000;
+
+/// Bits of a bucket's word: its bucket number (low bits) | failures | results.
+const COUNT_BITS: u32 = 24;
+const COUNT_MASK: u64 = (1 << COUNT_BITS) - 1;
+const EPOCH_MASK: u64 = (1 << (64 - 2 * COUNT_BITS)) - 1;
+
+/// An endpoint's results over the last [`BUCKET_MS`], in two buckets of that length:
+/// the current one and the one before, weighed by how much of it is still within the
+/// window (the sliding-window estimate). Each bucket is one word: its number, its
+/// failures and its results; a result is one atomic add, or a store when the bucket
+/// starts over. 2^24 results a bucket is far beyond what one endpoint answers.
+#[derive(Debug, Default)]
+pub struct Tally {
+    buckets: [AtomicU64; 2],
+}
+
+/// Failures and results, as a share to compare.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Share {
+    pub failures: f64,
+    pub results: f64,
+}
+
+impl std::ops::Add for Share {
+    type Output = Share;
+
+    fn add(self, o: Share) -> Share {
+        Share {
+            failures: self.failures + o.failures,
+            results: self.results + o.results,
+        }
+    }
+}
+
+impl Share {
+    /// Failures per result; none without results.
+    pub fn ratio(self) -> f64 {
+        if self.results > 0.0 {
+            self.failures / self.results
+        } else {
+            0.0
+        }
+    }
+}
+
+/// Whether an endpoint that failed `own` fails clearly more than its peers, who
+/// together failed `others`: their share under half of its own.
+pub fn clearly_worse(own: Share, others: Share) -> bool {
+    // It has just failed a run: with no results counted (the window turned), its own
+    // share is all failures.
+    let mine = if own.results > 0.0 { own.ratio() } else { 1.0 };
+    others.ratio() < mine / 2.0
+}
+
+impl Tally {
+    fn word(epoch: u64, failures: u64, results: u64) -> u64 {
+        (failures << (64 - COUNT_BITS)) | (results << (64 - 2 * COUNT_BITS)) | (epoch & EPOCH_MASK)
+    }
+
+    /// Counts one result at `now_ms`.
+    pub fn record(&self, failed: bool, now_ms: u64) {
+        let epoch = now_ms / BUCKET_MS;
+        let bucket = &self.buckets[(epoch % 2) as usize];
+        let add = Self::word(0, u64::from(failed), 1);
+        let v = bucket.load(Relaxed);
+        if v & EPOCH_MASK == epoch & EPOCH_MASK {
+            bucket.fetch_add(add, Relaxed);
+            return;
+        }
+        // The bucket held an older window: it starts over. A result counted by another
+        // request in between may be lost; a share does not need it.
+        if bucket
+            .compare_exchange(v, Self::word(epoch, 0, 0) + add, Relaxed, Relaxed)
+            .is_err()
+        {
+            bucket.fetch_add(add, Relaxed);
+        }
+    }
+
+    /// The failures and results of about the last [`BUCKET_MS`] at `now_ms`.
+    pub fn share(&self, now_ms: u64) -> Share {
+        let epoch = now_ms / BUCKET_MS;
+        let read = |e: u64, weight: f64| {
+            let v = self.buckets[(e % 2) as usize].load(Relaxed);
+            if v & EPOCH_MASK != e & EPOCH_MASK {
+                return Share::default();
+            }
+            Share {
+                failures: ((v >> (64 - COUNT_BITS)) & COUNT_MASK) as f64 * weight,
+                results: ((v >> (64 - 2 * COUNT_BITS)) & COUNT_MASK) as f64 * weight,
+            }
+        };
+        let into = (now_ms % BUCKET_MS) as f64 / BUCKET_MS as f64;
+        let before = match epoch.checked_sub(1) {
+            Some(e) => read(e, 1.0 - into),
+            None => Share::default(),
+        };
+        read(epoch, 1.0) + before
+    }
+}
+
 /// One endpoint's health.
 #[derive(Debug, Default)]
 pub struct Health {
+    /// Its results of the last [`BUCKET_MS`], to compare with its peers'.
+    pub tally: Tally,
     /// Failures in a row since the last success (or re-admission).
     failures: AtomicU32,
     /// Ejections in a row: the next one lasts `base_ejection * 2^ejections`.
@@ -181,6 +293,21 @@ impl Health {
             .is_ok()
     }
 
+    /// A failed probe of an endpoint that fails no more than its peers: back in the
+    /// rotation, as a success would put it (its past of ejections kept). `false` when
+    /// another request changed the state `from` first.
+    pub fn pardon(&self, from: u64) -> bool {
+        if self
+            .until
+            .compare_exchange(from, 0, AcqRel, Relaxed)
+            .is_err()
+        {
+            return false;
+        }
+        self.failures.store(0, Relaxed);
+        true
+    }
+
     /// Back in the rotation with no past at all (the outlier section was removed).
     /// `true` when it was out.
     pub fn forget(&self) -> bool {
@@ -271,6 +398,68 @@ mod tests {
         assert_eq!(h.standing(5000), Standing::In);
         assert_eq!(h.ejections(), 0, "a success forgives the past");
         assert_eq!(h.failed(2), None, "and it takes a run again");
+    }
+
+    fn share(failures: f64, results: f64) -> Share {
+        Share { failures, results }
+    }
+
+    #[test]
+    fn only_an_endpoint_failing_clearly_more_than_its_peers_is_worse() {
+        // The same 30% everywhere: the dependency's, not the endpoint's.
+        assert!(!clearly_worse(share(30.0, 100.0), share(29.0, 100.0)));
+        assert!(!clearly_worse(share(100.0, 100.0), share(100.0, 200.0)));
+        // Twice the others' share is not enough: more than twice.
+        assert!(!clearly_worse(share(40.0, 100.0), share(20.0, 100.0)));
+        assert!(clearly_worse(share(41.0, 100.0), share(20.0, 100.0)));
+        assert!(clearly_worse(share(100.0, 100.0), share(1.0, 100.0)));
+        // Peers that answered nothing lately have failed nothing.
+        assert!(clearly_worse(share(5.0, 5.0), Share::default()));
+        assert!(clearly_worse(Share::default(), Share::default()));
+        // Peers that fail everything: none is worse.
+        assert!(!clearly_worse(share(5.0, 5.0), share(50.0, 50.0)));
+    }
+
+    #[test]
+    fn a_tally_counts_about_the_last_ten_seconds() {
+        let t = Tally::default();
+        for i in 0..10 {
+            t.record(i < 3, 1_000);
+        }
+        assert_eq!(t.share(1_000), share(3.0, 10.0));
+        // The next bucket: the first is weighed by what is left of it in the window.
+        t.record(true, 12_500);
+        let s = t.share(12_500);
+        assert_eq!(s, share(1.0 + 3.0 * 0.75, 1.0 + 10.0 * 0.75));
+        // Twenty seconds on, both buckets are of older windows.
+        assert_eq!(t.share(30_000), Share::default());
+        t.record(false, 30_000);
+        assert_eq!(t.share(30_000), share(0.0, 1.0), "a bucket starts over");
+    }
+
+    #[test]
+    fn a_tally_word_keeps_its_counts_apart() {
+        let t = Tally::default();
+        for _ in 0..100_000 {
+            t.record(true, 5);
+        }
+        for _ in 0..50_000 {
+            t.record(false, 5);
+        }
+        assert_eq!(t.share(5), share(100_000.0, 150_000.0));
+    }
+
+    #[test]
+    fn a_pardoned_probe_is_back_in() {
+        let h = Health::default();
+        assert!(h.eject(0, 1000));
+        assert!(h.readmit(1000));
+        assert!(h.claim_probe(1000, 1600));
+        let probe = h.failed(5).expect("a probe's failure names its state");
+        assert!(h.pardon(probe));
+        assert_eq!(h.standing(1000), Standing::In);
+        assert_eq!(h.ejections(), 1, "its past is kept");
+        assert!(!h.pardon(probe), "once");
     }
 
     #[test]

@@ -328,6 +328,26 @@ impl<B> Endpoint<B> {
         self.skip_until.load(Relaxed) > now_ms
     }
 
+    /// The endpoint answered for an app it could not reach (a callee's inbound side said
+    /// `app-unreachable`): skipped as if it had refused the connection itself, so a dead
+    /// replica behind its sidecar costs its callers no more than a dead replica without
+    /// one.
+    pub fn unreachable_behind(&self) {
+        let n = self.failures.fetch_add(1, Relaxed).min(16);
+        let pause = (SKIP_FIRST_MS << n).min(SKIP_MAX_MS);
+        self.skip_until.store(clock_ms() + pause, Relaxed);
+    }
+
+    /// The endpoint answered for itself: a skip it earned by answering for an app it
+    /// could not reach ends.
+    #[inline]
+    pub fn answered(&self) {
+        if self.failures.load(Relaxed) != 0 {
+            self.failures.store(0, Relaxed);
+            self.skip_until.store(0, Relaxed);
+        }
+    }
+
     /// Skips the endpoint until `until_ms`, as a refused connection would.
     #[cfg(test)]
     pub(super) fn skip_until(&self, until_ms: u64) {

@@ -232,7 +232,7 @@ pub struct UpstreamConfig {
     pub hedge: Option<HedgeConfig>,
     /// `None`: first attempts are never rejected locally.
     pub throttle: Option<ThrottleConfig>,
-    /// What a request the app sends again after an owned failure gets.
+    /// What a request that is, on evidence, the app's own retry gets.
     pub app_retries: AppRetries,
 }
 

@@ -301,14 +301,16 @@ impl Default for ThrottleConfig {
     }
 }
 
-/// `app_retries`: what happens to a request the app sends again within 2 s of a
-/// failure tollgate owned.
+/// `app_retries`: what happens to a request that is, on evidence, the app's own retry
+/// (a retry count its client set, or the per-call identity of a failure tollgate owned
+/// in the last 2 s).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum AppRetries {
     /// Counted, and forwarded as a retry: within the budget, never retried again.
     #[default]
     Count,
-    /// Answered at once with the failure's status and outcome `app-retry`.
+    /// Answered at once with the failure's status and outcome `app-retry` (one whose
+    /// failure tollgate does not remember goes as with `Count`).
     Refuse,
     /// Not looked for: the app's retries go as new requests, with tollgate's own
     /// retries. Only for demonstrating retry storms (the lab's naive chain).

@@ -529,15 +529,15 @@ fn unknown_host() -> Row {
     }
 }
 
-/// The rows `--short` runs (and CI): one per kind of harm that needs no more than a
-/// few seconds.
+/// The rows `--short` runs (and CI), in the order they run: one per kind of harm that
+/// needs no more than a few seconds.
 pub const SHORT: [&str; 6] = [
     "healthy",
     "slow-700ms",
     "errors-one-url",
     "replica-dead",
-    "unknown-host",
     "throttle-500-80",
+    "unknown-host",
 ];
 
 /// The rows of a run: all of them, or the short set.
