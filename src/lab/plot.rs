@@ -30,6 +30,13 @@ fn nice_max(v: f64) -> f64 {
     10.0 * mag
 }
 
+/// The top of the load panel: the most offered, and the capacity only up to twice that.
+/// A backend that answers everything at once (`dead`: a `503` in no time) has a capacity
+/// far above any load, and a scale set by it would lay every chain's line flat.
+fn load_scale(offered: f64, capacity: f64) -> f64 {
+    nice_max(offered.max(capacity.min(2.0 * offered)))
+}
+
 struct Panel<'a> {
     top: f64,
     title: &'a str,
@@ -135,12 +142,8 @@ pub fn svg(s: &Scenario, chains: &[ChainResult]) -> String {
         })
         .collect();
     let most = |values: &mut dyn Iterator<Item = f64>| values.fold(0.0, f64::max);
-    let load_max = nice_max(most(
-        &mut chains
-            .iter()
-            .flat_map(|c| c.backend_rps.iter().copied())
-            .chain(capacity.iter().copied()),
-    ));
+    let offered = most(&mut chains.iter().flat_map(|c| c.backend_rps.iter().copied()));
+    let load_max = load_scale(offered, most(&mut capacity.iter().copied()));
     let ok_max = nice_max(s.load.rps.max(most(
         &mut chains.iter().flat_map(|c| c.success_rps.iter().copied()),
     )));
@@ -233,4 +236,25 @@ pub fn svg(s: &Scenario, chains: &[ChainResult]) -> String {
     }
     out.push_str("</svg>\n");
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_load_scale_follows_the_load_not_a_capacity_far_above_it() {
+        assert_eq!(load_scale(420.0, 90.0), 500.0, "a storm over capacity");
+        assert_eq!(
+            load_scale(60.0, 90.0),
+            100.0,
+            "capacity near the load is shown"
+        );
+        assert_eq!(
+            load_scale(300.0, 10_000.0),
+            1_000.0,
+            "a dead backend's 10,000/s is not"
+        );
+        assert_eq!(load_scale(0.0, 0.0), 1.0);
+    }
 }
