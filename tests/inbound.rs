@@ -336,7 +336,7 @@ async fn the_deadline_bounds_the_wait_for_the_head_never_a_streaming_body() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn kubelet_probes_are_never_shed_budgeted_or_limited() {
+async fn kubelet_probes_are_never_shed_but_spared_nothing_else() {
     let gate = Arc::new(tokio::sync::Notify::new());
     let g = gate.clone();
     let app = Upstream::start(move |req: http::Request<hyper::body::Incoming>| {
@@ -361,25 +361,125 @@ async fn kubelet_probes_are_never_shed_budgeted_or_limited() {
     assert_eq!(r.status, 503, "the one place is taken");
     assert_eq!(r.outcome(), Some("overloaded"));
     assert_eq!(r.header("retry-after"), Some("1"));
-    let probe = [
+    let probe = [("user-agent", "kube-probe/1.31")];
+    for _ in 0..3 {
+        let r = send(tg.inbound(), get_with("app", &probe)).await;
+        assert_eq!(r.status, 200, "a probe reaches the app whatever the limit");
+    }
+    assert_eq!(app.hits(), 4);
+    // Not the budget: a "probe" that is a retry needs one, as any retry does.
+    let retrying = [
         ("user-agent", "kube-probe/1.31"),
         ("x-tollgate-attempt", "3"),
     ];
-    for _ in 0..3 {
-        let r = send(tg.inbound(), get_with("app", &probe)).await;
-        assert_eq!(
-            r.status, 200,
-            "a probe reaches the app whatever the limit and the budget"
-        );
-    }
-    assert_eq!(app.hits(), 4);
+    let r = send(tg.inbound(), get_with("app", &retrying)).await;
+    assert_eq!(r.outcome(), Some("retry-rejected"));
+    // Nor a spent deadline.
+    let late = [("user-agent", "kube-probe/1.31"), ("x-timeout-ms", "0")];
+    let r = send(tg.inbound(), get_with("app", &late)).await;
+    assert_eq!(r.status, 504);
+    // Nor a POST, which no kubelet probe is.
+    let post = request("POST", "/thing", "app")
+        .header("user-agent", "kube-probe/1.31")
+        .body(empty())
+        .unwrap();
+    assert_eq!(send(tg.inbound(), post).await.status, 503);
+    assert_eq!(app.hits(), 4, "none of the three reached the app");
     let m = tg.metrics().await;
     assert_eq!(
         metric(&m, "tollgate_inbound_denied_total{reason=\"overloaded\"}"),
-        Some(1.0)
+        Some(2.0)
+    );
+    assert_eq!(
+        metric(&m, "tollgate_inbound_probes_exempt_total"),
+        Some(3.0)
     );
     gate.notify_one();
     assert_eq!(held.await.unwrap().status, 200);
+    tg.stop().await;
+}
+
+/// A `User-Agent` proves nothing: a flood of "probes" costs the callers nothing. Six long
+/// ones took places over a limit of four and got ordinary callers shed; now they hold
+/// none, at most eight are spared at once, and the rest queue for places like anyone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flood_of_spoofed_probes_costs_legitimate_callers_nothing() {
+    let app = Upstream::start(|req: http::Request<hyper::body::Incoming>| async move {
+        let wait = if req.uri().path() == "/slow" {
+            1500
+        } else {
+            50
+        };
+        tokio::time::sleep(Duration::from_millis(wait)).await;
+        respond(200, "ok")
+    })
+    .await;
+    let tg = Tollgate::start(&inbound_config(app.addr, "max_inflight = 4\n")).await;
+    let addr = tg.inbound();
+    // Four callers, one request at a time each: never more than the limit.
+    let legitimate = || async move {
+        let clients: Vec<_> = (0..4)
+            .map(|_| {
+                tokio::spawn(async move {
+                    let mut ok = 0;
+                    for _ in 0..10 {
+                        ok += usize::from(send(addr, get_with("app", &[])).await.status == 200);
+                    }
+                    ok
+                })
+            })
+            .collect();
+        let mut ok = 0;
+        for c in clients {
+            ok += c.await.unwrap();
+        }
+        ok
+    };
+    let quiet = legitimate().await;
+    assert_eq!(quiet, 40);
+    let probe = || {
+        request("GET", "/slow", "app")
+            .header("user-agent", "kube-probe/1.31")
+            .body(empty())
+            .unwrap()
+    };
+    let flood: Vec<_> = (0..6)
+        .map(|_| tokio::spawn(async move { send(addr, probe()).await.status }))
+        .collect();
+    assert!(
+        wait_until(Duration::from_secs(5), || app.hits() >= 40 + 6).await,
+        "the probes reached the app"
+    );
+    let flooded = legitimate().await;
+    assert_eq!(
+        flooded,
+        quiet,
+        "the probes cost legitimate callers {} answers",
+        quiet - flooded
+    );
+    for f in flood {
+        assert_eq!(f.await.unwrap(), 200);
+    }
+    // Twelve at once: eight are spared, the other four take the four places like anyone.
+    let before = app.hits();
+    let many: Vec<_> = (0..12)
+        .map(|_| tokio::spawn(async move { send(addr, probe()).await.status }))
+        .collect();
+    assert!(wait_until(Duration::from_secs(5), || app.hits() >= before + 12).await);
+    let m = tg.metrics().await;
+    assert_eq!(
+        metric(&m, "tollgate_inbound_probes_exempt_total"),
+        Some(6.0 + 8.0)
+    );
+    assert_eq!(metric(&m, "tollgate_inbound_inflight"), Some(4.0));
+    assert_eq!(
+        send(addr, get_with("app", &[])).await.status,
+        503,
+        "the four not spared hold the places, as any four requests would"
+    );
+    for f in many {
+        assert_eq!(f.await.unwrap(), 200);
+    }
     tg.stop().await;
 }
 

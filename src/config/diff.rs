@@ -138,6 +138,7 @@ fn inbound_fields(a: &InboundConfig, b: &InboundConfig) -> Vec<&'static str> {
         ("request_timeout", a.request_timeout == b.request_timeout),
         ("retries", a.retries == b.retries),
         ("retries.per_caller", a.per_caller == b.per_caller),
+        ("probe_paths", a.probe_paths == b.probe_paths),
     ]
     .into_iter()
     .filter(|(_, same)| !same)

@@ -51,6 +51,7 @@ impl InboundConfig {
                 InflightLimit::Adaptive => json!("adaptive"),
             },
             "request_timeout": self.request_timeout.map(format_duration),
+            "probe_paths": self.probe_paths,
             "retries": self.retries.as_ref().map(|b| json!({
                 "ratio": b.ratio,
                 "min_per_sec": b.min_per_sec,

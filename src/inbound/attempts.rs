@@ -2,16 +2,20 @@
 //! `x-tollgate-attempt` (a caller's tollgate; 1 for the first try) >= 2,
 //! `grpc-previous-rpc-attempts` (a gRPC client's own retry policy; 0 for the first
 //! try) >= 1, and `x-envoy-attempt-count` (Envoy; 1 for the first try) >= 2; and which
-//! are the kubelet's probes (`User-Agent: kube-probe/...`), which are never shed,
-//! budgeted or limited.
+//! are the kubelet's probes (a GET with `User-Agent: kube-probe/...`), never shed, at a
+//! cost to nobody ([`ProbeSlots`]).
 //!
 //! The counts are read strictly: one to nine ASCII digits and nothing else (no sign,
 //! space, fraction or unit). A value that is not a count says nothing, and the request
 //! is not taken for a retry by it: a caller gains nothing by sending a malformed value
 //! it could as well leave out.
 
-use http::HeaderMap;
+use std::sync::atomic::{AtomicUsize, Ordering::*};
+
 use http::header::{HeaderName, USER_AGENT};
+use http::{HeaderMap, Method};
+
+use crate::server::Admission;
 
 use crate::retry::headers::ATTEMPT_HEADER;
 
@@ -42,11 +46,49 @@ pub fn is_retry(headers: &HeaderMap) -> bool {
     RETRY_FROM[1..].iter().any(says)
 }
 
-/// Whether the request is the kubelet's probe.
-pub fn is_kube_probe(headers: &HeaderMap) -> bool {
-    headers
-        .get(USER_AGENT)
-        .is_some_and(|v| v.as_bytes().starts_with(b"kube-probe/"))
+/// Whether the request says it is the kubelet's probe: a GET with
+/// `User-Agent: kube-probe/...`, for one of `paths` when any are listed. Anyone can say
+/// so: what a probe is spared must cost nobody ([`ProbeSlots`]).
+pub fn is_kube_probe(method: &Method, path: &str, headers: &HeaderMap, paths: &[String]) -> bool {
+    method == Method::GET
+        && headers
+            .get(USER_AGENT)
+            .is_some_and(|v| v.as_bytes().starts_with(b"kube-probe/"))
+        && (paths.is_empty() || paths.iter().any(|p| p == path))
+}
+
+/// Kubelet probes spared from shedding at once. A probe must not fail because the app is
+/// busy (the kubelet would restart a working pod), but a `User-Agent` proves nothing: so
+/// an exempt probe holds no place in the concurrency limit (it sheds no other request),
+/// and at most [`EXEMPT_PROBES`] are exempt at once; more go through normal admission.
+#[derive(Debug, Default)]
+pub struct ProbeSlots {
+    taken: AtomicUsize,
+}
+
+/// The most probes exempt from shedding at once.
+pub const EXEMPT_PROBES: usize = 8;
+
+impl ProbeSlots {
+    /// Takes an exempt place, if one is free.
+    pub fn try_take(&self) -> bool {
+        self.taken
+            .fetch_update(AcqRel, Acquire, |n| (n < EXEMPT_PROBES).then_some(n + 1))
+            .is_ok()
+    }
+
+    pub fn taken(&self) -> usize {
+        self.taken.load(Acquire)
+    }
+}
+
+/// An exempt probe has its answer's head: its place is free.
+impl Admission for ProbeSlots {
+    fn leave(&self) {
+        self.taken.fetch_sub(1, AcqRel);
+    }
+
+    fn finished(&self, _took: std::time::Duration) {}
 }
 
 #[cfg(test)]
@@ -109,12 +151,38 @@ mod tests {
     }
 
     #[test]
-    fn only_the_kubelet_is_a_probe() {
+    fn only_the_kubelets_get_of_a_probe_path_is_a_probe() {
         let ua = HeaderName::from_static("user-agent");
-        assert!(is_kube_probe(&headers(&[(&ua, b"kube-probe/1.31")])));
-        assert!(!is_kube_probe(&headers(&[(&ua, b"curl/8.5.0")])));
-        assert!(!is_kube_probe(&headers(&[(&ua, b"not-kube-probe/1.31")])));
-        assert!(!is_kube_probe(&HeaderMap::new()));
+        let probe = |method: &Method, path: &str, h: &HeaderMap, paths: &[&str]| {
+            let paths: Vec<String> = paths.iter().map(|p| p.to_string()).collect();
+            is_kube_probe(method, path, h, &paths)
+        };
+        let kubelet = headers(&[(&ua, b"kube-probe/1.31")]);
+        assert!(probe(&Method::GET, "/x", &kubelet, &[]));
+        assert!(!probe(&Method::POST, "/x", &kubelet, &[]));
+        assert!(probe(&Method::GET, "/healthz", &kubelet, &["/healthz"]));
+        assert!(!probe(&Method::GET, "/slow", &kubelet, &["/healthz"]));
+        assert!(!probe(
+            &Method::GET,
+            "/x",
+            &headers(&[(&ua, b"curl/8.5.0")]),
+            &[]
+        ));
+        let other = headers(&[(&ua, b"not-kube-probe/1.31")]);
+        assert!(!probe(&Method::GET, "/x", &other, &[]));
+        assert!(!probe(&Method::GET, "/x", &HeaderMap::new(), &[]));
+    }
+
+    #[test]
+    fn at_most_eight_probes_are_exempt_at_once() {
+        let slots = ProbeSlots::default();
+        for _ in 0..EXEMPT_PROBES {
+            assert!(slots.try_take());
+        }
+        assert!(!slots.try_take());
+        slots.leave();
+        assert!(slots.try_take());
+        assert_eq!(slots.taken(), EXEMPT_PROBES);
     }
 
     /// What a count is, said another way: the text of a number below a billion.

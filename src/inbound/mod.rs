@@ -53,6 +53,8 @@ pub use service::InboundService;
 /// The inbound side as it runs.
 pub struct Inbound {
     state: ArcSwap<State>,
+    /// Kubelet probes exempt from shedding now (outlives a reload).
+    probes: Arc<attempts::ProbeSlots>,
     metrics: Arc<Metrics>,
     workers: usize,
     /// Open connections to the app.
@@ -92,6 +94,7 @@ impl Inbound {
         let state = State::build(config, deadline, &metrics, None, &connections, workers);
         Arc::new(Inbound {
             state: ArcSwap::from_pointee(state),
+            probes: Arc::default(),
             metrics,
             workers,
             connections,

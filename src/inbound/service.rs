@@ -1,7 +1,7 @@
-//! The inbound service: one request from a caller, start to finish. A kubelet probe
-//! goes straight to the app. Anything else is judged in the order that spends the
-//! least on what will not be served: a deadline already spent (`504`), then the
-//! concurrency limit (`503 overloaded`), then, for a retry, the fleet's retry budget
+//! The inbound service: one request from a caller, start to finish, judged in the order
+//! that spends the least on what will not be served: a deadline already spent (`504`),
+//! then the concurrency limit (`503 overloaded`; a kubelet probe may be spared it,
+//! without holding a place), then, for a retry, the fleet's retry budget
 //! (`503 retry-rejected`). What passes goes to the app with the deadline rewritten to
 //! the time left, and the app's answer goes back as it came.
 
@@ -22,7 +22,9 @@ use crate::metrics::inbound::{InboundDenied, InboundMetrics, Kind};
 use crate::retry::headers::outcome_of;
 use crate::server::headers::prepare_request;
 use crate::server::service::{AppRequest, AppResponse};
-use crate::server::{AddedFields, AppBody, ConnState, RequestGuard, ResponseBody, Service};
+use crate::server::{
+    AddedFields, Admission, AppBody, ConnState, RequestGuard, ResponseBody, Service,
+};
 use crate::upstream::pool::Want;
 use crate::upstream::request::{AttemptFields, RequestHead};
 use crate::upstream::response::{Fields, UpstreamResponse, relayed};
@@ -75,8 +77,13 @@ async fn handle(
     let caller = conn.peer();
     let mut guard = RequestGuard::new(conn, start);
     let state = inbound.state.load_full();
-    let probe = is_kube_probe(req.headers());
-    let retry = !probe && is_retry(req.headers());
+    let probe = is_kube_probe(
+        req.method(),
+        req.uri().path(),
+        req.headers(),
+        &state.config.probe_paths,
+    );
+    let retry = is_retry(req.headers());
     let call = Call {
         metrics: inbound.metrics.inbound(),
         kind: if retry { Kind::Retry } else { Kind::First },
@@ -86,16 +93,14 @@ async fn handle(
     if req.method() == Method::CONNECT {
         return call.refuse(&answer::CONNECT, guard);
     }
-    if !probe {
-        // Every caller's request is what the fleet sends; a first attempt also earns
-        // the retries the budget allows.
-        if let Some(fair) = &state.fair {
-            fair.see(caller, start);
-        }
-        state.budget.record_attempt(start);
-        if !retry {
-            state.budget.record_request(start);
-        }
+    // Every caller's request is what the fleet sends; a first attempt also earns the
+    // retries the budget allows.
+    if let Some(fair) = &state.fair {
+        fair.see(caller, start);
+    }
+    state.budget.record_attempt(start);
+    if !retry {
+        state.budget.record_request(start);
     }
     let (parts, body) = req.into_parts();
     let mut headers = parts.headers;
@@ -104,16 +109,21 @@ async fn handle(
         &state.deadline.accept,
         parts.version == Version::HTTP_11,
     );
-    if !probe && facts.caller_timeout.is_some_and(|t| t.is_zero()) {
+    // A probe is spared the deadline and the budget no more than any request.
+    if facts.caller_timeout.is_some_and(|t| t.is_zero()) {
         return call.deny(InboundDenied::Deadline, &answer::EXPIRED, guard);
     }
-    // An upgrade becomes a tunnel for as long as it lasts: not a request the limit
-    // can learn from or should hold a place for.
-    let admitted = if probe || facts.upgrade {
-        state.limit.enter()
+    // A probe may be exempt from shedding, without a place in the limit; an upgrade
+    // becomes a tunnel for as long as it lasts: not a request the limit can learn from
+    // or should refuse.
+    let exempt = probe && !facts.upgrade && inbound.probes.try_take();
+    let admitted = if exempt {
+        None
+    } else if facts.upgrade {
+        Some(state.limit.enter())
     } else {
         match state.limit.try_enter() {
-            Some(a) => a,
+            Some(a) => Some(a),
             None => return call.deny(InboundDenied::Overloaded, &answer::OVERLOADED, guard),
         }
     };
@@ -123,11 +133,20 @@ async fn handle(
             None => state.budget.try_retry(start),
         };
         if !granted {
-            state.limit.leave();
+            if exempt {
+                Admission::leave(&*inbound.probes);
+            } else {
+                state.limit.leave();
+            }
             return call.deny(InboundDenied::RetryBudget, &answer::RETRY_REJECTED, guard);
         }
     }
-    guard.admitted(state.limit.clone());
+    if exempt {
+        call.metrics.probes_exempt.inc();
+        guard.admitted(inbound.probes.clone());
+    } else {
+        guard.admitted(state.limit.clone());
+    }
     if !headers.contains_key(HOST)
         && let Some(a) = parts.uri.authority()
         && let Ok(v) = HeaderValue::from_str(a.as_str())
@@ -157,7 +176,9 @@ async fn handle(
     let exhausted = inbound.metrics.exhausted(crate::metrics::Shortage::Connect);
     let result = app::send(&state.app, want, &mut head, body, &fields, exhausted).await;
     let now = Instant::now();
-    if !matches!(result, Err(Failed::Unreachable | Failed::NoDescriptors)) {
+    if let Some(admitted) = admitted
+        && !matches!(result, Err(Failed::Unreachable | Failed::NoDescriptors))
+    {
         state.limit.sample(admitted, now - sent, now);
     }
     match result {

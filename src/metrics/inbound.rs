@@ -69,6 +69,8 @@ pub struct InboundMetrics {
     pub concurrency_limit: IntGauge,
     pub amplification: Gauge,
     pub budget_available: Gauge,
+    /// Kubelet probes admitted without a place in the limit.
+    pub probes_exempt: IntCounter,
 }
 
 impl std::fmt::Debug for InboundMetrics {
@@ -128,6 +130,14 @@ impl Metrics {
                     "tollgate_inbound_retry_budget_available",
                     "Callers' retries the fleet budget would admit now (+Inf without \
                      [inbound.retries]).",
+                ),
+                probes_exempt: family(
+                    r,
+                    IntCounter::with_opts(Opts::new(
+                        "tollgate_inbound_probes_exempt_total",
+                        "Kubelet probes admitted without a place in the concurrency limit \
+                         (at most 8 at once; more go through normal admission).",
+                    )),
                 ),
             };
             // The common answers exist from the start, so dashboards show zeros.

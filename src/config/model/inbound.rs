@@ -24,6 +24,8 @@ pub struct InboundConfig {
     pub retries: Option<BudgetConfig>,
     /// `[inbound.retries] per_caller`: how that budget is shared among the callers.
     pub per_caller: PerCaller,
+    /// The only paths a kubelet probe may ask for; empty: any path.
+    pub probe_paths: Vec<String>,
 }
 
 /// How the fleet's retry budget is shared among the callers asking for it.

@@ -44,6 +44,7 @@ pub(super) fn inbound(
         max_inflight: max_inflight(w, &t),
         request_timeout: w.optional(&t, "request_timeout", ms(1)..=day),
         retries: w.table(&t, "retries").map(|(r, _)| retries(w, &r)),
+        probe_paths: probe_paths(w, &t),
         per_caller: w
             .table(&t, "retries")
             .and_then(|(r, _)| w.word(&r, "per_caller", &PER_CALLER))
@@ -135,6 +136,25 @@ fn max_inflight(w: &mut Walker<'_>, t: &Table) -> InflightLimit {
 
 const FIX_INFLIGHT: &str =
     "write a whole number such as 200, or \"adaptive\" for a limit learned from the app's latency";
+
+/// `probe_paths`: absolute paths, without a query.
+fn probe_paths(w: &mut Walker<'_>, t: &Table) -> Vec<String> {
+    let key = t.key("probe_paths");
+    let mut out = Vec::new();
+    for (path, span) in w.strings(t, "probe_paths").unwrap_or_default() {
+        if path.starts_with('/') && !path.contains(['?', '#', ' ']) {
+            out.push(path);
+        } else {
+            w.reject(
+                span,
+                &key,
+                format!("`{path}` is not a path"),
+                "write the path the kubelet probes, starting with `/` and without a query, e.g. \"/healthz\"",
+            );
+        }
+    }
+    out
+}
 
 /// `[inbound.retries] per_caller`.
 const PER_CALLER: Choice<PerCaller> = Choice {

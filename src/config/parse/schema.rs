@@ -109,7 +109,14 @@ impl Section {
             Section::Tls => &["server_name", "ca_file", "client_cert", "client_key"],
             Section::Outlier => &["consecutive_failures", "base_ejection", "max_ejected"],
             Section::Hedge => &["after", "max_extra"],
-            Section::Inbound => &["addr", "app", "max_inflight", "request_timeout", "retries"],
+            Section::Inbound => &[
+                "addr",
+                "app",
+                "max_inflight",
+                "request_timeout",
+                "retries",
+                "probe_paths",
+            ],
             Section::InboundRetries => &["ratio", "min_per_sec", "window", "per_caller"],
             Section::Throttle => &["k", "window"],
         }
