@@ -16,6 +16,7 @@
 
 #![forbid(unsafe_code)]
 
+pub mod access_log;
 pub mod admin;
 pub mod calc;
 pub mod capture;

@@ -71,7 +71,7 @@ fn main() {
     let cli = Cli::parse();
     init_logging(cli.log_format);
     if matches!(cli.log_format, LogFormat::Json) {
-        tollgate::proxy::access_log::logs_are_json();
+        tollgate::access_log::logs_are_json();
     }
     let code = match cli.command {
         Command::Run { config } => tollgate::run::run(tollgate::config::resolve_path(config)),

@@ -146,7 +146,7 @@ pub fn run(path: PathBuf) -> i32 {
         if cut > 0 {
             tracing::warn!(connections = cut, "drain timeout reached; closing the rest");
         }
-        crate::proxy::access_log::drain(Duration::from_millis(500));
+        crate::access_log::drain(Duration::from_millis(500));
         tracing::info!("stopped");
         0
     });

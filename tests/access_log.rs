@@ -34,7 +34,7 @@ fn access_lines(log: &str, json: bool) -> Vec<String> {
             if json {
                 l.contains("\"kind\":\"access\"")
             } else {
-                l.contains(" access upstream=")
+                l.contains(" access direction=")
             }
         })
         .map(str::to_string)
@@ -171,6 +171,64 @@ async fn json_lines_carry_the_same_fields() {
     assert!(v["app_retry"].is_null());
     assert!(v["duration_ms"].as_f64().unwrap() >= 0.0);
     assert!(v["timestamp"].as_str().unwrap().ends_with('Z'));
+}
+
+/// The inbound side's requests get lines too: who called, whether it was a retry or a
+/// probe, and why it was refused when it was.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_inbound_side_logs_its_callers_requests() {
+    let (ok, down) = upstreams().await;
+    let inbound = std::net::SocketAddr::from(([127, 0, 0, 1], free_port()));
+    let p = Process::start_logged(&format!(
+        "{}[inbound]\naddr = \"{inbound}\"\napp = \"{}\"\n\
+         [inbound.retries]\nratio = 0.0\nmin_per_sec = 0\n",
+        sections(&ok, &down, "[access_log]\nenabled = true"),
+        ok.addr
+    ))
+    .await;
+    let first = request("GET", "/orders?id=7", "checkout")
+        .body(empty())
+        .unwrap();
+    assert_eq!(send(inbound, first).await.status, 200);
+    let retry = request("GET", "/orders", "checkout")
+        .header("x-tollgate-attempt", "2")
+        .body(empty())
+        .unwrap();
+    assert_eq!(send(inbound, retry).await.status, 503);
+    let probe = request("GET", "/healthz", "checkout")
+        .header("user-agent", "kube-probe/1.31")
+        .body(empty())
+        .unwrap();
+    assert_eq!(send(inbound, probe).await.status, 200);
+    let lines = wait_lines(&p, 3, false).await;
+    let inbound_lines: Vec<&String> = lines
+        .iter()
+        .filter(|l| l.contains("direction=inbound"))
+        .collect();
+    assert_eq!(inbound_lines.len(), 3, "{lines:?}");
+    let first = inbound_lines[0];
+    assert!(
+        first.contains(
+            " method=GET authority=checkout path=/orders status=200 attempts=1 outcome=ok"
+        ),
+        "{first}"
+    );
+    assert!(
+        first.contains(" caller=127.0.0.1 request_kind=first"),
+        "{first}"
+    );
+    let retry = inbound_lines[1];
+    assert!(
+        retry.contains(" status=503 attempts=0 outcome=retry-rejected"),
+        "{retry}"
+    );
+    assert!(retry.contains(" denied=retry-budget"), "{retry}");
+    assert!(retry.contains(" request_kind=retry"), "{retry}");
+    assert!(
+        inbound_lines[2].contains(" request_kind=probe"),
+        "{}",
+        inbound_lines[2]
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -659,14 +659,15 @@ async fn the_access_log_names_a_request_passed_through() {
     let host = origin.addr.to_string();
     assert_eq!(get(p.addr, "/logged?secret=1", &host).await.status, 201);
     let logged = wait_until(Duration::from_secs(10), || {
-        p.log().contains(" access upstream=passthrough")
+        p.log()
+            .contains(" access direction=outbound upstream=passthrough")
     })
     .await;
     let log = p.log();
     assert!(logged, "{log}");
     let line = log
         .lines()
-        .find(|l| l.contains(" access upstream=passthrough"))
+        .find(|l| l.contains(" access direction=outbound upstream=passthrough"))
         .unwrap();
     for part in [
         &format!("authority={host}"),

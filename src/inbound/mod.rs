@@ -41,7 +41,7 @@ use std::sync::atomic::AtomicUsize;
 use arc_swap::ArcSwap;
 use tokio::time::Instant;
 
-use crate::config::{DeadlineConfig, InboundConfig, PerCaller};
+use crate::config::{AccessLogConfig, DeadlineConfig, InboundConfig, PerCaller};
 use crate::metrics::{Metrics, amplification};
 use crate::retry::budget::RetryBudget;
 use crate::server::AppBody;
@@ -64,6 +64,8 @@ pub struct Inbound {
 /// What a request reads once, when it starts: the settings and what was built from them.
 pub struct State {
     pub config: InboundConfig,
+    /// `[access_log]`, which covers the inbound side too.
+    pub access_log: AccessLogConfig,
     pub deadline: DeadlineConfig,
     pub app: Arc<Endpoint<AppBody>>,
     pub budget: Arc<RetryBudget>,
@@ -86,12 +88,12 @@ impl Inbound {
     /// The inbound side of `config`, with `workers` connection pools to the app.
     pub fn new(
         config: &InboundConfig,
-        deadline: &DeadlineConfig,
+        settings: (&DeadlineConfig, AccessLogConfig),
         metrics: Arc<Metrics>,
         workers: usize,
     ) -> Arc<Self> {
         let connections = Arc::new(AtomicUsize::new(0));
-        let state = State::build(config, deadline, &metrics, None, &connections, workers);
+        let state = State::build(config, settings, &metrics, None, &connections, workers);
         Arc::new(Inbound {
             state: ArcSwap::from_pointee(state),
             probes: Arc::default(),
@@ -102,11 +104,11 @@ impl Inbound {
     }
 
     /// Swaps in the settings of a reload (`config.addr` is the one bound).
-    pub fn apply(&self, config: &InboundConfig, deadline: &DeadlineConfig) {
+    pub fn apply(&self, config: &InboundConfig, settings: (&DeadlineConfig, AccessLogConfig)) {
         let old = self.state.load_full();
         let next = State::build(
             config,
-            deadline,
+            settings,
             &self.metrics,
             Some(&old),
             &self.connections,
@@ -146,7 +148,7 @@ impl Inbound {
 impl State {
     fn build(
         config: &InboundConfig,
-        deadline: &DeadlineConfig,
+        (deadline, access_log): (&DeadlineConfig, AccessLogConfig),
         metrics: &Metrics,
         previous: Option<&State>,
         connections: &Arc<AtomicUsize>,
@@ -191,6 +193,7 @@ impl State {
         );
         State {
             config: config.clone(),
+            access_log,
             deadline: deadline.clone(),
             app,
             budget,

@@ -16,8 +16,11 @@ use super::Inbound;
 use super::answer::{self, Refusal};
 use super::app::{self, DeadlineFields, Failed};
 use super::attempts::{is_kube_probe, is_retry};
+use crate::access_log::{Direction, Entry};
+use crate::config::AccessLogConfig;
 use crate::deadline::Deadline;
 use crate::http::grpc::is_grpc;
+use crate::metrics::Outcome;
 use crate::metrics::inbound::{InboundDenied, InboundMetrics, Kind};
 use crate::retry::headers::outcome_of;
 use crate::server::headers::prepare_request;
@@ -45,7 +48,7 @@ impl Service for InboundService {
     }
 }
 
-/// What the request is, for the metrics and the answers.
+/// What the request is, for the metrics, the access log and the answers.
 struct Call<'a> {
     metrics: &'a InboundMetrics,
     kind: Kind,
@@ -53,18 +56,46 @@ struct Call<'a> {
     /// An HTTP/1.x body not read to its end: the connection cannot carry another
     /// request after an answer made without reading it.
     unread: bool,
+    /// The access log's line, when it is on.
+    log: Option<Box<Entry>>,
 }
 
 impl Call<'_> {
-    fn refuse(&self, r: &Refusal, guard: RequestGuard) -> Response<ResponseBody> {
-        self.metrics
-            .request(self.kind, r.status(self.grpc).as_u16(), r.outcome);
+    fn refuse(&mut self, r: &Refusal, mut guard: RequestGuard) -> Response<ResponseBody> {
+        let status = r.status(self.grpc).as_u16();
+        self.metrics.request(self.kind, status, r.outcome);
+        self.logged(&mut guard, status, r.outcome, None);
         r.answer(self.grpc, self.unread, guard)
     }
 
-    fn deny(&self, why: InboundDenied, r: &Refusal, guard: RequestGuard) -> Response<ResponseBody> {
+    fn deny(
+        &mut self,
+        why: InboundDenied,
+        r: &Refusal,
+        guard: RequestGuard,
+    ) -> Response<ResponseBody> {
         self.metrics.denied(why);
+        if let Some(e) = self.log.as_mut() {
+            e.denied = Some(why.as_str());
+        }
         self.refuse(r, guard)
+    }
+
+    /// Finishes the access log's line, if any: it is written when the answer has gone.
+    fn logged(
+        &mut self,
+        guard: &mut RequestGuard,
+        status: u16,
+        outcome: Outcome,
+        app: Option<std::time::Duration>,
+    ) {
+        if let Some(mut e) = self.log.take() {
+            e.status = status;
+            e.outcome = outcome;
+            e.attempts = u32::from(app.is_some());
+            e.upstream_time = app;
+            guard.on_finish(e);
+        }
     }
 }
 
@@ -84,11 +115,15 @@ async fn handle(
         &state.config.probe_paths,
     );
     let retry = is_retry(req.headers());
-    let call = Call {
+    let mut call = Call {
         metrics: inbound.metrics.inbound(),
         kind: if retry { Kind::Retry } else { Kind::First },
         grpc: is_grpc(req.headers()),
         unread: req.version() < Version::HTTP_2 && !req.body().is_end_stream(),
+        log: state
+            .access_log
+            .enabled
+            .then(|| log_entry(&req, state.access_log, caller, retry)),
     };
     if req.method() == Method::CONNECT {
         return call.refuse(&answer::CONNECT, guard);
@@ -143,6 +178,9 @@ async fn handle(
     }
     if exempt {
         call.metrics.probes_exempt.inc();
+        if let Some(e) = call.log.as_mut() {
+            e.kind = Some("probe");
+        }
         guard.admitted(inbound.probes.clone());
     } else {
         guard.admitted(state.limit.clone());
@@ -182,9 +220,39 @@ async fn handle(
         state.limit.sample(admitted, now - sent, now);
     }
     match result {
-        Ok(resp) => relay(&call, resp, parts.version, guard),
+        Ok(resp) => relay(&mut call, resp, parts.version, guard, now - start),
         Err(failed) => call.refuse(refusal(failed), guard),
     }
+}
+
+/// The access log's line of a caller's request, begun as it arrives.
+fn log_entry(
+    req: &Request<AppBody>,
+    log: AccessLogConfig,
+    caller: std::net::IpAddr,
+    retry: bool,
+) -> Box<Entry> {
+    let uri = req.uri();
+    let path = if log.query {
+        uri.path_and_query().map_or("/", |p| p.as_str())
+    } else {
+        uri.path()
+    };
+    let authority = uri
+        .authority()
+        .map(|a| a.as_str())
+        .or_else(|| req.headers().get(HOST).and_then(|h| h.to_str().ok()))
+        .unwrap_or_default();
+    let mut e = Entry::new(
+        log.format,
+        Direction::Inbound,
+        req.method().clone(),
+        authority.to_string(),
+        path.to_string(),
+    );
+    e.caller = Some(caller);
+    e.kind = Some(if retry { "retry" } else { "first" });
+    e
 }
 
 /// The target as an app expects it, in origin-form: the scheme and authority of an
@@ -215,15 +283,17 @@ fn refusal(failed: Failed) -> &'static Refusal {
 /// The app's answer, as it goes back to the caller: its hop-by-hop fields dropped, and
 /// nothing of tollgate's added.
 fn relay(
-    call: &Call<'_>,
+    call: &mut Call<'_>,
     resp: UpstreamResponse,
     version: Version,
-    guard: RequestGuard,
+    mut guard: RequestGuard,
+    app: std::time::Duration,
 ) -> Response<ResponseBody> {
     // `ok`, or another tollgate's verdict the app passed on.
     let outcome = outcome_of(resp.status(), Fields::of(&resp));
-    call.metrics
-        .request(call.kind, resp.status().as_u16(), outcome);
+    let status = resp.status().as_u16();
+    call.metrics.request(call.kind, status, outcome);
+    call.logged(&mut guard, status, outcome, Some(app));
     let (parts, body) = relayed(resp, version);
     Response::from_parts(
         parts,

@@ -65,7 +65,7 @@ impl Server {
             }
         }
         if let (Some(inbound), Some(c)) = (&self.shared.inbound, &config.inbound) {
-            inbound.apply(c, &config.deadline);
+            inbound.apply(c, (&config.deadline, config.access_log));
         }
         let mut next = Snapshot::build(
             config,

@@ -17,11 +17,11 @@ use http::{HeaderValue, Method, Request, Response, StatusCode, Uri, Version};
 use http_body::Body;
 use tokio::time::Instant;
 
-use super::access_log::Entry;
 use super::app_retries::{self, AppRetry, Sameness, Verdict};
 use super::grpc;
 use super::route::authority_of;
 use super::{Shared, Upstream, unrouted};
+use crate::access_log::{Direction, Entry};
 use crate::config::{AccessLogConfig, UnknownAuthorities};
 use crate::deadline::Deadline;
 use crate::http::grpc::{GRPC_PUSHBACK, GRPC_STATUS, is_grpc, is_grpc_answer};
@@ -142,7 +142,7 @@ async fn handle(
     if facts.caller_timeout.is_some_and(|c| c.is_zero()) {
         up.metrics.denied(crate::metrics::Denied::Deadline);
         if let Some(e) = entry.as_mut() {
-            e.denied = Some(crate::metrics::Denied::Deadline);
+            e.denied = Some(crate::metrics::Denied::Deadline.as_str());
         }
         refused(&EXPIRED);
         return refuse(Some(&up.metrics), EXPIRED, grpc, entry, guard);
@@ -256,21 +256,15 @@ fn access_log_entry(
     } else {
         uri.path()
     };
-    Box::new(Entry {
-        format: log.format,
-        upstream: up.map(|u| u.name().to_string()),
-        method: req.method().clone(),
-        authority: authority_of(req).unwrap_or_default().to_string(),
-        path: path.to_string(),
-        status: 0,
-        attempts: 0,
-        outcome: Outcome::Ok,
-        retries: Vec::new(),
-        denied: None,
-        deadline: None,
-        upstream_time: None,
-        app_retry: None,
-    })
+    let mut e = Entry::new(
+        log.format,
+        Direction::Outbound,
+        req.method().clone(),
+        authority_of(req).unwrap_or_default().to_string(),
+        path.to_string(),
+    );
+    e.upstream = up.map(|u| u.name().to_string());
+    e
 }
 
 /// Finishes the access log's line of a request the retry engine answered.
@@ -285,7 +279,7 @@ fn log_answer(
     e.attempts = answer.attempts;
     e.outcome = answer.outcome;
     e.retries = answer.trail.retries().collect();
-    e.denied = answer.trail.denied;
+    e.denied = answer.trail.denied.map(Denied::as_str);
     e.upstream_time = Some(start.elapsed());
     guard.on_finish(e);
 }
@@ -332,7 +326,7 @@ fn app_retry_stopped(
     if let Some(mut e) = entry {
         e.status = if grpc { 200 } else { stop.status.as_u16() };
         e.outcome = stop.outcome;
-        e.denied = (stop.outcome == Outcome::BudgetExhausted).then_some(Denied::Budget);
+        e.denied = (stop.outcome == Outcome::BudgetExhausted).then_some(Denied::Budget.as_str());
         guard.on_finish(e);
     }
     let local = Local {

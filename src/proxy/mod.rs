@@ -21,7 +21,6 @@
 //! once. An accept that fails for want of a descriptor sheds the waiting connection
 //! with a spare descriptor kept for that, and backs off; it warns once per few seconds.
 
-pub mod access_log;
 mod app_retries;
 mod apply;
 pub mod destinations;
@@ -263,10 +262,10 @@ impl Server {
                 "client connections capped by the open-file limit (half of it is kept for upstream connections)"
             );
         }
-        let inbound = config
-            .inbound
-            .as_ref()
-            .map(|i| Inbound::new(i, &config.deadline, metrics.clone(), workers.count()));
+        let inbound = config.inbound.as_ref().map(|i| {
+            let settings = (&config.deadline, config.access_log);
+            Inbound::new(i, settings, metrics.clone(), workers.count())
+        });
         let snapshot = Snapshot::build(config, &metrics, None, workers.count());
         metrics.mark_loaded();
         let shared = Arc::new(Shared {

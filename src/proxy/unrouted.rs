@@ -40,12 +40,12 @@ use tokio::net::TcpStream;
 use tokio::time::Instant;
 
 use super::Shared;
-use super::access_log::Entry;
 use super::handler::{Local, announce_close, local_answer, origin_form};
 use super::origins::{Origin, Origins};
 use super::passthrough;
 use super::redirect::is_own;
 use super::route::authority_of;
+use crate::access_log::Entry;
 use crate::config::{EndpointAddr, PASSTHROUGH, parse_endpoint};
 use crate::http::grpc::is_grpc;
 use crate::metrics::{AttemptResult, Metrics, Outcome, UpstreamMetrics};

@@ -1,9 +1,12 @@
 //! The access log: with `[access_log] enabled = true`, one line per request on stderr,
-//! written when its answer has gone out (so the duration covers a streamed body):
-//! upstream, method, authority, path (without the query unless `query = true`),
+//! outbound and inbound alike (`direction`), written when its answer has gone out (so
+//! the duration covers a streamed body): upstream, method, authority, path (without the
+//! query unless `query = true`),
 //! status, attempts, outcome, the reason of each retry, the reason a retry was
 //! refused, the deadline the caller sent, the total and upstream durations, and, for
-//! a request taken for the app's own retry, the evidence (`app_retry`).
+//! a request taken for the app's own retry, the evidence (`app_retry`). An inbound line
+//! also says who called (`caller`, its address) and what the request was to the fleet
+//! budget (`kind`: `first`, `retry`, or `probe` for a kubelet probe spared shedding).
 //!
 //! Off, it costs a request nothing: the handler reads one flag. On, each request
 //! builds its line on its own thread and hands it to a writer thread over a bounded
@@ -26,7 +29,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use http::Method;
 
 use crate::config::AccessLogFormat;
-use crate::metrics::{Denied, Evidence, Outcome};
+use crate::metrics::{Evidence, Outcome};
 use crate::retry::policy::Failure;
 use crate::server::Finish;
 
@@ -43,9 +46,28 @@ pub fn logs_are_json() {
     JSON_LOGS.store(true, Relaxed);
 }
 
+/// Which side a request came in on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Direction {
+    /// From the app, to an upstream.
+    Outbound,
+    /// From a caller, to the app (`[inbound]`).
+    Inbound,
+}
+
+impl Direction {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Direction::Outbound => "outbound",
+            Direction::Inbound => "inbound",
+        }
+    }
+}
+
 /// One request's line, filled in as the request is answered.
 pub struct Entry {
     pub format: AccessLogFormat,
+    pub direction: Direction,
     pub upstream: Option<String>,
     pub method: Method,
     pub authority: String,
@@ -54,13 +76,49 @@ pub struct Entry {
     pub attempts: u32,
     pub outcome: Outcome,
     pub retries: Vec<Failure>,
-    pub denied: Option<Denied>,
+    /// Why a retry (or, inbound, the request) was refused: a `reason` of
+    /// `tollgate_retries_denied_total` or `tollgate_inbound_denied_total`.
+    pub denied: Option<&'static str>,
     /// The deadline the caller sent, if any.
     pub deadline: Option<Duration>,
     /// From arrival to the response head.
     pub upstream_time: Option<Duration>,
     /// Taken for the app's own retry, on this evidence.
     pub app_retry: Option<Evidence>,
+    /// Inbound: the caller's address.
+    pub caller: Option<std::net::IpAddr>,
+    /// Inbound: `first`, `retry` or `probe`.
+    pub kind: Option<&'static str>,
+}
+
+impl Entry {
+    /// A line begun as the request arrives, the rest filled in as it is answered.
+    pub fn new(
+        format: AccessLogFormat,
+        direction: Direction,
+        method: Method,
+        authority: String,
+        path: String,
+    ) -> Box<Entry> {
+        Box::new(Entry {
+            format,
+            direction,
+            upstream: None,
+            method,
+            authority,
+            path,
+            status: 0,
+            attempts: 0,
+            outcome: Outcome::Ok,
+            retries: Vec::new(),
+            denied: None,
+            deadline: None,
+            upstream_time: None,
+            app_retry: None,
+            caller: None,
+            kind: None,
+        })
+    }
 }
 
 impl Finish for Entry {
@@ -79,7 +137,9 @@ impl Entry {
         if json {
             l.push_str("{\"timestamp\":\"");
             push_timestamp(&mut l, SystemTime::now());
-            l.push_str("\",\"kind\":\"access\",\"upstream\":");
+            l.push_str("\",\"kind\":\"access\",\"direction\":\"");
+            l.push_str(self.direction.as_str());
+            l.push_str("\",\"upstream\":");
             push_json_opt(&mut l, upstream);
             l.push_str(",\"method\":");
             push_json(&mut l, self.method.as_str());
@@ -101,7 +161,7 @@ impl Entry {
                 push_json(&mut l, f.condition());
             }
             l.push_str("],\"denied\":");
-            push_json_opt(&mut l, self.denied.map(Denied::as_str));
+            push_json_opt(&mut l, self.denied);
             l.push_str(",\"deadline_ms\":");
             match self.deadline {
                 Some(d) => push_int(&mut l, d.as_millis() as u64),
@@ -116,11 +176,19 @@ impl Entry {
             }
             l.push_str(",\"app_retry\":");
             push_json_opt(&mut l, self.app_retry.map(Evidence::as_str));
+            if self.direction == Direction::Inbound {
+                l.push_str(",\"caller\":");
+                push_json_opt(&mut l, self.caller.map(|c| c.to_string()).as_deref());
+                l.push_str(",\"request_kind\":");
+                push_json_opt(&mut l, self.kind);
+            }
             l.push('}');
             return l;
         }
         push_timestamp(&mut l, SystemTime::now());
-        l.push_str(" access upstream=");
+        l.push_str(" access direction=");
+        l.push_str(self.direction.as_str());
+        l.push_str(" upstream=");
         l.push_str(upstream.unwrap_or("-"));
         l.push_str(" method=");
         l.push_str(self.method.as_str());
@@ -145,7 +213,7 @@ impl Entry {
             l.push_str(f.condition());
         }
         l.push_str(" denied=");
-        l.push_str(self.denied.map_or("-", Denied::as_str));
+        l.push_str(self.denied.unwrap_or("-"));
         l.push_str(" deadline_ms=");
         match self.deadline {
             Some(d) => push_int(&mut l, d.as_millis() as u64),
@@ -160,6 +228,17 @@ impl Entry {
         }
         l.push_str(" app_retry=");
         l.push_str(self.app_retry.map_or("-", Evidence::as_str));
+        if self.direction == Direction::Inbound {
+            l.push_str(" caller=");
+            match self.caller {
+                Some(c) => {
+                    let _ = write!(l, "{c}");
+                }
+                None => l.push('-'),
+            }
+            l.push_str(" request_kind=");
+            l.push_str(self.kind.unwrap_or("-"));
+        }
         l
     }
 }
