@@ -27,6 +27,7 @@ pub mod descriptors;
 pub mod http;
 pub mod inbound;
 pub mod lab;
+pub mod loops;
 pub mod metrics;
 pub mod print;
 pub mod proxy;

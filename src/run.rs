@@ -20,6 +20,12 @@ pub enum StartError {
     Bind(#[from] crate::proxy::BindError),
     #[error("cannot start the runtime: {0}")]
     Runtime(std::io::Error),
+    #[error(
+        "tollgate's own connections are captured by this network namespace's NAT rules: \
+         they must spare the UID tollgate runs as, {uid}, or every connection it opens \
+         comes back to it (install them with `tollgate iptables --uid {uid}`)"
+    )]
+    SelfCaptured { uid: String },
 }
 
 /// A running tollgate: proxy, admin endpoint and the config watcher.
@@ -134,6 +140,13 @@ pub fn run(path: PathBuf) -> i32 {
                 return 2;
             }
         };
+        let listener = running.server.local_addr();
+        if crate::loops::self_capture(listener, Duration::from_millis(300)).await {
+            let uid = crate::loops::uid().map_or_else(|| "unknown".to_string(), |u| u.to_string());
+            startup_error(StartError::SelfCaptured { uid });
+            running.shutdown(Duration::ZERO).await;
+            return 2;
+        }
         tracing::info!(
             listener = %running.server.local_addr(),
             inbound = ?running.server.inbound_addr(),

@@ -83,7 +83,7 @@ fn can_run() -> bool {
 
 /// Everything the test set up: removed when dropped, whatever happened.
 struct Pods {
-    children: Vec<Child>,
+    children: Vec<(String, Child)>,
     dir: TempDir,
 }
 
@@ -120,6 +120,7 @@ impl Pods {
 
     /// Starts `argv` inside `ns`, kept until the end of the test.
     fn spawn(&mut self, ns: &str, argv: &[&str], env: &[(&str, &str)], log: &str) {
+        let name = log.trim_end_matches(".log").to_string();
         let log = std::fs::File::create(self.dir.path().join(log)).unwrap();
         let mut cmd = Command::new("ip");
         cmd.args(["netns", "exec", ns])
@@ -130,7 +131,16 @@ impl Pods {
         for (k, v) in env {
             cmd.env(k, v);
         }
-        self.children.push(cmd.spawn().unwrap());
+        self.children.push((name, cmd.spawn().unwrap()));
+    }
+
+    /// Stops the process whose log is `name`.log.
+    fn stop(&mut self, name: &str) {
+        if let Some(i) = self.children.iter().position(|(n, _)| n == name) {
+            let (_, mut c) = self.children.remove(i);
+            let _ = c.kill();
+            let _ = c.wait();
+        }
     }
 
     /// This test binary again, as one of the pod's processes.
@@ -201,7 +211,7 @@ impl Pods {
 
 impl Drop for Pods {
     fn drop(&mut self) {
-        for c in &mut self.children {
+        for (_, c) in &mut self.children {
             let _ = c.kill();
             let _ = c.wait();
         }
@@ -309,6 +319,8 @@ addr = "0.0.0.0:15090"
 [upstreams.b]
 authorities = ["b"]
 endpoints = ["10.213.77.2:8080"]
+# New connections soon, so that rules changed during the test apply to them.
+max_connection_age = "100ms"
 connect_timeout = "1s"
 request_timeout = "5s"
 attempt_timeout = "2s"
@@ -354,10 +366,12 @@ fn two_pods_talk_through_both_sidecars_and_pass_other_tcp_through() {
     other_tcp_is_passed_through_both_ways(&pods);
     no_connection_loops_into_the_sidecar();
     removing_the_rules_restores_direct_traffic();
+    rules_for_the_wrong_uid_loop_once_and_stop_a_start(&mut pods);
     eprintln!(
         "two pods: 5 captured calls through both sidecars (1 retried in pod A only), \
          1 retry rejected by pod B's fleet budget, 1 TCP connection passed through both \
-         ways, 1 loop refused, direct after --clean"
+         ways, 1 loop refused, direct after --clean; rules for the wrong UID: its own \
+         connection refused at the first turn (508), and a start refused naming the UID"
     );
 }
 
@@ -609,6 +623,68 @@ fn removing_the_rules_restores_direct_traffic() {
         ),
         6.0,
         "four calls, the retried one and the one with a deadline, nothing since:\n{a}"
+    );
+}
+
+/// A UID the rules spare that tollgate does not run as.
+const WRONG_UID: u32 = 2199;
+
+fn rules_for_the_wrong_uid_loop_once_and_stop_a_start(pods: &mut Pods) {
+    // 6. Rules that spare another UID than pod A's sidecar runs as: its own connection to
+    // pod B is captured and comes back to it. It is refused at the first turn (the app
+    // gets 508, outcome loop), not passed on again and again.
+    let bin = common::binary();
+    let bin = bin.to_str().unwrap();
+    let (out, ok) = run_in(NS_A, &[bin, "iptables", "--uid", &WRONG_UID.to_string()]);
+    assert!(ok, "{out}");
+    let before = metrics(NS_A);
+    let loops = |m: &str| {
+        value(
+            m,
+            r#"tollgate_passthrough_failures_total{direction="outbound",reason="loop"}"#,
+        )
+    };
+    let r = get(NS_A, &url("/hello")).unwrap_or_else(|| panic!("{}", pods.logs()));
+    assert_eq!(r.status, 508, "{}\n{}", r.head, pods.logs());
+    assert_eq!(r.header("x-tollgate-outcome").as_deref(), Some("loop"));
+    let after = metrics(NS_A);
+    assert_eq!(
+        loops(&after) - loops(&before),
+        1.0,
+        "one turn, then closed:\n{after}"
+    );
+    assert!(
+        pods.log("tollgate-a")
+            .contains(&format!("tollgate iptables --uid {UID_A}"))
+    );
+    // A tollgate started under such rules refuses to start, naming its UID.
+    pods.stop("tollgate-a");
+    let path = pods.dir.path().join("again.toml");
+    std::fs::write(&path, CONFIG_A).unwrap();
+    let id = UID_A.to_string();
+    let (out, ok) = run_in(
+        NS_A,
+        &[
+            "timeout",
+            "20",
+            "setpriv",
+            &format!("--reuid={id}"),
+            &format!("--regid={id}"),
+            "--clear-groups",
+            bin,
+            "run",
+            "--config",
+            path.to_str().unwrap(),
+        ],
+    );
+    assert!(
+        !ok,
+        "tollgate started under rules that capture its own connections:\n{out}"
+    );
+    assert!(
+        out.contains(&format!("the UID tollgate runs as, {UID_A}"))
+            && out.contains(&format!("tollgate iptables --uid {UID_A}")),
+        "{out}"
     );
 }
 

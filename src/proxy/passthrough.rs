@@ -35,6 +35,7 @@ pub async fn connect(
 ) -> io::Result<TcpStream> {
     let e = match tokio::time::timeout(timeout, TcpStream::connect(dst)).await {
         Ok(Ok(s)) => {
+            crate::loops::outgoing(&s);
             let _ = s.set_nodelay(true);
             return Ok(s);
         }

@@ -27,14 +27,18 @@ use socket2::SockRef;
 use tokio::net::TcpStream;
 use tokio::sync::watch;
 
-use super::handler::Outbound;
+use std::sync::Arc;
+
+use super::handler::{Local, Outbound, announce_close, local_answer};
 use super::passthrough;
 use super::{ConnCount, Shared};
 use crate::config::ListenerConfig;
 use crate::descriptors::Throttled;
 use crate::inbound::InboundService;
+use crate::metrics::Outcome;
 use crate::metrics::passthrough::{Direction, PassFailure};
-use crate::server::{self, Service};
+use crate::server::service::{AppRequest, AppResponse};
+use crate::server::{self, ConnState, RequestGuard, Service};
 
 /// A service whose listener may receive redirected connections.
 pub trait Captures: Service {
@@ -143,6 +147,7 @@ pub(super) fn is_own(shared: &Shared, dst: SocketAddr) -> bool {
 }
 
 static LOOPS: Throttled = Throttled::new();
+static CAME_BACK: Throttled = Throttled::new();
 
 /// One accepted connection of a listener that `capture`s in that direction (`None`:
 /// it does not, like an upstream's own `listen` port): served by `service`, by the
@@ -164,6 +169,16 @@ pub(super) async fn connection<S: Captures>(
         Some((d, Arrival::Redirected(original))) => Some((d, original)),
         _ => None,
     };
+    if let Some((d, original)) = redirected {
+        if crate::loops::arrived(original) {
+            // `run`'s check that its own connections are not captured: they are.
+            return;
+        }
+        if crate::loops::is_own(peer) {
+            looped(shared, d, original);
+            return server::serve(stream, peer, Looped, settings, shutdown).await;
+        }
+    }
     let service = match redirected {
         None => service,
         Some((d, original)) => match service.redirected(original).await {
@@ -172,6 +187,47 @@ pub(super) async fn connection<S: Captures>(
         },
     };
     server::serve(stream, peer, service, settings, shutdown).await
+}
+
+/// tollgate's own connection to `original` came back to it: counted, warned about (at
+/// most once every few seconds), and closed at this first turn.
+fn looped(shared: &Shared, direction: Direction, original: SocketAddr) {
+    shared
+        .metrics
+        .passthrough()
+        .failure(direction, PassFailure::Loop)
+        .inc();
+    if let Some(n) = CAME_BACK.due() {
+        let uid = crate::loops::uid().map_or_else(|| "unknown".to_string(), |u| u.to_string());
+        tracing::warn!(count = n, %original, direction = direction.as_str(), uid, "tollgate's own connection came back to it through the capture rules and is closed (the rules must spare the UID tollgate runs as: `tollgate iptables --uid {uid}`)");
+    }
+}
+
+/// What answers the requests of one of tollgate's own connections that came back:
+/// `508`, outcome `loop`, and the connection closed.
+#[derive(Clone)]
+struct Looped;
+
+impl Service for Looped {
+    fn call(
+        &self,
+        _req: AppRequest,
+        conn: &Arc<ConnState>,
+    ) -> impl Future<Output = AppResponse> + Send + use<> {
+        let guard = RequestGuard::new(conn.clone(), tokio::time::Instant::now());
+        let local = Local {
+            status: http::StatusCode::LOOP_DETECTED,
+            outcome: Outcome::Loop,
+            attempts: 0,
+            failure: None,
+            text: "this is tollgate's own connection come back through the capture rules: \
+                   they must spare the UID tollgate runs as\n",
+            retry_after: None,
+        };
+        let mut resp = local_answer(None, local, false, guard);
+        announce_close(&mut resp);
+        std::future::ready(Box::new(resp))
+    }
 }
 
 /// Passes a redirected connection through to `original`, unless that would loop.

@@ -180,6 +180,7 @@ pub async fn open(
         let tcp = TcpStream::connect(addr)
             .await
             .map_err(|source| ConnectError::Connect { addr, source })?;
+        crate::loops::outgoing(&tcp);
         let _ = tcp.set_nodelay(true);
         match tls {
             None => Ok(Transport::Plain(tcp)),
