@@ -192,7 +192,7 @@ async fn handle(
         headers.insert(HOST, v);
     }
     let uri = origin(parts.uri);
-    let mut head = RequestHead {
+    let head = RequestHead {
         method: &parts.method,
         uri: &uri,
         headers: &headers,
@@ -212,7 +212,7 @@ async fn handle(
     };
     let sent = Instant::now();
     let exhausted = inbound.metrics.exhausted(crate::metrics::Shortage::Connect);
-    let result = app::send(&state.app, want, &mut head, body, &fields, exhausted).await;
+    let result = app::send(&state.app, want, &head, body, &fields, exhausted).await;
     let now = Instant::now();
     if let Some(admitted) = admitted
         && !matches!(result, Err(Failed::Unreachable | Failed::NoDescriptors))

@@ -44,6 +44,7 @@ use super::policy::{self, Failure, Policy, Situation, Stop};
 use super::race::{Beside, Event, Second, race};
 use super::rejected::{self, Previous};
 use super::replay::{AppBody, BodySource, ReplayBody};
+use super::transport::Transport;
 use super::upstream::Upstream;
 use crate::deadline::Deadline;
 use crate::metrics::{Denied, HedgeResult, Outcome};
@@ -186,6 +187,15 @@ struct Call<'a, A> {
 
 /// Forwards `ex` to `up`, retrying and hedging as the policy allows.
 pub async fn forward<A: AppBody>(up: &Upstream<A>, ex: Exchange<'_, A>) -> Answer {
+    forward_on(up, up, ex).await
+}
+
+/// [`forward`], each attempt carried by `wire` (the upstream's endpoints, or a script).
+pub async fn forward_on<A: AppBody, T: Transport<A>>(
+    up: &Upstream<A>,
+    wire: &T,
+    ex: Exchange<'_, A>,
+) -> Answer {
     let head = ex.head;
     let mut call = Call::new(up, ex);
     if let Some(h) = &up.hedge {
@@ -225,7 +235,7 @@ pub async fn forward<A: AppBody>(up: &Upstream<A>, ex: Exchange<'_, A>) -> Answe
                 Some((at, what)) => {
                     timer.set(Some(tokio::time::sleep_until(at)));
                     due = Some((what, attempt.started));
-                    first = Some(Box::pin(attempt.run()));
+                    first = Some(Box::pin(attempt.run(wire)));
                     None
                 }
                 None => Some(attempt),
@@ -234,7 +244,7 @@ pub async fn forward<A: AppBody>(up: &Upstream<A>, ex: Exchange<'_, A>) -> Answe
         // Until an answer, or until every attempt in flight has failed.
         let (failure, response, failed_on) = loop {
             let event = match alone.take() {
-                Some(attempt) => Event::First(attempt.run().await),
+                Some(attempt) => Event::First(attempt.run(wire).await),
                 None => {
                     std::future::poll_fn(|cx| race(cx, &mut first, &mut second, timer.as_mut()))
                         .await
@@ -249,7 +259,7 @@ pub async fn forward<A: AppBody>(up: &Upstream<A>, ex: Exchange<'_, A>) -> Answe
                         continue;
                     };
                     if let Some(a) = call.beside(head, endpoint, what) {
-                        second = Some(Second::new(a.run(), what, &up.metrics.health));
+                        second = Some(Second::new(a.run(wire), what, &up.metrics.health));
                     } else if what == Beside::Hedge
                         && let Some(at) = call.slow_at(started)
                     {

@@ -15,10 +15,12 @@
 //! care which protocol brought it.
 
 pub mod adaptive;
-mod attempt;
+pub mod attempt;
 pub mod backoff;
 pub mod budget;
 mod forward;
+#[cfg(test)]
+mod forward_tests;
 pub mod headers;
 pub mod hedge;
 pub mod learn;
@@ -31,10 +33,15 @@ pub mod recent;
 mod rejected;
 pub mod replay;
 pub mod retry_after;
+#[cfg(test)]
+mod script;
 mod slots;
 pub mod throttle;
+pub mod transport;
 mod upstream;
 
-pub use forward::{Answer, Exchange, Head, Reply, Trail, forward};
+pub use attempt::{Attempt, AttemptError, NotUpstream};
+pub use forward::{Answer, Exchange, Head, Reply, Trail, forward, forward_on};
 pub use replay::{AppBody, ReplayBody};
+pub use transport::Transport;
 pub use upstream::Upstream;
