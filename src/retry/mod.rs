@@ -25,7 +25,6 @@ pub mod headers;
 pub mod hedge;
 pub mod learn;
 pub mod markers;
-pub mod median;
 pub mod policy;
 pub mod quantile;
 mod race;
