@@ -27,9 +27,10 @@ use crate::http::grpc::{GRPC_PUSHBACK, GRPC_STATUS, is_grpc, is_grpc_answer};
 use crate::http::spare;
 use crate::metrics::{Denied, Outcome, UpstreamMetrics};
 use crate::retry::headers::{
-    ATTEMPTS_HEADER, OUTCOME_HEADER, OUTCOME_REMOVED_LINE, attempts_line, count_value, outcome_line,
+    ATTEMPTS_HEADER, Callee, OUTCOME_HEADER, OUTCOME_REMOVED_LINE, attempts_line, count_value,
+    outcome_line,
 };
-use crate::retry::{self, Answer, Exchange, Head, Reply, learn};
+use crate::retry::{self, Answer, BodyRead, Exchange, Head, Reply, learn};
 use crate::server::headers::prepare_request;
 use crate::server::service::{AppRequest, AppResponse};
 use crate::server::{
@@ -187,9 +188,9 @@ async fn handle(
     // A body still streaming to the upstream may yet be read to its end; one that was
     // never touched (an answer at `Expect: 100-continue`) will not.
     let close = version < Version::HTTP_2
-        && answer.body_unread
+        && answer.body != BodyRead::Whole
         && (answer.outcome != Outcome::Ok
-            || answer.body_untouched
+            || answer.body == BodyRead::Untouched
             || matches!(answer.reply, Reply::Local(_)));
     let mut resp = answer_app(&up.metrics, answer, version, grpc, guard);
     if close {
@@ -303,7 +304,7 @@ fn app_status(answer: &Answer, grpc: bool) -> u16 {
             }
         }
         Reply::Upstream(resp) => {
-            let given_up = answer.outcome != Outcome::Ok && !answer.owned_elsewhere;
+            let given_up = answer.outcome != Outcome::Ok && !answer.owned_elsewhere();
             if grpc && given_up && !is_grpc_answer_head(resp) {
                 200
             } else {
@@ -349,7 +350,7 @@ fn app_retry_stopped(
 /// read only when one of them needs it.
 fn learn_from(up: &Upstream, same: &Sameness<'_>, answer: &Answer, grpc: bool, again: bool) {
     if let Some(t) = &up.throttle
-        && learn::counts_for_throttle(answer.outcome, answer.owned_elsewhere)
+        && learn::counts_for_throttle(answer.outcome, answer.owned_elsewhere())
     {
         t.answered(Instant::now());
     }
@@ -505,7 +506,7 @@ fn answer_app(
     };
     // Given up on: a failure listed in `retry.on` that no other tollgate owned.
     let outcome =
-        (answer.outcome != Outcome::Ok && !answer.owned_elsewhere).then_some(answer.outcome);
+        (answer.outcome != Outcome::Ok && !answer.callee.owned()).then_some(answer.outcome);
     if grpc && outcome.is_some() && !is_grpc_answer_head(&resp) {
         // Not a gRPC answer (an HTTP 503 from a proxy in front of the server, say): a
         // gRPC client would make UNAVAILABLE of it and retry it. tollgate answers in
@@ -533,7 +534,7 @@ fn answer_app(
             Some(attempts),
             match outcome {
                 Some(o) => Some(outcome_line(o)),
-                None => answer.strip_outcome.then_some(OUTCOME_REMOVED_LINE),
+                None => (answer.callee == Callee::Stray).then_some(OUTCOME_REMOVED_LINE),
             },
             pushback.then_some(grpc::NO_RETRY_LINE),
         ]);
@@ -548,7 +549,7 @@ fn answer_app(
         .insert(ATTEMPTS_HEADER, count_value(answer.attempts));
     if let Some(o) = outcome {
         parts.headers.insert(OUTCOME_HEADER, o.header_value());
-    } else if answer.strip_outcome {
+    } else if answer.callee == Callee::Stray {
         parts.headers.remove(OUTCOME_HEADER);
     }
     if pushback {

@@ -40,7 +40,9 @@ pub mod transport;
 mod upstream;
 
 pub use attempt::{Attempt, AttemptError, NotUpstream};
-pub use forward::{Answer, Exchange, Head, Reply, Trail, forward, forward_on};
+pub use forward::{
+    Answer, BodyRead, Exchange, Head, HedgeState, Reply, Trail, forward, forward_on,
+};
 pub use replay::{AppBody, ReplayBody};
 pub use transport::Transport;
 pub use upstream::Upstream;
