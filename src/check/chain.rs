@@ -236,7 +236,7 @@ fn pick_link<'c>(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::check::tests::{BASE, parse};
+    use crate::config::testing::{BASE, parse};
 
     #[test]
     fn a_chain_multiplies_its_layers_and_flags_every_retrying_layer() {

@@ -213,33 +213,8 @@ fn split_layer(spec: &Path) -> (PathBuf, Option<String>) {
 }
 
 #[cfg(test)]
-pub(crate) mod tests {
+mod tests {
     use super::*;
-
-    /// One upstream that retries within a budget and its deadline: no lint fires.
-    pub(crate) const BASE: &str = r#"
-[listener]
-addr = "127.0.0.1:15001"
-
-[admin]
-addr = "127.0.0.1:15090"
-
-[upstreams.api]
-authorities = ["api"]
-endpoints = ["127.0.0.1:8080"]
-request_timeout = "2s"
-attempt_timeout = "600ms"
-
-[upstreams.api.retry]
-max_attempts = 3
-
-[upstreams.api.budget]
-ratio = 0.1
-"#;
-
-    pub(crate) fn parse(text: &str) -> Config {
-        config::parse("test.toml", text, Path::new(".")).unwrap()
-    }
 
     #[test]
     fn layer_specs_split_at_the_last_hash() {

@@ -61,7 +61,7 @@ pub fn plain(x: f64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::check::tests::{BASE, parse};
+    use crate::config::testing::{BASE, parse};
 
     #[test]
     fn budget_cap_is_the_lower_of_attempts_and_one_plus_ratio() {

@@ -438,8 +438,8 @@ fn join_or(items: &[String]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::check::tests::{BASE, parse};
     use crate::config;
+    use crate::config::testing::{BASE, parse};
     use std::path::Path;
 
     fn keys(config: &Config) -> Vec<String> {

@@ -17,6 +17,8 @@ mod json;
 pub mod lint;
 mod model;
 mod parse;
+#[cfg(test)]
+pub(crate) mod testing;
 pub mod units;
 
 pub use diagnostic::{ConfigErrors, Diagnostic, Severity, Source};
