@@ -36,6 +36,7 @@ use http::{HeaderMap, Method, StatusCode, Uri, Version};
 use http_body::Body;
 use tokio::time::{Instant, Sleep};
 
+use super::attempt::Transport;
 use super::attempt::{Attempt, AttemptError, NotUpstream, Ran};
 use super::backoff::Backoff;
 use super::headers::{Callee, refused_as_retry};
@@ -44,7 +45,6 @@ use super::policy::{self, Failure, Policy, Situation, Stop};
 use super::race::{Beside, Event, Second, race};
 use super::rejected::{self, Previous};
 use super::replay::{AppBody, BodySource, ReplayBody};
-use super::transport::Transport;
 use super::upstream::Upstream;
 use crate::deadline::Deadline;
 use crate::metrics::{Denied, HedgeResult, Outcome};
@@ -728,12 +728,13 @@ impl<'a, A: AppBody> Call<'a, A> {
             failure,
             detail: None,
             callee,
-            body: if !self.body.started() {
-                BodyRead::Untouched
-            } else if self.body.unread() {
-                BodyRead::Partly
-            } else {
+            // An empty body is read whole before anything was taken from it.
+            body: if !self.body.unread() {
                 BodyRead::Whole
+            } else if !self.body.started() {
+                BodyRead::Untouched
+            } else {
+                BodyRead::Partly
             },
             hedge: self.hedge,
         }
