@@ -10,13 +10,14 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::Ordering::AcqRel;
 
-use http::header::{CONNECTION, CONTENT_TYPE, HOST};
+use http::header::{CONTENT_TYPE, HOST};
 use http::uri::Authority;
 use http::{HeaderValue, Method, Request, Response, StatusCode, Uri, Version};
 use http_body::Body;
 use tokio::time::Instant;
 
 use super::app_retries::{self, AppRetry, Sameness, Verdict};
+use super::local::{announce_close, local_answer};
 use super::route::authority_of;
 use super::{Shared, Upstream, unrouted};
 use crate::access_log::{Direction, Entry};
@@ -568,12 +569,6 @@ fn is_grpc_answer_head(resp: &Response<crate::upstream::response::UpstreamBody>)
     )
 }
 
-/// Adds `Connection: close` when the app's HTTP/1.x body was left unread.
-pub(super) fn announce_close(resp: &mut Response<ResponseBody>) {
-    resp.headers_mut()
-        .insert(CONNECTION, HeaderValue::from_static("close"));
-}
-
 /// The answer to a request refused before any upstream call.
 fn refused(r: &Refusal) -> Local<'static> {
     Local {
@@ -584,19 +579,4 @@ fn refused(r: &Refusal) -> Local<'static> {
         text: r.text,
         retry_after: r.retry_after.clone(),
     }
-}
-
-/// Writes an answer tollgate makes itself ([`crate::answer`]), counted under the
-/// upstream's metrics when there is one.
-pub(super) fn local_answer(
-    metrics: Option<&UpstreamMetrics>,
-    local: Local<'_>,
-    grpc: bool,
-    guard: RequestGuard,
-) -> Response<ResponseBody> {
-    if let Some(m) = metrics {
-        let status = local.status(grpc).as_u16();
-        m.request(status, local.outcome, local.attempts.unwrap_or(0));
-    }
-    local.answer(grpc, guard)
 }

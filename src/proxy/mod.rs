@@ -25,6 +25,7 @@ mod app_retries;
 mod apply;
 pub mod destinations;
 pub mod handler;
+mod local;
 pub mod origins;
 pub mod passthrough;
 pub mod redirect;
@@ -91,6 +92,34 @@ impl Shared {
     pub fn connections(&self) -> usize {
         self.connections.load(Acquire)
     }
+
+    /// Whether `dst` is one of tollgate's own listeners: the outbound and inbound ones,
+    /// the admin endpoint, an upstream's own `listen` port.
+    pub(crate) fn is_own(&self, dst: SocketAddr) -> bool {
+        let snap = self.snapshot.load();
+        let config = &snap.config;
+        let mut own = self
+            .own
+            .iter()
+            .copied()
+            .chain([config.admin.addr])
+            .chain(self.admin_bound.get().copied())
+            .chain(config.upstreams.iter().filter_map(|u| u.listen));
+        let ip = dst.ip().to_canonical();
+        own.any(|l| {
+            l.port() == dst.port()
+                // A connection to 0.0.0.0 reaches this host, at whichever address listens.
+                && (ip.is_unspecified()
+                    || l.ip().to_canonical() == ip
+                    || (l.ip().is_unspecified() && is_local(ip)))
+        })
+    }
+}
+
+/// Whether a local socket may be bound to `ip`: whether it is one of this host's (this
+/// network namespace's) addresses.
+fn is_local(ip: std::net::IpAddr) -> bool {
+    ip.is_loopback() || std::net::UdpSocket::bind((ip, 0)).is_ok()
 }
 
 #[derive(Debug, thiserror::Error)]

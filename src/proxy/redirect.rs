@@ -21,7 +21,7 @@
 //! refused (closed, counted as a `loop` failure), not connected to.
 
 use std::future::Future;
-use std::net::{IpAddr, SocketAddr};
+use std::net::SocketAddr;
 
 use socket2::SockRef;
 use tokio::net::TcpStream;
@@ -29,7 +29,8 @@ use tokio::sync::watch;
 
 use std::sync::Arc;
 
-use super::handler::{Outbound, announce_close, local_answer};
+use super::handler::Outbound;
+use super::local::{announce_close, local_answer};
 use super::passthrough;
 use super::{ConnCount, Shared};
 use crate::answer::Local;
@@ -117,34 +118,6 @@ fn arrival(stream: &TcpStream, peer: SocketAddr, bound: SocketAddr, d: Direction
     } else {
         Arrival::Redirected(original)
     }
-}
-
-/// Whether a local socket may be bound to `ip`: whether it is one of this host's (this
-/// network namespace's) addresses.
-fn is_local(ip: IpAddr) -> bool {
-    ip.is_loopback() || std::net::UdpSocket::bind((ip, 0)).is_ok()
-}
-
-/// Whether `dst` is one of tollgate's own listeners: the outbound and inbound ones,
-/// the admin endpoint, an upstream's own `listen` port.
-pub(super) fn is_own(shared: &Shared, dst: SocketAddr) -> bool {
-    let snap = shared.snapshot.load();
-    let config = &snap.config;
-    let mut own = shared
-        .own
-        .iter()
-        .copied()
-        .chain([config.admin.addr])
-        .chain(shared.admin_bound.get().copied())
-        .chain(config.upstreams.iter().filter_map(|u| u.listen));
-    let ip = dst.ip().to_canonical();
-    own.any(|l| {
-        l.port() == dst.port()
-            // A connection to 0.0.0.0 reaches this host, at whichever address listens.
-            && (ip.is_unspecified()
-                || l.ip().to_canonical() == ip
-                || (l.ip().is_unspecified() && is_local(ip)))
-    })
 }
 
 static LOOPS: Throttled = Throttled::new();
@@ -241,7 +214,7 @@ async fn pass(
     shutdown: watch::Receiver<bool>,
 ) {
     let metrics = &shared.metrics;
-    if is_own(shared, original) {
+    if shared.is_own(original) {
         metrics
             .passthrough()
             .failure(direction, PassFailure::Loop)

@@ -40,10 +40,9 @@ use tokio::net::TcpStream;
 use tokio::time::Instant;
 
 use super::Shared;
-use super::handler::{announce_close, local_answer};
+use super::local::{announce_close, local_answer};
 use super::origins::{Origin, Origins};
 use super::passthrough;
-use super::redirect::is_own;
 use super::route::authority_of;
 use crate::access_log::Entry;
 use crate::answer::Local;
@@ -359,7 +358,7 @@ impl To<'_> {
             tracing::debug!(error = %e, "a request passed through names an unknown host");
             failed_connect(&ConnectError::from(e))
         })?;
-        if addrs.iter().any(|a| is_own(self.shared, *a)) {
+        if addrs.iter().any(|a| self.shared.is_own(*a)) {
             return Err(Unpassed::Loop);
         }
         resolver.resolve().await.map_err(|_| Unpassed::Unreachable)

@@ -17,13 +17,14 @@
 //! hedge). What it came to is reported to the endpoint's health
 //! ([`crate::upstream::outlier`]) and to the latency estimates, once.
 
+use std::future::Future;
+
 use http::{HeaderMap, HeaderName, Method, StatusCode, Uri};
 use tokio::time::Instant;
 
 use super::headers::{ATTEMPT_HEADER, Callee, HEDGE_HEADER, HEDGE_VALUE, count_value};
 use super::policy::Failure;
 use super::replay::{AppBody, ReplayBody};
-use super::transport::Transport;
 use super::upstream::Upstream;
 use crate::deadline;
 use crate::metrics::AttemptResult;
@@ -41,6 +42,25 @@ static HEDGE_NAME: HeaderName = HEDGE_HEADER;
 /// be its own limit rather than the deadline this attempt sent (rounded down to the
 /// millisecond, and carried across the network).
 const DEADLINE_SLACK: std::time::Duration = std::time::Duration::from_millis(10);
+
+/// The seam under the retry loop: carries one attempt to one endpoint and waits for its
+/// response head. The loop ([`super::forward`]) decides which attempt goes where and
+/// when; a transport carries it. The real one is the upstream's endpoints
+/// ([`super::transport`]); tests drive the loop with a scripted one and paused time, so
+/// every way a request can end is tried without a socket.
+pub trait Transport<A>: Sync {
+    /// Sends `attempt` (its head, with the attempt's own fields as of the moment it goes
+    /// out, and the body in `body`) to endpoint `attempt.endpoint`, and waits for the
+    /// response head until `attempt.by`. The body comes back in `body` when it never
+    /// left; `detail` gets what is worth telling the app about a failure (a TLS one's
+    /// reason).
+    fn exchange<'s>(
+        &'s self,
+        attempt: &'s Attempt<'_, A>,
+        body: &'s mut Option<ReplayBody<A>>,
+        detail: &'s mut Option<String>,
+    ) -> impl Future<Output = Result<UpstreamResponse, AttemptError>> + Send + 's;
+}
 
 /// Why an attempt ended without a response.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -39,10 +39,10 @@ pub mod throttle;
 pub mod transport;
 mod upstream;
 
+pub use attempt::Transport;
 pub use attempt::{Attempt, AttemptError, NotUpstream};
 pub use forward::{
     Answer, BodyRead, Exchange, Head, HedgeState, Reply, Trail, forward, forward_on,
 };
 pub use replay::{AppBody, ReplayBody};
-pub use transport::Transport;
 pub use upstream::Upstream;

@@ -11,10 +11,10 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
+use super::attempt::Transport;
 use super::attempt::{Attempt, AttemptError};
 use super::policy::Failure;
 use super::replay::{AppBody, ReplayBody};
-use super::transport::Transport;
 use crate::upstream::response::UpstreamResponse;
 use crate::upstream::scripted;
 

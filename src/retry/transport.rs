@@ -1,14 +1,10 @@
-//! The seam under the retry loop: sending one attempt to one endpoint and waiting for
-//! its response head. The loop ([`super::forward`]) decides which attempt goes where and
-//! when; a [`Transport`] carries it. The real one is the upstream's endpoints (pooled
+//! The real [`Transport`] under the retry loop: the upstream's own endpoints (pooled
 //! connections, HTTP/1.1 on tollgate's own codec and HTTP/2 on hyper's, TLS), shared
-//! with the inbound side through [`crate::upstream::exchange`]; tests drive the loop
-//! with a scripted one and paused time, so every way a request can end is tried
-//! without a socket.
+//! with the inbound side through [`crate::upstream::exchange`], and what each way an
+//! exchange fails means for the loop (a failure it may retry, a TLS failure of one
+//! endpoint, or nobody's fault at the endpoint).
 
-use std::future::Future;
-
-use super::attempt::{Attempt, AttemptError, NotUpstream};
+use super::attempt::{Attempt, AttemptError, NotUpstream, Transport};
 use super::policy::Failure;
 use super::replay::{AppBody, ReplayBody};
 use super::upstream::Upstream;
@@ -17,21 +13,6 @@ use crate::upstream::exchange::{self, Failed, Reach};
 use crate::upstream::pool::clock_ms;
 use crate::upstream::response::UpstreamResponse;
 use crate::upstream::tls_failure;
-
-/// Carries one attempt to one endpoint.
-pub trait Transport<A>: Sync {
-    /// Sends `attempt` (its head, with the attempt's own fields as of the moment it goes
-    /// out, and the body in `body`) to endpoint `attempt.endpoint`, and waits for the
-    /// response head until `attempt.by`. The body comes back in `body` when it never
-    /// left; `detail` gets what is worth telling the app about a failure (a TLS one's
-    /// reason).
-    fn exchange<'s>(
-        &'s self,
-        attempt: &'s Attempt<'_, A>,
-        body: &'s mut Option<ReplayBody<A>>,
-        detail: &'s mut Option<String>,
-    ) -> impl Future<Output = Result<UpstreamResponse, AttemptError>> + Send + 's;
-}
 
 /// Connects that failed for want of a descriptor, logged at most once per period.
 static OUT_OF_DESCRIPTORS: Throttled = Throttled::new();
