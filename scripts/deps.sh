@@ -153,7 +153,7 @@ if [ ${#missing_lines[@]} -gt 0 ]; then
       else
         [ "$system" -eq 0 ] || echo "deps: scripts/test.sh installs these itself when run as root on Debian; as this user, run:"
         [ "$system" -gt 0 ] || echo "deps: run:"
-        [ ${#apt_missing[@]} -eq 0 ] || echo "  sudo apt-get update && sudo ${apt_cmd[*]} ${apt_missing[*]}"
+        [ ${#apt_missing[@]} -eq 0 ] || echo "  sudo apt-get update && sudo apt-get install -y --no-install-recommends ${apt_missing[*]}"
         [ ${#pip_missing[@]} -eq 0 ] || echo "  sudo python3 -m pip install --break-system-packages ${pip_missing[*]@Q}"
         if [ "$fuzz_missing" = 1 ]; then
           if [ "$INSTALL" = 0 ]; then

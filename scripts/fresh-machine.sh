@@ -183,7 +183,7 @@ chroot "$DIR" useradd --create-home --shell /bin/bash tester
 bind_ro "$RUSTUP_DIR" "$DIR/home/tester/.rustup"
 bind_ro "$CARGO_BIN" "$DIR/home/tester/.cargo/bin"
 chroot "$DIR" chown tester:tester /home/tester/.cargo
-git clone --quiet --no-hardlinks "$DIR/root/tollgate" "$DIR/home/tester/tollgate"
+git -c init.defaultBranch=main clone --quiet --no-hardlinks "$DIR/root/tollgate" "$DIR/home/tester/tollgate"
 chroot "$DIR" chown -R tester:tester /home/tester/tollgate
 chroot_cmd tester
 user_rc=0
