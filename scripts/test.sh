@@ -5,7 +5,8 @@
 # checks. Run from the repository root.
 #
 # Before any step it checks every tool the steps need and installs what is missing
-# (scripts/deps.sh: Debian packages, PyPI and crates.io, as root; as another user it
+# (scripts/deps.sh: Debian packages, the Python package index and the Rust
+# package registry, as root; as another user it
 # prints what to install and stops), and says what will be SKIPPED on this machine:
 # h2spec when it is not there (no registry has it), the capture and two-pod tests
 # without root and network namespaces, fuzzing with TOLLGATE_FUZZ_SECONDS=0. The
