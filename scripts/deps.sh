@@ -201,7 +201,7 @@ fi
 
 # Everything there now, or stop here rather than halfway through the run.
 still=()
-for tool in cc c++ curl nginx haproxy prometheus promtool python3 ip iptables setpriv kill hadolint; do
+for tool in cc c++ curl nginx haproxy prometheus promtool python3 ip iptables setpriv kill hadolint redis-server; do
   have "$tool" || still+=("$tool")
 done
 py_has kubernetes_validate || still+=(kubernetes_validate)
@@ -233,6 +233,6 @@ if [ "${TOLLGATE_DISK_CHECK:-1}" != 0 ]; then
   fi
 fi
 
-tools="cargo $cargo_version, rustfmt, clippy, cc, c++, curl, nginx, haproxy, prometheus, promtool, python3 with kubernetes-validate and pyyaml, hadolint, ip, iptables, setpriv"
+tools="cargo $cargo_version, rustfmt, clippy, cc, c++, curl, nginx, haproxy, prometheus, promtool, python3 with kubernetes-validate and pyyaml, hadolint, redis-server, ip, iptables, setpriv"
 [ "$FUZZ" = 0 ] || tools+=", cargo-fuzz"
 say "all there: $tools; lock files current"
