@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Deployment checks, runnable from anywhere (deploy/ci-deps.sh installs what they need):
+# Deployment checks, runnable from anywhere (scripts/deps.sh installs what they need):
 #   1. the Dockerfile lints clean (hadolint) and says what the manifests rely on;
 #   2. the Kubernetes manifests validate offline against the Kubernetes schemas
 #      (kubernetes-validate, --strict), the PodMonitor CRD and the cross-file
@@ -28,10 +28,10 @@ fail() { printf '\nFAIL  %s\n' "$*" >&3; exit 1; }
 step() { printf '\n--> %s\n' "$*"; }
 
 for tool in python3 curl cargo promtool prometheus hadolint; do
-  command -v "$tool" >/dev/null || fail "$tool is not installed (run deploy/ci-deps.sh)"
+  command -v "$tool" >/dev/null || fail "$tool is not installed (run scripts/deps.sh, as root to install it)"
 done
 python3 -c 'import kubernetes_validate, yaml' 2>/dev/null \
-  || fail "python3 modules kubernetes_validate and yaml are missing (run deploy/ci-deps.sh)"
+  || fail "python3 modules kubernetes_validate and yaml are missing (run scripts/deps.sh, as root to install them)"
 
 TMP=$(mktemp -d "${TMPDIR:-/tmp}/tollgate-deploy-test.XXXXXX")
 PIDS=()

@@ -3,25 +3,67 @@
 # the README's first run, benches compile, interop with nginx and HAProxy, the
 # differential test of the request reader against them, h2spec, fuzzing, deployment
 # checks. Run from the repository root.
+#
+# Before any step it checks every tool the steps need and installs what is missing
+# (scripts/deps.sh: Debian packages, the Python package index and the Rust
+# package registry, as root; as another user it
+# prints what to install and stops), and says what will be SKIPPED on this machine:
+# h2spec when it is not there (no registry has it), the capture and two-pod tests
+# without root and network namespaces, fuzzing with TOLLGATE_FUZZ_SECONDS=0. The
+# skips are said again at the end. It writes only under target/ (and the system's
+# temp dir): after a run the work tree is as it was.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# The Python scripts leave no __pycache__ in the tree.
+export PYTHONDONTWRITEBYTECODE=1
 
-step() { printf '\n==> %s\n' "$*"; }
+started=$SECONDS
+step() { printf '\n==> [%dm%02ds] %s\n' $(((SECONDS - started) / 60)) $(((SECONDS - started) % 60)) "$*"; }
+SKIPPED=()
+skip() {
+  SKIPPED+=("$1")
+  printf '\n!!! SKIP: %s\n' "$1"
+}
+
+step "scripts/deps.sh (every tool the run needs; installs what is missing)"
+scripts/deps.sh
+
+# What this machine cannot check, said before the run and again after it.
+# h2spec, looked for as scripts/h2spec.sh does.
+h2spec=${H2SPEC:-}
+if [ -z "$h2spec" ] && [ -x ../shared/tools/h2spec ]; then h2spec=../shared/tools/h2spec; fi
+if [ -z "$h2spec" ] || [ ! -x "$h2spec" ]; then
+  skip "h2spec not found (no package registry has it; set H2SPEC=/path/to/h2spec or put it in ../shared/tools/h2spec): HTTP/2 conformance of the h2c listener will NOT be checked"
+fi
+# tests/capture.rs and tests/pods.rs: root and a network namespace of their own.
+netns=tollgate-test-$$
+if [ "$(id -u)" != 0 ]; then
+  skip "not root: tests/capture.rs and tests/pods.rs (transparent capture in network namespaces) will pass without checking anything"
+elif ! ip netns add "$netns" >/dev/null 2>&1; then
+  # As root, tests/pods.rs runs and would fail at its first namespace: say it now.
+  echo "scripts/test.sh: as root, tests/capture.rs and tests/pods.rs need network namespaces, and \`ip netns add\` fails here (a container without CAP_SYS_ADMIN?); run in a VM or a privileged container, or as another user to skip those two. Nothing has been run." >&2
+  exit 1
+else
+  ip netns del "$netns"
+fi
+if [ "${TOLLGATE_FUZZ_SECONDS:-60}" = 0 ]; then
+  skip "TOLLGATE_FUZZ_SECONDS=0: no fuzzing"
+fi
 
 step "cargo fmt --check"
 cargo fmt --all -- --check
 
 step "cargo clippy --all-targets -- -D warnings"
-cargo clippy --all-targets --quiet -- -D warnings
+cargo clippy --locked --all-targets --quiet -- -D warnings
 
 step "cargo test"
-cargo test --quiet
+cargo test --locked --quiet
 
 step "scripts/first-run.sh (the README's first run prints what the README shows)"
 scripts/first-run.sh
 
 step "cargo bench --no-run (the benches compile)"
-cargo bench --no-run --quiet
+cargo bench --locked --no-run --quiet
 
 step "scripts/interop.sh (nginx and HAProxy in front of tollgate, nginx behind it)"
 scripts/interop.sh
@@ -42,4 +84,10 @@ if [ -x deploy/test.sh ]; then
   deploy/test.sh
 fi
 
-step "all tests passed"
+elapsed=$((SECONDS - started))
+if [ ${#SKIPPED[@]} -eq 0 ]; then
+  step "all tests passed in $((elapsed / 60))m$((elapsed % 60))s"
+else
+  step "all tests passed in $((elapsed / 60))m$((elapsed % 60))s, but ${#SKIPPED[@]} SKIPPED on this machine:"
+  printf '!!! SKIP: %s\n' "${SKIPPED[@]}"
+fi
