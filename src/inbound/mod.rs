@@ -16,6 +16,7 @@
 //! caller's body as it streams: it never retries, so it never keeps one.
 //!
 //! - [`attempts`]: which requests are retries, and which are the kubelet's probes;
+//! - [`dedupe`]: keyed requests run once (`[inbound.dedupe]`);
 //! - [`fair`]: each caller's share of the fleet budget;
 //! - [`samples`], [`gradient`] and [`limit`]: the concurrency limit;
 //! - [`app`]: one request to the app; [`answer`]: the answers made in its place;
@@ -29,6 +30,7 @@
 pub mod answer;
 pub mod app;
 pub mod attempts;
+pub mod dedupe;
 pub mod fair;
 pub mod gradient;
 pub mod limit;

@@ -87,7 +87,8 @@ fn retry_on(w: &mut Walker<'_>, t: &Table) -> Option<RetryOn> {
     Some(on)
 }
 
-fn methods(w: &mut Walker<'_>, t: &Table) -> Option<Vec<Method>> {
+/// A list of HTTP methods, written in upper case; shared with `[inbound.dedupe]`.
+pub(super) fn methods(w: &mut Walker<'_>, t: &Table) -> Option<Vec<Method>> {
     let key = t.key("methods");
     let list = w.strings(t, "methods")?;
     let mut out = Vec::new();
