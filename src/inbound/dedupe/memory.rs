@@ -3,9 +3,10 @@
 //! Only keyed requests of the listed methods ever reach it; a request without a key
 //! never takes a lock here. A shard is a map and the order its keys completed in; the
 //! bound (`max_entries`) is on the whole store, kept with one atomic count: a key that
-//! completes over the bound evicts the oldest completed key of its shard (or, when that
-//! shard holds none, of the next one), and a key in flight is never evicted. In flight
-//! keys are bounded apart, by the inbound concurrency limit.
+//! completes over the bound evicts the oldest completed key of the store (the oldest
+//! front of the shards' orders), and a key in flight is never evicted. Keys in flight
+//! are bounded apart, by the inbound concurrency limit: while they alone fill the
+//! store, it holds more than `max_entries`.
 //!
 //! A completed key expires `ttl` after it completed; an expired key is removed when it
 //! is next looked at, when its shard completes another, or by [`MemoryStore::sweep`].
@@ -136,7 +137,7 @@ impl MemoryStore {
 
     pub fn finish_now(&self, scope: &Scope, token: Token, ending: &Ending, ttl: Duration) -> bool {
         let now = Instant::now();
-        let (i, mut shard) = self.shard(scope);
+        let (_, mut shard) = self.shard(scope);
         if !matches!(shard.map.get(scope), Some(Entry::Running(t)) if *t == token) {
             return false;
         }
@@ -157,7 +158,7 @@ impl MemoryStore {
         shard.order.push_back((*scope, seq));
         self.drop_expired(&mut shard, now);
         drop(shard);
-        self.evict(i);
+        self.evict();
         true
     }
 
@@ -194,18 +195,37 @@ impl MemoryStore {
         }
     }
 
-    /// Evicts the oldest completed keys while the store is over its bound, starting
-    /// with shard `from`. Never holds two locks.
-    fn evict(&self, from: usize) {
-        let n = self.shards.len();
-        let mut empty_in_a_row = 0;
-        let mut i = from;
-        while self.len() > self.max_entries.load(Ordering::Relaxed) && empty_in_a_row < n {
-            if self.evict_one(&mut lock(&self.shards[i])) {
-                empty_in_a_row = 0;
-            } else {
-                empty_in_a_row += 1;
-                i = (i + 1) % n;
+    /// Evicts the oldest completed keys while the store is over its bound: the shard
+    /// whose oldest completed key is the oldest of all gives it up. Never holds two
+    /// locks; a look at every shard per eviction, which happens only while the store
+    /// is full, and only when a keyed request completes.
+    fn evict(&self) {
+        while self.len() > self.max_entries.load(Ordering::Relaxed) {
+            let mut oldest: Option<(u64, usize)> = None;
+            for (i, s) in self.shards.iter().enumerate() {
+                let mut shard = lock(s);
+                Self::drop_stale(&mut shard);
+                if let Some(&(_, seq)) = shard.order.front()
+                    && oldest.is_none_or(|(o, _)| seq < o)
+                {
+                    oldest = Some((seq, i));
+                }
+            }
+            let Some((_, i)) = oldest else {
+                return;
+            };
+            self.evict_one(&mut lock(&self.shards[i]));
+        }
+    }
+
+    /// Drops the items at the front of a shard's order whose key has gone.
+    fn drop_stale(shard: &mut Shard) {
+        while let Some((scope, seq)) = shard.order.front() {
+            match shard.map.get(scope) {
+                Some(Entry::Ended { seq: s, .. }) if s == seq => return,
+                _ => {
+                    shard.order.pop_front();
+                }
             }
         }
     }
