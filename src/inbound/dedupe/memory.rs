@@ -287,3 +287,129 @@ impl Store for MemoryStore {
         Ok(matches!(shard.map.get(scope), Some(Entry::Running(t)) if *t == token))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+    use http::{HeaderMap, HeaderValue, Method};
+    use proptest::prelude::*;
+
+    fn scope(k: u8) -> Scope {
+        let mut h = HeaderMap::new();
+        h.insert("idempotency-key", HeaderValue::from(u16::from(k)));
+        Scope::of(&Method::POST, &"/".parse().unwrap(), &h).unwrap()
+    }
+
+    #[derive(Clone, Debug)]
+    enum Op {
+        Claim(u8),
+        Finish(u8, bool),
+        Release(u8),
+        /// With a token that never claimed anything.
+        Stray(u8),
+    }
+
+    fn op() -> impl Strategy<Value = Op> {
+        prop_oneof![
+            (0u8..6).prop_map(Op::Claim),
+            (0u8..6, any::<bool>()).prop_map(|(k, keep)| Op::Finish(k, keep)),
+            (0u8..6).prop_map(Op::Release),
+            (0u8..6).prop_map(Op::Stray),
+        ]
+    }
+
+    #[derive(Clone, Copy, Debug, PartialEq)]
+    enum Model {
+        Running(Token),
+        Ended(u64),
+    }
+
+    proptest! {
+        /// Against a plain model: one claim per key at a time, only its token ends it,
+        /// the bound holds while completed keys remain, the oldest completed key goes
+        /// first, and a key in flight is never evicted.
+        #[test]
+        fn the_memory_store_follows_its_model(
+            shards in 1usize..5,
+            max in 1usize..5,
+            ops in proptest::collection::vec(op(), 1..80),
+        ) {
+            let rt = tokio::runtime::Builder::new_current_thread().enable_time().build().unwrap();
+            let _entered = rt.enter();
+            let m = MemoryStore::new(shards, max, None);
+            let mut model: HashMap<u8, Model> = HashMap::new();
+            let mut seq = 0u64;
+            let ttl = Duration::from_secs(600);
+            let end = |keep: bool| if keep {
+                Ending::Kept {
+                    fingerprint: Fingerprint::of(b"f"),
+                    kept: Kept {
+                        status: http::StatusCode::OK,
+                        headers: HeaderMap::new(),
+                        body: bytes::Bytes::new(),
+                        trailers: None,
+                    },
+                }
+            } else {
+                Ending::NotReplayable { fingerprint: None }
+            };
+            for op in ops {
+                match op {
+                    Op::Claim(k) => {
+                        let t = Token::new();
+                        let got = m.claim_now(&scope(k), t);
+                        prop_assert_eq!(got == Found::Claimed, !model.contains_key(&k));
+                        model.entry(k).or_insert(Model::Running(t));
+                    }
+                    Op::Finish(k, keep) => {
+                        let ours = match model.get(&k) {
+                            Some(Model::Running(t)) => Some(*t),
+                            _ => None,
+                        };
+                        let done = m.finish_now(&scope(k), ours.unwrap_or_default(), &end(keep), ttl);
+                        prop_assert_eq!(done, ours.is_some());
+                        if done {
+                            model.insert(k, Model::Ended(seq));
+                            seq += 1;
+                            // The model evicts the oldest completed keys.
+                            while model.len() > max {
+                                let oldest = model
+                                    .iter()
+                                    .filter_map(|(k, s)| match s {
+                                        Model::Ended(s) => Some((*s, *k)),
+                                        Model::Running(_) => None,
+                                    })
+                                    .min();
+                                match oldest {
+                                    Some((_, k)) => { model.remove(&k); }
+                                    None => break,
+                                }
+                            }
+                        }
+                    }
+                    Op::Release(k) => {
+                        if let Some(Model::Running(t)) = model.get(&k).copied() {
+                            m.release_now(&scope(k), t);
+                            model.remove(&k);
+                        }
+                    }
+                    Op::Stray(k) => {
+                        m.release_now(&scope(k), Token::new());
+                        let fake = m.finish_now(&scope(k), Token::new(), &end(true), ttl);
+                        prop_assert!(!fake, "a token that never claimed ends nothing");
+                    }
+                }
+                prop_assert_eq!(m.len(), model.len());
+                for k in 0u8..6 {
+                    let held = !matches!(m.look_now(&scope(k)), Found::Free);
+                    prop_assert_eq!(held, model.contains_key(&k), "key {}", k);
+                    if let Some(Model::Running(_)) = model.get(&k) {
+                        prop_assert_eq!(m.look_now(&scope(k)), Found::Running);
+                    }
+                }
+            }
+        }
+    }
+}

@@ -58,9 +58,11 @@ pub mod store;
 pub mod wake;
 
 #[cfg(test)]
-mod tests;
+mod outage_tests;
 #[cfg(test)]
 mod testing;
+#[cfg(test)]
+mod tests;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -202,6 +204,7 @@ impl Dedupe {
             Ok(found) => (found, self.primary.clone()),
             Err(e) => {
                 self.core.store_failed(&e);
+                self.forget(scope, token);
                 let Some(fallback) = &self.fallback else {
                     return Begin::Unavailable;
                 };
@@ -218,6 +221,17 @@ impl Dedupe {
             store,
             core: self.core.clone(),
         })
+    }
+
+    /// A claim that failed here (too slow) may still reach the store later, and would
+    /// hold the key for nobody until its lease lapsed (and then leave it not
+    /// replayable, though the request never ran here). A release sent behind it on the
+    /// same connection, which Redis runs in order, frees it again.
+    fn forget(&self, scope: Scope, token: Token) {
+        if let Backend::Redis(r) = &self.primary {
+            let r = r.clone();
+            tokio::spawn(async move { r.release(&scope, token).await });
+        }
     }
 
     /// Removes the memory store's expired keys (on the inbound side's sweep timer).

@@ -58,8 +58,30 @@ impl RedisServer {
     /// Kills it at once (no shutdown, no save): a crash.
     pub fn kill(&mut self) {
         if let Some(mut c) = self.child.take() {
+            let _ = Command::new("kill").args(["-CONT", &c.id().to_string()]).status();
             let _ = c.kill();
             let _ = c.wait();
+        }
+    }
+
+    /// Stops it answering (`SIGSTOP`), connections open: a store slower than any
+    /// timeout. [`RedisServer::resume`] undoes it; a paused server is resumed before
+    /// it is killed.
+    pub fn pause(&mut self) {
+        self.signal("-STOP");
+    }
+
+    pub fn resume(&mut self) {
+        self.signal("-CONT");
+    }
+
+    fn signal(&self, sig: &str) {
+        if let Some(c) = &self.child {
+            let ok = Command::new("kill")
+                .args([sig, &c.id().to_string()])
+                .status()
+                .is_ok_and(|s| s.success());
+            assert!(ok, "kill {sig} redis-server");
         }
     }
 
