@@ -126,7 +126,10 @@ mod tests {
     fn the_families_exist_only_once_asked_for() {
         let m = Metrics::new();
         let text = String::from_utf8(m.encode()).unwrap();
-        assert!(!text.contains("tollgate_inbound_dedupe"), "no [inbound.dedupe], no series");
+        assert!(
+            !text.contains("tollgate_inbound_dedupe"),
+            "no [inbound.dedupe], no series"
+        );
         m.dedupe().count(DedupeResult::Joined);
         m.dedupe().store_seconds.observe(0.001);
         let text = String::from_utf8(m.encode()).unwrap();

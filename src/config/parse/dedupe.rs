@@ -43,7 +43,12 @@ pub(super) fn dedupe(w: &mut Walker<'_>, t: &Table) -> DedupeConfig {
         methods,
         ttl: w.ranged(t, "ttl", d.ttl, secs(1)..=secs(30 * 24 * 3600)),
         max_response: w
-            .ranged(t, "max_response", Size(d.max_response), Size(1)..=Size(64 << 20))
+            .ranged(
+                t,
+                "max_response",
+                Size(d.max_response),
+                Size(1)..=Size(64 << 20),
+            )
             .0,
         store,
         max_entries: w.ranged(t, "max_entries", d.max_entries as u64, 1..=100_000_000) as usize,
@@ -246,22 +251,61 @@ mod tests {
     #[test]
     fn mistakes_are_named_at_their_keys_and_never_show_a_password() {
         let cases = [
-            ("store = \"redis://:hunter2@h:0/0\"", "t.toml:4:9: inbound.dedupe.store: the port is not a number from 1 to 65535"),
-            ("store = \"rediss://:hunter2@h:1/0\"", "TLS to Redis (rediss://) is not supported"),
-            ("store = \"memcached://h\"", "`memcached://` is neither \"memory\" nor a redis:// address"),
-            ("store = \"mem\"", "inbound.dedupe.store: neither \"memory\" nor a redis:// address"),
-            ("store = \"redis://:hunter2@h:1/x\"", "the database after `/` is not a whole number"),
+            (
+                "store = \"redis://:hunter2@h:0/0\"",
+                "t.toml:4:9: inbound.dedupe.store: the port is not a number from 1 to 65535",
+            ),
+            (
+                "store = \"rediss://:hunter2@h:1/0\"",
+                "TLS to Redis (rediss://) is not supported",
+            ),
+            (
+                "store = \"memcached://h\"",
+                "`memcached://` is neither \"memory\" nor a redis:// address",
+            ),
+            (
+                "store = \"mem\"",
+                "inbound.dedupe.store: neither \"memory\" nor a redis:// address",
+            ),
+            (
+                "store = \"redis://:hunter2@h:1/x\"",
+                "the database after `/` is not a whole number",
+            ),
             ("store = \"redis://:hunter2@/0\"", "the host is missing"),
-            ("store = \"redis://:hunter2@h:1/0?timeout=1\"", "the database after `/` is not a whole number"),
-            ("store = \"redis://:hunter2@h?timeout=1\"", "options after `?` are not supported"),
+            (
+                "store = \"redis://:hunter2@h:1/0?timeout=1\"",
+                "the database after `/` is not a whole number",
+            ),
+            (
+                "store = \"redis://:hunter2@h?timeout=1\"",
+                "options after `?` are not supported",
+            ),
             ("ttl = \"0s\"", "inbound.dedupe.ttl: 0s is out of range"),
-            ("max_response = \"1GiB\"", "inbound.dedupe.max_response: 1GiB is out of range"),
-            ("max_entries = 0", "inbound.dedupe.max_entries: 0 is out of range"),
-            ("store_timeout = 50", "inbound.dedupe.store_timeout: invalid duration: a bare number is ambiguous"),
-            ("on_store_error = \"fail\"", "inbound.dedupe.on_store_error: `fail` is not a way to answer while the store fails"),
-            ("methods = [\"post\"]", "inbound.dedupe.methods: `post` is not an HTTP method"),
+            (
+                "max_response = \"1GiB\"",
+                "inbound.dedupe.max_response: 1GiB is out of range",
+            ),
+            (
+                "max_entries = 0",
+                "inbound.dedupe.max_entries: 0 is out of range",
+            ),
+            (
+                "store_timeout = 50",
+                "inbound.dedupe.store_timeout: invalid duration: a bare number is ambiguous",
+            ),
+            (
+                "on_store_error = \"fail\"",
+                "inbound.dedupe.on_store_error: `fail` is not a way to answer while the store fails",
+            ),
+            (
+                "methods = [\"post\"]",
+                "inbound.dedupe.methods: `post` is not an HTTP method",
+            ),
             ("methods = []", "inbound.dedupe.methods: empty"),
-            ("ttls = \"1h\"", "t.toml:4:1: inbound.dedupe.ttls: unknown key `ttls` (did you mean `ttl`?)"),
+            (
+                "ttls = \"1h\"",
+                "t.toml:4:1: inbound.dedupe.ttls: unknown key `ttls` (did you mean `ttl`?)",
+            ),
         ];
         for (line, want) in cases {
             let text = format!("{HEAD}{line}\n");
@@ -274,7 +318,10 @@ mod tests {
     #[test]
     fn config_json_and_a_reload_name_it_without_the_password() {
         let with = |store: &str| {
-            parse(&format!("{HEAD}store = \"{store}\"\non_store_error = \"open\"\n")).unwrap()
+            parse(&format!(
+                "{HEAD}store = \"{store}\"\non_store_error = \"open\"\n"
+            ))
+            .unwrap()
         };
         let c = with("redis://:hunter2@127.0.0.1:6380/1");
         let json = c.to_json();
@@ -292,7 +339,8 @@ mod tests {
 
     #[test]
     fn a_dedupe_key_elsewhere_is_sent_here() {
-        let e = parse("[inbound]\napp = \"127.0.0.1:8080\"\non_store_error = \"open\"\n").unwrap_err();
+        let e =
+            parse("[inbound]\napp = \"127.0.0.1:8080\"\non_store_error = \"open\"\n").unwrap_err();
         assert!(e.contains("it belongs in [inbound.dedupe]"), "{e}");
     }
 }

@@ -149,7 +149,11 @@ impl Claim {
             // before it had the whole request (it cannot have run what it never got).
             (false, _, _) | (true, None, _) => held.release().await,
             (true, Some(fingerprint), Some(kept)) => {
-                held.end(Ending::Kept { fingerprint, kept }).await
+                held.end(Ending::Kept {
+                    fingerprint,
+                    kept: Arc::new(kept),
+                })
+                .await
             }
             (true, Some(fingerprint), None) => {
                 let fingerprint = Some(fingerprint);

@@ -110,7 +110,8 @@ impl MemoryStore {
 
     /// What `scope` holds now, an expired key removed first.
     fn current<'s>(&self, shard: &'s mut Shard, scope: &Scope, now: Instant) -> Option<&'s Entry> {
-        let expired = matches!(shard.map.get(scope), Some(Entry::Ended { expires, .. }) if *expires <= now);
+        let expired =
+            matches!(shard.map.get(scope), Some(Entry::Ended { expires, .. }) if *expires <= now);
         if expired {
             shard.map.remove(scope);
             self.count(false);
@@ -132,7 +133,8 @@ impl MemoryStore {
     pub fn look_now(&self, scope: &Scope) -> Found {
         let now = Instant::now();
         let (_, mut shard) = self.shard(scope);
-        self.current(&mut shard, scope, now).map_or(Found::Free, found)
+        self.current(&mut shard, scope, now)
+            .map_or(Found::Free, found)
     }
 
     pub fn finish_now(&self, scope: &Scope, token: Token, ending: &Ending, ttl: Duration) -> bool {
@@ -143,7 +145,7 @@ impl MemoryStore {
         }
         let seq = self.seq.fetch_add(1, Ordering::Relaxed);
         let (fingerprint, kept) = match ending {
-            Ending::Kept { fingerprint, kept } => (Some(*fingerprint), Some(Arc::new(kept.clone()))),
+            Ending::Kept { fingerprint, kept } => (Some(*fingerprint), Some(kept.clone())),
             Ending::NotReplayable { fingerprint } => (*fingerprint, None),
         };
         shard.map.insert(
@@ -182,7 +184,9 @@ impl MemoryStore {
     fn drop_expired(&self, shard: &mut Shard, now: Instant) {
         while let Some((scope, seq)) = shard.order.front().copied() {
             match shard.map.get(&scope) {
-                Some(Entry::Ended { expires, seq: s, .. }) if *s == seq => {
+                Some(Entry::Ended {
+                    expires, seq: s, ..
+                }) if *s == seq => {
                     if *expires > now {
                         return;
                     }
@@ -243,6 +247,15 @@ impl MemoryStore {
     }
 }
 
+impl Drop for MemoryStore {
+    /// A store replaced on a reload takes its keys out of the gauge with it.
+    fn drop(&mut self) {
+        if let Some(g) = &self.gauge {
+            g.sub(self.len() as i64);
+        }
+    }
+}
+
 fn found(e: &Entry) -> Found {
     match e {
         Entry::Running(_) => Found::Running,
@@ -265,7 +278,13 @@ fn lock(s: &Mutex<Shard>) -> MutexGuard<'_, Shard> {
 }
 
 impl Store for MemoryStore {
-    async fn claim(&self, scope: &Scope, token: Token, _: Duration, _: Duration) -> Result<Found, StoreError> {
+    async fn claim(
+        &self,
+        scope: &Scope,
+        token: Token,
+        _: Duration,
+        _: Duration,
+    ) -> Result<Found, StoreError> {
         Ok(self.claim_now(scope, token))
     }
 
@@ -273,7 +292,13 @@ impl Store for MemoryStore {
         Ok(self.look_now(scope))
     }
 
-    async fn finish(&self, scope: &Scope, token: Token, ending: &Ending, ttl: Duration) -> Result<bool, StoreError> {
+    async fn finish(
+        &self,
+        scope: &Scope,
+        token: Token,
+        ending: &Ending,
+        ttl: Duration,
+    ) -> Result<bool, StoreError> {
         Ok(self.finish_now(scope, token, ending, ttl))
     }
 
@@ -345,12 +370,12 @@ mod tests {
             let end = |keep: bool| if keep {
                 Ending::Kept {
                     fingerprint: Fingerprint::of(b"f"),
-                    kept: Kept {
+                    kept: Arc::new(Kept {
                         status: http::StatusCode::OK,
                         headers: HeaderMap::new(),
                         body: bytes::Bytes::new(),
                         trailers: None,
-                    },
+                    }),
                 }
             } else {
                 Ending::NotReplayable { fingerprint: None }

@@ -208,7 +208,10 @@ impl Dedupe {
                 let Some(fallback) = &self.fallback else {
                     return Begin::Unavailable;
                 };
-                (fallback.claim_now(&scope, token), Backend::Memory(fallback.clone()))
+                (
+                    fallback.claim_now(&scope, token),
+                    Backend::Memory(fallback.clone()),
+                )
             }
         };
         if found == Found::Claimed {
@@ -256,7 +259,10 @@ impl Core {
     }
 
     /// Runs one store operation, timed.
-    async fn timed<T>(&self, op: impl Future<Output = Result<T, StoreError>>) -> Result<T, StoreError> {
+    async fn timed<T>(
+        &self,
+        op: impl Future<Output = Result<T, StoreError>>,
+    ) -> Result<T, StoreError> {
         let start = Instant::now();
         let result = op.await;
         self.metrics()
@@ -324,7 +330,13 @@ impl Backend {
 }
 
 impl Store for Backend {
-    async fn claim(&self, scope: &Scope, token: Token, lease: Duration, ttl: Duration) -> Result<Found, StoreError> {
+    async fn claim(
+        &self,
+        scope: &Scope,
+        token: Token,
+        lease: Duration,
+        ttl: Duration,
+    ) -> Result<Found, StoreError> {
         match self {
             Backend::Memory(m) => m.claim(scope, token, lease, ttl).await,
             Backend::Redis(r) => r.claim(scope, token, lease, ttl).await,
@@ -338,7 +350,13 @@ impl Store for Backend {
         }
     }
 
-    async fn finish(&self, scope: &Scope, token: Token, ending: &Ending, ttl: Duration) -> Result<bool, StoreError> {
+    async fn finish(
+        &self,
+        scope: &Scope,
+        token: Token,
+        ending: &Ending,
+        ttl: Duration,
+    ) -> Result<bool, StoreError> {
         match self {
             Backend::Memory(m) => m.finish(scope, token, ending, ttl).await,
             Backend::Redis(r) => r.finish(scope, token, ending, ttl).await,
@@ -352,7 +370,12 @@ impl Store for Backend {
         }
     }
 
-    async fn renew(&self, scope: &Scope, token: Token, lease: Duration) -> Result<bool, StoreError> {
+    async fn renew(
+        &self,
+        scope: &Scope,
+        token: Token,
+        lease: Duration,
+    ) -> Result<bool, StoreError> {
         match self {
             Backend::Memory(m) => m.renew(scope, token, lease).await,
             Backend::Redis(r) => r.renew(scope, token, lease).await,

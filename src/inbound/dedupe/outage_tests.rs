@@ -28,11 +28,15 @@ fn dedupe(redis: &RedisServer, on_store_error: OnStoreError) -> Dedupe {
 fn scope(d: &Dedupe, key: &str) -> Scope {
     let mut h = HeaderMap::new();
     h.insert("idempotency-key", HeaderValue::from_str(key).unwrap());
-    d.scope(&Method::POST, &"/charge".parse().unwrap(), &h).unwrap()
+    d.scope(&Method::POST, &"/charge".parse().unwrap(), &h)
+        .unwrap()
 }
 
 async fn complete(c: Claim, body: &'static [u8]) -> Ended {
-    c.body(Full::new(Bytes::from_static(body))).collect().await.unwrap();
+    c.body(Full::new(Bytes::from_static(body)))
+        .collect()
+        .await
+        .unwrap();
     let mut k = c.keeper(StatusCode::OK, &HeaderMap::new());
     k.data(b"done");
     c.complete(k).await
@@ -49,7 +53,10 @@ async fn runs_within(d: &Dedupe, key: &str, bound: Duration) -> (Claim, Duration
         if let Begin::Run(c) = d.begin(scope(d, key)).await {
             return (c, start.elapsed());
         }
-        assert!(start.elapsed() < bound, "{key}: not running again within {bound:?}");
+        assert!(
+            start.elapsed() < bound,
+            "{key}: not running again within {bound:?}"
+        );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
@@ -67,8 +74,14 @@ async fn a_killed_redis_is_a_store_error_and_normal_again_soon_after_it_returns(
 
     redis.kill();
     let start = Instant::now();
-    assert!(matches!(d.begin(scope(&d, "during")).await, Begin::Unavailable));
-    assert!(start.elapsed() < Duration::from_secs(5), "bounded by store_timeout");
+    assert!(matches!(
+        d.begin(scope(&d, "during")).await,
+        Begin::Unavailable
+    ));
+    assert!(
+        start.elapsed() < Duration::from_secs(5),
+        "bounded by store_timeout"
+    );
     assert_eq!(complete(in_flight, b"f").await, Ended::Lost);
     assert!(store_errors(&d) >= 2);
 
@@ -140,14 +153,25 @@ async fn a_claim_whose_replica_died_turns_not_replayable_when_its_lease_lapses()
     let gone = Token::new();
     let lease = Duration::from_millis(100);
     let ttl = Duration::from_secs(60);
-    assert_eq!(store.claim(&s, gone, lease, ttl).await.unwrap(), Found::Claimed);
+    assert_eq!(
+        store.claim(&s, gone, lease, ttl).await.unwrap(),
+        Found::Claimed
+    );
     let Begin::Duplicate(dup) = d.begin(s).await else {
         panic!("the orphan's key was free")
     };
     // A duplicate waiting on it sees the lapse by polling, and never runs it again.
-    let answer = dup.settle(Fingerprint::of(b""), Some(Instant::now() + Duration::from_secs(5))).await;
+    let answer = dup
+        .settle(
+            Fingerprint::of(b""),
+            Some(Instant::now() + Duration::from_secs(5)),
+        )
+        .await;
     assert_eq!(answer, Answer::NotReplayable);
-    assert_eq!(store.look(&s).await.unwrap(), Found::Gone { fingerprint: None });
+    assert_eq!(
+        store.look(&s).await.unwrap(),
+        Found::Gone { fingerprint: None }
+    );
     // The orphan's own end, were it to come, changes nothing.
     let end = Ending::NotReplayable { fingerprint: None };
     assert!(!store.finish(&s, gone, &end, ttl).await.unwrap());
@@ -166,7 +190,10 @@ async fn a_running_claim_renews_its_lease() {
     let s = scope(&d, "renewed");
     let t = Token::new();
     let short = Duration::from_millis(300);
-    store.claim(&s, t, short, Duration::from_secs(60)).await.unwrap();
+    store
+        .claim(&s, t, short, Duration::from_secs(60))
+        .await
+        .unwrap();
     // Renewed twice past the first lease: still running, not lapsed.
     for _ in 0..3 {
         tokio::time::sleep(Duration::from_millis(150)).await;

@@ -300,7 +300,12 @@ impl Store for RedisStore {
         one(self.run(&self.scripts.release, scope, &[&token.0]).await?).map(|_| ())
     }
 
-    async fn renew(&self, scope: &Scope, token: Token, lease: Duration) -> Result<bool, StoreError> {
+    async fn renew(
+        &self,
+        scope: &Scope,
+        token: Token,
+        lease: Duration,
+    ) -> Result<bool, StoreError> {
         let args: [&[u8]; 2] = [&token.0, &ms(lease)];
         one(self.run(&self.scripts.renew, scope, &args).await?)
     }
@@ -327,7 +332,7 @@ mod tests {
             Token::new(),
             &Ending::Kept {
                 fingerprint,
-                kept: kept.clone(),
+                kept: Arc::new(kept.clone()),
             },
         );
         assert_eq!(&v[17..30], b"0000000000000");

@@ -49,7 +49,10 @@ impl Scope {
             part(b'k', key.as_bytes());
         }
         part(b'm', method.as_str().as_bytes());
-        part(b't', uri.path_and_query().map_or("/", |p| p.as_str()).as_bytes());
+        part(
+            b't',
+            uri.path_and_query().map_or("/", |p| p.as_str()).as_bytes(),
+        );
         for auth in headers.get_all(AUTHORIZATION) {
             part(b'a', auth.as_bytes());
         }
@@ -172,14 +175,26 @@ mod tests {
             scope(Method::POST, "/charge?x=1", &[key]),
             scope(Method::POST, "/refund", &[key]),
             scope(Method::POST, "/charge", &[("idempotency-key", "\"k2\"")]),
-            scope(Method::POST, "/charge", &[key, ("authorization", "Bearer a")]),
+            scope(
+                Method::POST,
+                "/charge",
+                &[key, ("authorization", "Bearer a")],
+            ),
         ];
         for other in others {
             assert_ne!(Some(base), other);
         }
         assert_ne!(
-            scope(Method::POST, "/charge", &[key, ("authorization", "Bearer a")]),
-            scope(Method::POST, "/charge", &[key, ("authorization", "Bearer b")]),
+            scope(
+                Method::POST,
+                "/charge",
+                &[key, ("authorization", "Bearer a")]
+            ),
+            scope(
+                Method::POST,
+                "/charge",
+                &[key, ("authorization", "Bearer b")]
+            ),
             "two callers with the same key never share a scope"
         );
         // Length prefixes: moving a byte from the key into the target is another scope.

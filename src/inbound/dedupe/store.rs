@@ -56,9 +56,11 @@ pub enum Found {
 pub enum Ending {
     Kept {
         fingerprint: Fingerprint,
-        kept: Kept,
+        kept: Arc<Kept>,
     },
-    NotReplayable { fingerprint: Option<Fingerprint> },
+    NotReplayable {
+        fingerprint: Option<Fingerprint>,
+    },
 }
 
 /// Why a store could not answer.

@@ -50,7 +50,10 @@ impl RedisServer {
         let addr = SocketAddr::from(([127, 0, 0, 1], self.port));
         let until = Instant::now() + Duration::from_secs(10);
         while TcpStream::connect_timeout(&addr, Duration::from_millis(100)).is_err() {
-            assert!(Instant::now() < until, "redis-server did not listen within 10 s");
+            assert!(
+                Instant::now() < until,
+                "redis-server did not listen within 10 s"
+            );
             std::thread::sleep(Duration::from_millis(10));
         }
     }
@@ -58,7 +61,9 @@ impl RedisServer {
     /// Kills it at once (no shutdown, no save): a crash.
     pub fn kill(&mut self) {
         if let Some(mut c) = self.child.take() {
-            let _ = Command::new("kill").args(["-CONT", &c.id().to_string()]).status();
+            let _ = Command::new("kill")
+                .args(["-CONT", &c.id().to_string()])
+                .status();
             let _ = c.kill();
             let _ = c.wait();
         }

@@ -103,15 +103,24 @@ async fn the_table(d: &Dedupe, store: &str) {
     };
     assert_eq!(kept.status, StatusCode::CREATED);
     assert_eq!(kept.body, Bytes::from_static(b"{\"id\":1}"));
-    assert_eq!(kept.headers.get("content-type").unwrap(), "application/json");
+    assert_eq!(
+        kept.headers.get("content-type").unwrap(),
+        "application/json"
+    );
     assert!(kept.headers.get("connection").is_none());
 
     // Same key, different body: 422, never someone else's answer.
-    assert_eq!(settle(d, "done", b"amount=99").await, Answer::Mismatch, "{store}");
+    assert_eq!(
+        settle(d, "done", b"amount=99").await,
+        Answer::Mismatch,
+        "{store}"
+    );
     // The same key on another target or with another credential is another request.
     let mut other = headers("done");
     other.insert("authorization", HeaderValue::from_static("Bearer other"));
-    let s = d.scope(&Method::POST, &"/charge".parse().unwrap(), &other).unwrap();
+    let s = d
+        .scope(&Method::POST, &"/charge".parse().unwrap(), &other)
+        .unwrap();
     assert!(matches!(d.begin(s).await, Begin::Run(_)), "{store}");
 
     // Statuses that say it did not run release the key: a retry runs.
@@ -119,7 +128,11 @@ async fn the_table(d: &Dedupe, store: &str) {
         let key = format!("status-{i}");
         let c = run(d, &key).await;
         deliver(&c, b"x").await;
-        assert_eq!(finish(c, status, b"busy").await, Ended::Released, "{store} {status}");
+        assert_eq!(
+            finish(c, status, b"busy").await,
+            Ended::Released,
+            "{store} {status}"
+        );
         let again = run(d, &key).await;
         assert_eq!(again.release().await, Ended::Released);
     }
@@ -133,8 +146,16 @@ async fn the_table(d: &Dedupe, store: &str) {
     let c = run(d, "reset").await;
     deliver(&c, b"pay").await;
     assert_eq!(c.failed().await, Ended::NotReplayable, "{store}");
-    assert_eq!(settle(d, "reset", b"pay").await, Answer::NotReplayable, "{store}");
-    assert_eq!(settle(d, "reset", b"other").await, Answer::Mismatch, "{store}");
+    assert_eq!(
+        settle(d, "reset", b"pay").await,
+        Answer::NotReplayable,
+        "{store}"
+    );
+    assert_eq!(
+        settle(d, "reset", b"other").await,
+        Answer::Mismatch,
+        "{store}"
+    );
     // ... but without the whole request it cannot have run: released.
     let c = run(d, "half").await;
     assert_eq!(c.failed().await, Ended::Released, "{store}");
@@ -146,7 +167,11 @@ async fn the_table(d: &Dedupe, store: &str) {
     let mut k = answer(&c, 200, b"");
     assert!(!k.data(&[b'x'; 5000]));
     assert_eq!(c.complete(k).await, Ended::NotReplayable, "{store}");
-    assert_eq!(settle(d, "large", b"big").await, Answer::NotReplayable, "{store}");
+    assert_eq!(
+        settle(d, "large", b"big").await,
+        Answer::NotReplayable,
+        "{store}"
+    );
 
     // A duplicate while the first runs waits for it and gets its answer (joined).
     let c = run(d, "join").await;
@@ -164,7 +189,10 @@ async fn the_table(d: &Dedupe, store: &str) {
     let c = run(d, "slow").await;
     let dup = duplicate(d, "slow").await;
     let at = Some(Instant::now() + Duration::from_millis(50));
-    assert_eq!(dup.settle(Fingerprint::of(b""), at).await, Answer::InProgress);
+    assert_eq!(
+        dup.settle(Fingerprint::of(b""), at).await,
+        Answer::InProgress
+    );
     // A first released while a duplicate waits: the duplicate's body is spent, 409.
     let dup = duplicate(d, "slow").await;
     let waiter = tokio::spawn(async move { dup.settle(Fingerprint::of(b""), soon()).await });
@@ -180,9 +208,19 @@ async fn the_table(d: &Dedupe, store: &str) {
     deliver(&c, b"late").await;
     drop(c);
     wait_for(d, "cancelled-late", |f| matches!(f, Found::Gone { .. })).await;
-    assert_eq!(settle(d, "cancelled-late", b"late").await, Answer::NotReplayable);
+    assert_eq!(
+        settle(d, "cancelled-late", b"late").await,
+        Answer::NotReplayable
+    );
 
-    for (r, n) in [(First, 24), (Replayed, 1), (Joined, 1), (Mismatch, 2), (NotKept, 3), (InProgress, 2)] {
+    for (r, n) in [
+        (First, 24),
+        (Replayed, 1),
+        (Joined, 1),
+        (Mismatch, 2),
+        (NotKept, 3),
+        (InProgress, 2),
+    ] {
         assert_eq!(count(d, r), n, "{store}: {}", r.as_str());
     }
     assert_eq!(count(d, StoreError), 0, "{store}");
@@ -236,7 +274,9 @@ async fn fifty_at_once(d: Arc<Dedupe>, store: &str) {
                         finish(c, 200, b"ran once").await;
                         None
                     }
-                    Begin::Duplicate(dup) => Some(dup.settle(Fingerprint::of(b"once"), soon()).await),
+                    Begin::Duplicate(dup) => {
+                        Some(dup.settle(Fingerprint::of(b"once"), soon()).await)
+                    }
                     Begin::Unavailable => panic!("store unavailable"),
                 }
             })
@@ -290,7 +330,9 @@ async fn a_completed_key_expires_after_its_ttl_on_the_memory_store() {
 
 #[tokio::test]
 async fn a_completed_key_expires_after_its_ttl_on_the_redis_store() {
-    let Some(redis) = RedisServer::start("a_completed_key_expires_after_its_ttl_on_the_redis_store") else {
+    let Some(redis) =
+        RedisServer::start("a_completed_key_expires_after_its_ttl_on_the_redis_store")
+    else {
         return;
     };
     let config = DedupeConfig {
@@ -328,12 +370,18 @@ async fn the_memory_store_evicts_the_oldest_completed_keys_never_one_in_flight()
     assert_eq!(gauge, 3, "the entries gauge follows the store");
     // The two oldest completed keys went, across the shards.
     for key in ["c", "e"] {
-        assert!(matches!(settle(&d, key, b"x").await, Answer::Replay(_)), "{key} stays");
+        assert!(
+            matches!(settle(&d, key, b"x").await, Answer::Replay(_)),
+            "{key} stays"
+        );
     }
     for key in ["a", "b"] {
         run(&d, key).await.release().await;
     }
-    assert!(matches!(duplicate(&d, "in-flight").await.found, Found::Running), "never in flight");
+    assert!(
+        matches!(duplicate(&d, "in-flight").await.found, Found::Running),
+        "never in flight"
+    );
     drop(running);
 }
 

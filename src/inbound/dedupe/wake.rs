@@ -86,12 +86,10 @@ impl Drop for Subscription<'_> {
     fn drop(&mut self) {
         let mut shard = self.notices.shard(&self.scope);
         // This receiver still counts: it is the last one when the count is one.
-        let last = shard
-            .get(&self.scope)
-            .is_some_and(|tx| {
-                let ours = tx.subscribe().same_channel(&self.rx);
-                ours && tx.receiver_count() <= 1
-            });
+        let last = shard.get(&self.scope).is_some_and(|tx| {
+            let ours = tx.subscribe().same_channel(&self.rx);
+            ours && tx.receiver_count() <= 1
+        });
         if last {
             shard.remove(&self.scope);
         }
