@@ -65,6 +65,14 @@ impl Answer {
     }
 }
 
+impl Answer {
+    /// The `Retry-After` (seconds) of an answer that asks for a retry later: `1` for
+    /// `in-progress` (the draft's answer) and `dedupe-unavailable`.
+    pub fn retry_after(&self) -> Option<u32> {
+        matches!(self, Answer::InProgress | Answer::Unavailable).then_some(1)
+    }
+}
+
 /// A keyed request whose key another request holds or held.
 pub struct Duplicate {
     pub(super) scope: Scope,

@@ -115,7 +115,9 @@ impl std::fmt::Debug for Dedupe {
 pub(crate) struct Core {
     config: DedupeConfig,
     metrics: Arc<Metrics>,
-    notices: wake::Notices,
+    /// Shared with the core a reload replaces: a duplicate that began on one waits on
+    /// a claim that may end on the other.
+    notices: Arc<wake::Notices>,
     warned: Warned,
 }
 
@@ -129,7 +131,7 @@ pub(crate) enum Backend {
 impl Dedupe {
     /// The core of `config`. On a reload, `previous` hands over what must outlive it:
     /// the memory store's keys and the connection to Redis, while they stay the same
-    /// kind of store at the same place.
+    /// kind of store at the same place, and the duplicates waiting on this replica.
     pub fn new(config: &DedupeConfig, metrics: Arc<Metrics>, previous: Option<&Dedupe>) -> Dedupe {
         let gauge = metrics.dedupe().entries.clone();
         let memory = |previous: Option<&Arc<MemoryStore>>| {
@@ -171,7 +173,7 @@ impl Dedupe {
             core: Arc::new(Core {
                 config: config.clone(),
                 metrics,
-                notices: wake::Notices::default(),
+                notices: previous.map_or_else(Arc::default, |p| p.core.notices.clone()),
                 warned: Warned::default(),
             }),
             primary,

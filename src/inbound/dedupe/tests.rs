@@ -401,3 +401,27 @@ async fn with_one_shard_eviction_is_strictly_oldest_first() {
     assert_eq!(m.look_now(&scopes[1]), Found::Gone { fingerprint: None });
     assert_eq!(m.look_now(&scopes[2]), Found::Gone { fingerprint: None });
 }
+
+#[tokio::test]
+async fn a_reload_keeps_the_keys_and_the_waiters() {
+    let metrics = Metrics::new();
+    let before = Dedupe::new(&config(DedupeStore::Memory), metrics.clone(), None);
+    let c = run(&before, "k").await;
+    deliver(&c, b"k").await;
+    let changed = DedupeConfig {
+        ttl: Duration::from_secs(60),
+        max_entries: 10,
+        ..config(DedupeStore::Memory)
+    };
+    let after = Dedupe::new(&changed, metrics, Some(&before));
+    assert!(Arc::ptr_eq(
+        before.memory().unwrap(),
+        after.memory().unwrap()
+    ));
+    // A duplicate that begins after the reload waits on the claim made before it.
+    let dup = duplicate(&after, "k").await;
+    let waiter = tokio::spawn(async move { dup.settle(Fingerprint::of(b"k"), soon()).await });
+    tokio::task::yield_now().await;
+    finish(c, 200, b"before").await;
+    assert!(matches!(waiter.await.unwrap(), Answer::Replay(_)));
+}
