@@ -425,3 +425,24 @@ async fn a_reload_keeps_the_keys_and_the_waiters() {
     finish(c, 200, b"before").await;
     assert!(matches!(waiter.await.unwrap(), Answer::Replay(_)));
 }
+
+#[tokio::test]
+async fn a_request_without_a_key_or_of_another_method_is_not_the_dedupes() {
+    let d = dedupe(DedupeStore::Memory);
+    let uri = "/charge".parse().unwrap();
+    assert!(d.scope(&Method::POST, &uri, &HeaderMap::new()).is_none());
+    assert!(d.scope(&Method::PUT, &uri, &headers("k")).is_none());
+    assert!(d.scope(&Method::PATCH, &uri, &headers("k")).is_some());
+    assert_eq!(d.memory().unwrap().len(), 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn store_errors_are_warned_about_at_most_once_a_minute() {
+    let w = Warned::default();
+    let t = Instant::now();
+    assert!(w.now_and_then(t));
+    assert!(!w.now_and_then(t + Duration::from_secs(30)));
+    assert!(!w.now_and_then(t + Duration::from_millis(59_999)));
+    assert!(w.now_and_then(t + Duration::from_secs(61)));
+    assert!(!w.now_and_then(t + Duration::from_secs(90)));
+}
