@@ -33,6 +33,7 @@ pub mod attempts;
 pub mod dedupe;
 pub mod fair;
 pub mod gradient;
+mod keyed;
 pub mod limit;
 pub mod samples;
 pub mod service;
@@ -48,6 +49,7 @@ use crate::metrics::{Metrics, amplification};
 use crate::retry::budget::RetryBudget;
 use crate::server::AppBody;
 use crate::upstream::pool::Endpoint;
+use dedupe::{Dedupe, Hashed};
 use fair::FairShare;
 use limit::Limit;
 pub use service::InboundService;
@@ -74,6 +76,9 @@ pub struct State {
     /// The callers' shares of the budget (`per_caller = "fair"` with a budget).
     pub fair: Option<Arc<FairShare>>,
     pub limit: Arc<Limit>,
+    /// `[inbound.dedupe]`, and the connections its first arrivals reach the app on (a
+    /// keyed body is hashed on its way).
+    pub dedupe: Option<(Arc<Dedupe>, Arc<Endpoint<Hashed<AppBody>>>)>,
 }
 
 impl std::fmt::Debug for Inbound {
@@ -130,7 +135,12 @@ impl Inbound {
 
     /// Closes the idle connections to the app that it has closed.
     pub fn sweep(&self) {
-        self.state.load().app.sweep();
+        let s = self.state.load();
+        s.app.sweep();
+        if let Some((dedupe, keyed)) = &s.dedupe {
+            keyed.sweep();
+            dedupe.sweep();
+        }
     }
 
     /// Sets the gauges from live state, just before a scrape.
@@ -151,7 +161,7 @@ impl State {
     fn build(
         config: &InboundConfig,
         (deadline, access_log): (&DeadlineConfig, AccessLogConfig),
-        metrics: &Metrics,
+        metrics: &Arc<Metrics>,
         previous: Option<&State>,
         connections: &Arc<AtomicUsize>,
         workers: usize,
@@ -193,7 +203,25 @@ impl State {
             duration,
             now,
         );
+        let dedupe = config.dedupe.as_ref().map(|d| {
+            let old = previous.and_then(|p| p.dedupe.as_ref());
+            let keyed = match old {
+                Some((_, keyed)) if previous.is_some_and(|p| p.config.app == config.app) => {
+                    keyed.clone()
+                }
+                _ => Arc::new(Endpoint::new(
+                    "inbound".into(),
+                    config.app.clone(),
+                    connections.clone(),
+                    workers,
+                    None,
+                )),
+            };
+            let dedupe = Dedupe::new(d, metrics.clone(), old.map(|(d, _)| &**d));
+            (Arc::new(dedupe), keyed)
+        });
         State {
+            dedupe,
             config: config.clone(),
             access_log,
             deadline: deadline.clone(),
