@@ -62,6 +62,8 @@ pub struct Metrics {
     inbound: OnceLock<inbound::InboundMetrics>,
     /// Registered with `[inbound.dedupe]`, when the config has one.
     dedupe: OnceLock<dedupe::DedupeMetrics>,
+    /// `tollgate_idempotency_keys_minted_total`, registered when an upstream mints.
+    minted: OnceLock<IntCounterVec>,
     /// The families of a caller that learns from its upstream.
     pub learning: Learning,
 }
@@ -213,6 +215,7 @@ impl Metrics {
             passthrough: passthrough::Passthrough::new(&r),
             inbound: OnceLock::new(),
             dedupe: OnceLock::new(),
+            minted: OnceLock::new(),
             learning: Learning::new(&r),
             registry: r,
         };

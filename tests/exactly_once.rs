@@ -31,7 +31,10 @@ async fn orders_app(delay: Duration) -> (Upstream, Arc<AtomicUsize>) {
             http::Response::builder()
                 .status(201)
                 .header("x-order", n.to_string())
-                .body(full(format!("order {n} for {}", String::from_utf8_lossy(&body))))
+                .body(full(format!(
+                    "order {n} for {}",
+                    String::from_utf8_lossy(&body)
+                )))
                 .unwrap()
         }
     })
@@ -98,7 +101,10 @@ async fn fifty_duplicates_arriving_together_run_the_app_once_and_get_one_answer(
 async fn the_same_key_with_another_body_is_refused_without_the_app() {
     let (app, executed) = orders_app(Duration::ZERO).await;
     let tg = Tollgate::start(&inbound_config(app.addr, DEDUPE)).await;
-    assert_eq!(send(tg.inbound(), post(Some("\"k\""), "one")).await.status, 201);
+    assert_eq!(
+        send(tg.inbound(), post(Some("\"k\""), "one")).await.status,
+        201
+    );
     let other = send(tg.inbound(), post(Some("\"k\""), "two")).await;
     assert_eq!(other.status, 422);
     assert_eq!(other.outcome(), Some("key-mismatch"));
@@ -116,16 +122,26 @@ async fn an_answer_that_says_the_request_did_not_run_frees_the_key() {
     })
     .await;
     let tg = Tollgate::start(&inbound_config(app.addr, DEDUPE)).await;
-    assert_eq!(send(tg.inbound(), post(Some("\"k\""), "x")).await.status, 503);
+    assert_eq!(
+        send(tg.inbound(), post(Some("\"k\""), "x")).await.status,
+        503
+    );
     let retried = send(tg.inbound(), post(Some("\"k\""), "x")).await;
-    assert_eq!((retried.status.as_u16(), &retried.body[..]), (200, &b"call 1"[..]));
+    assert_eq!(
+        (retried.status.as_u16(), &retried.body[..]),
+        (200, &b"call 1"[..])
+    );
     assert_eq!(retried.header("idempotent-replayed"), None);
     assert_eq!(calls.load(Ordering::SeqCst), 2);
     tg.stop().await;
 }
 
 /// An app that reads the whole request and closes the connection without a word.
-async fn vanishing_app() -> (std::net::SocketAddr, Arc<AtomicUsize>, tokio::task::JoinHandle<()>) {
+async fn vanishing_app() -> (
+    std::net::SocketAddr,
+    Arc<AtomicUsize>,
+    tokio::task::JoinHandle<()>,
+) {
     use tokio::io::AsyncReadExt;
     let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = l.local_addr().unwrap();
@@ -186,7 +202,10 @@ async fn a_response_larger_than_max_response_streams_and_is_not_kept() {
     assert_eq!(first.status, 200);
     assert_eq!(first.body.len(), big.len());
     let dup = send(tg.inbound(), post(Some("\"k\""), "x")).await;
-    assert_eq!((dup.status.as_u16(), dup.outcome()), (500, Some("not-replayable")));
+    assert_eq!(
+        (dup.status.as_u16(), dup.outcome()),
+        (500, Some("not-replayable"))
+    );
     assert_eq!(app.hits(), 1);
     tg.stop().await;
 }
@@ -199,7 +218,11 @@ async fn a_caller_that_goes_away_does_not_lose_the_answer_of_the_work_done() {
     let gone = tokio::spawn(async move { send(addr, post(Some("\"k\""), "cake")).await });
     assert!(wait_until(Duration::from_secs(5), || app.hits() == 1).await);
     gone.abort();
-    assert!(wait_until(Duration::from_secs(5), || executed.load(Ordering::SeqCst) == 1).await);
+    assert!(
+        wait_until(Duration::from_secs(5), || executed.load(Ordering::SeqCst)
+            == 1)
+        .await
+    );
     let dup = send(addr, post(Some("\"k\""), "cake")).await;
     assert_eq!(dup.status, 201);
     assert_eq!(&dup.body[..], b"order 1 for cake");
@@ -239,4 +262,195 @@ async fn requests_without_a_key_get_what_the_app_gives() {
     // Two keyed GETs both reach the app: GET is not a listed method.
     assert_eq!(app.hits(), 6);
     tg.stop().await;
+}
+
+// ---- The caller's side and the whole chain ----
+
+/// A TCP relay that loses responses: each piece of an answer coming back is, while
+/// `lose` allows, not passed on, and the connection is closed both ways (the request
+/// went through and ran; only its answer is lost). `lose_next` loses that many answers;
+/// `lose_percent` loses that share of them at random.
+struct Lossy {
+    addr: std::net::SocketAddr,
+    lose_next: Arc<AtomicUsize>,
+    lost: Arc<AtomicUsize>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Lossy {
+    async fn start(to: std::net::SocketAddr, lose_percent: u32, seed: u64) -> Lossy {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = l.local_addr().unwrap();
+        let lose_next = Arc::new(AtomicUsize::new(0));
+        let lost = Arc::new(AtomicUsize::new(0));
+        let (next, count) = (lose_next.clone(), lost.clone());
+        let rng = Arc::new(std::sync::Mutex::new(fastrand::Rng::with_seed(seed)));
+        let task = tokio::spawn(async move {
+            let mut conns = tokio::task::JoinSet::new();
+            while let Ok((client, _)) = l.accept().await {
+                let Ok(server) = tokio::net::TcpStream::connect(to).await else {
+                    continue;
+                };
+                let (next, count, rng) = (next.clone(), count.clone(), rng.clone());
+                conns.spawn(async move {
+                    let (mut cr, mut cw) = client.into_split();
+                    let (mut sr, mut sw) = server.into_split();
+                    let up = async move {
+                        let _ = tokio::io::copy(&mut cr, &mut sw).await;
+                        let _ = sw.shutdown().await;
+                    };
+                    let down = async move {
+                        let mut buf = vec![0u8; 16 * 1024];
+                        loop {
+                            let n = match sr.read(&mut buf).await {
+                                Ok(0) | Err(_) => return,
+                                Ok(n) => n,
+                            };
+                            let by_count = next
+                                .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| {
+                                    n.checked_sub(1)
+                                })
+                                .is_ok();
+                            let by_chance = rng.lock().unwrap().u32(0..100) < lose_percent;
+                            if by_count || by_chance {
+                                count.fetch_add(1, Ordering::SeqCst);
+                                return;
+                            }
+                            if cw.write_all(&buf[..n]).await.is_err() {
+                                return;
+                            }
+                        }
+                    };
+                    // The first side to end ends both: a lost answer closes the caller's
+                    // connection at once.
+                    tokio::select! {
+                        _ = up => {}
+                        _ = down => {}
+                    }
+                });
+            }
+        });
+        Lossy {
+            addr,
+            lose_next,
+            lost,
+            task,
+        }
+    }
+}
+
+impl Drop for Lossy {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+fn caller_config(endpoints: &[std::net::SocketAddr], extra_retry: &str) -> String {
+    let list: Vec<String> = endpoints.iter().map(|a| format!("\"{a}\"")).collect();
+    config(&format!(
+        "[upstreams.orders]\nauthorities = [\"orders\"]\nendpoints = [{}]\nrequest_timeout = \"5s\"\n\
+         [upstreams.orders.retry]\nmax_attempts = 4\non = [\"connect-failure\", \"reset\", \"503\"]\n\
+         backoff_base = \"1ms\"\nbackoff_max = \"5ms\"\n{extra_retry}\n\
+         [upstreams.orders.budget]\nratio = 1.0\nmin_per_sec = 1000\n",
+        list.join(", ")
+    ))
+}
+
+/// An app recording each attempt's idempotency key; 503 on the first attempt.
+#[tokio::test]
+async fn a_minted_key_is_the_same_on_every_attempt_and_an_apps_own_is_kept() {
+    let keys = Arc::new(std::sync::Mutex::new(Vec::<Option<String>>::new()));
+    let k = keys.clone();
+    let app = Upstream::start(move |req: http::Request<hyper::body::Incoming>| {
+        let key = req
+            .headers()
+            .get("idempotency-key")
+            .map(|v| v.to_str().unwrap().to_string());
+        let mut seen = k.lock().unwrap();
+        seen.push(key);
+        let status = if seen.len() % 2 == 1 { 503 } else { 200 };
+        async move { respond(status, "ok") }
+    })
+    .await;
+    let tg = Tollgate::start(&caller_config(
+        &[app.addr],
+        "mint_idempotency_key = [\"POST\"]",
+    ))
+    .await;
+    let minted = send(
+        tg.addr,
+        request("POST", "/orders", "orders")
+            .body(full("a"))
+            .unwrap(),
+    )
+    .await;
+    assert_eq!(minted.status, 200);
+    let own = send(
+        tg.addr,
+        request("POST", "/orders", "orders")
+            .header("idempotency-key", "\"mine\"")
+            .body(full("b"))
+            .unwrap(),
+    )
+    .await;
+    assert_eq!(own.status, 200);
+    // A GET is not a listed method: no key, on either attempt.
+    get(tg.addr, "/orders", "orders").await;
+    let seen = keys.lock().unwrap().clone();
+    assert_eq!(seen.len(), 6, "{seen:?}");
+    let key = seen[0].clone().unwrap();
+    assert!(
+        key.starts_with('"') && key.ends_with('"') && key.len() == 38,
+        "{key}"
+    );
+    assert_eq!(seen[1], seen[0], "the same key on the retry");
+    assert_eq!(seen[2].as_deref(), Some("\"mine\""));
+    assert_eq!(seen[3].as_deref(), Some("\"mine\""));
+    assert_eq!(seen[4..], [None, None]);
+    let m = tg.metrics().await;
+    assert_eq!(
+        metric(
+            &m,
+            "tollgate_idempotency_keys_minted_total{upstream=\"orders\"}"
+        ),
+        Some(1.0)
+    );
+    tg.stop().await;
+}
+
+#[tokio::test]
+async fn a_keyed_post_is_retried_after_a_lost_answer_only_where_the_callee_dedupes() {
+    let (app, executed) = orders_app(Duration::ZERO).await;
+    let callee = Tollgate::start(&inbound_config(app.addr, DEDUPE)).await;
+    let relay = Lossy::start(callee.inbound(), 0, 1).await;
+    let caller = Tollgate::start(&caller_config(
+        &[relay.addr],
+        "mint_idempotency_key = [\"POST\"]",
+    ))
+    .await;
+    let order = |body: &str| {
+        request("POST", "/orders", "orders")
+            .body(full(body.to_string()))
+            .unwrap()
+    };
+    // Nothing has said the callee deduplicates yet: a lost answer is not sent again.
+    relay.lose_next.store(1, Ordering::SeqCst);
+    let unknown = send(caller.addr, order("first")).await;
+    assert_eq!(unknown.status, 502, "{:?}", unknown.body);
+    assert_eq!(executed.load(Ordering::SeqCst), 1);
+    // Its answers say so now.
+    let plain = send(caller.addr, order("second")).await;
+    assert_eq!(plain.status, 201);
+    assert_eq!(executed.load(Ordering::SeqCst), 2);
+    relay.lose_next.store(1, Ordering::SeqCst);
+    let saved = send(caller.addr, order("third")).await;
+    assert_eq!(saved.status, 201, "{:?}", saved.body);
+    assert_eq!(saved.header("idempotent-replayed"), Some("true"));
+    assert_eq!(&saved.body[..], b"order 3 for third");
+    assert_eq!(saved.attempts(), 2);
+    assert_eq!(executed.load(Ordering::SeqCst), 3, "the retry ran nothing");
+    assert_eq!(relay.lost.load(Ordering::SeqCst), 2);
+    caller.stop().await;
+    callee.stop().await;
 }

@@ -96,6 +96,7 @@ impl UpstreamConfig {
                 "on": r.on.names(),
                 "methods": r.methods.iter().map(|m| m.as_str()).collect::<Vec<_>>(),
                 "idempotency_header": r.idempotency_header.as_ref().map(|h| h.as_str()),
+                "mint_idempotency_key": r.mint_idempotency_key.iter().map(|m| m.as_str()).collect::<Vec<_>>(),
                 "backoff_base": format_duration(r.backoff.base()),
                 "backoff_max": format_duration(r.backoff.max()),
                 "backoff_jitter": r.backoff.jitter().as_str(),

@@ -58,6 +58,7 @@ impl<'a> DeadlineFields<'a> {
             }),
             None,
             None,
+            None,
         ])
     }
 }

@@ -35,10 +35,7 @@ use crate::upstream::pool::{Endpoint, Want};
 use crate::upstream::request::{AttemptFields, RequestHead};
 use crate::upstream::response::{Fields, relayed};
 
-/// `idempotent-replayed`, on an answer replayed from the dedupe store.
-pub const REPLAYED: HeaderName = HeaderName::from_static("idempotent-replayed");
-/// `x-tollgate-dedupe`, on every answer while `[inbound.dedupe]` is on.
-pub const DEDUPE_HEADER: HeaderName = HeaderName::from_static("x-tollgate-dedupe");
+pub use crate::retry::headers::{DEDUPE_HEADER, REPLAYED_HEADER as REPLAYED};
 
 /// Once its caller has gone, how long the task waits for each further piece of the
 /// app's answer before it gives the answer up (the key is then not replayable).

@@ -173,6 +173,11 @@ async fn answer_request(
         Some((dedupe, _)) if !facts.upgrade => dedupe.scope(&parts.method, &parts.uri, &headers),
         _ => None,
     };
+    if let (Some(_), Some(e)) = (&scope, call.log.as_mut()) {
+        e.idempotency_key = headers
+            .get(super::dedupe::scope::IDEMPOTENCY_KEY)
+            .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned());
+    }
     let claim = match scope {
         None => None,
         Some(scope) => match state.dedupe.as_ref().map(|(d, _)| d.begin(scope)) {

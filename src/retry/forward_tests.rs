@@ -78,6 +78,7 @@ async fn call(
         grpc: false,
         upgrade: false,
         app_retry: false,
+        minted: None,
     };
     forward_on(up, script, ex).await
 }

@@ -99,6 +99,7 @@ impl Section {
                 "on",
                 "methods",
                 "idempotency_header",
+                "mint_idempotency_key",
                 "backoff_base",
                 "backoff_max",
                 "backoff_jitter",
