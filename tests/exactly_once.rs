@@ -132,6 +132,9 @@ async fn an_answer_that_says_the_request_did_not_run_frees_the_key() {
         (200, &b"call 1"[..])
     );
     assert_eq!(retried.header("idempotent-replayed"), None);
+    // The 200 is kept.
+    let kept = send(tg.inbound(), post(Some("\"k\""), "x")).await;
+    assert_eq!(kept.header("idempotent-replayed"), Some("true"));
     assert_eq!(calls.load(Ordering::SeqCst), 2);
     tg.stop().await;
 }
@@ -453,4 +456,267 @@ async fn a_keyed_post_is_retried_after_a_lost_answer_only_where_the_callee_dedup
     assert_eq!(relay.lost.load(Ordering::SeqCst), 2);
     caller.stop().await;
     callee.stop().await;
+}
+
+// ---- A fleet: replicas behind their own tollgates, one Redis, a lossy network ----
+
+/// A `redis-server` on a free loopback port, persisting nothing; killed when dropped.
+struct Redis {
+    child: Option<std::process::Child>,
+    port: u16,
+}
+
+impl Redis {
+    /// `None`, said loudly, when `redis-server` is not installed.
+    fn start(test: &str) -> Option<Redis> {
+        let installed = std::process::Command::new("redis-server")
+            .arg("--version")
+            .stdout(std::process::Stdio::null())
+            .status()
+            .is_ok();
+        if !installed {
+            eprintln!(
+                "\n*** SKIPPED {test}: redis-server is not installed \
+                 (apt-get install redis-server); the shared store was NOT tested ***\n"
+            );
+            return None;
+        }
+        let mut r = Redis {
+            child: None,
+            port: free_port(),
+        };
+        r.restart();
+        Some(r)
+    }
+
+    fn restart(&mut self) {
+        let child = std::process::Command::new("redis-server")
+            .args(["--port", &self.port.to_string(), "--bind", "127.0.0.1"])
+            .args(["--save", "", "--appendonly", "no", "--loglevel", "warning"])
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        self.child = Some(child);
+        let addr = std::net::SocketAddr::from(([127, 0, 0, 1], self.port));
+        let until = std::time::Instant::now() + Duration::from_secs(10);
+        while std::net::TcpStream::connect_timeout(&addr, Duration::from_millis(100)).is_err() {
+            assert!(
+                std::time::Instant::now() < until,
+                "redis-server did not listen"
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    fn kill(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    fn store(&self) -> String {
+        format!("redis://127.0.0.1:{}/0", self.port)
+    }
+}
+
+impl Drop for Redis {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+type Ledger = Arc<std::sync::Mutex<std::collections::HashMap<String, usize>>>;
+
+/// A replica of the orders service: appends each order (its body) to the shared ledger.
+async fn ledger_replica(ledger: &Ledger) -> Upstream {
+    let ledger = ledger.clone();
+    Upstream::start(move |req: http::Request<hyper::body::Incoming>| {
+        let ledger = ledger.clone();
+        async move {
+            let order = req.into_body().collect().await.unwrap().to_bytes();
+            let order = String::from_utf8_lossy(&order).into_owned();
+            let n = {
+                let mut l = ledger.lock().unwrap();
+                let n = l.entry(order.clone()).or_insert(0);
+                *n += 1;
+                *n
+            };
+            respond(201, format!("{order} booked ({n})"))
+        }
+    })
+    .await
+}
+
+struct Run {
+    answered: usize,
+    replayed: usize,
+    twice: usize,
+    executed: usize,
+}
+
+/// `orders` orders through `caller`, 20 at a time, each checked against the ledger.
+async fn place_orders(caller: std::net::SocketAddr, orders: usize, ledger: &Ledger) -> Run {
+    // One plain call first: the answers say the callee deduplicates.
+    assert_eq!(get(caller, "/warm", "orders").await.status, 201);
+    let next = Arc::new(AtomicUsize::new(0));
+    let (answered, replayed) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+    let workers: Vec<_> = (0..20)
+        .map(|_| {
+            let (next, answered, replayed) = (next.clone(), answered.clone(), replayed.clone());
+            tokio::spawn(async move {
+                loop {
+                    let i = next.fetch_add(1, Ordering::SeqCst);
+                    if i >= orders {
+                        return;
+                    }
+                    let req = request("POST", "/orders", "orders")
+                        .body(full(format!("order-{i}")))
+                        .unwrap();
+                    let got = send(caller, req).await;
+                    if got.status == 201 {
+                        assert_eq!(got.body, format!("order-{i} booked (1)"));
+                        answered.fetch_add(1, Ordering::SeqCst);
+                    }
+                    if got.header("idempotent-replayed") == Some("true") {
+                        replayed.fetch_add(1, Ordering::SeqCst);
+                    }
+                }
+            })
+        })
+        .collect();
+    for w in workers {
+        w.await.unwrap();
+    }
+    eprintln!(
+        "{orders} orders: {} answered, {} replayed",
+        answered.load(Ordering::SeqCst),
+        replayed.load(Ordering::SeqCst)
+    );
+    let l = ledger.lock().unwrap();
+    let orders_only = || l.iter().filter(|(k, _)| k.starts_with("order-"));
+    Run {
+        answered: answered.load(Ordering::SeqCst),
+        replayed: replayed.load(Ordering::SeqCst),
+        twice: orders_only().filter(|(_, n)| **n > 1).count(),
+        executed: orders_only().count(),
+    }
+}
+
+/// Replicas, each behind its own inbound tollgate with `dedupe`, each reached through
+/// its own lossy link; a caller that mints keys.
+async fn fleet(
+    replicas: usize,
+    dedupe: &str,
+    ledger: &Ledger,
+) -> (Vec<Upstream>, Vec<Tollgate>, Vec<Lossy>, Tollgate) {
+    let (mut apps, mut callees, mut links) = (Vec::new(), Vec::new(), Vec::new());
+    for i in 0..replicas {
+        let app = ledger_replica(ledger).await;
+        let callee = Tollgate::start(&inbound_config(
+            app.addr,
+            &format!("max_inflight = 1000\n[inbound.dedupe]\n{dedupe}"),
+        ))
+        .await;
+        links.push(Lossy::start(callee.inbound(), 10, 7 + i as u64).await);
+        apps.push(app);
+        callees.push(callee);
+    }
+    let ends: Vec<_> = links.iter().map(|l| l.addr).collect();
+    let caller = Tollgate::start(&caller_config(&ends, "mint_idempotency_key = [\"POST\"]")).await;
+    (apps, callees, links, caller)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn six_hundred_orders_through_a_lossy_network_and_three_replicas_each_run_once() {
+    let Some(redis) = Redis::start("six_hundred_orders_…_three_replicas") else {
+        return;
+    };
+    let ledger = Ledger::default();
+    let store = format!("store = \"{}\"\nstore_timeout = \"500ms\"\n", redis.store());
+    let (_apps, callees, links, caller) = fleet(3, &store, &ledger).await;
+    let run = place_orders(caller.addr, 600, &ledger).await;
+    let lost: usize = links.iter().map(|l| l.lost.load(Ordering::SeqCst)).sum();
+    assert!(lost > 0, "the network lost nothing");
+    assert_eq!(run.twice, 0, "orders executed twice");
+    assert!(run.answered >= 594, "{} of 600 answered", run.answered);
+    assert!(run.executed >= run.answered);
+    assert!(
+        run.replayed > 0,
+        "no lost answer was replayed ({lost} lost)"
+    );
+    caller.stop().await;
+    for c in callees {
+        c.stop().await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn six_hundred_orders_through_a_lossy_network_and_one_replica_with_memory_run_once() {
+    let ledger = Ledger::default();
+    let (_apps, callees, _links, caller) = fleet(1, "store = \"memory\"\n", &ledger).await;
+    let run = place_orders(caller.addr, 600, &ledger).await;
+    assert_eq!(run.twice, 0, "orders executed twice");
+    assert!(run.answered >= 594, "{} of 600 answered", run.answered);
+    assert!(run.replayed > 0);
+    caller.stop().await;
+    for c in callees {
+        c.stop().await;
+    }
+}
+
+#[tokio::test]
+async fn while_redis_is_down_keyed_requests_fail_closed_or_open_and_others_pass() {
+    let Some(mut redis) = Redis::start("while_redis_is_down_…") else {
+        return;
+    };
+    let (app, _executed) = orders_app(Duration::ZERO).await;
+    let store = |on: &str| {
+        format!(
+            "[inbound.dedupe]\nstore = \"{}\"\nstore_timeout = \"300ms\"\non_store_error = \"{on}\"\n",
+            redis.store()
+        )
+    };
+    let closed = Tollgate::start(&inbound_config(app.addr, &store("closed"))).await;
+    let open = Tollgate::start(&inbound_config(app.addr, &store("open"))).await;
+    assert_eq!(
+        send(closed.inbound(), post(Some("\"a\""), "x"))
+            .await
+            .status,
+        201
+    );
+    redis.kill();
+    let refused = send(closed.inbound(), post(Some("\"b\""), "x")).await;
+    assert_eq!(refused.status, 503);
+    assert_eq!(refused.outcome(), Some("dedupe-unavailable"));
+    assert_eq!(refused.header("retry-after"), Some("1"));
+    assert_eq!(send(closed.inbound(), post(None, "x")).await.status, 201);
+    // Open: this replica's memory stands in, and still runs a key once.
+    let first = send(open.inbound(), post(Some("\"c\""), "x")).await;
+    assert_eq!(first.status, 201);
+    let again = send(open.inbound(), post(Some("\"c\""), "x")).await;
+    assert_eq!((again.status, &again.body), (first.status, &first.body));
+    assert_eq!(again.header("idempotent-replayed"), Some("true"));
+    let m = closed.metrics().await;
+    assert!(metric(&m, "tollgate_inbound_dedupe_total{result=\"store-error\"}").unwrap() >= 1.0);
+    // Back: keyed requests are made safe again, the key kept there before is gone with it.
+    redis.restart();
+    let mut back = None;
+    for _ in 0..100 {
+        let r = send(closed.inbound(), post(Some("\"d\""), "x")).await;
+        if r.status == 201 {
+            back = Some(r);
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(
+        back.is_some(),
+        "keyed requests still refused after Redis came back"
+    );
+    let dup = send(closed.inbound(), post(Some("\"d\""), "x")).await;
+    assert_eq!(dup.header("idempotent-replayed"), Some("true"));
+    closed.stop().await;
+    open.stop().await;
 }
