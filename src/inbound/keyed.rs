@@ -25,13 +25,14 @@ use tokio::sync::{mpsc, oneshot};
 
 use super::answer::{self, Refusal};
 use super::app::{self, DeadlineFields, Failed};
-use super::dedupe::{Answer, Claim, Hashed, Kept};
+use super::KeyedApp;
+use super::dedupe::{Answer, Claim, Kept};
 use crate::deadline::Deadline;
 use crate::http::BoxError;
 use crate::metrics::Outcome;
 use crate::retry::headers::outcome_of;
 use crate::server::{AppBody, RequestGuard, ResponseBody};
-use crate::upstream::pool::{Endpoint, Want};
+use crate::upstream::pool::Want;
 use crate::upstream::request::{AttemptFields, RequestHead};
 use crate::upstream::response::{Fields, relayed};
 
@@ -64,7 +65,7 @@ pub(super) struct Head {
 /// the head of its answer (or why there is none).
 pub(super) async fn run(
     claim: Claim,
-    app: Arc<Endpoint<Hashed<AppBody>>>,
+    app: Arc<KeyedApp>,
     exchange: Exchange,
     body: AppBody,
     exhausted: IntCounter,
@@ -77,7 +78,7 @@ pub(super) async fn run(
 
 async fn drive(
     claim: Claim,
-    app: Arc<Endpoint<Hashed<AppBody>>>,
+    app: Arc<KeyedApp>,
     x: Exchange,
     body: AppBody,
     exhausted: IntCounter,

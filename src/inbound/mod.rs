@@ -78,8 +78,11 @@ pub struct State {
     pub limit: Arc<Limit>,
     /// `[inbound.dedupe]`, and the connections its first arrivals reach the app on (a
     /// keyed body is hashed on its way).
-    pub dedupe: Option<(Arc<Dedupe>, Arc<Endpoint<Hashed<AppBody>>>)>,
+    pub dedupe: Option<(Arc<Dedupe>, Arc<KeyedApp>)>,
 }
+
+/// The app, as keyed first arrivals reach it: their bodies hashed on the way.
+pub type KeyedApp = Endpoint<Hashed<AppBody>>;
 
 impl std::fmt::Debug for Inbound {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
