@@ -23,9 +23,9 @@ use http_body_util::BodyExt;
 use prometheus::IntCounter;
 use tokio::sync::{mpsc, oneshot};
 
+use super::KeyedApp;
 use super::answer::{self, Refusal};
 use super::app::{self, DeadlineFields, Failed};
-use super::KeyedApp;
 use super::dedupe::{Answer, Claim, Kept};
 use crate::deadline::Deadline;
 use crate::http::BoxError;
