@@ -720,3 +720,73 @@ async fn while_redis_is_down_keyed_requests_fail_closed_or_open_and_others_pass(
     closed.stop().await;
     open.stop().await;
 }
+
+#[tokio::test]
+async fn a_duplicate_whose_deadline_comes_first_is_told_it_is_in_progress() {
+    let (app, executed) = orders_app(Duration::from_millis(800)).await;
+    let tg = Tollgate::start(&inbound_config(app.addr, DEDUPE)).await;
+    let addr = tg.inbound();
+    let first = tokio::spawn(async move { send(addr, post(Some("\"slow\""), "x")).await });
+    assert!(wait_until(Duration::from_secs(5), || app.hits() == 1).await);
+    let impatient = request("POST", "/orders", "app")
+        .header("idempotency-key", "\"slow\"")
+        .header("x-timeout-ms", "100");
+    let dup = send(addr, impatient.body(full("x")).unwrap()).await;
+    assert_eq!(dup.status, 409);
+    assert_eq!(dup.outcome(), Some("in-progress"));
+    assert_eq!(dup.header("retry-after"), Some("1"));
+    assert_eq!(first.await.unwrap().status, 201);
+    assert_eq!(executed.load(Ordering::SeqCst), 1);
+    let m = tg.metrics().await;
+    assert_eq!(
+        metric(&m, "tollgate_inbound_dedupe_total{result=\"in-progress\"}"),
+        Some(1.0)
+    );
+    tg.stop().await;
+}
+
+#[tokio::test]
+async fn a_grpc_answer_is_replayed_with_its_trailers() {
+    let calls = Arc::new(AtomicUsize::new(0));
+    let c = calls.clone();
+    let app = Upstream::start(move |req: http::Request<hyper::body::Incoming>| {
+        c.fetch_add(1, Ordering::SeqCst);
+        async move {
+            // Read whole: an answer given before the request is is not kept.
+            req.into_body().collect().await.unwrap();
+            let mut trailers = http::HeaderMap::new();
+            trailers.insert("grpc-status", http::HeaderValue::from_static("0"));
+            trailers.insert("x-order", http::HeaderValue::from_static("42"));
+            let body = WithTrailers {
+                data: Some(bytes::Bytes::from_static(b"\0\0\0\0\x02ok")),
+                trailers: Some(trailers),
+            };
+            http::Response::builder()
+                .header("content-type", "application/grpc")
+                .body(http_body_util::BodyExt::boxed(body))
+                .unwrap()
+        }
+    })
+    .await;
+    let tg = Tollgate::start(&inbound_config(app.addr, DEDUPE)).await;
+    let call = || {
+        request("POST", "/shop.Orders/Place", "app")
+            .header("content-type", "application/grpc")
+            .header("te", "trailers")
+            .header("idempotency-key", "\"g-1\"")
+            .body(full(&b"\0\0\0\0\x01x"[..]))
+            .unwrap()
+    };
+    let first = send_h2(tg.inbound(), call()).await;
+    let again = send_h2(tg.inbound(), call()).await;
+    for got in [&first, &again] {
+        assert_eq!(got.status, 200);
+        assert_eq!(&got.body[..], b"\0\0\0\0\x02ok");
+        let t = got.trailers.as_ref().expect("trailers");
+        assert_eq!(t.get("grpc-status").unwrap(), "0");
+        assert_eq!(t.get("x-order").unwrap(), "42");
+    }
+    assert_eq!(again.header("idempotent-replayed"), Some("true"));
+    assert_eq!(calls.load(Ordering::SeqCst), 1);
+    tg.stop().await;
+}
