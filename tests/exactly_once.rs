@@ -790,3 +790,28 @@ async fn a_grpc_answer_is_replayed_with_its_trailers() {
     assert_eq!(calls.load(Ordering::SeqCst), 1);
     tg.stop().await;
 }
+
+#[tokio::test]
+async fn a_keyed_request_refused_at_the_limit_frees_its_key() {
+    let (app, executed) = orders_app(Duration::from_millis(400)).await;
+    let tg = Tollgate::start(&inbound_config(
+        app.addr,
+        "max_inflight = 1\n[inbound.dedupe]\nstore = \"memory\"\n",
+    ))
+    .await;
+    let addr = tg.inbound();
+    let busy = tokio::spawn(async move { send(addr, post(None, "other")).await });
+    assert!(wait_until(Duration::from_secs(5), || app.hits() == 1).await);
+    let refused = send(addr, post(Some("\"k\""), "x")).await;
+    assert_eq!(
+        (refused.status.as_u16(), refused.outcome()),
+        (503, Some("overloaded"))
+    );
+    assert_eq!(busy.await.unwrap().status, 201);
+    // The app never had it: the retry runs.
+    let retried = send(addr, post(Some("\"k\""), "x")).await;
+    assert_eq!(retried.status, 201);
+    assert_eq!(retried.header("idempotent-replayed"), None);
+    assert_eq!(executed.load(Ordering::SeqCst), 2);
+    tg.stop().await;
+}
