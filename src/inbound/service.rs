@@ -9,15 +9,16 @@
 use std::sync::Arc;
 
 use http::header::HOST;
-use http::{HeaderValue, Method, Request, Response, Version};
+use http::{HeaderMap, HeaderValue, Method, Request, Response, Uri, Version};
 use http_body::Body;
 use http_body_util::BodyExt;
+use prometheus::IntCounter;
 use tokio::time::Instant;
 
 use super::answer::{self, Refusal};
 use super::app::{self, DeadlineFields, Failed};
 use super::attempts::{is_kube_probe, is_retry};
-use super::dedupe::{Answer, Begin};
+use super::dedupe::{Answer, Begin, Claim};
 use super::limit::Admitted;
 use super::{Inbound, State, keyed};
 use crate::access_log::{Direction, Entry};
@@ -226,40 +227,16 @@ async fn answer_request(
     };
     let sent = Instant::now();
     let exhausted = inbound.metrics.exhausted(crate::metrics::Shortage::Connect);
-    let result = match (claim, &state.dedupe) {
-        (Some(claim), Some((_, keyed_app))) => {
-            let exchange = keyed::Exchange {
-                method: parts.method,
-                uri,
-                headers,
-                want,
-                deadline,
-                header: state.deadline.header.clone(),
-                grpc: facts.grpc,
-            };
-            keyed::run(claim, keyed_app.clone(), exchange, body, exhausted.clone())
-                .await
-                .map(Answered::Keyed)
-        }
-        _ => {
-            let head = RequestHead {
-                method: &parts.method,
-                uri: &uri,
-                headers: &headers,
-                fields: AttemptFields::default(),
-                https: false,
-                continue_wait: std::time::Duration::ZERO,
-            };
-            let fields = DeadlineFields {
-                deadline,
-                header: &state.deadline.header,
-                grpc: facts.grpc,
-            };
-            app::send(&state.app, want, &head, body, &fields, exhausted)
-                .await
-                .map(Answered::Plain)
-        }
-    };
+    let head = (parts.method, uri, headers);
+    let result = to_app(
+        state,
+        claim,
+        head,
+        body,
+        (want, deadline, facts.grpc),
+        exhausted,
+    )
+    .await;
     let now = Instant::now();
     if let Some(admitted) = admitted
         && !matches!(result, Err(Failed::Unreachable | Failed::NoDescriptors))
@@ -273,6 +250,48 @@ async fn answer_request(
         }
         Err(failed) => call.refuse(refusal(failed), guard),
     }
+}
+
+/// Sends the request to the app: a keyed first arrival through the task that keeps its
+/// answer, any other as it is.
+async fn to_app(
+    state: &State,
+    claim: Option<Claim>,
+    (method, uri, headers): (Method, Uri, HeaderMap),
+    body: AppBody,
+    (want, deadline, grpc): (Want, Deadline, bool),
+    exhausted: &IntCounter,
+) -> Result<Answered, Failed> {
+    if let (Some(claim), Some((_, keyed_app))) = (claim, &state.dedupe) {
+        let exchange = keyed::Exchange {
+            method,
+            uri,
+            headers,
+            want,
+            deadline,
+            header: state.deadline.header.clone(),
+            grpc,
+        };
+        return keyed::run(claim, keyed_app.clone(), exchange, body, exhausted.clone())
+            .await
+            .map(Answered::Keyed);
+    }
+    let head = RequestHead {
+        method: &method,
+        uri: &uri,
+        headers: &headers,
+        fields: AttemptFields::default(),
+        https: false,
+        continue_wait: std::time::Duration::ZERO,
+    };
+    let fields = DeadlineFields {
+        deadline,
+        header: &state.deadline.header,
+        grpc,
+    };
+    app::send(&state.app, want, &head, body, &fields, exhausted)
+        .await
+        .map(Answered::Plain)
 }
 
 /// The app's answer: as it came, or through the task that keeps it.
