@@ -327,6 +327,9 @@ async fn a_keyed_request_refused_at_the_limit_frees_its_key() {
     let retried = send(addr, post(Some("\"k\""), "x")).await;
     assert_eq!(retried.status, 201);
     assert_eq!(retried.header("idempotent-replayed"), None);
+    // And that run is the key's: kept.
+    let again = send(addr, post(Some("\"k\""), "x")).await;
+    assert_eq!(again.header("idempotent-replayed"), Some("true"));
     assert_eq!(executed.load(Ordering::SeqCst), 2);
     tg.stop().await;
 }
