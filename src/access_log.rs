@@ -4,7 +4,9 @@
 //! query unless `query = true`),
 //! status, attempts, outcome, the reason of each retry, the reason a retry was
 //! refused, the deadline the caller sent, the total and upstream durations, and, for
-//! a request taken for the app's own retry, the evidence (`app_retry`). An inbound line
+//! a request taken for the app's own retry, the evidence (`app_retry`), and the
+//! request's idempotency key (`idempotency_key`: the app's own, or the one minted for
+//! it; inbound, the one the caller sent). An inbound line
 //! also says who called (`caller`, its address) and what the request was to the fleet
 //! budget (`kind`: `first`, `retry`, or `probe` for a kubelet probe spared shedding).
 //!
@@ -89,6 +91,8 @@ pub struct Entry {
     pub caller: Option<std::net::IpAddr>,
     /// Inbound: `first`, `retry` or `probe`.
     pub kind: Option<&'static str>,
+    /// The request's idempotency key (outbound: the app's own or the one minted).
+    pub idempotency_key: Option<String>,
 }
 
 impl Entry {
@@ -115,6 +119,7 @@ impl Entry {
             deadline: None,
             upstream_time: None,
             app_retry: None,
+            idempotency_key: None,
             caller: None,
             kind: None,
         })
@@ -176,6 +181,8 @@ impl Entry {
             }
             l.push_str(",\"app_retry\":");
             push_json_opt(&mut l, self.app_retry.map(Evidence::as_str));
+            l.push_str(",\"idempotency_key\":");
+            push_json_opt(&mut l, self.idempotency_key.as_deref());
             if self.direction == Direction::Inbound {
                 l.push_str(",\"caller\":");
                 push_json_opt(&mut l, self.caller.map(|c| c.to_string()).as_deref());
@@ -228,6 +235,11 @@ impl Entry {
         }
         l.push_str(" app_retry=");
         l.push_str(self.app_retry.map_or("-", Evidence::as_str));
+        l.push_str(" idempotency_key=");
+        match &self.idempotency_key {
+            Some(k) => push_quoted(&mut l, k),
+            None => l.push('-'),
+        }
         if self.direction == Direction::Inbound {
             l.push_str(" caller=");
             match self.caller {

@@ -10,6 +10,7 @@
 //! exports ([`process`]), so the usual dashboards and alerts for CPU, memory and file
 //! descriptors work on a tollgate as on any other service.
 
+pub mod dedupe;
 mod family;
 pub mod health;
 pub mod inbound;
@@ -59,6 +60,10 @@ pub struct Metrics {
     passthrough: passthrough::Passthrough,
     /// Registered with the inbound side, when the config has one.
     inbound: OnceLock<inbound::InboundMetrics>,
+    /// Registered with `[inbound.dedupe]`, when the config has one.
+    dedupe: OnceLock<dedupe::DedupeMetrics>,
+    /// `tollgate_idempotency_keys_minted_total`, registered when an upstream mints.
+    minted: OnceLock<IntCounterVec>,
     /// The families of a caller that learns from its upstream.
     pub learning: Learning,
 }
@@ -209,6 +214,8 @@ impl Metrics {
             health: health::Families::new(&r),
             passthrough: passthrough::Passthrough::new(&r),
             inbound: OnceLock::new(),
+            dedupe: OnceLock::new(),
+            minted: OnceLock::new(),
             learning: Learning::new(&r),
             registry: r,
         };

@@ -115,6 +115,7 @@ async fn every_request_gets_a_line_saying_what_happened_to_it() {
         "duration_ms=",
         "upstream_ms=",
         "app_retry=-",
+        "idempotency_key=-",
     ] {
         assert!(served.contains(part), "{part:?} not in {served}");
     }
@@ -126,6 +127,7 @@ async fn every_request_gets_a_line_saying_what_happened_to_it() {
     assert!(retried.contains("denied=budget"), "{retried}");
     assert!(retried.contains("status=503"), "{retried}");
     assert!(retried.contains("attempts=2"), "{retried}");
+    assert!(retried.contains("idempotency_key=k1"), "{retried}");
 
     let budget = lines
         .iter()

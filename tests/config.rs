@@ -355,6 +355,7 @@ max_attempts = 3
 on = ["connect-failure", "reset", "timeout", "502", "503", "504", "unavailable"]
 methods = ["GET", "HEAD", "OPTIONS", "PUT", "DELETE"]
 idempotency_header = "idempotency-key"
+mint_idempotency_key = ["POST", "PATCH"]
 backoff_base = "25ms"
 backoff_max = "1s"
 retry_after = "honor"

@@ -224,3 +224,35 @@ async fn the_inbound_budget_caps_what_a_fleet_of_callers_retries() {
     );
     assert_eq!(r.quiet.with.rejected, 0);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn payments_retries_book_twice_without_dedupe_and_once_with_it() {
+    if std::process::Command::new("redis-server")
+        .arg("--version")
+        .stdout(std::process::Stdio::null())
+        .status()
+        .is_err()
+    {
+        eprintln!(
+            "\n*** SKIPPED payments lab test: redis-server is not installed \
+             (apt-get install redis-server); the scenario was NOT run ***\n"
+        );
+        return;
+    }
+    let spec = tollgate::lab::payments::PaymentsSpec {
+        orders: 300,
+        ..Default::default()
+    };
+    let r = tollgate::lab::payments::run(spec, false).await.unwrap();
+    println!("{}", tollgate::lab::payments::table(&r));
+    let [plain, blind, keyed] = &r.runs[..] else {
+        panic!("three runs");
+    };
+    assert!(plain.lost > 0 && blind.lost > 0 && keyed.lost > 0);
+    assert_eq!(plain.duplicates, 0);
+    assert!(plain.answered < 300, "lost answers are failed orders");
+    assert!(blind.duplicates > 0, "blind POST retries book twice");
+    assert_eq!(keyed.duplicates, 0, "keys and dedupe book once");
+    assert!(keyed.answered >= 297, "{} of 300 answered", keyed.answered);
+    assert!(keyed.replayed > 0);
+}

@@ -164,6 +164,22 @@ fn render_upstream(out: &mut String, up: &UpstreamConfig) {
             short(t.k)
         );
     }
+    let retry = &up.retry;
+    if let (false, Some(h)) = (
+        retry.mint_idempotency_key.is_empty(),
+        &retry.idempotency_header,
+    ) {
+        let methods: Vec<&str> = retry
+            .mint_idempotency_key
+            .iter()
+            .map(|m| m.as_str())
+            .collect();
+        let _ = writeln!(
+            out,
+            "    keys          {h} minted for {} requests without one; after a failure that may have run, sent again only while the upstream's answers say x-tollgate-dedupe: on",
+            methods.join(", ")
+        );
+    }
     let _ = writeln!(out, "    patience      {}", patience(up));
 }
 
@@ -223,6 +239,17 @@ fn render_inbound(out: &mut String, i: &InboundConfig) {
         InflightLimit::Fixed(n) => format!("{n} at once"),
     };
     let _ = writeln!(out, "    max_inflight  {limit}; beyond it 503 overloaded");
+    if let Some(d) = &i.dedupe {
+        let methods: Vec<&str> = d.methods.iter().map(|m| m.as_str()).collect();
+        let _ = writeln!(
+            out,
+            "    dedupe        keyed {} run once, answers kept {} in {}; while the store fails: {}",
+            methods.join(", "),
+            format_duration(d.ttl),
+            d.store.describe(),
+            d.on_store_error.as_str(),
+        );
+    }
     let _ = match i.request_timeout {
         Some(r) => writeln!(
             out,

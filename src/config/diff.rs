@@ -139,6 +139,7 @@ fn inbound_fields(a: &InboundConfig, b: &InboundConfig) -> Vec<&'static str> {
         ("retries", a.retries == b.retries),
         ("retries.per_caller", a.per_caller == b.per_caller),
         ("probe_paths", a.probe_paths == b.probe_paths),
+        ("dedupe", a.dedupe == b.dedupe),
     ]
     .into_iter()
     .filter(|(_, same)| !same)

@@ -58,6 +58,22 @@ impl InboundConfig {
                 "window": format_duration(b.window),
                 "per_caller": self.per_caller.as_str(),
             })),
+            "dedupe": self.dedupe.as_ref().map(DedupeConfig::to_json),
+        })
+    }
+}
+
+impl DedupeConfig {
+    /// The Redis address is shown without its password.
+    fn to_json(&self) -> Value {
+        json!({
+            "methods": self.methods.iter().map(|m| m.as_str()).collect::<Vec<_>>(),
+            "ttl": format_duration(self.ttl),
+            "max_response": format_size(self.max_response as u64),
+            "store": self.store.describe(),
+            "max_entries": self.max_entries,
+            "store_timeout": format_duration(self.store_timeout),
+            "on_store_error": self.on_store_error.as_str(),
         })
     }
 }
@@ -80,6 +96,7 @@ impl UpstreamConfig {
                 "on": r.on.names(),
                 "methods": r.methods.iter().map(|m| m.as_str()).collect::<Vec<_>>(),
                 "idempotency_header": r.idempotency_header.as_ref().map(|h| h.as_str()),
+                "mint_idempotency_key": r.mint_idempotency_key.iter().map(|m| m.as_str()).collect::<Vec<_>>(),
                 "backoff_base": format_duration(r.backoff.base()),
                 "backoff_max": format_duration(r.backoff.max()),
                 "backoff_jitter": r.backoff.jitter().as_str(),

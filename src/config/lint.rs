@@ -210,6 +210,7 @@ impl Lint<'_> {
             return None;
         }
         let list = join_and(&unsafe_methods);
+        let first = unsafe_methods[0];
         let header = match &retry.idempotency_header {
             Some(h) => format!("a request carrying the {h} header is retried whatever its method"),
             None => "set idempotency_header = \"idempotency-key\": a request carrying it is \
@@ -228,7 +229,8 @@ impl Lint<'_> {
                  applied, and the retry applies it again (a second charge, a duplicate order)"
             ),
             format!(
-                "remove {list} from methods; {header}, so the app can mark what is safe to repeat"
+                "remove {list} from methods; {header}, so the app can mark what is safe to repeat, \
+                 or set mint_idempotency_key = [\"{first}\"] with a callee that runs [inbound.dedupe]"
             ),
         ))
     }

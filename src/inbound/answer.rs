@@ -73,6 +73,36 @@ pub static NO_DESCRIPTORS: Refusal = Refusal {
     retry_after: Some(HeaderValue::from_static("1")),
 };
 
+/// A duplicate of a keyed request still running when its deadline came (the draft's
+/// answer).
+pub static IN_PROGRESS: Refusal = Refusal {
+    status: StatusCode::CONFLICT,
+    outcome: Outcome::InProgress,
+    text: "a request with this idempotency key is still running: retry later\n",
+    retry_after: Some(HeaderValue::from_static("1")),
+};
+
+pub static KEY_MISMATCH: Refusal = Refusal {
+    status: StatusCode::UNPROCESSABLE_ENTITY,
+    outcome: Outcome::KeyMismatch,
+    text: "this idempotency key was used for another request body\n",
+    retry_after: None,
+};
+
+pub static NOT_REPLAYABLE: Refusal = Refusal {
+    status: StatusCode::INTERNAL_SERVER_ERROR,
+    outcome: Outcome::NotReplayable,
+    text: "the request with this idempotency key may have run, and its answer was not kept\n",
+    retry_after: None,
+};
+
+pub static DEDUPE_UNAVAILABLE: Refusal = Refusal {
+    status: StatusCode::SERVICE_UNAVAILABLE,
+    outcome: Outcome::DedupeUnavailable,
+    text: "the dedupe store is unavailable: a keyed request cannot be made safe now\n",
+    retry_after: Some(HeaderValue::from_static("1")),
+};
+
 pub static CONNECT: Refusal = Refusal {
     status: StatusCode::METHOD_NOT_ALLOWED,
     outcome: Outcome::NotRetryable,

@@ -11,7 +11,7 @@ use prometheus::IntCounter;
 use tokio::time::Instant;
 
 use crate::deadline::{self, Deadline};
-use crate::server::AppBody;
+use crate::upstream::OutgoingBody;
 use crate::upstream::exchange::{self, Reach};
 use crate::upstream::pool::{Endpoint, Want};
 use crate::upstream::request::{AttemptFields, RequestHead};
@@ -58,16 +58,17 @@ impl<'a> DeadlineFields<'a> {
             }),
             None,
             None,
+            None,
         ])
     }
 }
 
 /// Sends the request to `app` and waits for its response head until the deadline.
-pub async fn send<'a>(
-    app: &Endpoint<AppBody>,
+pub async fn send<'a, B: OutgoingBody>(
+    app: &Endpoint<B>,
     want: Want,
     head: &RequestHead<'a>,
-    body: AppBody,
+    body: B,
     fields: &DeadlineFields<'a>,
     exhausted: &IntCounter,
 ) -> Result<UpstreamResponse, Failed> {

@@ -16,6 +16,7 @@
 //! caller's body as it streams: it never retries, so it never keeps one.
 //!
 //! - [`attempts`]: which requests are retries, and which are the kubelet's probes;
+//! - [`dedupe`]: keyed requests run once (`[inbound.dedupe]`);
 //! - [`fair`]: each caller's share of the fleet budget;
 //! - [`samples`], [`gradient`] and [`limit`]: the concurrency limit;
 //! - [`app`]: one request to the app; [`answer`]: the answers made in its place;
@@ -29,8 +30,10 @@
 pub mod answer;
 pub mod app;
 pub mod attempts;
+pub mod dedupe;
 pub mod fair;
 pub mod gradient;
+mod keyed;
 pub mod limit;
 pub mod samples;
 pub mod service;
@@ -46,6 +49,7 @@ use crate::metrics::{Metrics, amplification};
 use crate::retry::budget::RetryBudget;
 use crate::server::AppBody;
 use crate::upstream::pool::Endpoint;
+use dedupe::{Dedupe, Hashed};
 use fair::FairShare;
 use limit::Limit;
 pub use service::InboundService;
@@ -72,7 +76,13 @@ pub struct State {
     /// The callers' shares of the budget (`per_caller = "fair"` with a budget).
     pub fair: Option<Arc<FairShare>>,
     pub limit: Arc<Limit>,
+    /// `[inbound.dedupe]`, and the connections its first arrivals reach the app on (a
+    /// keyed body is hashed on its way).
+    pub dedupe: Option<(Arc<Dedupe>, Arc<KeyedApp>)>,
 }
+
+/// The app, as keyed first arrivals reach it: their bodies hashed on the way.
+pub type KeyedApp = Endpoint<Hashed<AppBody>>;
 
 impl std::fmt::Debug for Inbound {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -128,7 +138,12 @@ impl Inbound {
 
     /// Closes the idle connections to the app that it has closed.
     pub fn sweep(&self) {
-        self.state.load().app.sweep();
+        let s = self.state.load();
+        s.app.sweep();
+        if let Some((dedupe, keyed)) = &s.dedupe {
+            keyed.sweep();
+            dedupe.sweep();
+        }
     }
 
     /// Sets the gauges from live state, just before a scrape.
@@ -149,7 +164,7 @@ impl State {
     fn build(
         config: &InboundConfig,
         (deadline, access_log): (&DeadlineConfig, AccessLogConfig),
-        metrics: &Metrics,
+        metrics: &Arc<Metrics>,
         previous: Option<&State>,
         connections: &Arc<AtomicUsize>,
         workers: usize,
@@ -191,7 +206,25 @@ impl State {
             duration,
             now,
         );
+        let dedupe = config.dedupe.as_ref().map(|d| {
+            let old = previous.and_then(|p| p.dedupe.as_ref());
+            let keyed = match old {
+                Some((_, keyed)) if previous.is_some_and(|p| p.config.app == config.app) => {
+                    keyed.clone()
+                }
+                _ => Arc::new(Endpoint::new(
+                    "inbound".into(),
+                    config.app.clone(),
+                    connections.clone(),
+                    workers,
+                    None,
+                )),
+            };
+            let dedupe = Dedupe::new(d, metrics.clone(), old.map(|(d, _)| &**d));
+            (Arc::new(dedupe), keyed)
+        });
         State {
+            dedupe,
             config: config.clone(),
             access_log,
             deadline: deadline.clone(),

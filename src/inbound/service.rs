@@ -1,6 +1,7 @@
 //! The inbound service: one request from a caller, start to finish, judged in the order
 //! that spends the least on what will not be served: a deadline already spent (`504`),
-//! then the concurrency limit (`503 overloaded`; a kubelet probe may be spared it,
+//! then, for a keyed request while `[inbound.dedupe]` is on, dedupe (a duplicate is
+//! answered here, the app never called: see [`super::keyed`]), then the concurrency limit (`503 overloaded`; a kubelet probe may be spared it,
 //! without holding a place), then, for a retry, the fleet's retry budget
 //! (`503 retry-rejected`). What passes goes to the app with the deadline rewritten to
 //! the time left, and the app's answer goes back as it came.
@@ -8,14 +9,18 @@
 use std::sync::Arc;
 
 use http::header::HOST;
-use http::{HeaderValue, Method, Request, Response, Version};
+use http::{HeaderMap, HeaderValue, Method, Request, Response, Uri, Version};
 use http_body::Body;
+use http_body_util::BodyExt;
+use prometheus::IntCounter;
 use tokio::time::Instant;
 
-use super::Inbound;
 use super::answer::{self, Refusal};
 use super::app::{self, DeadlineFields, Failed};
 use super::attempts::{is_kube_probe, is_retry};
+use super::dedupe::{Answer, Begin, Claim};
+use super::limit::Admitted;
+use super::{Inbound, State, keyed};
 use crate::access_log::{Direction, Entry};
 use crate::config::AccessLogConfig;
 use crate::deadline::Deadline;
@@ -104,10 +109,24 @@ async fn handle(
     conn: Arc<ConnState>,
     req: Request<AppBody>,
 ) -> Response<ResponseBody> {
+    let state = inbound.state.load_full();
+    let mut resp = answer_request(&inbound, &state, conn, req).await;
+    if state.dedupe.is_some() {
+        resp.headers_mut()
+            .insert(keyed::DEDUPE_HEADER, HeaderValue::from_static("on"));
+    }
+    resp
+}
+
+async fn answer_request(
+    inbound: &Arc<Inbound>,
+    state: &State,
+    conn: Arc<ConnState>,
+    req: Request<AppBody>,
+) -> Response<ResponseBody> {
     let start = Instant::now();
     let caller = conn.peer();
     let mut guard = RequestGuard::new(conn, start);
-    let state = inbound.state.load_full();
     let probe = is_kube_probe(
         req.method(),
         req.uri().path(),
@@ -148,35 +167,44 @@ async fn handle(
     if facts.caller_timeout.is_some_and(|t| t.is_zero()) {
         return call.deny(InboundDenied::Deadline, &answer::EXPIRED, guard);
     }
-    // A probe may be exempt from shedding, without a place in the limit; an upgrade
-    // becomes a tunnel for as long as it lasts: not a request the limit can learn from
-    // or should refuse.
-    let exempt = probe && !facts.upgrade && inbound.probes.try_take();
-    let admitted = if exempt {
-        None
-    } else if facts.upgrade {
-        Some(state.limit.enter())
-    } else {
-        match state.limit.try_enter() {
-            Some(a) => Some(a),
-            None => return call.deny(InboundDenied::Overloaded, &answer::OVERLOADED, guard),
-        }
+    let deadline = Deadline::new(start, facts.caller_timeout, state.config.request_timeout);
+    // Dedupe first: a replay or a join costs the app nothing, and spends no place in
+    // the limit and no retry of the budget.
+    let scope = match &state.dedupe {
+        Some((dedupe, _)) if !facts.upgrade => dedupe.scope(&parts.method, &parts.uri, &headers),
+        _ => None,
     };
-    if retry {
-        let granted = match &state.fair {
-            Some(fair) => fair.try_retry(caller, &state.budget, start).is_ok(),
-            None => state.budget.try_retry(start),
-        };
-        if !granted {
-            if exempt {
-                Admission::leave(&*inbound.probes);
-            } else {
-                state.limit.leave();
-            }
-            return call.deny(InboundDenied::RetryBudget, &answer::RETRY_REJECTED, guard);
-        }
+    if let (Some(_), Some(e)) = (&scope, call.log.as_mut()) {
+        e.idempotency_key = headers
+            .get(super::dedupe::scope::IDEMPOTENCY_KEY)
+            .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned());
     }
-    if exempt {
+    let claim = match scope {
+        None => None,
+        Some(scope) => match state.dedupe.as_ref().map(|(d, _)| d.begin(scope)) {
+            None => None,
+            Some(begin) => match begin.await {
+                Begin::Run(claim) => Some(claim),
+                Begin::Duplicate(dup) => {
+                    let settled = dup.settle_body(body, deadline.at()).await;
+                    return duplicate(&mut call, settled, parts.version, guard);
+                }
+                Begin::Unavailable => return call.refuse(&answer::DEDUPE_UNAVAILABLE, guard),
+            },
+        },
+    };
+    // A refusal below drops the claim, which frees the key: the app never had it.
+    let admitted = match admit(
+        inbound,
+        state,
+        (caller, start),
+        (probe, retry),
+        facts.upgrade,
+    ) {
+        Ok(admitted) => admitted,
+        Err((why, refusal)) => return call.deny(why, refusal, guard),
+    };
+    if admitted.is_none() {
         call.metrics.probes_exempt.inc();
         if let Some(e) = call.log.as_mut() {
             e.kind = Some("probe");
@@ -192,27 +220,23 @@ async fn handle(
         headers.insert(HOST, v);
     }
     let uri = crate::http::request::origin_form(parts.uri);
-    let head = RequestHead {
-        method: &parts.method,
-        uri: &uri,
-        headers: &headers,
-        fields: AttemptFields::default(),
-        https: false,
-        continue_wait: std::time::Duration::ZERO,
-    };
     let want = match parts.version {
         _ if facts.upgrade => Want::Http1,
         Version::HTTP_2 => Want::PreferHttp2,
         _ => Want::Http1,
     };
-    let fields = DeadlineFields {
-        deadline: Deadline::new(start, facts.caller_timeout, state.config.request_timeout),
-        header: &state.deadline.header,
-        grpc: facts.grpc,
-    };
     let sent = Instant::now();
     let exhausted = inbound.metrics.exhausted(crate::metrics::Shortage::Connect);
-    let result = app::send(&state.app, want, &head, body, &fields, exhausted).await;
+    let head = (parts.method, uri, headers);
+    let result = to_app(
+        state,
+        claim,
+        head,
+        body,
+        (want, deadline, facts.grpc),
+        exhausted,
+    )
+    .await;
     let now = Instant::now();
     if let Some(admitted) = admitted
         && !matches!(result, Err(Failed::Unreachable | Failed::NoDescriptors))
@@ -220,8 +244,122 @@ async fn handle(
         state.limit.sample(admitted, now - sent, now);
     }
     match result {
-        Ok(resp) => relay(&mut call, resp, parts.version, guard, now - start),
+        Ok(Answered::Plain(resp)) => relay(&mut call, resp, parts.version, guard, now - start),
+        Ok(Answered::Keyed(head)) => {
+            relay_keyed(&mut call, head, parts.version, guard, now - start)
+        }
         Err(failed) => call.refuse(refusal(failed), guard),
+    }
+}
+
+/// Sends the request to the app: a keyed first arrival through the task that keeps its
+/// answer, any other as it is.
+async fn to_app(
+    state: &State,
+    claim: Option<Claim>,
+    (method, uri, headers): (Method, Uri, HeaderMap),
+    body: AppBody,
+    (want, deadline, grpc): (Want, Deadline, bool),
+    exhausted: &IntCounter,
+) -> Result<Answered, Failed> {
+    if let (Some(claim), Some((_, keyed_app))) = (claim, &state.dedupe) {
+        let exchange = keyed::Exchange {
+            method,
+            uri,
+            headers,
+            want,
+            deadline,
+            header: state.deadline.header.clone(),
+            grpc,
+        };
+        return keyed::run(claim, keyed_app.clone(), exchange, body, exhausted.clone())
+            .await
+            .map(Answered::Keyed);
+    }
+    let head = RequestHead {
+        method: &method,
+        uri: &uri,
+        headers: &headers,
+        fields: AttemptFields::default(),
+        https: false,
+        continue_wait: std::time::Duration::ZERO,
+    };
+    let fields = DeadlineFields {
+        deadline,
+        header: &state.deadline.header,
+        grpc,
+    };
+    app::send(&state.app, want, &head, body, &fields, exhausted)
+        .await
+        .map(Answered::Plain)
+}
+
+/// The app's answer: as it came, or through the task that keeps it.
+enum Answered {
+    Plain(UpstreamResponse),
+    Keyed(keyed::Head),
+}
+
+/// A place in the concurrency limit and, for a retry, one from the fleet's budget.
+/// `Ok(None)`: a probe exempt from shedding, holding no place.
+fn admit(
+    inbound: &Inbound,
+    state: &State,
+    (caller, start): (std::net::IpAddr, Instant),
+    (probe, retry): (bool, bool),
+    upgrade: bool,
+) -> Result<Option<Admitted>, (InboundDenied, &'static Refusal)> {
+    // A probe may be exempt from shedding, without a place in the limit; an upgrade
+    // becomes a tunnel for as long as it lasts: not a request the limit can learn from
+    // or should refuse.
+    let exempt = probe && !upgrade && inbound.probes.try_take();
+    let admitted = if exempt {
+        None
+    } else if upgrade {
+        Some(state.limit.enter())
+    } else {
+        match state.limit.try_enter() {
+            Some(a) => Some(a),
+            None => return Err((InboundDenied::Overloaded, &answer::OVERLOADED)),
+        }
+    };
+    if retry {
+        let granted = match &state.fair {
+            Some(fair) => fair.try_retry(caller, &state.budget, start).is_ok(),
+            None => state.budget.try_retry(start),
+        };
+        if !granted {
+            if exempt {
+                Admission::leave(&*inbound.probes);
+            } else {
+                state.limit.leave();
+            }
+            return Err((InboundDenied::RetryBudget, &answer::RETRY_REJECTED));
+        }
+    }
+    Ok(admitted)
+}
+
+/// A duplicate's answer: the kept one, or dedupe's own.
+fn duplicate(
+    call: &mut Call<'_>,
+    settled: Answer,
+    version: Version,
+    mut guard: RequestGuard,
+) -> Response<ResponseBody> {
+    match &settled {
+        Answer::Replay(kept) => {
+            let status = kept.status.as_u16();
+            call.metrics.request(call.kind, status, Outcome::Ok);
+            call.logged(&mut guard, status, Outcome::Ok, None);
+            keyed::replay(kept, version, guard)
+        }
+        other => {
+            // Its body was read to its end, but when the deadline came first.
+            call.unread &= matches!(other, Answer::InProgress | Answer::BodyError);
+            let refusal = keyed::refusal(other).unwrap_or(&answer::RESET);
+            call.refuse(refusal, guard)
+        }
     }
 }
 
@@ -283,4 +421,20 @@ fn relay(
         parts,
         ResponseBody::upstream(body, guard, AddedFields::default()),
     )
+}
+
+/// The app's answer to a keyed first arrival, as the task that keeps it relays it.
+fn relay_keyed(
+    call: &mut Call<'_>,
+    head: keyed::Head,
+    version: Version,
+    mut guard: RequestGuard,
+    app: std::time::Duration,
+) -> Response<ResponseBody> {
+    let status = head.parts.status.as_u16();
+    call.metrics.request(call.kind, status, head.outcome);
+    call.logged(&mut guard, status, head.outcome, Some(app));
+    let mut parts = head.parts;
+    parts.version = version;
+    Response::from_parts(parts, ResponseBody::boxed(head.body.boxed(), guard))
 }

@@ -18,6 +18,7 @@ pub mod fleet;
 pub mod harm;
 pub mod load;
 pub mod overload;
+pub mod payments;
 pub mod plot;
 pub mod report;
 pub mod scenario;
@@ -41,7 +42,8 @@ use scenario::{Chain, Column, Overrides, Scenario};
 pub struct LabArgs {
     /// Scenario: storm (the published experiment), brownout, dip, down, dead, hedge,
     /// blackhole; fleet (many callers and the inbound side's budget), overload (the
-    /// adaptive limit); harm (direct vs through tollgate, row after row: does it do
+    /// adaptive limit), payments (POSTs over a lossy link: retries, duplicates and
+    /// exactly once); harm (direct vs through tollgate, row after row: does it do
     /// no harm?).
     #[arg(long, default_value = "storm")]
     pub scenario: String,
@@ -57,7 +59,8 @@ pub struct LabArgs {
     /// User requests per second.
     #[arg(long)]
     pub rps: Option<f64>,
-    /// The backend's base error rate, 0..=1.
+    /// The backend's base error rate, 0..=1 (payments: the share of answers the links
+    /// lose).
     #[arg(long)]
     pub error_rate: Option<f64>,
     /// fleet: the numbers of callers to run, e.g. 1,10,50.
@@ -389,12 +392,15 @@ pub fn lab_main(args: LabArgs) -> i32 {
         eprintln!("tollgate lab: --short and --rows are for the harm scenario");
         return 2;
     }
+    if args.scenario == "payments" {
+        return payments::main(&args);
+    }
     if let Some(code) = inbound_scenario(&args) {
         return code;
     }
     let Some(mut s) = scenario::scenario(&args.scenario, &overrides) else {
         eprintln!(
-            "tollgate lab: unknown scenario `{}` (choose one of: {}, fleet, overload, harm)",
+            "tollgate lab: unknown scenario `{}` (choose one of: {}, fleet, overload, payments, harm)",
             args.scenario,
             scenario::NAMES.join(", ")
         );

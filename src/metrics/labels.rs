@@ -34,10 +34,16 @@ pub enum Outcome {
     AppTimeout,
     /// A callee's dedupe is still running the same keyed request: retried like a 503.
     InProgress,
+    /// A callee's dedupe saw the key with another body: `422`, the app not called.
+    KeyMismatch,
+    /// A callee's dedupe: the keyed request may have run and its answer is gone (`500`).
+    NotReplayable,
+    /// A callee's dedupe store failed with `on_store_error = "closed"` (`503`).
+    DedupeUnavailable,
 }
 
 impl Outcome {
-    pub const ALL: [Outcome; 17] = [
+    pub const ALL: [Outcome; 20] = [
         Outcome::Ok,
         Outcome::AttemptsExhausted,
         Outcome::BudgetExhausted,
@@ -55,6 +61,9 @@ impl Outcome {
         Outcome::AppUnreachable,
         Outcome::AppTimeout,
         Outcome::InProgress,
+        Outcome::KeyMismatch,
+        Outcome::NotReplayable,
+        Outcome::DedupeUnavailable,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -76,6 +85,9 @@ impl Outcome {
             Outcome::AppUnreachable => "app-unreachable",
             Outcome::AppTimeout => "app-timeout",
             Outcome::InProgress => "in-progress",
+            Outcome::KeyMismatch => "key-mismatch",
+            Outcome::NotReplayable => "not-replayable",
+            Outcome::DedupeUnavailable => "dedupe-unavailable",
         }
     }
 

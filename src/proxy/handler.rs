@@ -171,7 +171,12 @@ async fn handle(
         refused(&THROTTLED);
         return refuse(Some(&up.metrics), THROTTLED, grpc, entry, guard);
     }
+    let minted = mint_key(&up, &head);
+    if let Some(e) = entry.as_mut() {
+        e.idempotency_key = idempotency_key(&up, &head, minted.as_ref());
+    }
     let exchange = Exchange {
+        minted,
         head: &head,
         version,
         body,
@@ -199,6 +204,27 @@ async fn handle(
     }
     spare::give_header_map(head.headers);
     resp
+}
+
+/// A key for a request of a method in `mint_idempotency_key` that came without one.
+fn mint_key(up: &Upstream, head: &Head) -> Option<HeaderValue> {
+    let retry = &up.config.retry;
+    let name = retry.idempotency_header.as_ref()?;
+    if !retry.mint_idempotency_key.contains(&head.method) || head.headers.contains_key(name) {
+        return None;
+    }
+    let key = crate::retry::keys::mint()?;
+    if let Some(c) = &up.minted {
+        c.inc();
+    }
+    Some(key)
+}
+
+/// The request's idempotency key, the app's own or minted, for the access log.
+fn idempotency_key(up: &Upstream, head: &Head, minted: Option<&HeaderValue>) -> Option<String> {
+    let name = up.config.retry.idempotency_header.as_ref()?;
+    let v = minted.or_else(|| head.headers.get(name))?;
+    Some(String::from_utf8_lossy(v.as_bytes()).into_owned())
 }
 
 /// The upstream of `req` (the dedicated listener's, or by authority) in the config in

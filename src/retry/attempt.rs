@@ -19,7 +19,7 @@
 
 use std::future::Future;
 
-use http::{HeaderMap, HeaderName, Method, StatusCode, Uri};
+use http::{HeaderMap, HeaderName, HeaderValue, Method, StatusCode, Uri};
 use tokio::time::Instant;
 
 use super::headers::{ATTEMPT_HEADER, Callee, HEDGE_HEADER, HEDGE_VALUE, count_value};
@@ -114,6 +114,8 @@ pub struct Attempt<'a, A> {
     /// Origin-form (path and query).
     pub uri: &'a Uri,
     pub headers: &'a HeaderMap,
+    /// The idempotency key minted for the request, the same on every attempt.
+    pub minted: Option<(&'a HeaderName, HeaderValue)>,
     pub body: ReplayBody<A>,
 }
 
@@ -243,7 +245,7 @@ impl<'a, A: AppBody> Attempt<'a, A> {
     /// The per-attempt fields: the attempt number, the time left of the request's
     /// deadline when it has one (not the attempt timeout: tollgate may keep waiting past
     /// that), for a gRPC call with a deadline the time left of the caller's own, and on
-    /// a hedge `x-tollgate-hedge: 1`.
+    /// a hedge `x-tollgate-hedge: 1`, and the idempotency key minted for it.
     fn fields(&self, now: Instant, left: Option<std::time::Duration>) -> AttemptFields<'a> {
         AttemptFields([
             Some((&ATTEMPT_NAME, count_value(self.number))),
@@ -256,6 +258,7 @@ impl<'a, A: AppBody> Attempt<'a, A> {
                 )
             }),
             self.hedge.then_some((&HEDGE_NAME, HEDGE_VALUE)),
+            self.minted.clone(),
         ])
     }
 }

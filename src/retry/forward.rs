@@ -32,7 +32,7 @@
 use std::pin::pin;
 use std::time::Duration;
 
-use http::{HeaderMap, Method, StatusCode, Uri, Version};
+use http::{HeaderMap, HeaderValue, Method, StatusCode, Uri, Version};
 use http_body::Body;
 use tokio::time::{Instant, Sleep};
 
@@ -40,6 +40,7 @@ use super::attempt::Transport;
 use super::attempt::{Attempt, AttemptError, NotUpstream, Ran};
 use super::backoff::Backoff;
 use super::headers::{Callee, refused_as_retry};
+use super::keys;
 use super::learn::{self, Seen};
 use super::policy::{self, Failure, Policy, Situation, Stop};
 use super::race::{Beside, Event, Second, race};
@@ -79,6 +80,9 @@ pub struct Exchange<'h, A> {
     /// The app sent this again after a failure tollgate owned: it goes as a retry
     /// (`x-tollgate-attempt: 2`, its budget already spent) and is not retried again.
     pub app_retry: bool,
+    /// The idempotency key minted for it (`mint_idempotency_key`), sent on every
+    /// attempt.
+    pub minted: Option<HeaderValue>,
 }
 
 /// What goes back to the app.
@@ -185,6 +189,13 @@ struct Call<'a, A> {
     want: Want,
     /// A listed method or an idempotency key: the request may be sent again.
     retryable: bool,
+    /// Keyed, of a method that is not idempotent: never hedged, and no retry beside it
+    /// (at a callee that deduplicates, a second copy would only join the first).
+    keyed_once: bool,
+    /// ... and of a method not listed: after a failure that may have run, sent again
+    /// only to an upstream whose answers say it deduplicates.
+    needs_dedupe: bool,
+    minted: Option<HeaderValue>,
     body: BodySource<A>,
     /// Attempts started (hedges included).
     attempts: u32,
@@ -364,14 +375,18 @@ impl<'a, A: AppBody> Call<'a, A> {
         let retry = &up.config.retry;
         // An upgrade changes the connection for good once it is answered: never sent
         // twice.
-        let retryable = retry.max_attempts > 1
-            && !ex.upgrade
-            && (retry.method_allowed(&ex.head.method)
-                || retry
-                    .idempotency_header
-                    .as_ref()
-                    .is_some_and(|h| ex.head.headers.contains_key(h)));
+        let listed = retry.method_allowed(&ex.head.method);
+        let keyed = ex.minted.is_some()
+            || retry
+                .idempotency_header
+                .as_ref()
+                .is_some_and(|h| ex.head.headers.contains_key(h));
+        let retryable = retry.max_attempts > 1 && !ex.upgrade && (listed || keyed);
+        let keyed_once = keyed && !keys::is_idempotent(&ex.head.method);
         Call {
+            keyed_once,
+            needs_dedupe: keyed_once && !listed,
+            minted: ex.minted,
             up,
             want: if ex.upgrade {
                 Want::Http1
@@ -495,6 +510,10 @@ impl<'a, A: AppBody> Call<'a, A> {
             method: &head.method,
             uri: &head.uri,
             headers: &head.headers,
+            minted: self.minted.as_ref().and_then(|v| {
+                let name = self.up.config.retry.idempotency_header.as_ref()?;
+                Some((name, v.clone()))
+            }),
             body,
         }
     }
@@ -502,7 +521,19 @@ impl<'a, A: AppBody> Call<'a, A> {
     /// Whether another attempt may ever run beside this one: the request may be sent
     /// again and has an attempt left.
     fn may_add(&self) -> bool {
-        self.retryable && self.attempts < self.limit()
+        self.retryable && !self.keyed_once && self.attempts < self.limit()
+    }
+
+    /// Whether the request may be sent again after `failure`: a keyed request of a
+    /// method neither idempotent nor listed, after a failure that may have run, only to
+    /// an upstream that deduplicates (its answers said so within the last minute).
+    fn may_resend(&self, failure: Failure, now: Instant) -> bool {
+        let did_not_run = match failure {
+            Failure::ConnectFailure | Failure::Tls => true,
+            Failure::Status(s) => matches!(s.as_u16(), 425 | 429 | 503),
+            Failure::Reset | Failure::Timeout | Failure::Unavailable => false,
+        };
+        self.retryable && (!self.needs_dedupe || did_not_run || self.up.dedupes.believed(now))
     }
 
     /// When `attempt` may get a second attempt beside it if it has not answered, and
@@ -618,6 +649,7 @@ impl<'a, A: AppBody> Call<'a, A> {
             Ok(resp) => {
                 let on = &self.up.config.retry.on;
                 let fields = Fields::of(&resp);
+                self.up.dedupes.saw(fields);
                 let callee = Callee::of(resp.status(), fields);
                 let failure = policy::classify_response(resp.status(), fields, callee, on);
                 self.learn(ran.number, failure, Some(&resp));
@@ -703,7 +735,7 @@ impl<'a, A: AppBody> Call<'a, A> {
             owned: response.is_some_and(|r| Callee::of(r.status(), Fields::of(r)).owned()),
             // An app's own retry has used every attempt: it is not retried again.
             attempts: self.attempts + retry.max_attempts.saturating_sub(self.limit()),
-            request_retryable: self.retryable,
+            request_retryable: self.may_resend(failure, now),
             deadline: self.deadline,
             now,
         };

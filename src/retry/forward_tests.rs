@@ -78,6 +78,29 @@ async fn call(
         grpc: false,
         upgrade: false,
         app_retry: false,
+        minted: None,
+    };
+    forward_on(up, script, ex).await
+}
+
+/// Forwards one request with the key `minted` for it, and no deadline.
+async fn call_minted(
+    up: &Upstream<TestBody>,
+    script: &Script,
+    head: &Head,
+    minted: Option<&'static str>,
+) -> Answer {
+    let now = Instant::now();
+    let ex = Exchange {
+        head,
+        version: Version::HTTP_11,
+        body: body(b"order"),
+        deadline: Deadline::new(now, None, up.config.request_timeout),
+        arrived: now,
+        grpc: false,
+        upgrade: false,
+        app_retry: false,
+        minted: minted.map(http::HeaderValue::from_static),
     };
     forward_on(up, script, ex).await
 }
@@ -361,4 +384,74 @@ async fn a_status_the_app_gets_is_never_made_up() {
     let a = call(&up, &script, &get(), None).await;
     assert!(matches!(a.reply, Reply::Upstream(_)));
     assert_eq!(status(&a), StatusCode::SERVICE_UNAVAILABLE.as_u16());
+}
+
+const DEDUPES: &str = "HTTP/1.1 200 OK\r\nx-tollgate-dedupe: on\r\ncontent-length: 2\r\n\r\nok";
+
+fn keyed(method: Method) -> Head {
+    let mut h = head(method);
+    h.headers
+        .insert("idempotency-key", http::HeaderValue::from_static("\"own\""));
+    h
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_keyed_post_is_never_sent_beside_itself() {
+    let up = upstream(
+        "attempt_timeout = \"100ms\"\n[upstreams.u.hedge]\nafter = \"50ms\"\nmax_extra = 1.0",
+    );
+    let script = Script::new([Step::Answer(Duration::from_secs(1), OK)]);
+    let a = call(&up, &script, &keyed(Method::POST), None).await;
+    assert_eq!((status(&a), a.attempts), (200, 1));
+    assert_eq!(script.sent().len(), 1);
+    // A keyed PUT is idempotent: it gets its hedge.
+    let script = Script::new([
+        Step::Answer(Duration::from_secs(1), OK),
+        Step::Answer(MS, OK),
+    ]);
+    let a = call(&up, &script, &keyed(Method::PUT), None).await;
+    assert_eq!((status(&a), a.attempts), (200, 2));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_keyed_post_that_may_have_run_is_sent_again_only_where_answers_said_dedupe() {
+    let up = upstream("");
+    // Nothing said so: a reset after the request went is the end.
+    let script = Script::new([Step::Reset(MS), Step::Answer(MS, OK)]);
+    let a = call(&up, &script, &keyed(Method::POST), None).await;
+    assert_eq!(
+        (status(&a), a.outcome, a.attempts),
+        (502, Outcome::NotRetryable, 1)
+    );
+    // A failure that shows it did not run is retried all the same.
+    let script = Script::new([Step::Answer(MS, S503), Step::Answer(MS, OK)]);
+    let a = call(&up, &script, &keyed(Method::POST), None).await;
+    assert_eq!((status(&a), a.attempts), (200, 2));
+    // An answer says the upstream deduplicates: believed for a minute.
+    let script = Script::new([Step::Answer(MS, DEDUPES)]);
+    call(&up, &script, &get(), None).await;
+    let script = Script::new([Step::Reset(MS), Step::Answer(MS, OK)]);
+    let a = call(&up, &script, &keyed(Method::POST), None).await;
+    assert_eq!((status(&a), a.attempts), (200, 2));
+    tokio::time::advance(Duration::from_secs(61)).await;
+    let script = Script::new([Step::Reset(MS), Step::Answer(MS, OK)]);
+    let a = call(&up, &script, &keyed(Method::POST), None).await;
+    assert_eq!(
+        (status(&a), a.attempts),
+        (502, 1),
+        "a minute later it is not"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_minted_key_goes_on_every_attempt() {
+    let up = upstream("");
+    let script = Script::new([Step::Answer(MS, S503), Step::Answer(MS, OK)]);
+    let a = call_minted(&up, &script, &head(Method::POST), Some("\"m-1\"")).await;
+    assert_eq!((status(&a), a.attempts), (200, 2));
+    let keys: Vec<_> = script.sent().into_iter().map(|s| s.key).collect();
+    assert_eq!(
+        keys,
+        [Some("\"m-1\"".to_string()), Some("\"m-1\"".to_string())]
+    );
 }

@@ -17,6 +17,11 @@ pub const ATTEMPTS_HEADER: HeaderName = HeaderName::from_static("x-tollgate-atte
 pub const HEDGE_HEADER: HeaderName = HeaderName::from_static("x-tollgate-hedge");
 /// The value of [`HEDGE_HEADER`].
 pub const HEDGE_VALUE: HeaderValue = HeaderValue::from_static("1");
+/// `on` on every answer of a callee's inbound side while `[inbound.dedupe]` is on
+/// (callee -> caller): keyed requests run there once.
+pub const DEDUPE_HEADER: HeaderName = HeaderName::from_static("x-tollgate-dedupe");
+/// `true` on an answer a callee's dedupe replayed from its store.
+pub const REPLAYED_HEADER: HeaderName = HeaderName::from_static("idempotent-replayed");
 pub use crate::http::grpc::{GRPC_PUSHBACK, GRPC_STATUS};
 
 /// Counts up to 10, as header values, so no attempt formats its number.

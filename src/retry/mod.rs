@@ -23,6 +23,7 @@ mod forward;
 mod forward_tests;
 pub mod headers;
 pub mod hedge;
+pub mod keys;
 pub mod learn;
 pub mod markers;
 pub mod policy;

@@ -44,6 +44,8 @@ pub struct Sent {
     pub at: Instant,
     /// The deadline header it carried, in milliseconds.
     pub deadline_ms: Option<u64>,
+    /// The idempotency key it carried (the request's own, or minted for it).
+    pub key: Option<String>,
 }
 
 #[derive(Default)]
@@ -88,6 +90,13 @@ impl<A: AppBody> Transport<A> for Script {
             .iter()
             .find(|(name, _)| *name == "x-timeout-ms")
             .and_then(|(_, v)| v.to_str().ok()?.parse().ok());
+        let key = head
+            .fields
+            .iter()
+            .find(|(name, _)| *name == "idempotency-key")
+            .map(|(_, v)| v)
+            .or_else(|| head.headers.get("idempotency-key"))
+            .and_then(|v| Some(v.to_str().ok()?.to_string()));
         self.sent
             .lock()
             .unwrap_or_else(|p| p.into_inner())
@@ -97,6 +106,7 @@ impl<A: AppBody> Transport<A> for Script {
                 hedge: a.hedge,
                 at: now,
                 deadline_ms,
+                key,
             });
         let wait = |d: Duration| async move {
             let at = now + d;

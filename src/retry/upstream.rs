@@ -13,10 +13,13 @@
 use std::sync::Arc;
 use std::sync::atomic::AtomicUsize;
 
+use prometheus::IntCounter;
+
 use tokio::time::Instant;
 
 use super::budget::RetryBudget;
 use super::hedge::Hedging;
+use super::keys::Dedupes;
 use super::quantile::RecentQuantile;
 use super::recent::RecentFailures;
 use super::replay::{AppBody, ReplayBody};
@@ -46,6 +49,10 @@ pub struct Upstream<A> {
     pub throttle: Option<Arc<Throttle>>,
     /// The failures tollgate owned in the last 2 s, to see the app retrying them.
     pub recent: Arc<RecentFailures>,
+    /// When its answers last said it deduplicates keyed requests.
+    pub dedupes: Arc<Dedupes>,
+    /// `tollgate_idempotency_keys_minted_total`, with `mint_idempotency_key`.
+    pub minted: Option<IntCounter>,
 }
 
 impl<A: AppBody> Upstream<A> {
@@ -65,6 +72,7 @@ impl<A: AppBody> Upstream<A> {
                 && p.config.tls == config.tls
                 && p.config.max_connection_age == config.max_connection_age
         });
+        let metrics_root = metrics;
         let metrics = match previous {
             Some(p) if p.config.retry.on == config.retry.on => p.metrics.clone(),
             _ => Arc::new(metrics.upstream(&config.name, &config.retry.on.names())),
@@ -108,7 +116,12 @@ impl<A: AppBody> Upstream<A> {
         };
         let recent =
             previous.map_or_else(|| Arc::new(RecentFailures::new(now)), |p| p.recent.clone());
+        let dedupes = previous.map_or_else(Arc::default, |p| p.dedupes.clone());
+        let minted = (!config.retry.mint_idempotency_key.is_empty())
+            .then(|| metrics_root.keys_minted(&config.name));
         Upstream {
+            dedupes,
+            minted,
             inflight: previous
                 .map_or_else(|| Arc::new(AtomicUsize::new(0)), |p| p.inflight.clone()),
             connections,

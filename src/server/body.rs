@@ -13,6 +13,7 @@ use std::task::{Context, Poll};
 use bytes::Bytes;
 use http::HeaderName;
 use http_body::{Body, Frame, SizeHint};
+use http_body_util::combinators::BoxBody;
 use tokio::time::Instant;
 
 use super::socket::Http1Body;
@@ -146,6 +147,9 @@ enum Kind {
     Full(Option<Bytes>),
     /// The answer to a `CONNECT`: no body, and the connection to tunnel to.
     Tunnel(Option<Upgraded>),
+    /// A body a service made of its own (a response kept for replay, or one relayed
+    /// from another task), with every field in the head's map.
+    Boxed(BoxBody<Bytes, BoxError>),
 }
 
 pub struct ResponseBody {
@@ -174,6 +178,16 @@ impl ResponseBody {
             kind: Kind::Full((!bytes.is_empty()).then_some(bytes)),
             added: AddedFields::default(),
             _guard: guard,
+        }
+    }
+
+    /// A body the service made itself; the head's map holds all its fields.
+    pub fn boxed(body: BoxBody<Bytes, BoxError>, mut guard: RequestGuard) -> Self {
+        guard.headed();
+        ResponseBody {
+            kind: Kind::Boxed(body),
+            added: AddedFields::default(),
+            _guard: Some(guard),
         }
     }
 
@@ -208,7 +222,7 @@ impl ResponseBody {
     pub fn raw_fields(&self) -> Option<&RawFields> {
         match &self.kind {
             Kind::Upstream(b) => b.raw_fields(),
-            Kind::Full(_) | Kind::Tunnel(_) => None,
+            Kind::Full(_) | Kind::Tunnel(_) | Kind::Boxed(_) => None,
         }
     }
 }
@@ -224,6 +238,7 @@ impl Body for ResponseBody {
         match &mut self.kind {
             Kind::Full(b) => Poll::Ready(b.take().map(|b| Ok(Frame::data(b)))),
             Kind::Upstream(inner) => Pin::new(inner).poll_frame(cx),
+            Kind::Boxed(inner) => Pin::new(inner).poll_frame(cx),
             Kind::Tunnel(_) => Poll::Ready(None),
         }
     }
@@ -232,6 +247,7 @@ impl Body for ResponseBody {
         match &self.kind {
             Kind::Full(b) => b.is_none(),
             Kind::Upstream(inner) => inner.is_end_stream(),
+            Kind::Boxed(inner) => inner.is_end_stream(),
             Kind::Tunnel(_) => true,
         }
     }
@@ -240,6 +256,7 @@ impl Body for ResponseBody {
         match &self.kind {
             Kind::Full(b) => SizeHint::with_exact(b.as_ref().map_or(0, |b| b.len() as u64)),
             Kind::Upstream(inner) => inner.size_hint(),
+            Kind::Boxed(inner) => inner.size_hint(),
             Kind::Tunnel(_) => SizeHint::with_exact(0),
         }
     }

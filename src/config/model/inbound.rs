@@ -6,7 +6,7 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use super::{BudgetConfig, EndpointAddr};
+use super::{BudgetConfig, DedupeConfig, EndpointAddr};
 
 /// `[inbound]`.
 #[derive(Clone, Debug, PartialEq)]
@@ -26,6 +26,8 @@ pub struct InboundConfig {
     pub per_caller: PerCaller,
     /// The only paths a kubelet probe may ask for; empty: any path.
     pub probe_paths: Vec<String>,
+    /// `[inbound.dedupe]`: keyed requests run once. `None`: keys pass through untouched.
+    pub dedupe: Option<DedupeConfig>,
 }
 
 /// How the fleet's retry budget is shared among the callers asking for it.

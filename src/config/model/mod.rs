@@ -8,11 +8,13 @@
 //! build their running parts from them without the config depending on any of those
 //! layers.
 
+mod dedupe;
 mod health;
 mod inbound;
 mod retry;
 mod tls;
 
+pub use dedupe::*;
 pub use health::*;
 pub use inbound::*;
 pub use retry::*;

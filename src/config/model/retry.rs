@@ -18,6 +18,9 @@ pub struct RetryConfig {
     pub on: RetryOn,
     pub methods: Vec<Method>,
     pub idempotency_header: Option<HeaderName>,
+    /// Requests of these methods without the idempotency header get one minted (a
+    /// random UUID), the same on every attempt.
+    pub mint_idempotency_key: Vec<Method>,
     pub backoff: BackoffConfig,
     pub retry_after: RetryAfterMode,
     pub max_retry_after: Duration,
@@ -50,6 +53,7 @@ impl Default for RetryConfig {
                 .filter_map(|m| Method::from_bytes(m.as_bytes()).ok())
                 .collect(),
             idempotency_header: Some(HeaderName::from_static("idempotency-key")),
+            mint_idempotency_key: Vec::new(),
             backoff: BackoffConfig::default(),
             retry_after: RetryAfterMode::Honor,
             max_retry_after: Duration::from_secs(5),

@@ -49,6 +49,9 @@ pub(super) fn inbound(
             .table(&t, "retries")
             .and_then(|(r, _)| w.word(&r, "per_caller", &PER_CALLER))
             .unwrap_or_default(),
+        dedupe: w
+            .table(&t, "dedupe")
+            .map(|(d, _)| super::dedupe::dedupe(w, &d)),
     })
 }
 

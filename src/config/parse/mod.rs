@@ -10,9 +10,10 @@
 //! The walk is split by section: this file has the top level and the small sections,
 //! [`upstream`] an upstream and the clashes between upstreams, [`retry`] its retry and
 //! budget sections, [`health`] its outlier and hedge sections, [`tls`] its TLS
-//! section, [`inbound`] the inbound side; [`walker`] reads typed values and
+//! section, [`inbound`] the inbound side and [`dedupe`] its `[inbound.dedupe]`; [`walker`] reads typed values and
 //! [`schema`] knows which keys each section takes.
 
+mod dedupe;
 mod health;
 mod inbound;
 mod retry;

@@ -34,11 +34,25 @@ pub(super) fn retry(w: &mut Walker<'_>, upstream: &str, t: &Table) -> RetryConfi
         Some(written) => w.header_name(written, &t.key("idempotency_header")),
     };
     let max_body = Size(0)..=Size(64 << 20);
+    let mint_idempotency_key = method_list(w, t, "mint_idempotency_key").unwrap_or_default();
+    if !mint_idempotency_key.is_empty()
+        && idempotency_header.is_none()
+        && let Some(v) = t.get("mint_idempotency_key")
+    {
+        w.reject(
+            v.span(),
+            &t.key("mint_idempotency_key"),
+            "a key is minted into the idempotency header, and idempotency_header is off",
+            "remove idempotency_header = \"\" (the default is \"idempotency-key\"), or remove \
+             mint_idempotency_key",
+        );
+    }
     RetryConfig {
         max_attempts: w.ranged(t, "max_attempts", 3, 1..=10u64) as u32,
         on: retry_on(w, t).unwrap_or(d.on),
         methods: methods(w, t).unwrap_or(d.methods),
         idempotency_header,
+        mint_idempotency_key,
         backoff: backoff(w, t),
         retry_after: match honors(w, t, "retry_after", "a Retry-After mode") {
             true => RetryAfterMode::Honor,
@@ -87,9 +101,15 @@ fn retry_on(w: &mut Walker<'_>, t: &Table) -> Option<RetryOn> {
     Some(on)
 }
 
-fn methods(w: &mut Walker<'_>, t: &Table) -> Option<Vec<Method>> {
-    let key = t.key("methods");
-    let list = w.strings(t, "methods")?;
+/// A list of HTTP methods, written in upper case; shared with `[inbound.dedupe]`.
+pub(super) fn methods(w: &mut Walker<'_>, t: &Table) -> Option<Vec<Method>> {
+    method_list(w, t, "methods")
+}
+
+/// The list of HTTP methods at `name`.
+fn method_list(w: &mut Walker<'_>, t: &Table, name: &str) -> Option<Vec<Method>> {
+    let key = t.key(name);
+    let list = w.strings(t, name)?;
     let mut out = Vec::new();
     for (m, span) in list {
         let upper = !m.is_empty() && m.bytes().all(|b| b.is_ascii_uppercase());
@@ -212,4 +232,55 @@ fn honors(w: &mut Walker<'_>, t: &Table, key: &str, what: &'static str) -> bool 
         words: &[("honor", true), ("honour", true), ("ignore", false)],
     };
     w.word(t, key, &choice).unwrap_or(true)
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use std::path::Path;
+
+    use crate::config::Config;
+
+    fn parse(text: &str) -> Result<Config, String> {
+        crate::config::parse("t.toml", text, Path::new(".")).map_err(|e| e.to_string())
+    }
+
+    const HEAD: &str = "[upstreams.pay]\nauthorities = [\"pay\"]\nendpoints = [\"127.0.0.1:9\"]\n\
+                        [upstreams.pay.retry]\n";
+
+    #[test]
+    fn mint_idempotency_key_is_read_shown_and_off_by_default() {
+        let off = parse(HEAD).unwrap();
+        assert!(off.upstreams[0].retry.mint_idempotency_key.is_empty());
+        let on = parse(&format!(
+            "{HEAD}mint_idempotency_key = [\"POST\", \"PATCH\"]\n"
+        ))
+        .unwrap();
+        let r = &on.upstreams[0].retry;
+        assert_eq!(
+            r.mint_idempotency_key,
+            [http::Method::POST, http::Method::PATCH]
+        );
+        let json = on.to_json();
+        assert_eq!(
+            json["upstreams"]["pay"]["retry"]["mint_idempotency_key"],
+            serde_json::json!(["POST", "PATCH"])
+        );
+    }
+
+    #[test]
+    fn minting_without_an_idempotency_header_is_an_error_with_its_fix() {
+        let e = parse(&format!(
+            "{HEAD}idempotency_header = \"\"\nmint_idempotency_key = [\"POST\"]\n"
+        ))
+        .unwrap_err();
+        assert!(
+            e.contains("t.toml:6:24: upstreams.pay.retry.mint_idempotency_key:"),
+            "{e}"
+        );
+        assert!(e.contains("remove idempotency_header = \"\""), "{e}");
+        let e = parse(&format!("{HEAD}mint_idempotency_key = [\"post\"]\n")).unwrap_err();
+        assert!(e.contains("`post` is not an HTTP method"), "{e}");
+    }
 }

@@ -25,10 +25,11 @@ pub(super) enum Section {
     Throttle,
     Inbound,
     InboundRetries,
+    InboundDedupe,
 }
 
 impl Section {
-    const ALL: [Section; 15] = [
+    const ALL: [Section; 16] = [
         Section::Root,
         Section::Runtime,
         Section::Listener,
@@ -44,6 +45,7 @@ impl Section {
         Section::Throttle,
         Section::Inbound,
         Section::InboundRetries,
+        Section::InboundDedupe,
     ];
 
     /// The keys this section takes.
@@ -97,6 +99,7 @@ impl Section {
                 "on",
                 "methods",
                 "idempotency_header",
+                "mint_idempotency_key",
                 "backoff_base",
                 "backoff_max",
                 "backoff_jitter",
@@ -116,8 +119,18 @@ impl Section {
                 "request_timeout",
                 "retries",
                 "probe_paths",
+                "dedupe",
             ],
             Section::InboundRetries => &["ratio", "min_per_sec", "window", "per_caller"],
+            Section::InboundDedupe => &[
+                "methods",
+                "ttl",
+                "max_response",
+                "store",
+                "max_entries",
+                "store_timeout",
+                "on_store_error",
+            ],
             Section::Throttle => &["k", "window"],
         }
     }
@@ -138,6 +151,7 @@ impl Section {
             Section::Hedge => Some((Section::Upstream, "hedge")),
             Section::Inbound => Some((Section::Root, "inbound")),
             Section::InboundRetries => Some((Section::Inbound, "retries")),
+            Section::InboundDedupe => Some((Section::Inbound, "dedupe")),
             Section::Throttle => Some((Section::Upstream, "throttle")),
         }
     }

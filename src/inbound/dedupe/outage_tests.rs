@@ -1,0 +1,205 @@
+//! The Redis store when Redis fails: killed, restarted, stalled, and a replica that
+//! dies holding a claim. Each test starts its own `redis-server` and stops it at the
+//! end, passing or failing.
+
+#![allow(clippy::unwrap_used)]
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{HeaderMap, HeaderValue, Method, StatusCode};
+use http_body_util::{BodyExt, Full};
+use tokio::time::Instant;
+
+use super::testing::RedisServer;
+use super::*;
+use crate::metrics::dedupe::DedupeResult;
+
+fn dedupe(redis: &RedisServer, on_store_error: OnStoreError) -> Dedupe {
+    let config = DedupeConfig {
+        store: DedupeStore::Redis(redis.addr()),
+        store_timeout: Duration::from_millis(200),
+        on_store_error,
+        ..DedupeConfig::default()
+    };
+    Dedupe::new(&config, Metrics::new(), None)
+}
+
+fn scope(d: &Dedupe, key: &str) -> Scope {
+    let mut h = HeaderMap::new();
+    h.insert("idempotency-key", HeaderValue::from_str(key).unwrap());
+    d.scope(&Method::POST, &"/charge".parse().unwrap(), &h)
+        .unwrap()
+}
+
+async fn complete(c: Claim, body: &'static [u8]) -> Ended {
+    c.body(Full::new(Bytes::from_static(body)))
+        .collect()
+        .await
+        .unwrap();
+    let mut k = c.keeper(StatusCode::OK, &HeaderMap::new());
+    k.data(b"done");
+    c.complete(k).await
+}
+
+fn store_errors(d: &Dedupe) -> u64 {
+    d.core.metrics().counted(DedupeResult::StoreError)
+}
+
+/// Begins `key` until it runs, for at most `bound`; how long that took.
+async fn runs_within(d: &Dedupe, key: &str, bound: Duration) -> (Claim, Duration) {
+    let start = Instant::now();
+    loop {
+        if let Begin::Run(c) = d.begin(scope(d, key)).await {
+            return (c, start.elapsed());
+        }
+        assert!(
+            start.elapsed() < bound,
+            "{key}: not running again within {bound:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test]
+async fn a_killed_redis_is_a_store_error_and_normal_again_soon_after_it_returns() {
+    let Some(mut redis) = RedisServer::start("a_killed_redis_is_a_store_error") else {
+        return;
+    };
+    let d = dedupe(&redis, OnStoreError::Closed);
+    let (c, _) = runs_within(&d, "before", Duration::from_secs(5)).await;
+    assert_eq!(complete(c, b"b").await, Ended::Kept);
+    // A claim in flight when Redis dies cannot be ended: it is lost, and counted.
+    let (in_flight, _) = runs_within(&d, "in-flight", Duration::from_secs(5)).await;
+
+    redis.kill();
+    let start = Instant::now();
+    assert!(matches!(
+        d.begin(scope(&d, "during")).await,
+        Begin::Unavailable
+    ));
+    assert!(
+        start.elapsed() < Duration::from_secs(5),
+        "bounded by store_timeout"
+    );
+    assert_eq!(complete(in_flight, b"f").await, Ended::Lost);
+    assert!(store_errors(&d) >= 2);
+
+    redis.restart();
+    let (c, took) = runs_within(&d, "after", Duration::from_secs(10)).await;
+    eprintln!("the Redis store answered again {took:?} after Redis came back");
+    assert_eq!(complete(c, b"a").await, Ended::Kept);
+    // A Redis that persists nothing forgot what it kept: the outage window.
+    let (c, _) = runs_within(&d, "before", Duration::from_secs(1)).await;
+    c.release().await;
+}
+
+#[tokio::test]
+async fn with_on_store_error_open_this_replicas_memory_stands_in() {
+    let Some(mut redis) = RedisServer::start("with_on_store_error_open") else {
+        return;
+    };
+    let d = dedupe(&redis, OnStoreError::Open);
+    redis.kill();
+    let Begin::Run(first) = d.begin(scope(&d, "k")).await else {
+        panic!("the memory store did not stand in")
+    };
+    // A duplicate on this replica is still one.
+    let Begin::Duplicate(dup) = d.begin(scope(&d, "k")).await else {
+        panic!("no duplicate on the stand-in")
+    };
+    assert_eq!(complete(first, b"x").await, Ended::Kept);
+    let answer = dup.settle(Fingerprint::of(b"x"), None).await;
+    assert!(matches!(answer, Answer::Replay(_)), "{answer:?}");
+    assert_eq!(store_errors(&d), 2, "each keyed request counted");
+    assert_eq!(d.memory().unwrap().len(), 1);
+
+    redis.restart();
+    let (c, _) = runs_within(&d, "k", Duration::from_secs(10)).await;
+    assert!(matches!(c, Claim { .. }));
+    c.release().await;
+}
+
+#[tokio::test]
+async fn a_stalled_redis_counts_as_failing_after_store_timeout() {
+    let Some(mut redis) = RedisServer::start("a_stalled_redis_counts_as_failing") else {
+        return;
+    };
+    let d = dedupe(&redis, OnStoreError::Closed);
+    let (c, _) = runs_within(&d, "warm", Duration::from_secs(5)).await;
+    c.release().await;
+    redis.pause();
+    let start = Instant::now();
+    assert!(matches!(d.begin(scope(&d, "k")).await, Begin::Unavailable));
+    let took = start.elapsed();
+    redis.resume();
+    assert!(took >= Duration::from_millis(200), "{took:?}");
+    assert!(took < Duration::from_secs(5), "{took:?}");
+    let (c, _) = runs_within(&d, "k", Duration::from_secs(5)).await;
+    c.release().await;
+}
+
+#[tokio::test]
+async fn a_claim_whose_replica_died_turns_not_replayable_when_its_lease_lapses() {
+    let Some(redis) = RedisServer::start("a_claim_whose_replica_died") else {
+        return;
+    };
+    let d = dedupe(&redis, OnStoreError::Closed);
+    let Backend::Redis(store) = &d.primary else {
+        panic!("not redis")
+    };
+    // A replica claims with a short lease, then is gone: nothing renews or ends it.
+    let s = scope(&d, "orphan");
+    let gone = Token::new();
+    let lease = Duration::from_millis(100);
+    let ttl = Duration::from_secs(60);
+    assert_eq!(
+        store.claim(&s, gone, lease, ttl).await.unwrap(),
+        Found::Claimed
+    );
+    let Begin::Duplicate(dup) = d.begin(s).await else {
+        panic!("the orphan's key was free")
+    };
+    // A duplicate waiting on it sees the lapse by polling, and never runs it again.
+    let answer = dup
+        .settle(
+            Fingerprint::of(b""),
+            Some(Instant::now() + Duration::from_secs(5)),
+        )
+        .await;
+    assert_eq!(answer, Answer::NotReplayable);
+    assert_eq!(
+        store.look(&s).await.unwrap(),
+        Found::Gone { fingerprint: None }
+    );
+    // The orphan's own end, were it to come, changes nothing.
+    let end = Ending::NotReplayable { fingerprint: None };
+    assert!(!store.finish(&s, gone, &end, ttl).await.unwrap());
+    assert!(!store.renew(&s, gone, lease).await.unwrap());
+}
+
+#[tokio::test]
+async fn a_running_claim_renews_its_lease() {
+    let Some(redis) = RedisServer::start("a_running_claim_renews_its_lease") else {
+        return;
+    };
+    let d = dedupe(&redis, OnStoreError::Closed);
+    let Backend::Redis(store) = &d.primary else {
+        panic!("not redis")
+    };
+    let s = scope(&d, "renewed");
+    let t = Token::new();
+    let short = Duration::from_millis(300);
+    store
+        .claim(&s, t, short, Duration::from_secs(60))
+        .await
+        .unwrap();
+    // Renewed twice past the first lease: still running, not lapsed.
+    for _ in 0..3 {
+        tokio::time::sleep(Duration::from_millis(150)).await;
+        assert!(store.renew(&s, t, short).await.unwrap());
+    }
+    assert_eq!(store.look(&s).await.unwrap(), Found::Running);
+    store.release(&s, t).await.unwrap();
+    assert_eq!(store.look(&s).await.unwrap(), Found::Free);
+}

@@ -1,0 +1,335 @@
+//! Exactly once, over loopback: an app behind a real tollgate's `[inbound]` listener
+//! with `[inbound.dedupe]` on. A keyed request runs the app once, whatever arrives
+//! after it: duplicates in flight join it, later ones get its kept answer, a key reused
+//! for another body is refused, an answer that says the request did not run frees the
+//! key, and one that may have run without an answer is not replayed. Requests without
+//! a key get what the app gives.
+
+#![allow(clippy::unwrap_used)]
+
+mod common;
+#[path = "common/orders.rs"]
+mod orders;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use common::*;
+use http_body_util::BodyExt;
+use orders::*;
+
+#[tokio::test]
+async fn a_duplicate_after_completion_gets_the_kept_answer_and_the_app_runs_once() {
+    let (app, executed) = orders_app(Duration::ZERO).await;
+    let tg = Tollgate::start(&inbound_config(app.addr, DEDUPE)).await;
+    let first = send(tg.inbound(), post(Some("\"k-1\""), "coffee")).await;
+    assert_eq!(first.status, 201);
+    assert_eq!(first.header("x-tollgate-dedupe"), Some("on"));
+    assert_eq!(first.header("idempotent-replayed"), None);
+    for _ in 0..3 {
+        let again = send(tg.inbound(), post(Some("\"k-1\""), "coffee")).await;
+        assert_eq!(again.status, 201);
+        assert_eq!(again.body, first.body);
+        assert_eq!(again.header("x-order"), Some("1"));
+        assert_eq!(again.header("idempotent-replayed"), Some("true"));
+        assert_eq!(again.header("x-tollgate-dedupe"), Some("on"));
+    }
+    // Over HTTP/2 too.
+    let h2 = send_h2(tg.inbound(), post(Some("\"k-1\""), "coffee")).await;
+    assert_eq!((h2.status, &h2.body), (first.status, &first.body));
+    assert_eq!(executed.load(Ordering::SeqCst), 1);
+    let m = tg.metrics().await;
+    assert_eq!(
+        metric(&m, "tollgate_inbound_dedupe_total{result=\"replayed\"}"),
+        Some(4.0)
+    );
+    tg.stop().await;
+}
+
+#[tokio::test]
+async fn fifty_duplicates_arriving_together_run_the_app_once_and_get_one_answer() {
+    let (app, executed) = orders_app(Duration::from_millis(300)).await;
+    let tg = Tollgate::start(&inbound_config(app.addr, DEDUPE)).await;
+    let addr = tg.inbound();
+    let all: Vec<_> = (0..50)
+        .map(|_| tokio::spawn(async move { send(addr, post(Some("\"same\""), "tea")).await }))
+        .collect();
+    let mut bodies = Vec::new();
+    for t in all {
+        let got = t.await.unwrap();
+        assert_eq!(got.status, 201, "{:?}", got.body);
+        bodies.push(got.body);
+    }
+    assert!(bodies.iter().all(|b| *b == bodies[0]));
+    assert_eq!(executed.load(Ordering::SeqCst), 1);
+    tg.stop().await;
+}
+
+#[tokio::test]
+async fn the_same_key_with_another_body_is_refused_without_the_app() {
+    let (app, executed) = orders_app(Duration::ZERO).await;
+    let tg = Tollgate::start(&inbound_config(app.addr, DEDUPE)).await;
+    assert_eq!(
+        send(tg.inbound(), post(Some("\"k\""), "one")).await.status,
+        201
+    );
+    let other = send(tg.inbound(), post(Some("\"k\""), "two")).await;
+    assert_eq!(other.status, 422);
+    assert_eq!(other.outcome(), Some("key-mismatch"));
+    assert_eq!(executed.load(Ordering::SeqCst), 1);
+    tg.stop().await;
+}
+
+#[tokio::test]
+async fn an_answer_that_says_the_request_did_not_run_frees_the_key() {
+    let calls = Arc::new(AtomicUsize::new(0));
+    let c = calls.clone();
+    let app = Upstream::start(move |_req| {
+        let n = c.fetch_add(1, Ordering::SeqCst);
+        async move { respond(if n == 0 { 503 } else { 200 }, format!("call {n}")) }
+    })
+    .await;
+    let tg = Tollgate::start(&inbound_config(app.addr, DEDUPE)).await;
+    assert_eq!(
+        send(tg.inbound(), post(Some("\"k\""), "x")).await.status,
+        503
+    );
+    let retried = send(tg.inbound(), post(Some("\"k\""), "x")).await;
+    assert_eq!(
+        (retried.status.as_u16(), &retried.body[..]),
+        (200, &b"call 1"[..])
+    );
+    assert_eq!(retried.header("idempotent-replayed"), None);
+    // The 200 is kept.
+    let kept = send(tg.inbound(), post(Some("\"k\""), "x")).await;
+    assert_eq!(kept.header("idempotent-replayed"), Some("true"));
+    assert_eq!(calls.load(Ordering::SeqCst), 2);
+    tg.stop().await;
+}
+
+/// An app that reads the whole request and closes the connection without a word.
+async fn vanishing_app() -> (
+    std::net::SocketAddr,
+    Arc<AtomicUsize>,
+    tokio::task::JoinHandle<()>,
+) {
+    use tokio::io::AsyncReadExt;
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = l.local_addr().unwrap();
+    let seen = Arc::new(AtomicUsize::new(0));
+    let s = seen.clone();
+    let task = tokio::spawn(async move {
+        while let Ok((mut c, _)) = l.accept().await {
+            let s = s.clone();
+            tokio::spawn(async move {
+                let mut buf = Vec::new();
+                let mut chunk = [0u8; 4096];
+                // The head and its short body, then gone.
+                while let Ok(n) = c.read(&mut chunk).await {
+                    if n == 0 {
+                        return;
+                    }
+                    buf.extend_from_slice(&chunk[..n]);
+                    if buf.windows(4).any(|w| w == b"\r\n\r\n") && buf.ends_with(b"x") {
+                        s.fetch_add(1, Ordering::SeqCst);
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    (addr, seen, task)
+}
+
+#[tokio::test]
+async fn an_app_gone_after_the_whole_request_leaves_the_key_not_replayable() {
+    let (addr, seen, task) = vanishing_app().await;
+    let tg = Tollgate::start(&inbound_config(addr, DEDUPE)).await;
+    let first = send(tg.inbound(), post(Some("\"k\""), "x")).await;
+    assert_eq!(first.status, 502);
+    let dup = send(tg.inbound(), post(Some("\"k\""), "x")).await;
+    assert_eq!(dup.status, 500);
+    assert_eq!(dup.outcome(), Some("not-replayable"));
+    assert_eq!(seen.load(Ordering::SeqCst), 1);
+    tg.stop().await;
+    task.abort();
+}
+
+#[tokio::test]
+async fn a_response_larger_than_max_response_streams_and_is_not_kept() {
+    let big = "b".repeat(64 * 1024);
+    let b = big.clone();
+    let app = Upstream::start(move |_req| {
+        let b = b.clone();
+        async move { respond(200, b) }
+    })
+    .await;
+    let tg = Tollgate::start(&inbound_config(
+        app.addr,
+        "[inbound.dedupe]\nmax_response = \"4KiB\"\n",
+    ))
+    .await;
+    let first = send(tg.inbound(), post(Some("\"k\""), "x")).await;
+    assert_eq!(first.status, 200);
+    assert_eq!(first.body.len(), big.len());
+    let dup = send(tg.inbound(), post(Some("\"k\""), "x")).await;
+    assert_eq!(
+        (dup.status.as_u16(), dup.outcome()),
+        (500, Some("not-replayable"))
+    );
+    assert_eq!(app.hits(), 1);
+    tg.stop().await;
+}
+
+#[tokio::test]
+async fn a_caller_that_goes_away_does_not_lose_the_answer_of_the_work_done() {
+    let (app, executed) = orders_app(Duration::from_millis(300)).await;
+    let tg = Tollgate::start(&inbound_config(app.addr, DEDUPE)).await;
+    let addr = tg.inbound();
+    let gone = tokio::spawn(async move { send(addr, post(Some("\"k\""), "cake")).await });
+    assert!(wait_until(Duration::from_secs(5), || app.hits() == 1).await);
+    gone.abort();
+    assert!(
+        wait_until(Duration::from_secs(5), || executed.load(Ordering::SeqCst)
+            == 1)
+        .await
+    );
+    let dup = send(addr, post(Some("\"k\""), "cake")).await;
+    assert_eq!(dup.status, 201);
+    assert_eq!(&dup.body[..], b"order 1 for cake");
+    assert_eq!(executed.load(Ordering::SeqCst), 1);
+    tg.stop().await;
+}
+
+#[tokio::test]
+async fn requests_without_a_key_get_what_the_app_gives() {
+    let app = Upstream::start(|req: http::Request<hyper::body::Incoming>| async move {
+        let m = req.method().clone();
+        let body = req.into_body().collect().await.unwrap().to_bytes();
+        http::Response::builder()
+            .status(if m == http::Method::POST { 202 } else { 200 })
+            .header("x-app", "yes")
+            .body(full(format!("{m} {}", body.len())))
+            .unwrap()
+    })
+    .await;
+    let tg = Tollgate::start(&inbound_config(app.addr, DEDUPE)).await;
+    for (method, key) in [("POST", None), ("GET", None), ("GET", Some("\"k\""))] {
+        let req = |to: &str| {
+            let mut b = request(method, "/thing", to);
+            if let Some(k) = key {
+                b = b.header("idempotency-key", k);
+            }
+            b.body(full("abc")).unwrap()
+        };
+        let direct = send(app.addr, req("app")).await;
+        let through = send(tg.inbound(), req("app")).await;
+        assert_eq!(through.status, direct.status, "{method}");
+        assert_eq!(through.body, direct.body, "{method}");
+        assert_eq!(through.header("x-app"), Some("yes"));
+        assert_eq!(through.header("idempotent-replayed"), None);
+        assert_eq!(through.header("x-tollgate-dedupe"), Some("on"));
+    }
+    // Two keyed GETs both reach the app: GET is not a listed method.
+    assert_eq!(app.hits(), 6);
+    tg.stop().await;
+}
+
+#[tokio::test]
+async fn a_duplicate_whose_deadline_comes_first_is_told_it_is_in_progress() {
+    let (app, executed) = orders_app(Duration::from_millis(800)).await;
+    let tg = Tollgate::start(&inbound_config(app.addr, DEDUPE)).await;
+    let addr = tg.inbound();
+    let first = tokio::spawn(async move { send(addr, post(Some("\"slow\""), "x")).await });
+    assert!(wait_until(Duration::from_secs(5), || app.hits() == 1).await);
+    let impatient = request("POST", "/orders", "app")
+        .header("idempotency-key", "\"slow\"")
+        .header("x-timeout-ms", "100");
+    let dup = send(addr, impatient.body(full("x")).unwrap()).await;
+    assert_eq!(dup.status, 409);
+    assert_eq!(dup.outcome(), Some("in-progress"));
+    assert_eq!(dup.header("retry-after"), Some("1"));
+    assert_eq!(first.await.unwrap().status, 201);
+    assert_eq!(executed.load(Ordering::SeqCst), 1);
+    let m = tg.metrics().await;
+    assert_eq!(
+        metric(&m, "tollgate_inbound_dedupe_total{result=\"in-progress\"}"),
+        Some(1.0)
+    );
+    tg.stop().await;
+}
+
+#[tokio::test]
+async fn a_grpc_answer_is_replayed_with_its_trailers() {
+    let calls = Arc::new(AtomicUsize::new(0));
+    let c = calls.clone();
+    let app = Upstream::start(move |req: http::Request<hyper::body::Incoming>| {
+        c.fetch_add(1, Ordering::SeqCst);
+        async move {
+            // Read whole: an answer given before the request is is not kept.
+            req.into_body().collect().await.unwrap();
+            let mut trailers = http::HeaderMap::new();
+            trailers.insert("grpc-status", http::HeaderValue::from_static("0"));
+            trailers.insert("x-order", http::HeaderValue::from_static("42"));
+            let body = WithTrailers {
+                data: Some(bytes::Bytes::from_static(b"\0\0\0\0\x02ok")),
+                trailers: Some(trailers),
+            };
+            http::Response::builder()
+                .header("content-type", "application/grpc")
+                .body(http_body_util::BodyExt::boxed(body))
+                .unwrap()
+        }
+    })
+    .await;
+    let tg = Tollgate::start(&inbound_config(app.addr, DEDUPE)).await;
+    let call = || {
+        request("POST", "/shop.Orders/Place", "app")
+            .header("content-type", "application/grpc")
+            .header("te", "trailers")
+            .header("idempotency-key", "\"g-1\"")
+            .body(full(&b"\0\0\0\0\x01x"[..]))
+            .unwrap()
+    };
+    let first = send_h2(tg.inbound(), call()).await;
+    let again = send_h2(tg.inbound(), call()).await;
+    for got in [&first, &again] {
+        assert_eq!(got.status, 200);
+        assert_eq!(&got.body[..], b"\0\0\0\0\x02ok");
+        let t = got.trailers.as_ref().expect("trailers");
+        assert_eq!(t.get("grpc-status").unwrap(), "0");
+        assert_eq!(t.get("x-order").unwrap(), "42");
+    }
+    assert_eq!(again.header("idempotent-replayed"), Some("true"));
+    assert_eq!(calls.load(Ordering::SeqCst), 1);
+    tg.stop().await;
+}
+
+#[tokio::test]
+async fn a_keyed_request_refused_at_the_limit_frees_its_key() {
+    let (app, executed) = orders_app(Duration::from_millis(400)).await;
+    let tg = Tollgate::start(&inbound_config(
+        app.addr,
+        "max_inflight = 1\n[inbound.dedupe]\nstore = \"memory\"\n",
+    ))
+    .await;
+    let addr = tg.inbound();
+    let busy = tokio::spawn(async move { send(addr, post(None, "other")).await });
+    assert!(wait_until(Duration::from_secs(5), || app.hits() == 1).await);
+    let refused = send(addr, post(Some("\"k\""), "x")).await;
+    assert_eq!(
+        (refused.status.as_u16(), refused.outcome()),
+        (503, Some("overloaded"))
+    );
+    assert_eq!(busy.await.unwrap().status, 201);
+    // The app never had it: the retry runs.
+    let retried = send(addr, post(Some("\"k\""), "x")).await;
+    assert_eq!(retried.status, 201);
+    assert_eq!(retried.header("idempotent-replayed"), None);
+    // And that run is the key's: kept.
+    let again = send(addr, post(Some("\"k\""), "x")).await;
+    assert_eq!(again.header("idempotent-replayed"), Some("true"));
+    assert_eq!(executed.load(Ordering::SeqCst), 2);
+    tg.stop().await;
+}

@@ -1,0 +1,324 @@
+//! Exactly once through a chain, over loopback: a caller's tollgate that mints keys, a
+//! network that loses answers after the work was done, and callees' inbound tollgates
+//! that deduplicate, on one replica with the memory store or on three sharing a
+//! `redis-server` (started by the test, skipped loudly without one). Every order is
+//! answered, none is booked twice; a keyed POST is sent again after a lost answer only
+//! once the callee's answers have said it deduplicates; while Redis is down keyed
+//! requests are refused or served from memory, and unkeyed ones pass.
+
+#![allow(clippy::unwrap_used)]
+
+mod common;
+#[path = "common/orders.rs"]
+mod orders;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use common::*;
+use http_body_util::BodyExt;
+use orders::*;
+
+fn caller_config(endpoints: &[std::net::SocketAddr], extra_retry: &str) -> String {
+    let list: Vec<String> = endpoints.iter().map(|a| format!("\"{a}\"")).collect();
+    config(&format!(
+        "[upstreams.orders]\nauthorities = [\"orders\"]\nendpoints = [{}]\nrequest_timeout = \"5s\"\n\
+         [upstreams.orders.retry]\nmax_attempts = 4\non = [\"connect-failure\", \"reset\", \"503\"]\n\
+         backoff_base = \"1ms\"\nbackoff_max = \"5ms\"\n{extra_retry}\n\
+         [upstreams.orders.budget]\nratio = 1.0\nmin_per_sec = 1000\n",
+        list.join(", ")
+    ))
+}
+
+/// An app recording each attempt's idempotency key; 503 on the first attempt.
+#[tokio::test]
+async fn a_minted_key_is_the_same_on_every_attempt_and_an_apps_own_is_kept() {
+    let keys = Arc::new(std::sync::Mutex::new(Vec::<Option<String>>::new()));
+    let k = keys.clone();
+    let app = Upstream::start(move |req: http::Request<hyper::body::Incoming>| {
+        let key = req
+            .headers()
+            .get("idempotency-key")
+            .map(|v| v.to_str().unwrap().to_string());
+        let mut seen = k.lock().unwrap();
+        seen.push(key);
+        let status = if seen.len() % 2 == 1 { 503 } else { 200 };
+        async move { respond(status, "ok") }
+    })
+    .await;
+    let tg = Tollgate::start(&caller_config(
+        &[app.addr],
+        "mint_idempotency_key = [\"POST\"]",
+    ))
+    .await;
+    let minted = send(
+        tg.addr,
+        request("POST", "/orders", "orders")
+            .body(full("a"))
+            .unwrap(),
+    )
+    .await;
+    assert_eq!(minted.status, 200);
+    let own = send(
+        tg.addr,
+        request("POST", "/orders", "orders")
+            .header("idempotency-key", "\"mine\"")
+            .body(full("b"))
+            .unwrap(),
+    )
+    .await;
+    assert_eq!(own.status, 200);
+    // A GET is not a listed method: no key, on either attempt.
+    get(tg.addr, "/orders", "orders").await;
+    let seen = keys.lock().unwrap().clone();
+    assert_eq!(seen.len(), 6, "{seen:?}");
+    let key = seen[0].clone().unwrap();
+    assert!(
+        key.starts_with('"') && key.ends_with('"') && key.len() == 38,
+        "{key}"
+    );
+    assert_eq!(seen[1], seen[0], "the same key on the retry");
+    assert_eq!(seen[2].as_deref(), Some("\"mine\""));
+    assert_eq!(seen[3].as_deref(), Some("\"mine\""));
+    assert_eq!(seen[4..], [None, None]);
+    let m = tg.metrics().await;
+    assert_eq!(
+        metric(
+            &m,
+            "tollgate_idempotency_keys_minted_total{upstream=\"orders\"}"
+        ),
+        Some(1.0)
+    );
+    tg.stop().await;
+}
+
+#[tokio::test]
+async fn a_keyed_post_is_retried_after_a_lost_answer_only_where_the_callee_dedupes() {
+    let (app, executed) = orders_app(Duration::ZERO).await;
+    let callee = Tollgate::start(&inbound_config(app.addr, DEDUPE)).await;
+    let relay = Lossy::start(callee.inbound(), 0, 1).await;
+    let caller = Tollgate::start(&caller_config(
+        &[relay.addr],
+        "mint_idempotency_key = [\"POST\"]",
+    ))
+    .await;
+    let order = |body: &str| {
+        request("POST", "/orders", "orders")
+            .body(full(body.to_string()))
+            .unwrap()
+    };
+    // Nothing has said the callee deduplicates yet: a lost answer is not sent again.
+    relay.lose_next.store(1, Ordering::SeqCst);
+    let unknown = send(caller.addr, order("first")).await;
+    assert_eq!(unknown.status, 502, "{:?}", unknown.body);
+    assert_eq!(executed.load(Ordering::SeqCst), 1);
+    // Its answers say so now.
+    let plain = send(caller.addr, order("second")).await;
+    assert_eq!(plain.status, 201);
+    assert_eq!(executed.load(Ordering::SeqCst), 2);
+    relay.lose_next.store(1, Ordering::SeqCst);
+    let saved = send(caller.addr, order("third")).await;
+    assert_eq!(saved.status, 201, "{:?}", saved.body);
+    assert_eq!(saved.header("idempotent-replayed"), Some("true"));
+    assert_eq!(&saved.body[..], b"order 3 for third");
+    assert_eq!(saved.attempts(), 2);
+    assert_eq!(executed.load(Ordering::SeqCst), 3, "the retry ran nothing");
+    assert_eq!(relay.lost.load(Ordering::SeqCst), 2);
+    caller.stop().await;
+    callee.stop().await;
+}
+
+type Ledger = Arc<std::sync::Mutex<std::collections::HashMap<String, usize>>>;
+
+/// A replica of the orders service: appends each order (its body) to the shared ledger.
+async fn ledger_replica(ledger: &Ledger) -> Upstream {
+    let ledger = ledger.clone();
+    Upstream::start(move |req: http::Request<hyper::body::Incoming>| {
+        let ledger = ledger.clone();
+        async move {
+            let order = req.into_body().collect().await.unwrap().to_bytes();
+            let order = String::from_utf8_lossy(&order).into_owned();
+            let n = {
+                let mut l = ledger.lock().unwrap();
+                let n = l.entry(order.clone()).or_insert(0);
+                *n += 1;
+                *n
+            };
+            respond(201, format!("{order} booked ({n})"))
+        }
+    })
+    .await
+}
+
+struct Run {
+    answered: usize,
+    replayed: usize,
+    twice: usize,
+    executed: usize,
+}
+
+/// `orders` orders through `caller`, 20 at a time, each checked against the ledger.
+async fn place_orders(caller: std::net::SocketAddr, orders: usize, ledger: &Ledger) -> Run {
+    // One plain call first: the answers say the callee deduplicates.
+    assert_eq!(get(caller, "/warm", "orders").await.status, 201);
+    let next = Arc::new(AtomicUsize::new(0));
+    let (answered, replayed) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+    let workers: Vec<_> = (0..20)
+        .map(|_| {
+            let (next, answered, replayed) = (next.clone(), answered.clone(), replayed.clone());
+            tokio::spawn(async move {
+                loop {
+                    let i = next.fetch_add(1, Ordering::SeqCst);
+                    if i >= orders {
+                        return;
+                    }
+                    let req = request("POST", "/orders", "orders")
+                        .body(full(format!("order-{i}")))
+                        .unwrap();
+                    let got = send(caller, req).await;
+                    if got.status == 201 {
+                        assert_eq!(got.body, format!("order-{i} booked (1)"));
+                        answered.fetch_add(1, Ordering::SeqCst);
+                    }
+                    if got.header("idempotent-replayed") == Some("true") {
+                        replayed.fetch_add(1, Ordering::SeqCst);
+                    }
+                }
+            })
+        })
+        .collect();
+    for w in workers {
+        w.await.unwrap();
+    }
+    eprintln!(
+        "{orders} orders: {} answered, {} replayed",
+        answered.load(Ordering::SeqCst),
+        replayed.load(Ordering::SeqCst)
+    );
+    let l = ledger.lock().unwrap();
+    let orders_only = || l.iter().filter(|(k, _)| k.starts_with("order-"));
+    Run {
+        answered: answered.load(Ordering::SeqCst),
+        replayed: replayed.load(Ordering::SeqCst),
+        twice: orders_only().filter(|(_, n)| **n > 1).count(),
+        executed: orders_only().count(),
+    }
+}
+
+/// Replicas, each behind its own inbound tollgate with `dedupe`, each reached through
+/// its own lossy link; a caller that mints keys.
+async fn fleet(
+    replicas: usize,
+    dedupe: &str,
+    ledger: &Ledger,
+) -> (Vec<Upstream>, Vec<Tollgate>, Vec<Lossy>, Tollgate) {
+    let (mut apps, mut callees, mut links) = (Vec::new(), Vec::new(), Vec::new());
+    for i in 0..replicas {
+        let app = ledger_replica(ledger).await;
+        let callee = Tollgate::start(&inbound_config(
+            app.addr,
+            &format!("max_inflight = 1000\n[inbound.dedupe]\n{dedupe}"),
+        ))
+        .await;
+        links.push(Lossy::start(callee.inbound(), 10, 7 + i as u64).await);
+        apps.push(app);
+        callees.push(callee);
+    }
+    let ends: Vec<_> = links.iter().map(|l| l.addr).collect();
+    let caller = Tollgate::start(&caller_config(&ends, "mint_idempotency_key = [\"POST\"]")).await;
+    (apps, callees, links, caller)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn six_hundred_orders_through_a_lossy_network_and_three_replicas_each_run_once() {
+    let Some(redis) = Redis::start("six_hundred_orders_…_three_replicas") else {
+        return;
+    };
+    let ledger = Ledger::default();
+    let store = format!("store = \"{}\"\nstore_timeout = \"500ms\"\n", redis.store());
+    let (_apps, callees, links, caller) = fleet(3, &store, &ledger).await;
+    let run = place_orders(caller.addr, 600, &ledger).await;
+    let lost: usize = links.iter().map(|l| l.lost.load(Ordering::SeqCst)).sum();
+    assert!(lost > 0, "the network lost nothing");
+    assert_eq!(run.twice, 0, "orders executed twice");
+    assert!(run.answered >= 594, "{} of 600 answered", run.answered);
+    assert!(run.executed >= run.answered);
+    assert!(
+        run.replayed > 0,
+        "no lost answer was replayed ({lost} lost)"
+    );
+    caller.stop().await;
+    for c in callees {
+        c.stop().await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn six_hundred_orders_through_a_lossy_network_and_one_replica_with_memory_run_once() {
+    let ledger = Ledger::default();
+    let (_apps, callees, _links, caller) = fleet(1, "store = \"memory\"\n", &ledger).await;
+    let run = place_orders(caller.addr, 600, &ledger).await;
+    assert_eq!(run.twice, 0, "orders executed twice");
+    assert!(run.answered >= 594, "{} of 600 answered", run.answered);
+    assert!(run.replayed > 0);
+    caller.stop().await;
+    for c in callees {
+        c.stop().await;
+    }
+}
+
+#[tokio::test]
+async fn while_redis_is_down_keyed_requests_fail_closed_or_open_and_others_pass() {
+    let Some(mut redis) = Redis::start("while_redis_is_down_…") else {
+        return;
+    };
+    let (app, _executed) = orders_app(Duration::ZERO).await;
+    let store = |on: &str| {
+        format!(
+            "[inbound.dedupe]\nstore = \"{}\"\nstore_timeout = \"300ms\"\non_store_error = \"{on}\"\n",
+            redis.store()
+        )
+    };
+    let closed = Tollgate::start(&inbound_config(app.addr, &store("closed"))).await;
+    let open = Tollgate::start(&inbound_config(app.addr, &store("open"))).await;
+    assert_eq!(
+        send(closed.inbound(), post(Some("\"a\""), "x"))
+            .await
+            .status,
+        201
+    );
+    redis.kill();
+    let refused = send(closed.inbound(), post(Some("\"b\""), "x")).await;
+    assert_eq!(refused.status, 503);
+    assert_eq!(refused.outcome(), Some("dedupe-unavailable"));
+    assert_eq!(refused.header("retry-after"), Some("1"));
+    assert_eq!(send(closed.inbound(), post(None, "x")).await.status, 201);
+    // Open: this replica's memory stands in, and still runs a key once.
+    let first = send(open.inbound(), post(Some("\"c\""), "x")).await;
+    assert_eq!(first.status, 201);
+    let again = send(open.inbound(), post(Some("\"c\""), "x")).await;
+    assert_eq!((again.status, &again.body), (first.status, &first.body));
+    assert_eq!(again.header("idempotent-replayed"), Some("true"));
+    let m = closed.metrics().await;
+    assert!(metric(&m, "tollgate_inbound_dedupe_total{result=\"store-error\"}").unwrap() >= 1.0);
+    // Back: keyed requests are made safe again, the key kept there before is gone with it.
+    redis.restart();
+    let mut back = None;
+    for _ in 0..100 {
+        let r = send(closed.inbound(), post(Some("\"d\""), "x")).await;
+        if r.status == 201 {
+            back = Some(r);
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(
+        back.is_some(),
+        "keyed requests still refused after Redis came back"
+    );
+    let dup = send(closed.inbound(), post(Some("\"d\""), "x")).await;
+    assert_eq!(dup.header("idempotent-replayed"), Some("true"));
+    closed.stop().await;
+    open.stop().await;
+}
