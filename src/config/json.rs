@@ -37,6 +37,13 @@ impl Config {
             },
             "upstreams": self.upstreams.iter().map(|u| (u.name.clone(), u.to_json())).collect::<serde_json::Map<_, _>>(),
             "inbound": self.inbound.as_ref().map(InboundConfig::to_json),
+            "tracing": self.tracing.as_ref().map(|t| json!({
+                "otlp": t.otlp.as_str(),
+                "sample": t.sample,
+                "batch": t.batch,
+                "queue": t.queue,
+                "timeout": format_duration(t.timeout),
+            })),
         })
     }
 }
