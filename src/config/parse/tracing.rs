@@ -61,13 +61,22 @@ mod tests {
             "{BASE}[tracing]\notlp = \"http://collector:4318\"\nsample = 0.25\nbatch = 100\n\
              queue = 1000\ntimeout = \"500ms\"\n"
         );
-        let t = parse("t.toml", &text, Path::new("."))
-            .unwrap()
-            .tracing
-            .unwrap();
+        let c = parse("t.toml", &text, Path::new(".")).unwrap();
+        let t = c.tracing.as_ref().unwrap();
         assert_eq!(t.otlp.authority(), "collector:4318");
         assert_eq!((t.sample, t.batch, t.queue), (0.25, 100, 1000));
         assert_eq!(t.timeout.as_millis(), 500);
+        assert_eq!(
+            c.to_json()["tracing"],
+            serde_json::json!({
+                "otlp": "http://collector:4318",
+                "sample": 0.25,
+                "batch": 100,
+                "queue": 1000,
+                "timeout": "500ms",
+            }),
+            "/config shows it as the file writes it"
+        );
     }
 
     #[test]
