@@ -19,6 +19,7 @@
 
 pub mod access_log;
 pub mod admin;
+pub mod answer;
 pub mod calc;
 pub mod capture;
 pub mod check;

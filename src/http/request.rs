@@ -296,11 +296,40 @@ pub fn parse_requests(
     }
 }
 
+/// A request target as it goes to a server, in origin-form: the path and query alone.
+/// An absolute-form target (`http://host/path`, as an app using `http_proxy` sends) or an
+/// HTTP/2 request's scheme and authority are left out, and an empty path means `/`
+/// (RFC 9112 section 3.2.2): `http://up?x=1` is `/?x=1`.
+pub fn origin_form(uri: Uri) -> Uri {
+    if uri.scheme().is_none() && uri.authority().is_none() {
+        return uri;
+    }
+    match uri.path_and_query() {
+        Some(pq) if pq.as_str().starts_with('/') || pq.as_str() == "*" => Uri::from(pq.clone()),
+        Some(pq) => {
+            Uri::try_from(format!("/{}", pq.as_str())).unwrap_or_else(|_| Uri::from_static("/"))
+        }
+        None => Uri::from_static("/"),
+    }
+}
+
 #[cfg(test)]
 mod tests {
+
     #![allow(clippy::unwrap_used)]
 
     use super::*;
+
+    #[test]
+    fn a_target_goes_on_in_origin_form() {
+        let of = |t: &'static str| super::origin_form(http::Uri::from_static(t)).to_string();
+        assert_eq!(of("/a?b=1"), "/a?b=1");
+        assert_eq!(of("http://up/a?b=1"), "/a?b=1");
+        assert_eq!(of("http://up?x=1"), "/?x=1");
+        assert_eq!(of("http://up"), "/");
+        assert_eq!(of("*"), "*");
+    }
+
     use crate::http::testing::{chunked_body, cut};
     use proptest::prelude::*;
 

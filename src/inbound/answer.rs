@@ -4,16 +4,14 @@
 //! them; `app-unreachable` and `app-timeout` are not: the inbound side never retries,
 //! so its app's failures are its endpoint's failures, for the caller to retry on
 //! another endpoint. A gRPC call gets them in gRPC's words (a trailers-only answer,
-//! HTTP 200, with `grpc-retry-pushback-ms: -1` on the owned ones), as the outbound side
-//! answers its app.
+//! HTTP 200, with `grpc-retry-pushback-ms: -1` on the owned ones), made as the outbound
+//! side's answers to its app are ([`crate::answer`]).
 
-use bytes::Bytes;
-use http::header::{CONNECTION, CONTENT_TYPE, RETRY_AFTER};
+use http::header::CONNECTION;
 use http::{HeaderValue, Response, StatusCode};
 
-use crate::http::grpc::{Code, GRPC_PUSHBACK, trailers_only};
+use crate::answer::Local;
 use crate::metrics::Outcome;
-use crate::retry::headers::OUTCOME_HEADER;
 use crate::server::{RequestGuard, ResponseBody};
 
 /// An answer the inbound side gives in the app's place, and why.
@@ -83,55 +81,29 @@ pub static CONNECT: Refusal = Refusal {
 };
 
 impl Refusal {
-    /// The gRPC status of this answer.
-    fn code(&self) -> Code {
-        match self.outcome {
-            Outcome::DeadlineExceeded | Outcome::AppTimeout => Code::DeadlineExceeded,
-            Outcome::Overloaded | Outcome::RetryRejected => Code::ResourceExhausted,
-            Outcome::AppUnreachable => Code::Unavailable,
-            _ => Code::of_http(self.status),
+    /// The HTTP status the answer goes out with: 200 for a gRPC call.
+    pub fn status(&self, grpc: bool) -> StatusCode {
+        self.local().status(grpc)
+    }
+
+    fn local(&self) -> Local<'static> {
+        Local {
+            status: self.status,
+            outcome: self.outcome,
+            attempts: None,
+            failure: None,
+            text: self.text,
+            retry_after: self.retry_after.clone(),
         }
     }
 
-    /// Whether a caller's tollgate takes the answer as owned (not retried by anyone):
-    /// all but the app's own failures, which are the endpoint's.
-    fn owned(&self) -> bool {
-        !matches!(self.outcome, Outcome::AppUnreachable | Outcome::AppTimeout)
-    }
-
-    /// The HTTP status the answer goes out with: 200 for a gRPC call.
-    pub fn status(&self, grpc: bool) -> StatusCode {
-        if grpc { StatusCode::OK } else { self.status }
-    }
-
-    /// The answer: plain text, or a trailers-only gRPC answer. `close` adds
-    /// `Connection: close` (an HTTP/1.x body was left unread).
+    /// The answer ([`crate::answer`]). `close` adds `Connection: close` (an HTTP/1.x
+    /// body was left unread).
     pub fn answer(&self, grpc: bool, close: bool, guard: RequestGuard) -> Response<ResponseBody> {
-        let mut resp = if grpc {
-            let mut resp = Response::new(ResponseBody::full(Bytes::new(), Some(guard)));
-            *resp.headers_mut() = trailers_only(self.code(), self.text);
-            if self.owned() {
-                resp.headers_mut()
-                    .insert(GRPC_PUSHBACK, HeaderValue::from_static("-1"));
-            }
-            resp
-        } else {
-            let text = Bytes::from_static(self.text.as_bytes());
-            let mut resp = Response::new(ResponseBody::full(text, Some(guard)));
-            *resp.status_mut() = self.status;
-            resp.headers_mut().insert(
-                CONTENT_TYPE,
-                HeaderValue::from_static("text/plain; charset=utf-8"),
-            );
-            if let Some(ra) = &self.retry_after {
-                resp.headers_mut().insert(RETRY_AFTER, ra.clone());
-            }
-            resp
-        };
-        let h = resp.headers_mut();
-        h.insert(OUTCOME_HEADER, self.outcome.header_value());
+        let mut resp = self.local().answer(grpc, guard);
         if close {
-            h.insert(CONNECTION, HeaderValue::from_static("close"));
+            resp.headers_mut()
+                .insert(CONNECTION, HeaderValue::from_static("close"));
         }
         resp
     }

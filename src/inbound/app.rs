@@ -8,20 +8,17 @@ use std::time::Duration;
 
 use http::HeaderName;
 use prometheus::IntCounter;
-use tokio::time::{Instant, timeout_at};
+use tokio::time::Instant;
 
 use crate::deadline::{self, Deadline};
 use crate::server::AppBody;
-use crate::upstream::pool::{Endpoint, SendError, Want};
+use crate::upstream::exchange::{self, Reach};
+use crate::upstream::pool::{Endpoint, Want};
 use crate::upstream::request::{AttemptFields, RequestHead};
 use crate::upstream::response::UpstreamResponse;
 
 /// The app is local: a connection that takes longer than this is not coming.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
-/// Closed pooled connections passed over before the app counts as unreachable.
-const MAX_STALE: u32 = 3;
-/// How long a body behind `Expect: 100-continue` waits for `100 Continue` at most.
-const CONTINUE_WAIT: Duration = Duration::from_secs(1);
 
 /// Why the app gave no response head.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -69,54 +66,38 @@ impl<'a> DeadlineFields<'a> {
 pub async fn send<'a>(
     app: &Endpoint<AppBody>,
     want: Want,
-    head: &mut RequestHead<'a>,
-    mut body: AppBody,
+    head: &RequestHead<'a>,
+    body: AppBody,
     fields: &DeadlineFields<'a>,
     exhausted: &IntCounter,
 ) -> Result<UpstreamResponse, Failed> {
-    let by = fields.deadline.at();
-    for _ in 0..=MAX_STALE {
-        let conn = match app.pooled(want, Instant::now()) {
-            Some(c) => c,
-            None => {
-                let connect_by = by.map_or(Instant::now() + CONNECT_TIMEOUT, |by| {
-                    (Instant::now() + CONNECT_TIMEOUT).min(by)
-                });
-                // Boxed: a connect is a large future, and inline it would make every
-                // request's future that large.
-                let connecting = Box::pin(app.checkout(want, None, CONNECT_TIMEOUT));
-                match timeout_at(connect_by, connecting).await {
-                    Ok(Ok((c, _))) => c,
-                    Ok(Err(e)) if e.out_of_descriptors() => {
-                        exhausted.inc();
-                        return Err(Failed::NoDescriptors);
-                    }
-                    Ok(Err(e)) => {
-                        tracing::debug!(app = %app.addr, error = %e, "connect to the app failed");
-                        return Err(Failed::Unreachable);
-                    }
-                    Err(_) if fields.deadline.expired(Instant::now()) => {
-                        return Err(Failed::Timeout);
-                    }
-                    Err(_) => return Err(Failed::Unreachable),
-                }
-            }
-        };
-        let now = Instant::now();
-        head.fields = fields.at(now);
-        head.continue_wait = fields
-            .deadline
-            .remaining(now)
-            .map_or(CONTINUE_WAIT, |left| CONTINUE_WAIT.min(left / 4));
-        match deadline::within(by, conn.send(head, body)).await {
-            None => return Err(Failed::Timeout),
-            Some(Ok(resp)) => return Ok(resp),
-            Some(Err(SendError::NotSent(unsent, _))) => body = unsent,
-            Some(Err(SendError::Failed(e))) => {
-                tracing::debug!(app = %app.addr, error = %e, "the app broke the connection");
-                return Err(Failed::Reset);
-            }
+    let reach = Reach {
+        want,
+        tls: None,
+        connect_timeout: CONNECT_TIMEOUT,
+        started: Instant::now(),
+        by: fields.deadline.at(),
+    };
+    let at = |now| RequestHead {
+        fields: fields.at(now),
+        continue_wait: exchange::continue_wait(fields.deadline.remaining(now)),
+        ..*head
+    };
+    match exchange::send(app, reach, at, &mut Some(body)).await {
+        Ok(resp) => Ok(resp),
+        Err(exchange::Failed::Connect(e)) if e.out_of_descriptors() => {
+            exhausted.inc();
+            Err(Failed::NoDescriptors)
+        }
+        Err(exchange::Failed::Connect(e)) => {
+            tracing::debug!(app = %app.addr, error = %e, "connect to the app failed");
+            Err(Failed::Unreachable)
+        }
+        Err(exchange::Failed::ConnectTimeout | exchange::Failed::Stale) => Err(Failed::Unreachable),
+        Err(exchange::Failed::Timeout) => Err(Failed::Timeout),
+        Err(exchange::Failed::Broken { error, .. }) => {
+            tracing::debug!(app = %app.addr, error = %error, "the app broke the connection");
+            Err(Failed::Reset)
         }
     }
-    Err(Failed::Unreachable)
 }

@@ -8,7 +8,7 @@
 use std::sync::Arc;
 
 use http::header::HOST;
-use http::{HeaderValue, Method, Request, Response, Uri, Version};
+use http::{HeaderValue, Method, Request, Response, Version};
 use http_body::Body;
 use tokio::time::Instant;
 
@@ -191,8 +191,8 @@ async fn handle(
     {
         headers.insert(HOST, v);
     }
-    let uri = origin(parts.uri);
-    let mut head = RequestHead {
+    let uri = crate::http::request::origin_form(parts.uri);
+    let head = RequestHead {
         method: &parts.method,
         uri: &uri,
         headers: &headers,
@@ -212,7 +212,7 @@ async fn handle(
     };
     let sent = Instant::now();
     let exhausted = inbound.metrics.exhausted(crate::metrics::Shortage::Connect);
-    let result = app::send(&state.app, want, &mut head, body, &fields, exhausted).await;
+    let result = app::send(&state.app, want, &head, body, &fields, exhausted).await;
     let now = Instant::now();
     if let Some(admitted) = admitted
         && !matches!(result, Err(Failed::Unreachable | Failed::NoDescriptors))
@@ -253,22 +253,6 @@ fn log_entry(
     e.caller = Some(caller);
     e.kind = Some(if retry { "retry" } else { "first" });
     e
-}
-
-/// The target as an app expects it, in origin-form: the scheme and authority of an
-/// HTTP/2 or absolute-form request left out, and an empty path made `/` (RFC 9112
-/// section 3.2.2).
-fn origin(uri: Uri) -> Uri {
-    if uri.authority().is_none() {
-        return uri;
-    }
-    let Some(pq) = uri.path_and_query() else {
-        return Uri::from_static("/");
-    };
-    if pq.as_str().starts_with('/') || pq.as_str() == "*" {
-        return Uri::from(pq.clone());
-    }
-    Uri::try_from(format!("/{}", pq.as_str())).unwrap_or_else(|_| Uri::from_static("/"))
 }
 
 fn refusal(failed: Failed) -> &'static Refusal {

@@ -44,7 +44,7 @@ use http::{HeaderName, HeaderValue, StatusCode};
 use tokio::time::Instant;
 
 use super::Upstream;
-use super::grpc;
+use crate::answer as grpc;
 use crate::config::AppRetries;
 use crate::http::grpc::{GRPC_STATUS, is_grpc_answer};
 use crate::metrics::{Denied, Evidence, Outcome};

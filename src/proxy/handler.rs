@@ -2,7 +2,7 @@
 //! fix its deadline, clean its headers, hand it to the retry engine, and dress the
 //! answer with what the app must know (`x-tollgate-attempts`, and
 //! `x-tollgate-outcome` when tollgate gave up). A gRPC call's answers are gRPC
-//! answers ([`super::grpc`]). A first attempt may be rejected locally by the upstream's
+//! answers ([`crate::answer`]). A first attempt may be rejected locally by the upstream's
 //! throttle, and a request with evidence that the app repeats a call is its own retry
 //! ([`super::app_retries`]).
 
@@ -10,28 +10,27 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::Ordering::AcqRel;
 
-use bytes::Bytes;
-use http::header::{CONNECTION, CONTENT_TYPE, HOST, RETRY_AFTER};
-use http::uri::{Authority, PathAndQuery};
+use http::header::{CONNECTION, CONTENT_TYPE, HOST};
+use http::uri::Authority;
 use http::{HeaderValue, Method, Request, Response, StatusCode, Uri, Version};
 use http_body::Body;
 use tokio::time::Instant;
 
 use super::app_retries::{self, AppRetry, Sameness, Verdict};
-use super::grpc;
 use super::route::authority_of;
 use super::{Shared, Upstream, unrouted};
 use crate::access_log::{Direction, Entry};
+use crate::answer::{self as grpc, Local};
 use crate::config::{AccessLogConfig, UnknownAuthorities};
 use crate::deadline::Deadline;
 use crate::http::grpc::{GRPC_PUSHBACK, GRPC_STATUS, is_grpc, is_grpc_answer};
 use crate::http::spare;
 use crate::metrics::{Denied, Outcome, UpstreamMetrics};
 use crate::retry::headers::{
-    ATTEMPTS_HEADER, OUTCOME_HEADER, OUTCOME_REMOVED_LINE, attempts_line, count_value, outcome_line,
+    ATTEMPTS_HEADER, Callee, OUTCOME_HEADER, OUTCOME_REMOVED_LINE, attempts_line, count_value,
+    outcome_line,
 };
-use crate::retry::policy::Failure;
-use crate::retry::{self, Answer, Exchange, Head, Reply, learn};
+use crate::retry::{self, Answer, BodyRead, Exchange, Head, Reply, learn};
 use crate::server::headers::prepare_request;
 use crate::server::service::{AppRequest, AppResponse};
 use crate::server::{
@@ -81,7 +80,7 @@ async fn handle(
     let unread = req.version() < Version::HTTP_2 && !req.body().is_end_stream();
     let refuse = |metrics: Option<&UpstreamMetrics>, r: Refusal, grpc, mut entry, mut guard| {
         log_refusal(&mut entry, &mut guard, &r, grpc);
-        let mut resp = local_answer(metrics, Local::of(&r), grpc, guard);
+        let mut resp = local_answer(metrics, refused(&r), grpc, guard);
         if unread {
             announce_close(&mut resp);
         }
@@ -123,7 +122,7 @@ async fn handle(
     let grpc = facts.grpc;
     let head = Head {
         method: parts.method,
-        uri: origin_form(parts.uri),
+        uri: crate::http::request::origin_form(parts.uri),
         headers,
     };
     let called = called.as_ref().map(Called::as_str);
@@ -189,9 +188,9 @@ async fn handle(
     // A body still streaming to the upstream may yet be read to its end; one that was
     // never touched (an answer at `Expect: 100-continue`) will not.
     let close = version < Version::HTTP_2
-        && answer.body_unread
+        && answer.body != BodyRead::Whole
         && (answer.outcome != Outcome::Ok
-            || answer.body_untouched
+            || answer.body == BodyRead::Untouched
             || matches!(answer.reply, Reply::Local(_)));
     let mut resp = answer_app(&up.metrics, answer, version, grpc, guard);
     if close {
@@ -239,7 +238,7 @@ fn no_route(
     };
     let local = Local {
         text: &text,
-        ..Local::of(&NO_ROUTE)
+        ..refused(&NO_ROUTE)
     };
     local_answer(None, local, grpc, guard)
 }
@@ -305,7 +304,7 @@ fn app_status(answer: &Answer, grpc: bool) -> u16 {
             }
         }
         Reply::Upstream(resp) => {
-            let given_up = answer.outcome != Outcome::Ok && !answer.owned_elsewhere;
+            let given_up = answer.outcome != Outcome::Ok && !answer.owned_elsewhere();
             if grpc && given_up && !is_grpc_answer_head(resp) {
                 200
             } else {
@@ -332,7 +331,7 @@ fn app_retry_stopped(
     let local = Local {
         status: stop.status,
         outcome: stop.outcome,
-        attempts: 0,
+        attempts: Some(0),
         failure: None,
         text: stop.text,
         retry_after: None,
@@ -351,7 +350,7 @@ fn app_retry_stopped(
 /// read only when one of them needs it.
 fn learn_from(up: &Upstream, same: &Sameness<'_>, answer: &Answer, grpc: bool, again: bool) {
     if let Some(t) = &up.throttle
-        && learn::counts_for_throttle(answer.outcome, answer.owned_elsewhere)
+        && learn::counts_for_throttle(answer.outcome, answer.owned_elsewhere())
     {
         t.answered(Instant::now());
     }
@@ -469,21 +468,6 @@ impl Admission for Upstream {
     }
 }
 
-/// The path and query alone, as HTTP/1.1 origin-form: an absolute-form target with an
-/// empty path (`http://up?x=1`) means `/` (RFC 9112 section 3.2.2).
-pub(super) fn origin_form(uri: Uri) -> Uri {
-    if uri.scheme().is_none() && uri.authority().is_none() {
-        return uri;
-    }
-    let pq = match uri.path_and_query() {
-        Some(pq) if pq.as_str().starts_with('/') || pq.as_str() == "*" => pq.clone(),
-        Some(pq) => PathAndQuery::try_from(format!("/{}", pq.as_str()))
-            .unwrap_or_else(|_| PathAndQuery::from_static("/")),
-        None => PathAndQuery::from_static("/"),
-    };
-    Uri::from(pq)
-}
-
 /// The answer as it goes back to the app, with this hop's fields.
 fn answer_app(
     metrics: &UpstreamMetrics,
@@ -512,7 +496,7 @@ fn answer_app(
             let local = Local {
                 status,
                 outcome: answer.outcome,
-                attempts: answer.attempts,
+                attempts: Some(answer.attempts),
                 failure: answer.failure,
                 text,
                 retry_after,
@@ -522,7 +506,7 @@ fn answer_app(
     };
     // Given up on: a failure listed in `retry.on` that no other tollgate owned.
     let outcome =
-        (answer.outcome != Outcome::Ok && !answer.owned_elsewhere).then_some(answer.outcome);
+        (answer.outcome != Outcome::Ok && !answer.callee.owned()).then_some(answer.outcome);
     if grpc && outcome.is_some() && !is_grpc_answer_head(&resp) {
         // Not a gRPC answer (an HTTP 503 from a proxy in front of the server, say): a
         // gRPC client would make UNAVAILABLE of it and retry it. tollgate answers in
@@ -533,7 +517,7 @@ fn answer_app(
         let local = Local {
             status,
             outcome: answer.outcome,
-            attempts: answer.attempts,
+            attempts: Some(answer.attempts),
             failure: answer.failure,
             text: &text,
             retry_after: None,
@@ -550,7 +534,7 @@ fn answer_app(
             Some(attempts),
             match outcome {
                 Some(o) => Some(outcome_line(o)),
-                None => answer.strip_outcome.then_some(OUTCOME_REMOVED_LINE),
+                None => (answer.callee == Callee::Stray).then_some(OUTCOME_REMOVED_LINE),
             },
             pushback.then_some(grpc::NO_RETRY_LINE),
         ]);
@@ -565,7 +549,7 @@ fn answer_app(
         .insert(ATTEMPTS_HEADER, count_value(answer.attempts));
     if let Some(o) = outcome {
         parts.headers.insert(OUTCOME_HEADER, o.header_value());
-    } else if answer.strip_outcome {
+    } else if answer.callee == Callee::Stray {
         parts.headers.remove(OUTCOME_HEADER);
     }
     if pushback {
@@ -590,65 +574,29 @@ pub(super) fn announce_close(resp: &mut Response<ResponseBody>) {
         .insert(CONNECTION, HeaderValue::from_static("close"));
 }
 
-/// An answer tollgate makes itself, and why.
-pub(super) struct Local<'a> {
-    pub status: StatusCode,
-    pub outcome: Outcome,
-    pub attempts: u32,
-    /// The failure tollgate gave up on, if any.
-    pub failure: Option<Failure>,
-    pub text: &'a str,
-    pub retry_after: Option<HeaderValue>,
-}
-
-impl Local<'static> {
-    /// The answer to a request refused before any upstream call.
-    fn of(r: &Refusal) -> Self {
-        Local {
-            status: r.status,
-            outcome: r.outcome,
-            attempts: 0,
-            failure: None,
-            text: r.text,
-            retry_after: r.retry_after.clone(),
-        }
+/// The answer to a request refused before any upstream call.
+fn refused(r: &Refusal) -> Local<'static> {
+    Local {
+        status: r.status,
+        outcome: r.outcome,
+        attempts: Some(0),
+        failure: None,
+        text: r.text,
+        retry_after: r.retry_after.clone(),
     }
 }
 
-/// Writes an answer tollgate makes itself: plain text, or for a gRPC call a
-/// trailers-only gRPC answer.
+/// Writes an answer tollgate makes itself ([`crate::answer`]), counted under the
+/// upstream's metrics when there is one.
 pub(super) fn local_answer(
     metrics: Option<&UpstreamMetrics>,
     local: Local<'_>,
     grpc: bool,
     guard: RequestGuard,
 ) -> Response<ResponseBody> {
-    if grpc {
-        if let Some(m) = metrics {
-            m.request(StatusCode::OK.as_u16(), local.outcome, local.attempts);
-        }
-        let code = grpc::code(local.outcome, local.failure, local.status);
-        let mut resp = Response::new(ResponseBody::full(Bytes::new(), Some(guard)));
-        *resp.headers_mut() = grpc::answer_head(code, local.text, local.outcome, local.attempts);
-        return resp;
-    }
     if let Some(m) = metrics {
-        m.request(local.status.as_u16(), local.outcome, local.attempts);
+        let status = local.status(grpc).as_u16();
+        m.request(status, local.outcome, local.attempts.unwrap_or(0));
     }
-    let text = Bytes::copy_from_slice(local.text.as_bytes());
-    let mut resp = Response::new(ResponseBody::full(text, Some(guard)));
-    *resp.status_mut() = local.status;
-    let h = resp.headers_mut();
-    h.insert(
-        CONTENT_TYPE,
-        HeaderValue::from_static("text/plain; charset=utf-8"),
-    );
-    h.insert(ATTEMPTS_HEADER, count_value(local.attempts));
-    if local.outcome != Outcome::Ok {
-        h.insert(OUTCOME_HEADER, local.outcome.header_value());
-    }
-    if let Some(ra) = local.retry_after {
-        h.insert(RETRY_AFTER, ra);
-    }
-    resp
+    local.answer(grpc, guard)
 }

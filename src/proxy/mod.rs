@@ -24,7 +24,6 @@
 mod app_retries;
 mod apply;
 pub mod destinations;
-pub mod grpc;
 pub mod handler;
 pub mod origins;
 pub mod passthrough;

@@ -29,9 +29,10 @@ use tokio::sync::watch;
 
 use std::sync::Arc;
 
-use super::handler::{Local, Outbound, announce_close, local_answer};
+use super::handler::{Outbound, announce_close, local_answer};
 use super::passthrough;
 use super::{ConnCount, Shared};
+use crate::answer::Local;
 use crate::config::ListenerConfig;
 use crate::descriptors::Throttled;
 use crate::inbound::InboundService;
@@ -218,7 +219,7 @@ impl Service for Looped {
         let local = Local {
             status: http::StatusCode::LOOP_DETECTED,
             outcome: Outcome::Loop,
-            attempts: 0,
+            attempts: Some(0),
             failure: None,
             text: "this is tollgate's own connection come back through the capture rules: \
                    they must spare the UID tollgate runs as\n",

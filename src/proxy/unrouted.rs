@@ -40,14 +40,16 @@ use tokio::net::TcpStream;
 use tokio::time::Instant;
 
 use super::Shared;
-use super::handler::{Local, announce_close, local_answer, origin_form};
+use super::handler::{announce_close, local_answer};
 use super::origins::{Origin, Origins};
 use super::passthrough;
 use super::redirect::is_own;
 use super::route::authority_of;
 use crate::access_log::Entry;
+use crate::answer::Local;
 use crate::config::{EndpointAddr, PASSTHROUGH, parse_endpoint};
 use crate::http::grpc::is_grpc;
+use crate::http::request::origin_form;
 use crate::metrics::{AttemptResult, Metrics, Outcome, UpstreamMetrics};
 use crate::server::headers::strip_for_passing;
 use crate::server::service::{AppRequest, AppResponse};
@@ -156,7 +158,7 @@ impl Unpassed {
         Local {
             status,
             outcome,
-            attempts,
+            attempts: Some(attempts),
             failure: None,
             text,
             retry_after: (self == Unpassed::NoDescriptors).then(|| HeaderValue::from_static("1")),
@@ -245,7 +247,7 @@ impl Call<'_> {
             } else {
                 local.status.as_u16()
             };
-            e.attempts = local.attempts;
+            e.attempts = local.attempts.unwrap_or(0);
             e.outcome = local.outcome;
             guard.on_finish(e);
         }

@@ -18,20 +18,20 @@
 //! ([`crate::upstream::outlier`]) and to the latency estimates, once.
 
 use http::{HeaderMap, HeaderName, Method, StatusCode, Uri};
-use tokio::time::{Instant, timeout_at};
+use tokio::time::Instant;
 
 use super::headers::{ATTEMPT_HEADER, Callee, HEDGE_HEADER, HEDGE_VALUE, count_value};
 use super::policy::Failure;
 use super::replay::{AppBody, ReplayBody};
+use super::transport::Transport;
 use super::upstream::Upstream;
 use crate::deadline;
-use crate::descriptors::Throttled;
 use crate::metrics::AttemptResult;
+use crate::upstream::exchange;
 use crate::upstream::outlier::Verdict;
-use crate::upstream::pool::{SendError, Want, clock_ms};
+use crate::upstream::pool::Want;
 use crate::upstream::request::{AttemptFields, RequestHead};
 use crate::upstream::response::{Fields, UpstreamResponse};
-use crate::upstream::tls_failure;
 
 /// The names of the per-attempt fields, borrowed by every attempt.
 static ATTEMPT_NAME: HeaderName = ATTEMPT_HEADER;
@@ -42,15 +42,9 @@ static HEDGE_NAME: HeaderName = HEDGE_HEADER;
 /// millisecond, and carried across the network).
 const DEADLINE_SLACK: std::time::Duration = std::time::Duration::from_millis(10);
 
-/// Stale pooled connections skipped within one attempt before giving up on it.
-const MAX_STALE: u32 = 3;
-/// How long a body behind `Expect: 100-continue` waits for `100 Continue` at most
-/// (some servers never send one).
-const CONTINUE_WAIT: std::time::Duration = std::time::Duration::from_secs(1);
-
 /// Why an attempt ended without a response.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(super) enum AttemptError {
+pub enum AttemptError {
     /// The upstream failed, as `retry.on` names it.
     Upstream(Failure),
     /// Not the upstream's doing.
@@ -59,7 +53,7 @@ pub(super) enum AttemptError {
 
 /// An attempt that ended for a reason the endpoint had no part in.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(super) enum NotUpstream {
+pub enum NotUpstream {
     /// The app's body broke (malformed, or its connection failed) as it was sent.
     AppBody,
     /// This process was out of file descriptors when it needed a connection.
@@ -72,11 +66,8 @@ impl From<Failure> for AttemptError {
     }
 }
 
-/// Connects that failed for want of a descriptor, logged at most once per period.
-static OUT_OF_DESCRIPTORS: Throttled = Throttled::new();
-
 /// One attempt, before it runs.
-pub(super) struct Attempt<'a, A> {
+pub struct Attempt<'a, A> {
     pub up: &'a Upstream<A>,
     /// Which of the upstream's endpoints.
     pub endpoint: usize,
@@ -119,9 +110,9 @@ pub(super) struct Ran<A> {
 }
 
 impl<'a, A: AppBody> Attempt<'a, A> {
-    /// Runs the attempt: the head goes out with this attempt's fields, then the body
-    /// (which comes back in [`Ran::unsent`] when it never left).
-    pub async fn run(mut self) -> Ran<A> {
+    /// Runs the attempt on `wire`: the head goes out with this attempt's fields, then
+    /// the body (which comes back in [`Ran::unsent`] when it never left).
+    pub(super) async fn run<T: Transport<A>>(mut self, wire: &T) -> Ran<A> {
         let mut record = Record {
             up: self.up,
             endpoint: self.endpoint,
@@ -134,7 +125,7 @@ impl<'a, A: AppBody> Attempt<'a, A> {
         let mut detail = None;
         // In place, not matched into a new binding: a response is a few hundred bytes,
         // and every move of it is a copy.
-        let mut result = self.exchange(&mut body, &mut detail).await;
+        let mut result = wire.exchange(&self, &mut body, &mut detail).await;
         if matches!(result, Err(AttemptError::Upstream(_))) && watch.app_failed() {
             // Whatever the exchange then failed with, the app's body broke first.
             result = Err(AttemptError::NotUpstream(NotUpstream::AppBody));
@@ -211,113 +202,22 @@ impl<'a, A: AppBody> Attempt<'a, A> {
         }
     }
 
-    async fn exchange(
-        &mut self,
-        body: &mut Option<ReplayBody<A>>,
-        detail: &mut Option<String>,
-    ) -> Result<UpstreamResponse, AttemptError> {
-        let cfg = &self.up.config;
-        let endpoint = self.up.endpoints.get(self.endpoint);
-        let tls = self.up.tls.as_deref();
-        let mut stale = 0;
-        loop {
-            let (conn, fresh) = match endpoint.pooled(self.want, self.started) {
-                Some(c) => (c, false),
-                None => {
-                    let connect_by = Instant::now() + cfg.connect_timeout;
-                    let connect_by = self.by.map_or(connect_by, |by| connect_by.min(by));
-                    // Boxed: connecting (TLS included) is a large future, and keeping it
-                    // inline would make every request's future that large to move.
-                    let connecting =
-                        Box::pin(endpoint.checkout(self.want, tls, cfg.connect_timeout));
-                    match timeout_at(connect_by, connecting).await {
-                        Ok(Ok(c)) => c,
-                        Ok(Err(e)) if e.out_of_descriptors() => {
-                            self.up.metrics.exhausted.inc();
-                            if let Some(n) = OUT_OF_DESCRIPTORS.due() {
-                                tracing::warn!(upstream = %cfg.name, count = n, error = %e, "out of file descriptors: requests answered 503 overloaded (raise the open-file limit)");
-                            }
-                            return Err(AttemptError::NotUpstream(NotUpstream::NoDescriptors));
-                        }
-                        Ok(Err(e)) => {
-                            let client_cert =
-                                cfg.tls.as_ref().is_some_and(|t| t.client_cert.is_some());
-                            if let Some(reason) = e.tls_reason(client_cert) {
-                                return Err(self.tls_failed(reason, detail).into());
-                            }
-                            tracing::debug!(upstream = %cfg.name, endpoint = %endpoint.addr, error = %e, "connect failed");
-                            return Err(Failure::ConnectFailure.into());
-                        }
-                        Err(_) => {
-                            tracing::debug!(upstream = %cfg.name, endpoint = %endpoint.addr, "connect timed out");
-                            return Err(Failure::ConnectFailure.into());
-                        }
-                    }
-                }
-            };
-            // A pooled connection is taken at once: the attempt's start is still now.
-            let now = if fresh { Instant::now() } else { self.started };
-            let left = self.by.map(|by| by.saturating_duration_since(now));
-            // As curl waits, but leaving most of the time to the exchange.
-            let patience = match (left, self.slow_after) {
-                (Some(l), Some(s)) => Some(l.min(s)),
-                (l, s) => l.or(s),
-            };
-            let head = RequestHead {
-                method: self.method,
-                uri: self.uri,
-                headers: self.headers,
-                fields: self.fields(now, left),
-                https: cfg.tls.is_some(),
-                continue_wait: patience.map_or(CONTINUE_WAIT, |p| CONTINUE_WAIT.min(p / 4)),
-            };
-            let Some(sending) = body.take() else {
-                return Err(Failure::ConnectFailure.into());
-            };
-            match deadline::within(self.by, conn.send(&head, sending)).await {
-                None => return Err(Failure::Timeout.into()),
-                Some(Ok(resp)) => return Ok(resp),
-                Some(Err(SendError::NotSent(unsent, _))) => {
-                    // The pooled connection had closed under us: the request never
-                    // left, so it goes out on another connection as the same attempt,
-                    // or, after a few, as the next attempt.
-                    *body = Some(unsent);
-                    stale += 1;
-                    if stale > MAX_STALE {
-                        return Err(Failure::ConnectFailure.into());
-                    }
-                }
-                Some(Err(SendError::Failed(e))) => {
-                    // A server that refuses tollgate's client certificate may say so
-                    // only once the handshake seemed done: on a new connection's first
-                    // exchange, that is a TLS failure too.
-                    if let Some(t) = cfg.tls.as_ref().filter(|_| fresh)
-                        && let Some(reason) = tls_failure::rejection(&*e, t.client_cert.is_some())
-                    {
-                        return Err(self.tls_failed(reason, detail).into());
-                    }
-                    tracing::debug!(upstream = %cfg.name, endpoint = %endpoint.addr, error = %e, "attempt failed");
-                    return Err(Failure::Reset.into());
-                }
-            }
+    /// The head as it goes out at `now`: the request's, with this attempt's own fields.
+    pub fn head_at(&self, now: Instant) -> RequestHead<'a> {
+        let left = self.by.map(|by| by.saturating_duration_since(now));
+        // As curl waits, but leaving most of the time to the exchange.
+        let patience = match (left, self.slow_after) {
+            (Some(l), Some(s)) => Some(l.min(s)),
+            (l, s) => l.or(s),
+        };
+        RequestHead {
+            method: self.method,
+            uri: self.uri,
+            headers: self.headers,
+            fields: self.fields(now, left),
+            https: self.up.config.tls.is_some(),
+            continue_wait: exchange::continue_wait(patience),
         }
-    }
-
-    /// A TLS failure: warned about (at most once every few seconds per endpoint) and
-    /// named for the app.
-    fn tls_failed(&self, reason: String, detail: &mut Option<String>) -> Failure {
-        let endpoint = self.up.endpoints.get(self.endpoint);
-        let text = format!("TLS handshake with {} failed: {reason}", endpoint.addr);
-        if let Some(suppressed) = endpoint.tls_warn.allow(clock_ms()) {
-            tracing::warn!(
-                upstream = %self.up.config.name,
-                endpoint = %endpoint.addr,
-                suppressed,
-                "{text}"
-            );
-        }
-        *detail = Some(text);
-        Failure::Tls
     }
 
     /// The per-attempt fields: the attempt number, the time left of the request's

@@ -44,6 +44,7 @@ use super::policy::{self, Failure, Policy, Situation, Stop};
 use super::race::{Beside, Event, Second, race};
 use super::rejected::{self, Previous};
 use super::replay::{AppBody, BodySource, ReplayBody};
+use super::transport::Transport;
 use super::upstream::Upstream;
 use crate::deadline::Deadline;
 use crate::metrics::{Denied, HedgeResult, Outcome};
@@ -104,20 +105,47 @@ pub struct Answer {
     /// What went wrong, in words for the app, when there is more to say than the
     /// status (a TLS failure's reason).
     pub detail: Option<String>,
-    /// The response already carries another tollgate's `x-tollgate-outcome`, owned
-    /// there: it goes back as it came.
-    pub owned_elsewhere: bool,
+    /// What the response's own `x-tollgate-outcome` (another tollgate's) says: owned
+    /// there (it goes back as it came), stray (it is removed), or nothing.
+    pub callee: Callee,
+    /// How much of the app's body was read.
+    pub body: BodyRead,
+    /// Whether a hedge was asked for, and sent (it is counted in `attempts`).
+    pub hedge: HedgeState,
+}
+
+impl Answer {
+    /// The response carries another tollgate's verdict, owned there.
+    pub fn owned_elsewhere(&self) -> bool {
+        self.callee.owned()
+    }
+
     /// The response carries an `x-tollgate-outcome` that means nothing on its status
     /// (a `1xx`-`3xx` that is not a gRPC answer): it is removed.
-    pub strip_outcome: bool,
-    /// The app's body was not read to its end: the client connection cannot carry
-    /// another request.
-    pub body_unread: bool,
-    /// Nothing of the app's body was read, and nothing will be: an endpoint answered
-    /// before its `100 Continue`, or no attempt took the body.
-    pub body_untouched: bool,
-    /// A hedge was sent beside an attempt (it is counted in `attempts`).
-    pub hedged: bool,
+    pub fn strip_outcome(&self) -> bool {
+        self.callee == Callee::Stray
+    }
+}
+
+/// How much of the app's body the attempts read.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BodyRead {
+    /// To its end.
+    Whole,
+    /// Not to its end: the client connection cannot carry another request.
+    Partly,
+    /// Nothing, and nothing will be: an endpoint answered before its `100 Continue`, or
+    /// no attempt took the body.
+    Untouched,
+}
+
+/// A request's hedge: at most one.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum HedgeState {
+    NotAsked,
+    /// Asked for, and refused by `max_extra`.
+    Denied,
+    Sent,
 }
 
 /// What the attempts of a request went through, for the access log: the condition
@@ -171,10 +199,8 @@ struct Call<'a, A> {
     /// What the last attempt's failure had to say.
     detail: Option<String>,
     rng: Option<fastrand::Rng>,
-    /// The hedge was asked for (sent or denied): one per request.
-    hedge_asked: bool,
-    /// A hedge was sent.
-    hedged: bool,
+    /// The request's hedge: one per request.
+    hedge: HedgeState,
     /// The app's own retry: numbered from 2, one attempt only.
     app_retry: bool,
     /// The failure the attempt in flight retries.
@@ -186,6 +212,15 @@ struct Call<'a, A> {
 
 /// Forwards `ex` to `up`, retrying and hedging as the policy allows.
 pub async fn forward<A: AppBody>(up: &Upstream<A>, ex: Exchange<'_, A>) -> Answer {
+    forward_on(up, up, ex).await
+}
+
+/// [`forward`], each attempt carried by `wire` (the upstream's endpoints, or a script).
+pub async fn forward_on<A: AppBody, T: Transport<A>>(
+    up: &Upstream<A>,
+    wire: &T,
+    ex: Exchange<'_, A>,
+) -> Answer {
     let head = ex.head;
     let mut call = Call::new(up, ex);
     if let Some(h) = &up.hedge {
@@ -225,7 +260,7 @@ pub async fn forward<A: AppBody>(up: &Upstream<A>, ex: Exchange<'_, A>) -> Answe
                 Some((at, what)) => {
                     timer.set(Some(tokio::time::sleep_until(at)));
                     due = Some((what, attempt.started));
-                    first = Some(Box::pin(attempt.run()));
+                    first = Some(Box::pin(attempt.run(wire)));
                     None
                 }
                 None => Some(attempt),
@@ -234,7 +269,7 @@ pub async fn forward<A: AppBody>(up: &Upstream<A>, ex: Exchange<'_, A>) -> Answe
         // Until an answer, or until every attempt in flight has failed.
         let (failure, response, failed_on) = loop {
             let event = match alone.take() {
-                Some(attempt) => Event::First(attempt.run().await),
+                Some(attempt) => Event::First(attempt.run(wire).await),
                 None => {
                     std::future::poll_fn(|cx| race(cx, &mut first, &mut second, timer.as_mut()))
                         .await
@@ -249,7 +284,7 @@ pub async fn forward<A: AppBody>(up: &Upstream<A>, ex: Exchange<'_, A>) -> Answe
                         continue;
                     };
                     if let Some(a) = call.beside(head, endpoint, what) {
-                        second = Some(Second::new(a.run(), what, &up.metrics.health));
+                        second = Some(Second::new(a.run(wire), what, &up.metrics.health));
                     } else if what == Beside::Hedge
                         && let Some(at) = call.slow_at(started)
                     {
@@ -355,8 +390,7 @@ impl<'a, A: AppBody> Call<'a, A> {
             tls_failed: 0,
             detail: None,
             rng: None,
-            hedge_asked: false,
-            hedged: false,
+            hedge: HedgeState::NotAsked,
             app_retry: ex.app_retry,
             previous: None,
             refused: false,
@@ -409,7 +443,7 @@ impl<'a, A: AppBody> Call<'a, A> {
             Previous::Failure(f) => self.local(Previous::local_status(f), Outcome::RetryRejected),
         };
         answer.outcome = Outcome::RetryRejected;
-        answer.owned_elsewhere = false;
+        answer.callee = Callee::Silent;
         answer.failure = Some(failure);
         answer
     }
@@ -484,7 +518,7 @@ impl<'a, A: AppBody> Call<'a, A> {
             .up
             .hedge
             .as_ref()
-            .filter(|_| !self.hedge_asked)
+            .filter(|_| self.hedge == HedgeState::NotAsked)
             .and_then(|h| h.delay())
             .map(|d| attempt.started + d)
             .filter(|at| before_deadline(*at) && slow.is_none_or(|s| *at < s));
@@ -521,12 +555,12 @@ impl<'a, A: AppBody> Call<'a, A> {
             Beside::Hedge => {
                 let h = self.up.hedge.as_ref()?;
                 let body = self.body.fork()?;
-                self.hedge_asked = true;
                 if !h.try_hedge(now) {
+                    self.hedge = HedgeState::Denied;
                     self.up.metrics.health.hedge(HedgeResult::Denied);
                     return None;
                 }
-                self.hedged = true;
+                self.hedge = HedgeState::Sent;
                 self.attempts += 1;
                 let endpoint = self.pick(Some(endpoint));
                 Some(self.attempt(head, endpoint, Some(why), body, now))
@@ -677,26 +711,43 @@ impl<'a, A: AppBody> Call<'a, A> {
         policy.decide(&situation, &mut self.body, rng)
     }
 
+    /// The answer for the app, of this request as it stands: the one way an [`Answer`]
+    /// is made.
+    fn finish(
+        &self,
+        reply: Reply,
+        outcome: Outcome,
+        failure: Option<Failure>,
+        callee: Callee,
+    ) -> Answer {
+        Answer {
+            reply,
+            trail: self.trail,
+            attempts: self.attempts,
+            outcome,
+            failure,
+            detail: None,
+            callee,
+            body: if !self.body.started() {
+                BodyRead::Untouched
+            } else if self.body.unread() {
+                BodyRead::Partly
+            } else {
+                BodyRead::Whole
+            },
+            hedge: self.hedge,
+        }
+    }
+
     /// The upstream's response goes back: a success, a failure that another tollgate
     /// already owned, or one that a callee's outcome (`callee`) names and this tollgate
     /// does not retry.
     fn answer(&self, resp: UpstreamResponse, outcome: Outcome, callee: Callee) -> Answer {
-        Answer {
-            outcome: match callee {
-                Callee::Silent | Callee::Stray => outcome,
-                c => c.outcome(),
-            },
-            reply: Reply::Upstream(resp),
-            trail: self.trail,
-            attempts: self.attempts,
-            failure: None,
-            detail: None,
-            owned_elsewhere: callee.owned(),
-            strip_outcome: callee == Callee::Stray,
-            body_unread: self.body.unread(),
-            body_untouched: !self.body.started(),
-            hedged: self.hedged,
-        }
+        let outcome = match callee {
+            Callee::Silent | Callee::Stray => outcome,
+            c => c.outcome(),
+        };
+        self.finish(Reply::Upstream(resp), outcome, None, callee)
     }
 
     /// No more attempts: the last failure goes back, the upstream's own response or
@@ -717,19 +768,12 @@ impl<'a, A: AppBody> Call<'a, A> {
                 let callee = Callee::of(resp.status(), Fields::of(&resp));
                 self.answer(resp, Outcome::Ok, callee)
             }
-            Some(resp) => Answer {
-                reply: Reply::Upstream(resp),
-                trail: self.trail,
-                attempts: self.attempts,
+            Some(resp) => self.finish(
+                Reply::Upstream(resp),
                 outcome,
-                failure: Some(failure),
-                detail: None,
-                owned_elsewhere: false,
-                strip_outcome: false,
-                body_unread: self.body.unread(),
-                body_untouched: !self.body.started(),
-                hedged: self.hedged,
-            },
+                Some(failure),
+                Callee::Silent,
+            ),
             None => {
                 let status = match failure {
                     Failure::Timeout => StatusCode::GATEWAY_TIMEOUT,
@@ -759,19 +803,7 @@ impl<'a, A: AppBody> Call<'a, A> {
 
     /// tollgate answers itself.
     fn local(&self, status: StatusCode, outcome: Outcome) -> Answer {
-        Answer {
-            reply: Reply::Local(status),
-            trail: self.trail,
-            attempts: self.attempts,
-            outcome,
-            failure: None,
-            detail: None,
-            owned_elsewhere: false,
-            strip_outcome: false,
-            body_unread: self.body.unread(),
-            body_untouched: !self.body.started(),
-            hedged: self.hedged,
-        }
+        self.finish(Reply::Local(status), outcome, None, Callee::Silent)
     }
 }
 

@@ -15,15 +15,16 @@
 //! care which protocol brought it.
 
 pub mod adaptive;
-mod attempt;
+pub mod attempt;
 pub mod backoff;
 pub mod budget;
 mod forward;
+#[cfg(test)]
+mod forward_tests;
 pub mod headers;
 pub mod hedge;
 pub mod learn;
 pub mod markers;
-pub mod median;
 pub mod policy;
 pub mod quantile;
 mod race;
@@ -31,10 +32,17 @@ pub mod recent;
 mod rejected;
 pub mod replay;
 pub mod retry_after;
+#[cfg(test)]
+mod script;
 mod slots;
 pub mod throttle;
+pub mod transport;
 mod upstream;
 
-pub use forward::{Answer, Exchange, Head, Reply, Trail, forward};
+pub use attempt::{Attempt, AttemptError, NotUpstream};
+pub use forward::{
+    Answer, BodyRead, Exchange, Head, HedgeState, Reply, Trail, forward, forward_on,
+};
 pub use replay::{AppBody, ReplayBody};
+pub use transport::Transport;
 pub use upstream::Upstream;

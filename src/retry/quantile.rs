@@ -1,8 +1,10 @@
 //! A high percentile of the upstream's recent attempt latency (p95 for `after = "p95"`),
 //! kept in one atomic word: when a hedge is due.
 //!
-//! The estimator is frugal streaming (Ma, Muthukrishnan, Sandler), as the median of
-//! [`super::median`], with asymmetric steps: an observation above the estimate moves it
+//! The same estimator at `q = 0.5` is the upstream's recent median attempt time: a retry
+//! is not started when the time left could not cover a typical attempt.
+//!
+//! The estimator is frugal streaming (Ma, Muthukrishnan, Sandler), with asymmetric steps: an observation above the estimate moves it
 //! up by `UP` (relative), one below moves it down by `UP * (1 - q) / q`. The estimate
 //! settles where the two balance, `P(above) * up = P(below) * down`, which is where a
 //! share `q` of the observations lies below it. No histogram, no lock, no allocation:

@@ -17,7 +17,7 @@ use tokio::time::Instant;
 
 use super::budget::RetryBudget;
 use super::hedge::Hedging;
-use super::median::RecentMedian;
+use super::quantile::RecentQuantile;
 use super::recent::RecentFailures;
 use super::replay::{AppBody, ReplayBody};
 use super::throttle::Throttle;
@@ -32,7 +32,8 @@ pub struct Upstream<A> {
     pub deadline: DeadlineConfig,
     pub endpoints: Endpoints<ReplayBody<A>>,
     pub budget: Arc<RetryBudget>,
-    pub median: Arc<RecentMedian>,
+    /// The recent median attempt time (a [`RecentQuantile`] at 0.5).
+    pub median: Arc<RecentQuantile>,
     /// `None` without a `[hedge]` section.
     pub hedge: Option<Arc<Hedging>>,
     pub inflight: Arc<AtomicUsize>,
@@ -88,7 +89,7 @@ impl<A: AppBody> Upstream<A> {
         };
         let median = match previous {
             Some(p) if same_transport => p.median.clone(),
-            _ => Arc::new(RecentMedian::new()),
+            _ => Arc::new(RecentQuantile::new(0.5)),
         };
         let window = config.budget.as_ref().map(|b| b.window);
         let hedge = config

@@ -100,6 +100,9 @@ impl Drop for OpenGuard {
 pub enum Transport {
     Plain(TcpStream),
     Tls(Box<tokio_rustls::client::TlsStream<TcpStream>>),
+    /// An in-memory pipe to a scripted endpoint, for the tests of the layers above.
+    #[cfg(test)]
+    Memory(tokio::io::DuplexStream),
 }
 
 impl Transport {
@@ -108,6 +111,8 @@ impl Transport {
         match self {
             Transport::Plain(_) => false,
             Transport::Tls(s) => s.get_ref().1.alpn_protocol() == Some(b"h2"),
+            #[cfg(test)]
+            Transport::Memory(_) => false,
         }
     }
 }
@@ -121,6 +126,8 @@ impl AsyncRead for Transport {
         match self.get_mut() {
             Transport::Plain(s) => Pin::new(s).poll_read(cx, buf),
             Transport::Tls(s) => Pin::new(s).poll_read(cx, buf),
+            #[cfg(test)]
+            Transport::Memory(s) => Pin::new(s).poll_read(cx, buf),
         }
     }
 }
@@ -134,6 +141,8 @@ impl AsyncWrite for Transport {
         match self.get_mut() {
             Transport::Plain(s) => Pin::new(s).poll_write(cx, buf),
             Transport::Tls(s) => Pin::new(s).poll_write(cx, buf),
+            #[cfg(test)]
+            Transport::Memory(s) => Pin::new(s).poll_write(cx, buf),
         }
     }
 
@@ -145,6 +154,8 @@ impl AsyncWrite for Transport {
         match self.get_mut() {
             Transport::Plain(s) => Pin::new(s).poll_write_vectored(cx, bufs),
             Transport::Tls(s) => Pin::new(s).poll_write_vectored(cx, bufs),
+            #[cfg(test)]
+            Transport::Memory(s) => Pin::new(s).poll_write_vectored(cx, bufs),
         }
     }
 
@@ -152,6 +163,8 @@ impl AsyncWrite for Transport {
         match self {
             Transport::Plain(s) => s.is_write_vectored(),
             Transport::Tls(s) => s.is_write_vectored(),
+            #[cfg(test)]
+            Transport::Memory(s) => s.is_write_vectored(),
         }
     }
 
@@ -159,6 +172,8 @@ impl AsyncWrite for Transport {
         match self.get_mut() {
             Transport::Plain(s) => Pin::new(s).poll_flush(cx),
             Transport::Tls(s) => Pin::new(s).poll_flush(cx),
+            #[cfg(test)]
+            Transport::Memory(s) => Pin::new(s).poll_flush(cx),
         }
     }
 
@@ -166,6 +181,8 @@ impl AsyncWrite for Transport {
         match self.get_mut() {
             Transport::Plain(s) => Pin::new(s).poll_shutdown(cx),
             Transport::Tls(s) => Pin::new(s).poll_shutdown(cx),
+            #[cfg(test)]
+            Transport::Memory(s) => Pin::new(s).poll_shutdown(cx),
         }
     }
 }
@@ -369,5 +386,7 @@ where
         }
         Transport::Plain(s) => Ok(go!(s)),
         Transport::Tls(s) => Ok(go!(*s)),
+        #[cfg(test)]
+        Transport::Memory(s) => Ok(go!(s)),
     }
 }

@@ -14,11 +14,14 @@
 
 pub mod connect;
 pub mod dns;
+pub mod exchange;
 pub mod h1;
 pub mod outlier;
 pub mod pool;
 pub mod request;
 pub mod response;
+#[cfg(test)]
+pub mod scripted;
 pub mod tls;
 pub mod tls_failure;
 pub mod upgraded;

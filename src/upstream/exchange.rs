@@ -1,0 +1,109 @@
+//! One request on one endpoint, as both sides send it: a pooled connection when one is
+//! ready (the common case, no timer), else a new one within the connect timeout; the
+//! head, made for the moment it goes out; the body; and the response head awaited until
+//! the deadline, if there is one. A pooled connection the endpoint had closed is passed
+//! over for another without resending anything (the request never left), a few times.
+//!
+//! The outbound side's attempts and the inbound side's requests to the app both send
+//! this way; each says in its own words what a failure means ([`Failed`]).
+
+use std::time::Duration;
+
+use tokio::time::{Instant, timeout_at};
+
+use super::OutgoingBody;
+use super::connect::ConnectError;
+use super::pool::{Endpoint, SendError, Want};
+use super::request::RequestHead;
+use super::response::UpstreamResponse;
+use super::tls::TlsClient;
+use crate::deadline;
+use crate::http::BoxError;
+
+/// Stale pooled connections passed over within one exchange before giving up on it.
+pub const MAX_STALE: u32 = 3;
+/// How long a body behind `Expect: 100-continue` waits for `100 Continue` at most (some
+/// servers never send one), as curl does; never more than a quarter of the time left.
+pub const CONTINUE_WAIT: Duration = Duration::from_secs(1);
+
+/// How to reach the endpoint.
+#[derive(Clone, Copy)]
+pub struct Reach<'a> {
+    pub want: Want,
+    pub tls: Option<&'a TlsClient>,
+    pub connect_timeout: Duration,
+    /// When the exchange started: a pooled connection taken at once is used as of then.
+    pub started: Instant,
+    /// When the response head is no longer waited for: the request's deadline.
+    pub by: Option<Instant>,
+}
+
+/// Why no response head came.
+#[derive(Debug)]
+pub enum Failed {
+    /// No connection could be opened (the endpoint's address, refused, TLS, a
+    /// descriptor shortage: [`ConnectError`] says which).
+    Connect(ConnectError),
+    /// No connection within the connect timeout, or before the deadline.
+    ConnectTimeout,
+    /// The deadline passed before the response head.
+    Timeout,
+    /// The connection broke after the request may have gone out; `fresh`: on a
+    /// connection opened for this exchange.
+    Broken { error: BoxError, fresh: bool },
+    /// Pooled connections kept turning out closed.
+    Stale,
+}
+
+/// Sends the request on `endpoint`: `head(now, fresh)` makes its head as it goes out
+/// (`fresh`: on a connection opened for it). The body comes back in `body` when it never
+/// left.
+pub async fn send<'h, B: OutgoingBody>(
+    endpoint: &Endpoint<B>,
+    reach: Reach<'_>,
+    head: impl Fn(Instant) -> RequestHead<'h>,
+    body: &mut Option<B>,
+) -> Result<UpstreamResponse, Failed> {
+    for _ in 0..=MAX_STALE {
+        let (conn, fresh) = match endpoint.pooled(reach.want, reach.started) {
+            Some(c) => (c, false),
+            None => {
+                let connect_by = Instant::now() + reach.connect_timeout;
+                let connect_by = reach.by.map_or(connect_by, |by| connect_by.min(by));
+                // Boxed: connecting (TLS included) is a large future, and inline it would
+                // make every request's future that large to move.
+                let connecting =
+                    Box::pin(endpoint.checkout(reach.want, reach.tls, reach.connect_timeout));
+                match timeout_at(connect_by, connecting).await {
+                    Ok(Ok(c)) => c,
+                    Ok(Err(e)) => return Err(Failed::Connect(e)),
+                    Err(_) if reach.by.is_some_and(|by| Instant::now() >= by) => {
+                        return Err(Failed::Timeout);
+                    }
+                    Err(_) => return Err(Failed::ConnectTimeout),
+                }
+            }
+        };
+        // A pooled connection is taken at once: the exchange's start is still now.
+        let now = if fresh { Instant::now() } else { reach.started };
+        let head = head(now);
+        let Some(sending) = body.take() else {
+            return Err(Failed::Stale);
+        };
+        match deadline::within(reach.by, conn.send(&head, sending)).await {
+            None => return Err(Failed::Timeout),
+            Some(Ok(resp)) => return Ok(resp),
+            // The pooled connection had closed under us: the request never left, so it
+            // goes out on another connection.
+            Some(Err(SendError::NotSent(unsent, _))) => *body = Some(unsent),
+            Some(Err(SendError::Failed(error))) => return Err(Failed::Broken { error, fresh }),
+        }
+    }
+    Err(Failed::Stale)
+}
+
+/// How long a body behind `Expect: 100-continue` may wait for `100 Continue`, given the
+/// time the exchange has (`None`: no bound).
+pub fn continue_wait(patience: Option<Duration>) -> Duration {
+    patience.map_or(CONTINUE_WAIT, |p| CONTINUE_WAIT.min(p / 4))
+}
