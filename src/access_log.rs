@@ -7,6 +7,7 @@
 //! a request taken for the app's own retry, the evidence (`app_retry`). An inbound line
 //! also says who called (`caller`, its address) and what the request was to the fleet
 //! budget (`kind`: `first`, `retry`, or `probe` for a kubelet probe spared shedding).
+//! A request that is traced ([`crate::trace`]) ends its line with its `trace_id`.
 //!
 //! Off, it costs a request nothing: the handler reads one flag. On, each request
 //! builds its line on its own thread and hands it to a writer thread over a bounded
@@ -89,6 +90,8 @@ pub struct Entry {
     pub caller: Option<std::net::IpAddr>,
     /// Inbound: `first`, `retry` or `probe`.
     pub kind: Option<&'static str>,
+    /// The trace the request is part of, when it is traced.
+    pub trace_id: Option<crate::trace::TraceId>,
 }
 
 impl Entry {
@@ -117,6 +120,7 @@ impl Entry {
             app_retry: None,
             caller: None,
             kind: None,
+            trace_id: None,
         })
     }
 }
@@ -182,6 +186,9 @@ impl Entry {
                 l.push_str(",\"request_kind\":");
                 push_json_opt(&mut l, self.kind);
             }
+            if let Some(id) = self.trace_id {
+                let _ = write!(l, ",\"trace_id\":\"{id}\"");
+            }
             l.push('}');
             return l;
         }
@@ -238,6 +245,9 @@ impl Entry {
             }
             l.push_str(" request_kind=");
             l.push_str(self.kind.unwrap_or("-"));
+        }
+        if let Some(id) = self.trace_id {
+            let _ = write!(l, " trace_id={id}");
         }
         l
     }

@@ -45,6 +45,7 @@ use crate::config::{AccessLogConfig, DeadlineConfig, InboundConfig, PerCaller};
 use crate::metrics::{Metrics, amplification};
 use crate::retry::budget::RetryBudget;
 use crate::server::AppBody;
+use crate::trace::Tracer;
 use crate::upstream::pool::Endpoint;
 use fair::FairShare;
 use limit::Limit;
@@ -72,7 +73,13 @@ pub struct State {
     /// The callers' shares of the budget (`per_caller = "fair"` with a budget).
     pub fair: Option<Arc<FairShare>>,
     pub limit: Arc<Limit>,
+    /// `[tracing]`, running (the outbound side's: one exporter for both).
+    pub tracer: Option<Arc<Tracer>>,
 }
+
+/// What the inbound side shares with the rest of the config: `[deadline]`,
+/// `[access_log]` and the running `[tracing]`.
+pub type Settings<'a> = (&'a DeadlineConfig, AccessLogConfig, Option<Arc<Tracer>>);
 
 impl std::fmt::Debug for Inbound {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -88,7 +95,7 @@ impl Inbound {
     /// The inbound side of `config`, with `workers` connection pools to the app.
     pub fn new(
         config: &InboundConfig,
-        settings: (&DeadlineConfig, AccessLogConfig),
+        settings: Settings<'_>,
         metrics: Arc<Metrics>,
         workers: usize,
     ) -> Arc<Self> {
@@ -104,7 +111,7 @@ impl Inbound {
     }
 
     /// Swaps in the settings of a reload (`config.addr` is the one bound).
-    pub fn apply(&self, config: &InboundConfig, settings: (&DeadlineConfig, AccessLogConfig)) {
+    pub fn apply(&self, config: &InboundConfig, settings: Settings<'_>) {
         let old = self.state.load_full();
         let next = State::build(
             config,
@@ -148,7 +155,7 @@ impl Inbound {
 impl State {
     fn build(
         config: &InboundConfig,
-        (deadline, access_log): (&DeadlineConfig, AccessLogConfig),
+        (deadline, access_log, tracer): Settings<'_>,
         metrics: &Metrics,
         previous: Option<&State>,
         connections: &Arc<AtomicUsize>,
@@ -199,6 +206,7 @@ impl State {
             budget,
             fair,
             limit,
+            tracer,
         }
     }
 }

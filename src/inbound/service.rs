@@ -24,6 +24,7 @@ use crate::metrics::Outcome;
 use crate::metrics::inbound::{InboundDenied, InboundMetrics, Kind};
 use crate::retry::headers::outcome_of;
 use crate::server::headers::prepare_request;
+use crate::trace::{Arrival, Fleet, RequestTrace, Side, Tracer};
 use crate::server::service::{AppRequest, AppResponse};
 use crate::server::{
     AddedFields, Admission, AppBody, ConnState, RequestGuard, ResponseBody, Service,
@@ -58,6 +59,8 @@ struct Call<'a> {
     unread: bool,
     /// The access log's line, when it is on.
     log: Option<Box<Entry>>,
+    /// The request's SERVER span, when it is traced.
+    trace: Option<RequestTrace>,
 }
 
 impl Call<'_> {
@@ -89,6 +92,9 @@ impl Call<'_> {
         outcome: Outcome,
         app: Option<std::time::Duration>,
     ) {
+        if let Some(t) = self.trace.take() {
+            t.finish(status, outcome, Instant::now());
+        }
         if let Some(mut e) = self.log.take() {
             e.status = status;
             e.outcome = outcome;
@@ -124,7 +130,11 @@ async fn handle(
             .access_log
             .enabled
             .then(|| log_entry(&req, state.access_log, caller, retry)),
+        trace: state.tracer.as_ref().and_then(|t| begin_trace(t, &req, start)),
     };
+    if let (Some(t), Some(e)) = (&call.trace, call.log.as_mut()) {
+        e.trace_id = Some(t.trace_id());
+    }
     if req.method() == Method::CONNECT {
         return call.refuse(&answer::CONNECT, guard);
     }
@@ -167,6 +177,19 @@ async fn handle(
             Some(fair) => fair.try_retry(caller, &state.budget, start).is_ok(),
             None => state.budget.try_retry(start),
         };
+        if let Some(t) = call.trace.as_mut() {
+            let available = state
+                .config
+                .retries
+                .as_ref()
+                .map(|_| state.budget.available(start));
+            let decision = if granted {
+                Fleet::Granted
+            } else {
+                Fleet::Rejected
+            };
+            t.fleet(decision, available);
+        }
         if !granted {
             if exempt {
                 Admission::leave(&*inbound.probes);
@@ -209,6 +232,7 @@ async fn handle(
         deadline: Deadline::new(start, facts.caller_timeout, state.config.request_timeout),
         header: &state.deadline.header,
         grpc: facts.grpc,
+        traceparent: call.trace.as_ref().map(RequestTrace::traceparent),
     };
     let sent = Instant::now();
     let exhausted = inbound.metrics.exhausted(crate::metrics::Shortage::Connect);
@@ -223,6 +247,30 @@ async fn handle(
         Ok(resp) => relay(&mut call, resp, parts.version, guard, now - start),
         Err(failed) => call.refuse(refusal(failed), guard),
     }
+}
+
+/// The request's trace, when `[tracing]` decides it is traced: its SERVER span begun at
+/// `start`, with the caller's attempt number when it said.
+fn begin_trace(tracer: &Tracer, req: &Request<AppBody>, start: Instant) -> Option<RequestTrace> {
+    let arrival = Arrival {
+        side: Side::Inbound,
+        method: req.method(),
+        authority: req
+            .uri()
+            .authority()
+            .map(|a| a.as_str())
+            .or_else(|| req.headers().get(HOST).and_then(|h| h.to_str().ok()))
+            .unwrap_or_default(),
+        path: req.uri().path(),
+        https: false,
+        upstream: "",
+        headers: req.headers(),
+    };
+    let mut trace = tracer.request(&arrival, start)?;
+    if let Some(n) = super::attempts::attempt_number(req.headers()) {
+        trace.caller_attempt(n);
+    }
+    Some(trace)
 }
 
 /// The access log's line of a caller's request, begun as it arrives.

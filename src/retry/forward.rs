@@ -44,6 +44,7 @@ use super::policy::{self, Failure, Policy, Situation, Stop};
 use super::race::{Beside, Event, Second, race};
 use super::rejected::{self, Previous};
 use super::replay::{AppBody, BodySource, ReplayBody};
+use super::traced::{Starting, Traced};
 use super::transport::Transport;
 use super::upstream::Upstream;
 use crate::deadline::Deadline;
@@ -79,6 +80,8 @@ pub struct Exchange<'h, A> {
     /// The app sent this again after a failure tollgate owned: it goes as a retry
     /// (`x-tollgate-attempt: 2`, its budget already spent) and is not retried again.
     pub app_retry: bool,
+    /// The request's spans, when it is traced.
+    pub trace: Option<&'h mut crate::trace::RequestTrace>,
 }
 
 /// What goes back to the app.
@@ -208,18 +211,19 @@ struct Call<'a, A> {
     /// The callee refused a retry of this request (`retry-rejected`) while another
     /// attempt still ran: no attempt follows that one.
     refused: bool,
+    traced: Traced<'a>,
 }
 
 /// Forwards `ex` to `up`, retrying and hedging as the policy allows.
-pub async fn forward<A: AppBody>(up: &Upstream<A>, ex: Exchange<'_, A>) -> Answer {
+pub async fn forward<'a, A: AppBody>(up: &'a Upstream<A>, ex: Exchange<'a, A>) -> Answer {
     forward_on(up, up, ex).await
 }
 
 /// [`forward`], each attempt carried by `wire` (the upstream's endpoints, or a script).
-pub async fn forward_on<A: AppBody, T: Transport<A>>(
-    up: &Upstream<A>,
+pub async fn forward_on<'a, A: AppBody, T: Transport<A>>(
+    up: &'a Upstream<A>,
     wire: &T,
-    ex: Exchange<'_, A>,
+    ex: Exchange<'a, A>,
 ) -> Answer {
     let head = ex.head;
     let mut call = Call::new(up, ex);
@@ -240,6 +244,7 @@ pub async fn forward_on<A: AppBody, T: Transport<A>>(
         if call.deadline.expired(now) {
             up.metrics.denied(Denied::Deadline);
             call.trail.denied = Some(Denied::Deadline);
+            call.traced.refused(up, Some(Denied::Deadline));
             return call.local(StatusCode::GATEWAY_TIMEOUT, Outcome::DeadlineExceeded);
         }
         call.attempts += 1;
@@ -306,6 +311,7 @@ pub async fn forward_on<A: AppBody, T: Transport<A>>(
             };
             match step {
                 Step::Answer(answer) => {
+                    call.traced.answered();
                     if let Some(mut s) = finished {
                         s.won = matches!(answer.reply, Reply::Upstream(_));
                     }
@@ -327,6 +333,7 @@ pub async fn forward_on<A: AppBody, T: Transport<A>>(
         }
         match call.decide(failure, response.as_ref()).await {
             Ok(sleep) => {
+                call.traced.retried(up, sleep, response.as_ref());
                 up.metrics.retried(failure.condition());
                 call.trail.retried(failure);
                 call.previous = None;
@@ -360,7 +367,7 @@ enum Step {
 }
 
 impl<'a, A: AppBody> Call<'a, A> {
-    fn new(up: &'a Upstream<A>, ex: Exchange<'_, A>) -> Self {
+    fn new(up: &'a Upstream<A>, ex: Exchange<'a, A>) -> Self {
         let retry = &up.config.retry;
         // An upgrade changes the connection for good once it is answered: never sent
         // twice.
@@ -394,6 +401,7 @@ impl<'a, A: AppBody> Call<'a, A> {
             app_retry: ex.app_retry,
             previous: None,
             refused: false,
+            traced: Traced::new(ex.trace),
         }
     }
 
@@ -465,7 +473,7 @@ impl<'a, A: AppBody> Call<'a, A> {
     /// Attempt number `self.attempts` on `endpoint`, starting at `started` (now);
     /// `beside`: why it runs beside another attempt, if it does.
     fn attempt<'h>(
-        &self,
+        &mut self,
         head: &'h Head,
         endpoint: usize,
         beside: Option<Beside>,
@@ -482,6 +490,15 @@ impl<'a, A: AppBody> Call<'a, A> {
         } else {
             self.up.budget.record_attempt(started);
         }
+        let starting = Starting {
+            number: self.number(),
+            hedge: beside == Some(Beside::Hedge),
+            beside: beside.is_some(),
+            endpoint,
+            reason: self.trail.retries().last(),
+            deadline: self.deadline,
+        };
+        let traceparent = self.traced.start(self.up, starting, started);
         Attempt {
             up: self.up,
             endpoint,
@@ -496,6 +513,7 @@ impl<'a, A: AppBody> Call<'a, A> {
             uri: &head.uri,
             headers: &head.headers,
             body,
+            traceparent,
         }
     }
 
@@ -602,6 +620,7 @@ impl<'a, A: AppBody> Call<'a, A> {
     /// What a finished attempt means: the answer, a failure to decide on, or, while
     /// `others` are in flight, a failure (or a `retry-rejected`) put aside.
     fn judge(&mut self, ran: Ran<A>, slot: Slot, others: bool) -> Step {
+        self.traced.ended(&ran, slot == Slot::Second);
         if let Some(unsent) = ran.unsent.filter(|_| slot == Slot::First) {
             self.body.give_back(unsent);
         }
@@ -758,6 +777,7 @@ impl<'a, A: AppBody> Call<'a, A> {
         failure: Failure,
         response: Option<UpstreamResponse>,
     ) -> Answer {
+        self.traced.refused(self.up, stop.denied());
         if let Some(d) = stop.denied() {
             self.up.metrics.denied(d);
             self.trail.denied = Some(d);

@@ -78,6 +78,7 @@ async fn call(
         grpc: false,
         upgrade: false,
         app_retry: false,
+        trace: None,
     };
     forward_on(up, script, ex).await
 }

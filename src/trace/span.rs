@@ -347,6 +347,20 @@ impl RequestTrace {
         }
     }
 
+    /// The request has its answer at `now`: an attempt still in flight beside the one
+    /// that answered (a hedge's loser) is cancelled then.
+    pub fn cancel_open(&mut self, now: Instant) {
+        for a in self.spans().attempts.iter_mut().filter(|a| a.end.is_none()) {
+            a.end = Some(now);
+            a.ended = Some(AttemptEnd {
+                status: None,
+                result: AttemptResult::Cancelled,
+                callee_outcome: None,
+                ejected: false,
+            });
+        }
+    }
+
     /// The decision after the attempt's failure: retried, or refused (and why), with
     /// what the budget would have granted.
     pub fn after_failure(&mut self, id: AttemptId, after: AfterFailure) {
