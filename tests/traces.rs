@@ -332,6 +332,59 @@ async fn app(status: u16, delay: Duration) -> (Upstream, Seen) {
     (server, seen)
 }
 
+/// The trace as a tree, as a trace viewer lays it out: for the messages of failed
+/// assertions (and docs/tracing.md's example).
+fn render(spans: &[Span]) -> String {
+    fn value(v: Option<&Value>) -> String {
+        match v {
+            Some(Value::StringValue(s)) => s.clone(),
+            Some(Value::IntValue(i)) => i.to_string(),
+            Some(Value::DoubleValue(d)) => format!("{d:.1}"),
+            Some(Value::BoolValue(b)) => b.to_string(),
+            other => format!("{other:?}"),
+        }
+    }
+    fn walk(spans: &[Span], parent: &[u8], t0: u64, depth: usize, out: &mut String) {
+        let mut children: Vec<&Span> = spans.iter().filter(|s| s.parent_span_id == parent).collect();
+        children.sort_by_key(|s| s.start_time_unix_nano);
+        for s in children {
+            let pad = "   ".repeat(depth);
+            let ms = |t: u64| t.saturating_sub(t0) as f64 / 1e6;
+            out.push_str(&format!(
+                "{pad}{} {:?} at {:.1} ms, took {:.1} ms\n",
+                s.name,
+                kind(s),
+                ms(s.start_time_unix_nano),
+                ms(s.end_time_unix_nano) - ms(s.start_time_unix_nano),
+            ));
+            for kv in &s.attributes {
+                let v = kv.value.as_ref().and_then(|v| v.value.as_ref());
+                out.push_str(&format!("{pad}   {}={}\n", kv.key, value(v)));
+            }
+            for e in &s.events {
+                out.push_str(&format!("{pad}   event {} at {:.1} ms", e.name, ms(e.time_unix_nano)));
+                for kv in &e.attributes {
+                    let v = kv.value.as_ref().and_then(|v| v.value.as_ref());
+                    out.push_str(&format!(" {}={}", kv.key, value(v)));
+                }
+                out.push('\n');
+            }
+            walk(spans, &s.span_id, t0, depth + 1, out);
+        }
+    }
+    let ids: Vec<&[u8]> = spans.iter().map(|s| s.span_id.as_slice()).collect();
+    let t0 = spans.iter().map(|s| s.start_time_unix_nano).min().unwrap_or(0);
+    let mut out = String::new();
+    for root in spans.iter().filter(|s| !ids.contains(&s.parent_span_id.as_slice())) {
+        let parent = &root.parent_span_id;
+        if !out.contains(&format!("{parent:?}")) {
+            out.push_str(&format!("under {parent:?}\n"));
+            walk(spans, parent, t0, 1, &mut out);
+        }
+    }
+    out
+}
+
 fn kind(span: &Span) -> SpanKind {
     SpanKind::try_from(span.kind).unwrap()
 }
@@ -375,7 +428,7 @@ async fn a_request_retried_through_two_tollgates_is_one_trace() {
     .await;
     let caller = Tollgate::start(&common::config(&format!(
         "[upstreams.payments]\nauthorities = [\"payments\"]\nendpoints = [\"{}\"]\n\
-         [upstreams.payments.retry]\nmax_attempts = 4\nbackoff_base = \"1ms\"\nbackoff_max = \"5ms\"\n\
+         [upstreams.payments.retry]\nmax_attempts = 4\n\
          [upstreams.payments.budget]\nratio = 0.0\nmin_per_sec = 0.2\nwindow = \"10s\"\n{}",
         callee.inbound(),
         tracing_section(collector.addr, 0.0)
@@ -384,6 +437,7 @@ async fn a_request_retried_through_two_tollgates_is_one_trace() {
 
     let req = common::request("GET", "/charge?card=4242", "payments")
         .header("traceparent", PARENT)
+        .header("x-timeout-ms", "5000")
         .body(common::empty())
         .unwrap();
     let got = common::send(caller.addr, req).await;
@@ -395,7 +449,10 @@ async fn a_request_retried_through_two_tollgates_is_one_trace() {
     let arrived = wait_until(Duration::from_secs(10), || received.spans().len() >= 7).await;
     let spans = received.spans();
     assert!(arrived, "spans at the receiver: {}", spans.len());
-    assert_eq!(spans.len(), 7);
+    assert_eq!(spans.len(), 7, "{}", render(&spans));
+    if std::env::var_os("TRACE_RENDER").is_some() {
+        eprintln!("{}", render(&spans));
+    }
     let parent = TraceParent::parse(PARENT.as_bytes()).unwrap();
     for s in &spans {
         assert_eq!(s.trace_id, parent.trace_id.to_bytes(), "one trace: {}", s.name);
@@ -436,6 +493,8 @@ async fn a_request_retried_through_two_tollgates_is_one_trace() {
         assert_eq!(string_attr(c, "tollgate.upstream").as_deref(), Some("payments"));
         assert_eq!(attr(c, "tollgate.hedge"), Some(&Value::BoolValue(false)));
         assert!(double_attr(c, "tollgate.budget.available").is_some());
+        let left = int_attr(c, "tollgate.deadline.left_ms").expect("the deadline's time left");
+        assert!(left <= 5000 - (n - 1) * 500, "attempt {n}: {left} ms left");
         if n == 1 {
             assert_eq!(int_attr(c, "http.request.resend_count"), None);
             assert_eq!(string_attr(c, "tollgate.retry.reason"), None);
@@ -451,6 +510,7 @@ async fn a_request_retried_through_two_tollgates_is_one_trace() {
         Some("budget"),
         "the fourth attempt, refused by the budget"
     );
+    assert_eq!(double_attr(clients[0], "tollgate.budget.available"), Some(1.0));
     assert_eq!(double_attr(clients[2], "tollgate.budget.available"), Some(0.0));
 
     // Each attempt reached the callee's inbound side, whose span hangs under it.

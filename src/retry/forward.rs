@@ -244,7 +244,7 @@ pub async fn forward_on<'a, A: AppBody, T: Transport<A>>(
         if call.deadline.expired(now) {
             up.metrics.denied(Denied::Deadline);
             call.trail.denied = Some(Denied::Deadline);
-            call.traced.refused(up, Some(Denied::Deadline));
+            call.traced.refused(Some(Denied::Deadline));
             return call.local(StatusCode::GATEWAY_TIMEOUT, Outcome::DeadlineExceeded);
         }
         call.attempts += 1;
@@ -333,7 +333,7 @@ pub async fn forward_on<'a, A: AppBody, T: Transport<A>>(
         }
         match call.decide(failure, response.as_ref()).await {
             Ok(sleep) => {
-                call.traced.retried(up, sleep, response.as_ref());
+                call.traced.retried(sleep, response.as_ref());
                 up.metrics.retried(failure.condition());
                 call.trail.retried(failure);
                 call.previous = None;
@@ -620,7 +620,7 @@ impl<'a, A: AppBody> Call<'a, A> {
     /// What a finished attempt means: the answer, a failure to decide on, or, while
     /// `others` are in flight, a failure (or a `retry-rejected`) put aside.
     fn judge(&mut self, ran: Ran<A>, slot: Slot, others: bool) -> Step {
-        self.traced.ended(&ran, slot == Slot::Second);
+        self.traced.ended(self.up, &ran, slot == Slot::Second);
         if let Some(unsent) = ran.unsent.filter(|_| slot == Slot::First) {
             self.body.give_back(unsent);
         }
@@ -777,7 +777,7 @@ impl<'a, A: AppBody> Call<'a, A> {
         failure: Failure,
         response: Option<UpstreamResponse>,
     ) -> Answer {
-        self.traced.refused(self.up, stop.denied());
+        self.traced.refused(stop.denied());
         if let Some(d) = stop.denied() {
             self.up.metrics.denied(d);
             self.trail.denied = Some(d);

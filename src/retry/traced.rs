@@ -27,6 +27,9 @@ pub(super) struct Traced<'t> {
     slots: [Option<AttemptId>; 2],
     /// The attempt whose failure is being decided on.
     last: Option<AttemptId>,
+    /// What the retry budget would grant as that attempt ended, before the decision
+    /// spends from it.
+    available: Option<f64>,
 }
 
 /// An attempt about to start, as the loop knows it.
@@ -47,6 +50,7 @@ impl<'t> Traced<'t> {
             trace,
             slots: [None; 2],
             last: None,
+            available: None,
         }
     }
 
@@ -71,7 +75,7 @@ impl<'t> Traced<'t> {
     }
 
     /// The attempt in place `beside` (or not) ended as `ran` says.
-    pub fn ended<A>(&mut self, ran: &Ran<A>, beside: bool) {
+    pub fn ended<A>(&mut self, up: &Upstream<A>, ran: &Ran<A>, beside: bool) {
         let Some(t) = self.trace.as_deref_mut() else {
             return;
         };
@@ -102,17 +106,19 @@ impl<'t> Traced<'t> {
             callee_outcome,
             ejected: ran.ejected,
         };
-        t.attempt_ended(id, end, Instant::now());
+        let now = Instant::now();
+        t.attempt_ended(id, end, now);
         self.last = Some(id);
+        self.available = up.config.budget.as_ref().map(|_| up.budget.available(now));
     }
 
     /// The last failure is retried after `sleep`; `response` is the failed answer, if
     /// one came (its `Retry-After` or gRPC pushback set the sleep).
-    pub fn retried<A>(&mut self, up: &Upstream<A>, sleep: Duration, response: Option<&UpstreamResponse>) {
+    pub fn retried(&mut self, sleep: Duration, response: Option<&UpstreamResponse>) {
         if self.trace.is_none() {
             return;
         }
-        self.decided(up, None);
+        self.decided(None);
         let asked = response.is_some_and(|r| {
             let f = Fields::of(r);
             f.contains(&RETRY_AFTER) || f.contains(&GRPC_PUSHBACK)
@@ -124,9 +130,9 @@ impl<'t> Traced<'t> {
 
     /// The last failure is not retried: refused by `denied`, or given up on for a
     /// reason that is not a refusal (`None`: not retryable, owned elsewhere).
-    pub fn refused<A>(&mut self, up: &Upstream<A>, denied: Option<Denied>) {
+    pub fn refused(&mut self, denied: Option<Denied>) {
         if self.trace.is_some() {
-            self.decided(up, denied);
+            self.decided(denied);
         }
     }
 
@@ -137,22 +143,15 @@ impl<'t> Traced<'t> {
         }
     }
 
-    fn decided<A>(&mut self, up: &Upstream<A>, denied: Option<Denied>) {
+    fn decided(&mut self, denied: Option<Denied>) {
         let (Some(t), Some(id)) = (self.trace.as_deref_mut(), self.last) else {
             return;
         };
-        let budget_available = up
-            .config
-            .budget
-            .as_ref()
-            .map(|_| up.budget.available(Instant::now()));
-        t.after_failure(
-            id,
-            AfterFailure {
-                denied,
-                budget_available,
-            },
-        );
+        let after = AfterFailure {
+            denied,
+            budget_available: self.available,
+        };
+        t.after_failure(id, after);
     }
 }
 
