@@ -490,15 +490,19 @@ impl<'a, A: AppBody> Call<'a, A> {
         } else {
             self.up.budget.record_attempt(started);
         }
-        let starting = Starting {
-            number: self.number(),
-            hedge: beside == Some(Beside::Hedge),
-            beside: beside.is_some(),
-            endpoint,
-            reason: self.trail.retries().last(),
-            deadline: self.deadline,
+        let traceparent = if self.traced.on() {
+            let starting = Starting {
+                number: self.number(),
+                hedge: beside == Some(Beside::Hedge),
+                beside: beside.is_some(),
+                endpoint,
+                reason: self.trail.retries().last(),
+                deadline: self.deadline,
+            };
+            self.traced.start(self.up, starting, started)
+        } else {
+            None
         };
-        let traceparent = self.traced.start(self.up, starting, started);
         Attempt {
             up: self.up,
             endpoint,

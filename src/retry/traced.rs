@@ -54,6 +54,12 @@ impl<'t> Traced<'t> {
         }
     }
 
+    /// The request is traced.
+    #[inline]
+    pub fn on(&self) -> bool {
+        self.trace.is_some()
+    }
+
     /// A CLIENT span for the attempt starting `now`: the `traceparent` it carries.
     pub fn start<A>(&mut self, up: &Upstream<A>, a: Starting, now: Instant) -> Option<HeaderValue> {
         let t = self.trace.as_deref_mut()?;
