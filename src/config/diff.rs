@@ -140,6 +140,7 @@ fn inbound_fields(a: &InboundConfig, b: &InboundConfig) -> Vec<&'static str> {
         ("retries", a.retries == b.retries),
         ("retries.per_caller", a.per_caller == b.per_caller),
         ("probe_paths", a.probe_paths == b.probe_paths),
+        ("owned_failures", a.owned_failures == b.owned_failures),
     ]
     .into_iter()
     .filter(|(_, same)| !same)

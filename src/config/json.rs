@@ -59,6 +59,7 @@ impl InboundConfig {
             },
             "request_timeout": self.request_timeout.map(format_duration),
             "probe_paths": self.probe_paths,
+            "owned_failures": self.owned_failures.as_str(),
             "retries": self.retries.as_ref().map(|b| json!({
                 "ratio": b.ratio,
                 "min_per_sec": b.min_per_sec,

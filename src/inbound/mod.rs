@@ -19,6 +19,8 @@
 //! - [`fair`]: each caller's share of the fleet budget;
 //! - [`samples`], [`gradient`] and [`limit`]: the concurrency limit;
 //! - [`app`]: one request to the app; [`answer`]: the answers made in its place;
+//! - [`owned`]: ownership through the app (the app's failure after this pod's own
+//!   call for the request was given up on is marked `downstream-owned`);
 //! - [`service`]: one request from a caller, start to finish.
 //!
 //! What a reload can change (the app's address, the limit, `request_timeout`, the
@@ -32,6 +34,7 @@ pub mod attempts;
 pub mod fair;
 pub mod gradient;
 pub mod limit;
+pub mod owned;
 pub mod samples;
 pub mod service;
 
@@ -41,8 +44,8 @@ use std::sync::atomic::AtomicUsize;
 use arc_swap::ArcSwap;
 use tokio::time::Instant;
 
-use crate::config::{AccessLogConfig, DeadlineConfig, InboundConfig, PerCaller};
-use crate::metrics::{Metrics, amplification};
+use crate::config::{AccessLogConfig, DeadlineConfig, InboundConfig, OwnedFailures, PerCaller};
+use crate::metrics::{Metrics, Outcome, amplification};
 use crate::retry::budget::RetryBudget;
 use crate::server::AppBody;
 use crate::trace::Tracer;
@@ -60,6 +63,8 @@ pub struct Inbound {
     workers: usize,
     /// Open connections to the app.
     connections: Arc<AtomicUsize>,
+    /// The calls this pod's outbound side gave up on, owned (outlives a reload).
+    owned: owned::OwnedCalls,
 }
 
 /// What a request reads once, when it starts: the settings and what was built from them.
@@ -107,7 +112,18 @@ impl Inbound {
             metrics,
             workers,
             connections,
+            owned: owned::OwnedCalls::default(),
         })
+    }
+
+    /// The outbound side answered its app with `outcome` on a call with these header
+    /// fields: an owned give-up is remembered for the request the app is serving, when
+    /// `owned_failures = "mark"`.
+    pub fn outbound_answered(&self, outcome: Outcome, headers: &http::HeaderMap) {
+        if owned::owned(outcome) && self.state.load().config.owned_failures == OwnedFailures::Mark
+        {
+            self.owned.gave_up(headers, Instant::now());
+        }
     }
 
     /// Swaps in the settings of a reload (`config.addr` is the one bound).

@@ -16,13 +16,17 @@ use super::Inbound;
 use super::answer::{self, Refusal};
 use super::app::{self, DeadlineFields, Failed};
 use super::attempts::{is_kube_probe, is_retry};
+use super::owned;
 use crate::access_log::{Direction, Entry};
 use crate::config::AccessLogConfig;
 use crate::deadline::Deadline;
 use crate::http::grpc::is_grpc;
 use crate::metrics::Outcome;
 use crate::metrics::inbound::{InboundDenied, InboundMetrics, Kind};
-use crate::retry::headers::outcome_of;
+use crate::answer::{NO_RETRY, NO_RETRY_LINE};
+use crate::config::OwnedFailures;
+use crate::http::grpc::GRPC_PUSHBACK;
+use crate::retry::headers::{OUTCOME_HEADER, outcome_line, outcome_of};
 use crate::server::headers::prepare_request;
 use crate::trace::{Arrival, Fleet, RequestTrace, Side, Tracer};
 use crate::server::service::{AppRequest, AppResponse};
@@ -244,7 +248,12 @@ async fn handle(
         state.limit.sample(admitted, now - sent, now);
     }
     match result {
-        Ok(resp) => relay(&mut call, resp, parts.version, guard, now - start),
+        Ok(resp) => {
+            let mark = state.config.owned_failures == OwnedFailures::Mark
+                && owned::retryable_failure(resp.status(), Fields::of(&resp))
+                && inbound.owned.gave_up_since(&headers, start);
+            relay(&mut call, resp, (parts.version, mark), guard, now - start)
+        }
         Err(failed) => call.refuse(refusal(failed), guard),
     }
 }
@@ -313,22 +322,39 @@ fn refusal(failed: Failed) -> &'static Refusal {
 }
 
 /// The app's answer, as it goes back to the caller: its hop-by-hop fields dropped, and
-/// nothing of tollgate's added.
+/// nothing of tollgate's added, unless it is to be marked (`mark`) `downstream-owned`
+/// with `grpc-retry-pushback-ms: -1` (ownership through the app).
 fn relay(
     call: &mut Call<'_>,
     resp: UpstreamResponse,
-    version: Version,
+    (version, mark): (Version, bool),
     mut guard: RequestGuard,
     app: std::time::Duration,
 ) -> Response<ResponseBody> {
     // `ok`, or another tollgate's verdict the app passed on.
-    let outcome = outcome_of(resp.status(), Fields::of(&resp));
+    let outcome = if mark {
+        call.metrics.owned_failures.inc();
+        Outcome::DownstreamOwned
+    } else {
+        outcome_of(resp.status(), Fields::of(&resp))
+    };
     let status = resp.status().as_u16();
     call.metrics.request(call.kind, status, outcome);
     call.logged(&mut guard, status, outcome, Some(app));
-    let (parts, body) = relayed(resp, version);
-    Response::from_parts(
-        parts,
-        ResponseBody::upstream(body, guard, AddedFields::default()),
-    )
+    let (mut parts, body) = relayed(resp, version);
+    let mut added = AddedFields::default();
+    if mark && version < Version::HTTP_2 {
+        // Written straight into the head by the HTTP/1.1 writer.
+        added = AddedFields([
+            Some(outcome_line(Outcome::DownstreamOwned)),
+            Some(NO_RETRY_LINE),
+            None,
+        ]);
+    } else if mark {
+        parts
+            .headers
+            .insert(OUTCOME_HEADER, Outcome::DownstreamOwned.header_value());
+        parts.headers.insert(GRPC_PUSHBACK, NO_RETRY);
+    }
+    Response::from_parts(parts, ResponseBody::upstream(body, guard, added))
 }

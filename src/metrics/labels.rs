@@ -34,10 +34,13 @@ pub enum Outcome {
     AppTimeout,
     /// A callee's dedupe is still running the same keyed request: retried like a 503.
     InProgress,
+    /// A callee's inbound side marked its app's failure: the app's own call for the
+    /// request had been given up on, owned, by that pod's outbound side.
+    DownstreamOwned,
 }
 
 impl Outcome {
-    pub const ALL: [Outcome; 17] = [
+    pub const ALL: [Outcome; 18] = [
         Outcome::Ok,
         Outcome::AttemptsExhausted,
         Outcome::BudgetExhausted,
@@ -55,6 +58,7 @@ impl Outcome {
         Outcome::AppUnreachable,
         Outcome::AppTimeout,
         Outcome::InProgress,
+        Outcome::DownstreamOwned,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -76,6 +80,7 @@ impl Outcome {
             Outcome::AppUnreachable => "app-unreachable",
             Outcome::AppTimeout => "app-timeout",
             Outcome::InProgress => "in-progress",
+            Outcome::DownstreamOwned => "downstream-owned",
         }
     }
 

@@ -187,6 +187,11 @@ async fn handle(
         trace: trace.as_mut(),
     };
     let answer = retry::forward(&up, exchange).await;
+    if answer.outcome != Outcome::Ok
+        && let Some(inbound) = &shared.inbound
+    {
+        inbound.outbound_answered(answer.outcome, &head.headers);
+    }
     if let Some(t) = trace {
         t.finish(app_status(&answer, grpc), answer.outcome, Instant::now());
     }

@@ -119,6 +119,7 @@ impl Section {
                 "request_timeout",
                 "retries",
                 "probe_paths",
+                "owned_failures",
             ],
             Section::InboundRetries => &["ratio", "min_per_sec", "window", "per_caller"],
             Section::Throttle => &["k", "window"],
