@@ -75,11 +75,21 @@ fn not_traced(c: &mut Criterion) {
     let t = tracer(&metrics);
     let unsampled = headers(Some(UNSAMPLED));
     c.bench_function("trace: unsampled traceparent (decision only)", |b| {
-        b.iter(|| black_box(t.request(&arrival(black_box(&unsampled)), Instant::now()).is_some()))
+        b.iter(|| {
+            black_box(
+                t.request(&arrival(black_box(&unsampled)), Instant::now())
+                    .is_some(),
+            )
+        })
     });
     let none = headers(None);
     c.bench_function("trace: no traceparent, sample = 0", |b| {
-        b.iter(|| black_box(t.request(&arrival(black_box(&none)), Instant::now()).is_some()))
+        b.iter(|| {
+            black_box(
+                t.request(&arrival(black_box(&none)), Instant::now())
+                    .is_some(),
+            )
+        })
     });
 }
 
@@ -116,23 +126,26 @@ fn traced(c: &mut Criterion) {
     let metrics = Metrics::new();
     let t = tracer(&metrics);
     let sampled = headers(Some(SAMPLED));
-    c.bench_function("trace: sampled request, one attempt, recorded and queued", |b| {
-        b.iter_custom(|iters| {
-            let mut spent = Duration::ZERO;
-            let mut left = iters;
-            while left > 0 {
-                // In rounds the queue holds, each taken before the next (not timed).
-                let n = left.min(100_000);
-                spent += record(&t, &sampled, n);
-                left -= n;
-                let drained = StdInstant::now() + Duration::from_secs(10);
-                while t.waiting() > 0 && StdInstant::now() < drained {
-                    std::thread::sleep(Duration::from_millis(1));
+    c.bench_function(
+        "trace: sampled request, one attempt, recorded and queued",
+        |b| {
+            b.iter_custom(|iters| {
+                let mut spent = Duration::ZERO;
+                let mut left = iters;
+                while left > 0 {
+                    // In rounds the queue holds, each taken before the next (not timed).
+                    let n = left.min(100_000);
+                    spent += record(&t, &sampled, n);
+                    left -= n;
+                    let drained = StdInstant::now() + Duration::from_secs(10);
+                    while t.waiting() > 0 && StdInstant::now() < drained {
+                        std::thread::sleep(Duration::from_millis(1));
+                    }
                 }
-            }
-            spent
-        })
-    });
+                spent
+            })
+        },
+    );
 }
 
 criterion_group!(benches, off, not_traced, traced);

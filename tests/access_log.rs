@@ -316,9 +316,15 @@ async fn a_traced_requests_line_carries_its_trace_id() {
             .clone()
     };
     let outbound = line("path=/traced ");
-    assert!(outbound.ends_with(&format!(" trace_id={TRACE}")), "{outbound}");
+    assert!(
+        outbound.ends_with(&format!(" trace_id={TRACE}")),
+        "{outbound}"
+    );
     let inbound = line("path=/in ");
-    assert!(inbound.ends_with(&format!(" trace_id={TRACE}")), "{inbound}");
+    assert!(
+        inbound.ends_with(&format!(" trace_id={TRACE}")),
+        "{inbound}"
+    );
     let plain = line("path=/plain ");
     assert!(!plain.contains("trace_id"), "{plain}");
 }

@@ -3,6 +3,8 @@
 //! `opentelemetry-proto` crate). A receiver that is down or never answers costs the
 //! caller of the tracing API nothing: its spans are dropped and counted.
 
+#![allow(clippy::unwrap_used)]
+
 mod common;
 
 use std::net::SocketAddr;
@@ -345,7 +347,10 @@ fn render(spans: &[Span]) -> String {
         }
     }
     fn walk(spans: &[Span], parent: &[u8], t0: u64, depth: usize, out: &mut String) {
-        let mut children: Vec<&Span> = spans.iter().filter(|s| s.parent_span_id == parent).collect();
+        let mut children: Vec<&Span> = spans
+            .iter()
+            .filter(|s| s.parent_span_id == parent)
+            .collect();
         children.sort_by_key(|s| s.start_time_unix_nano);
         for s in children {
             let pad = "   ".repeat(depth);
@@ -362,7 +367,11 @@ fn render(spans: &[Span]) -> String {
                 out.push_str(&format!("{pad}   {}={}\n", kv.key, value(v)));
             }
             for e in &s.events {
-                out.push_str(&format!("{pad}   event {} at {:.1} ms", e.name, ms(e.time_unix_nano)));
+                out.push_str(&format!(
+                    "{pad}   event {} at {:.1} ms",
+                    e.name,
+                    ms(e.time_unix_nano)
+                ));
                 for kv in &e.attributes {
                     let v = kv.value.as_ref().and_then(|v| v.value.as_ref());
                     out.push_str(&format!(" {}={}", kv.key, value(v)));
@@ -373,9 +382,16 @@ fn render(spans: &[Span]) -> String {
         }
     }
     let ids: Vec<&[u8]> = spans.iter().map(|s| s.span_id.as_slice()).collect();
-    let t0 = spans.iter().map(|s| s.start_time_unix_nano).min().unwrap_or(0);
+    let t0 = spans
+        .iter()
+        .map(|s| s.start_time_unix_nano)
+        .min()
+        .unwrap_or(0);
     let mut out = String::new();
-    for root in spans.iter().filter(|s| !ids.contains(&s.parent_span_id.as_slice())) {
+    for root in spans
+        .iter()
+        .filter(|s| !ids.contains(&s.parent_span_id.as_slice()))
+    {
         let parent = &root.parent_span_id;
         if !out.contains(&format!("{parent:?}")) {
             out.push_str(&format!("under {parent:?}\n"));
@@ -455,7 +471,12 @@ async fn a_request_retried_through_two_tollgates_is_one_trace() {
     }
     let parent = TraceParent::parse(PARENT.as_bytes()).unwrap();
     for s in &spans {
-        assert_eq!(s.trace_id, parent.trace_id.to_bytes(), "one trace: {}", s.name);
+        assert_eq!(
+            s.trace_id,
+            parent.trace_id.to_bytes(),
+            "one trace: {}",
+            s.name
+        );
     }
     let outbound: Vec<&Span> = spans
         .iter()
@@ -463,7 +484,11 @@ async fn a_request_retried_through_two_tollgates_is_one_trace() {
         .collect();
     assert_eq!(outbound.len(), 1, "{spans:#?}");
     let server = outbound[0];
-    assert_eq!(server.parent_span_id, parent.parent_id.to_bytes(), "the app's span");
+    assert_eq!(
+        server.parent_span_id,
+        parent.parent_id.to_bytes(),
+        "the app's span"
+    );
     assert_eq!(int_attr(server, "http.response.status_code"), Some(503));
     assert_eq!(
         string_attr(server, "tollgate.outcome").as_deref(),
@@ -479,18 +504,30 @@ async fn a_request_retried_through_two_tollgates_is_one_trace() {
     clients.sort_by_key(|s| int_attr(s, "tollgate.attempt"));
     assert_eq!(clients.len(), 3);
     for (n, c) in (1..).zip(&clients) {
-        assert_eq!(c.parent_span_id, server.span_id, "attempt {n} under the request");
+        assert_eq!(
+            c.parent_span_id, server.span_id,
+            "attempt {n} under the request"
+        );
         assert_eq!(int_attr(c, "tollgate.attempt"), Some(n));
         assert_eq!(
             string_attr(c, "url.full").as_deref(),
             Some("http://payments/charge"),
             "no query"
         );
-        assert_eq!(string_attr(c, "server.address").as_deref(), Some("payments"));
-        assert_eq!(string_attr(c, "http.request.method").as_deref(), Some("GET"));
+        assert_eq!(
+            string_attr(c, "server.address").as_deref(),
+            Some("payments")
+        );
+        assert_eq!(
+            string_attr(c, "http.request.method").as_deref(),
+            Some("GET")
+        );
         assert_eq!(int_attr(c, "http.response.status_code"), Some(503));
         assert_eq!(string_attr(c, "error.type").as_deref(), Some("503"));
-        assert_eq!(string_attr(c, "tollgate.upstream").as_deref(), Some("payments"));
+        assert_eq!(
+            string_attr(c, "tollgate.upstream").as_deref(),
+            Some("payments")
+        );
         assert_eq!(attr(c, "tollgate.hedge"), Some(&Value::BoolValue(false)));
         assert!(double_attr(c, "tollgate.budget.available").is_some());
         let left = int_attr(c, "tollgate.deadline.left_ms").expect("the deadline's time left");
@@ -500,7 +537,10 @@ async fn a_request_retried_through_two_tollgates_is_one_trace() {
             assert_eq!(string_attr(c, "tollgate.retry.reason"), None);
         } else {
             assert_eq!(int_attr(c, "http.request.resend_count"), Some(n - 1));
-            assert_eq!(string_attr(c, "tollgate.retry.reason").as_deref(), Some("503"));
+            assert_eq!(
+                string_attr(c, "tollgate.retry.reason").as_deref(),
+                Some("503")
+            );
         }
     }
     assert_eq!(string_attr(clients[0], "tollgate.denied"), None, "retried");
@@ -510,8 +550,14 @@ async fn a_request_retried_through_two_tollgates_is_one_trace() {
         Some("budget"),
         "the fourth attempt, refused by the budget"
     );
-    assert_eq!(double_attr(clients[0], "tollgate.budget.available"), Some(1.0));
-    assert_eq!(double_attr(clients[2], "tollgate.budget.available"), Some(0.0));
+    assert_eq!(
+        double_attr(clients[0], "tollgate.budget.available"),
+        Some(1.0)
+    );
+    assert_eq!(
+        double_attr(clients[2], "tollgate.budget.available"),
+        Some(0.0)
+    );
 
     // Each attempt reached the callee's inbound side, whose span hangs under it.
     for (n, c) in (1..).zip(&clients) {

@@ -120,8 +120,7 @@ impl Inbound {
     /// fields: an owned give-up is remembered for the request the app is serving, when
     /// `owned_failures = "mark"`.
     pub fn outbound_answered(&self, outcome: Outcome, headers: &http::HeaderMap) {
-        if owned::owned(outcome) && self.state.load().config.owned_failures == OwnedFailures::Mark
-        {
+        if owned::owned(outcome) && self.state.load().config.owned_failures == OwnedFailures::Mark {
             self.owned.gave_up(headers, Instant::now());
         }
     }

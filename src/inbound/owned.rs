@@ -171,7 +171,10 @@ mod tests {
         );
         let other = "00-0af7651916cd43dd8448eb211c80319c-00f067aa0ba902b7-01";
         assert!(!owned.gave_up_since(&headers(&[("traceparent", other)]), arrived));
-        assert!(!owned.gave_up_since(&HeaderMap::new(), arrived), "no guessing");
+        assert!(
+            !owned.gave_up_since(&HeaderMap::new(), arrived),
+            "no guessing"
+        );
 
         owned.gave_up(&headers(&[("x-request-id", "r-1")]), Instant::now());
         assert!(owned.gave_up_since(&headers(&[("x-request-id", "r-1")]), arrived));

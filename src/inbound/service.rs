@@ -18,21 +18,21 @@ use super::app::{self, DeadlineFields, Failed};
 use super::attempts::{is_kube_probe, is_retry};
 use super::owned;
 use crate::access_log::{Direction, Entry};
+use crate::answer::{NO_RETRY, NO_RETRY_LINE};
 use crate::config::AccessLogConfig;
+use crate::config::OwnedFailures;
 use crate::deadline::Deadline;
+use crate::http::grpc::GRPC_PUSHBACK;
 use crate::http::grpc::is_grpc;
 use crate::metrics::Outcome;
 use crate::metrics::inbound::{InboundDenied, InboundMetrics, Kind};
-use crate::answer::{NO_RETRY, NO_RETRY_LINE};
-use crate::config::OwnedFailures;
-use crate::http::grpc::GRPC_PUSHBACK;
 use crate::retry::headers::{OUTCOME_HEADER, outcome_line, outcome_of};
 use crate::server::headers::prepare_request;
-use crate::trace::{Arrival, Fleet, RequestTrace, Side, Tracer};
 use crate::server::service::{AppRequest, AppResponse};
 use crate::server::{
     AddedFields, Admission, AppBody, ConnState, RequestGuard, ResponseBody, Service,
 };
+use crate::trace::{Arrival, Fleet, RequestTrace, Side, Tracer};
 use crate::upstream::pool::Want;
 use crate::upstream::request::{AttemptFields, RequestHead};
 use crate::upstream::response::{Fields, UpstreamResponse, relayed};
@@ -134,7 +134,10 @@ async fn handle(
             .access_log
             .enabled
             .then(|| log_entry(&req, state.access_log, caller, retry)),
-        trace: state.tracer.as_ref().and_then(|t| begin_trace(t, &req, start)),
+        trace: state
+            .tracer
+            .as_ref()
+            .and_then(|t| begin_trace(t, &req, start)),
     };
     if let (Some(t), Some(e)) = (&call.trace, call.log.as_mut()) {
         e.trace_id = Some(t.trace_id());

@@ -32,11 +32,11 @@ use crate::retry::headers::{
 };
 use crate::retry::{self, Answer, BodyRead, Exchange, Head, Reply, learn};
 use crate::server::headers::prepare_request;
-use crate::trace::{Arrival, RequestTrace, Side, Tracer};
 use crate::server::service::{AppRequest, AppResponse};
 use crate::server::{
     AddedFields, Admission, AppBody, ConnState, RequestGuard, ResponseBody, Service,
 };
+use crate::trace::{Arrival, RequestTrace, Side, Tracer};
 use crate::upstream::response::relayed;
 
 /// The app's outbound requests, routed to upstreams by authority, or all to one
@@ -243,7 +243,12 @@ fn route(
 
 /// The request's trace, when `[tracing]` decides it is traced: its SERVER span begun
 /// at `start`.
-fn begin_trace(tracer: &Tracer, up: &Upstream, head: &Head, start: Instant) -> Option<RequestTrace> {
+fn begin_trace(
+    tracer: &Tracer,
+    up: &Upstream,
+    head: &Head,
+    start: Instant,
+) -> Option<RequestTrace> {
     let arrival = Arrival {
         side: Side::Outbound,
         method: &head.method,
