@@ -681,3 +681,115 @@ async fn a_collector_that_is_down_costs_requests_nothing_and_drops_are_counted()
     tg.stop().await;
     drop(up);
 }
+
+/// A hedge is an attempt like any other: its own CLIENT span, marked, and the slow
+/// attempt it beat ends `cancelled` when the hedge's answer wins.
+#[tokio::test]
+async fn a_hedge_and_the_attempt_it_beat_have_spans_of_their_own() {
+    let (collector, received) = receiver().await;
+    let seen = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let endpoint = |seen: Arc<std::sync::atomic::AtomicUsize>| {
+        Upstream::start(move |_req| {
+            let first = seen.fetch_add(1, std::sync::atomic::Ordering::SeqCst) == 0;
+            async move {
+                if first {
+                    tokio::time::sleep(Duration::from_secs(2)).await;
+                }
+                common::respond(200, "")
+            }
+        })
+    };
+    let (a, b) = (endpoint(seen.clone()).await, endpoint(seen.clone()).await);
+    let tg = Tollgate::start(&common::config(&format!(
+        "[upstreams.api]\nauthorities = [\"api\"]\nendpoints = [\"{}\", \"{}\"]\n\
+         request_timeout = \"5s\"\n\
+         [upstreams.api.retry]\nmax_attempts = 2\n\
+         [upstreams.api.budget]\nratio = 0.5\nmin_per_sec = 10\n\
+         [upstreams.api.hedge]\nafter = \"50ms\"\nmax_extra = 1.0\n{}",
+        a.addr,
+        b.addr,
+        tracing_section(collector.addr, 1.0)
+    )))
+    .await;
+    let got = common::get(tg.addr, "/", "api").await;
+    assert_eq!(got.status, 200);
+    assert_eq!(got.attempts(), 2);
+
+    let arrived = wait_until(Duration::from_secs(10), || received.spans().len() >= 3).await;
+    let spans = received.spans();
+    assert!(arrived, "{}", render(&spans));
+    let client = |hedge: bool| {
+        spans
+            .iter()
+            .find(|s| {
+                kind(s) == SpanKind::Client
+                    && attr(s, "tollgate.hedge") == Some(&Value::BoolValue(hedge))
+            })
+            .unwrap_or_else(|| panic!("hedge={hedge}:\n{}", render(&spans)))
+    };
+    let (slow, hedge) = (client(false), client(true));
+    assert_eq!(
+        string_attr(slow, "error.type").as_deref(),
+        Some("cancelled")
+    );
+    assert_eq!(int_attr(slow, "http.response.status_code"), None);
+    assert_eq!(int_attr(hedge, "tollgate.attempt"), Some(2));
+    assert_eq!(int_attr(hedge, "http.request.resend_count"), Some(1));
+    assert_eq!(int_attr(hedge, "http.response.status_code"), Some(200));
+    assert_eq!(
+        string_attr(hedge, "tollgate.retry.reason"),
+        None,
+        "not a retry"
+    );
+    tg.stop().await;
+    drop((a, b, collector));
+}
+
+/// `[tracing]` is applied by a reload, added and removed alike, with no restart.
+#[tokio::test]
+async fn a_reload_adds_and_removes_tracing() {
+    let (collector, received) = receiver().await;
+    let (up, seen) = app(200, Duration::ZERO).await;
+    let upstream = common::config(&format!(
+        "[upstreams.api]\nauthorities = [\"api\"]\nendpoints = [\"{}\"]\n",
+        up.addr
+    ));
+    let dir = common::tempdir::TempDir::new("traces-reload");
+    let path = dir.path().join("tollgate.toml");
+    std::fs::write(&path, &upstream).unwrap();
+    let tg = Tollgate::start_file(&path).await;
+    let traced = || {
+        common::request("GET", "/", "api")
+            .header("traceparent", PARENT)
+            .body(common::empty())
+            .unwrap()
+    };
+    assert_eq!(common::send(tg.addr, traced()).await.status, 200);
+
+    let with = format!("{upstream}{}", tracing_section(collector.addr, 0.0));
+    std::fs::write(&path, with).unwrap();
+    tg.wait_reloads("ok", 1.0).await;
+    assert_eq!(common::send(tg.addr, traced()).await.status, 200);
+    let arrived = wait_until(Duration::from_secs(10), || received.spans().len() >= 2).await;
+    assert!(arrived, "the traced request's spans");
+
+    std::fs::write(&path, &upstream).unwrap();
+    tg.wait_reloads("ok", 2.0).await;
+    assert_eq!(common::send(tg.addr, traced()).await.status, 200);
+    let got = seen.all();
+    assert_eq!(got.len(), 3);
+    assert_eq!(got[0].as_deref(), Some(PARENT), "passed as it came");
+    let attempt = TraceParent::parse(got[1].as_deref().unwrap().as_bytes()).unwrap();
+    assert_ne!(
+        got[1].as_deref(),
+        Some(PARENT),
+        "the attempt's own span as the parent"
+    );
+    assert_eq!(
+        attempt.trace_id,
+        TraceParent::parse(PARENT.as_bytes()).unwrap().trace_id
+    );
+    assert_eq!(got[2].as_deref(), Some(PARENT), "passed as it came again");
+    tg.stop().await;
+    drop((up, collector));
+}
