@@ -3,7 +3,10 @@
 //! then the concurrency limit (`503 overloaded`; a kubelet probe may be spared it,
 //! without holding a place), then, for a retry, the fleet's retry budget
 //! (`503 retry-rejected`). What passes goes to the app with the deadline rewritten to
-//! the time left, and the app's answer goes back as it came.
+//! the time left, and the app's answer goes back as it came, unless it is a failure
+//! this pod's own outbound side already owned ([`owned`](super::owned): marked
+//! `downstream-owned`). A traced request gets a SERVER span, with the fleet budget's
+//! decision on a retry, and the app gets its id as the parent in `traceparent`.
 
 use std::sync::Arc;
 

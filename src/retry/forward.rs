@@ -24,7 +24,8 @@
 //! attempt left to ask for), nearly every attempt, is simply awaited in this future.
 //!
 //! What each attempt showed goes to the parts that learn from the upstream
-//! ([`learn`](super::learn)); the failure a retry retries is kept while it runs, in case
+//! ([`learn`](super::learn)) and, for a traced request, to its spans
+//! ([`traced`](super::traced)); the failure a retry retries is kept while it runs, in case
 //! the callee refuses the retry ([`rejected`](super::rejected)).
 //!
 //! [`Hedging`]: super::hedge::Hedging
