@@ -224,3 +224,17 @@ async fn the_inbound_budget_caps_what_a_fleet_of_callers_retries() {
     );
     assert_eq!(r.quiet.with.rejected, 0);
 }
+
+/// `--scenario apps`: with the app between two tollgates, marking its failure
+/// `downstream-owned` keeps db at one layer's attempts; without, the layers multiply.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_app_between_two_tollgates_costs_db_one_layer_when_its_failure_is_marked() {
+    use tollgate::lab::apps::{AppsSpec, run, table};
+    let r = run(AppsSpec { requests: 5 }, false).await.unwrap();
+    println!("{}", table(&r));
+    assert_eq!((r.off.app_calls, r.off.db_calls, r.off.owned), (15, 45, 0));
+    assert_eq!(
+        (r.mark.app_calls, r.mark.db_calls, r.mark.owned),
+        (5, 15, 5)
+    );
+}
