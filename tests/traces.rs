@@ -793,3 +793,44 @@ async fn a_reload_adds_and_removes_tracing() {
     tg.stop().await;
     drop((up, collector));
 }
+
+/// The inbound side's span of a retry the fleet budget refused: the app never saw it,
+/// and the span says why.
+#[tokio::test]
+async fn a_retry_the_fleet_budget_refuses_shows_the_decision() {
+    let (collector, received) = receiver().await;
+    let (app, seen) = app(200, Duration::ZERO).await;
+    let tg = Tollgate::start(&inbound_config(
+        app.addr,
+        &format!(
+            "[inbound.retries]\nratio = 0.0\nmin_per_sec = 0\n{}",
+            tracing_section(collector.addr, 0.0)
+        ),
+    ))
+    .await;
+    let req = common::request("GET", "/charge", "payments")
+        .header("traceparent", PARENT)
+        .header("x-tollgate-attempt", "2")
+        .body(common::empty())
+        .unwrap();
+    let got = common::send(tg.inbound(), req).await;
+    assert_eq!(got.status, 503);
+    assert_eq!(got.outcome(), Some("retry-rejected"));
+    let arrived = wait_until(Duration::from_secs(10), || !received.spans().is_empty()).await;
+    assert!(arrived);
+    let spans = received.spans();
+    let span = &spans[0];
+    assert_eq!(span.name, "GET inbound");
+    assert_eq!(
+        string_attr(span, "tollgate.fleet").as_deref(),
+        Some("rejected")
+    );
+    assert_eq!(int_attr(span, "tollgate.caller.attempt"), Some(2));
+    assert_eq!(
+        string_attr(span, "tollgate.outcome").as_deref(),
+        Some("retry-rejected")
+    );
+    assert!(seen.all().is_empty(), "the app never saw it");
+    tg.stop().await;
+    drop((app, collector));
+}
