@@ -9,6 +9,7 @@
 //! it; inbound, the one the caller sent). An inbound line
 //! also says who called (`caller`, its address) and what the request was to the fleet
 //! budget (`kind`: `first`, `retry`, or `probe` for a kubelet probe spared shedding).
+//! A request that is traced ([`crate::trace`]) ends its line with its `trace_id`.
 //!
 //! Off, it costs a request nothing: the handler reads one flag. On, each request
 //! builds its line on its own thread and hands it to a writer thread over a bounded
@@ -93,6 +94,8 @@ pub struct Entry {
     pub kind: Option<&'static str>,
     /// The request's idempotency key (outbound: the app's own or the one minted).
     pub idempotency_key: Option<String>,
+    /// The trace the request is part of, when it is traced.
+    pub trace_id: Option<crate::trace::TraceId>,
 }
 
 impl Entry {
@@ -122,6 +125,7 @@ impl Entry {
             idempotency_key: None,
             caller: None,
             kind: None,
+            trace_id: None,
         })
     }
 }
@@ -189,6 +193,9 @@ impl Entry {
                 l.push_str(",\"request_kind\":");
                 push_json_opt(&mut l, self.kind);
             }
+            if let Some(id) = self.trace_id {
+                let _ = write!(l, ",\"trace_id\":\"{id}\"");
+            }
             l.push('}');
             return l;
         }
@@ -250,6 +257,9 @@ impl Entry {
             }
             l.push_str(" request_kind=");
             l.push_str(self.kind.unwrap_or("-"));
+        }
+        if let Some(id) = self.trace_id {
+            let _ = write!(l, " trace_id={id}");
         }
         l
     }

@@ -6,8 +6,9 @@
 //! every failure it gave up on so that no other layer retries it again.
 //!
 //! Layers import downwards only (docs/architecture.md). From the bottom: [`config`],
-//! [`metrics`], [`deadline`], [`descriptors`], [`worker`] and the wire, [`http`]; [`upstream`] (the
-//! endpoints, generic over the body it sends); [`retry`] (deciding and looping, generic
+//! [`metrics`], [`deadline`], [`descriptors`], [`worker`], [`trace`] (the spans and
+//! their export) and the wire, [`http`]; [`upstream`] (the endpoints, generic over the
+//! body it sends); [`retry`] (deciding and looping, generic
 //! over the app's body); [`proxy`] (the app's side: the server, and the outbound
 //! service it is handed) and [`inbound`] (the service in front of the app, handed to the
 //! same server); [`run`], [`reload`], [`admin`];
@@ -36,5 +37,6 @@ pub mod reload;
 pub mod retry;
 pub mod run;
 pub mod server;
+pub mod trace;
 pub mod upstream;
 pub mod worker;

@@ -18,6 +18,7 @@ mod labels;
 mod learning;
 pub mod passthrough;
 pub mod process;
+pub mod trace;
 
 pub use labels::{AttemptResult, Denied, Evidence, Outcome, Shortage};
 pub use learning::Learning;
@@ -58,6 +59,7 @@ pub struct Metrics {
     listener_up: IntGaugeVec,
     health: health::Families,
     passthrough: passthrough::Passthrough,
+    trace: trace::TraceDrops,
     /// Registered with the inbound side, when the config has one.
     inbound: OnceLock<inbound::InboundMetrics>,
     /// Registered with `[inbound.dedupe]`, when the config has one.
@@ -213,6 +215,7 @@ impl Metrics {
             ),
             health: health::Families::new(&r),
             passthrough: passthrough::Passthrough::new(&r),
+            trace: trace::TraceDrops::new(&r),
             inbound: OnceLock::new(),
             dedupe: OnceLock::new(),
             minted: OnceLock::new(),
@@ -253,6 +256,11 @@ impl Metrics {
     /// The passthrough of redirected connections ([`passthrough`]).
     pub fn passthrough(&self) -> &passthrough::Passthrough {
         &self.passthrough
+    }
+
+    /// Spans the trace export dropped ([`trace`]).
+    pub fn trace_drops(&self) -> &trace::TraceDrops {
+        &self.trace
     }
 
     /// The handles of one upstream; resolving them is the only label lookup.
@@ -486,6 +494,7 @@ mod tests {
             "tollgate_retry_budget_ratio",
             "tollgate_throttle_probability",
             "tollgate_app_retries_total",
+            "tollgate_trace_spans_dropped_total",
         ] {
             assert!(text.contains(&format!("# TYPE {name} ")), "{name} missing");
         }

@@ -284,3 +284,49 @@ async fn the_last_lines_are_written_before_a_stop() {
         "the last line comes before the exit:\n{log}"
     );
 }
+
+/// A traced request's line ends with its trace id, on both sides; one that is not
+/// traced has none.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_traced_requests_line_carries_its_trace_id() {
+    let (ok, down) = upstreams().await;
+    let inbound = std::net::SocketAddr::from(([127, 0, 0, 1], free_port()));
+    let collector = dead_port().await;
+    let p = Process::start_logged(&format!(
+        "{}[inbound]\naddr = \"{inbound}\"\napp = \"{}\"\n\
+         [tracing]\notlp = \"http://{collector}\"\n",
+        sections(&ok, &down, "[access_log]\nenabled = true"),
+        ok.addr
+    ))
+    .await;
+    const TRACE: &str = "4bf92f3577b34da6a3ce929d0e0e4736";
+    let traced = |path: &str| {
+        request("GET", path, "ok")
+            .header("traceparent", format!("00-{TRACE}-00f067aa0ba902b7-01"))
+            .body(empty())
+            .unwrap()
+    };
+    assert_eq!(send(p.addr, traced("/traced")).await.status, 200);
+    assert_eq!(send(inbound, traced("/in")).await.status, 200);
+    assert_eq!(get(p.addr, "/plain", "ok").await.status, 200);
+    let lines = wait_lines(&p, 3, false).await;
+    let line = |needle: &str| {
+        lines
+            .iter()
+            .find(|l| l.contains(needle))
+            .unwrap_or_else(|| panic!("no line with {needle:?}:\n{lines:#?}"))
+            .clone()
+    };
+    let outbound = line("path=/traced ");
+    assert!(
+        outbound.ends_with(&format!(" trace_id={TRACE}")),
+        "{outbound}"
+    );
+    let inbound = line("path=/in ");
+    assert!(
+        inbound.ends_with(&format!(" trace_id={TRACE}")),
+        "{inbound}"
+    );
+    let plain = line("path=/plain ");
+    assert!(!plain.contains("trace_id"), "{plain}");
+}

@@ -256,3 +256,17 @@ async fn payments_retries_book_twice_without_dedupe_and_once_with_it() {
     assert!(keyed.answered >= 297, "{} of 300 answered", keyed.answered);
     assert!(keyed.replayed > 0);
 }
+
+/// `--scenario apps`: with the app between two tollgates, marking its failure
+/// `downstream-owned` keeps db at one layer's attempts; without, the layers multiply.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_app_between_two_tollgates_costs_db_one_layer_when_its_failure_is_marked() {
+    use tollgate::lab::apps::{AppsSpec, run, table};
+    let r = run(AppsSpec { requests: 5 }, false).await.unwrap();
+    println!("{}", table(&r));
+    assert_eq!((r.off.app_calls, r.off.db_calls, r.off.owned), (15, 45, 0));
+    assert_eq!(
+        (r.mark.app_calls, r.mark.db_calls, r.mark.owned),
+        (5, 15, 5)
+    );
+}

@@ -82,6 +82,7 @@ pub fn reconcile(running: &Config, new: Config) -> Reconciled {
         format!("{:?}", new.runtime.worker_threads),
     );
     let mut changes = upstream_changes(running, &new);
+    changes.extend(tracing_change(running, &new));
     let inbound = inbound_in_effect(running, &new, &mut restart_needed, &mut changes);
     let in_effect = Config {
         listener: running.listener,
@@ -140,11 +141,35 @@ fn inbound_fields(a: &InboundConfig, b: &InboundConfig) -> Vec<&'static str> {
         ("retries.per_caller", a.per_caller == b.per_caller),
         ("probe_paths", a.probe_paths == b.probe_paths),
         ("dedupe", a.dedupe == b.dedupe),
+        ("owned_failures", a.owned_failures == b.owned_failures),
     ]
     .into_iter()
     .filter(|(_, same)| !same)
     .map(|(name, _)| name)
     .collect()
+}
+
+/// `[tracing]` added, removed or changed (applied: the tracer is rebuilt).
+fn tracing_change(running: &Config, new: &Config) -> Option<String> {
+    match (&running.tracing, &new.tracing) {
+        (None, Some(_)) => Some("tracing added".into()),
+        (Some(_), None) => Some("tracing removed".into()),
+        (Some(a), Some(b)) => {
+            let fields: Vec<&str> = [
+                ("otlp", a.otlp == b.otlp),
+                ("sample", a.sample == b.sample),
+                ("batch", a.batch == b.batch),
+                ("queue", a.queue == b.queue),
+                ("timeout", a.timeout == b.timeout),
+            ]
+            .into_iter()
+            .filter(|(_, same)| !same)
+            .map(|(name, _)| name)
+            .collect();
+            (!fields.is_empty()).then(|| format!("tracing changed: {}", fields.join(", ")))
+        }
+        (None, None) => None,
+    }
 }
 
 /// One line per upstream added, removed or changed, in name order.
@@ -267,6 +292,22 @@ mod tests {
             config(&format!("[admin]\naddr = \"127.0.0.1:19999\"\n{BASE}")),
         );
         assert_eq!(again.restart_needed.len(), 1);
+    }
+
+    #[test]
+    fn tracing_changes_are_named_and_applied() {
+        let with = |extra: &str| config(&format!("{BASE}[tracing]\n{extra}"));
+        let r = reconcile(&config(BASE), with(""));
+        assert_eq!(r.changes, ["tracing added"]);
+        assert!(r.in_effect.tracing.is_some(), "applied without a restart");
+        assert!(r.restart_needed.is_empty());
+        let r = reconcile(&with(""), with("sample = 0.5\ntimeout = \"1s\"\n"));
+        assert_eq!(r.changes, ["tracing changed: sample, timeout"]);
+        assert_eq!(
+            reconcile(&with(""), config(BASE)).changes,
+            ["tracing removed"]
+        );
+        assert!(reconcile(&with(""), with("")).changes.is_empty());
     }
 
     #[test]

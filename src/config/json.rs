@@ -37,6 +37,13 @@ impl Config {
             },
             "upstreams": self.upstreams.iter().map(|u| (u.name.clone(), u.to_json())).collect::<serde_json::Map<_, _>>(),
             "inbound": self.inbound.as_ref().map(InboundConfig::to_json),
+            "tracing": self.tracing.as_ref().map(|t| json!({
+                "otlp": t.otlp.as_str(),
+                "sample": t.sample,
+                "batch": t.batch,
+                "queue": t.queue,
+                "timeout": format_duration(t.timeout),
+            })),
         })
     }
 }
@@ -52,6 +59,7 @@ impl InboundConfig {
             },
             "request_timeout": self.request_timeout.map(format_duration),
             "probe_paths": self.probe_paths,
+            "owned_failures": self.owned_failures.as_str(),
             "retries": self.retries.as_ref().map(|b| json!({
                 "ratio": b.ratio,
                 "min_per_sec": b.min_per_sec,

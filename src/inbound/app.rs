@@ -40,7 +40,12 @@ pub struct DeadlineFields<'a> {
     pub header: &'a HeaderName,
     /// A gRPC call: `grpc-timeout` carries the time left of the caller's own deadline.
     pub grpc: bool,
+    /// The request's `traceparent` for the app, when it is traced: the inbound side's
+    /// SERVER span as the parent.
+    pub traceparent: Option<http::HeaderValue>,
 }
+
+static TRACEPARENT_NAME: HeaderName = crate::trace::TRACEPARENT;
 
 impl<'a> DeadlineFields<'a> {
     /// The fields for a request sent now: the deadline header only when there is a
@@ -56,6 +61,7 @@ impl<'a> DeadlineFields<'a> {
                     deadline::format_grpc_timeout(left),
                 )
             }),
+            self.traceparent.clone().map(|v| (&TRACEPARENT_NAME, v)),
             None,
             None,
             None,

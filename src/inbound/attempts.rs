@@ -46,6 +46,16 @@ pub fn is_retry(headers: &HeaderMap) -> bool {
     RETRY_FROM[1..].iter().any(says)
 }
 
+/// The caller's attempt number (1 for the first try), as the first of the three headers
+/// that carries a count says it: for a trace, which says nothing about admission.
+pub fn attempt_number(headers: &HeaderMap) -> Option<u32> {
+    RETRY_FROM.iter().find_map(|(name, from)| {
+        let n = parse_count(headers.get(name)?.as_bytes())?;
+        // gRPC counts the attempts before this one.
+        Some(if *from == 1 { n.saturating_add(1) } else { n })
+    })
+}
+
 /// Whether the request says it is the kubelet's probe: a GET with
 /// `User-Agent: kube-probe/...`, for one of `paths` when any are listed. Anyone can say
 /// so: what a probe is spared must cost nobody ([`ProbeSlots`]).

@@ -51,6 +51,8 @@ pub(super) struct Exchange {
     pub deadline: Deadline,
     pub header: HeaderName,
     pub grpc: bool,
+    /// The request's SERVER span as the app's parent, when it is traced.
+    pub traceparent: Option<http::HeaderValue>,
 }
 
 /// The app's answer to a first arrival: its head, every field in the map, and its
@@ -96,6 +98,7 @@ async fn drive(
         deadline: x.deadline,
         header: &x.header,
         grpc: x.grpc,
+        traceparent: x.traceparent.clone(),
     };
     let body = claim.body(body);
     let resp = match app::send(&app, x.want, &head, body, &fields, &exhausted).await {

@@ -20,6 +20,8 @@
 //! - [`fair`]: each caller's share of the fleet budget;
 //! - [`samples`], [`gradient`] and [`limit`]: the concurrency limit;
 //! - [`app`]: one request to the app; [`answer`]: the answers made in its place;
+//! - [`owned`]: ownership through the app (the app's failure after this pod's own
+//!   call for the request was given up on is marked `downstream-owned`);
 //! - [`service`]: one request from a caller, start to finish.
 //!
 //! What a reload can change (the app's address, the limit, `request_timeout`, the
@@ -35,6 +37,7 @@ pub mod fair;
 pub mod gradient;
 mod keyed;
 pub mod limit;
+pub mod owned;
 pub mod samples;
 pub mod service;
 
@@ -44,10 +47,11 @@ use std::sync::atomic::AtomicUsize;
 use arc_swap::ArcSwap;
 use tokio::time::Instant;
 
-use crate::config::{AccessLogConfig, DeadlineConfig, InboundConfig, PerCaller};
-use crate::metrics::{Metrics, amplification};
+use crate::config::{AccessLogConfig, DeadlineConfig, InboundConfig, OwnedFailures, PerCaller};
+use crate::metrics::{Metrics, Outcome, amplification};
 use crate::retry::budget::RetryBudget;
 use crate::server::AppBody;
+use crate::trace::Tracer;
 use crate::upstream::pool::Endpoint;
 use dedupe::{Dedupe, Hashed};
 use fair::FairShare;
@@ -63,6 +67,8 @@ pub struct Inbound {
     workers: usize,
     /// Open connections to the app.
     connections: Arc<AtomicUsize>,
+    /// The calls this pod's outbound side gave up on, owned (outlives a reload).
+    owned: owned::OwnedCalls,
 }
 
 /// What a request reads once, when it starts: the settings and what was built from them.
@@ -79,10 +85,16 @@ pub struct State {
     /// `[inbound.dedupe]`, and the connections its first arrivals reach the app on (a
     /// keyed body is hashed on its way).
     pub dedupe: Option<(Arc<Dedupe>, Arc<KeyedApp>)>,
+    /// `[tracing]`, running (the outbound side's: one exporter for both).
+    pub tracer: Option<Arc<Tracer>>,
 }
 
 /// The app, as keyed first arrivals reach it: their bodies hashed on the way.
 pub type KeyedApp = Endpoint<Hashed<AppBody>>;
+
+/// What the inbound side shares with the rest of the config: `[deadline]`,
+/// `[access_log]` and the running `[tracing]`.
+pub type Settings<'a> = (&'a DeadlineConfig, AccessLogConfig, Option<Arc<Tracer>>);
 
 impl std::fmt::Debug for Inbound {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -98,7 +110,7 @@ impl Inbound {
     /// The inbound side of `config`, with `workers` connection pools to the app.
     pub fn new(
         config: &InboundConfig,
-        settings: (&DeadlineConfig, AccessLogConfig),
+        settings: Settings<'_>,
         metrics: Arc<Metrics>,
         workers: usize,
     ) -> Arc<Self> {
@@ -110,11 +122,21 @@ impl Inbound {
             metrics,
             workers,
             connections,
+            owned: owned::OwnedCalls::default(),
         })
     }
 
+    /// The outbound side answered its app with `outcome` on a call with these header
+    /// fields: an owned give-up is remembered for the request the app is serving, when
+    /// `owned_failures = "mark"`.
+    pub fn outbound_answered(&self, outcome: Outcome, headers: &http::HeaderMap) {
+        if owned::owned(outcome) && self.state.load().config.owned_failures == OwnedFailures::Mark {
+            self.owned.gave_up(headers, Instant::now());
+        }
+    }
+
     /// Swaps in the settings of a reload (`config.addr` is the one bound).
-    pub fn apply(&self, config: &InboundConfig, settings: (&DeadlineConfig, AccessLogConfig)) {
+    pub fn apply(&self, config: &InboundConfig, settings: Settings<'_>) {
         let old = self.state.load_full();
         let next = State::build(
             config,
@@ -163,7 +185,7 @@ impl Inbound {
 impl State {
     fn build(
         config: &InboundConfig,
-        (deadline, access_log): (&DeadlineConfig, AccessLogConfig),
+        (deadline, access_log, tracer): Settings<'_>,
         metrics: &Arc<Metrics>,
         previous: Option<&State>,
         connections: &Arc<AtomicUsize>,
@@ -232,6 +254,7 @@ impl State {
             budget,
             fair,
             limit,
+            tracer,
         }
     }
 }

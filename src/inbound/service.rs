@@ -4,7 +4,10 @@
 //! answered here, the app never called: see [`super::keyed`]), then the concurrency limit (`503 overloaded`; a kubelet probe may be spared it,
 //! without holding a place), then, for a retry, the fleet's retry budget
 //! (`503 retry-rejected`). What passes goes to the app with the deadline rewritten to
-//! the time left, and the app's answer goes back as it came.
+//! the time left, and the app's answer goes back as it came, unless it is a failure
+//! this pod's own outbound side already owned ([`owned`](super::owned): marked
+//! `downstream-owned`). A traced request gets a SERVER span, with the fleet budget's
+//! decision on a retry, and the app gets its id as the parent in `traceparent`.
 
 use std::sync::Arc;
 
@@ -20,19 +23,24 @@ use super::app::{self, DeadlineFields, Failed};
 use super::attempts::{is_kube_probe, is_retry};
 use super::dedupe::{Answer, Begin, Claim};
 use super::limit::Admitted;
+use super::owned;
 use super::{Inbound, State, keyed};
 use crate::access_log::{Direction, Entry};
+use crate::answer::{NO_RETRY, NO_RETRY_LINE};
 use crate::config::AccessLogConfig;
+use crate::config::OwnedFailures;
 use crate::deadline::Deadline;
+use crate::http::grpc::GRPC_PUSHBACK;
 use crate::http::grpc::is_grpc;
 use crate::metrics::Outcome;
 use crate::metrics::inbound::{InboundDenied, InboundMetrics, Kind};
-use crate::retry::headers::outcome_of;
+use crate::retry::headers::{OUTCOME_HEADER, outcome_line, outcome_of};
 use crate::server::headers::prepare_request;
 use crate::server::service::{AppRequest, AppResponse};
 use crate::server::{
     AddedFields, Admission, AppBody, ConnState, RequestGuard, ResponseBody, Service,
 };
+use crate::trace::{Arrival, Fleet, RequestTrace, Side, Tracer};
 use crate::upstream::pool::Want;
 use crate::upstream::request::{AttemptFields, RequestHead};
 use crate::upstream::response::{Fields, UpstreamResponse, relayed};
@@ -63,6 +71,8 @@ struct Call<'a> {
     unread: bool,
     /// The access log's line, when it is on.
     log: Option<Box<Entry>>,
+    /// The request's SERVER span, when it is traced.
+    trace: Option<RequestTrace>,
 }
 
 impl Call<'_> {
@@ -94,6 +104,9 @@ impl Call<'_> {
         outcome: Outcome,
         app: Option<std::time::Duration>,
     ) {
+        if let Some(t) = self.trace.take() {
+            t.finish(status, outcome, Instant::now());
+        }
         if let Some(mut e) = self.log.take() {
             e.status = status;
             e.outcome = outcome;
@@ -143,7 +156,14 @@ async fn answer_request(
             .access_log
             .enabled
             .then(|| log_entry(&req, state.access_log, caller, retry)),
+        trace: state
+            .tracer
+            .as_ref()
+            .and_then(|t| begin_trace(t, &req, start)),
     };
+    if let (Some(t), Some(e)) = (&call.trace, call.log.as_mut()) {
+        e.trace_id = Some(t.trace_id());
+    }
     if req.method() == Method::CONNECT {
         return call.refuse(&answer::CONNECT, guard);
     }
@@ -200,6 +220,7 @@ async fn answer_request(
         (caller, start),
         (probe, retry),
         facts.upgrade,
+        call.trace.as_mut(),
     ) {
         Ok(admitted) => admitted,
         Err((why, refusal)) => return call.deny(why, refusal, guard),
@@ -227,6 +248,10 @@ async fn answer_request(
     };
     let sent = Instant::now();
     let exhausted = inbound.metrics.exhausted(crate::metrics::Shortage::Connect);
+    // Who the request is, for ownership through the app: read now, the headers go to
+    // the app.
+    let owned_keys =
+        (state.config.owned_failures == OwnedFailures::Mark).then(|| inbound.owned.keys(&headers));
     let head = (parts.method, uri, headers);
     let result = to_app(
         state,
@@ -234,6 +259,7 @@ async fn answer_request(
         head,
         body,
         (want, deadline, facts.grpc),
+        call.trace.as_ref().map(RequestTrace::traceparent),
         exhausted,
     )
     .await;
@@ -244,7 +270,13 @@ async fn answer_request(
         state.limit.sample(admitted, now - sent, now);
     }
     match result {
-        Ok(Answered::Plain(resp)) => relay(&mut call, resp, parts.version, guard, now - start),
+        Ok(Answered::Plain(resp)) => {
+            let mark = owned_keys.is_some_and(|keys| {
+                owned::retryable_failure(resp.status(), Fields::of(&resp))
+                    && inbound.owned.gave_up_since_keys(keys, start)
+            });
+            relay(&mut call, resp, (parts.version, mark), guard, now - start)
+        }
         Ok(Answered::Keyed(head)) => {
             relay_keyed(&mut call, head, parts.version, guard, now - start)
         }
@@ -260,6 +292,7 @@ async fn to_app(
     (method, uri, headers): (Method, Uri, HeaderMap),
     body: AppBody,
     (want, deadline, grpc): (Want, Deadline, bool),
+    traceparent: Option<HeaderValue>,
     exhausted: &IntCounter,
 ) -> Result<Answered, Failed> {
     if let (Some(claim), Some((_, keyed_app))) = (claim, &state.dedupe) {
@@ -271,6 +304,7 @@ async fn to_app(
             deadline,
             header: state.deadline.header.clone(),
             grpc,
+            traceparent,
         };
         return keyed::run(claim, keyed_app.clone(), exchange, body, exhausted.clone())
             .await
@@ -288,6 +322,7 @@ async fn to_app(
         deadline,
         header: &state.deadline.header,
         grpc,
+        traceparent,
     };
     app::send(&state.app, want, &head, body, &fields, exhausted)
         .await
@@ -308,6 +343,7 @@ fn admit(
     (caller, start): (std::net::IpAddr, Instant),
     (probe, retry): (bool, bool),
     upgrade: bool,
+    trace: Option<&mut RequestTrace>,
 ) -> Result<Option<Admitted>, (InboundDenied, &'static Refusal)> {
     // A probe may be exempt from shedding, without a place in the limit; an upgrade
     // becomes a tunnel for as long as it lasts: not a request the limit can learn from
@@ -328,6 +364,19 @@ fn admit(
             Some(fair) => fair.try_retry(caller, &state.budget, start).is_ok(),
             None => state.budget.try_retry(start),
         };
+        if let Some(t) = trace {
+            let available = state
+                .config
+                .retries
+                .as_ref()
+                .map(|_| state.budget.available(start));
+            let decision = if granted {
+                Fleet::Granted
+            } else {
+                Fleet::Rejected
+            };
+            t.fleet(decision, available);
+        }
         if !granted {
             if exempt {
                 Admission::leave(&*inbound.probes);
@@ -361,6 +410,30 @@ fn duplicate(
             call.refuse(refusal, guard)
         }
     }
+}
+
+/// The request's trace, when `[tracing]` decides it is traced: its SERVER span begun at
+/// `start`, with the caller's attempt number when it said.
+fn begin_trace(tracer: &Tracer, req: &Request<AppBody>, start: Instant) -> Option<RequestTrace> {
+    let arrival = Arrival {
+        side: Side::Inbound,
+        method: req.method(),
+        authority: req
+            .uri()
+            .authority()
+            .map(|a| a.as_str())
+            .or_else(|| req.headers().get(HOST).and_then(|h| h.to_str().ok()))
+            .unwrap_or_default(),
+        path: req.uri().path(),
+        https: false,
+        upstream: "",
+        headers: req.headers(),
+    };
+    let mut trace = tracer.request(&arrival, start)?;
+    if let Some(n) = super::attempts::attempt_number(req.headers()) {
+        trace.caller_attempt(n);
+    }
+    Some(trace)
 }
 
 /// The access log's line of a caller's request, begun as it arrives.
@@ -403,24 +476,41 @@ fn refusal(failed: Failed) -> &'static Refusal {
 }
 
 /// The app's answer, as it goes back to the caller: its hop-by-hop fields dropped, and
-/// nothing of tollgate's added.
+/// nothing of tollgate's added, unless it is to be marked (`mark`) `downstream-owned`
+/// with `grpc-retry-pushback-ms: -1` (ownership through the app).
 fn relay(
     call: &mut Call<'_>,
     resp: UpstreamResponse,
-    version: Version,
+    (version, mark): (Version, bool),
     mut guard: RequestGuard,
     app: std::time::Duration,
 ) -> Response<ResponseBody> {
     // `ok`, or another tollgate's verdict the app passed on.
-    let outcome = outcome_of(resp.status(), Fields::of(&resp));
+    let outcome = if mark {
+        call.metrics.owned_failures.inc();
+        Outcome::DownstreamOwned
+    } else {
+        outcome_of(resp.status(), Fields::of(&resp))
+    };
     let status = resp.status().as_u16();
     call.metrics.request(call.kind, status, outcome);
     call.logged(&mut guard, status, outcome, Some(app));
-    let (parts, body) = relayed(resp, version);
-    Response::from_parts(
-        parts,
-        ResponseBody::upstream(body, guard, AddedFields::default()),
-    )
+    let (mut parts, body) = relayed(resp, version);
+    let mut added = AddedFields::default();
+    if mark && version < Version::HTTP_2 {
+        // Written straight into the head by the HTTP/1.1 writer.
+        added = AddedFields([
+            Some(outcome_line(Outcome::DownstreamOwned)),
+            Some(NO_RETRY_LINE),
+            None,
+        ]);
+    } else if mark {
+        parts
+            .headers
+            .insert(OUTCOME_HEADER, Outcome::DownstreamOwned.header_value());
+        parts.headers.insert(GRPC_PUSHBACK, NO_RETRY);
+    }
+    Response::from_parts(parts, ResponseBody::upstream(body, guard, added))
 }
 
 /// The app's answer to a keyed first arrival, as the task that keeps it relays it.

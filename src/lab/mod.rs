@@ -8,11 +8,13 @@
 //! tollgate recommends with a fixed budget, and the same with an adaptive budget and
 //! with the throttle of first attempts on top; for the endpoint scenarios the owned
 //! chain without and with the feature at stake ([`scenario::Column`]). Amplification is
-//! measured at the backends.
+//! measured at the backends. [`fleet`], [`overload`] and [`apps`] are scenarios of
+//! their own around the inbound side.
 //!
 //! The simulator ([`sim`]) replays the published tick model on a virtual clock, driving
 //! tollgate's own budget and backoff types.
 
+pub mod apps;
 pub mod backend;
 pub mod fleet;
 pub mod harm;
@@ -43,8 +45,8 @@ pub struct LabArgs {
     /// Scenario: storm (the published experiment), brownout, dip, down, dead, hedge,
     /// blackhole; fleet (many callers and the inbound side's budget), overload (the
     /// adaptive limit), payments (POSTs over a lossy link: retries, duplicates and
-    /// exactly once); harm (direct vs through tollgate, row after row: does it do
-    /// no harm?).
+    /// exactly once), apps (ownership through the app: an app between two tollgates);
+    /// harm (direct vs through tollgate, row after row: does it do no harm?).
     #[arg(long, default_value = "storm")]
     pub scenario: String,
     /// Print one JSON object instead of the table.
@@ -299,7 +301,7 @@ pub(crate) fn lab_runtime() -> std::io::Result<tokio::runtime::Runtime> {
 /// The inbound side's scenarios, which are not two chains side by side.
 fn inbound_scenario(args: &LabArgs) -> Option<i32> {
     let name = args.scenario.as_str();
-    if name != "fleet" && name != "overload" {
+    if name != "fleet" && name != "overload" && name != "apps" {
         return None;
     }
     if args.plot.is_some() || args.error_rate.is_some() {
@@ -314,7 +316,16 @@ fn inbound_scenario(args: &LabArgs) -> Option<i32> {
         }
     };
     let progress = !args.json && std::io::stderr().is_terminal();
-    let out = if name == "fleet" {
+    let out = if name == "apps" {
+        rt.block_on(apps::run(apps::AppsSpec::default(), progress))
+            .map(|r| {
+                if args.json {
+                    serde_json::to_string_pretty(&apps::to_json(&r)).unwrap_or_default() + "\n"
+                } else {
+                    apps::table(&r)
+                }
+            })
+    } else if name == "fleet" {
         let mut spec = fleet::FleetSpec::default();
         if let Some(c) = args.callers.clone() {
             if c.is_empty() || c.iter().any(|n| !(1..=200).contains(n)) {
@@ -400,7 +411,7 @@ pub fn lab_main(args: LabArgs) -> i32 {
     }
     let Some(mut s) = scenario::scenario(&args.scenario, &overrides) else {
         eprintln!(
-            "tollgate lab: unknown scenario `{}` (choose one of: {}, fleet, overload, payments, harm)",
+            "tollgate lab: unknown scenario `{}` (choose one of: {}, fleet, overload, payments, apps, harm)",
             args.scenario,
             scenario::NAMES.join(", ")
         );

@@ -71,6 +71,8 @@ pub struct InboundMetrics {
     pub budget_available: Gauge,
     /// Kubelet probes admitted without a place in the limit.
     pub probes_exempt: IntCounter,
+    /// The app's failures marked `downstream-owned` (ownership through the app).
+    pub owned_failures: IntCounter,
 }
 
 impl std::fmt::Debug for InboundMetrics {
@@ -137,6 +139,14 @@ impl Metrics {
                         "tollgate_inbound_probes_exempt_total",
                         "Kubelet probes admitted without a place in the concurrency limit \
                          (at most 8 at once; more go through normal admission).",
+                    )),
+                ),
+                owned_failures: family(
+                    r,
+                    IntCounter::with_opts(Opts::new(
+                        "tollgate_inbound_owned_failures_total",
+                        "The app's 502/503/504 (or gRPC UNAVAILABLE) marked downstream-owned: \
+                         this pod's outbound side had given up on a call made for the request.",
                     )),
                 ),
             };

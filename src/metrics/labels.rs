@@ -40,10 +40,13 @@ pub enum Outcome {
     NotReplayable,
     /// A callee's dedupe store failed with `on_store_error = "closed"` (`503`).
     DedupeUnavailable,
+    /// A callee's inbound side marked its app's failure: the app's own call for the
+    /// request had been given up on, owned, by that pod's outbound side.
+    DownstreamOwned,
 }
 
 impl Outcome {
-    pub const ALL: [Outcome; 20] = [
+    pub const ALL: [Outcome; 21] = [
         Outcome::Ok,
         Outcome::AttemptsExhausted,
         Outcome::BudgetExhausted,
@@ -64,6 +67,7 @@ impl Outcome {
         Outcome::KeyMismatch,
         Outcome::NotReplayable,
         Outcome::DedupeUnavailable,
+        Outcome::DownstreamOwned,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -88,6 +92,7 @@ impl Outcome {
             Outcome::KeyMismatch => "key-mismatch",
             Outcome::NotReplayable => "not-replayable",
             Outcome::DedupeUnavailable => "dedupe-unavailable",
+            Outcome::DownstreamOwned => "downstream-owned",
         }
     }
 

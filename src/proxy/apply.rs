@@ -64,15 +64,17 @@ impl Server {
                 u.listen = None;
             }
         }
-        if let (Some(inbound), Some(c)) = (&self.shared.inbound, &config.inbound) {
-            inbound.apply(c, (&config.deadline, config.access_log));
-        }
         let mut next = Snapshot::build(
             config,
             &self.shared.metrics,
             Some(&old),
             self.workers.count(),
         );
+        let config = &next.config;
+        if let (Some(inbound), Some(c)) = (&self.shared.inbound, &config.inbound) {
+            let settings = (&config.deadline, config.access_log, next.tracer.clone());
+            inbound.apply(c, settings);
+        }
         next.pending_restart = pending_restart;
         next.listeners_down = applied.unbound.clone();
         for u in old.upstreams.iter() {

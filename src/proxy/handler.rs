@@ -37,6 +37,7 @@ use crate::server::service::{AppRequest, AppResponse};
 use crate::server::{
     AddedFields, Admission, AppBody, ConnState, RequestGuard, ResponseBody, Service,
 };
+use crate::trace::{Arrival, RequestTrace, Side, Tracer};
 use crate::upstream::response::relayed;
 
 /// The app's outbound requests, routed to upstreams by authority, or all to one
@@ -88,7 +89,7 @@ async fn handle(
         Box::new(resp)
     };
 
-    let (upstream, log, unknown) = route(&shared, dedicated.as_deref(), &req);
+    let (upstream, log, unknown, tracer) = route(&shared, dedicated.as_deref(), &req);
     // The access log's line, begun when it is on: the request is taken apart below.
     let mut entry = log
         .enabled
@@ -172,8 +173,10 @@ async fn handle(
         return refuse(Some(&up.metrics), THROTTLED, grpc, entry, guard);
     }
     let minted = mint_key(&up, &head);
+    let mut trace = tracer.and_then(|t| begin_trace(&t, &up, &head, start));
     if let Some(e) = entry.as_mut() {
         e.idempotency_key = idempotency_key(&up, &head, minted.as_ref());
+        e.trace_id = trace.as_ref().map(|t| t.trace_id());
     }
     let exchange = Exchange {
         minted,
@@ -185,8 +188,17 @@ async fn handle(
         grpc: facts.grpc,
         upgrade: facts.upgrade,
         app_retry,
+        trace: trace.as_mut(),
     };
     let answer = retry::forward(&up, exchange).await;
+    if answer.outcome != Outcome::Ok
+        && let Some(inbound) = &shared.inbound
+    {
+        inbound.outbound_answered(answer.outcome, &head.headers);
+    }
+    if let Some(t) = trace {
+        t.finish(app_status(&answer, grpc), answer.outcome, Instant::now());
+    }
     learn_from(&up, &same, &answer, grpc, again.is_some());
     if let Some(e) = entry {
         log_answer(e, &answer, grpc, start, &mut guard);
@@ -233,7 +245,12 @@ fn route(
     shared: &Shared,
     dedicated: Option<&str>,
     req: &Request<AppBody>,
-) -> (Option<Arc<Upstream>>, AccessLogConfig, UnknownAuthorities) {
+) -> (
+    Option<Arc<Upstream>>,
+    AccessLogConfig,
+    UnknownAuthorities,
+    Option<Arc<Tracer>>,
+) {
     let snap = shared.snapshot.load();
     let up = match dedicated {
         Some(name) => snap.by_name(name).cloned(),
@@ -245,7 +262,32 @@ fn route(
         up,
         snap.config.access_log,
         snap.config.listener.unknown_authorities,
+        snap.tracer.clone(),
     )
+}
+
+/// The request's trace, when `[tracing]` decides it is traced: its SERVER span begun
+/// at `start`.
+fn begin_trace(
+    tracer: &Tracer,
+    up: &Upstream,
+    head: &Head,
+    start: Instant,
+) -> Option<RequestTrace> {
+    let arrival = Arrival {
+        side: Side::Outbound,
+        method: &head.method,
+        authority: head
+            .headers
+            .get(HOST)
+            .and_then(|h| h.to_str().ok())
+            .unwrap_or_default(),
+        path: head.uri.path(),
+        https: up.config.tls.is_some(),
+        upstream: up.name(),
+        headers: &head.headers,
+    };
+    tracer.request(&arrival, start)
 }
 
 /// The answer to a request for which no upstream is configured: named, so a typo in

@@ -290,11 +290,12 @@ impl Server {
                 "client connections capped by the open-file limit (half of it is kept for upstream connections)"
             );
         }
+        let snapshot = Snapshot::build(config, &metrics, None, workers.count());
+        let config = &snapshot.config;
         let inbound = config.inbound.as_ref().map(|i| {
-            let settings = (&config.deadline, config.access_log);
+            let settings = (&config.deadline, config.access_log, snapshot.tracer.clone());
             Inbound::new(i, settings, metrics.clone(), workers.count())
         });
-        let snapshot = Snapshot::build(config, &metrics, None, workers.count());
         metrics.mark_loaded();
         let shared = Arc::new(Shared {
             snapshot: ArcSwap::from_pointee(snapshot),

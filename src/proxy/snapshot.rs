@@ -9,6 +9,7 @@ use super::destinations::Destinations;
 use super::route::{NameMap, Routes};
 use crate::config::Config;
 use crate::metrics::Metrics;
+use crate::trace::Tracer;
 
 /// One consistent view of the config and the upstreams built from it.
 #[derive(Debug)]
@@ -23,6 +24,8 @@ pub struct Snapshot {
     pub pending_restart: Vec<String>,
     /// Upstreams whose own `listen` port could not be bound, with why.
     pub listeners_down: Vec<(String, String)>,
+    /// `[tracing]`, running: kept from `previous` while the section is unchanged.
+    pub tracer: Option<Arc<Tracer>>,
 }
 
 impl Snapshot {
@@ -62,7 +65,18 @@ impl Snapshot {
             .enumerate()
             .map(|(i, u)| (u.name.clone(), i))
             .collect();
+        let tracer = config.tracing.as_ref().and_then(|t| {
+            match previous.and_then(|p| p.tracer.as_ref()) {
+                Some(p) if p.config() == t => Some(p.clone()),
+                _ => Tracer::new(t, metrics.trace_drops().clone())
+                    .inspect_err(|e| {
+                        tracing::warn!(error = %e, "the trace exporter could not start: nothing is traced");
+                    })
+                    .ok(),
+            }
+        });
         Snapshot {
+            tracer,
             config: Arc::new(config),
             upstreams,
             routes,

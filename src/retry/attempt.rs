@@ -28,6 +28,7 @@ use super::replay::{AppBody, ReplayBody};
 use super::upstream::Upstream;
 use crate::deadline;
 use crate::metrics::AttemptResult;
+use crate::trace::TRACEPARENT;
 use crate::upstream::exchange;
 use crate::upstream::outlier::Verdict;
 use crate::upstream::pool::Want;
@@ -37,6 +38,7 @@ use crate::upstream::response::{Fields, UpstreamResponse};
 /// The names of the per-attempt fields, borrowed by every attempt.
 static ATTEMPT_NAME: HeaderName = ATTEMPT_HEADER;
 static HEDGE_NAME: HeaderName = HEDGE_HEADER;
+static TRACEPARENT_NAME: HeaderName = TRACEPARENT;
 
 /// How much earlier than this attempt's own time a callee's `app-timeout` must come to
 /// be its own limit rather than the deadline this attempt sent (rounded down to the
@@ -117,6 +119,9 @@ pub struct Attempt<'a, A> {
     /// The idempotency key minted for the request, the same on every attempt.
     pub minted: Option<(&'a HeaderName, HeaderValue)>,
     pub body: ReplayBody<A>,
+    /// The attempt's own `traceparent` (its CLIENT span as the parent), when the
+    /// request is traced; else the app's passes as it came.
+    pub traceparent: Option<http::HeaderValue>,
 }
 
 /// What an attempt came to.
@@ -129,6 +134,8 @@ pub(super) struct Ran<A> {
     pub endpoint: usize,
     /// The attempt's number as sent (`x-tollgate-attempt`).
     pub number: u32,
+    /// Its failure ejected its endpoint.
+    pub ejected: bool,
 }
 
 impl<'a, A: AppBody> Attempt<'a, A> {
@@ -152,12 +159,13 @@ impl<'a, A: AppBody> Attempt<'a, A> {
             // Whatever the exchange then failed with, the app's body broke first.
             result = Err(AttemptError::NotUpstream(NotUpstream::AppBody));
         }
-        let ran = |result| Ran {
+        let ran = |result, ejected| Ran {
             result,
             unsent: body,
             detail,
             endpoint: self.endpoint,
             number: self.number,
+            ejected,
         };
         if let Ok(resp) = &result {
             let endpoint = self.up.endpoints.get(self.endpoint);
@@ -177,19 +185,23 @@ impl<'a, A: AppBody> Attempt<'a, A> {
             Err(AttemptError::Upstream(_)) => AttemptResult::Reset,
             Err(AttemptError::NotUpstream(NotUpstream::AppBody)) => {
                 record.cancelled();
-                return ran(result);
+                return ran(result, false);
             }
             Err(AttemptError::NotUpstream(NotUpstream::NoDescriptors)) => {
                 record.done = true;
-                return ran(result);
+                return ran(result, false);
             }
         };
+        let mut ejected = false;
         if self.up.endpoints.ejects() {
             let verdict = self.verdict(&result);
+            let health = &self.up.endpoints.get(self.endpoint).health;
+            let was_out = health.is_out();
             self.up.endpoints.report(self.endpoint, verdict);
+            ejected = !was_out && health.is_out();
         }
         record.finish(&result, r);
-        ran(result)
+        ran(result, ejected)
     }
 
     /// Whether the attempt ended before its attempt timeout (or had none): it had not
@@ -259,6 +271,7 @@ impl<'a, A: AppBody> Attempt<'a, A> {
             }),
             self.hedge.then_some((&HEDGE_NAME, HEDGE_VALUE)),
             self.minted.clone(),
+            self.traceparent.clone().map(|v| (&TRACEPARENT_NAME, v)),
         ])
     }
 }

@@ -24,7 +24,8 @@
 //! attempt left to ask for), nearly every attempt, is simply awaited in this future.
 //!
 //! What each attempt showed goes to the parts that learn from the upstream
-//! ([`learn`](super::learn)); the failure a retry retries is kept while it runs, in case
+//! ([`learn`](super::learn)) and, for a traced request, to its spans
+//! ([`traced`](super::traced)); the failure a retry retries is kept while it runs, in case
 //! the callee refuses the retry ([`rejected`](super::rejected)).
 //!
 //! [`Hedging`]: super::hedge::Hedging
@@ -46,6 +47,7 @@ use super::policy::{self, Failure, Policy, Situation, Stop};
 use super::race::{Beside, Event, Second, race};
 use super::rejected::{self, Previous};
 use super::replay::{AppBody, BodySource, ReplayBody};
+use super::traced::{Starting, Traced};
 use super::upstream::Upstream;
 use crate::deadline::Deadline;
 use crate::metrics::{Denied, HedgeResult, Outcome};
@@ -83,6 +85,8 @@ pub struct Exchange<'h, A> {
     /// The idempotency key minted for it (`mint_idempotency_key`), sent on every
     /// attempt.
     pub minted: Option<HeaderValue>,
+    /// The request's spans, when it is traced.
+    pub trace: Option<&'h mut crate::trace::RequestTrace>,
 }
 
 /// What goes back to the app.
@@ -219,18 +223,19 @@ struct Call<'a, A> {
     /// The callee refused a retry of this request (`retry-rejected`) while another
     /// attempt still ran: no attempt follows that one.
     refused: bool,
+    traced: Traced<'a>,
 }
 
 /// Forwards `ex` to `up`, retrying and hedging as the policy allows.
-pub async fn forward<A: AppBody>(up: &Upstream<A>, ex: Exchange<'_, A>) -> Answer {
+pub async fn forward<'a, A: AppBody>(up: &'a Upstream<A>, ex: Exchange<'a, A>) -> Answer {
     forward_on(up, up, ex).await
 }
 
 /// [`forward`], each attempt carried by `wire` (the upstream's endpoints, or a script).
-pub async fn forward_on<A: AppBody, T: Transport<A>>(
-    up: &Upstream<A>,
+pub async fn forward_on<'a, A: AppBody, T: Transport<A>>(
+    up: &'a Upstream<A>,
     wire: &T,
-    ex: Exchange<'_, A>,
+    ex: Exchange<'a, A>,
 ) -> Answer {
     let head = ex.head;
     let mut call = Call::new(up, ex);
@@ -251,6 +256,7 @@ pub async fn forward_on<A: AppBody, T: Transport<A>>(
         if call.deadline.expired(now) {
             up.metrics.denied(Denied::Deadline);
             call.trail.denied = Some(Denied::Deadline);
+            call.traced.refused(Some(Denied::Deadline));
             return call.local(StatusCode::GATEWAY_TIMEOUT, Outcome::DeadlineExceeded);
         }
         call.attempts += 1;
@@ -317,6 +323,7 @@ pub async fn forward_on<A: AppBody, T: Transport<A>>(
             };
             match step {
                 Step::Answer(answer) => {
+                    call.traced.answered();
                     if let Some(mut s) = finished {
                         s.won = matches!(answer.reply, Reply::Upstream(_));
                     }
@@ -338,6 +345,7 @@ pub async fn forward_on<A: AppBody, T: Transport<A>>(
         }
         match call.decide(failure, response.as_ref()).await {
             Ok(sleep) => {
+                call.traced.retried(sleep, response.as_ref());
                 up.metrics.retried(failure.condition());
                 call.trail.retried(failure);
                 call.previous = None;
@@ -371,7 +379,7 @@ enum Step {
 }
 
 impl<'a, A: AppBody> Call<'a, A> {
-    fn new(up: &'a Upstream<A>, ex: Exchange<'_, A>) -> Self {
+    fn new(up: &'a Upstream<A>, ex: Exchange<'a, A>) -> Self {
         let retry = &up.config.retry;
         // An upgrade changes the connection for good once it is answered: never sent
         // twice.
@@ -409,6 +417,7 @@ impl<'a, A: AppBody> Call<'a, A> {
             app_retry: ex.app_retry,
             previous: None,
             refused: false,
+            traced: Traced::new(ex.trace),
         }
     }
 
@@ -480,7 +489,7 @@ impl<'a, A: AppBody> Call<'a, A> {
     /// Attempt number `self.attempts` on `endpoint`, starting at `started` (now);
     /// `beside`: why it runs beside another attempt, if it does.
     fn attempt<'h>(
-        &self,
+        &mut self,
         head: &'h Head,
         endpoint: usize,
         beside: Option<Beside>,
@@ -497,6 +506,19 @@ impl<'a, A: AppBody> Call<'a, A> {
         } else {
             self.up.budget.record_attempt(started);
         }
+        let traceparent = if self.traced.on() {
+            let starting = Starting {
+                number: self.number(),
+                hedge: beside == Some(Beside::Hedge),
+                beside: beside.is_some(),
+                endpoint,
+                reason: self.trail.retries().last(),
+                deadline: self.deadline,
+            };
+            self.traced.start(self.up, starting, started)
+        } else {
+            None
+        };
         Attempt {
             up: self.up,
             endpoint,
@@ -515,6 +537,7 @@ impl<'a, A: AppBody> Call<'a, A> {
                 Some((name, v.clone()))
             }),
             body,
+            traceparent,
         }
     }
 
@@ -633,6 +656,7 @@ impl<'a, A: AppBody> Call<'a, A> {
     /// What a finished attempt means: the answer, a failure to decide on, or, while
     /// `others` are in flight, a failure (or a `retry-rejected`) put aside.
     fn judge(&mut self, ran: Ran<A>, slot: Slot, others: bool) -> Step {
+        self.traced.ended(self.up, &ran, slot == Slot::Second);
         if let Some(unsent) = ran.unsent.filter(|_| slot == Slot::First) {
             self.body.give_back(unsent);
         }
@@ -791,6 +815,7 @@ impl<'a, A: AppBody> Call<'a, A> {
         failure: Failure,
         response: Option<UpstreamResponse>,
     ) -> Answer {
+        self.traced.refused(stop.denied());
         if let Some(d) = stop.denied() {
             self.up.metrics.denied(d);
             self.trail.denied = Some(d);

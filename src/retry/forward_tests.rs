@@ -79,6 +79,7 @@ async fn call(
         upgrade: false,
         app_retry: false,
         minted: None,
+        trace: None,
     };
     forward_on(up, script, ex).await
 }
@@ -101,6 +102,7 @@ async fn call_minted(
         upgrade: false,
         app_retry: false,
         minted: minted.map(http::HeaderValue::from_static),
+        trace: None,
     };
     forward_on(up, script, ex).await
 }

@@ -3,7 +3,8 @@
 //! how the app's body is sent again ([`replay`]), when a slow attempt gets a hedge
 //! beside it ([`hedge`], with the latency percentile of [`quantile`]), and the attempt
 //! loop that puts them together ([`forward`], one [`attempt`] at a time, or two with a
-//! hedge).
+//! hedge), with what each attempt did written into a traced request's spans
+//! ([`traced`]).
 //!
 //! The caller also learns from its upstream: the budget's share adapts ([`adaptive`]),
 //! first attempts are throttled when most are rejected ([`throttle`]), both fed by
@@ -37,6 +38,7 @@ pub mod retry_after;
 mod script;
 mod slots;
 pub mod throttle;
+mod traced;
 pub mod transport;
 mod upstream;
 

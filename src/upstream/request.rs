@@ -14,12 +14,12 @@ use crate::http::encode::{BodyFraming, write_content_length};
 use crate::http::fields::{content_length, write_field};
 
 /// The header fields one attempt adds to the request (its number, its time, the
-/// caller's own time for gRPC, the hedge mark, a minted idempotency key), each replacing any field of the same
+/// caller's own time for gRPC, the hedge mark, a minted idempotency key, its `traceparent` when traced), each replacing any field of the same
 /// name. The request's header map is shared by every attempt of the request and never
 /// changed for them; the names are borrowed (from statics and the config), so an
 /// attempt clones no header name.
 #[derive(Default)]
-pub struct AttemptFields<'a>(pub [Option<(&'a HeaderName, HeaderValue)>; 5]);
+pub struct AttemptFields<'a>(pub [Option<(&'a HeaderName, HeaderValue)>; 6]);
 
 impl<'a> AttemptFields<'a> {
     pub fn iter(&self) -> impl Iterator<Item = (&'a HeaderName, &HeaderValue)> {
@@ -212,6 +212,7 @@ mod tests {
             headers: &headers,
             fields: AttemptFields([
                 Some((&attempt, HeaderValue::from_static("2"))),
+                None,
                 None,
                 None,
                 None,

@@ -28,6 +28,26 @@ pub struct InboundConfig {
     pub probe_paths: Vec<String>,
     /// `[inbound.dedupe]`: keyed requests run once. `None`: keys pass through untouched.
     pub dedupe: Option<DedupeConfig>,
+    /// Whether the app's 502/503/504 is marked `downstream-owned` when this pod's
+    /// outbound side gave up, with an owned outcome, on a call made for it.
+    pub owned_failures: OwnedFailures,
+}
+
+/// `owned_failures`: ownership through the app.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum OwnedFailures {
+    #[default]
+    Mark,
+    Off,
+}
+
+impl OwnedFailures {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            OwnedFailures::Mark => "mark",
+            OwnedFailures::Off => "off",
+        }
+    }
 }
 
 /// How the fleet's retry budget is shared among the callers asking for it.

@@ -13,12 +13,14 @@ mod health;
 mod inbound;
 mod retry;
 mod tls;
+mod tracing;
 
 pub use dedupe::*;
 pub use health::*;
 pub use inbound::*;
 pub use retry::*;
 pub use tls::*;
+pub use tracing::*;
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -41,6 +43,8 @@ pub struct Config {
     pub upstreams: Vec<UpstreamConfig>,
     /// `[inbound]`: tollgate in front of its own app too.
     pub inbound: Option<InboundConfig>,
+    /// `[tracing]`: spans exported over OTLP. `None`: nothing is traced.
+    pub tracing: Option<TracingConfig>,
     /// Where each key was written (`line`, `column`), for lints that point at it.
     pub positions: Arc<BTreeMap<String, (usize, usize)>>,
     /// A digest of the text this was parsed from: a reload of identical text is skipped.

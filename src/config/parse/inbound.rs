@@ -45,6 +45,9 @@ pub(super) fn inbound(
         request_timeout: w.optional(&t, "request_timeout", ms(1)..=day),
         retries: w.table(&t, "retries").map(|(r, _)| retries(w, &r)),
         probe_paths: probe_paths(w, &t),
+        owned_failures: w
+            .word(&t, "owned_failures", &OWNED_FAILURES)
+            .unwrap_or_default(),
         per_caller: w
             .table(&t, "retries")
             .and_then(|(r, _)| w.word(&r, "per_caller", &PER_CALLER))
@@ -160,6 +163,12 @@ fn probe_paths(w: &mut Walker<'_>, t: &Table) -> Vec<String> {
 }
 
 /// `[inbound.retries] per_caller`.
+const OWNED_FAILURES: Choice<OwnedFailures> = Choice {
+    what: "a way to treat the app's failures",
+    fix: "use \"mark\" (the app's 502/503/504 after its own call was given up on is marked downstream-owned) or \"off\"",
+    words: &[("mark", OwnedFailures::Mark), ("off", OwnedFailures::Off)],
+};
+
 const PER_CALLER: Choice<PerCaller> = Choice {
     what: "a way to share the budget",
     fix: "use \"fair\" (no caller gets more than an equal share while others ask) or \"off\"",

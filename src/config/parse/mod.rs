@@ -10,7 +10,7 @@
 //! The walk is split by section: this file has the top level and the small sections,
 //! [`upstream`] an upstream and the clashes between upstreams, [`retry`] its retry and
 //! budget sections, [`health`] its outlier and hedge sections, [`tls`] its TLS
-//! section, [`inbound`] the inbound side and [`dedupe`] its `[inbound.dedupe]`; [`walker`] reads typed values and
+//! section, [`inbound`] the inbound side and [`dedupe`] its `[inbound.dedupe]`, [`tracing`] the trace export; [`walker`] reads typed values and
 //! [`schema`] knows which keys each section takes.
 
 mod dedupe;
@@ -20,6 +20,7 @@ mod retry;
 mod schema;
 mod syntax;
 mod tls;
+mod tracing;
 mod upstream;
 mod walker;
 
@@ -94,6 +95,7 @@ fn top_level(w: &mut Walker<'_>, root: &DeTable<'_>, base: &Path) -> Config {
         }
     }
     let inbound = inbound::inbound(w, &root, &taken);
+    let tracing = tracing::tracing(w, &root);
     let config = Config {
         file: w.src.file.to_string(),
         runtime,
@@ -103,6 +105,7 @@ fn top_level(w: &mut Walker<'_>, root: &DeTable<'_>, base: &Path) -> Config {
         access_log,
         upstreams,
         inbound,
+        tracing,
         positions: Arc::new(std::mem::take(&mut w.positions)),
         source_hash: source_hash(w.src.text),
     };

@@ -26,10 +26,11 @@ pub(super) enum Section {
     Inbound,
     InboundRetries,
     InboundDedupe,
+    Tracing,
 }
 
 impl Section {
-    const ALL: [Section; 16] = [
+    const ALL: [Section; 17] = [
         Section::Root,
         Section::Runtime,
         Section::Listener,
@@ -46,6 +47,7 @@ impl Section {
         Section::Inbound,
         Section::InboundRetries,
         Section::InboundDedupe,
+        Section::Tracing,
     ];
 
     /// The keys this section takes.
@@ -59,6 +61,7 @@ impl Section {
                 "access_log",
                 "upstreams",
                 "inbound",
+                "tracing",
             ],
             Section::Runtime => &["worker_threads"],
             Section::Listener => &[
@@ -120,6 +123,7 @@ impl Section {
                 "retries",
                 "probe_paths",
                 "dedupe",
+                "owned_failures",
             ],
             Section::InboundRetries => &["ratio", "min_per_sec", "window", "per_caller"],
             Section::InboundDedupe => &[
@@ -132,6 +136,7 @@ impl Section {
                 "on_store_error",
             ],
             Section::Throttle => &["k", "window"],
+            Section::Tracing => &["otlp", "sample", "batch", "queue", "timeout"],
         }
     }
 
@@ -153,6 +158,7 @@ impl Section {
             Section::InboundRetries => Some((Section::Inbound, "retries")),
             Section::InboundDedupe => Some((Section::Inbound, "dedupe")),
             Section::Throttle => Some((Section::Upstream, "throttle")),
+            Section::Tracing => Some((Section::Root, "tracing")),
         }
     }
 
@@ -201,18 +207,22 @@ pub(super) fn unknown_key(here: Section, upstream: &str, key: &str) -> (String, 
         "NAME"
     };
     let here_place = place(&here.path(upstream));
-    if let Some((ours, section, proxy)) = foreign(key) {
+    let homes: Vec<String> = Section::ALL
+        .iter()
+        .filter(|s| **s != here && s.keys().contains(&key))
+        .map(|s| home(*s, upstream, key))
+        .collect();
+    // Another proxy's word is what an upstream's sections most likely meant by it;
+    // elsewhere a key of ours by the same name (`[tracing] timeout`) comes first.
+    if let Some((ours, section, proxy)) = foreign(key)
+        && (here.is_upstreams() || homes.is_empty())
+    {
         let at = place(&section.path(upstream));
         return (
             format!("unknown key `{key}` ({proxy}'s word)"),
             format!("use `{ours}` {at}"),
         );
     }
-    let homes: Vec<String> = Section::ALL
-        .iter()
-        .filter(|s| **s != here && s.keys().contains(&key))
-        .map(|s| home(*s, upstream, key))
-        .collect();
     if !homes.is_empty() {
         return (
             format!("`{key}` does not belong {here_place}"),
@@ -351,6 +361,8 @@ mod tests {
                 "in [upstreams.NAME.budget] or in [inbound.retries]",
             ),
             (Section::Upstream, "app", "in [inbound]"),
+            (Section::Listener, "timeout", "in [tracing]"),
+            (Section::Root, "sample", "in [tracing]"),
         ];
         for (here, key, place) in fixes {
             let (_, fix) = unknown_key(here, "p", key);
@@ -362,7 +374,13 @@ mod tests {
     fn every_key_of_every_section_has_a_home_from_every_other_section() {
         for here in Section::ALL {
             for there in Section::ALL.iter().filter(|s| **s != here) {
-                for key in there.keys().iter().filter(|k| !here.keys().contains(k)) {
+                let ours = |k: &&&str| !(here.is_upstreams() && foreign(k).is_some());
+                for key in there
+                    .keys()
+                    .iter()
+                    .filter(|k| !here.keys().contains(k))
+                    .filter(ours)
+                {
                     let (message, fix) = unknown_key(here, "p", key);
                     assert!(message.contains("does not belong "), "{key}: {message}");
                     assert!(fix.starts_with("it belongs "), "{key}: {fix}");

@@ -1,0 +1,181 @@
+//! What the attempt loop tells a traced request's spans ([`crate::trace`]): each
+//! attempt's CLIENT span as it starts (with the `traceparent` it carries upstream) and
+//! ends, the decision after a failure (retried, or refused and by what, with the budget
+//! left), and the backoff sleeps. A request that is not traced has no trace here, and
+//! every call returns at its first line.
+
+use std::net::{IpAddr, SocketAddr};
+use std::time::Duration;
+
+use http::HeaderValue;
+use http::header::RETRY_AFTER;
+use tokio::time::Instant;
+
+use super::attempt::{AttemptError, NotUpstream, Ran};
+use super::policy::Failure;
+use super::upstream::Upstream;
+use crate::deadline::Deadline;
+use crate::http::grpc::GRPC_PUSHBACK;
+use crate::metrics::{AttemptResult, Denied, Outcome};
+use crate::trace::{AfterFailure, AttemptEnd, AttemptId, AttemptStart, RequestTrace, RetryReason};
+use crate::upstream::response::{Fields, UpstreamResponse};
+
+/// A request's trace, as the loop fills it in.
+pub(super) struct Traced<'t> {
+    trace: Option<&'t mut RequestTrace>,
+    /// The spans of the attempts in the race's two places (alone or first; beside).
+    slots: [Option<AttemptId>; 2],
+    /// The attempt whose failure is being decided on.
+    last: Option<AttemptId>,
+    /// What the retry budget would grant as that attempt ended, before the decision
+    /// spends from it.
+    available: Option<f64>,
+}
+
+/// An attempt about to start, as the loop knows it.
+pub(super) struct Starting {
+    pub number: u32,
+    pub hedge: bool,
+    /// It runs beside another attempt.
+    pub beside: bool,
+    pub endpoint: usize,
+    /// The condition the retry retries, for a retry.
+    pub reason: Option<Failure>,
+    pub deadline: Deadline,
+}
+
+impl<'t> Traced<'t> {
+    pub fn new(trace: Option<&'t mut RequestTrace>) -> Self {
+        Traced {
+            trace,
+            slots: [None; 2],
+            last: None,
+            available: None,
+        }
+    }
+
+    /// The request is traced.
+    #[inline]
+    pub fn on(&self) -> bool {
+        self.trace.is_some()
+    }
+
+    /// A CLIENT span for the attempt starting `now`: the `traceparent` it carries.
+    pub fn start<A>(&mut self, up: &Upstream<A>, a: Starting, now: Instant) -> Option<HeaderValue> {
+        let t = self.trace.as_deref_mut()?;
+        let addr = &up.endpoints.get(a.endpoint).addr;
+        let start = AttemptStart {
+            number: a.number,
+            hedge: a.hedge,
+            endpoint: addr
+                .host
+                .parse::<IpAddr>()
+                .ok()
+                .map(|ip| SocketAddr::new(ip, addr.port)),
+            reason: a.reason.filter(|_| !a.hedge).map(reason),
+            deadline_left: a.deadline.remaining(now),
+        };
+        let id = t.attempt(start, now);
+        self.slots[usize::from(a.beside)] = Some(id);
+        Some(t.attempt_traceparent(id))
+    }
+
+    /// The attempt in place `beside` (or not) ended as `ran` says.
+    pub fn ended<A>(&mut self, up: &Upstream<A>, ran: &Ran<A>, beside: bool) {
+        let Some(t) = self.trace.as_deref_mut() else {
+            return;
+        };
+        let Some(id) = self.slots[usize::from(beside)] else {
+            return;
+        };
+        let (status, result, callee_outcome) = match &ran.result {
+            Ok(resp) => {
+                let status = resp.status();
+                let outcome = super::headers::outcome_of(status, Fields::of(resp));
+                (
+                    Some(status.as_u16()),
+                    AttemptResult::of_status(status.as_u16()),
+                    (outcome != Outcome::Ok).then_some(outcome),
+                )
+            }
+            Err(AttemptError::Upstream(f)) => (None, failed(*f), None),
+            Err(AttemptError::NotUpstream(NotUpstream::AppBody)) => {
+                (None, AttemptResult::Cancelled, None)
+            }
+            Err(AttemptError::NotUpstream(NotUpstream::NoDescriptors)) => {
+                (None, AttemptResult::ConnectFailure, None)
+            }
+        };
+        let end = AttemptEnd {
+            status,
+            result,
+            callee_outcome,
+            ejected: ran.ejected,
+        };
+        let now = Instant::now();
+        t.attempt_ended(id, end, now);
+        self.last = Some(id);
+        self.available = up.config.budget.as_ref().map(|_| up.budget.available(now));
+    }
+
+    /// The last failure is retried after `sleep`; `response` is the failed answer, if
+    /// one came (its `Retry-After` or gRPC pushback set the sleep).
+    pub fn retried(&mut self, sleep: Duration, response: Option<&UpstreamResponse>) {
+        if self.trace.is_none() {
+            return;
+        }
+        self.decided(None);
+        let asked = response.is_some_and(|r| {
+            let f = Fields::of(r);
+            f.contains(&RETRY_AFTER) || f.contains(&GRPC_PUSHBACK)
+        });
+        if let Some(t) = self.trace.as_deref_mut() {
+            t.backoff(sleep, asked, Instant::now());
+        }
+    }
+
+    /// The last failure is not retried: refused by `denied`, or given up on for a
+    /// reason that is not a refusal (`None`: not retryable, owned elsewhere).
+    pub fn refused(&mut self, denied: Option<Denied>) {
+        if self.trace.is_some() {
+            self.decided(denied);
+        }
+    }
+
+    /// The request has its answer: what still runs beside it is cancelled.
+    pub fn answered(&mut self) {
+        if let Some(t) = self.trace.as_deref_mut() {
+            t.cancel_open(Instant::now());
+        }
+    }
+
+    fn decided(&mut self, denied: Option<Denied>) {
+        let (Some(t), Some(id)) = (self.trace.as_deref_mut(), self.last) else {
+            return;
+        };
+        let after = AfterFailure {
+            denied,
+            budget_available: self.available,
+        };
+        t.after_failure(id, after);
+    }
+}
+
+fn reason(f: Failure) -> RetryReason {
+    match f {
+        Failure::ConnectFailure | Failure::Tls => RetryReason::ConnectFailure,
+        Failure::Reset => RetryReason::Reset,
+        Failure::Timeout => RetryReason::Timeout,
+        Failure::Unavailable => RetryReason::Unavailable,
+        Failure::Status(s) => RetryReason::Status(s.as_u16()),
+    }
+}
+
+fn failed(f: Failure) -> AttemptResult {
+    match f {
+        Failure::ConnectFailure => AttemptResult::ConnectFailure,
+        Failure::Tls => AttemptResult::Tls,
+        Failure::Timeout => AttemptResult::Timeout,
+        Failure::Reset | Failure::Unavailable | Failure::Status(_) => AttemptResult::Reset,
+    }
+}

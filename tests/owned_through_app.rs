@@ -1,0 +1,156 @@
+//! Ownership through the app: an app does not copy `x-tollgate-outcome` onto its own
+//! failure, so the inbound side marks the app's 502/503/504 `downstream-owned` when,
+//! within that request's lifetime, the same pod's outbound side gave up with an owned
+//! outcome on a call made for it, matched by the trace id of `traceparent` or by
+//! `x-request-id`, which the app passes on. Without either nothing is added.
+
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use std::net::SocketAddr;
+use std::sync::{Arc, OnceLock};
+
+use common::*;
+
+const TRACE: &str = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+
+/// One pod: an app behind its tollgate's inbound side, calling `db` (which always
+/// answers 503) through the same tollgate's outbound side, passing on the request's
+/// `traceparent` and `x-request-id`; whatever db answered, the app answers its caller
+/// a plain 503 of its own. A request with `x-call: no` makes no call.
+struct Pod {
+    tollgate: Tollgate,
+    app: Upstream,
+    _db: Upstream,
+}
+
+async fn pod(owned_failures: &str) -> Pod {
+    let db = Upstream::start(|_req| async { respond(503, "db down") }).await;
+    let outbound: Arc<OnceLock<SocketAddr>> = Arc::default();
+    let to = outbound.clone();
+    let app = Upstream::start(move |req| {
+        let to = to.clone();
+        async move {
+            if req.headers().get("x-call").is_none() {
+                let mut call = request("GET", "/rows", "db");
+                for name in ["traceparent", "x-request-id"] {
+                    if let Some(v) = req.headers().get(name) {
+                        call = call.header(name, v);
+                    }
+                }
+                let got = send(*to.get().unwrap(), call.body(empty()).unwrap()).await;
+                assert_eq!(got.outcome(), Some("attempts-exhausted"));
+            }
+            respond(503, "the app could not serve it")
+        }
+    })
+    .await;
+    let tollgate = Tollgate::start(&inbound_config(
+        app.addr,
+        &format!(
+            "owned_failures = \"{owned_failures}\"\n\
+             [upstreams.db]\nauthorities = [\"db\"]\nendpoints = [\"{}\"]\n\
+             [upstreams.db.retry]\nmax_attempts = 2\nbackoff_base = \"1ms\"\nbackoff_max = \"2ms\"\n\
+             [upstreams.db.budget]\nratio = 10.0\nmin_per_sec = 1000\n",
+            db.addr
+        ),
+    ))
+    .await;
+    outbound.set(tollgate.addr).unwrap();
+    Pod {
+        tollgate,
+        app,
+        _db: db,
+    }
+}
+
+async fn call(to: SocketAddr, host: &str, headers: &[(&str, &str)]) -> Got {
+    let mut req = request("GET", "/pay", host);
+    for (n, v) in headers {
+        req = req.header(*n, *v);
+    }
+    send(to, req.body(empty()).unwrap()).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_apps_failure_after_its_own_call_was_given_up_on_is_marked_owned() {
+    let p = pod("mark").await;
+    let inbound = p.tollgate.inbound();
+
+    let by_id = call(inbound, "payments", &[("x-request-id", "r-1")]).await;
+    assert_eq!(by_id.status, 503);
+    assert_eq!(by_id.outcome(), Some("downstream-owned"));
+    assert_eq!(by_id.header("grpc-retry-pushback-ms"), Some("-1"));
+
+    let by_trace = call(inbound, "payments", &[("traceparent", TRACE)]).await;
+    assert_eq!(by_trace.outcome(), Some("downstream-owned"));
+
+    // Nothing ties the app's call to the request: nothing is added.
+    let untied = call(inbound, "payments", &[]).await;
+    assert_eq!(untied.status, 503);
+    assert_eq!(untied.outcome(), None, "no guessing");
+    assert_eq!(untied.header("grpc-retry-pushback-ms"), None);
+
+    // The app failed without a call that was given up on: its own failure, retryable.
+    let own = call(
+        inbound,
+        "payments",
+        &[("x-request-id", "r-2"), ("x-call", "no")],
+    )
+    .await;
+    assert_eq!(own.outcome(), None);
+
+    let text = p.tollgate.metrics().await;
+    assert_eq!(
+        metric(&text, "tollgate_inbound_owned_failures_total"),
+        Some(2.0)
+    );
+    assert_eq!(
+        metric(
+            &text,
+            "tollgate_inbound_requests_total{code=\"503\",kind=\"first\",outcome=\"downstream-owned\"}"
+        ),
+        Some(2.0)
+    );
+    p.tollgate.stop().await;
+}
+
+/// The point of it: the caller's tollgate does not retry what the layer below owned,
+/// so the failing dependency sees the attempts of one layer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_callers_tollgate_does_not_retry_a_failure_owned_below_the_app() {
+    let p = pod("mark").await;
+    let caller = Tollgate::start(&config(&format!(
+        "[upstreams.payments]\nauthorities = [\"payments\"]\nendpoints = [\"{}\"]\n\
+         [upstreams.payments.retry]\nmax_attempts = 3\nbackoff_base = \"1ms\"\nbackoff_max = \"2ms\"\n\
+         [upstreams.payments.budget]\nratio = 10.0\nmin_per_sec = 1000\n",
+        p.tollgate.inbound()
+    )))
+    .await;
+    let got = call(caller.addr, "payments", &[("x-request-id", "r-9")]).await;
+    assert_eq!(got.status, 503);
+    assert_eq!(got.attempts(), 1, "not retried");
+    assert_eq!(got.outcome(), Some("downstream-owned"));
+    assert_eq!(p.app.hits(), 1);
+
+    // Without the request id the caller cannot be told: it retries, as before.
+    let untied = call(caller.addr, "payments", &[]).await;
+    assert_eq!(untied.attempts(), 3);
+    caller.stop().await;
+    p.tollgate.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn owned_failures_off_adds_nothing() {
+    let p = pod("off").await;
+    let got = call(p.tollgate.inbound(), "payments", &[("x-request-id", "r-1")]).await;
+    assert_eq!(got.status, 503);
+    assert_eq!(got.outcome(), None);
+    let text = p.tollgate.metrics().await;
+    assert_eq!(
+        metric(&text, "tollgate_inbound_owned_failures_total"),
+        Some(0.0)
+    );
+    p.tollgate.stop().await;
+}
