@@ -19,6 +19,8 @@ const FLOORS: &[&[&str]] = &[
     // Ground: plain data and the bytes on the wire, knowing nothing of requests.
     &["print", "loops", "http", "metrics"],
     &["config", "deadline", "descriptors"],
+    // Traces: spans recorded in place and their export, below everything that records.
+    &["trace"],
     &["worker"],
     // An upstream's endpoints: connections, pools, health.
     &["upstream"],

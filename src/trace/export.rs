@@ -43,7 +43,7 @@ pub(super) struct Settings {
 /// Starts the exporter's thread. It ends once every handle of the queue is gone and
 /// what they left has been sent.
 pub(super) fn spawn(
-    taker: Taker,
+    taker: Taker<Spans>,
     settings: Settings,
     resource: Resource,
     drops: TraceDrops,
@@ -64,7 +64,7 @@ pub(super) fn spawn(
         })
 }
 
-async fn run(mut taker: Taker, settings: Settings, resource: Resource, drops: TraceDrops) {
+async fn run(mut taker: Taker<Spans>, settings: Settings, resource: Resource, drops: TraceDrops) {
     let mut exporter = Exporter {
         client: Client::new(&settings),
         resource,

@@ -57,7 +57,7 @@ use crate::metrics::trace::TraceDrops;
 pub struct Tracer {
     config: TracingConfig,
     sampler: Sampler,
-    queue: Arc<queue::Queue>,
+    queue: Arc<queue::Queue<span::Spans>>,
 }
 
 impl std::fmt::Debug for Tracer {

@@ -12,12 +12,16 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 use tokio::sync::{Notify, mpsc};
 
-use super::span::Spans;
 use crate::metrics::trace::{SpanDrop, TraceDrops};
 
+/// What the queue carries: a request's spans, counted as the spans they are.
+pub(super) trait Counted {
+    fn count(&self) -> usize;
+}
+
 /// The request path's end: every traced request holds one (an `Arc`).
-pub(super) struct Queue {
-    tx: mpsc::UnboundedSender<Box<Spans>>,
+pub(super) struct Queue<T> {
+    tx: mpsc::UnboundedSender<Box<T>>,
     shared: Arc<Shared>,
     capacity: usize,
     batch: usize,
@@ -26,8 +30,8 @@ pub(super) struct Queue {
 
 /// The exporter's end. When every [`Queue`] is gone, what is left is taken and then
 /// [`Taker::take`] says so.
-pub(super) struct Taker {
-    rx: mpsc::UnboundedReceiver<Box<Spans>>,
+pub(super) struct Taker<T> {
+    rx: mpsc::UnboundedReceiver<Box<T>>,
     shared: Arc<Shared>,
 }
 
@@ -38,7 +42,11 @@ struct Shared {
     ready: Notify,
 }
 
-pub(super) fn queue(capacity: usize, batch: usize, drops: TraceDrops) -> (Arc<Queue>, Taker) {
+pub(super) fn queue<T>(
+    capacity: usize,
+    batch: usize,
+    drops: TraceDrops,
+) -> (Arc<Queue<T>>, Taker<T>) {
     let (tx, rx) = mpsc::unbounded_channel();
     let shared = Arc::new(Shared {
         waiting: AtomicUsize::new(0),
@@ -54,10 +62,10 @@ pub(super) fn queue(capacity: usize, batch: usize, drops: TraceDrops) -> (Arc<Qu
     (Arc::new(queue), Taker { rx, shared })
 }
 
-impl Queue {
+impl<T: Counted> Queue<T> {
     /// Hands a request's spans to the exporter, or drops and counts them when the queue
     /// is full. Never waits.
-    pub fn push(&self, spans: Box<Spans>) {
+    pub fn push(&self, spans: Box<T>) {
         let n = spans.count();
         let before = self.shared.waiting.fetch_add(n, Ordering::Relaxed);
         if before + n > self.capacity {
@@ -83,16 +91,16 @@ impl Queue {
 }
 
 /// What [`Taker::take`] found.
-pub(super) enum Taken {
-    Spans(Box<Spans>),
+pub(super) enum Taken<T> {
+    Spans(Box<T>),
     /// Nothing waiting now.
     Empty,
     /// Nothing waiting, and nothing ever will: every [`Queue`] is gone.
     Closed,
 }
 
-impl Taker {
-    pub fn take(&mut self) -> Taken {
+impl<T: Counted> Taker<T> {
+    pub fn take(&mut self) -> Taken<T> {
         match self.rx.try_recv() {
             Ok(spans) => {
                 self.shared

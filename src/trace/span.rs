@@ -22,7 +22,7 @@ use http::{HeaderMap, HeaderValue, Method};
 use tokio::time::Instant;
 
 use super::context::{SpanId, TRACESTATE, TraceId, TraceParent};
-use super::queue::Queue;
+use super::queue::{Counted, Queue};
 use crate::metrics::{AttemptResult, Denied, Outcome};
 
 /// Which side of tollgate received the request.
@@ -129,7 +129,7 @@ pub struct AttemptId(u16);
 /// One request's spans, traced. Dropping it hands them to the export queue.
 pub struct RequestTrace {
     spans: Option<Box<Spans>>,
-    queue: Arc<Queue>,
+    queue: Arc<Queue<Spans>>,
 }
 
 /// The spans as the exporter reads them.
@@ -207,7 +207,7 @@ const MAX_TEXT: usize = 2048;
 
 impl RequestTrace {
     pub(super) fn new(
-        queue: Arc<Queue>,
+        queue: Arc<Queue<Spans>>,
         (trace_id, remote_parent, flags): (TraceId, Option<SpanId>, u8),
         a: &Arrival<'_>,
         now: Instant,
@@ -424,6 +424,12 @@ impl Drop for RequestTrace {
             });
         }
         self.queue.push(spans);
+    }
+}
+
+impl Counted for Spans {
+    fn count(&self) -> usize {
+        Spans::count(self)
     }
 }
 

@@ -47,14 +47,20 @@ fn arrival<'a>(side: Side, headers: &'a HeaderMap) -> Arrival<'a> {
     }
 }
 
-fn pipeline(capacity: usize) -> (std::sync::Arc<queue::Queue>, Taker, Metrics) {
+fn pipeline(
+    capacity: usize,
+) -> (
+    std::sync::Arc<queue::Queue<super::span::Spans>>,
+    Taker<super::span::Spans>,
+    Metrics,
+) {
     let metrics = std::sync::Arc::try_unwrap(Metrics::new()).unwrap_or_else(|_| unreachable!());
     let (q, taker) = queue::queue(capacity, 512, metrics.trace_drops().clone());
     (q, taker, metrics)
 }
 
 fn start(
-    q: &std::sync::Arc<queue::Queue>,
+    q: &std::sync::Arc<queue::Queue<super::span::Spans>>,
     h: &HeaderMap,
     side: Side,
     now: Instant,
@@ -64,7 +70,7 @@ fn start(
 }
 
 /// What the collector would receive for what was queued.
-fn decode(taker: &mut Taker) -> Vec<Span> {
+fn decode(taker: &mut Taker<super::span::Spans>) -> Vec<Span> {
     let mut batch = Vec::new();
     while let Taken::Spans(s) = taker.take() {
         batch.push(s);
@@ -126,7 +132,10 @@ fn endpoint(port: u16) -> Option<SocketAddr> {
 
 /// A request retried twice and refused a fourth attempt by the budget; the
 /// `traceparent` each attempt carried.
-fn retried_twice(q: &std::sync::Arc<queue::Queue>, h: &HeaderMap) -> Vec<TraceParent> {
+fn retried_twice(
+    q: &std::sync::Arc<queue::Queue<super::span::Spans>>,
+    h: &HeaderMap,
+) -> Vec<TraceParent> {
     let t0 = Instant::now();
     let ms = Duration::from_millis;
     let mut t = start(q, h, Side::Outbound, t0);
