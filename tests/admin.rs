@@ -297,3 +297,86 @@ async fn metrics_of_a_running_process_carry_build_and_process_series() {
     assert!(sample(&m2, "process_cpu_seconds_total") >= cpu);
     assert!(m2.contains("# TYPE process_cpu_seconds_total counter\n"));
 }
+
+/// `tollgate inject` moves the app's HTTP probes to the admin port: `GET
+/// /probe/PORT/PATH` is a GET to the app at 127.0.0.1:PORT/PATH, answered with the
+/// app's status, for the ports of `[admin] probe_ports` only.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn probes_reach_the_listed_app_ports_and_answer_with_the_apps_status() {
+    let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
+    let log = seen.clone();
+    let app = Upstream::start(move |req| {
+        let h = |n: &str| {
+            let v = req.headers().get(n).and_then(|v| v.to_str().ok());
+            v.unwrap_or("-").to_string()
+        };
+        let line = format!(
+            "{} {} host={} ua={} x-probe={}",
+            req.method(),
+            req.uri(),
+            h("host"),
+            h("user-agent"),
+            h("x-probe")
+        );
+        log.lock().unwrap().push(line);
+        let status = if req.uri().path() == "/healthz" { 200 } else { 503 };
+        async move { respond(status, "app") }
+    })
+    .await;
+    let other = Upstream::start(|_req| async { respond(200, "other") }).await;
+    let dead = dead_port().await;
+    let port = app.addr.port();
+    let tg = Tollgate::start(&format!(
+        "[listener]\naddr = \"127.0.0.1:0\"\nunknown_authorities = \"pass\"\n\
+         [admin]\naddr = \"127.0.0.1:0\"\n\
+         probe_ports = [{port}, {}]\n",
+        dead.port()
+    ))
+    .await;
+
+    let probe = |path: String| {
+        request("GET", &path, "10.1.2.3:15090")
+            .header("user-agent", "kube-probe/1.31")
+            .header("x-probe", "custom")
+            .body(empty())
+            .unwrap()
+    };
+    let r = send(tg.admin, probe(format!("/probe/{port}/healthz"))).await;
+    assert_eq!(r.status, 200);
+    let r = send(tg.admin, probe(format!("/probe/{port}/ready?full=1"))).await;
+    assert_eq!(r.status, 503, "the app's own status comes back");
+    assert_eq!(
+        *seen.lock().unwrap(),
+        [
+            format!("GET /healthz host=127.0.0.1:{port} ua=kube-probe/1.31 x-probe=custom"),
+            format!("GET /ready?full=1 host=127.0.0.1:{port} ua=kube-probe/1.31 x-probe=custom"),
+        ],
+        "the probe's path, query and fields reach the app; Host names the app"
+    );
+
+    // A port not listed is not reached: the admin port is no way to any local port.
+    let r = send(tg.admin, probe(format!("/probe/{}/healthz", other.addr.port()))).await;
+    assert_eq!(r.status, 404);
+    assert_eq!(other.hits(), 0);
+    // A listed port where nothing listens: the probe fails, as it would on the app's port.
+    let r = send(tg.admin, probe(format!("/probe/{}/healthz", dead.port()))).await;
+    assert_eq!(r.status, 503);
+    // Read-only, as the rest of the admin endpoint.
+    let r = send(
+        tg.admin,
+        request("POST", &format!("/probe/{port}/healthz"), "admin")
+            .body(full("x"))
+            .unwrap(),
+    )
+    .await;
+    assert_eq!(r.status, 405);
+    assert_eq!(app.hits(), 2);
+
+    let r = get(tg.admin, "/config", "admin").await;
+    let json: serde_json::Value = serde_json::from_slice(&r.body).unwrap();
+    assert_eq!(
+        json["admin"]["probe_ports"],
+        serde_json::json!([port, dead.port()])
+    );
+    tg.stop().await;
+}

@@ -6,7 +6,7 @@
 //! changed is named, so a reload says what it did.
 
 use super::Config;
-use super::model::{InboundConfig, UpstreamConfig};
+use super::model::{AdminConfig, InboundConfig, UpstreamConfig};
 use super::units::{format_duration, format_size};
 
 /// A new file, reconciled with the config in force.
@@ -86,7 +86,11 @@ pub fn reconcile(running: &Config, new: Config) -> Reconciled {
     let inbound = inbound_in_effect(running, &new, &mut restart_needed, &mut changes);
     let in_effect = Config {
         listener: running.listener,
-        admin: running.admin.clone(),
+        // Only the address waits for a restart: the probe ports are read per probe.
+        admin: AdminConfig {
+            addr: running.admin.addr,
+            ..new.admin
+        },
         runtime: running.runtime.clone(),
         inbound,
         ..new

@@ -25,7 +25,7 @@ impl Config {
                 "unknown_authorities": self.listener.unknown_authorities.as_str(),
                 "passthrough_connect_timeout": format_duration(self.listener.passthrough_connect_timeout),
             },
-            "admin": { "addr": self.admin.addr.to_string() },
+            "admin": { "addr": self.admin.addr.to_string(), "probe_ports": self.admin.probe_ports },
             "deadline": {
                 "header": self.deadline.header.as_str(),
                 "accept": self.deadline.accept.iter().map(|h| h.as_str()).collect::<Vec<_>>(),

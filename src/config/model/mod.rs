@@ -172,12 +172,16 @@ impl Default for ListenerConfig {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct AdminConfig {
     pub addr: SocketAddr,
+    /// The app's ports `GET /probe/PORT/PATH` may reach (kubelet probes moved to the
+    /// admin port by `tollgate inject`); empty: none.
+    pub probe_ports: Vec<u16>,
 }
 
 impl Default for AdminConfig {
     fn default() -> Self {
         AdminConfig {
             addr: SocketAddr::from(([127, 0, 0, 1], 15090)),
+            probe_ports: Vec::new(),
         }
     }
 }

@@ -229,7 +229,27 @@ fn admin(w: &mut Walker<'_>, root: &Table) -> AdminConfig {
     w.check_keys(Section::Admin, "", &t);
     AdminConfig {
         addr: w.socket_addr(&t, "addr").map_or(d.addr, |(a, _)| a),
+        probe_ports: probe_ports(w, &t),
     }
+}
+
+/// `[admin] probe_ports`: the app's ports, as numbers, each once.
+fn probe_ports(w: &mut Walker<'_>, t: &Table) -> Vec<u16> {
+    let key = t.key("probe_ports");
+    let mut out = Vec::new();
+    for (port, span) in w.strings(t, "probe_ports").unwrap_or_default() {
+        match port.parse::<u16>() {
+            Ok(p) if p > 0 && !out.contains(&p) => out.push(p),
+            Ok(p) if p > 0 => {}
+            _ => w.reject(
+                span,
+                &key,
+                format!("`{port}` is not a port"),
+                "write the app's port as a number from 1 to 65535, e.g. probe_ports = [8080]",
+            ),
+        }
+    }
+    out
 }
 
 fn access_log(w: &mut Walker<'_>, root: &Table) -> AccessLogConfig {
@@ -285,6 +305,22 @@ mod tests {
         assert_eq!(e.0[0].key, "\"\"");
         assert!(
             e.to_string().starts_with("t.toml:1:1: \"\": unknown key"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn probe_ports_are_numbered_ports() {
+        let text = "[admin]\nprobe_ports = [8080, \"9090\", 8080]\n\
+                    [upstreams.p]\nauthorities = [\"p\"]\nendpoints = [\"127.0.0.1:1\"]\n";
+        let config = parse("t.toml", text, Path::new(".")).unwrap();
+        assert_eq!(config.admin.probe_ports, [8080, 9090]);
+        let Err(e) = parse("t.toml", &text.replace("9090", "http"), Path::new(".")) else {
+            panic!("a port name is no port");
+        };
+        assert!(
+            e.to_string()
+                .starts_with("t.toml:2:22: admin.probe_ports: `http` is not a port"),
             "{e}"
         );
     }

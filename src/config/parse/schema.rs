@@ -75,7 +75,7 @@ impl Section {
                 "unknown_authorities",
                 "passthrough_connect_timeout",
             ],
-            Section::Admin => &["addr"],
+            Section::Admin => &["addr", "probe_ports"],
             Section::Deadline => &["header", "accept"],
             Section::AccessLog => &["enabled", "format", "query"],
             Section::Upstream => &[
@@ -400,7 +400,7 @@ mod tests {
             "did you mean `max_attempts`? it belongs in [upstreams.p.retry]"
         );
         let (_, fix) = unknown_key(Section::Admin, "", "zzzzzzzzzz");
-        assert_eq!(fix, "allowed in [admin]: addr");
+        assert_eq!(fix, "allowed in [admin]: addr, probe_ports");
     }
 
     #[test]
