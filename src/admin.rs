@@ -194,7 +194,16 @@ async fn probe_app(
     let mut out = Request::get(path).body(http_body_util::Empty::<Bytes>::new())?;
     use http::header::{CONNECTION, CONTENT_LENGTH, HOST, TE, TRANSFER_ENCODING, UPGRADE};
     for (name, value) in headers {
-        if ![HOST, CONNECTION, CONTENT_LENGTH, TE, TRANSFER_ENCODING, UPGRADE].contains(name) {
+        if ![
+            HOST,
+            CONNECTION,
+            CONTENT_LENGTH,
+            TE,
+            TRANSFER_ENCODING,
+            UPGRADE,
+        ]
+        .contains(name)
+        {
             out.headers_mut().append(name, value.clone());
         }
     }

@@ -28,6 +28,7 @@ pub mod deadline;
 pub mod descriptors;
 pub mod http;
 pub mod inbound;
+pub mod inject;
 pub mod lab;
 pub mod loops;
 pub mod metrics;

@@ -44,6 +44,8 @@ enum Command {
     Sim(tollgate::lab::SimArgs),
     /// Transparent capture: install (or print, or remove) a pod's NAT rules.
     Iptables(tollgate::capture::IptablesArgs),
+    /// Add the tollgate sidecar to Kubernetes manifests (or take it out: --uninject).
+    Inject(tollgate::inject::InjectArgs),
 }
 
 fn init_logging(format: LogFormat) {
@@ -80,6 +82,7 @@ fn main() {
         Command::Lab(args) => tollgate::lab::lab_main(args),
         Command::Sim(args) => tollgate::lab::sim_main(args),
         Command::Iptables(args) => tollgate::capture::main(args),
+        Command::Inject(args) => tollgate::inject::main(args),
     };
     std::process::exit(code);
 }

@@ -319,7 +319,11 @@ async fn probes_reach_the_listed_app_ports_and_answer_with_the_apps_status() {
             h("x-probe")
         );
         log.lock().unwrap().push(line);
-        let status = if req.uri().path() == "/healthz" { 200 } else { 503 };
+        let status = if req.uri().path() == "/healthz" {
+            200
+        } else {
+            503
+        };
         async move { respond(status, "app") }
     })
     .await;
@@ -355,7 +359,11 @@ async fn probes_reach_the_listed_app_ports_and_answer_with_the_apps_status() {
     );
 
     // A port not listed is not reached: the admin port is no way to any local port.
-    let r = send(tg.admin, probe(format!("/probe/{}/healthz", other.addr.port()))).await;
+    let r = send(
+        tg.admin,
+        probe(format!("/probe/{}/healthz", other.addr.port())),
+    )
+    .await;
     assert_eq!(r.status, 404);
     assert_eq!(other.hits(), 0);
     // A listed port where nothing listens: the probe fails, as it would on the app's port.

@@ -1,0 +1,164 @@
+//! The containers and the volume `inject` adds, as deploy/kubernetes/ ships them: the
+//! tollgate sidecar (native: an init container that runs for the pod's life, started
+//! and ready before the app, stopped after it; plain: the first container, with the
+//! hooks that approximate that order), the `tollgate iptables` init container of
+//! transparent capture, and the ConfigMap mounted as a directory (never with
+//! `subPath`, so hot reload sees an edit).
+
+use yaml_rust2::Yaml;
+
+use super::configmap::json;
+use super::yaml::one;
+
+/// tollgate's UID in the image; the capture rules spare its own connections by it.
+pub const UID: u32 = 65532;
+pub const CONTAINER: &str = "tollgate";
+pub const IPTABLES: &str = "tollgate-iptables";
+pub const VOLUME: &str = "tollgate-config";
+/// tollgate's share of the grace period: its drain (`drain_timeout` in the ConfigMap).
+pub const DRAIN_SECONDS: i64 = 20;
+/// A plain sidecar's preStop sleep: the app's time to stop while tollgate still serves.
+pub const PLAIN_PRE_STOP_SECONDS: i64 = 15;
+
+/// Native sidecar (Kubernetes 1.29+) or plain container.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Mode {
+    Native,
+    Plain,
+}
+
+/// The tollgate container.
+pub fn tollgate(image: &str, mode: Mode) -> Result<Yaml, String> {
+    let order = match mode {
+        Mode::Native => "restartPolicy: Always\n".to_string(),
+        Mode::Plain => format!(
+            "lifecycle:\n  postStart:\n    exec:\n      command: [\"sleep\", \"2\"]\n  \
+             preStop:\n    exec:\n      command: [\"sleep\", \"{PLAIN_PRE_STOP_SECONDS}\"]\n"
+        ),
+    };
+    one(&format!(
+        "name: {CONTAINER}
+image: {image}
+imagePullPolicy: IfNotPresent
+{order}args: [\"--log-format\", \"json\"]
+env:
+  - name: TOLLGATE_CONFIG
+    value: /etc/tollgate/tollgate.toml
+  - name: RUST_LOG
+    value: info
+ports:
+  - name: tollgate-inbound
+    containerPort: 15006
+    protocol: TCP
+  - name: tollgate-admin
+    containerPort: 15090
+    protocol: TCP
+startupProbe:
+  httpGet: {{path: /readyz, port: tollgate-admin}}
+  periodSeconds: 1
+  timeoutSeconds: 1
+  failureThreshold: 30
+readinessProbe:
+  httpGet: {{path: /readyz, port: tollgate-admin}}
+  periodSeconds: 5
+  timeoutSeconds: 1
+  failureThreshold: 2
+livenessProbe:
+  httpGet: {{path: /healthz, port: tollgate-admin}}
+  periodSeconds: 10
+  timeoutSeconds: 2
+  failureThreshold: 3
+resources:
+  requests: {{cpu: 100m, memory: 32Mi}}
+  limits: {{memory: 128Mi}}
+securityContext:
+  runAsNonRoot: true
+  runAsUser: {UID}
+  runAsGroup: {UID}
+  readOnlyRootFilesystem: true
+  allowPrivilegeEscalation: false
+  privileged: false
+  capabilities: {{drop: [ALL]}}
+  seccompProfile: {{type: RuntimeDefault}}
+volumeMounts:
+  - name: {VOLUME}
+    mountPath: /etc/tollgate
+    readOnly: true
+",
+        image = json(image),
+    ))
+}
+
+/// The capture init container: `tollgate iptables` once, as root with `NET_ADMIN` only.
+pub fn iptables(image: &str, exclude_inbound: &[u16]) -> Result<Yaml, String> {
+    let mut args = vec![
+        format!("--uid={UID}"),
+        "--outbound-port=15001".to_string(),
+        "--inbound-port=15006".to_string(),
+        "--admin-port=15090".to_string(),
+    ];
+    if !exclude_inbound.is_empty() {
+        let ports: Vec<String> = exclude_inbound.iter().map(u16::to_string).collect();
+        args.push(format!("--exclude-inbound-ports={}", ports.join(",")));
+    }
+    let args: Vec<String> = args.iter().map(|a| json(a)).collect();
+    one(&format!(
+        "name: {IPTABLES}
+image: {image}
+imagePullPolicy: IfNotPresent
+args: [{args}]
+resources:
+  requests: {{cpu: 10m, memory: 16Mi}}
+  limits: {{memory: 64Mi}}
+securityContext:
+  runAsUser: 0
+  runAsGroup: 0
+  runAsNonRoot: false
+  readOnlyRootFilesystem: true
+  allowPrivilegeEscalation: false
+  privileged: false
+  capabilities: {{drop: [ALL], add: [NET_ADMIN]}}
+  seccompProfile: {{type: RuntimeDefault}}
+",
+        image = json(image),
+        args = args.join(", "),
+    ))
+}
+
+/// The ConfigMap, mounted as a directory.
+pub fn volume(config_map: &str) -> Result<Yaml, String> {
+    one(&format!(
+        "name: {VOLUME}\nconfigMap:\n  name: {}\n",
+        json(config_map)
+    ))
+}
+
+/// The proxy variables that send the app's `http://` calls to the listener.
+pub const PROXY_ENV: [(&str, &str); 4] = [
+    ("HTTP_PROXY", "http://127.0.0.1:15001"),
+    ("http_proxy", "http://127.0.0.1:15001"),
+    ("NO_PROXY", "localhost,127.0.0.1,::1"),
+    ("no_proxy", "localhost,127.0.0.1,::1"),
+];
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::inject::yaml::{get, str_at};
+
+    #[test]
+    fn the_templates_read() {
+        for mode in [Mode::Native, Mode::Plain] {
+            let c = tollgate("registry.example/tollgate:1", mode).unwrap_or(Yaml::Null);
+            assert_eq!(str_at(&c, "image"), Some("registry.example/tollgate:1"));
+            assert_eq!(get(&c, "restartPolicy").is_some(), mode == Mode::Native);
+        }
+        let c = iptables("i:1", &[9000, 9001]).unwrap_or(Yaml::Null);
+        let args = crate::inject::yaml::items(&c, "args");
+        assert_eq!(
+            args.last().and_then(Yaml::as_str),
+            Some("--exclude-inbound-ports=9000,9001")
+        );
+        assert!(volume("x-tollgate").is_ok());
+    }
+}
