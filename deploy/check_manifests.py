@@ -22,9 +22,15 @@ sees each object alone. This script:
     with NET_ADMIN only, names tollgate's UID and the config's ports, and its app has
     no proxy settings.
 
-Usage: check_manifests.py DIR [--extract-config FILE]
+Usage: check_manifests.py DIR [--extract-config FILE] [--injected]
   --extract-config FILE  also write the ConfigMap's tollgate.toml to FILE, so that
                          tollgate itself can load it.
+  --injected             DIR holds what `tollgate inject` wrote: every workload
+                         (Deployment, StatefulSet, DaemonSet, ReplicaSet, Pod) is
+                         checked as above, and its app's HTTP probes must ask the
+                         admin port for a port of [admin] probe_ports; the objects
+                         inject does not write (PodMonitor, NetworkPolicy, Service)
+                         are not required.
 Exits 1 listing every problem found.
 """
 
@@ -36,6 +42,8 @@ from pathlib import Path
 import yaml
 
 problems = []
+INJECTED = "--injected" in sys.argv
+WORKLOADS = ("Deployment", "StatefulSet", "DaemonSet", "ReplicaSet", "Pod")
 
 
 def problem(where, what):
@@ -254,14 +262,29 @@ def check_capture(where, inits, tg, config):
     return True
 
 
+def check_app_probes(where, apps, config, admin_port):
+    """The app's HTTP probes moved to the admin port ask it for a listed port."""
+    listed = config["admin"].get("probe_ports", [])
+    for app in apps:
+        for kind in ("startupProbe", "readinessProbe", "livenessProbe"):
+            get = app.get(kind, {}).get("httpGet")
+            if not get or not str(get.get("path", "")).startswith("/probe/"):
+                continue
+            port = int(get["path"].split("/")[2])
+            if get.get("port") != admin_port:
+                problem(where, f"{app['name']} {kind}: /probe/ is served on the admin port {admin_port}, not {get.get('port')}")
+            if port not in listed:
+                problem(where, f"{app['name']} {kind}: port {port} is not in [admin] probe_ports {listed}")
+
+
 def check_deployment(name, dep, configmaps, podmonitors, policies, services):
-    where = f"{name} Deployment/{dep['metadata']['name']}"
-    pod = dep["spec"]["template"]
+    where = f"{name} {dep['kind']}/{dep['metadata']['name']}"
+    pod = dep if dep["kind"] == "Pod" else dep["spec"]["template"]
     spec = pod["spec"]
     labels = pod["metadata"].get("labels", {})
     annotations = pod["metadata"].get("annotations", {})
 
-    sel = dep["spec"]["selector"].get("matchLabels", {})
+    sel = dep["spec"].get("selector", {}).get("matchLabels", {})
     if any(labels.get(k) != v for k, v in sel.items()):
         problem(where, "the selector does not match the pod template's labels")
 
@@ -322,8 +345,10 @@ def check_deployment(name, dep, configmaps, podmonitors, policies, services):
     admin_names = [n for n, p in ports.items() if p == admin_port]
     if not admin_names:
         problem(where, f"tollgate does not declare containerPort {admin_port}")
-    check_admin_policy(where, labels, admin_port, ports, policies)
-    check_inbound(where, labels, config, ports, services, policies)
+    if not INJECTED:
+        check_admin_policy(where, labels, admin_port, ports, policies)
+        check_inbound(where, labels, config, ports, services, policies)
+    check_app_probes(where, apps, config, admin_port)
     for pm_name, pm in podmonitors.items():
         pm_sel = pm["spec"]["selector"]["matchLabels"]
         if any(labels.get(k) != v for k, v in pm_sel.items()):
@@ -349,8 +374,13 @@ def check_deployment(name, dep, configmaps, podmonitors, policies, services):
     if not listener.startswith("127.0.0.1:"):
         problem(where, f"listener.addr {listener} should be loopback: only the pod's app calls it")
     capture = check_capture(where, inits, tg, config)
+    tg_uid = tg.get("securityContext", {}).get("runAsUser")
+    pod_uid = spec.get("securityContext", {}).get("runAsUser")
     for app in apps:
         env = env_of(app)
+        uid = app.get("securityContext", {}).get("runAsUser", pod_uid)
+        if capture and uid == tg_uid:
+            problem(where, f"app container {app['name']} runs as tollgate's UID {uid}: capture spares it, so its calls are not captured")
         if capture:
             for var in ("HTTP_PROXY", "http_proxy", "HTTPS_PROXY", "https_proxy"):
                 if var in env:
@@ -416,11 +446,12 @@ def main():
         if o.get("kind") == "PodMonitor":
             check_podmonitor(name, o)
             podmonitors[o["metadata"]["name"]] = o
-    if not podmonitors:
+    if not podmonitors and not INJECTED:
         problem(directory, "no PodMonitor")
-    deployments = [(n, o) for n, o in objects if o.get("kind") == "Deployment"]
+    kinds = WORKLOADS if INJECTED else ("Deployment",)
+    deployments = [(n, o) for n, o in objects if o.get("kind") in kinds]
     if not deployments:
-        problem(directory, "no Deployment")
+        problem(directory, f"no {' or '.join(kinds)}")
     policies = {o["metadata"]["name"]: o for _, o in objects if o.get("kind") == "NetworkPolicy"}
     services = {o["metadata"]["name"]: o for _, o in objects if o.get("kind") == "Service"}
     for name, dep in deployments:

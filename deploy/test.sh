@@ -109,18 +109,24 @@ hadolint deploy/Dockerfile || fail "hadolint found problems in deploy/Dockerfile
 # What the Kubernetes manifests rely on, in the final stage.
 final_stage=$(awk '/^FROM /{buf=""} {buf=buf $0 "\n"} END{printf "%s", buf}' deploy/Dockerfile)
 for want in 'USER 65532:65532' 'EXPOSE 15001 15006 15090' 'ENTRYPOINT ["tollgate", "run"]' \
-  'TOLLGATE_CONFIG=/etc/tollgate/tollgate.toml' 'COPY --from=build /usr/bin/sleep /bin/sleep'; do
+  'TOLLGATE_CONFIG=/etc/tollgate/tollgate.toml' 'COPY --from=binary /usr/bin/sleep /bin/sleep' \
+  'COPY --from=binary /out/tollgate /usr/local/bin/tollgate' 'FROM ${RUNTIME_BASE} AS runtime'; do
   grep -qF -- "$want" <<<"$final_stage" || fail "deploy/Dockerfile final stage lacks: $want"
 done
 grep -q 'cargo build --release --locked' deploy/Dockerfile || fail "deploy/Dockerfile must build with --locked"
 # The capture init container's image: a stage named iptables with the tool and tollgate.
 iptables_stage=$(awk '/^FROM /{on = / AS iptables$/} on' deploy/Dockerfile)
-for want in 'apt-get install -y --no-install-recommends iptables' 'COPY --from=build /out/tollgate /usr/local/bin/tollgate' \
+for want in 'apt-get install -y --no-install-recommends iptables' 'COPY --from=binary /out/tollgate /usr/local/bin/tollgate' \
   'ENTRYPOINT ["tollgate", "iptables"]'; do
   grep -qF -- "$want" <<<"$iptables_stage" || fail "deploy/Dockerfile's iptables stage lacks: $want"
 done
-unpinned=$(grep '^FROM ' deploy/Dockerfile | grep -v '@sha256:[0-9a-f]\{64\}' || true)
+# The bases are build arguments: their defaults pinned by digest, and no FROM names an
+# image but through them (or a stage of this file).
+unpinned=$(grep '^ARG [A-Z_]*_BASE=' deploy/Dockerfile | grep -v '@sha256:[0-9a-f]\{64\}$' || true)
 [ -z "$unpinned" ] || fail "deploy/Dockerfile has a base image not pinned by digest: $unpinned"
+[ "$(grep -c '^ARG [A-Z_]*_BASE=' deploy/Dockerfile)" = 2 ] || fail "deploy/Dockerfile should take BUILD_BASE and RUNTIME_BASE"
+stray=$(grep '^FROM ' deploy/Dockerfile | grep -v -E '^FROM \$\{(BUILD_BASE|RUNTIME_BASE|BINARY)\} AS [a-z]+$' || true)
+[ -z "$stray" ] || fail "deploy/Dockerfile has a FROM that is not one of its base arguments: $stray"
 for ignored in target/ .git/; do
   grep -qx "$ignored" .dockerignore || fail ".dockerignore must exclude $ignored"
 done
@@ -131,7 +137,7 @@ grep -qF "org.opencontainers.image.licenses=\"$license\"" deploy/Dockerfile \
   || fail "deploy/Dockerfile's licenses label is not $license"
 head -n 5 LICENSE | grep -q 'Apache License' && head -n 5 LICENSE | grep -q 'Version 2.0, January 2004' \
   && grep -q 'END OF TERMS AND CONDITIONS' LICENSE || fail "LICENSE is not the full Apache License 2.0 text"
-pass "Dockerfile lints clean (hadolint) and has the user, ports, entrypoint and config path the manifests use, and the iptables target of the capture init container; LICENSE, Cargo.toml and the image agree (Apache-2.0)"
+pass "Dockerfile lints clean (hadolint) and has the user, ports, entrypoint and config path the manifests use, the iptables target of the capture init container, and its bases as pinned build arguments; LICENSE, Cargo.toml and the image agree (Apache-2.0)"
 
 # ---------------------------------------------------------------------------
 step "Kubernetes manifests"
@@ -288,6 +294,43 @@ wait "$CM_PID" || CM_RC=$?
 forget "$CM_PID"
 [ "$CM_RC" -eq 0 ] || fail "tollgate exited $CM_RC on SIGTERM (expected 0 after a clean drain)"
 pass "tollgate exits 0 on SIGTERM"
+
+# ---------------------------------------------------------------------------
+step "tollgate inject on the three manifests of tests/fixtures/inject, checked offline"
+# Each output as the cluster would get it: validated against the Kubernetes schemas
+# (a native sidecar from 1.29 on; a plain one against the oldest schema too), checked
+# by check_manifests.py --injected, and each ConfigMap's tollgate.toml by
+# `tollgate check --strict`. The payments manifest was injected already (inject leaves
+# it as it is; deploy/podman/play.sh runs it).
+F=tests/fixtures/inject
+inject_case() { # NAME SCHEMAS FLAGS... -- FILE
+  local name=$1 schemas=$2 dir=$TMP/inject-$1 v
+  shift 2
+  local flags=()
+  while [ "$1" != -- ]; do flags+=("$1"); shift; done
+  mkdir -p "$dir"
+  "$TOLLGATE" inject "${flags[@]}" "$2" >"$dir/out.yaml" 2>"$dir/notes" \
+    || { cat "$dir/notes" >&3; fail "tollgate inject ${flags[*]} $2 failed"; }
+  for v in $schemas; do validate "$v" "$dir/out.yaml"; done
+  python3 deploy/check_manifests.py "$dir" --injected >"$dir/check.out" 2>&1 \
+    || { cat "$dir/check.out" >&3; fail "check_manifests.py --injected: tollgate inject ${flags[*]} $2"; }
+  python3 -c '
+import sys, yaml
+for d in yaml.safe_load_all(open(sys.argv[1])):
+    if d and d["kind"] == "ConfigMap" and "tollgate.toml" in d.get("data", {}):
+        open(sys.argv[2], "w").write(d["data"]["tollgate.toml"])' "$dir/out.yaml" "$dir/tollgate.toml"
+  "$TOLLGATE" check --strict --config "$dir/tollgate.toml" >"$dir/check-strict.out" 2>&1 \
+    || { cat "$dir/check-strict.out" >&3; fail "tollgate check --strict: the ConfigMap of tollgate inject ${flags[*]} $2"; }
+  printf '    %-34s %s\n' "inject ${flags[*]:-} $(basename "$2")" "$(grep -c '^kind:' "$dir/out.yaml") documents: valid ($schemas), consistent, check --strict clean"
+}
+inject_case storefront "1.29.0 $K8S_NEWEST" -- $F/storefront.yaml
+inject_case storefront-plain-capture "$K8S_OLDEST 1.29.0 $K8S_NEWEST" --plain --capture -- $F/storefront.yaml
+inject_case ledger "1.29.0 $K8S_NEWEST" -- $F/ledger.yaml
+inject_case ledger-capture "1.29.0 $K8S_NEWEST" --capture -- $F/ledger.yaml
+inject_case payments "$K8S_OLDEST 1.29.0 $K8S_NEWEST" -- $F/payments-injected.yaml
+cmp -s "$TMP/inject-payments/out.yaml" $F/payments-injected.yaml \
+  || fail "tollgate inject changed payments-injected.yaml, which has tollgate already"
+pass "tollgate inject: the storefront (several containers, every kind of probe), the ledger StatefulSet (with and without capture, native and plain) and the injected payments: valid, consistent, their configs clean"
 
 # ---------------------------------------------------------------------------
 step "Prometheus config and rules (promtool)"
