@@ -13,8 +13,13 @@
 #      loopback port, with deploy/prometheus/rules.yml loaded), driven with curl;
 #      the metrics and recording rules must show exactly the retries made, every
 #      query of the Grafana dashboard (deploy/grafana/tollgate.json) must return data,
-#      and the scraped text must pass `promtool check metrics`.
-# Only 127.0.0.1 is used; every process started here is stopped on exit; every wait
+#      and the scraped text must pass `promtool check metrics`;
+#   5. `tollgate inject` on tests/fixtures/inject's manifests: its outputs validated
+#      and checked as the shipped manifests are;
+#   6. the pod for real (deploy/podman/play.sh): the image built by podman from
+#      deploy/Dockerfile and run, and two pods played with `podman kube play`; skipped
+#      loudly where podman cannot run.
+# Only 127.0.0.1 is used (and, in 6, a podman network of its own); every process started here is stopped on exit; every wait
 # is bounded.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -552,4 +557,24 @@ pass "promtool check metrics: tollgate's /metrics ($(grep -vc '^#' "$TMP/metrics
 alive "$TG_PID" tollgate
 pass "prometheus end-to-end passed"
 
-printf '\ndeploy/test.sh: %d passed, 0 failed\n' "$PASSED"
+# ---------------------------------------------------------------------------
+step "the pod for real: the images built by podman, the manifests played (deploy/podman/play.sh)"
+# Its own time budget (a cold run, with podman installed and the Debian base made,
+# takes about 3 minutes; with the base kept, about 1). Skipped loudly where podman
+# cannot run here; TOLLGATE_PODMAN=require makes that a failure, TOLLGATE_PODMAN=0
+# skips it.
+PODMAN_BUDGET=${TOLLGATE_PODMAN_BUDGET:-480}
+SKIPPED=
+rc=0
+timeout --kill-after=20 "$PODMAN_BUDGET" deploy/podman/play.sh || rc=$?
+case $rc in
+  0) pass "deploy/podman/play.sh: the image built and run, both pods played, every check passed" ;;
+  77)
+    SKIPPED=" (SKIPPED: the podman image and pod tests, see SKIP above)"
+    printf '\n!!!!  SKIPPED: podman cannot run here; the image and the pods were NOT tested  !!!!\n' >&3
+    ;;
+  124 | 137) fail "deploy/podman/play.sh took more than its budget of $PODMAN_BUDGET s" ;;
+  *) fail "deploy/podman/play.sh failed (exit $rc, above)" ;;
+esac
+
+printf '\ndeploy/test.sh: %d passed, 0 failed%s\n' "$PASSED" "$SKIPPED"

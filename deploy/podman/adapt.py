@@ -4,8 +4,8 @@
   adapt.py OUT FILE... [--host NAME=IP]... [--idle-app] [--pods-json FILE]
 
 Keeps the ConfigMaps; plays each Deployment's pod template as a Pod, because podman
-has no controller and is not Kubernetes in three ways this works around (and
-docs/kubernetes.md's table lists):
+has no controller and is not Kubernetes in the ways this works around (and
+deploy/README.md's table lists):
 
   * a native sidecar (an init container with restartPolicy: Always) is run once and
     waited for, so tollgate would hold the pod at its init stage forever: it becomes

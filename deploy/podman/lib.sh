@@ -7,15 +7,47 @@
 # a containers.conf of our own says both, pointed to by CONTAINERS_CONF, so nothing of
 # the machine's own configuration is changed.
 
-# podman_ready: podman and runc are installed and a container can be run; otherwise the
-# reason, on stdout, for the caller's SKIP line.
+# podman_install: installs podman, runc and debootstrap from Debian's archive when one is
+# missing and this is a Debian machine run as root; quiet when all are there. Fails
+# (returning the reason on stdout) only when it cannot install them.
+podman_install() {
+  local missing=() tool
+  for tool in podman runc debootstrap; do
+    command -v "$tool" >/dev/null 2>&1 || [ -x "/usr/sbin/$tool" ] || missing+=("$tool")
+  done
+  [ "${#missing[@]}" = 0 ] && return 0
+  [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1 \
+    || { echo "${missing[*]} not installed, and no apt-get as root to install them"; return 1; }
+  echo "apt-get install ${missing[*]}" >&2
+  local lock=(-o DPkg::Lock::Timeout=300)
+  if ! { DEBIAN_FRONTEND=noninteractive apt-get "${lock[@]}" update -qq \
+    && DEBIAN_FRONTEND=noninteractive apt-get "${lock[@]}" install -y -qq \
+      --no-install-recommends "${missing[@]}" netavark aardvark-dns; } >/dev/null 2>&1; then
+    echo "apt-get install ${missing[*]} failed"
+    return 1
+  fi
+}
+
+# podman_ready: podman and runc are installed and podman answers; otherwise the
+# reason, on stdout, for the caller's SKIP line. (Whether a container can run is
+# known only once there is an image: podman_runs.)
 podman_ready() {
   local tool
   for tool in podman runc; do
     command -v "$tool" >/dev/null 2>&1 || { echo "$tool is not installed (apt-get install podman runc)"; return 1; }
   done
   [ "$(id -u)" = 0 ] || { echo "not root: these scripts use rootful podman"; return 1; }
+  podman info >/dev/null 2>&1 || { echo "podman info fails: $(podman info 2>&1 | tail -n 1)"; return 1; }
   return 0
+}
+
+# podman_runs IMAGE: a container of IMAGE runs `true`; otherwise podman's last word on
+# stdout (no user namespaces, no cgroups, a runtime that fails on this kernel...).
+podman_runs() {
+  local out
+  out=$(podman run --rm --network none "$1" true 2>&1) && return 0
+  echo "podman cannot run a container here: $(tail -n 1 <<<"$out")"
+  return 1
 }
 
 # podman_conf DIR: writes DIR/containers.conf and exports CONTAINERS_CONF.
