@@ -80,7 +80,7 @@ if [ "${TOLLGATE_FUZZ_SECONDS:-60}" != 0 ]; then
 fi
 
 if [ -x deploy/test.sh ]; then
-  step "deploy/test.sh (Kubernetes manifests, Prometheus rules, Prometheus end to end)"
+  step "deploy/test.sh (Kubernetes manifests, tollgate inject, Prometheus rules, Prometheus end to end, the image and pods with podman)"
   deploy/test.sh
 fi
 

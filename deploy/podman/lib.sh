@@ -45,7 +45,7 @@ podman_ready() {
 # stdout (no user namespaces, no cgroups, a runtime that fails on this kernel...).
 podman_runs() {
   local out
-  out=$(podman run --rm --network none "$1" true 2>&1) && return 0
+  out=$(podman run --rm --pull never --network none "$1" true 2>&1) && return 0
   echo "podman cannot run a container here: $(tail -n 1 <<<"$out")"
   return 1
 }
