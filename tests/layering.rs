@@ -38,7 +38,7 @@ const FLOORS: &[&[&str]] = &[
     &["run"],
     // The tools, on top: they use the proxy, never the other way round.
     &["calc", "capture"],
-    &["check", "lab"],
+    &["check", "lab", "inject"],
 ];
 
 fn floor_of(top: &str) -> Option<usize> {
