@@ -84,7 +84,8 @@ pub struct Exchange<'h, A> {
     pub app_retry: bool,
     /// The idempotency key minted for it (`mint_idempotency_key`), sent on every
     /// attempt.
-    pub minted: Option<HeaderValue>,
+    /// Boxed: a request without one (nearly every one) moves a word, not a field value.
+    pub minted: Option<Box<HeaderValue>>,
     /// The request's spans, when it is traced.
     pub trace: Option<&'h mut crate::trace::RequestTrace>,
 }
@@ -199,7 +200,7 @@ struct Call<'a, A> {
     /// ... and of a method not listed: after a failure that may have run, sent again
     /// only to an upstream whose answers say it deduplicates.
     needs_dedupe: bool,
-    minted: Option<HeaderValue>,
+    minted: Option<Box<HeaderValue>>,
     body: BodySource<A>,
     /// Attempts started (hedges included).
     attempts: u32,
@@ -384,13 +385,19 @@ impl<'a, A: AppBody> Call<'a, A> {
         // An upgrade changes the connection for good once it is answered: never sent
         // twice.
         let listed = retry.method_allowed(&ex.head.method);
-        let keyed = ex.minted.is_some()
-            || retry
-                .idempotency_header
-                .as_ref()
-                .is_some_and(|h| ex.head.headers.contains_key(h));
+        let idempotent = keys::is_idempotent(&ex.head.method);
+        // A key changes nothing for a listed idempotent method (a GET): not looked for.
+        let keyed = (!listed || !idempotent)
+            && (ex.minted.is_some()
+                || retry
+                    .idempotency_header
+                    .as_ref()
+                    .is_some_and(|h| ex.head.headers.contains_key(h)));
         let retryable = retry.max_attempts > 1 && !ex.upgrade && (listed || keyed);
-        let keyed_once = keyed && !keys::is_idempotent(&ex.head.method);
+        let keyed_once = keyed && !idempotent;
+        if keyed_once {
+            up.dedupes.want();
+        }
         Call {
             keyed_once,
             needs_dedupe: keyed_once && !listed,
@@ -534,7 +541,7 @@ impl<'a, A: AppBody> Call<'a, A> {
             headers: &head.headers,
             minted: self.minted.as_ref().and_then(|v| {
                 let name = self.up.config.retry.idempotency_header.as_ref()?;
-                Some((name, v.clone()))
+                Some((name, HeaderValue::clone(v)))
             }),
             body,
             traceparent,

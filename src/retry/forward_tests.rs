@@ -101,7 +101,7 @@ async fn call_minted(
         grpc: false,
         upgrade: false,
         app_retry: false,
-        minted: minted.map(http::HeaderValue::from_static),
+        minted: minted.map(|k| Box::new(http::HeaderValue::from_static(k))),
         trace: None,
     };
     forward_on(up, script, ex).await

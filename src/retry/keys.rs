@@ -8,7 +8,7 @@
 //! `x-tollgate-dedupe: on` while its `[inbound.dedupe]` is on. The config alone is
 //! never taken for it: a callee may be deployed without dedupe, or lose it.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
 use http::{HeaderValue, Method};
@@ -52,11 +52,17 @@ pub fn mint() -> Option<HeaderValue> {
 }
 
 /// When an upstream's answer last said it deduplicates.
+///
+/// Its answers are read for it only once it matters: from the first keyed request of a
+/// method that is not idempotent (or when the upstream mints keys). An upstream that
+/// only ever gets GETs pays one atomic load per answer, not a header lookup.
 #[derive(Debug)]
 pub struct Dedupes {
     since: Instant,
     /// Milliseconds after `since` of the last such answer, plus one; 0: never.
     last: AtomicU64,
+    /// Answers are read for `x-tollgate-dedupe`.
+    wanted: AtomicBool,
 }
 
 impl Default for Dedupes {
@@ -64,6 +70,7 @@ impl Default for Dedupes {
         Dedupes {
             since: Instant::now(),
             last: AtomicU64::new(0),
+            wanted: AtomicBool::new(false),
         }
     }
 }
@@ -71,8 +78,15 @@ impl Default for Dedupes {
 impl Dedupes {
     /// Notes an answer's say, if it has one (the clock is read only then).
     pub fn saw(&self, fields: Fields<'_>) {
-        if fields.get(&DEDUPE_HEADER) == Some(b"on") {
+        if self.wanted.load(Ordering::Relaxed) && fields.get(&DEDUPE_HEADER) == Some(b"on") {
             self.saw_at(Instant::now());
+        }
+    }
+
+    /// From now on, answers are read for what they say.
+    pub fn want(&self) {
+        if !self.wanted.load(Ordering::Relaxed) {
+            self.wanted.store(true, Ordering::Relaxed);
         }
     }
 
@@ -121,6 +135,12 @@ mod tests {
         on.insert(DEDUPE_HEADER, HeaderValue::from_static("on"));
         let now = Instant::now();
         assert!(!d.believed(now));
+        d.saw(Fields::from(&on));
+        assert!(
+            !d.believed(now),
+            "not read before a keyed request wanted it"
+        );
+        d.want();
         d.saw(Fields::from(&http::HeaderMap::new()));
         assert!(!d.believed(now));
         d.saw(Fields::from(&on));

@@ -116,9 +116,12 @@ impl<A: AppBody> Upstream<A> {
         };
         let recent =
             previous.map_or_else(|| Arc::new(RecentFailures::new(now)), |p| p.recent.clone());
-        let dedupes = previous.map_or_else(Arc::default, |p| p.dedupes.clone());
+        let dedupes: Arc<Dedupes> = previous.map_or_else(Arc::default, |p| p.dedupes.clone());
         let minted = (!config.retry.mint_idempotency_key.is_empty())
             .then(|| metrics_root.keys_minted(&config.name));
+        if minted.is_some() {
+            dedupes.want();
+        }
         Upstream {
             dedupes,
             minted,
