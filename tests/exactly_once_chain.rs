@@ -97,7 +97,7 @@ async fn a_minted_key_is_the_same_on_every_attempt_and_an_apps_own_is_kept() {
 async fn a_keyed_post_is_retried_after_a_lost_answer_only_where_the_callee_dedupes() {
     let (app, executed) = orders_app(Duration::ZERO).await;
     let callee = Tollgate::start(&inbound_config(app.addr, DEDUPE)).await;
-    let relay = Lossy::start(callee.inbound(), 0, 1).await;
+    let relay = lossy(callee.inbound(), 0, 1).await;
     let caller = Tollgate::start(&caller_config(
         &[relay.addr],
         "mint_idempotency_key = [\"POST\"]",
@@ -221,7 +221,7 @@ async fn fleet(
             &format!("max_inflight = 1000\n[inbound.dedupe]\n{dedupe}"),
         ))
         .await;
-        links.push(Lossy::start(callee.inbound(), 10, 7 + i as u64).await);
+        links.push(lossy(callee.inbound(), 10, 7 + i as u64).await);
         apps.push(app);
         callees.push(callee);
     }

@@ -335,33 +335,70 @@ async fn book(ledger: &Ledger, req: http::Request<Incoming>) -> http::Response<F
     resp
 }
 
-/// A link that loses answers: each piece of an answer coming back is lost with
-/// probability `loss`, and the connection closed both ways.
-struct Lossy {
-    addr: SocketAddr,
-    lost: Arc<AtomicUsize>,
+/// A link that loses answers after the work was done: each piece of an answer coming
+/// back is lost with probability `loss` (and the next `lose_next` pieces for certain),
+/// and the connection closed both ways. The lab's links, and the tests'.
+pub struct Lossy {
+    pub addr: SocketAddr,
+    /// Pieces of answers lost so far.
+    pub lost: Arc<AtomicUsize>,
+    /// Pieces still to be lost for certain, whatever the chance says.
+    pub lose_next: Arc<AtomicUsize>,
     task: tokio::task::JoinHandle<()>,
 }
 
+/// How a link loses: by chance, and on demand.
+struct Losing {
+    loss: f64,
+    rng: Mutex<fastrand::Rng>,
+    lose_next: Arc<AtomicUsize>,
+    lost: Arc<AtomicUsize>,
+}
+
+impl Losing {
+    /// Whether this piece is lost (and counted).
+    fn loses(&self) -> bool {
+        let on_demand = self
+            .lose_next
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+            .is_ok();
+        let by_chance = self.rng.lock().unwrap_or_else(|p| p.into_inner()).f64() < self.loss;
+        if on_demand || by_chance {
+            self.lost.fetch_add(1, Ordering::SeqCst);
+        }
+        on_demand || by_chance
+    }
+}
+
 impl Lossy {
-    async fn start(to: SocketAddr, loss: f64, seed: u64) -> std::io::Result<Self> {
+    /// A link to `to` on a loopback port of its own, losing pieces of answers with
+    /// probability `loss` (0.0 to 1.0).
+    pub async fn start(to: SocketAddr, loss: f64, seed: u64) -> std::io::Result<Self> {
         let listener = TcpListener::bind("127.0.0.1:0").await?;
         let addr = listener.local_addr()?;
-        let lost = Arc::new(AtomicUsize::new(0));
-        let count = lost.clone();
-        let rng = Arc::new(Mutex::new(fastrand::Rng::with_seed(seed)));
+        let losing = Arc::new(Losing {
+            loss,
+            rng: Mutex::new(fastrand::Rng::with_seed(seed)),
+            lose_next: Arc::new(AtomicUsize::new(0)),
+            lost: Arc::new(AtomicUsize::new(0)),
+        });
+        let (lost, lose_next) = (losing.lost.clone(), losing.lose_next.clone());
         let task = tokio::spawn(async move {
             let mut conns = JoinSet::new();
             while let Ok((client, _)) = listener.accept().await {
                 let Ok(server) = TcpStream::connect(to).await else {
                     continue;
                 };
-                let (count, rng) = (count.clone(), rng.clone());
-                conns.spawn(relay(client, server, loss, rng, count));
+                conns.spawn(relay(client, server, losing.clone()));
                 while conns.try_join_next().is_some() {}
             }
         });
-        Ok(Lossy { addr, lost, task })
+        Ok(Lossy {
+            addr,
+            lost,
+            lose_next,
+            task,
+        })
     }
 }
 
@@ -371,13 +408,7 @@ impl Drop for Lossy {
     }
 }
 
-async fn relay(
-    client: TcpStream,
-    server: TcpStream,
-    loss: f64,
-    rng: Arc<Mutex<fastrand::Rng>>,
-    lost: Arc<AtomicUsize>,
-) {
+async fn relay(client: TcpStream, server: TcpStream, losing: Arc<Losing>) {
     let (mut cr, mut cw) = client.into_split();
     let (mut sr, mut sw) = server.into_split();
     let up = async move {
@@ -391,8 +422,7 @@ async fn relay(
                 Ok(0) | Err(_) => return,
                 Ok(n) => n,
             };
-            if rng.lock().unwrap_or_else(|p| p.into_inner()).f64() < loss {
-                lost.fetch_add(1, Ordering::Relaxed);
+            if losing.loses() {
                 return;
             }
             if cw.write_all(&buf[..n]).await.is_err() {

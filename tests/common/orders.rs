@@ -1,5 +1,6 @@
 //! The pieces of the exactly-once tests (tests/exactly_once*.rs): an app that books
-//! orders, a keyed POST, a network link that loses answers, and a `redis-server`.
+//! orders, a keyed POST, the lab's network link that loses answers, and a
+//! `redis-server`.
 
 #![allow(dead_code, clippy::unwrap_used)]
 
@@ -45,84 +46,15 @@ pub fn post(key: Option<&str>, body: &str) -> http::Request<BoxBody> {
     b.body(full(body.to_string())).unwrap()
 }
 
-/// A TCP relay that loses responses: each piece of an answer coming back is, while
-/// `lose` allows, not passed on, and the connection is closed both ways (the request
-/// went through and ran; only its answer is lost). `lose_next` loses that many answers;
-/// `lose_percent` loses that share of them at random.
-pub struct Lossy {
-    pub addr: std::net::SocketAddr,
-    pub lose_next: Arc<AtomicUsize>,
-    pub lost: Arc<AtomicUsize>,
-    task: tokio::task::JoinHandle<()>,
-}
+/// A TCP relay that loses responses after the request ran: the lab's link
+/// ([`tollgate::lab::payments::Lossy`]). `lose_next` loses that many pieces of answers
+/// for certain; `lose_percent` loses that share of them at random.
+pub use tollgate::lab::payments::Lossy;
 
-impl Lossy {
-    pub async fn start(to: std::net::SocketAddr, lose_percent: u32, seed: u64) -> Lossy {
-        use tokio::io::{AsyncReadExt, AsyncWriteExt};
-        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = l.local_addr().unwrap();
-        let lose_next = Arc::new(AtomicUsize::new(0));
-        let lost = Arc::new(AtomicUsize::new(0));
-        let (next, count) = (lose_next.clone(), lost.clone());
-        let rng = Arc::new(std::sync::Mutex::new(fastrand::Rng::with_seed(seed)));
-        let task = tokio::spawn(async move {
-            let mut conns = tokio::task::JoinSet::new();
-            while let Ok((client, _)) = l.accept().await {
-                let Ok(server) = tokio::net::TcpStream::connect(to).await else {
-                    continue;
-                };
-                let (next, count, rng) = (next.clone(), count.clone(), rng.clone());
-                conns.spawn(async move {
-                    let (mut cr, mut cw) = client.into_split();
-                    let (mut sr, mut sw) = server.into_split();
-                    let up = async move {
-                        let _ = tokio::io::copy(&mut cr, &mut sw).await;
-                        let _ = sw.shutdown().await;
-                    };
-                    let down = async move {
-                        let mut buf = vec![0u8; 16 * 1024];
-                        loop {
-                            let n = match sr.read(&mut buf).await {
-                                Ok(0) | Err(_) => return,
-                                Ok(n) => n,
-                            };
-                            let by_count = next
-                                .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| {
-                                    n.checked_sub(1)
-                                })
-                                .is_ok();
-                            let by_chance = rng.lock().unwrap().u32(0..100) < lose_percent;
-                            if by_count || by_chance {
-                                count.fetch_add(1, Ordering::SeqCst);
-                                return;
-                            }
-                            if cw.write_all(&buf[..n]).await.is_err() {
-                                return;
-                            }
-                        }
-                    };
-                    // The first side to end ends both: a lost answer closes the caller's
-                    // connection at once.
-                    tokio::select! {
-                        _ = up => {}
-                        _ = down => {}
-                    }
-                });
-            }
-        });
-        Lossy {
-            addr,
-            lose_next,
-            lost,
-            task,
-        }
-    }
-}
-
-impl Drop for Lossy {
-    fn drop(&mut self) {
-        self.task.abort();
-    }
+pub async fn lossy(to: std::net::SocketAddr, lose_percent: u32, seed: u64) -> Lossy {
+    Lossy::start(to, f64::from(lose_percent) / 100.0, seed)
+        .await
+        .unwrap()
 }
 
 /// A `redis-server` on a free loopback port, persisting nothing; killed when dropped.
