@@ -52,7 +52,7 @@ impl<'a> DeadlineFields<'a> {
     /// deadline.
     fn at(&self, now: Instant) -> AttemptFields<'a> {
         let left = self.deadline.remaining(now);
-        AttemptFields([
+        AttemptFields::common([
             left.map(|left| (self.header, deadline::format_millis(left))),
             self.deadline.caller_at().filter(|_| self.grpc).map(|at| {
                 let left = at.saturating_duration_since(now);
@@ -62,8 +62,6 @@ impl<'a> DeadlineFields<'a> {
                 )
             }),
             self.traceparent.clone().map(|v| (&TRACEPARENT_NAME, v)),
-            None,
-            None,
             None,
         ])
     }

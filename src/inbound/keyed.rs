@@ -33,7 +33,7 @@ use crate::metrics::Outcome;
 use crate::retry::headers::outcome_of;
 use crate::server::{AppBody, RequestGuard, ResponseBody};
 use crate::upstream::pool::Want;
-use crate::upstream::request::{AttemptFields, RequestHead};
+use crate::upstream::request::{AttemptFields, ContinueWait, RequestHead};
 use crate::upstream::response::{Fields, relayed};
 
 pub use crate::retry::headers::{DEDUPE_HEADER, REPLAYED_HEADER as REPLAYED};
@@ -92,7 +92,7 @@ async fn drive(
         headers: &x.headers,
         fields: AttemptFields::default(),
         https: false,
-        continue_wait: Duration::ZERO,
+        continue_wait: ContinueWait::ZERO,
     };
     let fields = DeadlineFields {
         deadline: x.deadline,

@@ -42,7 +42,7 @@ use crate::server::{
 };
 use crate::trace::{Arrival, Fleet, RequestTrace, Side, Tracer};
 use crate::upstream::pool::Want;
-use crate::upstream::request::{AttemptFields, RequestHead};
+use crate::upstream::request::{AttemptFields, ContinueWait, RequestHead};
 use crate::upstream::response::{Fields, UpstreamResponse, relayed};
 
 /// The callers' requests to the app.
@@ -316,7 +316,7 @@ async fn to_app(
         headers: &headers,
         fields: AttemptFields::default(),
         https: false,
-        continue_wait: std::time::Duration::ZERO,
+        continue_wait: ContinueWait::ZERO,
     };
     let fields = DeadlineFields {
         deadline,

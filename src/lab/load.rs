@@ -20,7 +20,7 @@ use tokio::time::Instant;
 use crate::config::EndpointAddr;
 use crate::http::NoBody;
 use crate::upstream::pool::{Endpoint, Want};
-use crate::upstream::request::{AttemptFields, RequestHead};
+use crate::upstream::request::{AttemptFields, ContinueWait, RequestHead};
 
 /// One user request as the user saw it.
 #[derive(Clone, Copy, Debug)]
@@ -156,7 +156,7 @@ pub async fn run(
                     headers: &headers,
                     fields: AttemptFields::default(),
                     https: false,
-                    continue_wait: std::time::Duration::ZERO,
+                    continue_wait: ContinueWait::ZERO,
                 };
                 let resp = conn.send(&head, NoBody).await.ok()?;
                 let status = resp.status().as_u16();

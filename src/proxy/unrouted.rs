@@ -55,7 +55,7 @@ use crate::server::service::{AppRequest, AppResponse};
 use crate::server::{AddedFields, Admission, AppBody, RequestGuard, ResponseBody};
 use crate::upstream::connect::ConnectError;
 use crate::upstream::pool::{Conn, SendError, Want};
-use crate::upstream::request::{AttemptFields, RequestHead};
+use crate::upstream::request::{AttemptFields, ContinueWait, RequestHead};
 use crate::upstream::response::{UpstreamResponse, relayed};
 use crate::upstream::upgraded::Upgraded;
 
@@ -442,7 +442,7 @@ async fn forward(
         headers: &headers,
         fields: AttemptFields::default(),
         https: false,
-        continue_wait: CONTINUE_WAIT,
+        continue_wait: ContinueWait::of(CONTINUE_WAIT),
     };
     let want = match version {
         Version::HTTP_2 if call.grpc && !upgrade => Want::PreferHttp2,

@@ -19,7 +19,7 @@
 
 use std::future::Future;
 
-use http::{HeaderMap, HeaderName, HeaderValue, Method, StatusCode, Uri};
+use http::{HeaderMap, HeaderName, Method, StatusCode, Uri};
 use tokio::time::Instant;
 
 use super::headers::{ATTEMPT_HEADER, Callee, HEDGE_HEADER, HEDGE_VALUE, count_value};
@@ -32,13 +32,13 @@ use crate::trace::TRACEPARENT;
 use crate::upstream::exchange;
 use crate::upstream::outlier::Verdict;
 use crate::upstream::pool::Want;
-use crate::upstream::request::{AttemptFields, RequestHead};
+use crate::upstream::request::{AttemptFields, RareFields, RequestHead};
 use crate::upstream::response::{Fields, UpstreamResponse};
 
 /// The names of the per-attempt fields, borrowed by every attempt.
 static ATTEMPT_NAME: HeaderName = ATTEMPT_HEADER;
 static HEDGE_NAME: HeaderName = HEDGE_HEADER;
-static TRACEPARENT_NAME: HeaderName = TRACEPARENT;
+pub(super) static TRACEPARENT_NAME: HeaderName = TRACEPARENT;
 
 /// How much earlier than this attempt's own time a callee's `app-timeout` must come to
 /// be its own limit rather than the deadline this attempt sent (rounded down to the
@@ -111,17 +111,23 @@ pub struct Attempt<'a, A> {
     /// `grpc-timeout`, which a gRPC server applies to the whole call).
     pub grpc_deadline: Option<Instant>,
     /// The request's head, shared with every attempt of the request (the attempt's
-    /// own fields are added as it is sent).
-    pub method: &'a Method,
-    /// Origin-form (path and query).
-    pub uri: &'a Uri,
-    pub headers: &'a HeaderMap,
-    /// The idempotency key minted for the request, the same on every attempt.
-    pub minted: Option<(&'a HeaderName, HeaderValue)>,
+    /// own fields are added as it is sent); its URI in origin-form. One reference, not
+    /// three: an attempt is moved as it starts, and fits the size moved without a call.
+    pub head: &'a Head,
     pub body: ReplayBody<A>,
-    /// The attempt's own `traceparent` (its CLIENT span as the parent), when the
-    /// request is traced; else the app's passes as it came.
-    pub traceparent: Option<http::HeaderValue>,
+    /// The idempotency key minted for the request (the same on every attempt), and
+    /// the attempt's own `traceparent` (its CLIENT span as the parent) when the request
+    /// is traced (else the app's passes as it came); `None` without either.
+    pub rare: Option<Box<RareFields<'a>>>,
+}
+
+/// What every attempt of a request sends ahead of its body: headers already cleaned,
+/// Host already set. The caller keeps it, and every attempt borrows it, so what the
+/// request was is still at hand when its answer comes.
+pub struct Head {
+    pub method: Method,
+    pub uri: Uri,
+    pub headers: HeaderMap,
 }
 
 /// What an attempt came to.
@@ -245,9 +251,9 @@ impl<'a, A: AppBody> Attempt<'a, A> {
             (l, s) => l.or(s),
         };
         RequestHead {
-            method: self.method,
-            uri: self.uri,
-            headers: self.headers,
+            method: &self.head.method,
+            uri: &self.head.uri,
+            headers: &self.head.headers,
             fields: self.fields(now, left),
             https: self.up.config.tls.is_some(),
             continue_wait: exchange::continue_wait(patience),
@@ -257,8 +263,9 @@ impl<'a, A: AppBody> Attempt<'a, A> {
     /// The per-attempt fields: the attempt number, the time left of the request's
     /// deadline when it has one (not the attempt timeout: tollgate may keep waiting past
     /// that), for a gRPC call with a deadline the time left of the caller's own, and on
-    /// a hedge `x-tollgate-hedge: 1`, and the idempotency key minted for it.
+    /// a hedge `x-tollgate-hedge: 1`, and the rare ones.
     fn fields(&self, now: Instant, left: Option<std::time::Duration>) -> AttemptFields<'a> {
+        let [minted, traceparent] = self.rare.as_deref().cloned().unwrap_or_default();
         AttemptFields([
             Some((&ATTEMPT_NAME, count_value(self.number))),
             left.map(|left| (&self.up.deadline.header, deadline::format_millis(left))),
@@ -270,8 +277,8 @@ impl<'a, A: AppBody> Attempt<'a, A> {
                 )
             }),
             self.hedge.then_some((&HEDGE_NAME, HEDGE_VALUE)),
-            self.minted.clone(),
-            self.traceparent.clone().map(|v| (&TRACEPARENT_NAME, v)),
+            minted,
+            traceparent,
         ])
     }
 }

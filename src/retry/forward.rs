@@ -33,12 +33,12 @@
 use std::pin::pin;
 use std::time::Duration;
 
-use http::{HeaderMap, HeaderValue, Method, StatusCode, Uri, Version};
+use http::{HeaderValue, StatusCode, Version};
 use http_body::Body;
 use tokio::time::{Instant, Sleep};
 
 use super::attempt::Transport;
-use super::attempt::{Attempt, AttemptError, NotUpstream, Ran};
+use super::attempt::{Attempt, AttemptError, Head, NotUpstream, Ran, TRACEPARENT_NAME};
 use super::backoff::Backoff;
 use super::headers::{Callee, refused_as_retry};
 use super::keys;
@@ -52,21 +52,16 @@ use super::upstream::Upstream;
 use crate::deadline::Deadline;
 use crate::metrics::{Denied, HedgeResult, Outcome};
 use crate::upstream::pool::Want;
+use crate::upstream::request::RareFields;
 use crate::upstream::response::{Fields, UpstreamResponse};
 use crate::upstream::want;
-
-/// What every attempt of a request sends ahead of its body: headers already cleaned,
-/// Host already set. The caller keeps it, and every attempt borrows it, so what the
-/// request was is still at hand when its answer comes.
-pub struct Head {
-    pub method: Method,
-    pub uri: Uri,
-    pub headers: HeaderMap,
-}
 
 /// A request ready to forward.
 pub struct Exchange<'h, A> {
     pub head: &'h Head,
+    /// The idempotency key minted for it (`mint_idempotency_key`), sent on every
+    /// attempt. Boxed: a request without one (nearly every one) moves a word for it.
+    pub minted: Option<Box<HeaderValue>>,
     /// The HTTP version the app spoke (for `protocol = "auto"`).
     pub version: Version,
     pub body: A,
@@ -82,10 +77,6 @@ pub struct Exchange<'h, A> {
     /// The app sent this again after a failure tollgate owned: it goes as a retry
     /// (`x-tollgate-attempt: 2`, its budget already spent) and is not retried again.
     pub app_retry: bool,
-    /// The idempotency key minted for it (`mint_idempotency_key`), sent on every
-    /// attempt.
-    /// Boxed: a request without one (nearly every one) moves a word, not a field value.
-    pub minted: Option<Box<HeaderValue>>,
     /// The request's spans, when it is traced.
     pub trace: Option<&'h mut crate::trace::RequestTrace>,
 }
@@ -208,12 +199,13 @@ struct Call<'a, A> {
     arrived: Instant,
     trail: Trail,
     /// The endpoint that failed last.
-    avoid: Option<usize>,
+    avoid: Option<u32>,
     /// Endpoints (by index, the first 64) whose TLS failed for this request: a
     /// verification failure is not retried on the same endpoint.
     tls_failed: u64,
-    /// What the last attempt's failure had to say.
-    detail: Option<String>,
+    /// What the last attempt's failure had to say (rare; a box is two words, a string
+    /// three).
+    detail: Option<Box<str>>,
     rng: Option<fastrand::Rng>,
     /// The request's hedge: one per request.
     hedge: HedgeState,
@@ -261,7 +253,7 @@ pub async fn forward_on<'a, A: AppBody, T: Transport<A>>(
             return call.local(StatusCode::GATEWAY_TIMEOUT, Outcome::DeadlineExceeded);
         }
         call.attempts += 1;
-        let endpoint = call.pick(call.avoid);
+        let endpoint = call.pick(call.avoid.map(|i| i as usize));
         let keep = if call.retryable && call.attempts < call.limit() {
             up.config.retry.max_body
         } else {
@@ -352,7 +344,7 @@ pub async fn forward_on<'a, A: AppBody, T: Transport<A>>(
                 call.previous = None;
                 let kept = rejected::keep_while_sleeping(response, failure, sleep).await;
                 call.previous = Some(kept);
-                call.avoid = Some(failed_on);
+                call.avoid = u32::try_from(failed_on).ok();
             }
             Err(stop) => return call.give_up(stop, failure, response),
         }
@@ -536,16 +528,27 @@ impl<'a, A: AppBody> Call<'a, A> {
             by: self.deadline.at(),
             slow_after: self.up.config.attempt_timeout,
             grpc_deadline: self.deadline.caller_at().filter(|_| self.grpc),
-            method: &head.method,
-            uri: &head.uri,
-            headers: &head.headers,
-            minted: self.minted.as_ref().and_then(|v| {
-                let name = self.up.config.retry.idempotency_header.as_ref()?;
-                Some((name, HeaderValue::clone(v)))
-            }),
+            head,
             body,
-            traceparent,
+            rare: self.rare_fields(traceparent),
         }
+    }
+
+    /// The rare fields of an attempt carrying `traceparent` (when traced): the minted
+    /// key, and it; `None` (nothing allocated) without either.
+    #[inline]
+    fn rare_fields(&self, traceparent: Option<HeaderValue>) -> Option<Box<RareFields<'a>>> {
+        if self.minted.is_none() && traceparent.is_none() {
+            return None;
+        }
+        let minted = self.minted.as_ref().and_then(|v| {
+            let name = self.up.config.retry.idempotency_header.as_ref()?;
+            Some((name, HeaderValue::clone(v)))
+        });
+        Some(Box::new([
+            minted,
+            traceparent.map(|v| (&TRACEPARENT_NAME, v)),
+        ]))
     }
 
     /// Whether another attempt may ever run beside this one: the request may be sent
@@ -667,7 +670,7 @@ impl<'a, A: AppBody> Call<'a, A> {
         if let Some(unsent) = ran.unsent.filter(|_| slot == Slot::First) {
             self.body.give_back(unsent);
         }
-        self.detail = ran.detail;
+        self.detail = ran.detail.map(String::into_boxed_str);
         let (failure, response) = match ran.result {
             Ok(resp) if resp.status() == StatusCode::SWITCHING_PROTOCOLS && !self.upgrade => {
                 // A switch nobody asked for: the connection speaks something else now,
@@ -847,7 +850,7 @@ impl<'a, A: AppBody> Call<'a, A> {
                 };
                 let mut answer = self.local(status, outcome);
                 answer.failure = Some(failure);
-                answer.detail = self.detail.take();
+                answer.detail = self.detail.take().map(String::from);
                 answer
             }
         }

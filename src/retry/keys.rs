@@ -76,9 +76,19 @@ impl Default for Dedupes {
 }
 
 impl Dedupes {
-    /// Notes an answer's say, if it has one (the clock is read only then).
+    /// Notes an answer's say, if it has one (the clock is read only then). Inlined: an
+    /// upstream nobody sends keyed requests to pays one load and a branch.
+    #[inline]
     pub fn saw(&self, fields: Fields<'_>) {
-        if self.wanted.load(Ordering::Relaxed) && fields.get(&DEDUPE_HEADER) == Some(b"on") {
+        if self.wanted.load(Ordering::Relaxed) {
+            self.read(fields);
+        }
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn read(&self, fields: Fields<'_>) {
+        if fields.get(&DEDUPE_HEADER) == Some(b"on") {
             self.saw_at(Instant::now());
         }
     }

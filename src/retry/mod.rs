@@ -43,9 +43,7 @@ pub mod transport;
 mod upstream;
 
 pub use attempt::Transport;
-pub use attempt::{Attempt, AttemptError, NotUpstream};
-pub use forward::{
-    Answer, BodyRead, Exchange, Head, HedgeState, Reply, Trail, forward, forward_on,
-};
+pub use attempt::{Attempt, AttemptError, Head, NotUpstream};
+pub use forward::{Answer, BodyRead, Exchange, HedgeState, Reply, Trail, forward, forward_on};
 pub use replay::{AppBody, ReplayBody};
 pub use upstream::Upstream;

@@ -20,9 +20,12 @@ use crate::metrics::{AttemptResult, Denied, Outcome};
 use crate::trace::{AfterFailure, AttemptEnd, AttemptId, AttemptStart, RequestTrace, RetryReason};
 use crate::upstream::response::{Fields, UpstreamResponse};
 
-/// A request's trace, as the loop fills it in.
-pub(super) struct Traced<'t> {
-    trace: Option<&'t mut RequestTrace>,
+/// A request's trace, as the loop fills it in: boxed, so that a request that is not
+/// traced (nearly every one) carries a word for it.
+pub(super) struct Traced<'t>(Option<Box<State<'t>>>);
+
+struct State<'t> {
+    trace: &'t mut RequestTrace,
     /// The spans of the attempts in the race's two places (alone or first; beside).
     slots: [Option<AttemptId>; 2],
     /// The attempt whose failure is being decided on.
@@ -46,23 +49,25 @@ pub(super) struct Starting {
 
 impl<'t> Traced<'t> {
     pub fn new(trace: Option<&'t mut RequestTrace>) -> Self {
-        Traced {
-            trace,
-            slots: [None; 2],
-            last: None,
-            available: None,
-        }
+        Traced(trace.map(|trace| {
+            Box::new(State {
+                trace,
+                slots: [None; 2],
+                last: None,
+                available: None,
+            })
+        }))
     }
 
     /// The request is traced.
     #[inline]
     pub fn on(&self) -> bool {
-        self.trace.is_some()
+        self.0.is_some()
     }
 
     /// A CLIENT span for the attempt starting `now`: the `traceparent` it carries.
     pub fn start<A>(&mut self, up: &Upstream<A>, a: Starting, now: Instant) -> Option<HeaderValue> {
-        let t = self.trace.as_deref_mut()?;
+        let s = self.0.as_deref_mut()?;
         let addr = &up.endpoints.get(a.endpoint).addr;
         let start = AttemptStart {
             number: a.number,
@@ -75,17 +80,17 @@ impl<'t> Traced<'t> {
             reason: a.reason.filter(|_| !a.hedge).map(reason),
             deadline_left: a.deadline.remaining(now),
         };
-        let id = t.attempt(start, now);
-        self.slots[usize::from(a.beside)] = Some(id);
-        Some(t.attempt_traceparent(id))
+        let id = s.trace.attempt(start, now);
+        s.slots[usize::from(a.beside)] = Some(id);
+        Some(s.trace.attempt_traceparent(id))
     }
 
     /// The attempt in place `beside` (or not) ended as `ran` says.
     pub fn ended<A>(&mut self, up: &Upstream<A>, ran: &Ran<A>, beside: bool) {
-        let Some(t) = self.trace.as_deref_mut() else {
+        let Some(s) = self.0.as_deref_mut() else {
             return;
         };
-        let Some(id) = self.slots[usize::from(beside)] else {
+        let Some(id) = s.slots[usize::from(beside)] else {
             return;
         };
         let (status, result, callee_outcome) = match &ran.result {
@@ -113,51 +118,51 @@ impl<'t> Traced<'t> {
             ejected: ran.ejected,
         };
         let now = Instant::now();
-        t.attempt_ended(id, end, now);
-        self.last = Some(id);
-        self.available = up.config.budget.as_ref().map(|_| up.budget.available(now));
+        s.trace.attempt_ended(id, end, now);
+        s.last = Some(id);
+        s.available = up.config.budget.as_ref().map(|_| up.budget.available(now));
     }
 
     /// The last failure is retried after `sleep`; `response` is the failed answer, if
     /// one came (its `Retry-After` or gRPC pushback set the sleep).
     pub fn retried(&mut self, sleep: Duration, response: Option<&UpstreamResponse>) {
-        if self.trace.is_none() {
+        let Some(s) = self.0.as_deref_mut() else {
             return;
-        }
-        self.decided(None);
+        };
+        s.decided(None);
         let asked = response.is_some_and(|r| {
             let f = Fields::of(r);
             f.contains(&RETRY_AFTER) || f.contains(&GRPC_PUSHBACK)
         });
-        if let Some(t) = self.trace.as_deref_mut() {
-            t.backoff(sleep, asked, Instant::now());
-        }
+        s.trace.backoff(sleep, asked, Instant::now());
     }
 
     /// The last failure is not retried: refused by `denied`, or given up on for a
     /// reason that is not a refusal (`None`: not retryable, owned elsewhere).
     pub fn refused(&mut self, denied: Option<Denied>) {
-        if self.trace.is_some() {
-            self.decided(denied);
+        if let Some(s) = self.0.as_deref_mut() {
+            s.decided(denied);
         }
     }
 
     /// The request has its answer: what still runs beside it is cancelled.
     pub fn answered(&mut self) {
-        if let Some(t) = self.trace.as_deref_mut() {
-            t.cancel_open(Instant::now());
+        if let Some(s) = self.0.as_deref_mut() {
+            s.trace.cancel_open(Instant::now());
         }
     }
+}
 
+impl State<'_> {
     fn decided(&mut self, denied: Option<Denied>) {
-        let (Some(t), Some(id)) = (self.trace.as_deref_mut(), self.last) else {
+        let Some(id) = self.last else {
             return;
         };
         let after = AfterFailure {
             denied,
             budget_available: self.available,
         };
-        t.after_failure(id, after);
+        self.trace.after_failure(id, after);
     }
 }
 

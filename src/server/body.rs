@@ -145,11 +145,41 @@ impl Drop for RequestGuard {
 enum Kind {
     Upstream(UpstreamBody),
     Full(Option<Bytes>),
+    /// The rare kinds, behind one variant so that the two above are matched (and
+    /// dropped) as they were before the rare ones came.
+    Rare(Rare),
+}
+
+enum Rare {
     /// The answer to a `CONNECT`: no body, and the connection to tunnel to.
     Tunnel(Option<Upgraded>),
     /// A body a service made of its own (a response kept for replay, or one relayed
     /// from another task), with every field in the head's map.
     Boxed(BoxBody<Bytes, BoxError>),
+}
+
+impl Rare {
+    #[inline(never)]
+    fn poll_frame(&mut self, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        match self {
+            Rare::Boxed(inner) => Pin::new(inner).poll_frame(cx),
+            Rare::Tunnel(_) => Poll::Ready(None),
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        match self {
+            Rare::Boxed(inner) => inner.is_end_stream(),
+            Rare::Tunnel(_) => true,
+        }
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        match self {
+            Rare::Boxed(inner) => inner.size_hint(),
+            Rare::Tunnel(_) => SizeHint::with_exact(0),
+        }
+    }
 }
 
 pub struct ResponseBody {
@@ -185,7 +215,7 @@ impl ResponseBody {
     pub fn boxed(body: BoxBody<Bytes, BoxError>, mut guard: RequestGuard) -> Self {
         guard.headed();
         ResponseBody {
-            kind: Kind::Boxed(body),
+            kind: Kind::Rare(Rare::Boxed(body)),
             added: AddedFields::default(),
             _guard: Some(guard),
         }
@@ -195,7 +225,7 @@ impl ResponseBody {
     /// head, then carries bytes between the app and it.
     pub fn tunnel(tunnel: Upgraded, guard: RequestGuard) -> Self {
         ResponseBody {
-            kind: Kind::Tunnel(Some(tunnel)),
+            kind: Kind::Rare(Rare::Tunnel(Some(tunnel))),
             added: AddedFields::default(),
             _guard: Some(guard),
         }
@@ -211,7 +241,7 @@ impl ResponseBody {
     pub fn take_upgrade(&mut self) -> Option<(Upgraded, Option<RequestGuard>)> {
         let upgraded = match &mut self.kind {
             Kind::Upstream(ByProtocol::Http1(b)) => b.take_upgraded()?,
-            Kind::Tunnel(t) => t.take()?,
+            Kind::Rare(Rare::Tunnel(t)) => t.take()?,
             _ => return None,
         };
         Some((upgraded, self._guard.take()))
@@ -222,7 +252,7 @@ impl ResponseBody {
     pub fn raw_fields(&self) -> Option<&RawFields> {
         match &self.kind {
             Kind::Upstream(b) => b.raw_fields(),
-            Kind::Full(_) | Kind::Tunnel(_) | Kind::Boxed(_) => None,
+            Kind::Full(_) | Kind::Rare(_) => None,
         }
     }
 }
@@ -238,8 +268,7 @@ impl Body for ResponseBody {
         match &mut self.kind {
             Kind::Full(b) => Poll::Ready(b.take().map(|b| Ok(Frame::data(b)))),
             Kind::Upstream(inner) => Pin::new(inner).poll_frame(cx),
-            Kind::Boxed(inner) => Pin::new(inner).poll_frame(cx),
-            Kind::Tunnel(_) => Poll::Ready(None),
+            Kind::Rare(rare) => rare.poll_frame(cx),
         }
     }
 
@@ -247,8 +276,7 @@ impl Body for ResponseBody {
         match &self.kind {
             Kind::Full(b) => b.is_none(),
             Kind::Upstream(inner) => inner.is_end_stream(),
-            Kind::Boxed(inner) => inner.is_end_stream(),
-            Kind::Tunnel(_) => true,
+            Kind::Rare(rare) => rare.is_end_stream(),
         }
     }
 
@@ -256,8 +284,7 @@ impl Body for ResponseBody {
         match &self.kind {
             Kind::Full(b) => SizeHint::with_exact(b.as_ref().map_or(0, |b| b.len() as u64)),
             Kind::Upstream(inner) => inner.size_hint(),
-            Kind::Boxed(inner) => inner.size_hint(),
-            Kind::Tunnel(_) => SizeHint::with_exact(0),
+            Kind::Rare(rare) => rare.size_hint(),
         }
     }
 }

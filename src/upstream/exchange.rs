@@ -14,7 +14,7 @@ use tokio::time::{Instant, timeout_at};
 use super::OutgoingBody;
 use super::connect::ConnectError;
 use super::pool::{Endpoint, SendError, Want};
-use super::request::RequestHead;
+use super::request::{ContinueWait, RequestHead};
 use super::response::UpstreamResponse;
 use super::tls::TlsClient;
 use crate::deadline;
@@ -104,6 +104,6 @@ pub async fn send<'h, B: OutgoingBody>(
 
 /// How long a body behind `Expect: 100-continue` may wait for `100 Continue`, given the
 /// time the exchange has (`None`: no bound).
-pub fn continue_wait(patience: Option<Duration>) -> Duration {
-    patience.map_or(CONTINUE_WAIT, |p| CONTINUE_WAIT.min(p / 4))
+pub fn continue_wait(patience: Option<Duration>) -> ContinueWait {
+    ContinueWait::of(patience.map_or(CONTINUE_WAIT, |p| CONTINUE_WAIT.min(p / 4)))
 }

@@ -409,7 +409,7 @@ where
         body,
         encoder: BodyEncoder::new(framing),
         done: false,
-        expecting: expects.then(|| Box::pin(tokio::time::sleep(head.continue_wait))),
+        expecting: expects.then(|| Box::pin(tokio::time::sleep(head.continue_wait.duration()))),
     };
     // The request goes out while the response is awaited: an endpoint may answer
     // before it has read the whole body (and some never read it).

@@ -13,15 +13,27 @@ use http_body::Body;
 use crate::http::encode::{BodyFraming, write_content_length};
 use crate::http::fields::{content_length, write_field};
 
+/// A header field an attempt adds, its name borrowed.
+pub type Field<'a> = (&'a HeaderName, HeaderValue);
+
+/// The fields few requests carry: a minted idempotency key, and a traced attempt's
+/// `traceparent`.
+pub type RareFields<'a> = [Option<Field<'a>>; 2];
+
 /// The header fields one attempt adds to the request (its number, its time, the
-/// caller's own time for gRPC, the hedge mark, a minted idempotency key, its `traceparent` when traced), each replacing any field of the same
-/// name. The request's header map is shared by every attempt of the request and never
-/// changed for them; the names are borrowed (from statics and the config), so an
-/// attempt clones no header name.
+/// caller's own time for gRPC, the hedge mark, and the rare ones), each replacing any
+/// field of the same name. The request's header map is shared by every attempt of the
+/// request and never changed for them; the names are borrowed (from statics and the
+/// config), so an attempt clones no header name.
 #[derive(Default)]
-pub struct AttemptFields<'a>(pub [Option<(&'a HeaderName, HeaderValue)>; 6]);
+pub struct AttemptFields<'a>(pub [Option<Field<'a>>; 6]);
 
 impl<'a> AttemptFields<'a> {
+    /// The common fields, none rare.
+    pub fn common([a, b, c, d]: [Option<Field<'a>>; 4]) -> Self {
+        AttemptFields([a, b, c, d, None, None])
+    }
+
     pub fn iter(&self) -> impl Iterator<Item = (&'a HeaderName, &HeaderValue)> {
         self.0.iter().flatten().map(|(n, v)| (*n, v))
     }
@@ -29,6 +41,25 @@ impl<'a> AttemptFields<'a> {
     /// Whether one of the fields is called `name`.
     pub fn names(&self, name: &HeaderName) -> bool {
         self.0.iter().flatten().any(|(n, _)| *n == name)
+    }
+}
+
+/// How long a body behind `Expect: 100-continue` waits for `100 Continue` before it
+/// goes out anyway, in whole milliseconds (it is a second at most): four bytes, so
+/// that a request's head, built as each attempt goes out, stays within the size moved
+/// without a call to copy it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ContinueWait(u32);
+
+impl ContinueWait {
+    pub const ZERO: ContinueWait = ContinueWait(0);
+
+    pub fn of(wait: Duration) -> Self {
+        ContinueWait(u32::try_from(wait.as_millis()).unwrap_or(u32::MAX))
+    }
+
+    pub fn duration(self) -> Duration {
+        Duration::from_millis(u64::from(self.0))
     }
 }
 
@@ -44,7 +75,7 @@ pub struct RequestHead<'a> {
     pub https: bool,
     /// How long a body behind `Expect: 100-continue` waits for `100 Continue` before it
     /// goes out anyway (HTTP/1.1).
-    pub continue_wait: Duration,
+    pub continue_wait: ContinueWait,
 }
 
 impl RequestHead<'_> {
@@ -210,16 +241,14 @@ mod tests {
             method: &Method::POST,
             uri: &uri,
             headers: &headers,
-            fields: AttemptFields([
+            fields: AttemptFields::common([
                 Some((&attempt, HeaderValue::from_static("2"))),
-                None,
-                None,
                 None,
                 None,
                 None,
             ]),
             https: false,
-            continue_wait: Duration::ZERO,
+            continue_wait: ContinueWait::ZERO,
         };
         let req = head.to_h2(());
         assert_eq!(req.uri(), "http://api.example:8080/p/q?x=1");
