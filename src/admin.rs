@@ -240,22 +240,22 @@ fn refresh_gauges(shared: &Shared) {
     let snap = shared.snapshot();
     let now = Instant::now();
     for up in snap.upstreams.iter() {
-        let window = up.budget.stats(now);
+        let window = up.budget().stats(now);
         shared.metrics.set_gauges(
             up.name(),
             crate::metrics::amplification(window.attempts, window.requests),
-            up.budget.available(now),
-            up.inflight.load(Relaxed) as i64,
-            up.connections.load(Relaxed) as i64,
+            up.budget().available(now),
+            up.inflight().load(Relaxed) as i64,
+            up.connections_open() as i64,
         );
         shared
             .metrics
-            .set_ejected(up.name(), up.endpoints.readmit_due());
-        let throttle = up.throttle.as_ref().map_or(0.0, |t| t.probability(now));
+            .set_ejected(up.name(), up.endpoints().readmit_due());
+        let throttle = up.throttle().map_or(0.0, |t| t.probability(now));
         shared
             .metrics
             .learning
-            .set(up.name(), up.budget.share(), throttle);
+            .set(up.name(), up.budget().share(), throttle);
     }
     if let Some(inbound) = &shared.inbound {
         inbound.refresh_gauges();

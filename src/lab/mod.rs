@@ -242,8 +242,8 @@ async fn sample_api(
         tokio::time::sleep_until(at).await;
         let snap = api.shared().snapshot();
         if let Some(up) = snap.upstreams.first() {
-            share.push(up.budget.share());
-            throttle.push(up.throttle.as_ref().map_or(0.0, |t| t.probability(at)));
+            share.push(up.budget().share());
+            throttle.push(up.throttle().map_or(0.0, |t| t.probability(at)));
         }
         at += Duration::from_secs(1);
     }

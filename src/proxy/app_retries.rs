@@ -128,7 +128,7 @@ impl<'a> Sameness<'a> {
         });
         let target = head.uri.path_and_query().map(|pq| pq.as_str());
         let what = (kind, head.method.as_str(), authority, target, identity);
-        self.up.recent.fingerprint(what).max(ABSENT + 1)
+        self.up.recent_failures().fingerprint(what).max(ABSENT + 1)
     }
 
     fn plain(&self) -> u64 {
@@ -139,7 +139,7 @@ impl<'a> Sameness<'a> {
     fn key(&self) -> Option<u64> {
         Self::taken(&self.key, || {
             let h = &self.head.headers;
-            let own = self.up.config.retry.idempotency_header.as_ref();
+            let own = self.up.config().retry.idempotency_header.as_ref();
             let v = own
                 .and_then(|name| h.get(name))
                 .or_else(|| h.get(AMZ_INVOCATION_ID))?;
@@ -185,7 +185,9 @@ impl AppRetry {
 /// no marker and nothing remembered in the last 2 s, one atomic load decides.
 #[inline]
 pub(super) fn recall(up: &Upstream, same: &Sameness<'_>, now: Instant) -> Option<AppRetry> {
-    if !(same.marker || up.recent.active(now)) || up.config.app_retries == AppRetries::Ignore {
+    if !(same.marker || up.recent_failures().active(now))
+        || up.config().app_retries == AppRetries::Ignore
+    {
         return None;
     }
     look(up, same, now)
@@ -193,11 +195,11 @@ pub(super) fn recall(up: &Upstream, same: &Sameness<'_>, now: Instant) -> Option
 
 /// [`recall`] once there is something to look for.
 fn look(up: &Upstream, same: &Sameness<'_>, now: Instant) -> Option<AppRetry> {
-    let lookup = |fp: Option<u64>| fp.and_then(|fp| up.recent.lookup(fp, now));
+    let lookup = |fp: Option<u64>| fp.and_then(|fp| up.recent_failures().lookup(fp, now));
     let keyed = lookup(same.key());
     let again = if same.marker {
         let failure = keyed.or_else(|| {
-            (up.config.app_retries == AppRetries::Refuse)
+            (up.config().app_retries == AppRetries::Refuse)
                 .then(|| lookup(Some(same.plain())))
                 .flatten()
         });
@@ -216,7 +218,7 @@ fn look(up: &Upstream, same: &Sameness<'_>, now: Instant) -> Option<AppRetry> {
             failure: Some(lookup(same.trace())?),
         }
     };
-    up.metrics.app_retry(again.evidence);
+    up.metrics().app_retry(again.evidence);
     Some(again)
 }
 
@@ -236,7 +238,7 @@ pub(super) fn stop(up: &Upstream, again: &AppRetry, now: Instant) -> Option<Stop
     if again.evidence == Evidence::Trace {
         return None;
     }
-    let refuse = up.config.app_retries == AppRetries::Refuse;
+    let refuse = up.config().app_retries == AppRetries::Refuse;
     let (failure, outcome, text) = match again.failure {
         Some(f) if refuse => (
             Some(f),
@@ -244,9 +246,9 @@ pub(super) fn stop(up: &Upstream, again: &AppRetry, now: Instant) -> Option<Stop
             "the app sent this call again within 2 s of a failure tollgate owned \
              (app_retries = \"refuse\")\n",
         ),
-        _ if up.budget.try_retry(now) => return None,
+        _ if up.budget().try_retry(now) => return None,
         f => {
-            up.metrics.denied(Denied::Budget);
+            up.metrics().denied(Denied::Budget);
             (
                 f,
                 Outcome::BudgetExhausted,
@@ -287,11 +289,11 @@ pub(super) fn with_grpc_status(
 /// failure of its method, authority and target, which a marker's retry would be
 /// refused with; otherwise a success that was not an app's retry touches nothing.
 pub(super) fn remember(up: &Upstream, same: &Sameness<'_>, verdict: Verdict, now: Instant) {
-    let refuse = match up.config.app_retries {
+    let refuse = match up.config().app_retries {
         AppRetries::Ignore => return,
         mode => mode == AppRetries::Refuse,
     };
-    let recent = &up.recent;
+    let recent = up.recent_failures();
     match verdict {
         Verdict::Failed(answer) => {
             for fp in [same.key(), same.trace(), refuse.then(|| same.plain())]

@@ -69,11 +69,11 @@ impl Destinations {
         // Names of this port: their known addresses, and which have none yet.
         let mut unknown = Vec::new();
         for (i, up) in upstreams.iter().enumerate() {
-            if up.config.tls.is_some() {
+            if up.config().tls.is_some() {
                 continue;
             }
             let named = up
-                .endpoints
+                .endpoints()
                 .iter()
                 .filter(|e| e.addr.port == dst.port() && e.addr.ip().is_none());
             for e in named {
@@ -91,7 +91,7 @@ impl Destinations {
         // cannot be resolved in time owns nothing.
         let limit = unknown
             .iter()
-            .map(|(i, _)| upstreams[*i].config.connect_timeout)
+            .map(|(i, _)| upstreams[*i].config().connect_timeout)
             .max()
             .unwrap_or_default();
         tokio::time::timeout(limit, async {

@@ -110,13 +110,13 @@ async fn handle(
     };
     if req.method() == Method::CONNECT {
         let grpc = is_grpc(req.headers());
-        return refuse(Some(&up.metrics), CONNECT, grpc, entry, guard);
+        return refuse(Some(up.metrics()), CONNECT, grpc, entry, guard);
     }
     let (parts, body) = (*req).into_parts();
     let mut headers = parts.headers;
     let facts = prepare_request(
         &mut headers,
-        &up.deadline.accept,
+        &up.deadline().accept,
         parts.version == Version::HTTP_11,
     );
     let called = set_upstream_host(&up, &parts.uri, &mut headers);
@@ -135,18 +135,18 @@ async fn handle(
     };
     if !admit(&up, &mut guard) {
         refused(&OVERLOADED);
-        return refuse(Some(&up.metrics), OVERLOADED, grpc, entry, guard);
+        return refuse(Some(up.metrics()), OVERLOADED, grpc, entry, guard);
     }
     if let Some(e) = entry.as_mut() {
         e.deadline = facts.caller_timeout;
     }
     if facts.caller_timeout.is_some_and(|c| c.is_zero()) {
-        up.metrics.denied(crate::metrics::Denied::Deadline);
+        up.metrics().denied(crate::metrics::Denied::Deadline);
         if let Some(e) = entry.as_mut() {
             e.denied = Some(crate::metrics::Denied::Deadline.as_str());
         }
         refused(&EXPIRED);
-        return refuse(Some(&up.metrics), EXPIRED, grpc, entry, guard);
+        return refuse(Some(up.metrics()), EXPIRED, grpc, entry, guard);
     }
     let again = app_retries::recall(&up, &same, start);
     if let (Some(a), Some(e)) = (&again, entry.as_mut()) {
@@ -157,7 +157,7 @@ async fn handle(
         .and_then(|a| app_retries::stop(&up, a, start))
     {
         return Box::new(app_retry_stopped(
-            &up.metrics,
+            up.metrics(),
             stop,
             (grpc, unread),
             entry,
@@ -166,11 +166,11 @@ async fn handle(
     }
     // An app's retry is a retry: the throttle is for first attempts.
     let app_retry = AppRetry::charged(again.as_ref());
-    if let Some(t) = up.throttle.as_ref().filter(|_| !app_retry)
+    if let Some(t) = up.throttle().filter(|_| !app_retry)
         && !t.admit(start, &mut fastrand::Rng::new())
     {
         refused(&THROTTLED);
-        return refuse(Some(&up.metrics), THROTTLED, grpc, entry, guard);
+        return refuse(Some(up.metrics()), THROTTLED, grpc, entry, guard);
     }
     let minted = mint_key(&up, &head);
     let mut trace = tracer.and_then(|t| begin_trace(&t, &up, &head, start));
@@ -183,7 +183,7 @@ async fn handle(
         head: &head,
         version,
         body,
-        deadline: Deadline::new(start, facts.caller_timeout, up.config.request_timeout),
+        deadline: Deadline::new(start, facts.caller_timeout, up.config().request_timeout),
         arrived: start,
         grpc: facts.grpc,
         upgrade: facts.upgrade,
@@ -210,7 +210,7 @@ async fn handle(
         && (answer.outcome != Outcome::Ok
             || answer.body == BodyRead::Untouched
             || matches!(answer.reply, Reply::Local(_)));
-    let mut resp = answer_app(&up.metrics, answer, version, grpc, guard);
+    let mut resp = answer_app(up.metrics(), answer, version, grpc, guard);
     if close {
         announce_close(&mut resp);
     }
@@ -221,7 +221,7 @@ async fn handle(
 /// A key for a request of a method in `mint_idempotency_key` that came without one.
 #[inline]
 fn mint_key(up: &Upstream, head: &Head) -> Option<HeaderValue> {
-    let retry = &up.config.retry;
+    let retry = &up.config().retry;
     // Nearly every upstream mints none: that is the first thing known.
     if retry.mint_idempotency_key.is_empty() || !retry.mint_idempotency_key.contains(&head.method) {
         return None;
@@ -231,7 +231,7 @@ fn mint_key(up: &Upstream, head: &Head) -> Option<HeaderValue> {
         return None;
     }
     let key = crate::retry::keys::mint()?;
-    if let Some(c) = &up.minted {
+    if let Some(c) = up.keys_minted() {
         c.inc();
     }
     Some(key)
@@ -239,7 +239,7 @@ fn mint_key(up: &Upstream, head: &Head) -> Option<HeaderValue> {
 
 /// The request's idempotency key, the app's own or minted, for the access log.
 fn idempotency_key(up: &Upstream, head: &Head, minted: Option<&HeaderValue>) -> Option<String> {
-    let name = up.config.retry.idempotency_header.as_ref()?;
+    let name = up.config().retry.idempotency_header.as_ref()?;
     let v = minted.or_else(|| head.headers.get(name))?;
     Some(String::from_utf8_lossy(v.as_bytes()).into_owned())
 }
@@ -288,7 +288,7 @@ fn begin_trace(
             .and_then(|h| h.to_str().ok())
             .unwrap_or_default(),
         path: head.uri.path(),
-        https: up.config.tls.is_some(),
+        https: up.config().tls.is_some(),
         upstream: up.name(),
         headers: &head.headers,
     };
@@ -423,13 +423,13 @@ fn app_retry_stopped(
 /// forgets the failure an app's retry (`again`) has now succeeded past. The clock is
 /// read only when one of them needs it.
 fn learn_from(up: &Upstream, same: &Sameness<'_>, answer: &Answer, grpc: bool, again: bool) {
-    if let Some(t) = &up.throttle
+    if let Some(t) = up.throttle()
         && learn::counts_for_throttle(answer.outcome, answer.owned_elsewhere())
     {
         t.answered(Instant::now());
     }
     let verdict = Verdict::of(answer, grpc, again);
-    let refuse = up.config.app_retries == crate::config::AppRetries::Refuse;
+    let refuse = up.config().app_retries == crate::config::AppRetries::Refuse;
     if refuse || !matches!(verdict, Verdict::Succeeded { again: false }) {
         app_retries::remember(up, same, verdict, Instant::now());
     }
@@ -484,7 +484,7 @@ const EXPIRED: Refusal = Refusal {
 /// which for an origin-form HTTP/1.1 request is already the Host header. Returns the
 /// authority the app called when the configured Host replaced it.
 fn set_upstream_host(up: &Upstream, uri: &Uri, headers: &mut http::HeaderMap) -> Option<Called> {
-    match (&up.config.host, uri.authority()) {
+    match (&up.config().host, uri.authority()) {
         (Some(h), Some(a)) => {
             headers.insert(HOST, h.clone());
             Some(Called::Uri(a.clone()))
@@ -521,9 +521,9 @@ impl Called {
 /// Counts the request against the upstream's `max_inflight`; `false` (and nothing
 /// counted) when it is full.
 fn admit(up: &Arc<Upstream>, guard: &mut RequestGuard) -> bool {
-    let before = up.inflight.fetch_add(1, AcqRel);
-    if before >= up.config.max_inflight {
-        up.inflight.fetch_sub(1, AcqRel);
+    let before = up.inflight().fetch_add(1, AcqRel);
+    if before >= up.config().max_inflight {
+        up.inflight().fetch_sub(1, AcqRel);
         return false;
     }
     guard.admitted(up.clone());
@@ -534,11 +534,11 @@ fn admit(up: &Arc<Upstream>, guard: &mut RequestGuard) -> bool {
 /// answered, its duration is observed.
 impl Admission for Upstream {
     fn leave(&self) {
-        self.inflight.fetch_sub(1, AcqRel);
+        self.inflight().fetch_sub(1, AcqRel);
     }
 
     fn finished(&self, took: std::time::Duration) {
-        self.metrics.request_duration.observe(took.as_secs_f64());
+        self.metrics().request_duration.observe(took.as_secs_f64());
     }
 }
 

@@ -181,10 +181,10 @@ fn sweeper(shared: &Arc<Shared>) -> JoinHandle<()> {
                 return;
             };
             for up in shared.snapshot.load().upstreams.iter() {
-                for ep in up.endpoints.iter() {
+                for ep in up.endpoints().iter() {
                     ep.sweep();
                 }
-                up.endpoints.readmit_due();
+                up.endpoints().readmit_due();
             }
             if let Some(inbound) = &shared.inbound {
                 inbound.sweep();

@@ -12,6 +12,7 @@
 
 use std::sync::Arc;
 use std::sync::atomic::AtomicUsize;
+use std::sync::atomic::Ordering::Relaxed;
 
 use prometheus::IntCounter;
 
@@ -29,30 +30,32 @@ use crate::metrics::{Metrics, UpstreamMetrics};
 use crate::upstream::Endpoints;
 use crate::upstream::tls::TlsClient;
 
-/// One upstream, sending the app's bodies of type `A`.
+/// One upstream, sending the app's bodies of type `A`. Its state is the retry engine's
+/// (the files of `retry/` read it directly); the rest of tollgate asks for what it needs
+/// through the methods below.
 pub struct Upstream<A> {
-    pub config: UpstreamConfig,
-    pub deadline: DeadlineConfig,
-    pub endpoints: Endpoints<ReplayBody<A>>,
-    pub budget: Arc<RetryBudget>,
+    pub(super) config: UpstreamConfig,
+    pub(super) deadline: DeadlineConfig,
+    pub(super) endpoints: Endpoints<ReplayBody<A>>,
+    pub(super) budget: Arc<RetryBudget>,
     /// The recent median attempt time (a [`RecentQuantile`] at 0.5).
-    pub median: Arc<RecentQuantile>,
+    pub(super) median: Arc<RecentQuantile>,
     /// `None` without a `[hedge]` section.
-    pub hedge: Option<Arc<Hedging>>,
-    pub inflight: Arc<AtomicUsize>,
+    pub(super) hedge: Option<Arc<Hedging>>,
+    inflight: Arc<AtomicUsize>,
     /// Open connections to every endpoint.
-    pub connections: Arc<AtomicUsize>,
-    pub metrics: Arc<UpstreamMetrics>,
+    connections: Arc<AtomicUsize>,
+    pub(super) metrics: Arc<UpstreamMetrics>,
     /// The TLS client of `config.tls`.
-    pub tls: Option<Arc<TlsClient>>,
+    pub(super) tls: Option<Arc<TlsClient>>,
     /// The throttle of first attempts, with `config.throttle`.
-    pub throttle: Option<Arc<Throttle>>,
+    pub(super) throttle: Option<Arc<Throttle>>,
     /// The failures tollgate owned in the last 2 s, to see the app retrying them.
-    pub recent: Arc<RecentFailures>,
+    recent: Arc<RecentFailures>,
     /// When its answers last said it deduplicates keyed requests.
-    pub dedupes: Arc<Dedupes>,
+    pub(super) dedupes: Arc<Dedupes>,
     /// `tollgate_idempotency_keys_minted_total`, with `mint_idempotency_key`.
-    pub minted: Option<IntCounter>,
+    minted: Option<IntCounter>,
 }
 
 impl<A: AppBody> Upstream<A> {
@@ -152,7 +155,69 @@ impl<A> std::fmt::Debug for Upstream<A> {
 }
 
 impl<A> Upstream<A> {
+    #[inline]
     pub fn name(&self) -> &str {
         &self.config.name
+    }
+
+    /// Its validated config, as built.
+    #[inline]
+    pub fn config(&self) -> &UpstreamConfig {
+        &self.config
+    }
+
+    /// The deadline headers it accepts and sends (`[deadline]`).
+    #[inline]
+    pub fn deadline(&self) -> &DeadlineConfig {
+        &self.deadline
+    }
+
+    /// Its metric handles, resolved when it was built.
+    #[inline]
+    pub fn metrics(&self) -> &UpstreamMetrics {
+        &self.metrics
+    }
+
+    /// Its endpoints, to sweep, list or re-admit.
+    #[inline]
+    pub fn endpoints(&self) -> &Endpoints<ReplayBody<A>> {
+        &self.endpoints
+    }
+
+    /// The retry budget, which an app's own retry is charged to as well.
+    #[inline]
+    pub fn budget(&self) -> &RetryBudget {
+        &self.budget
+    }
+
+    /// The throttle of first attempts, with `throttle` configured.
+    #[inline]
+    pub fn throttle(&self) -> Option<&Throttle> {
+        self.throttle.as_deref()
+    }
+
+    /// The requests admitted and not yet answered with a head, against `max_inflight`:
+    /// the proxy raises it on admission and lowers it when the head comes back.
+    #[inline]
+    pub fn inflight(&self) -> &AtomicUsize {
+        &self.inflight
+    }
+
+    /// The connections open to all its endpoints.
+    #[inline]
+    pub fn connections_open(&self) -> usize {
+        self.connections.load(Relaxed)
+    }
+
+    /// The failures tollgate owned in the last 2 s, to see the app retrying them.
+    #[inline]
+    pub fn recent_failures(&self) -> &RecentFailures {
+        &self.recent
+    }
+
+    /// The count of idempotency keys minted for it, with `mint_idempotency_key`.
+    #[inline]
+    pub fn keys_minted(&self) -> Option<&IntCounter> {
+        self.minted.as_ref()
     }
 }
