@@ -29,9 +29,10 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::mpsc::{Receiver, SyncSender, TrySendError, sync_channel};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use http::Method;
+use http::{Method, Request};
 
-use crate::config::AccessLogFormat;
+use crate::config::{AccessLogConfig, AccessLogFormat};
+use crate::http::fields::authority_of;
 use crate::metrics::{Evidence, Outcome};
 use crate::retry::policy::Failure;
 use crate::server::Finish;
@@ -99,6 +100,28 @@ pub struct Entry {
 }
 
 impl Entry {
+    /// The line of `req`, begun as it arrives: its method, the authority it names and
+    /// its path (with the query when `log.query` asks for it).
+    pub fn of_request<B>(
+        req: &Request<B>,
+        log: AccessLogConfig,
+        direction: Direction,
+    ) -> Box<Entry> {
+        let uri = req.uri();
+        let path = if log.query {
+            uri.path_and_query().map_or("/", |p| p.as_str())
+        } else {
+            uri.path()
+        };
+        Entry::new(
+            log.format,
+            direction,
+            req.method().clone(),
+            authority_of(req).unwrap_or_default().to_string(),
+            path.to_string(),
+        )
+    }
+
     /// A line begun as the request arrives, the rest filled in as it is answered.
     pub fn new(
         format: AccessLogFormat,

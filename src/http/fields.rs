@@ -212,6 +212,16 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
     }
 }
 
+/// The authority a request names: the URI's (absolute form, HTTP/2) or `Host`.
+pub fn authority_of<B>(req: &Request<B>) -> Option<&str> {
+    if let Some(a) = req.uri().authority() {
+        return Some(a.as_str());
+    }
+    req.headers()
+        .get(header::HOST)
+        .and_then(|h| h.to_str().ok())
+}
+
 /// Why a request's `Host` cannot be trusted to route it, if it cannot: more than one
 /// `Host` line, or a value that is no `host[:port]` (RFC 9112 section 3.2 asks for a
 /// 400 for both). Two `Host` lines are the classic way to make two hops route one
@@ -502,5 +512,21 @@ mod tests {
         ] {
             assert!(!check(method, target), "{method} {target} is refused");
         }
+    }
+
+    #[test]
+    fn absolute_form_uri_wins_over_host() {
+        let req = Request::builder()
+            .uri("http://payments/charge")
+            .header(header::HOST, "other")
+            .body(())
+            .unwrap();
+        assert_eq!(authority_of(&req), Some("payments"));
+        let req = Request::builder()
+            .uri("/charge")
+            .header(header::HOST, "ledger:9000")
+            .body(())
+            .unwrap();
+        assert_eq!(authority_of(&req), Some("ledger:9000"));
     }
 }

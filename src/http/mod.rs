@@ -117,6 +117,15 @@ pub(crate) fn bad(what: &'static str) -> std::io::Error {
 pub(crate) mod testing {
     #![allow(clippy::unwrap_used)]
 
+    /// A header map of the given fields, in order (a name given twice has two values).
+    pub fn fields(pairs: &[(&'static str, &'static str)]) -> http::HeaderMap {
+        let mut h = http::HeaderMap::new();
+        for (name, value) in pairs {
+            h.append(*name, http::HeaderValue::from_static(value));
+        }
+        h
+    }
+
     /// `input` cut at the given points (taken modulo its length, in order).
     pub fn cut<'a>(input: &'a [u8], points: &[usize]) -> Vec<&'a [u8]> {
         let mut at: Vec<usize> = points.iter().map(|p| p % (input.len() + 1)).collect();

@@ -16,10 +16,11 @@
 
 use std::io;
 use std::mem::MaybeUninit;
+use std::ops::Deref;
 use std::pin::{Pin, pin};
 use std::task::{Context, Poll, ready};
 
-use bytes::BytesMut;
+use bytes::{Buf, BytesMut};
 use tokio::io::{AsyncRead, AsyncReadExt, ReadBuf};
 
 /// The most one read into a released buffer takes.
@@ -79,6 +80,23 @@ pub fn release(rbuf: &mut BytesMut) {
     if rbuf.is_empty() {
         *rbuf = BytesMut::new();
     }
+}
+
+/// Hands on what was read ahead of a reader (the bytes that came with a head, or
+/// with a look at the first ones), as much as `buf` takes, before anything the
+/// connection still holds; whether there was any.
+#[inline]
+pub fn hand_on_ahead<B>(ahead: &mut B, buf: &mut ReadBuf<'_>) -> bool
+where
+    B: Buf + Deref<Target = [u8]>,
+{
+    if ahead.is_empty() {
+        return false;
+    }
+    let n = ahead.len().min(buf.remaining());
+    buf.put_slice(&ahead[..n]);
+    ahead.advance(n);
+    true
 }
 
 #[cfg(test)]

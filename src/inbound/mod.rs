@@ -52,6 +52,7 @@ use crate::metrics::{Metrics, Outcome, amplification};
 use crate::retry::budget::RetryBudget;
 use crate::server::AppBody;
 use crate::trace::Tracer;
+use crate::upstream::OutgoingBody;
 use crate::upstream::pool::Endpoint;
 use dedupe::{Dedupe, Hashed};
 use fair::FairShare;
@@ -182,6 +183,22 @@ impl Inbound {
     }
 }
 
+/// A new endpoint for the app, its connections counted in `open`.
+fn to_app<B: OutgoingBody>(
+    config: &InboundConfig,
+    open: &Arc<AtomicUsize>,
+    workers: usize,
+) -> Arc<Endpoint<B>> {
+    let addr = config.app.clone();
+    Arc::new(Endpoint::new(
+        "inbound".into(),
+        addr,
+        open.clone(),
+        workers,
+        None,
+    ))
+}
+
 impl State {
     fn build(
         config: &InboundConfig,
@@ -192,15 +209,11 @@ impl State {
         workers: usize,
     ) -> Self {
         let now = Instant::now();
-        let app = match previous {
-            Some(p) if p.config.app == config.app => p.app.clone(),
-            _ => Arc::new(Endpoint::new(
-                "inbound".into(),
-                config.app.clone(),
-                connections.clone(),
-                workers,
-                None,
-            )),
+        // The connections to the app are kept while it is the same app.
+        let same_app = previous.filter(|p| p.config.app == config.app);
+        let app = match same_app {
+            Some(p) => p.app.clone(),
+            None => to_app(config, connections, workers),
         };
         let (budget, fair) = match previous {
             Some(p)
@@ -231,16 +244,8 @@ impl State {
         let dedupe = config.dedupe.as_ref().map(|d| {
             let old = previous.and_then(|p| p.dedupe.as_ref());
             let keyed = match old {
-                Some((_, keyed)) if previous.is_some_and(|p| p.config.app == config.app) => {
-                    keyed.clone()
-                }
-                _ => Arc::new(Endpoint::new(
-                    "inbound".into(),
-                    config.app.clone(),
-                    connections.clone(),
-                    workers,
-                    None,
-                )),
+                Some((_, keyed)) if same_app.is_some() => keyed.clone(),
+                _ => to_app(config, connections, workers),
             };
             let dedupe = Dedupe::new(d, metrics.clone(), old.map(|(d, _)| &**d));
             (Arc::new(dedupe), keyed)

@@ -148,17 +148,10 @@ impl OwnedCalls {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::http::testing::fields as headers;
     use http::HeaderValue;
 
     const TP: &str = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-00";
-
-    fn headers(pairs: &[(&'static str, &'static str)]) -> HeaderMap {
-        let mut h = HeaderMap::new();
-        for (n, v) in pairs {
-            h.insert(*n, HeaderValue::from_static(v));
-        }
-        h
-    }
 
     #[tokio::test(start_paused = true)]
     async fn a_give_up_marks_only_requests_of_the_same_trace_or_id_that_began_before_it() {

@@ -30,6 +30,7 @@ use crate::answer::{NO_RETRY, NO_RETRY_LINE};
 use crate::config::AccessLogConfig;
 use crate::config::OwnedFailures;
 use crate::deadline::Deadline;
+use crate::http::fields::authority_of;
 use crate::http::grpc::GRPC_PUSHBACK;
 use crate::http::grpc::is_grpc;
 use crate::metrics::Outcome;
@@ -418,12 +419,7 @@ fn begin_trace(tracer: &Tracer, req: &Request<AppBody>, start: Instant) -> Optio
     let arrival = Arrival {
         side: Side::Inbound,
         method: req.method(),
-        authority: req
-            .uri()
-            .authority()
-            .map(|a| a.as_str())
-            .or_else(|| req.headers().get(HOST).and_then(|h| h.to_str().ok()))
-            .unwrap_or_default(),
+        authority: authority_of(req).unwrap_or_default(),
         path: req.uri().path(),
         https: false,
         upstream: "",
@@ -443,24 +439,7 @@ fn log_entry(
     caller: std::net::IpAddr,
     retry: bool,
 ) -> Box<Entry> {
-    let uri = req.uri();
-    let path = if log.query {
-        uri.path_and_query().map_or("/", |p| p.as_str())
-    } else {
-        uri.path()
-    };
-    let authority = uri
-        .authority()
-        .map(|a| a.as_str())
-        .or_else(|| req.headers().get(HOST).and_then(|h| h.to_str().ok()))
-        .unwrap_or_default();
-    let mut e = Entry::new(
-        log.format,
-        Direction::Inbound,
-        req.method().clone(),
-        authority.to_string(),
-        path.to_string(),
-    );
+    let mut e = Entry::of_request(req, log, Direction::Inbound);
     e.caller = Some(caller);
     e.kind = Some(if retry { "retry" } else { "first" });
     e

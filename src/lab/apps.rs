@@ -33,6 +33,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::task::JoinHandle;
 
 use super::LabError;
+use super::backend::serve_http1;
 use crate::run::Running;
 
 /// What the scenario runs.
@@ -93,16 +94,7 @@ where
 {
     tokio::spawn(async move {
         while let Ok((stream, _)) = listener.accept().await {
-            let answer = answer.clone();
-            tokio::spawn(async move {
-                let service = hyper::service::service_fn(move |req| {
-                    let answer = answer.clone();
-                    async move { Ok::<_, std::convert::Infallible>(answer(req).await) }
-                });
-                let _ = hyper::server::conn::http1::Builder::new()
-                    .serve_connection(TokioIo::new(stream), service)
-                    .await;
-            });
+            tokio::spawn(serve_http1(stream, answer.clone()));
         }
     })
 }

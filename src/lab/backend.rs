@@ -24,10 +24,10 @@ use std::time::Duration;
 use bytes::Bytes;
 use http::{Request, Response, StatusCode};
 use http_body_util::Full;
-use hyper::body::Incoming;
+use hyper::body::{Body, Incoming};
 use hyper::service::service_fn;
 use hyper_util::rt::TokioIo;
-use tokio::net::TcpListener;
+use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{Semaphore, watch};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
@@ -44,6 +44,18 @@ pub struct Condition {
     pub slow_share: f64,
     /// Refusing connections (the process is gone).
     pub down: bool,
+}
+
+impl Condition {
+    /// Answering every request well, in `service` at the median.
+    pub const fn healthy(service: Duration) -> Condition {
+        Condition {
+            service,
+            error_rate: 0.0,
+            slow_share: 0.0,
+            down: false,
+        }
+    }
 }
 
 /// The dependency's conditions over the run.
@@ -312,19 +324,29 @@ async fn serve(
             _ = tokio::time::sleep_until(down_at) => continue,
             r = listener.accept() => {
                 let Ok((stream, _)) = r else { continue };
-                let _ = stream.set_nodelay(true);
                 let state = state.clone();
-                conns.spawn(async move {
-                    let svc = service_fn(move |req| {
-                        let state = state.clone();
-                        async move { Ok::<_, Infallible>(handle(state, req).await) }
-                    });
-                    let _ = hyper::server::conn::http1::Builder::new()
-                        .serve_connection(TokioIo::new(stream), svc)
-                        .await;
-                });
+                conns.spawn(serve_http1(stream, move |req| handle(state.clone(), req)));
             }
         }
     }
     conns.abort_all();
+}
+
+/// Answers HTTP/1.1 on one accepted connection with `answer`, until it closes.
+pub async fn serve_http1<F, Fut, B>(stream: TcpStream, answer: F)
+where
+    F: Fn(Request<Incoming>) -> Fut + Send + 'static,
+    Fut: Future<Output = Response<B>> + Send + 'static,
+    B: Body + Send + 'static,
+    B::Data: Send,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    let _ = stream.set_nodelay(true);
+    let svc = service_fn(move |req| {
+        let answered = answer(req);
+        async move { Ok::<_, Infallible>(answered.await) }
+    });
+    let _ = hyper::server::conn::http1::Builder::new()
+        .serve_connection(TokioIo::new(stream), svc)
+        .await;
 }

@@ -161,10 +161,8 @@ async fn rig(callers: usize, budget: bool, run: Duration, start: Instant) -> Res
     let failing = Schedule {
         workers: 64,
         normal: Condition {
-            service: Duration::from_millis(2),
             error_rate: 1.0,
-            slow_share: 0.0,
-            down: false,
+            ..Condition::healthy(Duration::from_millis(2))
         },
         episodes: vec![],
     };

@@ -291,11 +291,40 @@ async fn show_progress(
     }
 }
 
-pub(crate) fn lab_runtime() -> std::io::Result<tokio::runtime::Runtime> {
-    tokio::runtime::Builder::new_multi_thread()
+/// Runs a scenario on a runtime of its own, `work` told whether to show progress (on a
+/// terminal, without `--json`); `None` once it has said why the scenario could not run.
+fn run_scenario<R, F>(args: &LabArgs, work: impl FnOnce(bool) -> F) -> Option<R>
+where
+    F: Future<Output = Result<R, LabError>>,
+{
+    let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(std::thread::available_parallelism().map_or(2, |n| n.get()))
         .enable_all()
-        .build()
+        .build();
+    let progress = !args.json && std::io::stderr().is_terminal();
+    match rt
+        .map_err(|e| e.to_string())
+        .and_then(|rt| rt.block_on(work(progress)).map_err(|e| e.to_string()))
+    {
+        Ok(r) => Some(r),
+        Err(e) => {
+            eprintln!("tollgate lab: {e}");
+            None
+        }
+    }
+}
+
+/// A scenario's report: one JSON object with `--json`, else its table.
+fn report_text(
+    args: &LabArgs,
+    json: impl FnOnce() -> serde_json::Value,
+    table: impl FnOnce() -> String,
+) -> String {
+    if args.json {
+        serde_json::to_string_pretty(&json()).unwrap_or_default() + "\n"
+    } else {
+        table()
+    }
 }
 
 /// The inbound side's scenarios, which are not two chains side by side.
@@ -308,23 +337,11 @@ fn inbound_scenario(args: &LabArgs) -> Option<i32> {
         eprintln!("tollgate lab: --plot and --error-rate are not for the {name} scenario");
         return Some(2);
     }
-    let rt = match lab_runtime() {
-        Ok(rt) => rt,
-        Err(e) => {
-            eprintln!("tollgate lab: {e}");
-            return Some(1);
-        }
-    };
-    let progress = !args.json && std::io::stderr().is_terminal();
     let out = if name == "apps" {
-        rt.block_on(apps::run(apps::AppsSpec::default(), progress))
-            .map(|r| {
-                if args.json {
-                    serde_json::to_string_pretty(&apps::to_json(&r)).unwrap_or_default() + "\n"
-                } else {
-                    apps::table(&r)
-                }
-            })
+        run_scenario(args, |progress| {
+            apps::run(apps::AppsSpec::default(), progress)
+        })
+        .map(|r| report_text(args, || apps::to_json(&r), || apps::table(&r)))
     } else if name == "fleet" {
         let mut spec = fleet::FleetSpec::default();
         if let Some(c) = args.callers.clone() {
@@ -340,36 +357,21 @@ fn inbound_scenario(args: &LabArgs) -> Option<i32> {
         if let Some(d) = args.duration {
             spec.measure = Duration::from_secs_f64(d);
         }
-        rt.block_on(fleet::run(spec, progress)).map(|r| {
-            if args.json {
-                serde_json::to_string_pretty(&fleet::to_json(&r)).unwrap_or_default() + "\n"
-            } else {
-                fleet::table(&r)
-            }
-        })
+        run_scenario(args, |progress| fleet::run(spec, progress))
+            .map(|r| report_text(args, || fleet::to_json(&r), || fleet::table(&r)))
     } else {
         let mut spec = overload::OverloadSpec::default();
         if let Some(d) = args.duration {
             spec.duration = Duration::from_secs_f64(d).max(spec.warmup + Duration::from_secs(1));
         }
-        rt.block_on(overload::run(spec, progress)).map(|r| {
-            if args.json {
-                serde_json::to_string_pretty(&overload::to_json(&r)).unwrap_or_default() + "\n"
-            } else {
-                overload::table(&r)
-            }
-        })
+        run_scenario(args, |progress| overload::run(spec, progress))
+            .map(|r| report_text(args, || overload::to_json(&r), || overload::table(&r)))
     };
-    match out {
-        Ok(text) => {
-            crate::print::stdout(&text);
-            Some(0)
-        }
-        Err(e) => {
-            eprintln!("tollgate lab: {e}");
-            Some(1)
-        }
-    }
+    let Some(text) = out else {
+        return Some(1);
+    };
+    crate::print::stdout(&text);
+    Some(0)
 }
 
 /// Runs `tollgate lab`; returns the exit code.
@@ -417,32 +419,23 @@ pub fn lab_main(args: LabArgs) -> i32 {
         );
         return 2;
     };
-    let rt = match lab_runtime() {
-        Ok(rt) => rt,
-        Err(e) => {
-            eprintln!("tollgate lab: {e}");
-            return 1;
-        }
-    };
-    // The table printed at the end starts with the scenario's name and description;
-    // while it runs, stderr only says how long that will be.
     if !choose(&mut s, &args.chains) {
         return 2;
     }
-    let progress = !args.json && std::io::stderr().is_terminal();
-    if progress {
-        crate::print::stderr_line(&format!(
-            "running {} chains side by side for {:.0}s ...",
-            s.columns.len(),
-            s.load.duration.as_secs_f64()
-        ));
-    }
-    let result = match rt.block_on(run(s, progress)) {
-        Ok(r) => r,
-        Err(e) => {
-            eprintln!("tollgate lab: {e}");
-            return 1;
+    let result = run_scenario(&args, |progress| {
+        // The table printed at the end starts with the scenario's name and
+        // description; while it runs, stderr only says how long that will be.
+        if progress {
+            crate::print::stderr_line(&format!(
+                "running {} chains side by side for {:.0}s ...",
+                s.columns.len(),
+                s.load.duration.as_secs_f64()
+            ));
         }
+        run(s, progress)
+    });
+    let Some(result) = result else {
+        return 1;
     };
     if let Some(path) = &args.plot {
         let svg = plot::svg(&result.scenario, &result.chains);
@@ -451,12 +444,11 @@ pub fn lab_main(args: LabArgs) -> i32 {
             return 1;
         }
     }
-    let mut out = if args.json {
-        let v = report::to_json(&result.scenario, &result.chains);
-        serde_json::to_string_pretty(&v).unwrap_or_default() + "\n"
-    } else {
-        report::table(&result.scenario, &result.chains)
-    };
+    let mut out = report_text(
+        &args,
+        || report::to_json(&result.scenario, &result.chains),
+        || report::table(&result.scenario, &result.chains),
+    );
     if let Some(path) = args.plot.as_ref().filter(|_| !args.json) {
         out.push_str(&format!("\n  plot written to {}\n", path.display()));
     }

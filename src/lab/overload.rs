@@ -139,12 +139,7 @@ async fn phase(
     let start = Instant::now() + Duration::from_millis(300);
     let schedule = Schedule {
         workers: spec.workers,
-        normal: Condition {
-            service: spec.service,
-            error_rate: 0.0,
-            slow_share: 0.0,
-            down: false,
-        },
+        normal: Condition::healthy(spec.service),
         episodes: vec![],
     };
     let app = Backend::start(schedule, duration + Duration::from_secs(5), start, 1)

@@ -16,7 +16,6 @@
 //! one on a free loopback port, persisting nothing, and stops it at the end.
 
 use std::collections::HashMap;
-use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
@@ -27,7 +26,6 @@ use std::time::Duration;
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
-use hyper::service::service_fn;
 use hyper_util::rt::TokioIo;
 use serde_json::{Value, json};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -36,6 +34,7 @@ use tokio::task::JoinSet;
 use tokio::time::Instant;
 
 use super::LabError;
+use super::backend::serve_http1;
 use crate::run::Running;
 
 /// What the payments scenario runs.
@@ -293,15 +292,10 @@ impl LedgerReplica {
             let mut conns = JoinSet::new();
             while let Ok((stream, _)) = listener.accept().await {
                 let ledger = ledger.clone();
-                conns.spawn(async move {
-                    let svc = service_fn(move |req: http::Request<Incoming>| {
-                        let ledger = ledger.clone();
-                        async move { Ok::<_, Infallible>(book(&ledger, req).await) }
-                    });
-                    let _ = hyper::server::conn::http1::Builder::new()
-                        .serve_connection(TokioIo::new(stream), svc)
-                        .await;
-                });
+                conns.spawn(serve_http1(stream, move |req| {
+                    let ledger = ledger.clone();
+                    async move { book(&ledger, req).await }
+                }));
                 while conns.try_join_next().is_some() {}
             }
         });
@@ -555,28 +549,9 @@ pub fn main(args: &super::LabArgs) -> i32 {
     if let Some(loss) = args.error_rate {
         spec.loss = loss;
     }
-    let rt = match super::lab_runtime() {
-        Ok(rt) => rt,
-        Err(e) => {
-            eprintln!("tollgate lab: {e}");
-            return 1;
-        }
+    let Some(r) = super::run_scenario(args, |progress| run(spec, progress)) else {
+        return 1;
     };
-    let progress = !args.json && std::io::IsTerminal::is_terminal(&std::io::stderr());
-    match rt.block_on(run(spec, progress)) {
-        Ok(r) if args.json => {
-            crate::print::stdout(
-                &(serde_json::to_string_pretty(&to_json(&r)).unwrap_or_default() + "\n"),
-            );
-            0
-        }
-        Ok(r) => {
-            crate::print::stdout(&table(&r));
-            0
-        }
-        Err(e) => {
-            eprintln!("tollgate lab: {e}");
-            1
-        }
-    }
+    crate::print::stdout(&super::report_text(args, || to_json(&r), || table(&r)));
+    0
 }

@@ -153,33 +153,86 @@ pub fn scenario(name: &str, o: &Overrides) -> Option<Scenario> {
     Some(s)
 }
 
-/// The published experiment: 60 requests/s for 20 s against a backend degraded to
-/// 90 requests/s capacity with a 40% base error rate.
-fn storm() -> Scenario {
-    Scenario {
-        name: "storm",
-        about: String::new(),
-        load: LoadSpec {
-            rps: 60.0,
-            duration: secs(20),
-            deadline: secs(1),
-            patience: secs(2),
-            host: "api",
-            urls: Urls::One,
-        },
-        backend: Schedule {
-            workers: 3,
-            normal: Condition {
-                service: Duration::from_micros(33_333),
-                error_rate: 0.4,
-                slow_share: 0.0,
-                down: false,
+/// Load spread over a hundred URLs, with a user who waits twice the deadline.
+fn zipf(rps: f64, duration: Duration, deadline: Duration) -> LoadSpec {
+    LoadSpec {
+        rps,
+        duration,
+        deadline,
+        patience: deadline * 2,
+        host: "api",
+        urls: Urls::Zipf(100),
+    }
+}
+
+/// A retry-storm scenario with one episode of trouble, whose end is where recovery is
+/// measured from; the backend is healthy outside it.
+struct Episode {
+    name: &'static str,
+    load: LoadSpec,
+    workers: usize,
+    /// The backend's median outside the episode.
+    median: Duration,
+    from: Duration,
+    to: Duration,
+    trouble: Condition,
+}
+
+impl Episode {
+    fn scenario(self) -> Scenario {
+        Scenario {
+            name: self.name,
+            about: String::new(),
+            load: self.load,
+            backend: Schedule {
+                workers: self.workers,
+                normal: Condition::healthy(self.median),
+                episodes: vec![(self.from, self.to, self.trouble)],
             },
+            recovery_from: Some(self.to),
+            published: None,
+            columns: storm_columns(),
+            settled_after: None,
+        }
+    }
+}
+
+/// A scenario whose backend keeps its `normal` condition, for `columns` side by side.
+fn steady(
+    name: &'static str,
+    load: LoadSpec,
+    workers: usize,
+    normal: Condition,
+    columns: Vec<Column>,
+) -> Scenario {
+    Scenario {
+        name,
+        about: String::new(),
+        load,
+        backend: Schedule {
+            workers,
+            normal,
             episodes: vec![],
         },
         recovery_from: None,
-        columns: storm_columns(),
+        published: None,
+        columns,
         settled_after: None,
+    }
+}
+
+/// The published experiment: 60 requests/s for 20 s against a backend degraded to
+/// 90 requests/s capacity with a 40% base error rate.
+fn storm() -> Scenario {
+    let load = LoadSpec {
+        urls: Urls::One,
+        ..zipf(60.0, secs(20), secs(1))
+    };
+    let normal = Condition {
+        error_rate: 0.4,
+        ..Condition::healthy(Duration::from_micros(33_333))
+    };
+    Scenario {
         published: Some(Published {
             source: "published budgeted chain (2026-07-08)",
             requests: 1200,
@@ -189,6 +242,7 @@ fn storm() -> Scenario {
             p50: ms(10),
             p99: ms(1103),
         }),
+        ..steady("storm", load, 3, normal, storm_columns())
     }
 }
 
@@ -196,119 +250,47 @@ fn storm() -> Scenario {
 /// pool of connections sized for the good days (Stagefront's on-sale, at a fifth
 /// of its traffic: 100 charges/s and a pool of 20).
 fn brownout() -> Scenario {
-    Scenario {
+    Episode {
         name: "brownout",
-        about: String::new(),
-        load: LoadSpec {
-            rps: 100.0,
-            duration: secs(60),
-            deadline: secs(2),
-            patience: secs(4),
-            host: "api",
-            urls: Urls::Zipf(100),
-        },
-        backend: Schedule {
-            workers: 20,
-            normal: Condition {
-                service: ms(150),
-                error_rate: 0.0,
-                slow_share: 0.0,
-                down: false,
-            },
-            episodes: vec![(
-                secs(10),
-                secs(40),
-                Condition {
-                    service: ms(900),
-                    error_rate: 0.0,
-                    slow_share: 0.0,
-                    down: false,
-                },
-            )],
-        },
-        recovery_from: Some(secs(40)),
-        published: None,
-        columns: storm_columns(),
-        settled_after: None,
+        load: zipf(100.0, secs(60), secs(2)),
+        workers: 20,
+        median: ms(150),
+        from: secs(10),
+        to: secs(40),
+        trouble: Condition::healthy(ms(900)),
     }
+    .scenario()
 }
 
 /// 95 % utilisation; capacity drops to a fifth for 2 s.
 fn dip() -> Scenario {
-    Scenario {
+    Episode {
         name: "dip",
-        about: String::new(),
-        load: LoadSpec {
-            rps: 95.0,
-            duration: secs(20),
-            deadline: secs(1),
-            patience: secs(2),
-            host: "api",
-            urls: Urls::Zipf(100),
-        },
-        backend: Schedule {
-            workers: 10,
-            normal: Condition {
-                service: ms(100),
-                error_rate: 0.0,
-                slow_share: 0.0,
-                down: false,
-            },
-            episodes: vec![(
-                secs(5),
-                secs(7),
-                Condition {
-                    service: ms(500),
-                    error_rate: 0.0,
-                    slow_share: 0.0,
-                    down: false,
-                },
-            )],
-        },
-        recovery_from: Some(secs(7)),
-        published: None,
-        columns: storm_columns(),
-        settled_after: None,
+        load: zipf(95.0, secs(20), secs(1)),
+        workers: 10,
+        median: ms(100),
+        from: secs(5),
+        to: secs(7),
+        trouble: Condition::healthy(ms(500)),
     }
+    .scenario()
 }
 
 /// Hard down (connections refused) for 10 s, then healthy.
 fn down() -> Scenario {
-    Scenario {
+    Episode {
         name: "down",
-        about: String::new(),
-        load: LoadSpec {
-            rps: 80.0,
-            duration: secs(25),
-            deadline: secs(1),
-            patience: secs(2),
-            host: "api",
-            urls: Urls::Zipf(100),
+        load: zipf(80.0, secs(25), secs(1)),
+        workers: 10,
+        median: ms(100),
+        from: secs(5),
+        to: secs(15),
+        trouble: Condition {
+            down: true,
+            ..Condition::healthy(ms(100))
         },
-        backend: Schedule {
-            workers: 10,
-            normal: Condition {
-                service: ms(100),
-                error_rate: 0.0,
-                slow_share: 0.0,
-                down: false,
-            },
-            episodes: vec![(
-                secs(5),
-                secs(15),
-                Condition {
-                    service: ms(100),
-                    error_rate: 0.0,
-                    slow_share: 0.0,
-                    down: true,
-                },
-            )],
-        },
-        recovery_from: Some(secs(15)),
-        published: None,
-        columns: storm_columns(),
-        settled_after: None,
     }
+    .scenario()
 }
 
 /// A dependency with a slow tail: 2% of its answers take ten times the median
@@ -322,35 +304,16 @@ fn hedge() -> Scenario {
         endpoints: 3,
         silent: 0,
     };
-    Scenario {
-        name: "hedge",
-        about: String::new(),
-        load: LoadSpec {
-            rps: 200.0,
-            duration: secs(30),
-            deadline: secs(1),
-            patience: secs(2),
-            host: "api",
-            urls: Urls::Zipf(100),
-        },
-        backend: Schedule {
-            workers: 64,
-            normal: Condition {
-                service: ms(20),
-                error_rate: 0.0,
-                slow_share: 0.02,
-                down: false,
-            },
-            episodes: vec![],
-        },
-        recovery_from: None,
-        published: None,
-        columns: vec![
-            endpoint(Chain::Owned, "plain", "without hedging"),
-            endpoint(Chain::Hedged, "hedged", "hedged (p95, max_extra 5%)"),
-        ],
-        settled_after: None,
-    }
+    let tail = Condition {
+        slow_share: 0.02,
+        ..Condition::healthy(ms(20))
+    };
+    let columns = vec![
+        endpoint(Chain::Owned, "plain", "without hedging"),
+        endpoint(Chain::Hedged, "hedged", "hedged (p95, max_extra 5%)"),
+    ];
+    let load = zipf(200.0, secs(30), secs(1));
+    steady("hedge", load, 64, tail, columns)
 }
 
 /// Three endpoints, one of which accepts connections and never answers (a hung pod
@@ -364,35 +327,15 @@ fn blackhole() -> Scenario {
         endpoints,
         silent,
     };
+    let columns = vec![
+        column(Chain::Ejecting, "healthy", "three answering", 3, 0),
+        column(Chain::Owned, "silent", "one silent", 2, 1),
+        column(Chain::Ejecting, "ejecting", "one silent, [outlier]", 2, 1),
+    ];
+    let load = zipf(100.0, secs(30), secs(1));
     Scenario {
-        name: "blackhole",
-        about: String::new(),
-        load: LoadSpec {
-            rps: 100.0,
-            duration: secs(30),
-            deadline: secs(1),
-            patience: secs(2),
-            host: "api",
-            urls: Urls::Zipf(100),
-        },
-        backend: Schedule {
-            workers: 30,
-            normal: Condition {
-                service: ms(20),
-                error_rate: 0.0,
-                slow_share: 0.0,
-                down: false,
-            },
-            episodes: vec![],
-        },
-        recovery_from: None,
-        published: None,
-        columns: vec![
-            column(Chain::Ejecting, "healthy", "three answering", 3, 0),
-            column(Chain::Owned, "silent", "one silent", 2, 1),
-            column(Chain::Ejecting, "ejecting", "one silent, [outlier]", 2, 1),
-        ],
         settled_after: Some(secs(3)),
+        ..steady("blackhole", load, 30, Condition::healthy(ms(20)), columns)
     }
 }
 
@@ -402,16 +345,11 @@ fn blackhole() -> Scenario {
 fn dead() -> Scenario {
     let mut s = down();
     s.name = "dead";
-    s.backend.episodes = vec![(
-        secs(5),
-        secs(15),
-        Condition {
-            service: ms(1),
-            error_rate: 1.0,
-            slow_share: 0.0,
-            down: false,
-        },
-    )];
+    let answering_503 = Condition {
+        error_rate: 1.0,
+        ..Condition::healthy(ms(1))
+    };
+    s.backend.episodes = vec![(secs(5), secs(15), answering_503)];
     s
 }
 

@@ -18,12 +18,12 @@ use tokio::time::Instant;
 
 use super::app_retries::{self, AppRetry, Sameness, Verdict};
 use super::local::{announce_close, local_answer};
-use super::route::authority_of;
 use super::{Shared, Upstream, unrouted};
 use crate::access_log::{Direction, Entry};
 use crate::answer::{self as grpc, Local};
 use crate::config::{AccessLogConfig, UnknownAuthorities};
 use crate::deadline::Deadline;
+use crate::http::fields::authority_of;
 use crate::http::grpc::{GRPC_PUSHBACK, GRPC_STATUS, is_grpc, is_grpc_answer};
 use crate::http::spare;
 use crate::metrics::{Denied, Outcome, UpstreamMetrics};
@@ -323,19 +323,7 @@ fn access_log_entry(
     log: AccessLogConfig,
     up: Option<&Upstream>,
 ) -> Box<Entry> {
-    let uri = req.uri();
-    let path = if log.query {
-        uri.path_and_query().map_or("/", |p| p.as_str())
-    } else {
-        uri.path()
-    };
-    let mut e = Entry::new(
-        log.format,
-        Direction::Outbound,
-        req.method().clone(),
-        authority_of(req).unwrap_or_default().to_string(),
-        path.to_string(),
-    );
+    let mut e = Entry::of_request(req, log, Direction::Outbound);
     e.upstream = up.map(|u| u.name().to_string());
     e
 }

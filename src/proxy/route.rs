@@ -5,9 +5,6 @@
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
 
-use http::Request;
-use http::header::HOST;
-
 /// Authority -> upstream index.
 /// A map from names in the config to what they stand for, looked up on every request.
 ///
@@ -89,14 +86,6 @@ fn strip_port(authority: &str) -> &str {
     }
 }
 
-/// The authority the app addressed: the URI's (absolute form, HTTP/2) or `Host`.
-pub fn authority_of<B>(req: &Request<B>) -> Option<&str> {
-    if let Some(a) = req.uri().authority() {
-        return Some(a.as_str());
-    }
-    req.headers().get(HOST).and_then(|h| h.to_str().ok())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -132,21 +121,5 @@ mod tests {
         assert_eq!(r.lookup("evil.example.com"), None);
         assert_eq!(r.lookup("payments.evil.example.com"), None);
         assert_eq!(r.lookup(""), None);
-    }
-
-    #[test]
-    fn absolute_form_uri_wins_over_host() {
-        let req = Request::builder()
-            .uri("http://payments/charge")
-            .header(HOST, "other")
-            .body(())
-            .unwrap();
-        assert_eq!(authority_of(&req), Some("payments"));
-        let req = Request::builder()
-            .uri("/charge")
-            .header(HOST, "ledger:9000")
-            .body(())
-            .unwrap();
-        assert_eq!(authority_of(&req), Some("ledger:9000"));
     }
 }

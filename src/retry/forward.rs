@@ -435,6 +435,29 @@ impl<'a, A: AppBody> Call<'a, A> {
         }
     }
 
+    /// The retry policy of the upstream, as it stands now.
+    fn policy(&self) -> Policy<'a> {
+        let retry = &self.up.config.retry;
+        Policy {
+            retry,
+            backoff: Backoff::from(&retry.backoff),
+            budget: &self.up.budget,
+            median: self.up.median.get(),
+        }
+    }
+
+    /// The attempts made, as the policy counts them: an app's own retry has used them
+    /// all, so it is not retried again.
+    fn attempts_used(&self) -> u32 {
+        self.attempts
+            + self
+                .up
+                .config
+                .retry
+                .max_attempts
+                .saturating_sub(self.limit())
+    }
+
     /// Tells what the attempt just ended showed to the parts that learn from it.
     fn learn(&self, number: u32, failure: Option<Failure>, resp: Option<&UpstreamResponse>) {
         if !learn::listening(self.up) {
@@ -631,18 +654,12 @@ impl<'a, A: AppBody> Call<'a, A> {
             }
             Beside::Retry => {
                 let body = self.body.fork()?;
-                let retry = &self.up.config.retry;
-                let policy = Policy {
-                    retry,
-                    backoff: &Backoff::from(&retry.backoff),
-                    budget: &self.up.budget,
-                    median: self.up.median.get(),
-                };
+                let policy = self.policy();
                 let situation = Situation {
                     failure: Failure::Timeout,
                     response: None,
                     owned: false,
-                    attempts: self.attempts + retry.max_attempts.saturating_sub(self.limit()),
+                    attempts: self.attempts_used(),
                     request_retryable: self.retryable,
                     deadline: self.deadline,
                     now,
@@ -757,18 +774,12 @@ impl<'a, A: AppBody> Call<'a, A> {
         if failure == Failure::Timeout && self.deadline.expired(now) {
             return Err(Stop::Deadline);
         }
-        let policy = Policy {
-            retry,
-            backoff: &Backoff::from(&retry.backoff),
-            budget: &self.up.budget,
-            median: self.up.median.get(),
-        };
+        let policy = self.policy();
         let situation = Situation {
             failure,
             response: response.map(|r| Fields::of(r)),
             owned: response.is_some_and(|r| Callee::of(r.status(), Fields::of(r)).owned()),
-            // An app's own retry has used every attempt: it is not retried again.
-            attempts: self.attempts + retry.max_attempts.saturating_sub(self.limit()),
+            attempts: self.attempts_used(),
             request_retryable: self.may_resend(failure, now),
             deadline: self.deadline,
             now,

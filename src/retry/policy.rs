@@ -202,7 +202,7 @@ pub enum BodyState {
 /// The retry machinery one upstream decides with.
 pub struct Policy<'a> {
     pub retry: &'a RetryConfig,
-    pub backoff: &'a Backoff,
+    pub backoff: Backoff,
     pub budget: &'a RetryBudget,
     pub median: Option<Duration>,
 }
@@ -367,7 +367,7 @@ mod tests {
         ) -> Result<Duration, Stop> {
             let p = Policy {
                 retry: &self.retry,
-                backoff: &Backoff::from(&self.retry.backoff),
+                backoff: Backoff::from(&self.retry.backoff),
                 budget: &self.budget,
                 median,
             };
@@ -377,7 +377,7 @@ mod tests {
         fn policy(&self, median: Option<Duration>) -> Policy<'_> {
             Policy {
                 retry: &self.retry,
-                backoff: &self.backoff,
+                backoff: self.backoff,
                 budget: &self.budget,
                 median,
             }

@@ -22,7 +22,7 @@ use std::sync::Arc;
 use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
-use bytes::{Buf, Bytes};
+use bytes::Bytes;
 use http::header::{CONNECTION, CONTENT_TYPE};
 use http::{HeaderValue, Request, Response, StatusCode, Version};
 use hyper::body::Incoming;
@@ -39,6 +39,7 @@ use super::service::Service;
 use super::watchdog::{ConnState, Verdict, verdict};
 use crate::config::ListenerConfig;
 use crate::http::fields::{host_problem, target_problem};
+use crate::http::read::hand_on_ahead;
 use crate::http::spawn::BoxedSpawn;
 
 const H2_PREFACE: &[u8; 24] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
@@ -56,14 +57,9 @@ impl AsyncRead for Prefixed {
         cx: &mut Context<'_>,
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
-        let prefixed = !self.prefix.is_empty();
-        if prefixed {
-            let n = self.prefix.len().min(buf.remaining());
-            buf.put_slice(&self.prefix[..n]);
-            self.prefix.advance(n);
-            if buf.remaining() == 0 {
-                return Poll::Ready(Ok(()));
-            }
+        let prefixed = hand_on_ahead(&mut self.prefix, buf);
+        if prefixed && buf.remaining() == 0 {
+            return Poll::Ready(Ok(()));
         }
         // After the prefix, the same read takes what else the socket holds: the head
         // arrives in one piece, so the HTTP reader never grows its buffer to append

@@ -123,6 +123,7 @@ pub fn strip_for_passing(headers: &mut HeaderMap, http1: bool) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::http::testing::fields;
 
     #[test]
     fn one_pass_reads_the_deadline_and_grpc_and_cleans_up() {
@@ -130,20 +131,18 @@ mod tests {
             HeaderName::from_static("x-timeout-ms"),
             crate::deadline::GRPC_TIMEOUT,
         ];
-        let mut h = HeaderMap::new();
-        h.insert("x-timeout-ms", HeaderValue::from_static("900"));
-        h.insert("grpc-timeout", HeaderValue::from_static("250m"));
-        h.insert(
-            "content-type",
-            HeaderValue::from_static("application/grpc+proto"),
-        );
-        h.insert("x-tollgate-attempt", HeaderValue::from_static("7"));
-        h.insert("x-tollgate-hedge", HeaderValue::from_static("1"));
-        h.append("x-tollgate-hedge", HeaderValue::from_static("1"));
-        h.insert("x-tollgate-outcome", HeaderValue::from_static("ok"));
-        h.insert("x-envoy-attempt-count", HeaderValue::from_static("3"));
-        h.insert("connection", HeaderValue::from_static("keep-alive"));
-        h.insert("x-app", HeaderValue::from_static("kept"));
+        let mut h = fields(&[
+            ("x-timeout-ms", "900"),
+            ("grpc-timeout", "250m"),
+            ("content-type", "application/grpc+proto"),
+            ("x-tollgate-attempt", "7"),
+            ("x-tollgate-hedge", "1"),
+            ("x-tollgate-hedge", "1"),
+            ("x-tollgate-outcome", "ok"),
+            ("x-envoy-attempt-count", "3"),
+            ("connection", "keep-alive"),
+            ("x-app", "kept"),
+        ]);
         let facts = prepare_request(&mut h, &accept, true);
         assert_eq!(facts.caller_timeout, Some(Duration::from_millis(250)));
         assert!(facts.grpc);
@@ -152,13 +151,11 @@ mod tests {
         // Another proxy's words pass on; only tollgate writes tollgate's.
         assert_eq!(left, ["content-type", "x-app", "x-envoy-attempt-count"]);
 
-        let mut marked = HeaderMap::new();
-        marked.insert("x-envoy-attempt-count", HeaderValue::from_static("2"));
+        let mut marked = fields(&[("x-envoy-attempt-count", "2")]);
         assert!(prepare_request(&mut marked, &accept, true).retry_marker);
         assert_eq!(marked.len(), 1, "a marker goes on as it came");
 
-        let mut plain = HeaderMap::new();
-        plain.insert("accept", HeaderValue::from_static("*/*"));
+        let mut plain = fields(&[("accept", "*/*")]);
         assert_eq!(
             prepare_request(&mut plain, &accept, true),
             RequestFacts::default()
@@ -169,14 +166,11 @@ mod tests {
     #[test]
     fn an_http1_upgrade_keeps_its_fields_and_nothing_else_does() {
         let ws = || {
-            let mut h = HeaderMap::new();
-            h.insert(
-                "connection",
-                HeaderValue::from_static("keep-alive, Upgrade"),
-            );
-            h.insert("upgrade", HeaderValue::from_static("websocket"));
-            h.insert("keep-alive", HeaderValue::from_static("timeout=5"));
-            h
+            fields(&[
+                ("connection", "keep-alive, Upgrade"),
+                ("upgrade", "websocket"),
+                ("keep-alive", "timeout=5"),
+            ])
         };
         let mut h = ws();
         assert!(prepare_request(&mut h, &[], true).upgrade);
@@ -201,20 +195,19 @@ mod tests {
 
     #[test]
     fn passing_drops_only_the_hop_by_hop_fields() {
-        let mut h = HeaderMap::new();
-        h.insert("x-timeout-ms", HeaderValue::from_static("900"));
-        h.insert("x-tollgate-attempt", HeaderValue::from_static("2"));
-        h.insert("connection", HeaderValue::from_static("keep-alive, x-hop"));
-        h.insert("x-hop", HeaderValue::from_static("1"));
-        h.insert("proxy-authorization", HeaderValue::from_static("Basic x"));
+        let mut h = fields(&[
+            ("x-timeout-ms", "900"),
+            ("x-tollgate-attempt", "2"),
+            ("connection", "keep-alive, x-hop"),
+            ("x-hop", "1"),
+            ("proxy-authorization", "Basic x"),
+        ]);
         assert!(!strip_for_passing(&mut h, true));
         let mut left: Vec<&str> = h.keys().map(|k| k.as_str()).collect();
         left.sort();
         assert_eq!(left, ["x-timeout-ms", "x-tollgate-attempt"]);
 
-        let mut up = HeaderMap::new();
-        up.insert("connection", HeaderValue::from_static("Upgrade"));
-        up.insert("upgrade", HeaderValue::from_static("websocket"));
+        let mut up = fields(&[("connection", "Upgrade"), ("upgrade", "websocket")]);
         assert!(strip_for_passing(&mut up.clone(), true));
         assert!(!strip_for_passing(&mut up, false), "no upgrade over HTTP/2");
         assert!(up.is_empty());

@@ -10,11 +10,11 @@ use std::sync::Mutex;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use bytes::Buf;
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, ReadBuf};
 
 use super::socket::{Io, lock};
 use super::watchdog::ConnState;
+use crate::http::read::hand_on_ahead;
 use crate::upstream::upgraded::Upgraded;
 
 /// The app's side of the tunnel: its socket, and what was read ahead of it.
@@ -27,10 +27,7 @@ impl AsyncRead for AppSide<'_> {
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
         let mut io = lock(self.0);
-        if !io.rbuf.is_empty() {
-            let n = io.rbuf.len().min(buf.remaining());
-            buf.put_slice(&io.rbuf[..n]);
-            io.rbuf.advance(n);
+        if hand_on_ahead(&mut io.rbuf, buf) {
             return Poll::Ready(Ok(()));
         }
         if io.eof {

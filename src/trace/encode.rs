@@ -13,6 +13,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use http::Method;
 use tokio::time::Instant;
 
+use super::context::SpanId;
 use super::protobuf::Writer;
 use super::span::{Attempt, Backoff, RetryReason, Side, Spans};
 use crate::metrics::AttemptResult;
@@ -132,20 +133,37 @@ pub(super) fn export_request(batch: &[Box<Spans>], resource: &Resource, clock: C
     w.buf
 }
 
-/// The span of the request tollgate received.
-fn server_span(w: &mut Writer, s: &Spans, clock: &Clock) {
+/// What every span of the request begins with: its trace and its own id, the trace's
+/// state, its parent, its name, its kind, and when it began and ended (`end`, when it
+/// has not ended, is its start).
+fn span_head(
+    w: &mut Writer,
+    s: &Spans,
+    (id, parent): (SpanId, Option<SpanId>),
+    kind: u64,
+    (start, end): (Instant, Option<Instant>),
+    clock: &Clock,
+) {
     w.bytes(SPAN_TRACE_ID, &s.trace_id.to_bytes());
-    w.bytes(SPAN_SPAN_ID, &s.span_id.to_bytes());
+    w.bytes(SPAN_SPAN_ID, &id.to_bytes());
     w.bytes(SPAN_TRACE_STATE, s.str(&s.tracestate).as_bytes());
-    let mut flags = u32::from(s.flags) | HAS_IS_REMOTE;
-    if let Some(parent) = s.remote_parent {
+    if let Some(parent) = parent {
         w.bytes(SPAN_PARENT_SPAN_ID, &parent.to_bytes());
-        flags |= IS_REMOTE;
     }
     name(w, s);
-    w.uint(SPAN_KIND, KIND_SERVER);
-    w.fixed64(SPAN_START, clock.unix_nanos(s.start));
-    w.fixed64(SPAN_END, clock.unix_nanos(s.end.unwrap_or(s.start)));
+    w.uint(SPAN_KIND, kind);
+    w.fixed64(SPAN_START, clock.unix_nanos(start));
+    w.fixed64(SPAN_END, clock.unix_nanos(end.unwrap_or(start)));
+}
+
+/// The span of the request tollgate received.
+fn server_span(w: &mut Writer, s: &Spans, clock: &Clock) {
+    let ids = (s.span_id, s.remote_parent);
+    span_head(w, s, ids, KIND_SERVER, (s.start, s.end), clock);
+    let mut flags = u32::from(s.flags) | HAS_IS_REMOTE;
+    if s.remote_parent.is_some() {
+        flags |= IS_REMOTE;
+    }
     let a = SPAN_ATTRIBUTES;
     method(w, &s.method);
     string(w, a, "url.scheme", if s.https { "https" } else { "http" });
@@ -200,14 +218,8 @@ fn server_span(w: &mut Writer, s: &Spans, clock: &Clock) {
 
 /// The span of one attempt.
 fn client_span(w: &mut Writer, s: &Spans, at: &Attempt, clock: &Clock) {
-    w.bytes(SPAN_TRACE_ID, &s.trace_id.to_bytes());
-    w.bytes(SPAN_SPAN_ID, &at.span_id.to_bytes());
-    w.bytes(SPAN_TRACE_STATE, s.str(&s.tracestate).as_bytes());
-    w.bytes(SPAN_PARENT_SPAN_ID, &s.span_id.to_bytes());
-    name(w, s);
-    w.uint(SPAN_KIND, KIND_CLIENT);
-    w.fixed64(SPAN_START, clock.unix_nanos(at.start));
-    w.fixed64(SPAN_END, clock.unix_nanos(at.end.unwrap_or(at.start)));
+    let ids = (at.span_id, Some(s.span_id));
+    span_head(w, s, ids, KIND_CLIENT, (at.start, at.end), clock);
     let a = SPAN_ATTRIBUTES;
     method(w, &s.method);
     w.message(a, |w| {

@@ -18,6 +18,7 @@ use std::time::Duration;
 use std::pin::Pin;
 use std::task::{Context, Poll};
 
+use bytes::BytesMut;
 use hyper::client::conn::http2;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
@@ -27,6 +28,7 @@ use tokio::task::AbortHandle;
 use super::OutgoingBody;
 use super::dns::ResolveError;
 use super::tls::TlsClient;
+use crate::http::read::hand_on_ahead;
 use crate::http::spawn::BoxedSpawn;
 
 /// hyper's HTTP/2 client handle, sending bodies of type `B`.
@@ -262,7 +264,7 @@ struct Sniffed<T> {
     /// Bytes written so far, up to the preface's length.
     written: usize,
     /// Bytes read while writes waited for the first ones, not yet handed on.
-    ahead: Vec<u8>,
+    ahead: BytesMut,
 }
 
 /// The HTTP/2 client connection preface's length.
@@ -294,10 +296,7 @@ impl<T: AsyncRead + Unpin> AsyncRead for Sniffed<T> {
         cx: &mut Context<'_>,
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
-        if !self.ahead.is_empty() {
-            let n = self.ahead.len().min(buf.remaining());
-            buf.put_slice(&self.ahead[..n]);
-            self.ahead.drain(..n);
+        if hand_on_ahead(&mut self.ahead, buf) {
             return Poll::Ready(Ok(()));
         }
         let before = buf.filled().len();
@@ -376,7 +375,7 @@ where
                 inner: s,
                 first: first.clone(),
                 written: 0,
-                ahead: Vec::new(),
+                ahead: BytesMut::new(),
             });
             if first.wait().await.starts_with(b"HTTP/1.") {
                 task.abort();

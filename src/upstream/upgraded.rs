@@ -9,11 +9,12 @@ use std::sync::Arc;
 use std::sync::atomic::AtomicUsize;
 use std::task::{Context, Poll};
 
-use bytes::{Buf, BytesMut};
+use bytes::BytesMut;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
 
 use super::connect::{OpenGuard, Transport};
+use crate::http::read::hand_on_ahead;
 
 /// The endpoint's side of a tunnel.
 pub struct Upgraded {
@@ -46,10 +47,7 @@ impl AsyncRead for Upgraded {
         cx: &mut Context<'_>,
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
-        if !self.ahead.is_empty() {
-            let n = self.ahead.len().min(buf.remaining());
-            buf.put_slice(&self.ahead[..n]);
-            self.ahead.advance(n);
+        if hand_on_ahead(&mut self.ahead, buf) {
             return Poll::Ready(Ok(()));
         }
         Pin::new(&mut self.io).poll_read(cx, buf)

@@ -237,17 +237,18 @@ mod tests {
     #![allow(clippy::unwrap_used)]
 
     use super::*;
+    use crate::http::testing::fields;
     use proptest::prelude::*;
 
     fn head() -> HeaderMap {
-        let mut h = HeaderMap::new();
-        h.insert("content-type", HeaderValue::from_static("application/json"));
-        h.insert("connection", HeaderValue::from_static("close"));
-        h.insert("transfer-encoding", HeaderValue::from_static("chunked"));
-        h.insert("content-length", HeaderValue::from_static("12"));
-        h.append("set-cookie", HeaderValue::from_static("a=1"));
-        h.append("set-cookie", HeaderValue::from_static("b=2"));
-        h
+        fields(&[
+            ("content-type", "application/json"),
+            ("connection", "close"),
+            ("transfer-encoding", "chunked"),
+            ("content-length", "12"),
+            ("set-cookie", "a=1"),
+            ("set-cookie", "b=2"),
+        ])
     }
 
     #[test]

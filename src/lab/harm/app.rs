@@ -26,11 +26,11 @@ use http::{Request, Response, StatusCode};
 use http_body::{Body, Frame};
 use http_body_util::{BodyExt, Either, Full};
 use hyper::body::Incoming;
-use hyper::service::service_fn;
-use hyper_util::rt::TokioIo;
 use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
 use tokio::time::{Instant, Sleep};
+
+use crate::lab::backend::serve_http1;
 
 /// The most columns a row has.
 pub const MAX_COLUMNS: usize = 4;
@@ -196,17 +196,11 @@ async fn serve(listener: TcpListener, state: Arc<State>) {
         tokio::select! {
             r = listener.accept() => {
                 let Ok((stream, _)) = r else { continue };
-                let _ = stream.set_nodelay(true);
                 let state = state.clone();
-                conns.spawn(async move {
-                    let svc = service_fn(move |req| {
-                        let state = state.clone();
-                        async move { Ok::<_, Infallible>(handle(&state, req).await) }
-                    });
-                    let _ = hyper::server::conn::http1::Builder::new()
-                        .serve_connection(TokioIo::new(stream), svc)
-                        .await;
-                });
+                conns.spawn(serve_http1(stream, move |req| {
+                    let state = state.clone();
+                    async move { handle(&state, req).await }
+                }));
             }
             // Reap finished connections so the set stays small.
             Some(_) = conns.join_next(), if !conns.is_empty() => {}

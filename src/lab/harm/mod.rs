@@ -219,30 +219,17 @@ pub fn harm_main(args: &super::LabArgs) -> i32 {
         );
         return 2;
     }
-    let rt = match super::lab_runtime() {
-        Ok(rt) => rt,
-        Err(e) => {
-            eprintln!("tollgate lab: {e}");
-            return 1;
-        }
-    };
-    let progress = !args.json && std::io::IsTerminal::is_terminal(&std::io::stderr());
     let spec = HarmSpec {
         short: args.short,
         only: args.rows.clone(),
     };
-    let result = match rt.block_on(run(spec, progress)) {
-        Ok(r) => r,
-        Err(e) => {
-            eprintln!("tollgate lab: {e}");
-            return 1;
-        }
+    let Some(result) = super::run_scenario(args, |progress| run(spec, progress)) else {
+        return 1;
     };
-    let out = if args.json {
-        serde_json::to_string_pretty(&report::to_json(&result)).unwrap_or_default() + "\n"
-    } else {
-        report::table(&result)
-    };
-    crate::print::stdout(&out);
+    crate::print::stdout(&super::report_text(
+        args,
+        || report::to_json(&result),
+        || report::table(&result),
+    ));
     if result.worse().is_empty() { 0 } else { 1 }
 }
