@@ -1,0 +1,72 @@
+//! The table of keys changes nothing a user sees: for thousands of random files, valid
+//! and not, the parse (the model, or every error with its line, key and fix), what a
+//! file with errors still reads as, and the JSON of `/config` are those recorded before
+//! the keys were declared once. `TOLLGATE_UPDATE_GOLDEN=1` records them anew.
+
+#![allow(clippy::unwrap_used)]
+
+#[path = "config_keys/generate.rs"]
+mod generate;
+
+use std::path::Path;
+
+use tollgate::config;
+
+/// Files checked against the recorded outputs.
+const FILES: u64 = 3000;
+const GOLDEN: &str = "tests/fixtures/config_keys/golden.txt";
+
+/// Everything a file gives: the model or the errors, what it reads as leniently, and
+/// the JSON of each config.
+fn outputs(text: &str) -> (bool, String) {
+    let base = Path::new("/base");
+    let lenient = match config::parse_lenient("gen.toml", text, base) {
+        Some(c) => format!("{c:?}\n{}", c.to_json()),
+        None => "not TOML".to_string(),
+    };
+    match config::parse("gen.toml", text, base) {
+        Ok(c) => (true, format!("{c:?}\n{}\n{lenient}", c.to_json())),
+        Err(e) => (false, format!("{:?}\n{e}\n{lenient}", e.0)),
+    }
+}
+
+/// FNV-1a: a digest that is the same in every build.
+fn digest(text: &str) -> u64 {
+    text.bytes().fold(0xcbf2_9ce4_8422_2325, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)
+    })
+}
+
+#[test]
+fn random_files_parse_and_show_as_recorded() {
+    let mut lines = Vec::new();
+    let mut valid = 0;
+    for seed in 0..FILES {
+        let (ok, out) = outputs(&generate::config(seed));
+        valid += usize::from(ok);
+        lines.push(format!("{seed} {:016x}", digest(&out)));
+    }
+    let got = lines.join("\n") + "\n";
+    println!(
+        "{FILES} files: {valid} valid, {} with errors",
+        FILES as usize - valid
+    );
+    assert!(valid > FILES as usize / 5, "too few valid files: {valid}");
+    assert!(
+        valid < FILES as usize * 4 / 5,
+        "too few invalid files: {valid} valid"
+    );
+    if std::env::var_os("TOLLGATE_UPDATE_GOLDEN").is_some() {
+        std::fs::write(GOLDEN, &got).unwrap();
+        return;
+    }
+    let want = std::fs::read_to_string(GOLDEN).unwrap();
+    for (g, w) in got.lines().zip(want.lines()) {
+        if g != w {
+            let seed: u64 = g.split(' ').next().unwrap().parse().unwrap();
+            let text = generate::config(seed);
+            panic!("seed {seed} differs:\n{text}\n{}", outputs(&text).1);
+        }
+    }
+    assert_eq!(got.lines().count(), want.lines().count());
+}
