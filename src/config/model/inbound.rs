@@ -70,6 +70,27 @@ impl PerCaller {
     }
 }
 
+/// What every key of `[inbound]` not written stands at; `app`, which must be written,
+/// is empty.
+impl Default for InboundConfig {
+    fn default() -> Self {
+        InboundConfig {
+            addr: InboundConfig::DEFAULT_ADDR,
+            app: EndpointAddr {
+                host: String::new(),
+                port: 0,
+            },
+            max_inflight: InboundConfig::DEFAULT_MAX_INFLIGHT,
+            request_timeout: None,
+            retries: None,
+            per_caller: PerCaller::Fair,
+            probe_paths: Vec::new(),
+            dedupe: None,
+            owned_failures: OwnedFailures::Mark,
+        }
+    }
+}
+
 impl InboundConfig {
     pub const DEFAULT_ADDR: SocketAddr =
         SocketAddr::new(std::net::IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED), 15006);
