@@ -70,3 +70,20 @@ fn random_files_parse_and_show_as_recorded() {
     }
     assert_eq!(got.lines().count(), want.lines().count());
 }
+
+#[path = "config_keys/old_json.rs"]
+mod old_json;
+
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig::with_cases(2000))]
+
+    /// Beyond the recorded files: `/config` of any file, valid or as read with its
+    /// errors, is what the hand-written JSON showed.
+    #[test]
+    fn config_json_is_what_the_hand_written_json_was(seed in 3000u64..) {
+        let text = generate::config(seed);
+        if let Some(c) = config::parse_lenient("gen.toml", &text, Path::new("/base")) {
+            proptest::prop_assert_eq!(c.to_json(), old_json::config(&c), "{}", text);
+        }
+    }
+}
