@@ -9,6 +9,7 @@
 mod generate;
 
 use std::path::Path;
+use std::time::Duration;
 
 use tollgate::config;
 
@@ -74,6 +75,10 @@ fn random_files_parse_and_show_as_recorded() {
 #[path = "config_keys/old_json.rs"]
 mod old_json;
 
+#[path = "common/config.rs"]
+#[allow(dead_code)]
+mod builder;
+
 proptest::proptest! {
     #![proptest_config(proptest::prelude::ProptestConfig::with_cases(2000))]
 
@@ -86,4 +91,37 @@ proptest::proptest! {
             proptest::prop_assert_eq!(c.to_json(), old_json::config(&c), "{}", text);
         }
     }
+}
+
+#[test]
+fn the_builder_writes_what_the_parser_reads() {
+    let text = builder::Config::new()
+        .listener(|l| l.unknown_authorities("refuse"))
+        .upstream("api", |u| {
+            u.authorities(["api"])
+                .endpoint("127.0.0.1:9")
+                .endpoint("127.0.0.1:10")
+                .request_timeout(Duration::from_secs(2))
+                .retry(|r| r.max_attempts(3).on(["502", "reset"]))
+                .budget(|b| b)
+        })
+        .inbound("127.0.0.1:8080".parse().unwrap(), |i| {
+            i.max_inflight("adaptive").dedupe(|d| d.ttl("1h"))
+        })
+        .to_toml();
+    let c = tollgate::config::parse("t.toml", &text, std::path::Path::new("."))
+        .unwrap_or_else(|e| panic!("{text}\n{e}"));
+    let u = c.upstream("api").unwrap();
+    assert_eq!(u.endpoints.len(), 2);
+    assert_eq!(u.retry.max_attempts, 3);
+    assert_eq!(u.request_timeout, Some(Duration::from_secs(2)));
+    assert_eq!(u.budget, Some(Default::default()));
+    let i = c.inbound.unwrap();
+    assert_eq!(i.max_inflight, tollgate::config::InflightLimit::Adaptive);
+    assert_eq!(i.dedupe.unwrap().ttl, Duration::from_secs(3600));
+    assert_eq!(c.listener.addr.port(), 0);
+    assert_eq!(
+        c.listener.unknown_authorities,
+        tollgate::config::UnknownAuthorities::Refuse
+    );
 }
