@@ -125,3 +125,41 @@ fn the_builder_writes_what_the_parser_reads() {
         tollgate::config::UnknownAuthorities::Refuse
     );
 }
+
+/// Every declared key can be set: by its setter, or, for a section, by the closure
+/// that builds it.
+#[test]
+fn the_builder_has_a_setter_for_every_declared_key() {
+    use builder::*;
+    use tollgate::config::keys;
+    let sections: [(&[&str], &[&str], &[&str]); 16] = [
+        (Runtime::KEYS, keys::runtime::NAMES, &[]),
+        (Listener::KEYS, keys::listener::NAMES, &[]),
+        (Admin::KEYS, keys::admin::NAMES, &[]),
+        (Deadline::KEYS, keys::deadline::NAMES, &[]),
+        (AccessLog::KEYS, keys::access_log::NAMES, &[]),
+        (
+            Upstream::KEYS,
+            keys::upstream::NAMES,
+            &["retry", "tls", "budget", "outlier", "hedge", "throttle"],
+        ),
+        (Retry::KEYS, keys::retry::NAMES, &[]),
+        (Budget::KEYS, keys::budget::NAMES, &[]),
+        (Throttle::KEYS, keys::throttle::NAMES, &[]),
+        (Outlier::KEYS, keys::outlier::NAMES, &[]),
+        (Hedge::KEYS, keys::hedge::NAMES, &[]),
+        (Tls::KEYS, keys::tls::NAMES, &[]),
+        (Inbound::KEYS, keys::inbound::NAMES, &["retries", "dedupe"]),
+        (InboundRetries::KEYS, keys::inbound_retries::NAMES, &[]),
+        (Dedupe::KEYS, keys::dedupe::NAMES, &[]),
+        (Tracing::KEYS, keys::tracing::NAMES, &[]),
+    ];
+    for (setters, declared, nested) in sections {
+        for key in declared {
+            assert!(
+                setters.contains(key) || nested.contains(key),
+                "no setter for `{key}` in tests/common/config.rs"
+            );
+        }
+    }
+}

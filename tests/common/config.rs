@@ -164,6 +164,9 @@ macro_rules! section {
         pub struct $ty(Table);
 
         impl $ty {
+            /// The keys with a setter, for the test that every declared key has one.
+            pub const KEYS: &'static [&'static str] = &[$(stringify!($key)),*];
+
             $(
                 pub fn $key(mut self, value: impl Toml) -> Self {
                     self.0.set(keys::$module::$key, value.toml());
