@@ -48,7 +48,7 @@ impl Toml for SocketAddr {
 impl Toml for Duration {
     /// In whole milliseconds when it is one, else microseconds.
     fn toml(&self) -> String {
-        if self.as_micros() % 1000 == 0 {
+        if self.as_micros().is_multiple_of(1000) {
             format!("\"{}ms\"", self.as_millis())
         } else {
             format!("\"{}us\"", self.as_micros())
