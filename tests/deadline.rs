@@ -10,6 +10,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
+use common::config::Config;
 use common::*;
 
 fn slow_upstream(
@@ -35,12 +36,15 @@ fn slow_upstream(
 async fn a_400ms_deadline_against_a_3s_upstream_answers_504_and_cancels_the_attempt() {
     let abandoned = Arc::new(AtomicBool::new(false));
     let up = Upstream::start(slow_upstream(&abandoned)).await;
-    let tg = Tollgate::start(&config(&format!(
-        "[upstreams.slow]\nauthorities = [\"slow\"]\nendpoints = [\"{}\"]\nrequest_timeout = \"10s\"\nattempt_timeout = \"5s\"\n\
-         [upstreams.slow.retry]\nmax_attempts = 3\n[upstreams.slow.budget]\n",
-        up.addr
-    )))
-    .await;
+    let config = Config::new().upstream("slow", |u| {
+        u.authorities(["slow"])
+            .endpoint(up.addr)
+            .request_timeout("10s")
+            .attempt_timeout("5s")
+            .retry(|r| r.max_attempts(3))
+            .budget(|b| b)
+    });
+    let tg = Tollgate::start(&config.to_toml()).await;
     let started = tokio::time::Instant::now();
     let req = request("GET", "/", "slow")
         .header("x-timeout-ms", "400")
@@ -73,11 +77,8 @@ async fn a_400ms_deadline_against_a_3s_upstream_answers_504_and_cancels_the_atte
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_expired_deadline_makes_no_upstream_call() {
     let up = Upstream::start(|_req| async { respond(200, "ok") }).await;
-    let tg = Tollgate::start(&config(&format!(
-        "[upstreams.api]\nauthorities = [\"api\"]\nendpoints = [\"{}\"]\n",
-        up.addr
-    )))
-    .await;
+    let config = Config::new().upstream("api", |u| u.authorities(["api"]).endpoint(up.addr));
+    let tg = Tollgate::start(&config.to_toml()).await;
     for (name, value) in [
         ("x-timeout-ms", "0"),
         ("grpc-timeout", "0m"),
@@ -106,11 +107,13 @@ async fn an_expired_deadline_makes_no_upstream_call() {
 async fn when_the_app_leaves_the_upstream_attempt_is_cancelled() {
     let abandoned = Arc::new(AtomicBool::new(false));
     let up = Upstream::start(slow_upstream(&abandoned)).await;
-    let tg = Tollgate::start(&config(&format!(
-        "[upstreams.slow]\nauthorities = [\"slow\"]\nendpoints = [\"{}\"]\nrequest_timeout = \"10s\"\nattempt_timeout = \"10s\"\n",
-        up.addr
-    )))
-    .await;
+    let config = Config::new().upstream("slow", |u| {
+        u.authorities(["slow"])
+            .endpoint(up.addr)
+            .request_timeout("10s")
+            .attempt_timeout("10s")
+    });
+    let tg = Tollgate::start(&config.to_toml()).await;
     let addr = tg.addr;
     let client = tokio::spawn(async move { get(addr, "/", "slow").await });
     assert!(wait_until(Duration::from_secs(5), || up.hits() == 1).await);
@@ -148,11 +151,13 @@ async fn the_caller_deadline_is_propagated_and_shrinks() {
         )
     })
     .await;
-    let tg = Tollgate::start(&config(&format!(
-        "[upstreams.api]\nauthorities = [\"api\"]\nendpoints = [\"{}\"]\nattempt_timeout = \"5s\"\nrequest_timeout = \"8s\"\n",
-        up.addr
-    )))
-    .await;
+    let config = Config::new().upstream("api", |u| {
+        u.authorities(["api"])
+            .endpoint(up.addr)
+            .attempt_timeout("5s")
+            .request_timeout("8s")
+    });
+    let tg = Tollgate::start(&config.to_toml()).await;
     let req = request("GET", "/", "api")
         .header("x-envoy-expected-rq-timeout-ms", "900")
         .body(empty())

@@ -8,15 +8,26 @@ mod common;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use common::config::Config;
 use common::*;
 use tokio::time::Instant;
 
 fn config_for(addr: std::net::SocketAddr) -> String {
-    config(&format!(
-        "[upstreams.busy]\nauthorities = [\"busy\"]\nendpoints = [\"{addr}\"]\nrequest_timeout = \"4s\"\nattempt_timeout = \"1s\"\n\
-         [upstreams.busy.retry]\nmax_attempts = 3\nbackoff_base = \"1ms\"\nbackoff_max = \"5ms\"\nmax_retry_after = \"5s\"\n\
-         [upstreams.busy.budget]\n"
-    ))
+    Config::new()
+        .upstream("busy", |u| {
+            u.authorities(["busy"])
+                .endpoint(addr)
+                .request_timeout("4s")
+                .attempt_timeout("1s")
+                .retry(|r| {
+                    r.max_attempts(3)
+                        .backoff_base("1ms")
+                        .backoff_max("5ms")
+                        .max_retry_after("5s")
+                })
+                .budget(|b| b)
+        })
+        .to_toml()
 }
 
 /// An upstream that answers 503 with `retry_after` once, then 200, recording when each

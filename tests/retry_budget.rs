@@ -5,18 +5,19 @@
 
 mod common;
 
+use common::config::Config;
 use common::*;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_hard_down_upstream_gets_no_more_than_the_budget_allows() {
     let up = Upstream::start(|_req| async { respond(503, "down") }).await;
-    let tg = Tollgate::start(&config(&format!(
-        "[upstreams.down]\nauthorities = [\"down\"]\nendpoints = [\"{}\"]\n\
-         [upstreams.down.retry]\nmax_attempts = 3\nbackoff_base = \"1ms\"\nbackoff_max = \"5ms\"\n\
-         [upstreams.down.budget]\nratio = 0.1\nmin_per_sec = 1\nwindow = \"10s\"\n",
-        up.addr
-    )))
-    .await;
+    let config = Config::new().upstream("down", |u| {
+        u.authorities(["down"])
+            .endpoint(up.addr)
+            .retry(|r| r.max_attempts(3).backoff_base("1ms").backoff_max("5ms"))
+            .budget(|b| b.ratio(0.1).min_per_sec(1).window("10s"))
+    });
+    let tg = Tollgate::start(&config.to_toml()).await;
     const REQUESTS: usize = 400;
     const CONCURRENCY: usize = 40;
     let addr = tg.addr;
@@ -94,12 +95,12 @@ async fn a_hard_down_upstream_gets_no_more_than_the_budget_allows() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn without_a_budget_every_failure_uses_every_attempt() {
     let up = Upstream::start(|_req| async { respond(503, "down") }).await;
-    let tg = Tollgate::start(&config(&format!(
-        "[upstreams.down]\nauthorities = [\"down\"]\nendpoints = [\"{}\"]\n\
-         [upstreams.down.retry]\nmax_attempts = 3\nbackoff_base = \"1ms\"\nbackoff_max = \"2ms\"\n",
-        up.addr
-    )))
-    .await;
+    let config = Config::new().upstream("down", |u| {
+        u.authorities(["down"])
+            .endpoint(up.addr)
+            .retry(|r| r.max_attempts(3).backoff_base("1ms").backoff_max("2ms"))
+    });
+    let tg = Tollgate::start(&config.to_toml()).await;
     for i in 0..20 {
         let r = get(tg.addr, &format!("/{i}"), "down").await;
         assert_eq!(r.attempts(), 3);

@@ -1,13 +1,13 @@
 //! What a reload changes: a new file set against the config in force. Some settings
 //! take effect only at a restart (the listeners, the admin address, the worker
-//! threads): the config in force keeps their running values, so that `/config` shows
+//! threads; [`keys`] declares which): the config in force keeps their running values, so that `/config` shows
 //! what is really in effect and every later reload keeps reporting the difference
 //! until a restart. Everything else is applied, and each upstream added, removed or
 //! changed is named, so a reload says what it did.
 
 use super::Config;
+use super::keys;
 use super::model::{AdminConfig, InboundConfig, UpstreamConfig};
-use super::units::{format_duration, format_size};
 
 /// A new file, reconciled with the config in force.
 #[derive(Debug)]
@@ -22,65 +22,18 @@ pub struct Reconciled {
 
 /// Reconciles the file's `new` config with the `running` one.
 pub fn reconcile(running: &Config, new: Config) -> Reconciled {
-    let mut restart_needed = Vec::new();
-    let mut differs = |what: &str, was: String, is: String| {
-        if was != is {
-            restart_needed.push(format!("{what}: {was} in effect, {is} in the file"));
-        }
-    };
-    let (l, n) = (&running.listener, &new.listener);
-    differs("listener.addr", l.addr.to_string(), n.addr.to_string());
-    let d = format_duration;
-    differs(
-        "listener.drain_timeout",
-        d(l.drain_timeout),
-        d(n.drain_timeout),
-    );
-    differs(
-        "listener.header_read_timeout",
-        d(l.header_read_timeout),
-        d(n.header_read_timeout),
-    );
-    differs(
-        "listener.idle_timeout",
-        d(l.idle_timeout),
-        d(n.idle_timeout),
-    );
-    differs(
-        "listener.max_header_bytes",
-        format_size(l.max_header_bytes as u64),
-        format_size(n.max_header_bytes as u64),
-    );
-    differs(
-        "listener.max_headers",
-        l.max_headers.to_string(),
-        n.max_headers.to_string(),
-    );
-    differs(
-        "listener.max_connections",
-        l.max_connections.to_string(),
-        n.max_connections.to_string(),
-    );
-    differs(
-        "listener.unknown_authorities",
-        l.unknown_authorities.as_str().into(),
-        n.unknown_authorities.as_str().into(),
-    );
-    differs(
-        "listener.passthrough_connect_timeout",
-        d(l.passthrough_connect_timeout),
-        d(n.passthrough_connect_timeout),
-    );
-    differs(
-        "admin.addr",
-        running.admin.addr.to_string(),
-        new.admin.addr.to_string(),
-    );
-    differs(
-        "runtime.worker_threads",
-        format!("{:?}", running.runtime.worker_threads),
-        format!("{:?}", new.runtime.worker_threads),
-    );
+    // The keys declared to wait for a restart, section by section; `[inbound]`'s
+    // address below, with the section itself.
+    let restart_needed: Vec<String> = [
+        keys::listener::SECTION.restart_needed(&running.listener, &new.listener),
+        keys::admin::SECTION.restart_needed(&running.admin, &new.admin),
+        keys::runtime::SECTION.restart_needed(&running.runtime, &new.runtime),
+    ]
+    .into_iter()
+    .flatten()
+    .map(|(key, was, is)| format!("{key}: {was} in effect, {is} in the file"))
+    .collect();
+    let mut restart_needed = restart_needed;
     let mut changes = upstream_changes(running, &new);
     changes.extend(tracing_change(running, &new));
     let inbound = inbound_in_effect(running, &new, &mut restart_needed, &mut changes);
@@ -118,7 +71,8 @@ fn inbound_in_effect(
     };
     let (was, is) = (addr(running), addr(new));
     if was != is {
-        restart_needed.push(format!("inbound.addr: {was} in effect, {is} in the file"));
+        let key = format!("{}.{}", keys::inbound::SECTION.path, keys::inbound::addr);
+        restart_needed.push(format!("{key}: {was} in effect, {is} in the file"));
     }
     match (&running.inbound, &new.inbound) {
         (Some(r), Some(n)) => {
@@ -296,6 +250,35 @@ mod tests {
             config(&format!("[admin]\naddr = \"127.0.0.1:19999\"\n{BASE}")),
         );
         assert_eq!(again.restart_needed.len(), 1);
+    }
+
+    #[test]
+    fn the_keys_declared_for_a_restart_are_the_ones_kept_running() {
+        use keys::{Described, Reload};
+        let restart = |s: &dyn Described| -> Vec<String> {
+            s.rows()
+                .into_iter()
+                .filter(|r| r.reload == Reload::Restart)
+                .map(|r| format!("{}.{}", s.path(), r.name))
+                .collect()
+        };
+        // The whole of [listener] and [runtime] is kept; of [admin] and [inbound], the
+        // address; nothing of any other section.
+        assert_eq!(
+            restart(&keys::listener::SECTION).len(),
+            keys::listener::NAMES.len()
+        );
+        assert_eq!(
+            restart(&keys::runtime::SECTION).len(),
+            keys::runtime::NAMES.len()
+        );
+        assert_eq!(restart(&keys::admin::SECTION), ["admin.addr"]);
+        assert_eq!(restart(&keys::inbound::SECTION), ["inbound.addr"]);
+        for s in keys::sections().into_iter().skip(4) {
+            if !["admin", "inbound"].contains(&s.path()) {
+                assert!(restart(s).is_empty(), "[{}]", s.path());
+            }
+        }
     }
 
     #[test]

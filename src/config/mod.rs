@@ -14,6 +14,7 @@ pub mod diff;
 pub mod figures;
 mod files;
 mod json;
+pub mod keys;
 pub mod lint;
 mod model;
 mod parse;

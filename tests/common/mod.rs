@@ -24,6 +24,8 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
+pub mod config;
+
 pub type BoxBody = http_body_util::combinators::BoxBody<Bytes, hyper::Error>;
 
 pub fn full(b: impl Into<Bytes>) -> BoxBody {

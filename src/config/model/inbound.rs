@@ -70,13 +70,28 @@ impl PerCaller {
     }
 }
 
-impl InboundConfig {
-    pub const DEFAULT_ADDR: SocketAddr =
-        SocketAddr::new(std::net::IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED), 15006);
-    /// A fixed limit, as an upstream's: the adaptive one is asked for by name (it
-    /// learns from latency measured through tollgate, so when tollgate's own CPU is
-    /// the bottleneck it limits that too).
-    pub const DEFAULT_MAX_INFLIGHT: InflightLimit = InflightLimit::Fixed(10_000);
+/// What every key of `[inbound]` not written stands at; `app`, which must be written,
+/// is empty.
+impl Default for InboundConfig {
+    fn default() -> Self {
+        InboundConfig {
+            addr: SocketAddr::from(([0, 0, 0, 0], 15006)),
+            app: EndpointAddr {
+                host: String::new(),
+                port: 0,
+            },
+            // A fixed limit, as an upstream's: the adaptive one is asked for by name
+            // (it learns from latency measured through tollgate, so when tollgate's own
+            // CPU is the bottleneck it limits that too).
+            max_inflight: InflightLimit::Fixed(10_000),
+            request_timeout: None,
+            retries: None,
+            per_caller: PerCaller::Fair,
+            probe_paths: Vec::new(),
+            dedupe: None,
+            owned_failures: OwnedFailures::Mark,
+        }
+    }
 }
 
 /// How many requests the app is given at once.

@@ -246,6 +246,33 @@ pub struct UpstreamConfig {
     pub app_retries: AppRetries,
 }
 
+/// What every key of an upstream not written stands at; the name and the keys that
+/// must be written are empty.
+impl Default for UpstreamConfig {
+    fn default() -> Self {
+        UpstreamConfig {
+            name: String::new(),
+            authorities: Vec::new(),
+            listen: None,
+            endpoints: Vec::new(),
+            host: None,
+            protocol: Protocol::Auto,
+            connect_timeout: Duration::from_millis(200),
+            request_timeout: None,
+            attempt_timeout: None,
+            max_inflight: 10_000,
+            retry: RetryConfig::off(),
+            budget: None,
+            tls: None,
+            max_connection_age: None,
+            outlier: None,
+            hedge: None,
+            throttle: None,
+            app_retries: AppRetries::Count,
+        }
+    }
+}
+
 impl UpstreamConfig {
     /// The longest a caller can wait on this upstream when every attempt times out and
     /// every backoff draws its maximum: attempts × attempt_timeout + the backoff caps.

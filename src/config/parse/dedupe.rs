@@ -11,6 +11,7 @@ use std::time::Duration;
 use super::retry::methods;
 use super::schema::Section;
 use super::walker::{Choice, Size, Table, Walker};
+use crate::config::keys::dedupe as key;
 use crate::config::model::*;
 
 /// `[inbound.dedupe]`; a key not written takes its default.
@@ -18,22 +19,22 @@ pub(super) fn dedupe(w: &mut Walker<'_>, t: &Table) -> DedupeConfig {
     w.check_keys(Section::InboundDedupe, "", t);
     let d = DedupeConfig::default();
     let (secs, ms) = (Duration::from_secs, Duration::from_millis);
-    let store = match w.string(t, "store") {
-        None => DedupeStore::Memory,
+    let store = match w.string(t, key::store) {
+        None => d.store.clone(),
         Some((text, _)) if text == "memory" => DedupeStore::Memory,
         Some((text, span)) => match redis_addr(&text) {
             Ok(addr) => DedupeStore::Redis(addr),
             Err(problem) => {
-                w.reject(span, &t.key("store"), problem, FIX_STORE);
+                w.reject(span, &t.key(key::store), problem, FIX_STORE);
                 DedupeStore::Memory
             }
         },
     };
     let methods = match methods(w, t) {
         Some(list) if list.is_empty() => {
-            let span = t.span_of("methods", &(0..0));
+            let span = t.span_of(key::methods, &(0..0));
             let message = "empty: no keyed request would ever run once";
-            w.reject(span, &t.key("methods"), message, FIX_METHODS);
+            w.reject(span, &t.key(key::methods), message, FIX_METHODS);
             d.methods
         }
         Some(list) => list,
@@ -41,21 +42,21 @@ pub(super) fn dedupe(w: &mut Walker<'_>, t: &Table) -> DedupeConfig {
     };
     DedupeConfig {
         methods,
-        ttl: w.ranged(t, "ttl", d.ttl, secs(1)..=secs(30 * 24 * 3600)),
+        ttl: w.ranged(t, key::ttl, d.ttl, secs(1)..=secs(30 * 24 * 3600)),
         max_response: w
             .ranged(
                 t,
-                "max_response",
+                key::max_response,
                 Size(d.max_response),
                 Size(1)..=Size(64 << 20),
             )
             .0,
         store,
-        max_entries: w.ranged(t, "max_entries", d.max_entries as u64, 1..=100_000_000) as usize,
-        store_timeout: w.ranged(t, "store_timeout", d.store_timeout, ms(1)..=secs(10)),
+        max_entries: w.ranged(t, key::max_entries, d.max_entries as u64, 1..=100_000_000) as usize,
+        store_timeout: w.ranged(t, key::store_timeout, d.store_timeout, ms(1)..=secs(10)),
         on_store_error: w
-            .word(t, "on_store_error", &ON_STORE_ERROR)
-            .unwrap_or_default(),
+            .word(t, key::on_store_error, &ON_STORE_ERROR)
+            .unwrap_or(d.on_store_error),
     }
 }
 

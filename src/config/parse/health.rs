@@ -9,6 +9,7 @@ use toml::de::DeValue;
 
 use super::schema::Section;
 use super::walker::{Table, Walker, kind};
+use crate::config::keys::{hedge as hedge_key, outlier as outlier_key};
 use crate::config::model::*;
 use crate::config::units::parse_duration;
 
@@ -18,9 +19,14 @@ pub(super) fn outlier(w: &mut Walker<'_>, upstream: &str, t: &Table) -> OutlierC
     let d = OutlierConfig::default();
     let ejection = Duration::from_millis(1)..=MAX_EJECTION;
     OutlierConfig {
-        consecutive_failures: w.ranged(t, "consecutive_failures", 5, 1..=1000u64) as u32,
-        base_ejection: w.ranged(t, "base_ejection", d.base_ejection, ejection),
-        max_ejected: percent(w, t, "max_ejected").unwrap_or(d.max_ejected),
+        consecutive_failures: w.ranged(
+            t,
+            outlier_key::consecutive_failures,
+            u64::from(d.consecutive_failures),
+            1..=1000u64,
+        ) as u32,
+        base_ejection: w.ranged(t, outlier_key::base_ejection, d.base_ejection, ejection),
+        max_ejected: percent(w, t, outlier_key::max_ejected).unwrap_or(d.max_ejected),
     }
 }
 
@@ -30,7 +36,7 @@ pub(super) fn hedge(w: &mut Walker<'_>, upstream: &str, t: &Table) -> HedgeConfi
     let d = HedgeConfig::default();
     HedgeConfig {
         after: after(w, t).unwrap_or(d.after),
-        max_extra: w.ranged(t, "max_extra", d.max_extra, 0.0..=1.0),
+        max_extra: w.ranged(t, hedge_key::max_extra, d.max_extra, 0.0..=1.0),
     }
 }
 
@@ -73,8 +79,8 @@ const PERCENTILES: std::ops::RangeInclusive<f64> = 50.0..=99.9;
 
 /// `after`: `"p95"` (a percentile of the recent attempt latency) or a duration.
 fn after(w: &mut Walker<'_>, t: &Table) -> Option<HedgeAfter> {
-    let (text, span) = w.string(t, "after")?;
-    let full = t.key("after");
+    let (text, span) = w.string(t, hedge_key::after)?;
+    let full = t.key(hedge_key::after);
     const FIX: &str = "write a percentile such as \"p95\" or a duration such as \"50ms\"";
     if let Some(p) = text.trim().strip_prefix('p') {
         return match p.parse::<f64>() {

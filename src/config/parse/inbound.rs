@@ -10,6 +10,7 @@ use toml::de::DeValue;
 
 use super::schema::Section;
 use super::walker::{Choice, Table, Walker, kind};
+use crate::config::keys::{inbound as key, inbound_retries as retries_key, root as root_key};
 use crate::config::model::*;
 
 /// `[inbound]`, if written. `taken` are the addresses tollgate's other listeners bind,
@@ -19,21 +20,22 @@ pub(super) fn inbound(
     root: &Table,
     taken: &[(SocketAddr, String)],
 ) -> Option<InboundConfig> {
-    let (t, span) = w.table(root, "inbound")?;
+    let (t, span) = w.table(root, root_key::inbound)?;
     w.check_keys(Section::Inbound, "", &t);
-    let addr = match w.socket_addr(&t, "addr") {
+    let d = InboundConfig::default();
+    let addr = match w.socket_addr(&t, key::addr) {
         Some((addr, at)) => {
             if let Some((_, key)) = taken.iter().find(|(a, _)| same_port(*a, addr)) {
                 w.reject(
                     at,
-                    "inbound.addr",
+                    &t.key(key::addr),
                     format!("{addr} is already used by {key}"),
                     "give the inbound side a port of its own, e.g. \"0.0.0.0:15006\"",
                 );
             }
             addr
         }
-        None => InboundConfig::DEFAULT_ADDR,
+        None => d.addr,
     };
     let app = app(w, &t, &span, addr, taken)?;
     let ms = Duration::from_millis;
@@ -41,19 +43,19 @@ pub(super) fn inbound(
     Some(InboundConfig {
         addr,
         app,
-        max_inflight: max_inflight(w, &t),
-        request_timeout: w.optional(&t, "request_timeout", ms(1)..=day),
-        retries: w.table(&t, "retries").map(|(r, _)| retries(w, &r)),
+        max_inflight: max_inflight(w, &t, d.max_inflight),
+        request_timeout: w.optional(&t, key::request_timeout, ms(1)..=day),
+        retries: w.table(&t, key::retries).map(|(r, _)| retries(w, &r)),
         probe_paths: probe_paths(w, &t),
         owned_failures: w
-            .word(&t, "owned_failures", &OWNED_FAILURES)
-            .unwrap_or_default(),
+            .word(&t, key::owned_failures, &OWNED_FAILURES)
+            .unwrap_or(d.owned_failures),
         per_caller: w
-            .table(&t, "retries")
-            .and_then(|(r, _)| w.word(&r, "per_caller", &PER_CALLER))
-            .unwrap_or_default(),
+            .table(&t, key::retries)
+            .and_then(|(r, _)| w.word(&r, retries_key::per_caller, &PER_CALLER))
+            .unwrap_or(d.per_caller),
         dedupe: w
-            .table(&t, "dedupe")
+            .table(&t, key::dedupe)
             .map(|(d, _)| super::dedupe::dedupe(w, &d)),
     })
 }
@@ -74,12 +76,12 @@ fn app(
     addr: SocketAddr,
     taken: &[(SocketAddr, String)],
 ) -> Option<EndpointAddr> {
-    let key = t.key("app");
-    let Some((text, at)) = w.string(t, "app") else {
-        if t.get("app").is_none() {
+    let full = t.key(key::app);
+    let Some((text, at)) = w.string(t, key::app) else {
+        if t.get(key::app).is_none() {
             w.error(
                 span.clone(),
-                &key,
+                &full,
                 "missing: the inbound side needs the address of the app it stands in front of",
                 "add app = \"127.0.0.1:8080\" (the port the app listens on, on loopback)",
             );
@@ -89,11 +91,11 @@ fn app(
     let app = match super::parse_endpoint(&text) {
         Ok(e) => e,
         Err(msg) => {
-            w.reject(at, &key, msg, "write it as \"127.0.0.1:8080\"");
+            w.reject(at, &full, msg, "write it as \"127.0.0.1:8080\"");
             return None;
         }
     };
-    let ours = std::iter::once((addr, "inbound.addr".to_string()))
+    let ours = std::iter::once((addr, t.key(key::addr)))
         .chain(taken.iter().cloned())
         .find(|(a, _)| {
             app.ip()
@@ -102,7 +104,7 @@ fn app(
     if let Some((_, by)) = ours {
         w.reject(
             at,
-            &key,
+            &full,
             format!("{app} is tollgate's own {by}: requests would go round in a loop"),
             "write the address the app itself listens on",
         );
@@ -116,25 +118,24 @@ fn loops(ours: SocketAddr, app: SocketAddr) -> bool {
 }
 
 /// `max_inflight`: a whole number, or `"adaptive"`.
-fn max_inflight(w: &mut Walker<'_>, t: &Table) -> InflightLimit {
-    let d = InboundConfig::DEFAULT_MAX_INFLIGHT;
-    let Some(v) = t.get("max_inflight") else {
+fn max_inflight(w: &mut Walker<'_>, t: &Table, d: InflightLimit) -> InflightLimit {
+    let Some(v) = t.get(key::max_inflight) else {
         return d;
     };
-    let key = t.key("max_inflight");
+    let full = t.key(key::max_inflight);
     match v.get_ref() {
         DeValue::String(s) if s.as_ref() == "adaptive" => InflightLimit::Adaptive,
         DeValue::Integer(_) => w
-            .optional(t, "max_inflight", 1..=10_000_000u64)
+            .optional(t, key::max_inflight, 1..=10_000_000u64)
             .map_or(d, |n| InflightLimit::Fixed(n as usize)),
         DeValue::String(s) => {
             let message = format!("`{s}` is neither a number nor \"adaptive\"");
-            w.reject(v.span(), &key, message, FIX_INFLIGHT);
+            w.reject(v.span(), &full, message, FIX_INFLIGHT);
             d
         }
         other => {
             let message = format!("expected an integer or \"adaptive\", found {}", kind(other));
-            w.reject(v.span(), &key, message, FIX_INFLIGHT);
+            w.reject(v.span(), &full, message, FIX_INFLIGHT);
             d
         }
     }
@@ -145,15 +146,15 @@ const FIX_INFLIGHT: &str =
 
 /// `probe_paths`: absolute paths, without a query.
 fn probe_paths(w: &mut Walker<'_>, t: &Table) -> Vec<String> {
-    let key = t.key("probe_paths");
+    let full = t.key(key::probe_paths);
     let mut out = Vec::new();
-    for (path, span) in w.strings(t, "probe_paths").unwrap_or_default() {
+    for (path, span) in w.strings(t, key::probe_paths).unwrap_or_default() {
         if path.starts_with('/') && !path.contains(['?', '#', ' ']) {
             out.push(path);
         } else {
             w.reject(
                 span,
-                &key,
+                &full,
                 format!("`{path}` is not a path"),
                 "write the path the kubelet probes, starting with `/` and without a query, e.g. \"/healthz\"",
             );
@@ -184,9 +185,9 @@ fn retries(w: &mut Walker<'_>, t: &Table) -> BudgetConfig {
     // default here.
     #[allow(clippy::needless_update)]
     BudgetConfig {
-        ratio: w.ranged(t, "ratio", d.ratio, 0.0..=1000.0),
-        min_per_sec: w.ranged(t, "min_per_sec", d.min_per_sec, 0.0..=1e6),
-        window: w.ranged(t, "window", d.window, window),
+        ratio: w.ranged(t, retries_key::ratio, d.ratio, 0.0..=1000.0),
+        min_per_sec: w.ranged(t, retries_key::min_per_sec, d.min_per_sec, 0.0..=1e6),
+        window: w.ranged(t, retries_key::window, d.window, window),
         ..d
     }
 }

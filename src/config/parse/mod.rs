@@ -31,6 +31,8 @@ use std::time::Duration;
 use toml::de::{DeTable, DeValue};
 
 use super::diagnostic::{ConfigErrors, Diagnostic, Source};
+use super::keys::{access_log as access_log_key, admin as admin_key, root as root_key};
+use super::keys::{deadline as deadline_key, listener as listener_key, runtime as runtime_key};
 use super::model::*;
 use schema::Section;
 pub use upstream::{normalize_authority, parse_endpoint};
@@ -122,10 +124,10 @@ fn require_something_to_serve(w: &mut Walker<'_>, root: &Table, config: &Config)
         && config
             .positions
             .contains_key("listener.unknown_authorities");
-    if config.serves_anything() || forward_proxy || root.get("inbound").is_some() {
+    if config.serves_anything() || forward_proxy || root.get(root_key::inbound).is_some() {
         return;
     }
-    let span = match root.get("upstreams") {
+    let span = match root.get(root_key::upstreams) {
         None => 0..0,
         Some(v) => match v.get_ref() {
             DeValue::Table(t) if t.is_empty() => v.span(),
@@ -150,20 +152,21 @@ fn require_something_to_serve(w: &mut Walker<'_>, root: &Table, config: &Config)
 }
 
 fn runtime(w: &mut Walker<'_>, root: &Table) -> RuntimeConfig {
-    let Some((t, _)) = w.table(root, "runtime") else {
+    let Some((t, _)) = w.table(root, root_key::runtime) else {
         return RuntimeConfig::default();
     };
     w.check_keys(Section::Runtime, "", &t);
     RuntimeConfig {
         worker_threads: w
-            .optional(&t, "worker_threads", 1..=1024u64)
+            .optional(&t, runtime_key::worker_threads, 1..=1024u64)
             .map(|n| n as usize),
     }
 }
 
 fn listener(w: &mut Walker<'_>, root: &Table) -> ListenerConfig {
+    use listener_key as key;
     let d = ListenerConfig::default();
-    let Some((t, _)) = w.table(root, "listener") else {
+    let Some((t, _)) = w.table(root, root_key::listener) else {
         return d;
     };
     w.check_keys(Section::Listener, "", &t);
@@ -171,41 +174,46 @@ fn listener(w: &mut Walker<'_>, root: &Table) -> ListenerConfig {
     let secs = Duration::from_secs;
     let max_header_bytes = Size(1024)..=Size(1 << 20);
     ListenerConfig {
-        addr: w.socket_addr(&t, "addr").map_or(d.addr, |(a, _)| a),
+        addr: w.socket_addr(&t, key::addr).map_or(d.addr, |(a, _)| a),
         drain_timeout: w.ranged(
             &t,
-            "drain_timeout",
+            key::drain_timeout,
             d.drain_timeout,
             Duration::ZERO..=secs(3600),
         ),
         header_read_timeout: w.ranged(
             &t,
-            "header_read_timeout",
+            key::header_read_timeout,
             d.header_read_timeout,
             ms(10)..=secs(600),
         ),
         max_header_bytes: w
             .ranged(
                 &t,
-                "max_header_bytes",
+                key::max_header_bytes,
                 Size(d.max_header_bytes),
                 max_header_bytes,
             )
             .0,
-        max_headers: w.ranged(&t, "max_headers", 100, 1..=1000u64) as usize,
+        max_headers: w.ranged(&t, key::max_headers, d.max_headers as u64, 1..=1000u64) as usize,
         idle_timeout: w.ranged(
             &t,
-            "idle_timeout",
+            key::idle_timeout,
             d.idle_timeout,
             ms(100)..=secs(24 * 3600),
         ),
-        max_connections: w.ranged(&t, "max_connections", 10_000, 1..=1_000_000u64) as usize,
+        max_connections: w.ranged(
+            &t,
+            key::max_connections,
+            d.max_connections as u64,
+            1..=1_000_000u64,
+        ) as usize,
         unknown_authorities: w
-            .word(&t, "unknown_authorities", &UNKNOWN_AUTHORITIES)
+            .word(&t, key::unknown_authorities, &UNKNOWN_AUTHORITIES)
             .unwrap_or(d.unknown_authorities),
         passthrough_connect_timeout: w.ranged(
             &t,
-            "passthrough_connect_timeout",
+            key::passthrough_connect_timeout,
             d.passthrough_connect_timeout,
             ms(10)..=secs(120),
         ),
@@ -223,21 +231,23 @@ const UNKNOWN_AUTHORITIES: Choice<UnknownAuthorities> = Choice {
 
 fn admin(w: &mut Walker<'_>, root: &Table) -> AdminConfig {
     let d = AdminConfig::default();
-    let Some((t, _)) = w.table(root, "admin") else {
+    let Some((t, _)) = w.table(root, root_key::admin) else {
         return d;
     };
     w.check_keys(Section::Admin, "", &t);
     AdminConfig {
-        addr: w.socket_addr(&t, "addr").map_or(d.addr, |(a, _)| a),
+        addr: w
+            .socket_addr(&t, admin_key::addr)
+            .map_or(d.addr, |(a, _)| a),
         probe_ports: probe_ports(w, &t),
     }
 }
 
 /// `[admin] probe_ports`: the app's ports, as numbers, each once.
 fn probe_ports(w: &mut Walker<'_>, t: &Table) -> Vec<u16> {
-    let key = t.key("probe_ports");
+    let key = t.key(admin_key::probe_ports);
     let mut out = Vec::new();
-    for (port, span) in w.strings(t, "probe_ports").unwrap_or_default() {
+    for (port, span) in w.strings(t, admin_key::probe_ports).unwrap_or_default() {
         match port.parse::<u16>() {
             Ok(p) if p > 0 && !out.contains(&p) => out.push(p),
             Ok(p) if p > 0 => {}
@@ -254,7 +264,7 @@ fn probe_ports(w: &mut Walker<'_>, t: &Table) -> Vec<u16> {
 
 fn access_log(w: &mut Walker<'_>, root: &Table) -> AccessLogConfig {
     let d = AccessLogConfig::default();
-    let Some((t, _)) = w.table(root, "access_log") else {
+    let Some((t, _)) = w.table(root, root_key::access_log) else {
         return d;
     };
     w.check_keys(Section::AccessLog, "", &t);
@@ -267,27 +277,30 @@ fn access_log(w: &mut Walker<'_>, root: &Table) -> AccessLogConfig {
         ],
     };
     AccessLogConfig {
-        enabled: w.boolean(&t, "enabled").unwrap_or(d.enabled),
-        format: w.word(&t, "format", &FORMAT).unwrap_or(d.format),
-        query: w.boolean(&t, "query").unwrap_or(d.query),
+        enabled: w.boolean(&t, access_log_key::enabled).unwrap_or(d.enabled),
+        format: w
+            .word(&t, access_log_key::format, &FORMAT)
+            .unwrap_or(d.format),
+        query: w.boolean(&t, access_log_key::query).unwrap_or(d.query),
     }
 }
 
 fn deadline(w: &mut Walker<'_>, root: &Table) -> DeadlineConfig {
     let mut cfg = DeadlineConfig::default();
-    let Some((t, _)) = w.table(root, "deadline") else {
+    let Some((t, _)) = w.table(root, root_key::deadline) else {
         return cfg;
     };
     w.check_keys(Section::Deadline, "", &t);
-    if let Some(written) = w.string(&t, "header")
-        && let Some(h) = w.header_name(written, "deadline.header")
+    if let Some(written) = w.string(&t, deadline_key::header)
+        && let Some(h) = w.header_name(written, &t.key(deadline_key::header))
     {
         cfg.header = h;
     }
-    if let Some(list) = w.strings(&t, "accept") {
+    if let Some(list) = w.strings(&t, deadline_key::accept) {
+        let key = t.key(deadline_key::accept);
         cfg.accept = list
             .into_iter()
-            .filter_map(|written| w.header_name(written, "deadline.accept"))
+            .filter_map(|written| w.header_name(written, &key))
             .collect();
     }
     cfg

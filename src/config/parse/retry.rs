@@ -9,6 +9,7 @@ use http::Method;
 
 use super::schema::Section;
 use super::walker::{Choice, Size, Table, Walker};
+use crate::config::keys::{budget as budget_key, retry as key, throttle as throttle_key};
 use crate::config::model::*;
 
 /// Envoy's `retry_on` words that people carry over, each with what to write instead.
@@ -28,49 +29,56 @@ pub(super) fn retry(w: &mut Walker<'_>, upstream: &str, t: &Table) -> RetryConfi
     w.check_keys(Section::Retry, upstream, t);
     let d = RetryConfig::default();
     let secs = Duration::from_secs;
-    let idempotency_header = match w.string(t, "idempotency_header") {
+    let idempotency_header = match w.string(t, key::idempotency_header) {
         None => d.idempotency_header.clone(),
         Some((text, _)) if text.is_empty() => None,
-        Some(written) => w.header_name(written, &t.key("idempotency_header")),
+        Some(written) => w.header_name(written, &t.key(key::idempotency_header)),
     };
     let max_body = Size(0)..=Size(64 << 20);
-    let mint_idempotency_key = method_list(w, t, "mint_idempotency_key").unwrap_or_default();
+    let mint_idempotency_key = method_list(w, t, key::mint_idempotency_key).unwrap_or_default();
     if !mint_idempotency_key.is_empty()
         && idempotency_header.is_none()
-        && let Some(v) = t.get("mint_idempotency_key")
+        && let Some(v) = t.get(key::mint_idempotency_key)
     {
         w.reject(
             v.span(),
-            &t.key("mint_idempotency_key"),
+            &t.key(key::mint_idempotency_key),
             "a key is minted into the idempotency header, and idempotency_header is off",
             "remove idempotency_header = \"\" (the default is \"idempotency-key\"), or remove \
              mint_idempotency_key",
         );
     }
     RetryConfig {
-        max_attempts: w.ranged(t, "max_attempts", 3, 1..=10u64) as u32,
+        max_attempts: w.ranged(t, key::max_attempts, u64::from(d.max_attempts), 1..=10u64) as u32,
         on: retry_on(w, t).unwrap_or(d.on),
         methods: methods(w, t).unwrap_or(d.methods),
         idempotency_header,
         mint_idempotency_key,
         backoff: backoff(w, t),
-        retry_after: match honors(w, t, "retry_after", "a Retry-After mode") {
-            true => RetryAfterMode::Honor,
-            false => RetryAfterMode::Ignore,
+        retry_after: match honors(w, t, key::retry_after, "a Retry-After mode") {
+            Some(true) => RetryAfterMode::Honor,
+            Some(false) => RetryAfterMode::Ignore,
+            None => d.retry_after,
         },
-        max_retry_after: w.ranged(t, "max_retry_after", secs(5), Duration::ZERO..=secs(3600)),
-        max_body: w.ranged(t, "max_body", Size(64 * 1024), max_body).0,
-        ownership: match honors(w, t, "ownership", "an ownership mode") {
-            true => Ownership::Honor,
-            false => Ownership::Ignore,
+        max_retry_after: w.ranged(
+            t,
+            key::max_retry_after,
+            d.max_retry_after,
+            Duration::ZERO..=secs(3600),
+        ),
+        max_body: w.ranged(t, key::max_body, Size(d.max_body), max_body).0,
+        ownership: match honors(w, t, key::ownership, "an ownership mode") {
+            Some(true) => Ownership::Honor,
+            Some(false) => Ownership::Ignore,
+            None => d.ownership,
         },
     }
 }
 
 /// The failure conditions of `on`; `None` when the key is absent or not a list.
 fn retry_on(w: &mut Walker<'_>, t: &Table) -> Option<RetryOn> {
-    let key = t.key("on");
-    let list = w.strings(t, "on")?;
+    let key = t.key(key::on);
+    let list = w.strings(t, key::on)?;
     let mut on = RetryOn::none();
     for (word, span) in list {
         match word.as_str() {
@@ -103,7 +111,7 @@ fn retry_on(w: &mut Walker<'_>, t: &Table) -> Option<RetryOn> {
 
 /// A list of HTTP methods, written in upper case; shared with `[inbound.dedupe]`.
 pub(super) fn methods(w: &mut Walker<'_>, t: &Table) -> Option<Vec<Method>> {
-    method_list(w, t, "methods")
+    method_list(w, t, key::methods)
 }
 
 /// The list of HTTP methods at `name`.
@@ -133,10 +141,12 @@ fn backoff(w: &mut Walker<'_>, t: &Table) -> BackoffConfig {
     let ms = Duration::from_millis;
     let secs = Duration::from_secs;
     let d = BackoffConfig::default();
-    let base = w.ranged(t, "backoff_base", d.base(), ms(1)..=secs(60));
-    let max = w.ranged(t, "backoff_max", d.max(), ms(1)..=secs(600));
-    let jitter = w.word(t, "backoff_jitter", &JITTER).unwrap_or(Jitter::Full);
-    let (base_key, max_key) = (t.key("backoff_base"), t.key("backoff_max"));
+    let base = w.ranged(t, key::backoff_base, d.base(), ms(1)..=secs(60));
+    let max = w.ranged(t, key::backoff_max, d.max(), ms(1)..=secs(600));
+    let jitter = w
+        .word(t, key::backoff_jitter, &JITTER)
+        .unwrap_or(d.jitter());
+    let (base_key, max_key) = (t.key(key::backoff_base), t.key(key::backoff_max));
     if w.is_invalid(&base_key) || w.is_invalid(&max_key) {
         return d.with_jitter(jitter);
     }
@@ -145,7 +155,7 @@ fn backoff(w: &mut Walker<'_>, t: &Table) -> BackoffConfig {
         Err(e) => {
             // At the key that was written: a base above the default maximum, or a
             // maximum below the default base.
-            let (key, span) = match (t.get("backoff_base"), t.get("backoff_max")) {
+            let (key, span) = match (t.get(key::backoff_base), t.get(key::backoff_max)) {
                 (Some(v), _) => (base_key, v.span()),
                 (None, Some(v)) => (max_key, v.span()),
                 (None, None) => (base_key, 0..0),
@@ -166,11 +176,11 @@ pub(super) fn budget(w: &mut Walker<'_>, upstream: &str, t: &Table) -> BudgetCon
     w.check_keys(Section::Budget, upstream, t);
     let d = BudgetConfig::default();
     let window = Duration::from_millis(100)..=Duration::from_secs(3600);
-    let ratio = w.ranged(t, "ratio", d.ratio, 0.0..=1000.0);
+    let ratio = w.ranged(t, budget_key::ratio, d.ratio, 0.0..=1000.0);
     BudgetConfig {
         ratio,
-        min_per_sec: w.ranged(t, "min_per_sec", d.min_per_sec, 0.0..=1e6),
-        window: w.ranged(t, "window", d.window, window),
+        min_per_sec: w.ranged(t, budget_key::min_per_sec, d.min_per_sec, 0.0..=1e6),
+        window: w.ranged(t, budget_key::window, d.window, window),
         max_ratio: max_ratio(w, t, ratio),
     }
 }
@@ -179,12 +189,12 @@ pub(super) fn budget(w: &mut Walker<'_>, upstream: &str, t: &Table) -> BudgetCon
 /// ceiling under the floor has no meaning to guess at); checked only when `ratio` was
 /// readable, since a default standing in for it would make up a second problem.
 fn max_ratio(w: &mut Walker<'_>, t: &Table, ratio: f64) -> Option<f64> {
-    let max = w.optional(t, "max_ratio", 0.0..=1000.0)?;
-    if max < ratio && !w.is_invalid(&t.key("ratio")) {
-        let span = t.get("max_ratio").map_or(0..0, |v| v.span());
+    let max = w.optional(t, budget_key::max_ratio, 0.0..=1000.0)?;
+    if max < ratio && !w.is_invalid(&t.key(budget_key::ratio)) {
+        let span = t.get(budget_key::max_ratio).map_or(0..0, |v| v.span());
         w.reject(
             span,
-            &t.key("max_ratio"),
+            &t.key(budget_key::max_ratio),
             format!("max_ratio {max} is below ratio {ratio}: the share adapts upwards from ratio"),
             "make max_ratio greater than ratio (e.g. 3 × ratio), or remove it to keep the share fixed",
         );
@@ -200,8 +210,8 @@ pub(super) fn throttle(w: &mut Walker<'_>, upstream: &str, t: &Table) -> Throttl
     let d = ThrottleConfig::default();
     let window = Duration::from_millis(100)..=Duration::from_secs(3600);
     ThrottleConfig {
-        k: w.ranged(t, "k", d.k, 1.0..=100.0),
-        window: w.ranged(t, "window", d.window, window),
+        k: w.ranged(t, throttle_key::k, d.k, 1.0..=100.0),
+        window: w.ranged(t, throttle_key::window, d.window, window),
     }
 }
 
@@ -223,15 +233,15 @@ const JITTER: Choice<Jitter> = Choice {
     words: &[("full", Jitter::Full), ("none", Jitter::None)],
 };
 
-/// Whether the switch `key` says `honor` (or `honour`, and the default) rather than
-/// `ignore`.
-fn honors(w: &mut Walker<'_>, t: &Table, key: &str, what: &'static str) -> bool {
+/// Whether the switch `key` says `honor` (or `honour`) rather than `ignore`; `None`
+/// when it is not written or not readable.
+fn honors(w: &mut Walker<'_>, t: &Table, key: &str, what: &'static str) -> Option<bool> {
     let choice = Choice {
         what,
         fix: "use \"honor\" (the default) or \"ignore\"",
         words: &[("honor", true), ("honour", true), ("ignore", false)],
     };
-    w.word(t, key, &choice).unwrap_or(true)
+    w.word(t, key, &choice)
 }
 
 #[cfg(test)]

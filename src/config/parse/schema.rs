@@ -1,10 +1,12 @@
-//! Every section of the config file and the keys it takes, in one table.
+//! Every section of the config file and where it is written, in one table.
 //!
 //! Unknown keys are errors (a typo must never silently disable a safety limit), and
 //! the most common unknown key is a known one in the wrong section: `max_attempts`
 //! written under `[upstreams.p]` instead of `[upstreams.p.retry]`. Knowing every
 //! section's keys in one place lets the error say where such a key belongs, and a
-//! near miss which key was meant.
+//! near miss which key was meant. The keys themselves are declared in
+//! [`crate::config::keys`]; this file knows the sections, where each is written, and
+//! other proxies' words.
 
 /// A section of the file. The sections of an upstream are written once per upstream,
 /// under its name.
@@ -50,93 +52,30 @@ impl Section {
         Section::Tracing,
     ];
 
-    /// The keys this section takes.
+    /// The keys this section takes, as [`crate::config::keys`] declares them.
     pub(super) fn keys(self) -> &'static [&'static str] {
+        use crate::config::keys::{
+            access_log, admin, budget, deadline, dedupe, hedge, inbound, inbound_retries, listener,
+            outlier, retry, root, runtime, throttle, tls, tracing, upstream,
+        };
         match self {
-            Section::Root => &[
-                "runtime",
-                "listener",
-                "admin",
-                "deadline",
-                "access_log",
-                "upstreams",
-                "inbound",
-                "tracing",
-            ],
-            Section::Runtime => &["worker_threads"],
-            Section::Listener => &[
-                "addr",
-                "drain_timeout",
-                "header_read_timeout",
-                "max_header_bytes",
-                "max_headers",
-                "idle_timeout",
-                "max_connections",
-                "unknown_authorities",
-                "passthrough_connect_timeout",
-            ],
-            Section::Admin => &["addr", "probe_ports"],
-            Section::Deadline => &["header", "accept"],
-            Section::AccessLog => &["enabled", "format", "query"],
-            Section::Upstream => &[
-                "authorities",
-                "listen",
-                "endpoints",
-                "host",
-                "protocol",
-                "connect_timeout",
-                "request_timeout",
-                "attempt_timeout",
-                "max_inflight",
-                "retry",
-                "tls",
-                "budget",
-                "max_connection_age",
-                "outlier",
-                "hedge",
-                "throttle",
-                "app_retries",
-            ],
-            Section::Retry => &[
-                "max_attempts",
-                "on",
-                "methods",
-                "idempotency_header",
-                "mint_idempotency_key",
-                "backoff_base",
-                "backoff_max",
-                "backoff_jitter",
-                "retry_after",
-                "max_retry_after",
-                "max_body",
-                "ownership",
-            ],
-            Section::Budget => &["ratio", "min_per_sec", "window", "max_ratio"],
-            Section::Tls => &["server_name", "ca_file", "client_cert", "client_key"],
-            Section::Outlier => &["consecutive_failures", "base_ejection", "max_ejected"],
-            Section::Hedge => &["after", "max_extra"],
-            Section::Inbound => &[
-                "addr",
-                "app",
-                "max_inflight",
-                "request_timeout",
-                "retries",
-                "probe_paths",
-                "dedupe",
-                "owned_failures",
-            ],
-            Section::InboundRetries => &["ratio", "min_per_sec", "window", "per_caller"],
-            Section::InboundDedupe => &[
-                "methods",
-                "ttl",
-                "max_response",
-                "store",
-                "max_entries",
-                "store_timeout",
-                "on_store_error",
-            ],
-            Section::Throttle => &["k", "window"],
-            Section::Tracing => &["otlp", "sample", "batch", "queue", "timeout"],
+            Section::Root => root::NAMES,
+            Section::Runtime => runtime::NAMES,
+            Section::Listener => listener::NAMES,
+            Section::Admin => admin::NAMES,
+            Section::Deadline => deadline::NAMES,
+            Section::AccessLog => access_log::NAMES,
+            Section::Upstream => upstream::NAMES,
+            Section::Retry => retry::NAMES,
+            Section::Budget => budget::NAMES,
+            Section::Tls => tls::NAMES,
+            Section::Outlier => outlier::NAMES,
+            Section::Hedge => hedge::NAMES,
+            Section::Inbound => inbound::NAMES,
+            Section::InboundRetries => inbound_retries::NAMES,
+            Section::InboundDedupe => dedupe::NAMES,
+            Section::Throttle => throttle::NAMES,
+            Section::Tracing => tracing::NAMES,
         }
     }
 

@@ -7,6 +7,7 @@ use std::path::Path;
 
 use super::schema::Section;
 use super::walker::{Table, Walker};
+use crate::config::keys::tls as key;
 use crate::config::model::*;
 
 /// `[upstreams.NAME.tls]`, its files resolved against `base`; `span` is the table's.
@@ -31,9 +32,9 @@ pub(super) fn tls(
             named_at: w.src.position(span.start),
         })
     };
-    let ca_file = file("ca_file");
-    let client_cert = file("client_cert");
-    let client_key = file("client_key");
+    let ca_file = file(key::ca_file);
+    let client_cert = file(key::client_cert);
+    let client_key = file(key::client_key);
     if !client_pair_complete(w, t, client_cert.is_some(), client_key.is_some()) {
         return None;
     }
@@ -48,12 +49,12 @@ pub(super) fn tls(
 }
 
 fn server_name(w: &mut Walker<'_>, t: &Table, table_span: Range<usize>) -> Option<String> {
-    let key = t.key("server_name");
-    let Some((name, span)) = w.string(t, "server_name") else {
-        if t.get("server_name").is_none() {
+    let full = t.key(key::server_name);
+    let Some((name, span)) = w.string(t, key::server_name) else {
+        if t.get(key::server_name).is_none() {
             w.error(
                 table_span,
-                &key,
+                &full,
                 "missing: TLS needs the name the upstream's certificate carries",
                 "add server_name = \"api.example.com\"",
             );
@@ -63,7 +64,7 @@ fn server_name(w: &mut Walker<'_>, t: &Table, table_span: Range<usize>) -> Optio
     if rustls_pki_types::ServerName::try_from(name.as_str()).is_err() {
         w.reject(
             span,
-            &key,
+            &full,
             format!("`{name}` is not a DNS name or IP address"),
             "write the host name the certificate is issued for",
         );
@@ -74,17 +75,17 @@ fn server_name(w: &mut Walker<'_>, t: &Table, table_span: Range<usize>) -> Optio
 
 /// mTLS needs both halves of the pair. Not judged when either was written wrongly: it
 /// was given, and its own error says what is wrong with it.
-fn client_pair_complete(w: &mut Walker<'_>, t: &Table, cert: bool, key: bool) -> bool {
-    if cert == key {
+fn client_pair_complete(w: &mut Walker<'_>, t: &Table, cert: bool, pem_key: bool) -> bool {
+    if cert == pem_key {
         return true;
     }
-    if w.is_invalid(&t.key("client_cert")) || w.is_invalid(&t.key("client_key")) {
+    if w.is_invalid(&t.key(key::client_cert)) || w.is_invalid(&t.key(key::client_key)) {
         return false;
     }
     let (given, missing) = if cert {
-        ("client_cert", "client_key")
+        (key::client_cert, key::client_key)
     } else {
-        ("client_key", "client_cert")
+        (key::client_key, key::client_cert)
     };
     w.error(
         t.span_of(given, &(0..0)),

@@ -5,18 +5,19 @@ use std::time::Duration;
 
 use super::schema::Section;
 use super::walker::{Table, Walker};
+use crate::config::keys::{root as root_key, tracing as key};
 use crate::config::model::{OtlpAddr, TracingConfig};
 
 pub(super) fn tracing(w: &mut Walker<'_>, root: &Table) -> Option<TracingConfig> {
-    let (t, _) = w.table(root, "tracing")?;
+    let (t, _) = w.table(root, root_key::tracing)?;
     w.check_keys(Section::Tracing, "", &t);
     let d = TracingConfig::default();
-    let otlp = match w.string(&t, "otlp") {
+    let otlp = match w.string(&t, key::otlp) {
         None => d.otlp,
         Some((text, span)) => OtlpAddr::parse(&text).unwrap_or_else(|why| {
             w.reject(
                 span,
-                "tracing.otlp",
+                &t.key(key::otlp),
                 format!("`{text}` {why}"),
                 "write the collector's OTLP/HTTP base address, e.g. \"http://127.0.0.1:4318\" \
                  (spans go to its /v1/traces)",
@@ -28,10 +29,10 @@ pub(super) fn tracing(w: &mut Walker<'_>, root: &Table) -> Option<TracingConfig>
     let secs = Duration::from_secs;
     Some(TracingConfig {
         otlp,
-        sample: w.ranged(&t, "sample", d.sample, 0.0..=1.0),
-        batch: w.ranged(&t, "batch", d.batch as u64, 1..=65_536) as usize,
-        queue: w.ranged(&t, "queue", d.queue as u64, 1..=1_048_576) as usize,
-        timeout: w.ranged(&t, "timeout", d.timeout, ms(10)..=secs(60)),
+        sample: w.ranged(&t, key::sample, d.sample, 0.0..=1.0),
+        batch: w.ranged(&t, key::batch, d.batch as u64, 1..=65_536) as usize,
+        queue: w.ranged(&t, key::queue, d.queue as u64, 1..=1_048_576) as usize,
+        timeout: w.ranged(&t, key::timeout, d.timeout, ms(10)..=secs(60)),
     })
 }
 

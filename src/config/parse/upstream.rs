@@ -11,6 +11,7 @@ use http::HeaderValue;
 
 use super::schema::Section;
 use super::walker::{At, Choice, Table, Walker};
+use crate::config::keys::{root as root_key, upstream as key};
 use crate::config::model::*;
 
 /// `protocol`: the HTTP the upstream is spoken to in (`h2` and `http2` mean `h2c`).
@@ -109,7 +110,7 @@ pub(super) fn upstreams(
     base: &Path,
 ) -> Vec<UpstreamConfig> {
     let mut out = Vec::new();
-    let Some((all, _)) = w.table(root, "upstreams") else {
+    let Some((all, _)) = w.table(root, root_key::upstreams) else {
         return out;
     };
     let mut claims = Claims::new(w, listener, admin);
@@ -163,14 +164,14 @@ fn upstream(
         claims.authority(w, &auth, span, name);
         authorities.push(auth);
     }
-    let listen = w.socket_addr(t, "listen").map(|(addr, span)| {
-        claims.port(w, addr, span, t.key("listen"));
+    let listen = w.socket_addr(t, key::listen).map(|(addr, span)| {
+        claims.port(w, addr, span, t.key(key::listen));
         addr
     });
     let unreachable = authorities.is_empty()
         && listen.is_none()
-        && !w.is_invalid(&t.key("authorities"))
-        && !w.is_invalid(&t.key("listen"));
+        && !w.is_invalid(&t.key(key::authorities))
+        && !w.is_invalid(&t.key(key::listen));
     if unreachable {
         w.error(
             name_span.clone(),
@@ -179,7 +180,8 @@ fn upstream(
             "add authorities = [\"<name the app calls>\"] or listen = \"127.0.0.1:<port>\"",
         );
     }
-    let protocol = w.word(t, "protocol", &PROTOCOL).unwrap_or(Protocol::Auto);
+    let d = UpstreamConfig::default();
+    let protocol = w.word(t, key::protocol, &PROTOCOL).unwrap_or(d.protocol);
     let ms = Duration::from_millis;
     let secs = Duration::from_secs;
     let day = secs(24 * 3600);
@@ -190,46 +192,56 @@ fn upstream(
         endpoints: endpoints(w, t, &name_span),
         host: host(w, t),
         protocol,
-        connect_timeout: w.ranged(t, "connect_timeout", ms(200), ms(1)..=secs(600)),
-        request_timeout: w.optional(t, "request_timeout", ms(1)..=day),
-        attempt_timeout: w.optional(t, "attempt_timeout", ms(1)..=day),
-        max_inflight: w.ranged(t, "max_inflight", 10_000, 1..=10_000_000u64) as usize,
-        retry: match w.table(t, "retry") {
+        connect_timeout: w.ranged(
+            t,
+            key::connect_timeout,
+            d.connect_timeout,
+            ms(1)..=secs(600),
+        ),
+        request_timeout: w.optional(t, key::request_timeout, ms(1)..=day),
+        attempt_timeout: w.optional(t, key::attempt_timeout, ms(1)..=day),
+        max_inflight: w.ranged(
+            t,
+            key::max_inflight,
+            d.max_inflight as u64,
+            1..=10_000_000u64,
+        ) as usize,
+        retry: match w.table(t, key::retry) {
             Some((retry, _)) => super::retry::retry(w, name, &retry),
-            None => RetryConfig::off(),
+            None => d.retry,
         },
         budget: w
-            .table(t, "budget")
+            .table(t, key::budget)
             .map(|(budget, _)| super::retry::budget(w, name, &budget)),
         tls: w
-            .table(t, "tls")
+            .table(t, key::tls)
             .and_then(|(tls, span)| super::tls::tls(w, name, &tls, span, base)),
-        max_connection_age: w.optional(t, "max_connection_age", ms(100)..=secs(7 * 24 * 3600)),
+        max_connection_age: w.optional(t, key::max_connection_age, ms(100)..=secs(7 * 24 * 3600)),
         outlier: w
-            .table(t, "outlier")
+            .table(t, key::outlier)
             .map(|(outlier, _)| super::health::outlier(w, name, &outlier)),
         hedge: w
-            .table(t, "hedge")
+            .table(t, key::hedge)
             .map(|(hedge, _)| super::health::hedge(w, name, &hedge)),
         throttle: w
-            .table(t, "throttle")
+            .table(t, key::throttle)
             .map(|(throttle, _)| super::retry::throttle(w, name, &throttle)),
         app_retries: w
-            .word(t, "app_retries", &super::retry::APP_RETRIES)
-            .unwrap_or_default(),
+            .word(t, key::app_retries, &super::retry::APP_RETRIES)
+            .unwrap_or(d.app_retries),
     }
 }
 
 /// The valid authorities, each with where it was written.
 fn authorities(w: &mut Walker<'_>, t: &Table) -> Vec<At<String>> {
-    let key = t.key("authorities");
+    let full = t.key(key::authorities);
     let mut out = Vec::new();
-    for (text, span) in w.strings(t, "authorities").unwrap_or_default() {
+    for (text, span) in w.strings(t, key::authorities).unwrap_or_default() {
         match normalize_authority(&text) {
             Some(a) => out.push((a, span)),
             None => w.reject(
                 span,
-                &key,
+                &full,
                 format!("`{text}` is not a host name or host:port"),
                 "write the name the app calls, e.g. \"payments\" or \"payments:8080\"",
             ),
@@ -239,12 +251,12 @@ fn authorities(w: &mut Walker<'_>, t: &Table) -> Vec<At<String>> {
 }
 
 fn endpoints(w: &mut Walker<'_>, t: &Table, name_span: &Range<usize>) -> Vec<EndpointAddr> {
-    let key = t.key("endpoints");
-    let Some(list) = w.strings(t, "endpoints") else {
-        if t.get("endpoints").is_none() {
+    let full = t.key(key::endpoints);
+    let Some(list) = w.strings(t, key::endpoints) else {
+        if t.get(key::endpoints).is_none() {
             w.error(
                 name_span.clone(),
-                &key,
+                &full,
                 "missing: an upstream needs at least one endpoint",
                 "add endpoints = [\"host:port\"]",
             );
@@ -252,10 +264,10 @@ fn endpoints(w: &mut Walker<'_>, t: &Table, name_span: &Range<usize>) -> Vec<End
         return Vec::new();
     };
     if list.is_empty() {
-        let span = t.span_of("endpoints", name_span);
+        let span = t.span_of(key::endpoints, name_span);
         w.error(
             span,
-            &key,
+            &full,
             "the list is empty",
             "add at least one \"host:port\"",
         );
@@ -266,7 +278,7 @@ fn endpoints(w: &mut Walker<'_>, t: &Table, name_span: &Range<usize>) -> Vec<End
             Ok(e) => out.push(e),
             Err(msg) => w.reject(
                 span,
-                &key,
+                &full,
                 msg,
                 "write each endpoint as \"host:port\" or \"10.0.0.5:8080\"",
             ),
@@ -276,13 +288,13 @@ fn endpoints(w: &mut Walker<'_>, t: &Table, name_span: &Range<usize>) -> Vec<End
 }
 
 fn host(w: &mut Walker<'_>, t: &Table) -> Option<HeaderValue> {
-    let (text, span) = w.string(t, "host")?;
+    let (text, span) = w.string(t, key::host)?;
     match (normalize_authority(&text), HeaderValue::from_str(&text)) {
         (Some(_), Ok(v)) => Some(v),
         _ => {
             w.reject(
                 span,
-                &t.key("host"),
+                &t.key(key::host),
                 format!("`{text}` is not a valid Host value"),
                 "write a host name, optionally with :port",
             );
