@@ -45,6 +45,7 @@ JSON=0
 OUT_DIR=""
 TOLLGATE_BIN="${TOLLGATE_BIN:-}"
 COMPARE_BIN=""
+INBOUND_EXTRA=""
 TARGETS="direct,tollgate,tollgate-noretry,tollgate-inbound,nginx,haproxy,pingora"
 CELLS=""
 INSTALL=1
@@ -100,6 +101,9 @@ usage: scripts/bench.sh [options]
                        and system calls (strace -c, the cell's own load) per request, over
                        one --duration run each (default 3 s), for the cells of --cells
                        (default: get and h2c); figures the host's noise does not move
+  --inbound-extra FILE TOML appended to the [inbound] section of the tollgate-inbound and
+                       tollgate-chain targets, e.g. an [inbound.dedupe] table, to count what
+                       it costs a request that does not use it
   --no-install         do not apt-get install missing packages
   -h, --help           this text
 EOF
@@ -125,6 +129,7 @@ while [ $# -gt 0 ]; do
     --wait-quiet) WAIT_QUIET="${2:?"$1 needs a value"}"; shift 2 ;;
     --no-install) INSTALL=0; shift ;;
     --count) COUNT=1; shift ;;
+    --inbound-extra) INBOUND_EXTRA="${2:?"$1 needs a value"}"; shift 2 ;;
     -h|--help) usage; exit 0 ;;
     *) echo "bench.sh: unknown option: $1" >&2; usage >&2; exit 2 ;;
   esac

@@ -257,4 +257,6 @@ max_inflight = $PROXY_CONNS
 [inbound.retries]
 ratio = 0.1
 EOF
+  # --inbound-extra: more of the inbound side's config (an [inbound.dedupe] table).
+  [ -z "$INBOUND_EXTRA" ] || cat "$INBOUND_EXTRA"
 }

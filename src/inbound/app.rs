@@ -52,7 +52,7 @@ impl<'a> DeadlineFields<'a> {
     /// deadline.
     fn at(&self, now: Instant) -> AttemptFields<'a> {
         let left = self.deadline.remaining(now);
-        AttemptFields::common([
+        AttemptFields([
             left.map(|left| (self.header, deadline::format_millis(left))),
             self.deadline.caller_at().filter(|_| self.grpc).map(|at| {
                 let left = at.saturating_duration_since(now);
@@ -85,6 +85,7 @@ pub async fn send<'a, B: OutgoingBody>(
     };
     let at = |now| RequestHead {
         fields: fields.at(now),
+        rare: None,
         continue_wait: exchange::continue_wait(fields.deadline.remaining(now)),
         ..*head
     };

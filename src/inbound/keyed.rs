@@ -92,6 +92,7 @@ async fn drive(
         headers: &x.headers,
         fields: AttemptFields::default(),
         https: false,
+        rare: None,
         continue_wait: ContinueWait::ZERO,
     };
     let fields = DeadlineFields {

@@ -74,24 +74,24 @@ pub fn owned(outcome: Outcome) -> bool {
     )
 }
 
-/// Whether the app's answer is a failure its callers would retry: `502`, `503`, `504`,
-/// or a gRPC `UNAVAILABLE` in the head (a trailers-only answer). An answer that already
-/// says who owns it is left as it is.
-pub fn retryable_failure(status: StatusCode, fields: Fields<'_>) -> bool {
-    if fields.contains(&OUTCOME_HEADER) {
-        return false;
-    }
-    match status.as_u16() {
+/// Whether the app's answer to a call (`grpc`: a gRPC call) is a failure its callers
+/// would retry: `502`, `503`, `504`, or a gRPC `UNAVAILABLE` in the head (a
+/// trailers-only answer). An answer that already says who owns it is left as it is.
+/// The status is looked at first: a good answer's fields are never searched.
+#[inline]
+pub fn retryable_failure(status: StatusCode, fields: Fields<'_>, grpc: bool) -> bool {
+    let failed = match status.as_u16() {
         502..=504 => true,
-        _ => {
-            let grpc = is_grpc_answer(
+        200 if grpc => {
+            is_grpc_answer(
                 status,
                 fields.get(&http::header::CONTENT_TYPE),
                 fields.contains(&GRPC_STATUS),
-            );
-            grpc && fields.get(&GRPC_STATUS) == Some(&b"14"[..])
+            ) && fields.get(&GRPC_STATUS) == Some(&b"14"[..])
         }
-    }
+        _ => false,
+    };
+    failed && !fields.contains(&OUTCOME_HEADER)
 }
 
 impl OwnedCalls {

@@ -21,7 +21,7 @@ use tokio::time::Instant;
 use super::answer::{self, Refusal};
 use super::app::{self, DeadlineFields, Failed};
 use super::attempts::{is_kube_probe, is_retry};
-use super::dedupe::{Answer, Begin, Claim};
+use super::dedupe::{Answer, Begin};
 use super::limit::Admitted;
 use super::owned;
 use super::{Inbound, State, keyed};
@@ -46,6 +46,9 @@ use crate::upstream::pool::Want;
 use crate::upstream::request::{AttemptFields, ContinueWait, RequestHead};
 use crate::upstream::response::{Fields, UpstreamResponse, relayed};
 
+/// `x-tollgate-dedupe: on`, as a line of an HTTP/1.1 head.
+const DEDUPE_ON_LINE: &str = "x-tollgate-dedupe: on";
+
 /// The callers' requests to the app.
 #[derive(Clone)]
 pub struct InboundService(pub Arc<Inbound>);
@@ -58,7 +61,20 @@ impl Service for InboundService {
     ) -> impl Future<Output = AppResponse> + Send + use<> {
         let inbound = self.0.clone();
         let conn = conn.clone();
-        async move { Box::new(handle(inbound, conn, *req).await) }
+        // The answer is boxed where it is made: an answer is a few hundred bytes, and
+        // each function it is returned through copies it.
+        async move {
+            let state = inbound.state.load_full();
+            let h1 = req.version() < Version::HTTP_2;
+            let mut resp = Box::new(answer_request(&inbound, &state, conn, *req).await);
+            // Every answer says the callee deduplicates while it does: to an HTTP/1.1
+            // caller in a line written straight into the head.
+            if state.dedupe.is_some() && !(h1 && resp.body_mut().add_line(DEDUPE_ON_LINE)) {
+                resp.headers_mut()
+                    .insert(keyed::DEDUPE_HEADER, HeaderValue::from_static("on"));
+            }
+            resp
+        }
     }
 }
 
@@ -116,20 +132,6 @@ impl Call<'_> {
             guard.on_finish(e);
         }
     }
-}
-
-async fn handle(
-    inbound: Arc<Inbound>,
-    conn: Arc<ConnState>,
-    req: Request<AppBody>,
-) -> Response<ResponseBody> {
-    let state = inbound.state.load_full();
-    let mut resp = answer_request(&inbound, &state, conn, req).await;
-    if state.dedupe.is_some() {
-        resp.headers_mut()
-            .insert(keyed::DEDUPE_HEADER, HeaderValue::from_static("on"));
-    }
-    resp
 }
 
 async fn answer_request(
@@ -204,10 +206,12 @@ async fn answer_request(
         None => None,
         Some(scope) => match state.dedupe.as_ref().map(|(d, _)| d.begin(scope)) {
             None => None,
-            Some(begin) => match begin.await {
+            // Boxed, as every await of a keyed request's: the future of a request
+            // without a key keeps no room for them, and is moved cheaper.
+            Some(begin) => match Box::pin(begin).await {
                 Begin::Run(claim) => Some(claim),
                 Begin::Duplicate(dup) => {
-                    let settled = dup.settle_body(body, deadline.at()).await;
+                    let settled = Box::pin(dup.settle_body(body, deadline.at())).await;
                     return duplicate(&mut call, settled, parts.version, guard);
                 }
                 Begin::Unavailable => return call.refuse(&answer::DEDUPE_UNAVAILABLE, guard),
@@ -249,21 +253,38 @@ async fn answer_request(
     };
     let sent = Instant::now();
     let exhausted = inbound.metrics.exhausted(crate::metrics::Shortage::Connect);
-    // Who the request is, for ownership through the app: read now, the headers go to
-    // the app.
-    let owned_keys =
-        (state.config.owned_failures == OwnedFailures::Mark).then(|| inbound.owned.keys(&headers));
     let head = (parts.method, uri, headers);
-    let result = to_app(
-        state,
-        claim,
-        head,
-        body,
-        (want, deadline, facts.grpc),
-        call.trace.as_ref().map(RequestTrace::traceparent),
-        exhausted,
-    )
-    .await;
+    let how = (want, deadline, facts.grpc);
+    let traceparent = call.trace.as_ref().map(RequestTrace::traceparent);
+    let (result, mark) = match (claim, &state.dedupe) {
+        (Some(claim), Some((_, keyed_app))) => {
+            let exchange = keyed::Exchange {
+                method: head.0,
+                uri: head.1,
+                headers: head.2,
+                want,
+                deadline,
+                header: state.deadline.header.clone(),
+                grpc: facts.grpc,
+                traceparent,
+            };
+            // Boxed, as every await of a keyed request's: the future of a request
+            // without a key keeps no room for them.
+            let run = keyed::run(claim, keyed_app.clone(), exchange, body, exhausted.clone());
+            (Box::pin(run).await.map(Answered::Keyed), false)
+        }
+        _ => {
+            let result = to_app(state, &head, body, how, traceparent, exhausted).await;
+            // Ownership through the app: who the request was is read only when its
+            // answer is a failure its callers would retry.
+            let mark = state.config.owned_failures == OwnedFailures::Mark
+                && result.as_ref().is_ok_and(|resp| {
+                    owned::retryable_failure(resp.status(), Fields::of(resp), facts.grpc)
+                        && inbound.owned.gave_up_since(&head.2, start)
+                });
+            (result.map(Answered::Plain), mark)
+        }
+    };
     let now = Instant::now();
     if let Some(admitted) = admitted
         && !matches!(result, Err(Failed::Unreachable | Failed::NoDescriptors))
@@ -272,10 +293,6 @@ async fn answer_request(
     }
     match result {
         Ok(Answered::Plain(resp)) => {
-            let mark = owned_keys.is_some_and(|keys| {
-                owned::retryable_failure(resp.status(), Fields::of(&resp))
-                    && inbound.owned.gave_up_since_keys(keys, start)
-            });
             relay(&mut call, resp, (parts.version, mark), guard, now - start)
         }
         Ok(Answered::Keyed(head)) => {
@@ -285,38 +302,22 @@ async fn answer_request(
     }
 }
 
-/// Sends the request to the app: a keyed first arrival through the task that keeps its
-/// answer, any other as it is.
+/// Sends a request without a claimed key to the app, as it is.
 async fn to_app(
     state: &State,
-    claim: Option<Claim>,
-    (method, uri, headers): (Method, Uri, HeaderMap),
+    (method, uri, headers): &(Method, Uri, HeaderMap),
     body: AppBody,
     (want, deadline, grpc): (Want, Deadline, bool),
     traceparent: Option<HeaderValue>,
     exhausted: &IntCounter,
-) -> Result<Answered, Failed> {
-    if let (Some(claim), Some((_, keyed_app))) = (claim, &state.dedupe) {
-        let exchange = keyed::Exchange {
-            method,
-            uri,
-            headers,
-            want,
-            deadline,
-            header: state.deadline.header.clone(),
-            grpc,
-            traceparent,
-        };
-        return keyed::run(claim, keyed_app.clone(), exchange, body, exhausted.clone())
-            .await
-            .map(Answered::Keyed);
-    }
+) -> Result<UpstreamResponse, Failed> {
     let head = RequestHead {
-        method: &method,
-        uri: &uri,
-        headers: &headers,
+        method,
+        uri,
+        headers,
         fields: AttemptFields::default(),
         https: false,
+        rare: None,
         continue_wait: ContinueWait::ZERO,
     };
     let fields = DeadlineFields {
@@ -325,9 +326,7 @@ async fn to_app(
         grpc,
         traceparent,
     };
-    app::send(&state.app, want, &head, body, &fields, exhausted)
-        .await
-        .map(Answered::Plain)
+    app::send(&state.app, want, &head, body, &fields, exhausted).await
 }
 
 /// The app's answer: as it came, or through the task that keeps it.

@@ -156,6 +156,7 @@ pub async fn run(
                     headers: &headers,
                     fields: AttemptFields::default(),
                     https: false,
+                    rare: None,
                     continue_wait: ContinueWait::ZERO,
                 };
                 let resp = conn.send(&head, NoBody).await.ok()?;

@@ -442,6 +442,7 @@ async fn forward(
         headers: &headers,
         fields: AttemptFields::default(),
         https: false,
+        rare: None,
         continue_wait: ContinueWait::of(CONTINUE_WAIT),
     };
     let want = match version {

@@ -201,10 +201,11 @@ impl<'a, A: AppBody> Attempt<'a, A> {
         let mut ejected = false;
         if self.up.endpoints.ejects() {
             let verdict = self.verdict(&result);
-            let health = &self.up.endpoints.get(self.endpoint).health;
-            let was_out = health.is_out();
+            // Only a failure puts an endpoint out: its state is read around that alone.
+            let health = || &self.up.endpoints.get(self.endpoint).health;
+            let was_in = verdict == Verdict::Failure && !health().is_out();
             self.up.endpoints.report(self.endpoint, verdict);
-            ejected = !was_out && health.is_out();
+            ejected = was_in && health().is_out();
         }
         record.finish(&result, r);
         ran(result, ejected)
@@ -243,7 +244,7 @@ impl<'a, A: AppBody> Attempt<'a, A> {
     }
 
     /// The head as it goes out at `now`: the request's, with this attempt's own fields.
-    pub fn head_at(&self, now: Instant) -> RequestHead<'a> {
+    pub fn head_at(&self, now: Instant) -> RequestHead<'_> {
         let left = self.by.map(|by| by.saturating_duration_since(now));
         // As curl waits, but leaving most of the time to the exchange.
         let patience = match (left, self.slow_after) {
@@ -255,6 +256,7 @@ impl<'a, A: AppBody> Attempt<'a, A> {
             uri: &self.head.uri,
             headers: &self.head.headers,
             fields: self.fields(now, left),
+            rare: self.rare.as_deref(),
             https: self.up.config.tls.is_some(),
             continue_wait: exchange::continue_wait(patience),
         }
@@ -265,7 +267,6 @@ impl<'a, A: AppBody> Attempt<'a, A> {
     /// that), for a gRPC call with a deadline the time left of the caller's own, and on
     /// a hedge `x-tollgate-hedge: 1`, and the rare ones.
     fn fields(&self, now: Instant, left: Option<std::time::Duration>) -> AttemptFields<'a> {
-        let [minted, traceparent] = self.rare.as_deref().cloned().unwrap_or_default();
         AttemptFields([
             Some((&ATTEMPT_NAME, count_value(self.number))),
             left.map(|left| (&self.up.deadline.header, deadline::format_millis(left))),
@@ -277,8 +278,6 @@ impl<'a, A: AppBody> Attempt<'a, A> {
                 )
             }),
             self.hedge.then_some((&HEDGE_NAME, HEDGE_VALUE)),
-            minted,
-            traceparent,
         ])
     }
 }

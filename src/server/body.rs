@@ -145,9 +145,9 @@ impl Drop for RequestGuard {
 enum Kind {
     Upstream(UpstreamBody),
     Full(Option<Bytes>),
-    /// The rare kinds, behind one variant so that the two above are matched (and
-    /// dropped) as they were before the rare ones came.
-    Rare(Rare),
+    /// The rare kinds, boxed behind one variant: the two above are matched and
+    /// dropped as they would be alone, and the rare ones pay an allocation.
+    Rare(Box<Rare>),
 }
 
 enum Rare {
@@ -167,6 +167,7 @@ impl Rare {
         }
     }
 
+    #[inline(never)]
     fn is_end_stream(&self) -> bool {
         match self {
             Rare::Boxed(inner) => inner.is_end_stream(),
@@ -174,6 +175,7 @@ impl Rare {
         }
     }
 
+    #[inline(never)]
     fn size_hint(&self) -> SizeHint {
         match self {
             Rare::Boxed(inner) => inner.size_hint(),
@@ -215,7 +217,7 @@ impl ResponseBody {
     pub fn boxed(body: BoxBody<Bytes, BoxError>, mut guard: RequestGuard) -> Self {
         guard.headed();
         ResponseBody {
-            kind: Kind::Rare(Rare::Boxed(body)),
+            kind: Kind::Rare(Box::new(Rare::Boxed(body))),
             added: AddedFields::default(),
             _guard: Some(guard),
         }
@@ -225,7 +227,7 @@ impl ResponseBody {
     /// head, then carries bytes between the app and it.
     pub fn tunnel(tunnel: Upgraded, guard: RequestGuard) -> Self {
         ResponseBody {
-            kind: Kind::Rare(Rare::Tunnel(Some(tunnel))),
+            kind: Kind::Rare(Box::new(Rare::Tunnel(Some(tunnel)))),
             added: AddedFields::default(),
             _guard: Some(guard),
         }
@@ -235,13 +237,28 @@ impl ResponseBody {
         self.added
     }
 
+    /// Adds `line` (`name: value`) to the fields this hop writes into an HTTP/1.1 head,
+    /// with no header map to grow; `false` when the lines are full.
+    pub fn add_line(&mut self, line: &'static str) -> bool {
+        match self.added.0.iter_mut().find(|l| l.is_none()) {
+            Some(slot) => {
+                *slot = Some(line);
+                true
+            }
+            None => false,
+        }
+    }
+
     /// A `101`'s connection to the upstream, or a `CONNECT`'s to its authority, to
     /// tunnel, and the request's guard, which the tunnel holds for as long as it lasts
     /// (the request is still being answered).
     pub fn take_upgrade(&mut self) -> Option<(Upgraded, Option<RequestGuard>)> {
         let upgraded = match &mut self.kind {
             Kind::Upstream(ByProtocol::Http1(b)) => b.take_upgraded()?,
-            Kind::Rare(Rare::Tunnel(t)) => t.take()?,
+            Kind::Rare(rare) => match &mut **rare {
+                Rare::Tunnel(t) => t.take()?,
+                Rare::Boxed(_) => return None,
+            },
             _ => return None,
         };
         Some((upgraded, self._guard.take()))

@@ -21,19 +21,14 @@ pub type Field<'a> = (&'a HeaderName, HeaderValue);
 pub type RareFields<'a> = [Option<Field<'a>>; 2];
 
 /// The header fields one attempt adds to the request (its number, its time, the
-/// caller's own time for gRPC, the hedge mark, and the rare ones), each replacing any
-/// field of the same name. The request's header map is shared by every attempt of the
-/// request and never changed for them; the names are borrowed (from statics and the
-/// config), so an attempt clones no header name.
+/// caller's own time for gRPC, the hedge mark), each replacing any field of the same
+/// name. The request's header map is shared by every attempt of the request and never
+/// changed for them; the names are borrowed (from statics and the config), so an
+/// attempt clones no header name.
 #[derive(Default)]
-pub struct AttemptFields<'a>(pub [Option<Field<'a>>; 6]);
+pub struct AttemptFields<'a>(pub [Option<Field<'a>>; 4]);
 
 impl<'a> AttemptFields<'a> {
-    /// The common fields, none rare.
-    pub fn common([a, b, c, d]: [Option<Field<'a>>; 4]) -> Self {
-        AttemptFields([a, b, c, d, None, None])
-    }
-
     pub fn iter(&self) -> impl Iterator<Item = (&'a HeaderName, &HeaderValue)> {
         self.0.iter().flatten().map(|(n, v)| (*n, v))
     }
@@ -71,6 +66,9 @@ pub struct RequestHead<'a> {
     pub uri: &'a Uri,
     pub headers: &'a HeaderMap,
     pub fields: AttemptFields<'a>,
+    /// The attempt's rare fields (a minted key, its `traceparent`), added after the
+    /// others, borrowed from the attempt: `None` on nearly every request.
+    pub rare: Option<&'a RareFields<'a>>,
     /// The endpoints speak TLS (the scheme of an HTTP/2 request).
     pub https: bool,
     /// How long a body behind `Expect: 100-continue` waits for `100 Continue` before it
@@ -78,7 +76,7 @@ pub struct RequestHead<'a> {
     pub continue_wait: ContinueWait,
 }
 
-impl RequestHead<'_> {
+impl<'a> RequestHead<'a> {
     /// The request as hyper's HTTP/2 client takes it: its own copy of the head, with
     /// the scheme and authority HTTP/2 requires. The authority comes from `Host`, and
     /// `Host` itself is not sent: HTTP/2 carries it as `:authority` (RFC 9113 section
@@ -94,18 +92,36 @@ impl RequestHead<'_> {
         *req.method_mut() = self.method.clone();
         *req.version_mut() = Version::HTTP_2;
         *req.uri_mut() = self.h2_uri();
-        let added = self.fields.iter().count();
+        let added = self.fields.iter().count() + self.rare_fields().count();
         let mut headers = HeaderMap::with_capacity(self.headers.keys_len() + added + 1);
         for (name, value) in self.headers {
-            if name != HOST && !self.fields.names(name) {
+            if name != HOST && !self.replaces(name) {
                 headers.append(name.clone(), value.clone());
             }
         }
-        for (name, value) in self.fields.iter() {
+        for (name, value) in self.fields.iter().chain(self.rare_fields()) {
             headers.append(name.clone(), value.clone());
         }
         *req.headers_mut() = headers;
         req
+    }
+
+    /// Whether one of the attempt's own fields, common or rare, is called `name`.
+    #[inline]
+    fn replaces(&self, name: &HeaderName) -> bool {
+        self.fields.names(name)
+            || self
+                .rare
+                .is_some_and(|r| r.iter().flatten().any(|(n, _)| *n == name))
+    }
+
+    /// The rare fields the attempt carries.
+    fn rare_fields(&self) -> impl Iterator<Item = (&'a HeaderName, &'a HeaderValue)> {
+        self.rare
+            .into_iter()
+            .flatten()
+            .flatten()
+            .map(|(n, v)| (*n, v))
     }
 
     /// The target in absolute form, as HTTP/2's pseudo-header fields carry it.
@@ -178,13 +194,18 @@ pub(super) fn encode_h1<B: Body>(
                 cookies = true;
                 write_cookies(wbuf, head.headers);
             }
-        } else if !fields.names(name) && name != CONTENT_LENGTH {
+        } else if !head.replaces(name) && name != CONTENT_LENGTH {
             // The length goes out once, as the value the body is framed by.
             write_field(wbuf, name, value);
         }
     }
     for (name, value) in fields.iter() {
         write_field(wbuf, name, value);
+    }
+    if head.rare.is_some() {
+        for (name, value) in head.rare_fields() {
+            write_field(wbuf, name, value);
+        }
     }
     let ended = body.is_end_stream();
     if ended && !declares_empty_body(head.method) {
@@ -241,12 +262,13 @@ mod tests {
             method: &Method::POST,
             uri: &uri,
             headers: &headers,
-            fields: AttemptFields::common([
+            fields: AttemptFields([
                 Some((&attempt, HeaderValue::from_static("2"))),
                 None,
                 None,
                 None,
             ]),
+            rare: None,
             https: false,
             continue_wait: ContinueWait::ZERO,
         };
