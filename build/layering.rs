@@ -33,9 +33,12 @@ pub const FLOORS: &[&[&str]] = &[
     &["server"],
     // What both sides write: their own answers, the access log.
     &["answer", "access_log"],
-    // The two sides.
-    &["inbound"],
-    &["proxy"],
+    // The listeners both sides are served on: binding, accepting, capture, the drain.
+    &["listen"],
+    // The two sides, peers: neither names the other.
+    &["inbound", "proxy"],
+    // Both sides on their listeners, wired together.
+    &["sides"],
     // The process: its admin endpoint, reloads, and the whole run.
     &["admin", "reload"],
     &["run"],

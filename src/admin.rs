@@ -22,7 +22,8 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
-use crate::proxy::{BindError, Shared};
+use crate::listen::BindError;
+use crate::sides::Shared;
 
 pub struct Admin {
     addr: SocketAddr,
@@ -117,7 +118,7 @@ fn route(shared: &Shared, req: Request<Incoming>, peer: SocketAddr) -> Response<
             reply(
                 StatusCode::OK,
                 "text/plain; version=0.0.4; charset=utf-8",
-                shared.metrics.encode(),
+                shared.metrics().encode(),
             )
         }
         "/healthz" => reply(StatusCode::OK, "text/plain", "ok\n"),
@@ -241,7 +242,7 @@ fn refresh_gauges(shared: &Shared) {
     let now = Instant::now();
     for up in snap.upstreams.iter() {
         let window = up.budget().stats(now);
-        shared.metrics.set_gauges(
+        shared.metrics().set_gauges(
             up.name(),
             crate::metrics::amplification(window.attempts, window.requests),
             up.budget().available(now),
@@ -249,11 +250,11 @@ fn refresh_gauges(shared: &Shared) {
             up.connections_open() as i64,
         );
         shared
-            .metrics
+            .metrics()
             .set_ejected(up.name(), up.endpoints().readmit_due());
         let throttle = up.throttle().map_or(0.0, |t| t.probability(now));
         shared
-            .metrics
+            .metrics()
             .learning
             .set(up.name(), up.budget().share(), throttle);
     }
@@ -261,8 +262,8 @@ fn refresh_gauges(shared: &Shared) {
         inbound.refresh_gauges();
     }
     // Passed through: one attempt per request by construction, and no retry granted.
-    let passing = &shared.passing;
-    shared.metrics.set_gauges(
+    let passing = &shared.outbound.passing;
+    shared.metrics().set_gauges(
         crate::config::PASSTHROUGH,
         1.0,
         0.0,

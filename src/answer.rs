@@ -13,7 +13,7 @@
 //! tells.
 
 use bytes::Bytes;
-use http::header::{CONTENT_TYPE, RETRY_AFTER};
+use http::header::{CONNECTION, CONTENT_TYPE, RETRY_AFTER};
 use http::{HeaderMap, HeaderValue, Response, StatusCode};
 
 use crate::http::grpc::{Code, GRPC_PUSHBACK, trailers_only};
@@ -26,6 +26,19 @@ use crate::server::{RequestGuard, ResponseBody};
 pub const NO_RETRY: HeaderValue = HeaderValue::from_static("-1");
 /// The same, as a whole HTTP/1.1 head line.
 pub const NO_RETRY_LINE: &str = "grpc-retry-pushback-ms: -1";
+
+/// Adds `Connection: close` when the app's HTTP/1.x body was left unread.
+pub fn announce_close(resp: &mut Response<ResponseBody>) {
+    resp.headers_mut()
+        .insert(CONNECTION, HeaderValue::from_static("close"));
+}
+
+/// Told of each answer the outbound side gives its app that is not `ok`, with the
+/// fields of the app's call: how the inbound side learns which of the app's calls were
+/// given up on and owned (`owned_failures`), without either side naming the other.
+pub trait OutboundAnswers: Send + Sync {
+    fn outbound_answered(&self, outcome: Outcome, headers: &HeaderMap);
+}
 
 /// An answer tollgate makes itself, and why.
 pub struct Local<'a> {

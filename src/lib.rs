@@ -9,9 +9,11 @@
 //! [`metrics`], [`deadline`], [`descriptors`], [`worker`], [`trace`] (the spans and
 //! their export) and the wire, [`http`]; [`upstream`] (the endpoints, generic over the
 //! body it sends); [`retry`] (deciding and looping, generic
-//! over the app's body); [`proxy`] (the app's side: the server, and the outbound
-//! service it is handed) and [`inbound`] (the service in front of the app, handed to the
-//! same server); [`run`], [`reload`], [`admin`];
+//! over the app's body); [`server`] (the app-facing connections and their codecs) and
+//! [`listen`] (the listeners both sides are served on, and their drain); the two sides,
+//! peers that never name each other: [`proxy`] (the outbound service, the app's calls
+//! to its upstreams) and [`inbound`] (the service in front of the app); [`sides`] (both
+//! on their listeners, wired together); [`run`], [`reload`], [`admin`];
 //! and the tools on top: [`check`], [`calc`], [`lab`] and [`capture`] (`tollgate
 //! iptables`), which print through [`print`].
 
@@ -30,6 +32,7 @@ pub mod http;
 pub mod inbound;
 pub mod inject;
 pub mod lab;
+pub mod listen;
 pub mod loops;
 pub mod metrics;
 pub mod print;
@@ -38,6 +41,7 @@ pub mod reload;
 pub mod retry;
 pub mod run;
 pub mod server;
+pub mod sides;
 pub mod trace;
 pub mod upstream;
 pub mod worker;

@@ -20,7 +20,7 @@ use std::time::Duration;
 
 use crate::config::{self, Config};
 use crate::metrics::ReloadResult;
-use crate::proxy::Server;
+use crate::sides::Server;
 
 /// How often the files are looked at.
 pub const POLL: Duration = Duration::from_millis(250);
@@ -71,7 +71,7 @@ pub struct Reloaded {
 /// restart, and the lints of the new config (in Kubernetes nearly every change
 /// arrives by reload, so they are not left to `run`'s start).
 pub async fn reload(path: &Path, server: &Server) -> Reloaded {
-    let metrics = server.shared().metrics.clone();
+    let metrics = server.shared().metrics().clone();
     let config = match config::load(path) {
         Ok(c) => c,
         Err(errors) => {
@@ -190,7 +190,7 @@ async fn watch(path: PathBuf, server: Arc<Server>, mut hup: Option<tokio::signal
                 std::fs::read_to_string(&path).is_ok_and(|t| config::source_hash(&t) == serving);
             if same_text && !certificates_changed {
                 // Nothing to reload; but if a bad edit was refused, it is gone now.
-                if server.shared().metrics.in_effect_again() {
+                if server.shared().metrics().in_effect_again() {
                     tracing::info!(file = %path.display(), "the file on disk is the config in force again; the refused edit is gone");
                 }
                 last = Some(now);

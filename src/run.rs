@@ -8,7 +8,7 @@ use std::time::Duration;
 use crate::admin::Admin;
 use crate::config::{self, Config};
 use crate::metrics::Metrics;
-use crate::proxy::Server;
+use crate::sides::Server;
 use crate::worker::{self, WorkerPool, Workers};
 
 /// Why `run` could not start.
@@ -17,7 +17,7 @@ pub enum StartError {
     #[error("{0}")]
     Config(#[from] config::ConfigErrors),
     #[error(transparent)]
-    Bind(#[from] crate::proxy::BindError),
+    Bind(#[from] crate::listen::BindError),
     #[error("cannot start the runtime: {0}")]
     Runtime(std::io::Error),
     #[error(
@@ -53,7 +53,7 @@ impl Running {
         let admin_addr = config.admin.addr;
         let server = Arc::new(Server::start(config, metrics, workers).await?);
         let admin = Admin::start(admin_addr, server.shared().clone()).await?;
-        let _ = server.shared().admin_bound.set(admin.local_addr());
+        let _ = server.shared().outbound.admin_bound.set(admin.local_addr());
         let watcher = path.map(|p| crate::reload::spawn(p, server.clone()));
         Ok(Running {
             server,

@@ -543,7 +543,7 @@ async fn a_captured_connection_whose_destination_is_silent_is_reset_at_the_timeo
     };
     let (_drain, shutdown) = tokio::sync::watch::channel(false);
     let began = tokio::time::Instant::now();
-    tollgate::proxy::passthrough::relay(
+    tollgate::listen::passthrough::relay(
         accepted,
         silent,
         tollgate::metrics::passthrough::Direction::Outbound,

@@ -47,6 +47,7 @@ use std::sync::atomic::AtomicUsize;
 use arc_swap::ArcSwap;
 use tokio::time::Instant;
 
+use crate::answer::OutboundAnswers;
 use crate::config::{AccessLogConfig, DeadlineConfig, InboundConfig, OwnedFailures, PerCaller};
 use crate::metrics::{Metrics, Outcome, amplification};
 use crate::retry::budget::RetryBudget;
@@ -127,15 +128,6 @@ impl Inbound {
         })
     }
 
-    /// The outbound side answered its app with `outcome` on a call with these header
-    /// fields: an owned give-up is remembered for the request the app is serving, when
-    /// `owned_failures = "mark"`.
-    pub fn outbound_answered(&self, outcome: Outcome, headers: &http::HeaderMap) {
-        if owned::owned(outcome) && self.state.load().config.owned_failures == OwnedFailures::Mark {
-            self.owned.gave_up(headers, Instant::now());
-        }
-    }
-
     /// Swaps in the settings of a reload (`config.addr` is the one bound).
     pub fn apply(&self, config: &InboundConfig, settings: Settings<'_>) {
         let old = self.state.load_full();
@@ -180,6 +172,17 @@ impl Inbound {
         m.budget_available.set(s.budget.available(now));
         m.inflight.set(s.limit.inflight() as i64);
         m.concurrency_limit.set(s.limit.current() as i64);
+    }
+}
+
+impl OutboundAnswers for Inbound {
+    /// The outbound side answered its app with `outcome` on a call with these header
+    /// fields: an owned give-up is remembered for the request the app is serving, when
+    /// `owned_failures = "mark"`.
+    fn outbound_answered(&self, outcome: Outcome, headers: &http::HeaderMap) {
+        if owned::owned(outcome) && self.state.load().config.owned_failures == OwnedFailures::Mark {
+            self.owned.gave_up(headers, Instant::now());
+        }
     }
 }
 

@@ -33,6 +33,7 @@ use crate::deadline::Deadline;
 use crate::http::fields::authority_of;
 use crate::http::grpc::GRPC_PUSHBACK;
 use crate::http::grpc::is_grpc;
+use crate::listen::Captures;
 use crate::metrics::Outcome;
 use crate::metrics::inbound::{InboundDenied, InboundMetrics, Kind};
 use crate::retry::headers::{OUTCOME_HEADER, outcome_line, outcome_of};
@@ -52,6 +53,14 @@ const DEDUPE_ON_LINE: &str = "x-tollgate-dedupe: on";
 /// The callers' requests to the app.
 #[derive(Clone)]
 pub struct InboundService(pub Arc<Inbound>);
+
+/// A connection redirected to the inbound listener is a caller's HTTP to the app when
+/// it was going to the app's port (or the inbound port itself: not redirected).
+impl Captures for InboundService {
+    async fn redirected(&self, original: std::net::SocketAddr) -> Option<Self> {
+        (original.port() == self.0.state().config.app.port).then(|| self.clone())
+    }
+}
 
 impl Service for InboundService {
     fn call(

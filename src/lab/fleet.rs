@@ -203,7 +203,7 @@ fn measured(rig: &Rig, records: &[Record], from: Duration, to: Duration) -> Meas
         .filter(|r| r.sent >= from && r.sent < to)
         .count() as u64;
     let metrics =
-        String::from_utf8(rig.inbound.server.shared().metrics.encode()).unwrap_or_default();
+        String::from_utf8(rig.inbound.server.shared().metrics().encode()).unwrap_or_default();
     let rejected = metrics
         .lines()
         .find_map(|l| l.strip_prefix("tollgate_inbound_denied_total{reason=\"retry-budget\"} "))

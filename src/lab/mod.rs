@@ -211,7 +211,7 @@ pub async fn run(s: Scenario, progress: bool) -> Result<LabRun, LabError> {
             abandoned: counters.abandoned.load(Relaxed),
             silent_connections: rig.silent.iter().map(|q| q.accepted.load(Relaxed)).sum(),
         };
-        let proxy = Proxy::read(&rig.api.server.shared().metrics.encode(), "backend");
+        let proxy = Proxy::read(&rig.api.server.shared().metrics().encode(), "backend");
         let (key, title) = (rig.column.key, rig.column.title);
         let mut result = ChainResult::build((key, title), &records, &arrivals, backend, proxy, &s);
         (result.share, result.throttle) = sampler.await.unwrap_or_default();
@@ -232,7 +232,7 @@ pub async fn run(s: Scenario, progress: bool) -> Result<LabRun, LabError> {
 /// Once a second, what the api hop has learnt about the backend: its budget's share
 /// and its throttle's probability of rejecting a first attempt.
 async fn sample_api(
-    api: Arc<crate::proxy::Server>,
+    api: Arc<crate::sides::Server>,
     start: Instant,
     duration: Duration,
 ) -> (Vec<f64>, Vec<f64>) {

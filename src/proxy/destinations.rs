@@ -21,8 +21,10 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 
 use super::Upstream;
+use super::handler::Outbound;
 use super::route::Fnv;
 use crate::config::Config;
+use crate::listen::Captures;
 
 /// The addresses that belong to upstreams.
 #[derive(Debug, Default)]
@@ -107,6 +109,23 @@ impl Destinations {
         .await
         .ok()
         .flatten()
+    }
+}
+
+/// A connection redirected to the outbound listener is HTTP to the upstream its
+/// original destination belongs to, as on the upstream's own `listen` port.
+impl Captures for Outbound {
+    async fn redirected(&self, original: SocketAddr) -> Option<Self> {
+        let snap = self.shared.snapshot();
+        let i = snap
+            .destinations
+            .upstream_of(&snap.upstreams, original)
+            .await?;
+        Some(Outbound {
+            shared: self.shared.clone(),
+            dedicated: Some(snap.upstreams[i].name().into()),
+            captured: Some(original),
+        })
     }
 }
 

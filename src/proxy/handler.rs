@@ -192,9 +192,9 @@ async fn handle(
     };
     let answer = retry::forward(&up, exchange).await;
     if answer.outcome != Outcome::Ok
-        && let Some(inbound) = &shared.inbound
+        && let Some(told) = &shared.answers
     {
-        inbound.outbound_answered(answer.outcome, &head.headers);
+        told.outbound_answered(answer.outcome, &head.headers);
     }
     if let Some(t) = trace {
         t.finish(app_status(&answer, grpc), answer.outcome, Instant::now());

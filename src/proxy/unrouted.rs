@@ -42,13 +42,13 @@ use tokio::time::Instant;
 use super::Shared;
 use super::local::{announce_close, local_answer};
 use super::origins::{Origin, Origins};
-use super::passthrough;
 use crate::access_log::Entry;
 use crate::answer::Local;
 use crate::config::{EndpointAddr, PASSTHROUGH, parse_endpoint};
 use crate::http::fields::authority_of;
 use crate::http::grpc::is_grpc;
 use crate::http::request::origin_form;
+use crate::listen::passthrough;
 use crate::metrics::{AttemptResult, Metrics, Outcome, UpstreamMetrics};
 use crate::server::headers::strip_for_passing;
 use crate::server::service::{AppRequest, AppResponse};
@@ -512,7 +512,7 @@ async fn tunnel(
         // HTTP/2 (RFC 9113 section 8.5): the stream is the tunnel once the answer is
         // out; hyper hands it over then.
         let on_upgrade = hyper::upgrade::on(&mut *req);
-        let shutdown = to.shared.shutdown.subscribe();
+        let shutdown = to.shared.listeners.draining();
         let drain = to.shared.snapshot.load().config.listener.drain_timeout;
         tokio::spawn(h2_tunnel(on_upgrade, upgraded, guard, shutdown, drain));
         return Box::new(Response::new(ResponseBody::full(Bytes::new(), None)));

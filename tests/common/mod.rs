@@ -205,7 +205,7 @@ impl Tollgate {
         }
     }
 
-    pub fn server(&self) -> &tollgate::proxy::Server {
+    pub fn server(&self) -> &tollgate::sides::Server {
         &self.running.as_ref().unwrap().server
     }
 

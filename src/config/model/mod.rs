@@ -1,6 +1,6 @@
 //! The validated configuration: plain data, checked once. A `Config` that exists is a
 //! valid one; turning it into running listeners, pools and budgets is the job of
-//! `proxy::Server` (and `upstream::Upstream::build` for each upstream), which reads it
+//! `sides::Server` (and `upstream::Upstream::build` for each upstream), which reads it
 //! and never writes it back.
 //!
 //! The types of the retry sections, of endpoint health and hedging, and of TLS live in

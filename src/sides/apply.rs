@@ -1,15 +1,17 @@
 //! Applying a new config to the running server: the upstreams are rebuilt (carrying
-//! their state over) and swapped in at once; each upstream's own `listen` port is bound
-//! before the swap, so it answers as soon as the upstream exists, and closed after the
-//! swap when it is gone. A port that cannot be bound leaves the rest applied: the
+//! their state over) and swapped in at once, and the inbound side's settings beside
+//! them; each upstream's own `listen` port is bound before the swap, so it answers as
+//! soon as the upstream exists, and closed after the swap when it is gone. A port that cannot be bound leaves the rest applied: the
 //! reload is partial, and says which.
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::Arc;
 
-use super::{Server, Snapshot, accept, bind, outbound};
+use super::Server;
 use crate::config::Config;
+use crate::listen::{accept, bind};
+use crate::proxy::Snapshot;
 
 /// What applying a config could not do.
 #[derive(Debug, Default)]
@@ -23,7 +25,8 @@ impl Server {
     /// see [`crate::config::diff::reconcile`]). Requests in flight finish on the
     /// snapshot they started with. `pending_restart` is kept to be shown.
     pub async fn apply(&self, mut config: Config, pending_restart: Vec<String>) -> Applied {
-        let old = self.shared.snapshot();
+        let outbound = &self.shared.outbound;
+        let old = outbound.snapshot();
         let settings = old.config.listener;
         let mut applied = Applied::default();
         // New dedicated ports are bound before the swap, so the new upstream answers
@@ -36,7 +39,7 @@ impl Server {
                 if let Some(addr) = u.listen {
                     wanted.insert(u.name.clone(), addr);
                     let same = current.get(&u.name).is_some_and(|a| {
-                        a.addr == addr || (addr.port() == 0 && a.addr.ip() == addr.ip())
+                        a.addr() == addr || (addr.port() == 0 && a.addr().ip() == addr.ip())
                     });
                     if !same {
                         to_start.push((u.name.clone(), addr));
@@ -64,12 +67,7 @@ impl Server {
                 u.listen = None;
             }
         }
-        let mut next = Snapshot::build(
-            config,
-            &self.shared.metrics,
-            Some(&old),
-            self.workers.count(),
-        );
+        let mut next = Snapshot::build(config, &outbound.metrics, Some(&old), self.workers.count());
         let config = &next.config;
         if let (Some(inbound), Some(c)) = (&self.shared.inbound, &config.inbound) {
             let settings = (&config.deadline, config.access_log, next.tracer.clone());
@@ -79,21 +77,21 @@ impl Server {
         next.listeners_down = applied.unbound.clone();
         for u in old.upstreams.iter() {
             if next.by_name(u.name()).is_none() {
-                self.shared.metrics.forget_gauges(u.name());
+                outbound.metrics.forget_gauges(u.name());
             }
         }
-        self.shared.snapshot.store(Arc::new(next));
+        outbound.snapshot.store(Arc::new(next));
         for (name, l) in started {
-            let service = outbound(&self.shared, Some(name.clone().into()));
-            let a = accept(l, &self.shared, service, None, settings);
-            self.shared.metrics.listener_up(&name, true);
+            let service = outbound.outbound(Some(name.clone().into()));
+            let a = accept(l, &self.serving, service, None, settings);
+            outbound.metrics.listener_up(&name, true);
             self.dedicated
                 .lock()
                 .unwrap_or_else(|p| p.into_inner())
                 .insert(name, a);
         }
         for (name, _) in &applied.unbound {
-            self.shared.metrics.listener_up(name, false);
+            outbound.metrics.listener_up(name, false);
         }
         let gone: Vec<String> = self
             .dedicated
@@ -108,7 +106,7 @@ impl Server {
                 a.stop_accepting().await;
             }
             if !applied.unbound.iter().any(|(n, _)| *n == name) {
-                self.shared.metrics.forget_listener(&name);
+                outbound.metrics.forget_listener(&name);
             }
         }
         applied

@@ -8,8 +8,8 @@
 //! only. A connection that was not redirected (no original destination, or the
 //! listener's own address) is served exactly as before. A redirected one:
 //!
-//! - outbound: to an address that belongs to an upstream ([`super::destinations`]) it
-//!   is HTTP to that upstream, as on the upstream's own `listen` port: every request on
+//! - outbound: to an address that belongs to an upstream (the outbound side's
+//!   `destinations`) it is HTTP to that upstream, as on the upstream's own `listen` port: every request on
 //!   it goes there whatever its `Host` (which is still sent on, unless the upstream sets
 //!   `host`), under that upstream's retry policy, budget and limits;
 //! - inbound: to the port of `[inbound].app` (or the inbound port itself) it is a
@@ -19,6 +19,10 @@
 //!
 //! Never into tollgate itself: a destination that is one of tollgate's own listeners is
 //! refused (closed, counted as a `loop` failure), not connected to.
+//!
+//! Each side says which redirected connections are its own ([`Captures`]): the outbound
+//! side's service implements it beside its destinations, the inbound side's beside its
+//! service.
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -29,14 +33,10 @@ use tokio::sync::watch;
 
 use std::sync::Arc;
 
-use super::handler::Outbound;
-use super::local::{announce_close, local_answer};
-use super::passthrough;
-use super::{ConnCount, Shared};
-use crate::answer::Local;
+use super::{ConnCount, Serving, passthrough};
+use crate::answer::{Local, announce_close};
 use crate::config::ListenerConfig;
 use crate::descriptors::Throttled;
-use crate::inbound::InboundService;
 use crate::metrics::Outcome;
 use crate::metrics::passthrough::{Direction, PassFailure};
 use crate::server::service::{AppRequest, AppResponse};
@@ -47,27 +47,6 @@ pub trait Captures: Service {
     /// The service for a connection redirected from `original`, or `None` when it is
     /// not this service's to serve (it is passed through).
     fn redirected(&self, original: SocketAddr) -> impl Future<Output = Option<Self>> + Send;
-}
-
-impl Captures for Outbound {
-    async fn redirected(&self, original: SocketAddr) -> Option<Self> {
-        let snap = self.shared.snapshot();
-        let i = snap
-            .destinations
-            .upstream_of(&snap.upstreams, original)
-            .await?;
-        Some(Outbound {
-            shared: self.shared.clone(),
-            dedicated: Some(snap.upstreams[i].name().into()),
-            captured: Some(original),
-        })
-    }
-}
-
-impl Captures for InboundService {
-    async fn redirected(&self, original: SocketAddr) -> Option<Self> {
-        (original.port() == self.0.state().config.app.port).then(|| self.clone())
-    }
 }
 
 /// Where a connection was going when it was accepted.
@@ -138,7 +117,7 @@ pub(super) async fn connection<S: Captures>(
     settings: ListenerConfig,
     shutdown: watch::Receiver<bool>,
 ) {
-    let shared = &counted.0;
+    let serving = &counted.0;
     let redirected = match capture.map(|d| (d, arrival(&stream, peer, bound, d))) {
         Some((d, Arrival::Redirected(original))) => Some((d, original)),
         _ => None,
@@ -149,7 +128,7 @@ pub(super) async fn connection<S: Captures>(
             return;
         }
         if crate::loops::is_own(peer) {
-            looped(shared, d, original);
+            looped(serving, d, original);
             return server::serve(stream, peer, Looped, settings, shutdown).await;
         }
     }
@@ -157,7 +136,7 @@ pub(super) async fn connection<S: Captures>(
         None => service,
         Some((d, original)) => match service.redirected(original).await {
             Some(service) => service,
-            None => return pass(stream, original, d, shared, settings, shutdown).await,
+            None => return pass(stream, original, d, serving, settings, shutdown).await,
         },
     };
     server::serve(stream, peer, service, settings, shutdown).await
@@ -165,8 +144,8 @@ pub(super) async fn connection<S: Captures>(
 
 /// tollgate's own connection to `original` came back to it: counted, warned about (at
 /// most once every few seconds), and closed at this first turn.
-fn looped(shared: &Shared, direction: Direction, original: SocketAddr) {
-    shared
+fn looped(serving: &Serving, direction: Direction, original: SocketAddr) {
+    serving
         .metrics
         .passthrough()
         .failure(direction, PassFailure::Loop)
@@ -198,7 +177,7 @@ impl Service for Looped {
                    they must spare the UID tollgate runs as\n",
             retry_after: None,
         };
-        let mut resp = local_answer(None, local, false, guard);
+        let mut resp = local.answer(false, guard);
         announce_close(&mut resp);
         std::future::ready(Box::new(resp))
     }
@@ -209,12 +188,12 @@ async fn pass(
     stream: TcpStream,
     original: SocketAddr,
     direction: Direction,
-    shared: &Shared,
+    serving: &Serving,
     settings: ListenerConfig,
     shutdown: watch::Receiver<bool>,
 ) {
-    let metrics = &shared.metrics;
-    if shared.is_own(original) {
+    let metrics = &serving.metrics;
+    if serving.own.is_own(original) {
         metrics
             .passthrough()
             .failure(direction, PassFailure::Loop)
