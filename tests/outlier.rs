@@ -222,13 +222,18 @@ async fn another_tollgates_verdict_is_not_the_endpoints_fault_but_overload_is() 
 async fn one_log_line_per_ejection_and_per_readmission() {
     let bad = answering(503).await;
     let good = answering(200).await;
-    let mut p = Process::start_logged(&format!(
-        "[upstreams.api]\nauthorities = [\"api\"]\nendpoints = [\"{}\", \"{}\"]\n\
-         [upstreams.api.retry]\nmax_attempts = 2\n\
-         [upstreams.api.budget]\nratio = 1.0\n\
-         [upstreams.api.outlier]\nconsecutive_failures = 2\nbase_ejection = \"1s\"\n",
-        bad.addr, good.addr
-    ))
+    let mut p = Process::start_logged(
+        &Config::new()
+            .upstream("api", |u| {
+                u.authorities(["api"])
+                    .endpoint(bad.addr)
+                    .endpoint(good.addr)
+                    .retry(|r| r.max_attempts(2))
+                    .budget(|b| b.ratio(1.0))
+                    .outlier(|o| o.consecutive_failures(2).base_ejection("1s"))
+            })
+            .to_toml_for_process(),
+    )
     .await;
     for i in 0..10 {
         assert_eq!(get(p.addr, &format!("/{i}"), "api").await.status, 200);
