@@ -39,11 +39,6 @@ fn retrying(endpoints: &[SocketAddr], tls: impl FnOnce(Tls) -> Tls) -> Config {
     })
 }
 
-/// Expecting `server_name`, trusting the CAs in `ca`.
-fn trusting<'a>(server_name: &'a str, ca: &'a std::path::Path) -> impl Fn(Tls) -> Tls + 'a {
-    move |t| t.server_name(server_name).ca_file(ca.display().to_string())
-}
-
 async fn series(tg: &Tollgate, name: &str) -> f64 {
     let m = tg.metrics().await;
     metric(&m, name).unwrap_or_else(|| panic!("{name} missing"))
