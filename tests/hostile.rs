@@ -71,13 +71,8 @@ fn app_with(
     upstream: impl FnOnce(common::config::Upstream) -> common::config::Upstream,
 ) -> Config {
     Config::new().listener(listener).upstream("app", |u| {
-        upstream(
-            u.authorities(["app"])
-                .endpoint(addr)
-                .attempt_timeout("5s")
-                .request_timeout("10s")
-                .connect_timeout("2s"),
-        )
+        let u = u.authorities(["app"]).endpoint(addr).attempt_timeout("5s");
+        upstream(u.request_timeout("10s").connect_timeout("2s"))
     })
 }
 
