@@ -7,6 +7,7 @@ mod common;
 
 use std::time::Duration;
 
+use common::config::Config;
 use common::*;
 
 /// One upstream that answers 200, one that always fails with 503 (retried within a
@@ -17,14 +18,21 @@ async fn upstreams() -> (Upstream, Upstream) {
     (ok, down)
 }
 
-fn sections(ok: &Upstream, down: &Upstream, log: &str) -> String {
-    format!(
-        "{log}\n[upstreams.ok]\nauthorities = [\"ok\"]\nendpoints = [\"{}\"]\n\
-         [upstreams.down]\nauthorities = [\"down\"]\nendpoints = [\"{}\"]\n\
-         [upstreams.down.retry]\nmax_attempts = 3\nbackoff_base = \"1ms\"\nbackoff_max = \"2ms\"\n\
-         [upstreams.down.budget]\nratio = 0.0\nmin_per_sec = 0.1\nwindow = \"10s\"\n",
-        ok.addr, down.addr
-    )
+/// The two upstreams as `ok` and `down`, the access log as it defaults.
+fn sections(ok: &Upstream, down: &Upstream) -> Config {
+    Config::new()
+        .upstream("ok", |u| u.authorities(["ok"]).endpoint(ok.addr))
+        .upstream("down", |u| {
+            u.authorities(["down"])
+                .endpoint(down.addr)
+                .retry(|r| r.max_attempts(3).backoff_base("1ms").backoff_max("2ms"))
+                .budget(|b| b.ratio(0.0).min_per_sec(0.1).window("10s"))
+        })
+}
+
+/// As [`sections`], with the access log on.
+fn logged(ok: &Upstream, down: &Upstream) -> Config {
+    sections(ok, down).access_log(|a| a.enabled(true))
 }
 
 /// The lines of the log that are access lines.
@@ -61,7 +69,7 @@ async fn every_request_gets_a_line_saying_what_happened_to_it() {
     let (ok, down) = upstreams().await;
     let p = Process::start_logged_listening(
         "unknown_authorities = \"refuse\"",
-        &sections(&ok, &down, "[access_log]\nenabled = true"),
+        &logged(&ok, &down).to_toml_for_process(),
     )
     .await;
 
@@ -153,11 +161,11 @@ async fn every_request_gets_a_line_saying_what_happened_to_it() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn json_lines_carry_the_same_fields() {
     let (ok, down) = upstreams().await;
-    let p = Process::start_logged(&sections(
-        &ok,
-        &down,
-        "[access_log]\nenabled = true\nformat = \"json\"\nquery = true",
-    ))
+    let p = Process::start_logged(
+        &sections(&ok, &down)
+            .access_log(|a| a.enabled(true).format("json").query(true))
+            .to_toml_for_process(),
+    )
     .await;
     assert_eq!(get(p.addr, "/charge?card=1", "ok").await.status, 200);
     let lines = wait_lines(&p, 1, true).await;
@@ -181,12 +189,13 @@ async fn json_lines_carry_the_same_fields() {
 async fn the_inbound_side_logs_its_callers_requests() {
     let (ok, down) = upstreams().await;
     let inbound = std::net::SocketAddr::from(([127, 0, 0, 1], free_port()));
-    let p = Process::start_logged(&format!(
-        "{}[inbound]\naddr = \"{inbound}\"\napp = \"{}\"\n\
-         [inbound.retries]\nratio = 0.0\nmin_per_sec = 0\n",
-        sections(&ok, &down, "[access_log]\nenabled = true"),
-        ok.addr
-    ))
+    let p = Process::start_logged(
+        &logged(&ok, &down)
+            .inbound(ok.addr, |i| {
+                i.addr(inbound).retries(|r| r.ratio(0.0).min_per_sec(0))
+            })
+            .to_toml_for_process(),
+    )
     .await;
     let first = request("GET", "/orders?id=7", "checkout")
         .body(empty())
@@ -240,7 +249,7 @@ async fn the_inbound_side_logs_its_callers_requests() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn off_by_default_nothing_is_logged_per_request() {
     let (ok, down) = upstreams().await;
-    let p = Process::start_logged(&sections(&ok, &down, "")).await;
+    let p = Process::start_logged(&sections(&ok, &down).to_toml_for_process()).await;
     for _ in 0..5 {
         assert_eq!(get(p.addr, "/", "ok").await.status, 200);
     }
@@ -255,7 +264,12 @@ async fn off_by_default_nothing_is_logged_per_request() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_no_route_answer_names_the_authority_it_got() {
     let (ok, down) = upstreams().await;
-    let tg = Tollgate::start(&refusing(&sections(&ok, &down, ""))).await;
+    let tg = Tollgate::start(
+        &sections(&ok, &down)
+            .listener(|l| l.unknown_authorities("refuse"))
+            .to_toml(),
+    )
+    .await;
     let r = get(tg.addr, "/", "paymnets").await;
     assert_eq!(r.status, 404);
     assert!(
@@ -271,7 +285,7 @@ async fn the_no_route_answer_names_the_authority_it_got() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_last_lines_are_written_before_a_stop() {
     let (ok, down) = upstreams().await;
-    let mut p = Process::start_logged(&sections(&ok, &down, "[access_log]\nenabled = true")).await;
+    let mut p = Process::start_logged(&logged(&ok, &down).to_toml_for_process()).await;
     for i in 0..20 {
         let path = format!("/last/{i}");
         assert_eq!(get(p.addr, &path, "ok").await.status, 200);
@@ -296,12 +310,12 @@ async fn a_traced_requests_line_carries_its_trace_id() {
     let (ok, down) = upstreams().await;
     let inbound = std::net::SocketAddr::from(([127, 0, 0, 1], free_port()));
     let collector = dead_port().await;
-    let p = Process::start_logged(&format!(
-        "{}[inbound]\naddr = \"{inbound}\"\napp = \"{}\"\n\
-         [tracing]\notlp = \"http://{collector}\"\n",
-        sections(&ok, &down, "[access_log]\nenabled = true"),
-        ok.addr
-    ))
+    let p = Process::start_logged(
+        &logged(&ok, &down)
+            .inbound(ok.addr, |i| i.addr(inbound))
+            .tracing(|t| t.otlp(format!("http://{collector}")))
+            .to_toml_for_process(),
+    )
     .await;
     const TRACE: &str = "4bf92f3577b34da6a3ce929d0e0e4736";
     let traced = |path: &str| {

@@ -11,6 +11,7 @@ mod common;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU8, Ordering};
 
+use common::config::{Budget, Config, Retry};
 use common::*;
 
 /// How the upstream answers a first attempt; retries always succeed.
@@ -47,12 +48,24 @@ async fn first_attempts_fail(mode: Arc<AtomicU8>) -> Upstream {
     .await
 }
 
-fn adaptive(addr: std::net::SocketAddr, budget: &str) -> String {
-    config(&format!(
-        "[upstreams.api]\nauthorities = [\"api\"]\nendpoints = [\"{addr}\"]\n\
-         [upstreams.api.retry]\nmax_attempts = 2\nbackoff_base = \"1ms\"\nbackoff_max = \"1ms\"\n\
-         [upstreams.api.budget]\n{budget}"
-    ))
+fn adaptive(addr: std::net::SocketAddr, budget: impl FnOnce(Budget) -> Budget) -> String {
+    adaptive_with(addr, |r| r, budget)
+}
+
+/// As [`adaptive`], with what `retry` adds to the retry section.
+fn adaptive_with(
+    addr: std::net::SocketAddr,
+    retry: impl FnOnce(Retry) -> Retry,
+    budget: impl FnOnce(Budget) -> Budget,
+) -> String {
+    Config::new()
+        .upstream("api", |u| {
+            u.authorities(["api"])
+                .endpoint(addr)
+                .retry(|r| retry(r.max_attempts(2).backoff_base("1ms").backoff_max("1ms")))
+                .budget(budget)
+        })
+        .to_toml()
 }
 
 fn share(m: &str) -> f64 {
@@ -67,7 +80,7 @@ async fn the_share_grows_while_retries_succeed_and_resets_on_overload() {
         up.addr,
         // A long window: the hold after an overload signal (a tenth of it) outlasts
         // the test.
-        "ratio = 0.1\nmax_ratio = 0.5\nmin_per_sec = 100\nwindow = \"60s\"\n",
+        |b| b.ratio(0.1).max_ratio(0.5).min_per_sec(100).window("60s"),
     ))
     .await;
     assert_eq!(share(&tg.metrics().await), 0.1, "it starts at ratio");
@@ -105,7 +118,7 @@ async fn the_share_grows_while_retries_succeed_and_resets_on_overload() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn without_max_ratio_the_gauge_is_the_fixed_ratio() {
     let up = first_attempts_fail(Arc::new(AtomicU8::new(FAIL_PLAIN))).await;
-    let tg = Tollgate::start(&adaptive(up.addr, "ratio = 0.2\nmin_per_sec = 100\n")).await;
+    let tg = Tollgate::start(&adaptive(up.addr, |b| b.ratio(0.2).min_per_sec(100))).await;
     for i in 0..10 {
         get(tg.addr, &format!("/{i}"), "api").await;
     }
@@ -115,15 +128,15 @@ async fn without_max_ratio_the_gauge_is_the_fixed_ratio() {
 
 /// Sends `n` distinct requests, 20 at a time, to a tollgate in front of a dead
 /// upstream; returns how many reached it.
-async fn against_a_dead_upstream(budget: &str, n: usize) -> (usize, f64) {
+async fn against_a_dead_upstream(budget: impl FnOnce(Budget) -> Budget, n: usize) -> (usize, f64) {
     let up = Upstream::start(|_req| async { respond(503, "dead") }).await;
-    let tg = Tollgate::start(&config(&format!(
-        "[upstreams.api]\nauthorities = [\"api\"]\nendpoints = [\"{}\"]\n\
-         [upstreams.api.retry]\nmax_attempts = 3\nbackoff_base = \"1ms\"\nbackoff_max = \"2ms\"\n\
-         [upstreams.api.budget]\n{budget}",
-        up.addr
-    )))
-    .await;
+    let config = Config::new().upstream("api", |u| {
+        u.authorities(["api"])
+            .endpoint(up.addr)
+            .retry(|r| r.max_attempts(3).backoff_base("1ms").backoff_max("2ms"))
+            .budget(budget)
+    });
+    let tg = Tollgate::start(&config.to_toml()).await;
     let addr = tg.addr;
     let mut tasks = tokio::task::JoinSet::new();
     for w in 0..20 {
@@ -147,10 +160,10 @@ async fn a_dead_upstream_sinks_the_share_below_ratio_and_gets_fewer_retries() {
     const N: usize = 1000;
     // A short window, so that pacing inside it does not depend on how fast this
     // machine sends; no floor, so that the shares alone decide.
-    let window = "min_per_sec = 0\nwindow = \"100ms\"\n";
-    let (fixed, _) = against_a_dead_upstream(&format!("ratio = 0.2\n{window}"), N).await;
+    let window = |b: Budget| b.min_per_sec(0).window("100ms");
+    let (fixed, _) = against_a_dead_upstream(|b| window(b.ratio(0.2)), N).await;
     let (adaptive, ratio) =
-        against_a_dead_upstream(&format!("ratio = 0.2\nmax_ratio = 0.6\n{window}"), N).await;
+        against_a_dead_upstream(|b| window(b.ratio(0.2).max_ratio(0.6)), N).await;
     let (fixed_retries, adaptive_retries) = (fixed - N, adaptive - N);
     println!(
         "dead upstream, {N} requests: fixed budget {fixed_retries} retries, adaptive \
@@ -172,21 +185,20 @@ async fn a_reload_keeps_what_the_share_learnt_unless_the_budget_changed() {
     let up = first_attempts_fail(Arc::new(AtomicU8::new(FAIL_PLAIN))).await;
     let dir = tempdir::TempDir::new("adaptive");
     let path = dir.path().join("tollgate.toml");
-    let budget = "ratio = 0.1\nmax_ratio = 0.5\nmin_per_sec = 100\n";
-    std::fs::write(&path, adaptive(up.addr, budget)).unwrap();
+    let budget = |max: f64| move |b: Budget| b.ratio(0.1).max_ratio(max).min_per_sec(100);
+    std::fs::write(&path, adaptive(up.addr, budget(0.5))).unwrap();
     let tg = Tollgate::start_file(&path).await;
     for i in 0..10 {
         get(tg.addr, &format!("/{i}"), "api").await;
     }
     assert!((share(&tg.metrics().await) - 0.3).abs() < 1e-9);
     // Another setting changes: the budget, and what its share learnt, carry over.
-    let text = adaptive(up.addr, budget)
-        .replace("max_attempts = 2", "max_attempts = 2\nmax_body = \"32KiB\"");
+    let text = adaptive_with(up.addr, |r| r.max_body("32KiB"), budget(0.5));
     std::fs::write(&path, text).unwrap();
     tg.wait_reloads("ok", 1.0).await;
     assert!((share(&tg.metrics().await) - 0.3).abs() < 1e-9);
     // The budget changes: a new one, starting at its ratio.
-    std::fs::write(&path, adaptive(up.addr, &budget.replace("0.5", "0.6"))).unwrap();
+    std::fs::write(&path, adaptive(up.addr, budget(0.6))).unwrap();
     tg.wait_reloads("ok", 2.0).await;
     assert_eq!(share(&tg.metrics().await), 0.1);
     tg.stop().await;

@@ -10,6 +10,7 @@ mod common;
 use std::path::Path;
 use std::time::Duration;
 
+use common::config::Config;
 use common::tempdir::TempDir;
 use common::*;
 use http::Response;
@@ -46,13 +47,18 @@ async fn config_shows_certificate_paths_never_their_contents() {
     std::fs::write(&cert, &cert_pem).unwrap();
     std::fs::write(&key, &key_pem).unwrap();
     // The client certificate doubles as the CA bundle: only the files matter here.
-    let tg = Tollgate::start(&config(&format!(
-        "[upstreams.secure]\nauthorities = [\"secure\"]\nendpoints = [\"127.0.0.1:1\"]\n\
-         [upstreams.secure.tls]\nserver_name = \"upstream.test\"\nca_file = \"{cert}\"\n\
-         client_cert = \"{cert}\"\nclient_key = \"{key}\"\n",
-        cert = cert.display(),
-        key = key.display(),
-    )))
+    let tg = Tollgate::start(
+        &Config::new()
+            .upstream("secure", |u| {
+                u.authorities(["secure"]).endpoint("127.0.0.1:1").tls(|t| {
+                    t.server_name("upstream.test")
+                        .ca_file(cert.display().to_string())
+                        .client_cert(cert.display().to_string())
+                        .client_key(key.display().to_string())
+                })
+            })
+            .to_toml(),
+    )
     .await;
     let r = get(tg.admin, "/config", "admin").await;
     assert_eq!(r.status, 200);
@@ -82,10 +88,12 @@ async fn config_shows_certificate_paths_never_their_contents() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn endpoints_answer_and_anything_else_is_refused() {
     let up = Upstream::start(|_req| async { Response::new(full("upstream")) }).await;
-    let tg = Tollgate::start(&refusing(&format!(
-        "[upstreams.a]\nauthorities = [\"a\", \"admin\"]\nendpoints = [\"{}\"]\n",
-        up.addr
-    )))
+    let tg = Tollgate::start(
+        &Config::new()
+            .listener(|l| l.unknown_authorities("refuse"))
+            .upstream("a", |u| u.authorities(["a", "admin"]).endpoint(up.addr))
+            .to_toml(),
+    )
     .await;
     // One proxied request so the metrics have a series.
     assert_eq!(get(tg.addr, "/", "a").await.status, 200);
@@ -159,10 +167,16 @@ async fn readyz_turns_503_while_draining() {
         }
     })
     .await;
-    let tg = Tollgate::start(&config(&format!(
-        "[upstreams.a]\nauthorities = [\"a\"]\nendpoints = [\"{}\"]\nrequest_timeout = \"10s\"\nattempt_timeout = \"10s\"\n",
-        up.addr
-    )))
+    let tg = Tollgate::start(
+        &Config::new()
+            .upstream("a", |u| {
+                u.authorities(["a"])
+                    .endpoint(up.addr)
+                    .request_timeout("10s")
+                    .attempt_timeout("10s")
+            })
+            .to_toml(),
+    )
     .await;
     let addr = tg.addr;
     let admin = tg.admin;
@@ -215,11 +229,12 @@ fn unix_now() -> f64 {
 async fn metrics_of_a_running_process_carry_build_and_process_series() {
     let before = unix_now();
     let up = Upstream::start(|_req| async { Response::new(full("upstream")) }).await;
-    let p = Process::start(&format!(
-        "[upstreams.busy]\nauthorities = [\"busy\"]\nendpoints = [\"{addr}\"]\n\
-         [upstreams.quiet]\nauthorities = [\"quiet\"]\nendpoints = [\"{addr}\"]\n",
-        addr = up.addr
-    ))
+    let p = Process::start(
+        &Config::new()
+            .upstream("busy", |u| u.authorities(["busy"]).endpoint(up.addr))
+            .upstream("quiet", |u| u.authorities(["quiet"]).endpoint(up.addr))
+            .to_toml_for_process(),
+    )
     .await;
     assert_eq!(get(p.addr, "/", "busy").await.status, 200);
 
@@ -330,12 +345,12 @@ async fn probes_reach_the_listed_app_ports_and_answer_with_the_apps_status() {
     let other = Upstream::start(|_req| async { respond(200, "other") }).await;
     let dead = dead_port().await;
     let port = app.addr.port();
-    let tg = Tollgate::start(&format!(
-        "[listener]\naddr = \"127.0.0.1:0\"\nunknown_authorities = \"pass\"\n\
-         [admin]\naddr = \"127.0.0.1:0\"\n\
-         probe_ports = [{port}, {}]\n",
-        dead.port()
-    ))
+    let tg = Tollgate::start(
+        &Config::new()
+            .listener(|l| l.unknown_authorities("pass"))
+            .admin(|a| a.probe_ports([port, dead.port()]))
+            .to_toml(),
+    )
     .await;
 
     let probe = |path: String| {

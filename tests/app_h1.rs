@@ -9,6 +9,7 @@ mod common;
 use std::net::SocketAddr;
 use std::time::Duration;
 
+use common::config::Config;
 use common::*;
 use http_body_util::BodyExt;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -18,9 +19,10 @@ use tokio::time::timeout;
 const LIMIT: Duration = Duration::from_secs(10);
 
 fn app(addr: SocketAddr) -> String {
-    refusing(&format!(
-        "[upstreams.app]\nauthorities = [\"app\"]\nendpoints = [\"{addr}\"]\n"
-    ))
+    Config::new()
+        .listener(|l| l.unknown_authorities("refuse"))
+        .upstream("app", |u| u.authorities(["app"]).endpoint(addr))
+        .to_toml()
 }
 
 /// An upstream answering `METHOD PATH BODY` with the request's own line and body.
@@ -262,10 +264,13 @@ async fn bodies_from_http11_apps_reach_an_h2c_upstream_whole() {
         )
     })
     .await;
-    let tg = Tollgate::start(&config(&format!(
-        "[upstreams.app]\nauthorities = [\"app\"]\nendpoints = [\"{}\"]\nprotocol = \"h2c\"\n",
-        up.addr
-    )))
+    let tg = Tollgate::start(
+        &Config::new()
+            .upstream("app", |u| {
+                u.authorities(["app"]).endpoint(up.addr).protocol("h2c")
+            })
+            .to_toml(),
+    )
     .await;
     let body: Vec<u8> = (0..200_000u32).map(|i| (i % 251) as u8).collect();
     let sum: u64 = body.iter().map(|b| u64::from(*b)).sum();

@@ -14,6 +14,7 @@ mod common;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use common::config::{Budget, Config, Retry};
 use common::*;
 
 /// An upstream that answers 503 (or what `reply` says for an attempt number) and
@@ -49,15 +50,31 @@ fn failing(_: &str, _: u32) -> (u16, Option<&'static str>) {
     (503, None)
 }
 
-fn api(addr: std::net::SocketAddr, extra: &str, budget: &str) -> String {
-    config(&format!(
-        "[upstreams.api]\nauthorities = [\"api\"]\nendpoints = [\"{addr}\"]\nprotocol = \"http1\"\n{extra}\
-         [upstreams.api.retry]\nmax_attempts = 2\nbackoff_base = \"1ms\"\nbackoff_max = \"1ms\"\n\
-         [upstreams.api.budget]\n{budget}"
-    ))
+/// `[upstreams.api]` over HTTP/1.1 to `addr`, and what `f` sets on it.
+fn api(
+    addr: std::net::SocketAddr,
+    f: impl FnOnce(common::config::Upstream) -> common::config::Upstream,
+) -> String {
+    Config::new()
+        .upstream("api", |u| {
+            f(u.authorities(["api"]).endpoint(addr).protocol("http1"))
+        })
+        .to_toml()
 }
 
-const ROOMY: &str = "ratio = 1.0\nmin_per_sec = 100\n";
+/// Two attempts, a quick backoff.
+fn retrying(r: Retry) -> Retry {
+    r.max_attempts(2).backoff_base("1ms").backoff_max("1ms")
+}
+
+fn roomy(b: Budget) -> Budget {
+    b.ratio(1.0).min_per_sec(100)
+}
+
+/// [`retrying`] within a [`roomy`] budget.
+fn standard(u: common::config::Upstream) -> common::config::Upstream {
+    u.retry(retrying).budget(roomy)
+}
 
 /// `tollgate_app_retries_total` of upstream `api` on `evidence`.
 fn app_retries(m: &str, evidence: &str) -> f64 {
@@ -93,12 +110,16 @@ async fn a_popular_url_keeps_its_success_rate_when_the_upstream_fails_often() {
     })
     .await;
     // The retry budget at its defaults.
-    let tg = Tollgate::start(&config(&format!(
-        "[upstreams.api]\nauthorities = [\"api\"]\nendpoints = [\"{}\"]\n\
-         [upstreams.api.retry]\nbackoff_base = \"1ms\"\nbackoff_max = \"2ms\"\n\
-         [upstreams.api.budget]\n",
-        up.addr
-    )))
+    let tg = Tollgate::start(
+        &Config::new()
+            .upstream("api", |u| {
+                u.authorities(["api"])
+                    .endpoint(up.addr)
+                    .retry(|r| r.backoff_base("1ms").backoff_max("2ms"))
+                    .budget(|b| b)
+            })
+            .to_toml(),
+    )
     .await;
     const USERS: usize = 20;
     const EACH: usize = 40;
@@ -147,7 +168,7 @@ async fn a_popular_url_keeps_its_success_rate_when_the_upstream_fails_often() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_retry_count_set_by_the_apps_client_makes_a_retry() {
     let (up, seen) = recording(failing).await;
-    let tg = Tollgate::start(&api(up.addr, "", ROOMY)).await;
+    let tg = Tollgate::start(&api(up.addr, standard)).await;
     // The first count of each marker is a first attempt: retried by tollgate.
     for (name, value) in [
         ("grpc-previous-rpc-attempts", "0"),
@@ -190,7 +211,7 @@ async fn a_retry_count_set_by_the_apps_client_makes_a_retry() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_same_call_identity_again_is_the_apps_retry() {
     let (up, seen) = recording(failing).await;
-    let tg = Tollgate::start(&api(up.addr, "", ROOMY)).await;
+    let tg = Tollgate::start(&api(up.addr, standard)).await;
     let first = send(tg.addr, keyed("/charge", "k1")).await;
     assert_eq!(first.outcome(), Some("attempts-exhausted"));
     assert_eq!(first.attempts(), 2);
@@ -241,7 +262,7 @@ async fn the_same_call_identity_again_is_the_apps_retry() {
 async fn the_same_trace_is_counted_and_nothing_more() {
     let (up, _) = recording(failing).await;
     // Even with "refuse", a trace alone refuses nothing.
-    let tg = Tollgate::start(&api(up.addr, "app_retries = \"refuse\"\n", ROOMY)).await;
+    let tg = Tollgate::start(&api(up.addr, |u| standard(u.app_retries("refuse")))).await;
     let trace = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
     // Another span of the same trace: the app's incoming request asks again.
     let again = "00-4bf92f3577b34da6a3ce929d0e0e4736-b7ad6b7169203331-01";
@@ -268,10 +289,9 @@ async fn the_same_trace_is_counted_and_nothing_more() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_authority_is_the_one_the_app_called_when_a_host_is_configured() {
     let (up, seen) = recording(failing).await;
-    let cfg = api(up.addr, "host = \"backend.example\"\n", ROOMY).replace(
-        "authorities = [\"api\"]",
-        "authorities = [\"api\", \"api2\"]",
-    );
+    let cfg = api(up.addr, |u| {
+        standard(u.host("backend.example").authorities(["api", "api2"]))
+    });
     let tg = Tollgate::start(&cfg).await;
     let call = |host: &str| {
         request("GET", "/charge", host)
@@ -299,9 +319,10 @@ async fn the_authority_is_the_one_the_app_called_when_a_host_is_configured() {
 async fn a_success_ends_the_memory_of_the_failure() {
     let (up, _) = recording(|_, attempt| (if attempt >= 2 { 200 } else { 503 }, None)).await;
     // One attempt only: tollgate gives up on the first failure, the app's retry works.
-    let tg =
-        Tollgate::start(&api(up.addr, "", ROOMY).replace("max_attempts = 2", "max_attempts = 1"))
-            .await;
+    let tg = Tollgate::start(&api(up.addr, |u| {
+        u.retry(|r| retrying(r).max_attempts(1)).budget(roomy)
+    }))
+    .await;
     assert_eq!(send(tg.addr, keyed("/x", "k")).await.status, 503);
     let r = send(tg.addr, keyed("/x", "k")).await;
     assert_eq!((r.status.as_u16(), r.outcome()), (200, None));
@@ -317,10 +338,10 @@ async fn an_app_retry_needs_room_in_the_budget() {
     let (up, _) = recording(failing).await;
     // One retry in the window at most (0.1/s × 10 s), and tollgate itself retries
     // nothing.
-    let tg = Tollgate::start(
-        &api(up.addr, "", "ratio = 0.0\nmin_per_sec = 0.1\n")
-            .replace("max_attempts = 2", "max_attempts = 1"),
-    )
+    let tg = Tollgate::start(&api(up.addr, |u| {
+        u.retry(|r| retrying(r).max_attempts(1))
+            .budget(|b| b.ratio(0.0).min_per_sec(0.1))
+    }))
     .await;
     assert_eq!(send(tg.addr, keyed("/y", "k")).await.attempts(), 1);
     assert_eq!(
@@ -359,7 +380,7 @@ async fn an_app_retry_needs_room_in_the_budget() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn refused_app_retries_never_reach_the_upstream_and_do_not_restart_the_memory() {
     let (up, _) = recording(|_, _| (502, None)).await;
-    let tg = Tollgate::start(&api(up.addr, "app_retries = \"refuse\"\n", ROOMY)).await;
+    let tg = Tollgate::start(&api(up.addr, |u| standard(u.app_retries("refuse")))).await;
     let first = send(tg.addr, keyed("/z", "k")).await;
     assert_eq!(first.status, 502);
     assert_eq!(up.hits(), 2);
@@ -392,7 +413,7 @@ async fn refused_app_retries_never_reach_the_upstream_and_do_not_restart_the_mem
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_refused_marker_repeats_the_last_failure_of_its_call_or_goes_as_a_retry() {
     let (up, seen) = recording(|path, _| (if path == "/fails" { 502 } else { 200 }, None)).await;
-    let tg = Tollgate::start(&api(up.addr, "app_retries = \"refuse\"\n", ROOMY)).await;
+    let tg = Tollgate::start(&api(up.addr, |u| standard(u.app_retries("refuse")))).await;
     let marked = |path| get_with(path, &[("x-envoy-attempt-count", "2")]);
     // No failure to repeat: sent, as a retry, and answered.
     let r = send(tg.addr, marked("/works")).await;
@@ -419,14 +440,12 @@ async fn a_refused_grpc_call_says_the_status_of_its_failure() {
         r
     })
     .await;
-    let tg = Tollgate::start(
-        &api(up.addr, "app_retries = \"refuse\"\n", ROOMY)
-            .replace("protocol = \"http1\"", "protocol = \"h2c\"")
-            .replace(
-                "[upstreams.api.retry]\n",
-                "[upstreams.api.retry]\nmethods = [\"POST\"]\n",
-            ),
-    )
+    let tg = Tollgate::start(&api(up.addr, |u| {
+        u.app_retries("refuse")
+            .protocol("h2c")
+            .retry(|r| retrying(r).methods(["POST"]))
+            .budget(roomy)
+    }))
     .await;
     let call = |previous: &str| {
         request("POST", "/pkg.Svc/Call", "api")
@@ -463,7 +482,7 @@ async fn a_rejected_app_retry_passes_back_as_it_came() {
         }
     })
     .await;
-    let tg = Tollgate::start(&api(up.addr, "", ROOMY)).await;
+    let tg = Tollgate::start(&api(up.addr, standard)).await;
     // tollgate's own retry is refused: the first failure goes back.
     let first = send(tg.addr, keyed("/w", "k")).await;
     assert_eq!(first.outcome(), Some("retry-rejected"));
@@ -483,15 +502,24 @@ async fn a_layer_above_that_ignores_ownership_is_an_app_retrying_a_keyed_call() 
     // inner one sees those retries as its app's, and sends each once: 3 + 1 + 1
     // attempts, not 3 × 3.
     let failing_up = Upstream::start(|_req| async { respond(503, "down") }).await;
-    let layer = |next: std::net::SocketAddr, extra: &str| {
-        config(&format!(
-            "[upstreams.db]\nauthorities = [\"db\"]\nendpoints = [\"{next}\"]\n\
-             [upstreams.db.retry]\nmax_attempts = 3\nbackoff_base = \"1ms\"\nbackoff_max = \"2ms\"\n{extra}\
-             [upstreams.db.budget]\nratio = 10.0\nmin_per_sec = 1000\n"
-        ))
+    let layer = |next: std::net::SocketAddr, ownership: Option<&str>| {
+        Config::new()
+            .upstream("db", |u| {
+                u.authorities(["db"])
+                    .endpoint(next)
+                    .retry(|r| {
+                        let r = r.max_attempts(3).backoff_base("1ms").backoff_max("2ms");
+                        match ownership {
+                            Some(o) => r.ownership(o),
+                            None => r,
+                        }
+                    })
+                    .budget(|b| b.ratio(10.0).min_per_sec(1000))
+            })
+            .to_toml()
     };
-    let inner = Tollgate::start(&layer(failing_up.addr, "")).await;
-    let outer = Tollgate::start(&layer(inner.addr, "ownership = \"ignore\"\n")).await;
+    let inner = Tollgate::start(&layer(failing_up.addr, None)).await;
+    let outer = Tollgate::start(&layer(inner.addr, Some("ignore"))).await;
     let req = request("GET", "/", "db")
         .header("idempotency-key", "once")
         .body(empty())

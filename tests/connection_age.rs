@@ -13,6 +13,7 @@ use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use common::config::Config;
 use common::*;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::task::JoinHandle;
@@ -66,12 +67,17 @@ async fn named(name: &'static str) -> Upstream {
     .await
 }
 
-async fn tollgate(vip: SocketAddr, extra: &str) -> Tollgate {
-    Tollgate::start(&config(&format!(
-        "[upstreams.api]\nauthorities = [\"api\"]\nendpoints = [\"{vip}\"]\n\
-         attempt_timeout = \"10s\"\nrequest_timeout = \"10s\"\n{extra}\n"
-    )))
-    .await
+async fn tollgate(
+    vip: SocketAddr,
+    f: impl FnOnce(common::config::Upstream) -> common::config::Upstream,
+) -> Tollgate {
+    let config = Config::new().upstream("api", |u| {
+        f(u.authorities(["api"])
+            .endpoint(vip)
+            .attempt_timeout("10s")
+            .request_timeout("10s"))
+    });
+    Tollgate::start(&config.to_toml()).await
 }
 
 /// Sends a request every 100 ms for `secs` seconds, after pointing the VIP at `to`
@@ -94,11 +100,7 @@ async fn busy(tg: &Tollgate, vip: &Vip, to: SocketAddr, secs: u64) -> Vec<String
 async fn a_busy_http1_pool_moves_to_the_new_server_once_its_connection_is_too_old() {
     let (old, new) = (named("old").await, named("new").await);
     let vip = Vip::start(old.addr).await;
-    let tg = tollgate(
-        vip.addr,
-        "max_connection_age = \"1s\"\nprotocol = \"http1\"",
-    )
-    .await;
+    let tg = tollgate(vip.addr, |u| u.max_connection_age("1s").protocol("http1")).await;
     let answers = busy(&tg, &vip, new.addr, 3).await;
     let first_new = answers.iter().position(|a| a == "new").unwrap();
     assert!(
@@ -115,7 +117,7 @@ async fn a_busy_http1_pool_moves_to_the_new_server_once_its_connection_is_too_ol
 async fn without_an_age_a_busy_pool_never_leaves_the_old_server() {
     let (old, new) = (named("old").await, named("new").await);
     let vip = Vip::start(old.addr).await;
-    let tg = tollgate(vip.addr, "protocol = \"http1\"").await;
+    let tg = tollgate(vip.addr, |u| u.protocol("http1")).await;
     let answers = busy(&tg, &vip, new.addr, 3).await;
     assert!(answers.iter().all(|a| a == "old"), "{answers:?}");
 }
@@ -124,7 +126,7 @@ async fn without_an_age_a_busy_pool_never_leaves_the_old_server() {
 async fn an_old_http2_connection_is_replaced_while_its_streams_finish() {
     let (old, new) = (named("old").await, named("new").await);
     let vip = Vip::start(old.addr).await;
-    let tg = tollgate(vip.addr, "max_connection_age = \"1s\"\nprotocol = \"h2c\"").await;
+    let tg = tollgate(vip.addr, |u| u.max_connection_age("1s").protocol("h2c")).await;
     assert_eq!(get(tg.addr, "/", "api").await.body, "old");
     let addr = tg.addr;
     let long = tokio::spawn(async move { get(addr, "/long", "api").await });

@@ -9,6 +9,7 @@ mod common;
 
 use std::time::Duration;
 
+use common::config::Config;
 use common::*;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
@@ -68,11 +69,15 @@ async fn a_low_open_file_limit_sheds_clients_at_once_and_never_blames_the_upstre
     })
     .await;
     let mut p = Process::start_limited(
-        &format!(
-            "[runtime]\nworker_threads = 2\n[upstreams.app]\nauthorities = [\"app\"]\n\
-             endpoints = [\"{}\"]\nprotocol = \"http1\"\nattempt_timeout = \"5s\"\n",
-            up.addr
-        ),
+        &Config::new()
+            .runtime(|r| r.worker_threads(2))
+            .upstream("app", |u| {
+                u.authorities(["app"])
+                    .endpoint(up.addr)
+                    .protocol("http1")
+                    .attempt_timeout("5s")
+            })
+            .to_toml_for_process(),
         256,
     )
     .await;

@@ -7,6 +7,7 @@ mod common;
 
 use std::time::Duration;
 
+use common::config::Config;
 use common::*;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -16,10 +17,16 @@ async fn sigterm_drains_in_flight_requests_and_refuses_new_connections() {
         respond(200, "finished")
     })
     .await;
-    let mut p = Process::start(&format!(
-        "[upstreams.slow]\nauthorities = [\"slow\"]\nendpoints = [\"{}\"]\nrequest_timeout = \"10s\"\nattempt_timeout = \"10s\"\n",
-        up.addr
-    ))
+    let mut p = Process::start(
+        &Config::new()
+            .upstream("slow", |u| {
+                u.authorities(["slow"])
+                    .endpoint(up.addr)
+                    .request_timeout("10s")
+                    .attempt_timeout("10s")
+            })
+            .to_toml_for_process(),
+    )
     .await;
     let addr = p.addr;
     let in_flight = tokio::spawn(async move { get(addr, "/", "slow").await });
@@ -101,14 +108,14 @@ async fn an_invalid_config_or_a_taken_port_exits_2() {
     );
 
     let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let port = taken.local_addr().unwrap().port();
+    let taken_addr = taken.local_addr().unwrap();
     let cfg = dir.path().join("taken.toml");
     std::fs::write(
         &cfg,
-        format!(
-            "[listener]\naddr = \"127.0.0.1:{port}\"\n[admin]\naddr = \"127.0.0.1:0\"\n\
-             [upstreams.a]\nauthorities = [\"a\"]\nendpoints = [\"127.0.0.1:1\"]\n"
-        ),
+        Config::new()
+            .listener(|l| l.addr(taken_addr))
+            .upstream("a", |u| u.authorities(["a"]).endpoint("127.0.0.1:1"))
+            .to_toml(),
     )
     .unwrap();
     let out = std::process::Command::new(binary())
@@ -126,20 +133,20 @@ async fn an_invalid_config_or_a_taken_port_exits_2() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_second_tollgate_on_the_same_port_refuses_to_start() {
     let up = Upstream::start(|_req| async { respond(200, "first") }).await;
-    let first = Process::start(&format!(
-        "[upstreams.a]\nauthorities = [\"a\"]\nendpoints = [\"{}\"]\n",
-        up.addr
-    ))
+    let first = Process::start(
+        &Config::new()
+            .upstream("a", |u| u.authorities(["a"]).endpoint(up.addr))
+            .to_toml_for_process(),
+    )
     .await;
     let dir = tempdir::TempDir::new("second");
     let cfg = dir.path().join("second.toml");
     std::fs::write(
         &cfg,
-        format!(
-            "[listener]\naddr = \"{}\"\n[admin]\naddr = \"127.0.0.1:0\"\n\
-             [upstreams.a]\nauthorities = [\"a\"]\nendpoints = [\"127.0.0.1:1\"]\n",
-            first.addr
-        ),
+        Config::new()
+            .listener(|l| l.addr(first.addr))
+            .upstream("a", |u| u.authorities(["a"]).endpoint("127.0.0.1:1"))
+            .to_toml(),
     )
     .unwrap();
     let mut second = std::process::Command::new(binary())
@@ -179,10 +186,11 @@ async fn a_connection_that_never_spoke_does_not_hold_the_drain() {
     use tokio::io::AsyncReadExt;
 
     let up = Upstream::start(|_req| async { respond(200, "ok") }).await;
-    let tg = Tollgate::start(&config(&format!(
-        "[upstreams.app]\nauthorities = [\"app\"]\nendpoints = [\"{}\"]\n",
-        up.addr
-    )))
+    let tg = Tollgate::start(
+        &Config::new()
+            .upstream("app", |u| u.authorities(["app"]).endpoint(up.addr))
+            .to_toml(),
+    )
     .await;
     let mut silent = tokio::net::TcpStream::connect(tg.addr).await.unwrap();
     // And one that has spoken and sits idle, kept alive.

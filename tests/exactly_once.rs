@@ -15,6 +15,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
+use common::config::Config;
 use common::*;
 use http_body_util::BodyExt;
 use orders::*;
@@ -22,7 +23,7 @@ use orders::*;
 #[tokio::test]
 async fn a_duplicate_after_completion_gets_the_kept_answer_and_the_app_runs_once() {
     let (app, executed) = orders_app(Duration::ZERO).await;
-    let tg = Tollgate::start(&inbound_config(app.addr, DEDUPE)).await;
+    let tg = Tollgate::start(&Config::new().inbound(app.addr, deduping).to_toml()).await;
     let first = send(tg.inbound(), post(Some("\"k-1\""), "coffee")).await;
     assert_eq!(first.status, 201);
     assert_eq!(first.header("x-tollgate-dedupe"), Some("on"));
@@ -50,7 +51,7 @@ async fn a_duplicate_after_completion_gets_the_kept_answer_and_the_app_runs_once
 #[tokio::test]
 async fn fifty_duplicates_arriving_together_run_the_app_once_and_get_one_answer() {
     let (app, executed) = orders_app(Duration::from_millis(300)).await;
-    let tg = Tollgate::start(&inbound_config(app.addr, DEDUPE)).await;
+    let tg = Tollgate::start(&Config::new().inbound(app.addr, deduping).to_toml()).await;
     let addr = tg.inbound();
     let all: Vec<_> = (0..50)
         .map(|_| tokio::spawn(async move { send(addr, post(Some("\"same\""), "tea")).await }))
@@ -69,7 +70,7 @@ async fn fifty_duplicates_arriving_together_run_the_app_once_and_get_one_answer(
 #[tokio::test]
 async fn the_same_key_with_another_body_is_refused_without_the_app() {
     let (app, executed) = orders_app(Duration::ZERO).await;
-    let tg = Tollgate::start(&inbound_config(app.addr, DEDUPE)).await;
+    let tg = Tollgate::start(&Config::new().inbound(app.addr, deduping).to_toml()).await;
     assert_eq!(
         send(tg.inbound(), post(Some("\"k\""), "one")).await.status,
         201
@@ -90,7 +91,7 @@ async fn an_answer_that_says_the_request_did_not_run_frees_the_key() {
         async move { respond(if n == 0 { 503 } else { 200 }, format!("call {n}")) }
     })
     .await;
-    let tg = Tollgate::start(&inbound_config(app.addr, DEDUPE)).await;
+    let tg = Tollgate::start(&Config::new().inbound(app.addr, deduping).to_toml()).await;
     assert_eq!(
         send(tg.inbound(), post(Some("\"k\""), "x")).await.status,
         503
@@ -145,7 +146,7 @@ async fn vanishing_app() -> (
 #[tokio::test]
 async fn an_app_gone_after_the_whole_request_leaves_the_key_not_replayable() {
     let (addr, seen, task) = vanishing_app().await;
-    let tg = Tollgate::start(&inbound_config(addr, DEDUPE)).await;
+    let tg = Tollgate::start(&Config::new().inbound(addr, deduping).to_toml()).await;
     let first = send(tg.inbound(), post(Some("\"k\""), "x")).await;
     assert_eq!(first.status, 502);
     let dup = send(tg.inbound(), post(Some("\"k\""), "x")).await;
@@ -165,10 +166,11 @@ async fn a_response_larger_than_max_response_streams_and_is_not_kept() {
         async move { respond(200, b) }
     })
     .await;
-    let tg = Tollgate::start(&inbound_config(
-        app.addr,
-        "[inbound.dedupe]\nmax_response = \"4KiB\"\n",
-    ))
+    let tg = Tollgate::start(
+        &Config::new()
+            .inbound(app.addr, |i| i.dedupe(|d| d.max_response("4KiB")))
+            .to_toml(),
+    )
     .await;
     let first = send(tg.inbound(), post(Some("\"k\""), "x")).await;
     assert_eq!(first.status, 200);
@@ -185,7 +187,7 @@ async fn a_response_larger_than_max_response_streams_and_is_not_kept() {
 #[tokio::test]
 async fn a_caller_that_goes_away_does_not_lose_the_answer_of_the_work_done() {
     let (app, executed) = orders_app(Duration::from_millis(300)).await;
-    let tg = Tollgate::start(&inbound_config(app.addr, DEDUPE)).await;
+    let tg = Tollgate::start(&Config::new().inbound(app.addr, deduping).to_toml()).await;
     let addr = tg.inbound();
     let gone = tokio::spawn(async move { send(addr, post(Some("\"k\""), "cake")).await });
     assert!(wait_until(Duration::from_secs(5), || app.hits() == 1).await);
@@ -214,7 +216,7 @@ async fn requests_without_a_key_get_what_the_app_gives() {
             .unwrap()
     })
     .await;
-    let tg = Tollgate::start(&inbound_config(app.addr, DEDUPE)).await;
+    let tg = Tollgate::start(&Config::new().inbound(app.addr, deduping).to_toml()).await;
     for (method, key) in [("POST", None), ("GET", None), ("GET", Some("\"k\""))] {
         let req = |to: &str| {
             let mut b = request(method, "/thing", to);
@@ -239,7 +241,7 @@ async fn requests_without_a_key_get_what_the_app_gives() {
 #[tokio::test]
 async fn a_duplicate_whose_deadline_comes_first_is_told_it_is_in_progress() {
     let (app, executed) = orders_app(Duration::from_millis(800)).await;
-    let tg = Tollgate::start(&inbound_config(app.addr, DEDUPE)).await;
+    let tg = Tollgate::start(&Config::new().inbound(app.addr, deduping).to_toml()).await;
     let addr = tg.inbound();
     let first = tokio::spawn(async move { send(addr, post(Some("\"slow\""), "x")).await });
     assert!(wait_until(Duration::from_secs(5), || app.hits() == 1).await);
@@ -283,7 +285,7 @@ async fn a_grpc_answer_is_replayed_with_its_trailers() {
         }
     })
     .await;
-    let tg = Tollgate::start(&inbound_config(app.addr, DEDUPE)).await;
+    let tg = Tollgate::start(&Config::new().inbound(app.addr, deduping).to_toml()).await;
     let call = || {
         request("POST", "/shop.Orders/Place", "app")
             .header("content-type", "application/grpc")
@@ -309,10 +311,13 @@ async fn a_grpc_answer_is_replayed_with_its_trailers() {
 #[tokio::test]
 async fn a_keyed_request_refused_at_the_limit_frees_its_key() {
     let (app, executed) = orders_app(Duration::from_millis(400)).await;
-    let tg = Tollgate::start(&inbound_config(
-        app.addr,
-        "max_inflight = 1\n[inbound.dedupe]\nstore = \"memory\"\n",
-    ))
+    let tg = Tollgate::start(
+        &Config::new()
+            .inbound(app.addr, |i| {
+                i.max_inflight(1).dedupe(|d| d.store("memory"))
+            })
+            .to_toml(),
+    )
     .await;
     let addr = tg.inbound();
     let busy = tokio::spawn(async move { send(addr, post(None, "other")).await });

@@ -16,19 +16,29 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
+use common::config::{Config, Dedupe};
 use common::*;
 use http_body_util::BodyExt;
 use orders::*;
 
-fn caller_config(endpoints: &[std::net::SocketAddr], extra_retry: &str) -> String {
-    let list: Vec<String> = endpoints.iter().map(|a| format!("\"{a}\"")).collect();
-    config(&format!(
-        "[upstreams.orders]\nauthorities = [\"orders\"]\nendpoints = [{}]\nrequest_timeout = \"5s\"\n\
-         [upstreams.orders.retry]\nmax_attempts = 4\non = [\"connect-failure\", \"reset\", \"503\"]\n\
-         backoff_base = \"1ms\"\nbackoff_max = \"5ms\"\n{extra_retry}\n\
-         [upstreams.orders.budget]\nratio = 1.0\nmin_per_sec = 1000\n",
-        list.join(", ")
-    ))
+/// A caller of `orders` on `endpoints` that mints a key for each POST.
+fn caller_config(endpoints: &[std::net::SocketAddr]) -> String {
+    Config::new()
+        .upstream("orders", |u| {
+            endpoints
+                .iter()
+                .fold(u.authorities(["orders"]), |u, e| u.endpoint(e))
+                .request_timeout("5s")
+                .retry(|r| {
+                    r.max_attempts(4)
+                        .on(["connect-failure", "reset", "503"])
+                        .backoff_base("1ms")
+                        .backoff_max("5ms")
+                        .mint_idempotency_key(["POST"])
+                })
+                .budget(|b| b.ratio(1.0).min_per_sec(1000))
+        })
+        .to_toml()
 }
 
 /// An app recording each attempt's idempotency key; 503 on the first attempt.
@@ -47,11 +57,7 @@ async fn a_minted_key_is_the_same_on_every_attempt_and_an_apps_own_is_kept() {
         async move { respond(status, "ok") }
     })
     .await;
-    let tg = Tollgate::start(&caller_config(
-        &[app.addr],
-        "mint_idempotency_key = [\"POST\"]",
-    ))
-    .await;
+    let tg = Tollgate::start(&caller_config(&[app.addr])).await;
     let minted = send(
         tg.addr,
         request("POST", "/orders", "orders")
@@ -96,13 +102,9 @@ async fn a_minted_key_is_the_same_on_every_attempt_and_an_apps_own_is_kept() {
 #[tokio::test]
 async fn a_keyed_post_is_retried_after_a_lost_answer_only_where_the_callee_dedupes() {
     let (app, executed) = orders_app(Duration::ZERO).await;
-    let callee = Tollgate::start(&inbound_config(app.addr, DEDUPE)).await;
+    let callee = Tollgate::start(&Config::new().inbound(app.addr, deduping).to_toml()).await;
     let relay = lossy(callee.inbound(), 0, 1).await;
-    let caller = Tollgate::start(&caller_config(
-        &[relay.addr],
-        "mint_idempotency_key = [\"POST\"]",
-    ))
-    .await;
+    let caller = Tollgate::start(&caller_config(&[relay.addr])).await;
     let order = |body: &str| {
         request("POST", "/orders", "orders")
             .body(full(body.to_string()))
@@ -210,23 +212,24 @@ async fn place_orders(caller: std::net::SocketAddr, orders: usize, ledger: &Ledg
 /// its own lossy link; a caller that mints keys.
 async fn fleet(
     replicas: usize,
-    dedupe: &str,
+    dedupe: impl Fn(Dedupe) -> Dedupe,
     ledger: &Ledger,
 ) -> (Vec<Upstream>, Vec<Tollgate>, Vec<Lossy>, Tollgate) {
     let (mut apps, mut callees, mut links) = (Vec::new(), Vec::new(), Vec::new());
     for i in 0..replicas {
         let app = ledger_replica(ledger).await;
-        let callee = Tollgate::start(&inbound_config(
-            app.addr,
-            &format!("max_inflight = 1000\n[inbound.dedupe]\n{dedupe}"),
-        ))
+        let callee = Tollgate::start(
+            &Config::new()
+                .inbound(app.addr, |i| i.max_inflight(1000).dedupe(&dedupe))
+                .to_toml(),
+        )
         .await;
         links.push(lossy(callee.inbound(), 10, 7 + i as u64).await);
         apps.push(app);
         callees.push(callee);
     }
     let ends: Vec<_> = links.iter().map(|l| l.addr).collect();
-    let caller = Tollgate::start(&caller_config(&ends, "mint_idempotency_key = [\"POST\"]")).await;
+    let caller = Tollgate::start(&caller_config(&ends)).await;
     (apps, callees, links, caller)
 }
 
@@ -236,8 +239,8 @@ async fn six_hundred_orders_through_a_lossy_network_and_three_replicas_each_run_
         return;
     };
     let ledger = Ledger::default();
-    let store = format!("store = \"{}\"\nstore_timeout = \"500ms\"\n", redis.store());
-    let (_apps, callees, links, caller) = fleet(3, &store, &ledger).await;
+    let store = |d: Dedupe| d.store(redis.store()).store_timeout("500ms");
+    let (_apps, callees, links, caller) = fleet(3, store, &ledger).await;
     let run = place_orders(caller.addr, 600, &ledger).await;
     let lost: usize = links.iter().map(|l| l.lost.load(Ordering::SeqCst)).sum();
     assert!(lost > 0, "the network lost nothing");
@@ -257,7 +260,7 @@ async fn six_hundred_orders_through_a_lossy_network_and_three_replicas_each_run_
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn six_hundred_orders_through_a_lossy_network_and_one_replica_with_memory_run_once() {
     let ledger = Ledger::default();
-    let (_apps, callees, _links, caller) = fleet(1, "store = \"memory\"\n", &ledger).await;
+    let (_apps, callees, _links, caller) = fleet(1, |d| d.store("memory"), &ledger).await;
     let run = place_orders(caller.addr, 600, &ledger).await;
     assert_eq!(run.twice, 0, "orders executed twice");
     assert!(run.answered >= 594, "{} of 600 answered", run.answered);
@@ -275,13 +278,18 @@ async fn while_redis_is_down_keyed_requests_fail_closed_or_open_and_others_pass(
     };
     let (app, _executed) = orders_app(Duration::ZERO).await;
     let store = |on: &str| {
-        format!(
-            "[inbound.dedupe]\nstore = \"{}\"\nstore_timeout = \"300ms\"\non_store_error = \"{on}\"\n",
-            redis.store()
-        )
+        Config::new()
+            .inbound(app.addr, |i| {
+                i.dedupe(|d| {
+                    d.store(redis.store())
+                        .store_timeout("300ms")
+                        .on_store_error(on)
+                })
+            })
+            .to_toml()
     };
-    let closed = Tollgate::start(&inbound_config(app.addr, &store("closed"))).await;
-    let open = Tollgate::start(&inbound_config(app.addr, &store("open"))).await;
+    let closed = Tollgate::start(&store("closed")).await;
+    let open = Tollgate::start(&store("open")).await;
     assert_eq!(
         send(closed.inbound(), post(Some("\"a\""), "x"))
             .await

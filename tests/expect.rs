@@ -12,6 +12,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
+use common::config::Config;
 use common::*;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
@@ -89,12 +90,18 @@ async fn upstream(continues: bool, status: u16) -> (Scripted, Arc<AtomicUsize>) 
     (s, got)
 }
 
-fn tollgate_for(endpoints: &str) -> String {
-    config(&format!(
-        "[upstreams.up]\nauthorities = [\"up\"]\nendpoints = [{endpoints}]\nprotocol = \"http1\"\n\
-         attempt_timeout = \"5s\"\nrequest_timeout = \"10s\"\n\
-         [upstreams.up.retry]\nmax_attempts = 2\nbackoff_base = \"1ms\"\nbackoff_max = \"2ms\"\n"
-    ))
+fn tollgate_for(endpoints: &[std::net::SocketAddr]) -> String {
+    Config::new()
+        .upstream("up", |u| {
+            endpoints
+                .iter()
+                .fold(u.authorities(["up"]), |u, e| u.endpoint(e))
+                .protocol("http1")
+                .attempt_timeout("5s")
+                .request_timeout("10s")
+                .retry(|r| r.max_attempts(2).backoff_base("1ms").backoff_max("2ms"))
+        })
+        .to_toml()
 }
 
 async fn expecting(tg: &Tollgate, len: usize) -> TcpStream {
@@ -109,7 +116,7 @@ async fn expecting(tg: &Tollgate, len: usize) -> TcpStream {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_refusal_at_the_expectation_goes_back_before_any_body_is_sent() {
     let (up, got) = upstream(false, 413).await;
-    let tg = Tollgate::start(&tollgate_for(&format!("\"{}\"", up.addr))).await;
+    let tg = Tollgate::start(&tollgate_for(&[up.addr])).await;
     let mut s = expecting(&tg, 8 * 1024 * 1024).await;
     let mut buf = Vec::new();
     let head = next_head(&mut s, &mut buf).await;
@@ -137,7 +144,7 @@ async fn a_refusal_at_the_expectation_goes_back_before_any_body_is_sent() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_upstreams_100_continue_reaches_the_app_and_then_the_body_flows() {
     let (up, got) = upstream(true, 200).await;
-    let tg = Tollgate::start(&tollgate_for(&format!("\"{}\"", up.addr))).await;
+    let tg = Tollgate::start(&tollgate_for(&[up.addr])).await;
     let body = vec![b'b'; 200 * 1024];
     let mut s = expecting(&tg, body.len()).await;
     let mut buf = Vec::new();
@@ -154,7 +161,7 @@ async fn the_upstreams_100_continue_reaches_the_app_and_then_the_body_flows() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_upstream_that_never_sends_100_gets_the_body_after_a_short_wait() {
     let (up, got) = upstream(false, 200).await;
-    let tg = Tollgate::start(&tollgate_for(&format!("\"{}\"", up.addr))).await;
+    let tg = Tollgate::start(&tollgate_for(&[up.addr])).await;
     let body = vec![b'b'; 1000];
     let mut s = expecting(&tg, body.len()).await;
     let mut buf = Vec::new();
@@ -174,11 +181,7 @@ async fn an_upstream_that_never_sends_100_gets_the_body_after_a_short_wait() {
 async fn a_retry_after_a_refusal_at_the_expectation_sends_the_whole_body() {
     let (busy, busy_got) = upstream(false, 503).await;
     let (fine, fine_got) = upstream(true, 200).await;
-    let tg = Tollgate::start(&tollgate_for(&format!(
-        "\"{}\", \"{}\"",
-        busy.addr, fine.addr
-    )))
-    .await;
+    let tg = Tollgate::start(&tollgate_for(&[busy.addr, fine.addr])).await;
     let body = vec![b'b'; 10 * 1024];
     for _ in 0..2 {
         let mut s = expecting(&tg, body.len()).await;

@@ -11,6 +11,7 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use bytes::Bytes;
+use common::config::Config;
 use common::*;
 use http::Response;
 use http_body_util::BodyExt;
@@ -21,14 +22,31 @@ use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 use tokio::time::{Instant, timeout};
 
-/// tollgate with a `faulty` upstream at `addr` and a `healthy` one.
-async fn tollgate(faulty: &str, healthy: SocketAddr, extra: &str) -> Tollgate {
-    Tollgate::start(&config(&format!(
-        "[upstreams.faulty]\nauthorities = [\"faulty\"]\nendpoints = [\"{faulty}\"]\n\
-         connect_timeout = \"1s\"\nattempt_timeout = \"5s\"\nrequest_timeout = \"10s\"\n{extra}\n\
-         [upstreams.healthy]\nauthorities = [\"healthy\"]\nendpoints = [\"{healthy}\"]\n"
-    )))
-    .await
+/// tollgate with a `faulty` upstream at `faulty`, with roomy timeouts and what `f`
+/// sets, and a `healthy` one.
+async fn tollgate(
+    faulty: impl std::fmt::Display,
+    healthy: SocketAddr,
+    f: impl FnOnce(common::config::Upstream) -> common::config::Upstream,
+) -> Tollgate {
+    let roomy = |u: common::config::Upstream| {
+        f(u.connect_timeout("1s")
+            .attempt_timeout("5s")
+            .request_timeout("10s"))
+    };
+    Tollgate::start(&pair(faulty, healthy, roomy)).await
+}
+
+/// The file with a `faulty` upstream at `faulty`, set by `f`, and a `healthy` one.
+fn pair(
+    faulty: impl std::fmt::Display,
+    healthy: SocketAddr,
+    f: impl FnOnce(common::config::Upstream) -> common::config::Upstream,
+) -> String {
+    Config::new()
+        .upstream("faulty", |u| f(u.authorities(["faulty"]).endpoint(faulty)))
+        .upstream("healthy", |u| u.authorities(["healthy"]).endpoint(healthy))
+        .to_toml()
 }
 
 async fn healthy() -> Upstream {
@@ -146,7 +164,7 @@ async fn a_reset_mid_response_breaks_that_response_and_nothing_else() {
         drop(s);
     })
     .await;
-    let tg = tollgate(&faulty.addr.to_string(), ok.addr, "").await;
+    let tg = tollgate(faulty.addr, ok.addr, |u| u).await;
     let baseline = gauges(&tg, "faulty").await;
     assert_eq!(baseline, (0.0, 0.0));
 
@@ -173,11 +191,9 @@ async fn a_reset_before_the_head_is_retried_then_a_502() {
         drop(s);
     })
     .await;
-    let tg = tollgate(
-        &faulty.addr.to_string(),
-        ok.addr,
-        "[upstreams.faulty.retry]\nmax_attempts = 3\nbackoff_base = \"1ms\"\n",
-    )
+    let tg = tollgate(faulty.addr, ok.addr, |u| {
+        u.retry(|r| r.max_attempts(3).backoff_base("1ms"))
+    })
     .await;
     let r = get(tg.addr, "/", "faulty").await;
     assert_eq!(r.status, 502);
@@ -205,7 +221,7 @@ async fn hangs_after_first_bytes() -> Scripted {
 async fn an_upstream_hanging_after_the_head_wedges_nothing() {
     let ok = healthy().await;
     let faulty = hangs_after_first_bytes().await;
-    let tg = tollgate(&faulty.addr.to_string(), ok.addr, "").await;
+    let tg = tollgate(faulty.addr, ok.addr, |u| u).await;
 
     // Three apps wait on the hung body at once.
     let mut clients = Vec::new();
@@ -250,7 +266,7 @@ async fn an_h2_stream_the_app_cancels_closes_its_hung_upstream_connection() {
     let ok = healthy().await;
     let faulty = hangs_after_first_bytes().await;
     // The app speaks HTTP/2, the upstream HTTP/1.1.
-    let tg = tollgate(&faulty.addr.to_string(), ok.addr, "protocol = \"http1\"").await;
+    let tg = tollgate(faulty.addr, ok.addr, |u| u.protocol("http1")).await;
     let (mut sender, conn) = h2_client(tg.addr).await;
     let resp = timeout(
         Duration::from_secs(10),
@@ -303,12 +319,9 @@ async fn an_upstream_hanging_before_the_head_is_cut_at_the_deadline() {
         until_peer_closes(s, closed).await;
     })
     .await;
-    let tg = Tollgate::start(&config(&format!(
-        "[upstreams.faulty]\nauthorities = [\"faulty\"]\nendpoints = [\"{}\"]\n\
-         attempt_timeout = \"300ms\"\nrequest_timeout = \"300ms\"\n\
-         [upstreams.healthy]\nauthorities = [\"healthy\"]\nendpoints = [\"{}\"]\n",
-        faulty.addr, ok.addr
-    )))
+    let tg = Tollgate::start(&pair(faulty.addr, ok.addr, |u| {
+        u.attempt_timeout("300ms").request_timeout("300ms")
+    }))
     .await;
     let r = get(tg.addr, "/", "faulty").await;
     assert_eq!(r.status, 504);
@@ -337,7 +350,7 @@ async fn garbage_instead_of_http_is_a_502() {
             until_peer_closes(s, closed).await;
         })
         .await;
-        let tg = tollgate(&faulty.addr.to_string(), ok.addr, "").await;
+        let tg = tollgate(faulty.addr, ok.addr, |u| u).await;
         let mut c = Client::connect(tg.addr).await;
         let what = String::from_utf8_lossy(garbage);
         match c.try_get("faulty").await {
@@ -379,7 +392,7 @@ async fn a_close_right_after_the_head_is_a_broken_body_not_a_short_one() {
         let _ = s.shutdown().await;
     })
     .await;
-    let tg = tollgate(&faulty.addr.to_string(), ok.addr, "").await;
+    let tg = tollgate(faulty.addr, ok.addr, |u| u).await;
     let mut c = Client::connect(tg.addr).await;
     let resp = c.get("faulty").await;
     assert_eq!(resp.status(), 200);
@@ -401,7 +414,7 @@ async fn a_close_right_after_the_head_is_a_broken_body_not_a_short_one() {
         let _ = s.shutdown().await;
     })
     .await;
-    let tg2 = tollgate(&delimited.addr.to_string(), ok.addr, "").await;
+    let tg2 = tollgate(delimited.addr, ok.addr, |u| u).await;
     let mut c = Client::connect(tg2.addr).await;
     let resp = c.get("faulty").await;
     assert_eq!(resp.status(), 200);
@@ -428,12 +441,9 @@ async fn a_slow_body_streams_through_past_every_timeout() {
     .await;
     // Every timeout is shorter than the whole body takes: they bound the wait for the
     // head, not the body.
-    let tg = Tollgate::start(&config(&format!(
-        "[upstreams.faulty]\nauthorities = [\"faulty\"]\nendpoints = [\"{}\"]\n\
-         attempt_timeout = \"300ms\"\nrequest_timeout = \"500ms\"\n\
-         [upstreams.healthy]\nauthorities = [\"healthy\"]\nendpoints = [\"{}\"]\n",
-        slow.addr, ok.addr
-    )))
+    let tg = Tollgate::start(&pair(slow.addr, ok.addr, |u| {
+        u.attempt_timeout("300ms").request_timeout("500ms")
+    }))
     .await;
     let mut c = Client::connect(tg.addr).await;
     let resp = c.get("faulty").await;
@@ -476,11 +486,9 @@ async fn a_slow_body_streams_through_past_every_timeout() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_name_that_does_not_resolve_is_a_prompt_502() {
     let ok = healthy().await;
-    let tg = tollgate(
-        "nonexistent.invalid:80",
-        ok.addr,
-        "[upstreams.faulty.retry]\nmax_attempts = 3\nbackoff_base = \"1ms\"\n",
-    )
+    let tg = tollgate("nonexistent.invalid:80", ok.addr, |u| {
+        u.retry(|r| r.max_attempts(3).backoff_base("1ms"))
+    })
     .await;
     for i in 0..3 {
         // Distinct requests: the same one again within 2 s would be the app's retry.

@@ -12,22 +12,41 @@ mod grpc_stack;
 use std::net::SocketAddr;
 use std::time::Duration;
 
+use common::config::{Config, Upstream};
 use common::*;
 use grpc_stack::{Ask, Client, Server};
 use tonic::Code;
 
-/// `[upstreams.greeter]` to `addr`, a short attempt_timeout and request_timeout;
-/// `extra` goes into the upstream's table. Unknown authorities are refused.
-fn greeter(addr: SocketAddr, extra: &str) -> String {
-    refusing(&format!(
-        "[upstreams.greeter]\nauthorities = [\"greeter\"]\nendpoints = [\"{addr}\"]\n\
-         attempt_timeout = \"300ms\"\nrequest_timeout = \"500ms\"\n{extra}"
-    ))
+/// A file whose listener refuses unknown authorities.
+fn refusing_all() -> Config {
+    Config::new().listener(|l| l.unknown_authorities("refuse"))
 }
 
-const RETRY_POST: &str = "[upstreams.greeter.retry]\nmax_attempts = 3\n\
-     methods = [\"POST\"]\nbackoff_base = \"1ms\"\nbackoff_max = \"2ms\"\n\
-     [upstreams.greeter.budget]\nratio = 10.0\nmin_per_sec = 1000\n";
+/// `[upstreams.greeter]` to `addr`, a short attempt_timeout and request_timeout, and
+/// what `f` sets on it. Unknown authorities are refused.
+fn greeter(addr: SocketAddr, f: impl FnOnce(Upstream) -> Upstream) -> String {
+    greeter_in(refusing_all(), addr, f).to_toml()
+}
+
+fn greeter_in(config: Config, addr: SocketAddr, f: impl FnOnce(Upstream) -> Upstream) -> Config {
+    config.upstream("greeter", |u| {
+        f(u.authorities(["greeter"])
+            .endpoint(addr)
+            .attempt_timeout("300ms")
+            .request_timeout("500ms"))
+    })
+}
+
+/// POSTs retried up to 3 times within a budget that never runs out.
+fn retry_post(u: Upstream) -> Upstream {
+    u.retry(|r| {
+        r.max_attempts(3)
+            .methods(["POST"])
+            .backoff_base("1ms")
+            .backoff_max("2ms")
+    })
+    .budget(|b| b.ratio(10.0).min_per_sec(1000))
+}
 
 fn header<'a>(s: &'a tonic::Status, name: &str) -> Option<&'a str> {
     s.metadata().get(name).and_then(|v| v.to_str().ok())
@@ -44,7 +63,7 @@ fn assert_tollgate_status(s: &tonic::Status, code: Code, outcome: &str) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn streams_without_a_deadline_outlive_attempt_timeout() {
     let server = Server::start().await;
-    let tg = Tollgate::start(&greeter(server.addr, "")).await;
+    let tg = Tollgate::start(&greeter(server.addr, |u| u)).await;
     let mut client = Client::connect(tg.addr, "greeter").await;
 
     // 10 items 100 ms apart: a second, past attempt_timeout and request_timeout.
@@ -68,7 +87,7 @@ async fn streams_without_a_deadline_outlive_attempt_timeout() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_deadline_arrives_as_the_calls_time_left_uncapped() {
     let server = Server::start().await;
-    let tg = Tollgate::start(&greeter(server.addr, "")).await;
+    let tg = Tollgate::start(&greeter(server.addr, |u| u)).await;
     let mut client = Client::connect(tg.addr, "greeter").await;
 
     let item = client
@@ -107,14 +126,22 @@ async fn tollgates_own_failures_are_grpc_statuses_a_client_does_not_retry() {
     let dead = dead_port().await;
     // `busy` takes one call at a time, and waits for it as long as it takes: a call held
     // there fills it for as long as the test needs, however slow the machine.
-    let tg = Tollgate::start(&format!(
-        "{}[upstreams.down]\nauthorities = [\"down\"]\nendpoints = [\"{dead}\"]\n{}\
-         [upstreams.busy]\nauthorities = [\"busy\"]\nendpoints = [\"{}\"]\n\
-         max_inflight = 1\nattempt_timeout = \"60s\"\nrequest_timeout = \"60s\"\n",
-        greeter(server.addr, "[upstreams.greeter.retry]\nmax_attempts = 1\n"),
-        RETRY_POST.replace("greeter", "down"),
-        server.addr
-    ))
+    let tg = Tollgate::start(
+        &greeter_in(refusing_all(), server.addr, |u| {
+            u.retry(|r| r.max_attempts(1))
+        })
+        .upstream("down", |u| {
+            retry_post(u.authorities(["down"]).endpoint(dead))
+        })
+        .upstream("busy", |u| {
+            u.authorities(["busy"])
+                .endpoint(server.addr)
+                .max_inflight(1)
+                .attempt_timeout("60s")
+                .request_timeout("60s")
+        })
+        .to_toml(),
+    )
     .await;
 
     let mut client = Client::connect(tg.addr, "nowhere").await;
@@ -179,8 +206,8 @@ async fn tollgates_own_failures_are_grpc_statuses_a_client_does_not_retry() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_grpc_failure_the_inner_tollgate_gave_up_on_is_not_retried_by_the_outer() {
     let server = Server::start().await;
-    let inner = Tollgate::start(&greeter(server.addr, RETRY_POST)).await;
-    let outer = Tollgate::start(&greeter(inner.addr, RETRY_POST)).await;
+    let inner = Tollgate::start(&greeter(server.addr, retry_post)).await;
+    let outer = Tollgate::start(&greeter(inner.addr, retry_post)).await;
     let mut client = Client::connect(outer.addr, "greeter").await;
     let fail = Ask {
         fail: Code::Unavailable as i32,
@@ -209,9 +236,11 @@ async fn a_grpc_failure_the_inner_tollgate_gave_up_on_is_not_retried_by_the_oute
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn over_http1_too_tollgates_answers_to_grpc_calls_are_grpc_answers() {
     let dead = dead_port().await;
-    let tg = Tollgate::start(&refusing(&format!(
-        "[upstreams.down]\nauthorities = [\"down\"]\nendpoints = [\"{dead}\"]\n"
-    )))
+    let tg = Tollgate::start(
+        &refusing_all()
+            .upstream("down", |u| u.authorities(["down"]).endpoint(dead))
+            .to_toml(),
+    )
     .await;
     for (host, code, outcome) in [
         ("nowhere", "12", "no-route"),

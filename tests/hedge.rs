@@ -14,6 +14,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::SeqCst};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use common::config::Config;
 use common::*;
 use http::{HeaderMap, Response};
 use tokio::time::Instant;
@@ -97,20 +98,30 @@ fn ms(n: u64) -> Duration {
     Duration::from_millis(n)
 }
 
-/// tollgate with upstream `api` on `endpoints` and `extra` appended to its section.
-async fn tollgate(endpoints: &[SocketAddr], extra: &str, sections: &str) -> Tollgate {
-    let list: Vec<String> = endpoints.iter().map(|a| format!("\"{a}\"")).collect();
-    Tollgate::start(&config(&format!(
-        "[upstreams.api]\nauthorities = [\"api\"]\nendpoints = [{}]\n\
-         attempt_timeout = \"2s\"\nrequest_timeout = \"5s\"\n{extra}\n{sections}",
-        list.join(", ")
-    )))
-    .await
+/// tollgate with upstream `api` on `endpoints`, and what `f` sets on it.
+async fn tollgate(
+    endpoints: &[SocketAddr],
+    f: impl FnOnce(common::config::Upstream) -> common::config::Upstream,
+) -> Tollgate {
+    let config = Config::new().upstream("api", |u| {
+        let u = endpoints
+            .iter()
+            .fold(u.authorities(["api"]), |u, e| u.endpoint(e));
+        f(u.attempt_timeout("2s").request_timeout("5s"))
+    });
+    Tollgate::start(&config.to_toml()).await
 }
 
-const RETRIES: &str = "[upstreams.api.retry]\nmax_attempts = 3\nbackoff_base = \"1ms\"\nbackoff_max = \"2ms\"\n\
-                       idempotency_header = \"idempotency-key\"\n\
-                       [upstreams.api.budget]\nratio = 0.5\nmin_per_sec = 10\n";
+/// Up to 3 attempts, keyed by `idempotency-key`, within half the requests again.
+fn retries(u: common::config::Upstream) -> common::config::Upstream {
+    u.retry(|r| {
+        r.max_attempts(3)
+            .backoff_base("1ms")
+            .backoff_max("2ms")
+            .idempotency_header("idempotency-key")
+    })
+    .budget(|b| b.ratio(0.5).min_per_sec(10))
+}
 
 async fn hedges(tg: &Tollgate, result: &str) -> f64 {
     metric(
@@ -124,11 +135,9 @@ async fn hedges(tg: &Tollgate, result: &str) -> f64 {
 async fn a_slow_attempt_is_hedged_on_another_endpoint_and_the_loser_is_cancelled() {
     let slow = Server::start(ms(1000), 200, None).await;
     let fast = Server::start(ms(10), 200, None).await;
-    let tg = tollgate(
-        &[slow.addr(), fast.addr()],
-        "",
-        &format!("{RETRIES}[upstreams.api.hedge]\nafter = \"50ms\"\nmax_extra = 1.0\n"),
-    )
+    let tg = tollgate(&[slow.addr(), fast.addr()], |u| {
+        retries(u).hedge(|h| h.after("50ms").max_extra(1.0))
+    })
     .await;
     let started = Instant::now();
     let r = get(tg.addr, "/", "api").await;
@@ -163,11 +172,9 @@ async fn a_slow_attempt_is_hedged_on_another_endpoint_and_the_loser_is_cancelled
 async fn over_http2_the_loser_is_a_reset_stream_on_a_connection_that_lives_on() {
     let slow = Server::slow_first(ms(1000), ms(10), 200, None).await;
     let fast = Server::start(ms(10), 200, None).await;
-    let tg = tollgate(
-        &[slow.addr(), fast.addr()],
-        "protocol = \"h2c\"",
-        &format!("{RETRIES}[upstreams.api.hedge]\nafter = \"50ms\"\nmax_extra = 1.0\n"),
-    )
+    let tg = tollgate(&[slow.addr(), fast.addr()], |u| {
+        retries(u.protocol("h2c")).hedge(|h| h.after("50ms").max_extra(1.0))
+    })
     .await;
     let r = get(tg.addr, "/", "api").await;
     assert_eq!(r.body, "200 after 10ms");
@@ -187,11 +194,9 @@ async fn over_http2_the_loser_is_a_reset_stream_on_a_connection_that_lives_on() 
 async fn the_first_answer_wins_and_a_failed_hedge_is_put_aside() {
     let slow = Server::start(ms(300), 200, None).await;
     let failing = Server::start(ms(10), 503, None).await;
-    let tg = tollgate(
-        &[slow.addr(), failing.addr()],
-        "",
-        &format!("{RETRIES}[upstreams.api.hedge]\nafter = \"50ms\"\nmax_extra = 1.0\n"),
-    )
+    let tg = tollgate(&[slow.addr(), failing.addr()], |u| {
+        retries(u).hedge(|h| h.after("50ms").max_extra(1.0))
+    })
     .await;
     let r = get(tg.addr, "/", "api").await;
     assert_eq!(r.status, 200, "the hedge's 503 does not end the request");
@@ -212,11 +217,9 @@ async fn a_first_attempt_failing_while_its_hedge_runs_is_put_aside_too() {
     // to `ok` (200 after 100 ms, at 150 ms). The 503 is not retried: the hedge answers.
     let failing = Server::start(ms(100), 503, None).await;
     let ok = Server::start(ms(100), 200, None).await;
-    let tg = tollgate(
-        &[failing.addr(), ok.addr()],
-        "",
-        &format!("{RETRIES}[upstreams.api.hedge]\nafter = \"50ms\"\nmax_extra = 1.0\n"),
-    )
+    let tg = tollgate(&[failing.addr(), ok.addr()], |u| {
+        retries(u).hedge(|h| h.after("50ms").max_extra(1.0))
+    })
     .await;
     let r = get(tg.addr, "/", "api").await;
     assert_eq!(r.status, 200);
@@ -228,11 +231,9 @@ async fn a_first_attempt_failing_while_its_hedge_runs_is_put_aside_too() {
 async fn a_hedge_rejected_by_the_callee_is_put_aside() {
     let slow = Server::start(ms(300), 200, None).await;
     let rejecting = Server::start(ms(1), 503, Some("retry-rejected")).await;
-    let tg = tollgate(
-        &[slow.addr(), rejecting.addr()],
-        "",
-        &format!("{RETRIES}[upstreams.api.hedge]\nafter = \"50ms\"\nmax_extra = 1.0\n"),
-    )
+    let tg = tollgate(&[slow.addr(), rejecting.addr()], |u| {
+        retries(u).hedge(|h| h.after("50ms").max_extra(1.0))
+    })
     .await;
     let r = get(tg.addr, "/", "api").await;
     assert_eq!(r.status, 200);
@@ -248,12 +249,11 @@ async fn a_hedge_rejected_by_the_callee_is_put_aside() {
 async fn a_hedge_counts_toward_max_attempts() {
     let a = Server::start(ms(300), 503, None).await;
     let b = Server::start(ms(300), 503, None).await;
-    let tg = tollgate(
-        &[a.addr(), b.addr()],
-        "",
-        "[upstreams.api.retry]\nmax_attempts = 2\n[upstreams.api.budget]\nratio = 1.0\n\
-         [upstreams.api.hedge]\nafter = \"50ms\"\nmax_extra = 1.0\n",
-    )
+    let tg = tollgate(&[a.addr(), b.addr()], |u| {
+        u.retry(|r| r.max_attempts(2))
+            .budget(|b| b.ratio(1.0))
+            .hedge(|h| h.after("50ms").max_extra(1.0))
+    })
     .await;
     let r = get(tg.addr, "/", "api").await;
     assert_eq!(r.status, 503);
@@ -267,13 +267,11 @@ async fn hedges_are_charged_to_max_extra_and_never_to_the_retry_budget() {
     let slow = Server::start(ms(200), 200, None).await;
     let other = Server::start(ms(200), 200, None).await;
     // A retry budget with no room at all, and hedges of at most 10% of the requests.
-    let tg = tollgate(
-        &[slow.addr(), other.addr()],
-        "",
-        "[upstreams.api.retry]\nmax_attempts = 3\n\
-         [upstreams.api.budget]\nratio = 0.0\nmin_per_sec = 0\nwindow = \"60s\"\n\
-         [upstreams.api.hedge]\nafter = \"20ms\"\nmax_extra = 0.1\n",
-    )
+    let tg = tollgate(&[slow.addr(), other.addr()], |u| {
+        u.retry(|r| r.max_attempts(3))
+            .budget(|b| b.ratio(0.0).min_per_sec(0).window("60s"))
+            .hedge(|h| h.after("20ms").max_extra(0.1))
+    })
     .await;
     const N: usize = 100;
     for i in 0..N {
@@ -304,11 +302,9 @@ async fn hedges_are_charged_to_max_extra_and_never_to_the_retry_budget() {
 async fn only_requests_that_may_be_sent_again_are_hedged() {
     let slow = Server::start(ms(300), 200, None).await;
     let other = Server::start(ms(300), 200, None).await;
-    let tg = tollgate(
-        &[slow.addr(), other.addr()],
-        "",
-        &format!("{RETRIES}[upstreams.api.hedge]\nafter = \"50ms\"\nmax_extra = 1.0\n"),
-    )
+    let tg = tollgate(&[slow.addr(), other.addr()], |u| {
+        retries(u).hedge(|h| h.after("50ms").max_extra(1.0))
+    })
     .await;
     let call = |method: &str, key: Option<&str>| {
         let mut b = request(method, "/pay", "api");
@@ -344,11 +340,9 @@ async fn after_a_percentile_hedges_once_the_latency_is_known() {
     })
     .await;
     let b = Server::start(ms(20), 200, None).await;
-    let tg = tollgate(
-        &[a.addr, b.addr()],
-        "",
-        &format!("{RETRIES}[upstreams.api.hedge]\nafter = \"p95\"\nmax_extra = 1.0\n"),
-    )
+    let tg = tollgate(&[a.addr, b.addr()], |u| {
+        retries(u).hedge(|h| h.after("p95").max_extra(1.0))
+    })
     .await;
     // Twenty answers of 20 ms each: the estimate is known, and no hedge was due before.
     for i in 0..20 {

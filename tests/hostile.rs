@@ -12,6 +12,7 @@ use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use common::config::{Config, Listener, Retry};
 use common::*;
 use http::Response;
 use http_body_util::BodyExt;
@@ -58,17 +59,28 @@ async fn recording_upstream() -> (Upstream, Arc<Mutex<Vec<Seen>>>) {
     (up, seen)
 }
 
-fn app(addr: SocketAddr, extra_listener: &str, extra_upstream: &str) -> String {
-    format!(
-        "[listener]\naddr = \"127.0.0.1:0\"\n{extra_listener}\n[admin]\naddr = \"127.0.0.1:0\"\n\
-         [upstreams.app]\nauthorities = [\"app\"]\nendpoints = [\"{addr}\"]\n\
-         attempt_timeout = \"5s\"\nrequest_timeout = \"10s\"\nconnect_timeout = \"2s\"\n{extra_upstream}\n"
-    )
+fn app(addr: SocketAddr, listener: impl FnOnce(Listener) -> Listener) -> String {
+    app_with(addr, listener, |u| u).to_toml()
+}
+
+/// `[upstreams.app]` to `addr` with roomy timeouts and what `upstream` sets, behind a
+/// listener set by `listener`.
+fn app_with(
+    addr: SocketAddr,
+    listener: impl FnOnce(Listener) -> Listener,
+    upstream: impl FnOnce(common::config::Upstream) -> common::config::Upstream,
+) -> Config {
+    Config::new().listener(listener).upstream("app", |u| {
+        let u = u.authorities(["app"]).endpoint(addr).attempt_timeout("5s");
+        upstream(u.request_timeout("10s").connect_timeout("2s"))
+    })
 }
 
 /// The listener setting that makes an authority no upstream lists a `404 no-route`
 /// (passed through as it is otherwise: `tests/passthrough.rs`).
-const REFUSE: &str = "unknown_authorities = \"refuse\"";
+fn refuse(l: Listener) -> Listener {
+    l.unknown_authorities("refuse")
+}
 
 /// A normal request through tollgate succeeds.
 async fn still_serving(tg: &Tollgate) {
@@ -111,11 +123,9 @@ fn statuses(raw: &str) -> Vec<u16> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_oversized_head_gets_431() {
     let (up, seen) = recording_upstream().await;
-    let tg = Tollgate::start(&app(
-        up.addr,
-        "max_header_bytes = \"4KiB\"\nmax_headers = 20",
-        "",
-    ))
+    let tg = Tollgate::start(&app(up.addr, |l| {
+        l.max_header_bytes("4KiB").max_headers(20)
+    }))
     .await;
 
     // Just under the configured size: served.
@@ -200,7 +210,7 @@ async fn an_oversized_head_gets_431() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_oversized_h2_header_list_is_refused() {
     let (up, seen) = recording_upstream().await;
-    let tg = Tollgate::start(&app(up.addr, "max_header_bytes = \"4KiB\"", "")).await;
+    let tg = Tollgate::start(&app(up.addr, |l| l.max_header_bytes("4KiB"))).await;
     let (mut sender, conn) = h2_client(tg.addr).await;
     let req = request("GET", "http://app/big", "app")
         .header("x-big", "a".repeat(8000))
@@ -257,11 +267,9 @@ async fn dribble(addr: SocketAddr, bytes: &[u8], every: Duration) -> Option<(usi
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_dribbled_head_is_cut_off_after_header_read_timeout() {
     let (up, seen) = recording_upstream().await;
-    let tg = Tollgate::start(&app(
-        up.addr,
-        "header_read_timeout = \"500ms\"\nidle_timeout = \"30s\"",
-        "",
-    ))
+    let tg = Tollgate::start(&app(up.addr, |l| {
+        l.header_read_timeout("500ms").idle_timeout("30s")
+    }))
     .await;
     let addr = tg.addr;
     let mut head = b"GET /slow HTTP/1.1\r\nHost: app\r\n".to_vec();
@@ -292,11 +300,9 @@ async fn a_dribbled_head_is_cut_off_after_header_read_timeout() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_dribbled_http2_preface_is_cut_off_after_header_read_timeout() {
     let (up, _seen) = recording_upstream().await;
-    let tg = Tollgate::start(&app(
-        up.addr,
-        "header_read_timeout = \"500ms\"\nidle_timeout = \"30s\"",
-        "",
-    ))
+    let tg = Tollgate::start(&app(up.addr, |l| {
+        l.header_read_timeout("500ms").idle_timeout("30s")
+    }))
     .await;
     // The preface byte by byte: while the bytes still match it, tollgate cannot tell
     // HTTP/2 from HTTP/1.1 yet, but the head limit still runs from the first byte.
@@ -315,11 +321,9 @@ async fn a_dribbled_http2_preface_is_cut_off_after_header_read_timeout() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_idle_keep_alive_connection_outlives_header_read_timeout_until_idle_timeout() {
     let (up, _seen) = recording_upstream().await;
-    let tg = Tollgate::start(&app(
-        up.addr,
-        "header_read_timeout = \"300ms\"\nidle_timeout = \"1500ms\"",
-        "",
-    ))
+    let tg = Tollgate::start(&app(up.addr, |l| {
+        l.header_read_timeout("300ms").idle_timeout("1500ms")
+    }))
     .await;
     let stream = TcpStream::connect(tg.addr).await.unwrap();
     let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
@@ -361,7 +365,7 @@ async fn an_idle_keep_alive_connection_outlives_header_read_timeout_until_idle_t
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn content_length_with_chunked_cannot_smuggle_a_request() {
     let (up, seen) = recording_upstream().await;
-    let tg = Tollgate::start(&app(up.addr, "", "")).await;
+    let tg = Tollgate::start(&app(up.addr, |l| l)).await;
 
     // CL.TE and TE.CL: refused (or, were it read, as chunked with the connection closed
     // after the response); what follows the chunked body is never read.
@@ -470,7 +474,7 @@ async fn content_length_with_chunked_cannot_smuggle_a_request() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_h2_body_longer_than_its_content_length_is_not_forwarded_whole() {
     let (up, seen) = recording_upstream().await;
-    let tg = Tollgate::start(&app(up.addr, "", "")).await;
+    let tg = Tollgate::start(&app(up.addr, |l| l)).await;
     let (mut sender, conn) = h2_client(tg.addr).await;
     let req = request("POST", "http://app/h2-cl", "app")
         .header("content-length", "5")
@@ -495,7 +499,7 @@ async fn an_h2_body_longer_than_its_content_length_is_not_forwarded_whole() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn malformed_request_lines_get_400_or_a_closed_connection() {
     let (up, seen) = recording_upstream().await;
-    let tg = Tollgate::start(&app(up.addr, "", "")).await;
+    let tg = Tollgate::start(&app(up.addr, |l| l)).await;
     for bad in [
         &b"GARBAGE\r\n\r\n"[..],
         b"GET\r\n\r\n",
@@ -533,7 +537,7 @@ async fn malformed_request_lines_get_400_or_a_closed_connection() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn invalid_or_ambiguous_host_headers_are_refused() {
     let (up, seen) = recording_upstream().await;
-    let tg = Tollgate::start(&app(up.addr, REFUSE, "")).await;
+    let tg = Tollgate::start(&app(up.addr, refuse)).await;
 
     // Two Host lines (RFC 9112 section 3.2: 400), whichever comes first.
     for hosts in [
@@ -583,7 +587,7 @@ async fn invalid_or_ambiguous_host_headers_are_refused() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn refusing_unknown_authorities_makes_no_open_proxy() {
     let (up, seen) = recording_upstream().await;
-    let tg = Tollgate::start(&app(up.addr, REFUSE, "")).await;
+    let tg = Tollgate::start(&app(up.addr, refuse)).await;
     let endpoint = up.addr;
     for target in [
         "http://evil.example/".to_string(),
@@ -642,7 +646,7 @@ async fn refusing_unknown_authorities_makes_no_open_proxy() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn refusing_unknown_authorities_tunnels_no_connect() {
     let (up, seen) = recording_upstream().await;
-    let tg = Tollgate::start(&app(up.addr, REFUSE, "")).await;
+    let tg = Tollgate::start(&app(up.addr, refuse)).await;
     let endpoint = up.addr;
 
     // To a configured authority: 405.
@@ -691,15 +695,11 @@ async fn an_oversized_body_is_forwarded_whole_but_not_retried() {
         respond(503, "down")
     })
     .await;
-    let retry =
-        "[upstreams.X.retry]\nmax_attempts = 3\nmax_body = \"1KiB\"\nbackoff_base = \"1ms\"\n";
-    let tg = Tollgate::start(&format!(
-        "{}\n[upstreams.down]\nauthorities = [\"down\"]\nendpoints = [\"{}\"]\n{}",
-        app(ok.addr, "", &retry.replace('X', "app")),
-        failing.addr,
-        retry.replace('X', "down"),
-    ))
-    .await;
+    let retry = |r: Retry| r.max_attempts(3).max_body("1KiB").backoff_base("1ms");
+    let config = app_with(ok.addr, |l| l, |u| u.retry(retry)).upstream("down", |u| {
+        u.authorities(["down"]).endpoint(failing.addr).retry(retry)
+    });
+    let tg = Tollgate::start(&config.to_toml()).await;
 
     let len = 256 * 1024;
     let r = send(
@@ -755,7 +755,7 @@ async fn an_oversized_body_is_forwarded_whole_but_not_retried() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn connections_beyond_max_connections_are_closed_at_once() {
     let up = Upstream::start(|_req| async { Response::new(full("ok")) }).await;
-    let tg = Tollgate::start(&app(up.addr, "max_connections = 3", "")).await;
+    let tg = Tollgate::start(&app(up.addr, |l| l.max_connections(3))).await;
 
     async fn open(
         addr: SocketAddr,
@@ -827,7 +827,7 @@ async fn connections_beyond_max_connections_are_closed_at_once() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_early_answer_to_an_unread_body_announces_the_close() {
     let dead = dead_port().await;
-    let tg = Tollgate::start(&app(dead, "", "")).await;
+    let tg = Tollgate::start(&app(dead, |l| l)).await;
     for host in ["app", "unknown.example"] {
         let body = vec![b'x'; 100 * 1024];
         let mut s = TcpStream::connect(tg.addr).await.unwrap();

@@ -13,6 +13,7 @@ mod common;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use common::config::{Config, Inbound};
 use common::*;
 use http::Version;
 
@@ -39,12 +40,20 @@ fn get_with(addr_host: &str, headers: &[(&str, &str)]) -> http::Request<BoxBody>
 }
 
 /// A budget that admits no retry at all.
-const NO_RETRIES: &str = "max_inflight = 100\n[inbound.retries]\nratio = 0.0\nmin_per_sec = 0\n";
+/// tollgate's inbound side in front of `app`, set by `f`.
+fn in_front_of(app: std::net::SocketAddr, f: impl FnOnce(Inbound) -> Inbound) -> String {
+    Config::new().inbound(app, f).to_toml()
+}
+
+/// Room for 100 requests and no retry at all.
+fn no_retries(i: Inbound) -> Inbound {
+    i.max_inflight(100).retries(|r| r.ratio(0.0).min_per_sec(0))
+}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn each_retry_header_marks_a_retry_and_a_rejected_retry_never_reaches_the_app() {
     let (app, _) = recording_app().await;
-    let tg = Tollgate::start(&inbound_config(app.addr, NO_RETRIES)).await;
+    let tg = Tollgate::start(&in_front_of(app.addr, no_retries)).await;
     let firsts = [
         ("x-tollgate-attempt", "1"),
         ("grpc-previous-rpc-attempts", "0"),
@@ -96,11 +105,12 @@ async fn each_retry_header_marks_a_retry_and_a_rejected_retry_never_reaches_the_
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_apps_own_attempt_headers_make_no_first_attempt_a_retry() {
     let (app, seen) = recording_app().await;
-    let callee = Tollgate::start(&inbound_config(app.addr, NO_RETRIES)).await;
-    let caller = Tollgate::start(&config(&format!(
-        "[upstreams.app]\nauthorities = [\"app\"]\nendpoints = [\"{}\"]\n",
-        callee.inbound()
-    )))
+    let callee = Tollgate::start(&in_front_of(app.addr, no_retries)).await;
+    let caller = Tollgate::start(
+        &Config::new()
+            .upstream("app", |u| u.authorities(["app"]).endpoint(callee.inbound()))
+            .to_toml(),
+    )
     .await;
     // Only tollgate writes tollgate's headers. (A retry marker of the app's own client,
     // `x-envoy-attempt-count: 2`, is evidence of the app retrying: its tollgate sends
@@ -151,15 +161,19 @@ async fn send_from(from: [u8; 4], to: std::net::SocketAddr, req: http::Request<B
 async fn a_noisy_caller_cannot_spend_another_callers_share_of_the_fleet_budget() {
     let (app, _) = recording_app().await;
     // Four retries in 10 s for the whole fleet, one per half second at most.
-    let budget = |per_caller: &str| {
-        format!(
-            "max_inflight = 100\n[inbound.retries]\nratio = 0.0\nmin_per_sec = 0.4\n\
-             window = \"10s\"\nper_caller = \"{per_caller}\"\n"
-        )
+    let budget = |per_caller: &'static str| {
+        move |i: Inbound| {
+            i.max_inflight(100).retries(|r| {
+                r.ratio(0.0)
+                    .min_per_sec(0.4)
+                    .window("10s")
+                    .per_caller(per_caller)
+            })
+        }
     };
     let mut outcomes = Vec::new();
     for per_caller in ["fair", "off"] {
-        let tg = Tollgate::start(&inbound_config(app.addr, &budget(per_caller))).await;
+        let tg = Tollgate::start(&in_front_of(app.addr, budget(per_caller))).await;
         let (real, noisy) = ([127, 0, 0, 1], [127, 0, 0, 2]);
         assert_eq!(
             send_from(real, tg.inbound(), get_with("app", &[]))
@@ -204,10 +218,10 @@ async fn retries_within_the_fleet_budget_reach_the_app_and_the_next_is_rejected(
     let (app, _) = recording_app().await;
     // 30 first attempts allow 0.1 × 30 = 3 retries in the window (at most one per
     // half-second slot: the budget paces its grants).
-    let tg = Tollgate::start(&inbound_config(
-        app.addr,
-        "max_inflight = 100\n[inbound.retries]\nratio = 0.1\nmin_per_sec = 0\nwindow = \"10s\"\n",
-    ))
+    let tg = Tollgate::start(&in_front_of(app.addr, |i| {
+        i.max_inflight(100)
+            .retries(|r| r.ratio(0.1).min_per_sec(0).window("10s"))
+    }))
     .await;
     for _ in 0..30 {
         assert_eq!(send(tg.inbound(), get_with("app", &[])).await.status, 200);
@@ -228,7 +242,7 @@ async fn retries_within_the_fleet_budget_reach_the_app_and_the_next_is_rejected(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_grpc_retry_beyond_the_budget_gets_the_grpc_answer() {
     let (app, _) = recording_app().await;
-    let tg = Tollgate::start(&inbound_config(app.addr, NO_RETRIES)).await;
+    let tg = Tollgate::start(&in_front_of(app.addr, no_retries)).await;
     let req = request("POST", "/pkg.Svc/Method", "app")
         .header("content-type", "application/grpc")
         .header("te", "trailers")
@@ -247,7 +261,7 @@ async fn a_grpc_retry_beyond_the_budget_gets_the_grpc_answer() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_spent_deadline_is_refused_and_the_app_gets_the_time_left() {
     let (app, seen) = recording_app().await;
-    let tg = Tollgate::start(&inbound_config(app.addr, "request_timeout = \"20s\"\n")).await;
+    let tg = Tollgate::start(&in_front_of(app.addr, |i| i.request_timeout("20s"))).await;
     let r = send(tg.inbound(), get_with("app", &[("x-timeout-ms", "0")])).await;
     assert_eq!(r.status, 504);
     assert_eq!(r.outcome(), Some("deadline-exceeded"));
@@ -314,7 +328,7 @@ async fn the_deadline_bounds_the_wait_for_the_head_never_a_streaming_body() {
         http::Response::new(body)
     })
     .await;
-    let tg = Tollgate::start(&inbound_config(app.addr, "")).await;
+    let tg = Tollgate::start(&in_front_of(app.addr, |i| i)).await;
     let slow = request("GET", "/slow-head", "app")
         .header("x-timeout-ms", "300")
         .body(empty())
@@ -349,10 +363,9 @@ async fn kubelet_probes_are_never_shed_but_spared_nothing_else() {
         }
     })
     .await;
-    let tg = Tollgate::start(&inbound_config(
-        app.addr,
-        "max_inflight = 1\n[inbound.retries]\nratio = 0.0\nmin_per_sec = 0\n",
-    ))
+    let tg = Tollgate::start(&in_front_of(app.addr, |i| {
+        i.max_inflight(1).retries(|r| r.ratio(0.0).min_per_sec(0))
+    }))
     .await;
     let addr = tg.inbound();
     let held = tokio::spawn(async move { get(addr, "/hold", "app").await });
@@ -414,7 +427,7 @@ async fn a_flood_of_spoofed_probes_costs_legitimate_callers_nothing() {
         respond(200, "ok")
     })
     .await;
-    let tg = Tollgate::start(&inbound_config(app.addr, "max_inflight = 4\n")).await;
+    let tg = Tollgate::start(&in_front_of(app.addr, |i| i.max_inflight(4))).await;
     let addr = tg.inbound();
     // Four callers, one request at a time each: never more than the limit.
     let legitimate = || async move {
@@ -486,7 +499,7 @@ async fn a_flood_of_spoofed_probes_costs_legitimate_callers_nothing() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn http1_and_h2c_callers_reach_the_app_as_they_spoke() {
     let (app, seen) = recording_app().await;
-    let tg = Tollgate::start(&inbound_config(app.addr, "")).await;
+    let tg = Tollgate::start(&in_front_of(app.addr, |i| i)).await;
     let r = send(tg.inbound(), get_with("app", &[])).await;
     assert_eq!(
         (r.status.as_u16(), r.body.as_ref()),
@@ -530,7 +543,7 @@ async fn bodies_stream_both_ways_and_hop_by_hop_fields_stay_behind() {
         }
     })
     .await;
-    let tg = Tollgate::start(&inbound_config(app.addr, "")).await;
+    let tg = Tollgate::start(&in_front_of(app.addr, |i| i)).await;
     use http_body_util::BodyExt;
     let req = request("POST", "/upload", "app")
         .header("connection", "x-caller-hop")
@@ -568,7 +581,7 @@ async fn bodies_stream_both_ways_and_hop_by_hop_fields_stay_behind() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_app_that_is_not_there_is_a_502_that_callers_retry_elsewhere() {
-    let tg = Tollgate::start(&inbound_config(dead_port().await, "")).await;
+    let tg = Tollgate::start(&in_front_of(dead_port().await, |i| i)).await;
     let r = send(tg.inbound(), get_with("app", &[])).await;
     assert_eq!(r.status, 502);
     assert_eq!(r.outcome(), Some("app-unreachable"));
@@ -588,7 +601,7 @@ async fn an_app_that_is_not_there_is_a_502_that_callers_retry_elsewhere() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_config_with_only_an_inbound_side_serves() {
     let (app, _) = recording_app().await;
-    let tg = Tollgate::start(&inbound_config(app.addr, "")).await;
+    let tg = Tollgate::start(&in_front_of(app.addr, |i| i)).await;
     assert_eq!(send(tg.inbound(), get_with("app", &[])).await.status, 200);
     // The outbound listener is there, with no upstream: what it is sent passes through.
     assert_eq!(get(tg.addr, "/", &app.addr.to_string()).await.status, 200);

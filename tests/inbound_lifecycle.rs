@@ -9,12 +9,18 @@ mod common;
 
 use std::time::Duration;
 
+use common::config::{Config, Inbound};
 use common::*;
 
 async fn config_json(tg: &Tollgate) -> serde_json::Value {
     let r = get(tg.admin, "/config", "admin").await;
     assert_eq!(r.status, 200);
     serde_json::from_slice(&r.body).unwrap()
+}
+
+/// tollgate's inbound side in front of `app`, set by `f`.
+fn in_front_of(app: std::net::SocketAddr, f: impl FnOnce(Inbound) -> Inbound) -> String {
+    Config::new().inbound(app, f).to_toml()
 }
 
 fn retry() -> http::Request<BoxBody> {
@@ -30,8 +36,8 @@ async fn a_reload_changes_the_inbound_settings_and_waits_for_a_restart_to_move_i
     let two = Upstream::start(|_req| async { respond(200, "two") }).await;
     let dir = tempdir::TempDir::new("inbound-reload");
     let path = dir.path().join("tollgate.toml");
-    let strict = "max_inflight = 1\n[inbound.retries]\nratio = 0.0\nmin_per_sec = 0\n";
-    std::fs::write(&path, inbound_config(one.addr, strict)).unwrap();
+    let strict = |i: Inbound| i.max_inflight(1).retries(|r| r.ratio(0.0).min_per_sec(0));
+    std::fs::write(&path, in_front_of(one.addr, strict)).unwrap();
     let tg = Tollgate::start_file(&path).await;
     let addr = tg.inbound();
     assert_eq!(send(addr, retry()).await.outcome(), Some("retry-rejected"));
@@ -39,7 +45,7 @@ async fn a_reload_changes_the_inbound_settings_and_waits_for_a_restart_to_move_i
     // Another app, a larger limit, and retries admitted as they come.
     std::fs::write(
         &path,
-        inbound_config(two.addr, "max_inflight = 50\nrequest_timeout = \"7s\"\n"),
+        in_front_of(two.addr, |i| i.max_inflight(50).request_timeout("7s")),
     )
     .unwrap();
     tg.wait_reloads("ok", 1.0).await;
@@ -56,10 +62,9 @@ async fn a_reload_changes_the_inbound_settings_and_waits_for_a_restart_to_move_i
     let port = free_port();
     std::fs::write(
         &path,
-        inbound_config(two.addr, "max_inflight = 50\n").replace(
-            "addr = \"127.0.0.1:0\"\napp",
-            &format!("addr = \"127.0.0.1:{port}\"\napp"),
-        ),
+        in_front_of(two.addr, |i| {
+            i.addr(format!("127.0.0.1:{port}")).max_inflight(50)
+        }),
     )
     .unwrap();
     tg.wait_reloads("ok", 2.0).await;
@@ -88,11 +93,15 @@ async fn sigterm_drains_the_inbound_side_and_exits_0() {
     })
     .await;
     let port = free_port();
-    let mut p = Process::start(&format!(
-        "[inbound]\naddr = \"127.0.0.1:{port}\"\napp = \"{}\"\nmax_inflight = 10\n\
-         [inbound.retries]\nratio = 0.1\n",
-        app.addr
-    ))
+    let mut p = Process::start(
+        &Config::new()
+            .inbound(app.addr, |i| {
+                i.addr(format!("127.0.0.1:{port}"))
+                    .max_inflight(10)
+                    .retries(|r| r.ratio(0.1))
+            })
+            .to_toml_for_process(),
+    )
     .await;
     let inbound = std::net::SocketAddr::from(([127, 0, 0, 1], port));
     let in_flight = tokio::spawn(async move { get(inbound, "/", "app").await });

@@ -13,6 +13,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
 use std::time::Duration;
 
+use common::config::Config;
 use common::*;
 
 const WORKERS: usize = 4;
@@ -86,7 +87,12 @@ async fn the_adaptive_limit_sheds_under_overload_and_serves_everything_after() {
     let _alone = ONE_AT_A_TIME.lock().await;
     let peak = Arc::new(AtomicUsize::new(0));
     let app = app(&peak).await;
-    let tg = Tollgate::start(&inbound_config(app.addr, "max_inflight = \"adaptive\"\n")).await;
+    let tg = Tollgate::start(
+        &Config::new()
+            .inbound(app.addr, |i| i.max_inflight("adaptive"))
+            .to_toml(),
+    )
+    .await;
     let limit = |m: &str| metric(m, "tollgate_inbound_concurrency_limit").unwrap();
     assert_eq!(
         limit(&tg.metrics().await),
@@ -182,7 +188,12 @@ async fn step(addr: std::net::SocketAddr, quiet: Duration, busy: Duration) -> Ar
 async fn a_load_step_onto_a_healthy_app_is_served_as_without_tollgate() {
     let _alone = ONE_AT_A_TIME.lock().await;
     let app = waiting_app().await;
-    let tg = Tollgate::start(&inbound_config(app.addr, "max_inflight = \"adaptive\"\n")).await;
+    let tg = Tollgate::start(
+        &Config::new()
+            .inbound(app.addr, |i| i.max_inflight("adaptive"))
+            .to_toml(),
+    )
+    .await;
 
     // The same schedule at the same time, through tollgate and straight to the app.
     let (quiet, busy) = (Duration::from_secs(3), Duration::from_secs(4));

@@ -13,6 +13,7 @@ mod common;
 use std::net::SocketAddr;
 use std::time::Duration;
 
+use common::config::{Config, Outlier};
 use common::*;
 use http::Response;
 
@@ -34,17 +35,18 @@ async fn owned(outcome: &'static str) -> Upstream {
 
 /// tollgate with upstream `api` on `endpoints`, retrying 503s and timeouts, with
 /// `outlier` as its outlier section.
-async fn tollgate(endpoints: &[SocketAddr], outlier: &str) -> Tollgate {
-    let list: Vec<String> = endpoints.iter().map(|a| format!("\"{a}\"")).collect();
-    Tollgate::start(&config(&format!(
-        "[upstreams.api]\nauthorities = [\"api\"]\nendpoints = [{}]\n\
-         attempt_timeout = \"200ms\"\nrequest_timeout = \"2s\"\n\
-         [upstreams.api.retry]\nmax_attempts = 3\nbackoff_base = \"1ms\"\nbackoff_max = \"2ms\"\n\
-         [upstreams.api.budget]\nratio = 1.0\nmin_per_sec = 100\n\
-         [upstreams.api.outlier]\n{outlier}\n",
-        list.join(", ")
-    )))
-    .await
+async fn tollgate(endpoints: &[SocketAddr], outlier: impl FnOnce(Outlier) -> Outlier) -> Tollgate {
+    let config = Config::new().upstream("api", |u| {
+        endpoints
+            .iter()
+            .fold(u.authorities(["api"]), |u, e| u.endpoint(e))
+            .attempt_timeout("200ms")
+            .request_timeout("2s")
+            .retry(|r| r.max_attempts(3).backoff_base("1ms").backoff_max("2ms"))
+            .budget(|b| b.ratio(1.0).min_per_sec(100))
+            .outlier(outlier)
+    });
+    Tollgate::start(&config.to_toml()).await
 }
 
 async fn gauge(tg: &Tollgate, name: &str) -> f64 {
@@ -63,10 +65,9 @@ async fn succeed(tg: &Tollgate, n: usize) {
 async fn an_endpoint_failing_in_a_row_is_ejected_and_readmitted_on_probation() {
     let bad = answering(503).await;
     let (good1, good2) = (answering(200).await, answering(200).await);
-    let tg = tollgate(
-        &[bad.addr, good1.addr, good2.addr],
-        "consecutive_failures = 3\nbase_ejection = \"10s\"",
-    )
+    let tg = tollgate(&[bad.addr, good1.addr, good2.addr], |o| {
+        o.consecutive_failures(3).base_ejection("10s")
+    })
     .await;
     // Round-robin: every third first attempt goes to `bad`, and its 503 is retried on
     // another endpoint. The third failure in a row ejects it.
@@ -106,7 +107,7 @@ async fn a_success_between_failures_breaks_the_run() {
     })
     .await;
     let good = answering(200).await;
-    let tg = tollgate(&[flaky.addr, good.addr], "consecutive_failures = 2").await;
+    let tg = tollgate(&[flaky.addr, good.addr], |o| o.consecutive_failures(2)).await;
     succeed(&tg, 40).await;
     // Its answers alternate 503, 200, 503...: never two failures in a row.
     assert!(flaky.hits() >= 20, "{} hits: ejected", flaky.hits());
@@ -125,11 +126,7 @@ async fn no_more_than_max_ejected_are_out_at_once() {
     }
     let endpoints: Vec<SocketAddr> = bad.iter().chain(&good).map(|u| u.addr).collect();
     // A quarter of eight: two.
-    let tg = tollgate(
-        &endpoints,
-        "consecutive_failures = 2\nmax_ejected = \"25%\"",
-    )
-    .await;
+    let tg = tollgate(&endpoints, |o| o.consecutive_failures(2).max_ejected("25%")).await;
     for i in 0..80 {
         // Three attempts may all fail: the answer is then the last 503.
         let r = get(tg.addr, &format!("/{i}"), "api").await;
@@ -160,10 +157,9 @@ async fn an_endpoint_refusing_connections_counts_against_max_ejected() {
     let dead = dead_port().await;
     let bad = answering(503).await;
     let good = answering(200).await;
-    let tg = tollgate(
-        &[dead, bad.addr, good.addr],
-        "consecutive_failures = 2\nmax_ejected = \"50%\"",
-    )
+    let tg = tollgate(&[dead, bad.addr, good.addr], |o| {
+        o.consecutive_failures(2).max_ejected("50%")
+    })
     .await;
     // The first request to `dead` fails to connect and is retried; from then on it is
     // skipped (for 250 ms at first, and the clock stands still).
@@ -183,10 +179,9 @@ async fn an_endpoint_refusing_connections_counts_against_max_ejected() {
 async fn a_silent_endpoint_is_ejected_for_its_timeouts() {
     let silent = Scripted::start(until_peer_closes).await;
     let (good1, good2) = (answering(200).await, answering(200).await);
-    let tg = tollgate(
-        &[silent.addr, good1.addr, good2.addr],
-        "consecutive_failures = 2",
-    )
+    let tg = tollgate(&[silent.addr, good1.addr, good2.addr], |o| {
+        o.consecutive_failures(2)
+    })
     .await;
     // Each attempt on the silent endpoint waits out its 200 ms and is retried elsewhere.
     succeed(&tg, 30).await;
@@ -203,7 +198,7 @@ async fn another_tollgates_verdict_is_not_the_endpoints_fault_but_overload_is() 
     let spent = owned("budget-exhausted").await;
     let shedding = owned("overloaded").await;
     let good = answering(200).await;
-    let tg = tollgate(&[spent.addr, good.addr], "consecutive_failures = 2").await;
+    let tg = tollgate(&[spent.addr, good.addr], |o| o.consecutive_failures(2)).await;
     for i in 0..20 {
         get(tg.addr, &format!("/{i}"), "api").await;
     }
@@ -215,7 +210,7 @@ async fn another_tollgates_verdict_is_not_the_endpoints_fault_but_overload_is() 
     assert_eq!(gauge(&tg, "tollgate_ejections_total").await, 0.0);
     drop(tg);
 
-    let tg = tollgate(&[shedding.addr, good.addr], "consecutive_failures = 2").await;
+    let tg = tollgate(&[shedding.addr, good.addr], |o| o.consecutive_failures(2)).await;
     for i in 0..20 {
         get(tg.addr, &format!("/{i}"), "api").await;
     }
@@ -227,13 +222,18 @@ async fn another_tollgates_verdict_is_not_the_endpoints_fault_but_overload_is() 
 async fn one_log_line_per_ejection_and_per_readmission() {
     let bad = answering(503).await;
     let good = answering(200).await;
-    let mut p = Process::start_logged(&format!(
-        "[upstreams.api]\nauthorities = [\"api\"]\nendpoints = [\"{}\", \"{}\"]\n\
-         [upstreams.api.retry]\nmax_attempts = 2\n\
-         [upstreams.api.budget]\nratio = 1.0\n\
-         [upstreams.api.outlier]\nconsecutive_failures = 2\nbase_ejection = \"1s\"\n",
-        bad.addr, good.addr
-    ))
+    let mut p = Process::start_logged(
+        &Config::new()
+            .upstream("api", |u| {
+                u.authorities(["api"])
+                    .endpoint(bad.addr)
+                    .endpoint(good.addr)
+                    .retry(|r| r.max_attempts(2))
+                    .budget(|b| b.ratio(1.0))
+                    .outlier(|o| o.consecutive_failures(2).base_ejection("1s"))
+            })
+            .to_toml_for_process(),
+    )
     .await;
     for i in 0..10 {
         assert_eq!(get(p.addr, &format!("/{i}"), "api").await.status, 200);
@@ -276,18 +276,16 @@ async fn flaky(share: f64) -> Upstream {
 /// tollgate with upstream `api` on `endpoints`, retrying and budgeted at the
 /// defaults (with a quick backoff), with `[outlier]` at its defaults when `outlier`.
 fn defaults(endpoints: &[SocketAddr], outlier: bool) -> String {
-    let list: Vec<String> = endpoints.iter().map(|a| format!("\"{a}\"")).collect();
-    let outlier = if outlier {
-        "[upstreams.api.outlier]\n"
-    } else {
-        ""
-    };
-    config(&format!(
-        "[upstreams.api]\nauthorities = [\"api\"]\nendpoints = [{}]\n\
-         [upstreams.api.retry]\nbackoff_base = \"1ms\"\nbackoff_max = \"2ms\"\n\
-         [upstreams.api.budget]\n{outlier}",
-        list.join(", ")
-    ))
+    Config::new()
+        .upstream("api", |u| {
+            let u = endpoints
+                .iter()
+                .fold(u.authorities(["api"]), |u, e| u.endpoint(e))
+                .retry(|r| r.backoff_base("1ms").backoff_max("2ms"))
+                .budget(|b| b);
+            if outlier { u.outlier(|o| o) } else { u }
+        })
+        .to_toml()
 }
 
 /// The share of `n` GETs answered 200, sent by ten users at once.

@@ -11,6 +11,7 @@ mod common;
 use std::net::SocketAddr;
 use std::sync::{Arc, OnceLock};
 
+use common::config::Config;
 use common::*;
 
 const TRACE: &str = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
@@ -46,16 +47,17 @@ async fn pod(owned_failures: &str) -> Pod {
         }
     })
     .await;
-    let tollgate = Tollgate::start(&inbound_config(
-        app.addr,
-        &format!(
-            "owned_failures = \"{owned_failures}\"\n\
-             [upstreams.db]\nauthorities = [\"db\"]\nendpoints = [\"{}\"]\n\
-             [upstreams.db.retry]\nmax_attempts = 2\nbackoff_base = \"1ms\"\nbackoff_max = \"2ms\"\n\
-             [upstreams.db.budget]\nratio = 10.0\nmin_per_sec = 1000\n",
-            db.addr
-        ),
-    ))
+    let tollgate = Tollgate::start(
+        &Config::new()
+            .inbound(app.addr, |i| i.owned_failures(owned_failures))
+            .upstream("db", |u| {
+                u.authorities(["db"])
+                    .endpoint(db.addr)
+                    .retry(|r| r.max_attempts(2).backoff_base("1ms").backoff_max("2ms"))
+                    .budget(|b| b.ratio(10.0).min_per_sec(1000))
+            })
+            .to_toml(),
+    )
     .await;
     outbound.set(tollgate.addr).unwrap();
     Pod {
@@ -121,12 +123,16 @@ async fn the_apps_failure_after_its_own_call_was_given_up_on_is_marked_owned() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_callers_tollgate_does_not_retry_a_failure_owned_below_the_app() {
     let p = pod("mark").await;
-    let caller = Tollgate::start(&config(&format!(
-        "[upstreams.payments]\nauthorities = [\"payments\"]\nendpoints = [\"{}\"]\n\
-         [upstreams.payments.retry]\nmax_attempts = 3\nbackoff_base = \"1ms\"\nbackoff_max = \"2ms\"\n\
-         [upstreams.payments.budget]\nratio = 10.0\nmin_per_sec = 1000\n",
-        p.tollgate.inbound()
-    )))
+    let caller = Tollgate::start(
+        &Config::new()
+            .upstream("payments", |u| {
+                u.authorities(["payments"])
+                    .endpoint(p.tollgate.inbound())
+                    .retry(|r| r.max_attempts(3).backoff_base("1ms").backoff_max("2ms"))
+                    .budget(|b| b.ratio(10.0).min_per_sec(1000))
+            })
+            .to_toml(),
+    )
     .await;
     let got = call(caller.addr, "payments", &[("x-request-id", "r-9")]).await;
     assert_eq!(got.status, 503);

@@ -9,14 +9,32 @@
 
 mod common;
 
+use common::config::{Config, Inbound, Retry};
 use common::*;
 
 fn layer(name: &str, next: std::net::SocketAddr) -> String {
-    config(&format!(
-        "[upstreams.{name}]\nauthorities = [\"{name}\"]\nendpoints = [\"{next}\"]\n\
-         [upstreams.{name}.retry]\nmax_attempts = 3\nbackoff_base = \"1ms\"\nbackoff_max = \"2ms\"\n\
-         [upstreams.{name}.budget]\nratio = 10.0\nmin_per_sec = 1000\n"
-    ))
+    layer_with(name, next, |u| u, |r| r)
+}
+
+/// As [`layer`], with what `f` sets on the upstream and `retry` on its retries.
+fn layer_with(
+    name: &str,
+    next: std::net::SocketAddr,
+    f: impl FnOnce(common::config::Upstream) -> common::config::Upstream,
+    retry: impl FnOnce(Retry) -> Retry,
+) -> String {
+    Config::new()
+        .upstream(name, |u| {
+            f(u.authorities([name]).endpoint(next))
+                .retry(|r| retry(r.max_attempts(3).backoff_base("1ms").backoff_max("2ms")))
+                .budget(|b| b.ratio(10.0).min_per_sec(1000))
+        })
+        .to_toml()
+}
+
+/// tollgate's inbound side in front of `app`, set by `f`.
+fn sidecar(app: std::net::SocketAddr, f: impl FnOnce(Inbound) -> Inbound) -> String {
+    Config::new().inbound(app, f).to_toml()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -61,14 +79,18 @@ async fn ignoring_ownership_multiplies_the_attempts() {
     let failing = Upstream::start(|_req| async { respond(503, "down") }).await;
     // The inner layer takes the outer one's retries for new requests, as a stack of
     // client libraries would (tests/app_retries.rs shows what it does by default).
-    let inner = Tollgate::start(&layer("db", failing.addr).replace(
-        "[upstreams.db.retry]",
-        "app_retries = \"ignore\"\n[upstreams.db.retry]",
+    let inner = Tollgate::start(&layer_with(
+        "db",
+        failing.addr,
+        |u| u.app_retries("ignore"),
+        |r| r,
     ))
     .await;
-    let outer = Tollgate::start(&layer("db", inner.addr).replace(
-        "max_attempts = 3\n",
-        "max_attempts = 3\nownership = \"ignore\"\n",
+    let outer = Tollgate::start(&layer_with(
+        "db",
+        inner.addr,
+        |u| u,
+        |r| r.ownership("ignore"),
     ))
     .await;
     let r = get(outer.addr, "/", "db").await;
@@ -79,15 +101,28 @@ async fn ignoring_ownership_multiplies_the_attempts() {
 }
 
 /// A caller tollgate with `endpoints`, retrying at its defaults (quick backoff), with
-/// `[outlier]` at its defaults and `extra` in the upstream's section.
-fn caller(endpoints: &[std::net::SocketAddr], extra: &str) -> String {
-    let list: Vec<String> = endpoints.iter().map(|a| format!("\"{a}\"")).collect();
-    config(&format!(
-        "[upstreams.app]\nauthorities = [\"app\"]\nendpoints = [{}]\n{extra}\
-         [upstreams.app.retry]\nbackoff_base = \"1ms\"\nbackoff_max = \"2ms\"\n\
-         [upstreams.app.outlier]\n",
-        list.join(", ")
-    ))
+/// `[outlier]` at its defaults and what `f` sets on the upstream.
+fn caller(
+    endpoints: &[std::net::SocketAddr],
+    f: impl FnOnce(common::config::Upstream) -> common::config::Upstream,
+) -> String {
+    retrying_app(endpoints, |u| f(u).outlier(|o| o))
+}
+
+/// `[upstreams.app]` on `endpoints`, retrying at its defaults (quick backoff), and what
+/// `f` sets on it.
+fn retrying_app(
+    endpoints: &[std::net::SocketAddr],
+    f: impl FnOnce(common::config::Upstream) -> common::config::Upstream,
+) -> String {
+    Config::new()
+        .upstream("app", |u| {
+            let u = endpoints
+                .iter()
+                .fold(u.authorities(["app"]), |u, e| u.endpoint(e));
+            f(u.retry(|r| r.backoff_base("1ms").backoff_max("2ms")))
+        })
+        .to_toml()
 }
 
 /// Sends `n` GETs one after another; how many were answered 200.
@@ -112,7 +147,7 @@ async fn a_dead_replica_behind_its_sidecar_costs_its_callers_no_more_than_withou
 
     // Direct: the dead replica refuses connections, and each refusal is retried on
     // another replica.
-    let direct = Tollgate::start(&caller(&[live[0].addr, live[1].addr, dead], "")).await;
+    let direct = Tollgate::start(&caller(&[live[0].addr, live[1].addr, dead], |u| u)).await;
     assert_eq!(successes(direct.addr, REQUESTS).await, REQUESTS);
     direct.stop().await;
 
@@ -120,10 +155,10 @@ async fn a_dead_replica_behind_its_sidecar_costs_its_callers_no_more_than_withou
     // `502 app-unreachable`, the endpoint's failure.
     let mut sidecars = Vec::new();
     for app in [live[0].addr, live[1].addr, dead] {
-        sidecars.push(Tollgate::start(&inbound_config(app, "")).await);
+        sidecars.push(Tollgate::start(&sidecar(app, |i| i)).await);
     }
     let inbound: Vec<_> = sidecars.iter().map(Tollgate::inbound).collect();
-    let tg = Tollgate::start(&caller(&inbound, "")).await;
+    let tg = Tollgate::start(&caller(&inbound, |u| u)).await;
     assert_eq!(
         successes(tg.addr, REQUESTS).await,
         REQUESTS,
@@ -167,9 +202,8 @@ async fn a_dead_replica_behind_its_sidecar_is_skipped_as_a_refusing_one_is() {
     ];
     let dead = dead_port().await;
     const REQUESTS: usize = 60;
-    let no_room = "[upstreams.app.budget]\nratio = 0.0\nmin_per_sec = 0\n";
     let plain = |endpoints: &[std::net::SocketAddr]| {
-        caller(endpoints, "").replace("[upstreams.app.outlier]\n", no_room)
+        retrying_app(endpoints, |u| u.budget(|b| b.ratio(0.0).min_per_sec(0)))
     };
     let direct = Tollgate::start(&plain(&[live[0].addr, live[1].addr, dead])).await;
     let direct_failed = REQUESTS - successes(direct.addr, REQUESTS).await;
@@ -177,7 +211,7 @@ async fn a_dead_replica_behind_its_sidecar_is_skipped_as_a_refusing_one_is() {
 
     let mut sidecars = Vec::new();
     for app in [live[0].addr, live[1].addr, dead] {
-        sidecars.push(Tollgate::start(&inbound_config(app, "")).await);
+        sidecars.push(Tollgate::start(&sidecar(app, |i| i)).await);
     }
     let inbound: Vec<_> = sidecars.iter().map(Tollgate::inbound).collect();
     let tg = Tollgate::start(&plain(&inbound)).await;
@@ -199,10 +233,10 @@ async fn a_hung_app_behind_its_sidecar_is_retried_on_another_replica() {
     // The sidecars give their app 200 ms; the caller waits up to 5 s.
     let mut sidecars = Vec::new();
     for app in [hung.addr, live.addr] {
-        sidecars.push(Tollgate::start(&inbound_config(app, "request_timeout = \"200ms\"\n")).await);
+        sidecars.push(Tollgate::start(&sidecar(app, |i| i.request_timeout("200ms"))).await);
     }
     let inbound: Vec<_> = sidecars.iter().map(Tollgate::inbound).collect();
-    let tg = Tollgate::start(&caller(&inbound, "request_timeout = \"5s\"\n")).await;
+    let tg = Tollgate::start(&caller(&inbound, |u| u.request_timeout("5s"))).await;
     for i in 0..6 {
         let r = get(tg.addr, &format!("/{i}"), "app").await;
         assert_eq!(r.status, 200, "{:?}", r.outcome());

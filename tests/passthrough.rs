@@ -13,6 +13,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use bytes::Bytes;
+use common::config::{Config, Listener};
 use common::*;
 use http::{Request, Response};
 use http_body_util::BodyExt;
@@ -22,11 +23,15 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
 /// A config with one upstream the tests never call, so the file serves something.
-fn with(listener: &str) -> String {
-    format!(
-        "[listener]\naddr = \"127.0.0.1:0\"\n{listener}\n[admin]\naddr = \"127.0.0.1:0\"\n\
-         [upstreams.known]\nauthorities = [\"known\"]\nendpoints = [\"127.0.0.1:1\"]\n"
-    )
+fn with(listener: impl FnOnce(Listener) -> Listener) -> String {
+    known().listener(listener).to_toml()
+}
+
+/// One upstream, `known`, at an address nothing answers.
+fn known() -> Config {
+    Config::new().upstream("known", |u| {
+        u.authorities(["known"]).endpoint("127.0.0.1:1")
+    })
 }
 
 /// An app's server: answers `201` with what it was asked (method, target, Host and
@@ -89,7 +94,7 @@ fn app_request(url: &str, via_proxy: bool) -> Request<BoxBody> {
 #[tokio::test]
 async fn an_unknown_host_answers_through_tollgate_as_it_does_directly() {
     let origin = echo_server().await;
-    let tg = Tollgate::start(&with("")).await;
+    let tg = Tollgate::start(&with(|l| l)).await;
     let url = format!("http://{}/items?page=2", origin.addr);
 
     let direct = over(
@@ -163,7 +168,7 @@ async fn an_unknown_host_answers_through_tollgate_as_it_does_directly() {
 #[tokio::test]
 async fn the_host_header_alone_names_the_destination_and_http2_maps_to_http1() {
     let origin = echo_server().await;
-    let tg = Tollgate::start(&with("")).await;
+    let tg = Tollgate::start(&with(|l| l)).await;
     let host = origin.addr.to_string();
     // An app that sends its requests to tollgate as to the host itself.
     let r = get(tg.addr, "/plain", &host).await;
@@ -194,7 +199,7 @@ async fn a_post_body_streams_both_ways() {
         Response::new(body)
     })
     .await;
-    let tg = Tollgate::start(&with("")).await;
+    let tg = Tollgate::start(&with(|l| l)).await;
     let stream = TcpStream::connect(tg.addr).await.unwrap();
     let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
         .await
@@ -256,7 +261,7 @@ async fn counting_server() -> (SocketAddr, Arc<AtomicUsize>, tokio::task::JoinHa
 #[tokio::test]
 async fn connections_to_a_destination_are_kept_for_the_next_request() {
     let (origin, accepted, server) = counting_server().await;
-    let tg = Tollgate::start(&with("")).await;
+    let tg = Tollgate::start(&with(|l| l)).await;
     let url = format!("http://{origin}/again");
     // Each request on a connection of its own to tollgate: only tollgate's pool can
     // carry the second on the first one's connection.
@@ -294,7 +299,7 @@ async fn an_upgrade_passed_through_becomes_a_tunnel() {
         let _ = tokio::io::copy(&mut r, &mut w).await;
     })
     .await;
-    let tg = Tollgate::start(&with("")).await;
+    let tg = Tollgate::start(&with(|l| l)).await;
     let mut s = TcpStream::connect(tg.addr).await.unwrap();
     let at = origin.addr;
     let head = format!(
@@ -342,7 +347,7 @@ async fn read_n(s: &mut TcpStream, n: usize) -> Vec<u8> {
 #[tokio::test]
 async fn connect_is_tunnelled_to_its_authority() {
     let (echo, server) = tcp_echo().await;
-    let tg = Tollgate::start(&with("")).await;
+    let tg = Tollgate::start(&with(|l| l)).await;
     let mut s = TcpStream::connect(tg.addr).await.unwrap();
     // The first bytes of the tunnel in the same write as the head, as clients that
     // send their TLS hello at once do.
@@ -382,7 +387,7 @@ async fn connect_is_tunnelled_to_its_authority() {
 #[tokio::test]
 async fn connect_over_http2_is_tunnelled_too() {
     let (echo, server) = tcp_echo().await;
-    let tg = Tollgate::start(&with("")).await;
+    let tg = Tollgate::start(&with(|l| l)).await;
     let stream = TcpStream::connect(tg.addr).await.unwrap();
     let (mut sender, conn) =
         hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(stream))
@@ -418,7 +423,7 @@ async fn connect_over_http2_is_tunnelled_too() {
 async fn refuse_answers_unknown_authorities_with_404_no_route() {
     let origin = echo_server().await;
     let (echo, server) = tcp_echo().await;
-    let tg = Tollgate::start(&with("unknown_authorities = \"refuse\"")).await;
+    let tg = Tollgate::start(&with(|l| l.unknown_authorities("refuse"))).await;
     let r = over(
         TcpStream::connect(tg.addr).await.unwrap(),
         app_request(&format!("http://{}/", origin.addr), true),
@@ -448,7 +453,7 @@ async fn refuse_answers_unknown_authorities_with_404_no_route() {
 #[tokio::test]
 async fn a_destination_that_refuses_gets_502_and_no_retry() {
     let dead = dead_port().await;
-    let tg = Tollgate::start(&with("")).await;
+    let tg = Tollgate::start(&with(|l| l)).await;
     let r = over(
         TcpStream::connect(tg.addr).await.unwrap(),
         app_request(&format!("http://{dead}/"), true),
@@ -504,7 +509,7 @@ fn unanswered() -> (SocketAddr, Vec<std::net::TcpStream>, socket2::Socket) {
 #[tokio::test]
 async fn the_connect_of_a_request_passed_through_is_bounded() {
     let (silent, _filling, _listener) = unanswered();
-    let tg = Tollgate::start(&with("passthrough_connect_timeout = \"100ms\"")).await;
+    let tg = Tollgate::start(&with(|l| l.passthrough_connect_timeout("100ms"))).await;
     let ask = over(
         TcpStream::connect(tg.addr).await.unwrap(),
         app_request(&format!("http://{silent}/"), true),
@@ -575,7 +580,7 @@ async fn a_captured_connection_whose_destination_is_silent_is_reset_at_the_timeo
 
 #[tokio::test]
 async fn a_request_for_tollgates_own_address_is_508_not_a_loop() {
-    let tg = Tollgate::start(&with("")).await;
+    let tg = Tollgate::start(&with(|l| l)).await;
     for own in [tg.addr.to_string(), tg.admin.to_string()] {
         let r = over(
             TcpStream::connect(tg.addr).await.unwrap(),
@@ -652,8 +657,9 @@ async fn a_listener_that_asks_to_pass_is_a_forward_proxy_without_upstreams() {
 async fn the_access_log_names_a_request_passed_through() {
     let origin = echo_server().await;
     let p = Process::start_logged(
-        "[access_log]\nenabled = true\n\
-         [upstreams.known]\nauthorities = [\"known\"]\nendpoints = [\"127.0.0.1:1\"]\n",
+        &known()
+            .access_log(|a| a.enabled(true))
+            .to_toml_for_process(),
     )
     .await;
     let host = origin.addr.to_string();

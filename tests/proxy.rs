@@ -7,6 +7,7 @@ mod common;
 
 use std::time::Duration;
 
+use common::config::Config;
 use common::*;
 use http::{HeaderMap, HeaderValue, Response};
 use http_body_util::BodyExt;
@@ -33,11 +34,16 @@ fn echo_upstream(
 async fn routes_by_host_and_absolute_form_and_refuses_the_rest() {
     let a = Upstream::start(echo_upstream("a")).await;
     let b = Upstream::start(echo_upstream("b")).await;
-    let tg = Tollgate::start(&refusing(&format!(
-        "[upstreams.a]\nauthorities = [\"alpha\", \"alpha.default.svc.cluster.local\"]\nendpoints = [\"{}\"]\n\
-         [upstreams.b]\nauthorities = [\"beta:8080\"]\nendpoints = [\"{}\"]\n",
-        a.addr, b.addr
-    )))
+    let tg = Tollgate::start(
+        &Config::new()
+            .listener(|l| l.unknown_authorities("refuse"))
+            .upstream("a", |u| {
+                u.authorities(["alpha", "alpha.default.svc.cluster.local"])
+                    .endpoint(a.addr)
+            })
+            .upstream("b", |u| u.authorities(["beta:8080"]).endpoint(b.addr))
+            .to_toml(),
+    )
     .await;
 
     let r = get(tg.addr, "/x?q=1", "alpha").await;
@@ -90,10 +96,16 @@ async fn routes_by_host_and_absolute_form_and_refuses_the_rest() {
 async fn a_dedicated_port_routes_whatever_the_host() {
     let a = Upstream::start(echo_upstream("a")).await;
     let port = free_port();
-    let tg = Tollgate::start(&refusing(&format!(
-        "[upstreams.a]\nlisten = \"127.0.0.1:{port}\"\nendpoints = [\"{}\"]\nhost = \"api.example\"\n",
-        a.addr
-    )))
+    let tg = Tollgate::start(
+        &Config::new()
+            .listener(|l| l.unknown_authorities("refuse"))
+            .upstream("a", |u| {
+                u.listen(format!("127.0.0.1:{port}"))
+                    .endpoint(a.addr)
+                    .host("api.example")
+            })
+            .to_toml(),
+    )
     .await;
     let addr = tg.server().listen_addr("a").unwrap();
     let r = get(addr, "/z", "anything").await;
@@ -135,10 +147,11 @@ async fn grpc_over_h2c_end_to_end_with_trailers() {
             .unwrap()
     })
     .await;
-    let tg = Tollgate::start(&config(&format!(
-        "[upstreams.greeter]\nauthorities = [\"greeter\"]\nendpoints = [\"{}\"]\n",
-        up.addr
-    )))
+    let tg = Tollgate::start(
+        &Config::new()
+            .upstream("greeter", |u| u.authorities(["greeter"]).endpoint(up.addr))
+            .to_toml(),
+    )
     .await;
     let frame = b"\x00\x00\x00\x00\x05hello".to_vec();
     let req = http::Request::builder()
@@ -182,10 +195,11 @@ async fn hop_by_hop_headers_are_removed_both_ways() {
             .unwrap()
     })
     .await;
-    let tg = Tollgate::start(&config(&format!(
-        "[upstreams.a]\nauthorities = [\"a\"]\nendpoints = [\"{}\"]\n",
-        up.addr
-    )))
+    let tg = Tollgate::start(
+        &Config::new()
+            .upstream("a", |u| u.authorities(["a"]).endpoint(up.addr))
+            .to_toml(),
+    )
     .await;
     let req = request("GET", "/", "a")
         .header("connection", "x-req-hop")
@@ -234,10 +248,11 @@ async fn nothing_of_one_request_shows_in_the_next() {
         resp.body(full(names.join(","))).unwrap()
     })
     .await;
-    let tg = Tollgate::start(&config(&format!(
-        "[upstreams.a]\nauthorities = [\"a\"]\nendpoints = [\"{}\"]\n",
-        up.addr
-    )))
+    let tg = Tollgate::start(
+        &Config::new()
+            .upstream("a", |u| u.authorities(["a"]).endpoint(up.addr))
+            .to_toml(),
+    )
     .await;
     let mut s = tokio::net::TcpStream::connect(tg.addr).await.unwrap();
     let many: String = (0..20).map(|i| format!("x-asked-{i}: 1\r\n")).collect();
@@ -261,9 +276,11 @@ async fn nothing_of_one_request_shows_in_the_next() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn connect_failure_is_a_502() {
     let dead = dead_port().await;
-    let tg = Tollgate::start(&config(&format!(
-        "[upstreams.gone]\nauthorities = [\"gone\"]\nendpoints = [\"{dead}\"]\n"
-    )))
+    let tg = Tollgate::start(
+        &Config::new()
+            .upstream("gone", |u| u.authorities(["gone"]).endpoint(dead))
+            .to_toml(),
+    )
     .await;
     let r = get(tg.addr, "/", "gone").await;
     assert_eq!(r.status, 502);
@@ -289,10 +306,16 @@ async fn streams_ten_mebibytes_each_way_intact_with_flat_memory() {
         }
     })
     .await;
-    let p = Process::start(&format!(
-        "[upstreams.bulk]\nauthorities = [\"bulk\"]\nendpoints = [\"{}\"]\nrequest_timeout = \"60s\"\nattempt_timeout = \"60s\"\n",
-        up.addr
-    ))
+    let p = Process::start(
+        &Config::new()
+            .upstream("bulk", |u| {
+                u.authorities(["bulk"])
+                    .endpoint(up.addr)
+                    .request_timeout("60s")
+                    .attempt_timeout("60s")
+            })
+            .to_toml_for_process(),
+    )
     .await;
     // Warm up so the baseline includes pools and buffers.
     assert_eq!(get(p.addr, "/upload", "bulk").await.status, 200);
@@ -366,10 +389,11 @@ async fn idle_keep_alive_connections_hold_little_memory() {
     // a hedge kept out of the request's future, about 7.
     const CONNS: usize = 400;
     let up = Upstream::start(echo_upstream("idle")).await;
-    let p = Process::start(&format!(
-        "[upstreams.idle]\nauthorities = [\"idle\"]\nendpoints = [\"{}\"]\n",
-        up.addr
-    ))
+    let p = Process::start(
+        &Config::new()
+            .upstream("idle", |u| u.authorities(["idle"]).endpoint(up.addr))
+            .to_toml_for_process(),
+    )
     .await;
     let ask = format!(
         "GET /parked HTTP/1.1\r\nHost: idle\r\nUser-Agent: pool/1.0\r\nAccept: */*\r\nX-Trace: {}\r\n\r\n",

@@ -8,22 +8,43 @@ mod common;
 use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
+use common::config::{Config, Retry};
 use common::*;
 use http::Response;
 use http_body_util::BodyExt;
 
-fn retrying(name: &str, endpoints: &str, extra: &str) -> String {
-    config(&format!(
-        "[upstreams.{name}]\nauthorities = [\"{name}\"]\nendpoints = [{endpoints}]\n\
-         [upstreams.{name}.retry]\nmax_attempts = 3\nbackoff_base = \"1ms\"\nbackoff_max = \"5ms\"\n{extra}\n\
-         [upstreams.{name}.budget]\nratio = 1.0\nmin_per_sec = 100\n"
-    ))
+/// `name` for the authority of the same name, 3 attempts within a roomy budget, and
+/// what `retry` adds to its retry section.
+fn retrying(
+    name: &str,
+    endpoints: &[std::net::SocketAddr],
+    retry: impl FnOnce(Retry) -> Retry,
+) -> String {
+    retrying_with(name, endpoints, |u| u, retry)
+}
+
+/// As [`retrying`], with what `f` sets on the upstream.
+fn retrying_with(
+    name: &str,
+    endpoints: &[std::net::SocketAddr],
+    f: impl FnOnce(common::config::Upstream) -> common::config::Upstream,
+    retry: impl FnOnce(Retry) -> Retry,
+) -> String {
+    Config::new()
+        .upstream(name, |u| {
+            let u = endpoints
+                .iter()
+                .fold(u.authorities([name]), |u, e| u.endpoint(e));
+            f(u).retry(|r| retry(r.max_attempts(3).backoff_base("1ms").backoff_max("5ms")))
+                .budget(|b| b.ratio(1.0).min_per_sec(100))
+        })
+        .to_toml()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_post_without_a_key_is_sent_once_and_with_a_key_is_retried() {
     let up = Upstream::start(|_req| async { respond(503, "busy") }).await;
-    let tg = Tollgate::start(&retrying("pay", &format!("\"{}\"", up.addr), "")).await;
+    let tg = Tollgate::start(&retrying("pay", &[up.addr], |r| r)).await;
 
     let r = send(
         tg.addr,
@@ -87,7 +108,7 @@ async fn recording(ok_every: usize) -> (Upstream, Arc<Mutex<Vec<Bytes>>>) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_ten_kib_body_is_replayed_byte_identical() {
     let (up, bodies) = recording(3).await;
-    let tg = Tollgate::start(&retrying("store", &format!("\"{}\"", up.addr), "")).await;
+    let tg = Tollgate::start(&retrying("store", &[up.addr], |r| r)).await;
     // Streamed from the client in chunks as it is produced.
     let body = Generated::new(5, 10 * 1024).boxed();
     let r = send(
@@ -122,12 +143,7 @@ async fn a_ten_kib_body_is_replayed_byte_identical() {
 async fn a_256_kib_body_is_replayed_byte_identical_with_or_without_a_length() {
     const LEN: usize = 256 * 1024;
     let (up, bodies) = recording(3).await;
-    let tg = Tollgate::start(&retrying(
-        "store",
-        &format!("\"{}\"", up.addr),
-        "max_body = \"1MiB\"",
-    ))
-    .await;
+    let tg = Tollgate::start(&retrying("store", &[up.addr], |r| r.max_body("1MiB"))).await;
     let mut original = Vec::new();
     let mut g = Generated::new(11, LEN);
     while let Some(frame) = futures_frame(&mut g).await {
@@ -172,12 +188,7 @@ async fn a_body_over_max_body_is_not_retried() {
         respond(503, "busy")
     })
     .await;
-    let tg = Tollgate::start(&retrying(
-        "store",
-        &format!("\"{}\"", up.addr),
-        "max_body = \"1KiB\"",
-    ))
-    .await;
+    let tg = Tollgate::start(&retrying("store", &[up.addr], |r| r.max_body("1KiB"))).await;
     let r = send(
         tg.addr,
         request("PUT", "/blob", "store")
@@ -195,12 +206,7 @@ async fn a_body_over_max_body_is_not_retried() {
 async fn a_retry_goes_to_another_endpoint() {
     let broken = Upstream::start(|_req| async { respond(503, "broken") }).await;
     let healthy = Upstream::start(|_req| async { respond(200, "fine") }).await;
-    let tg = Tollgate::start(&retrying(
-        "api",
-        &format!("\"{}\", \"{}\"", broken.addr, healthy.addr),
-        "",
-    ))
-    .await;
+    let tg = Tollgate::start(&retrying("api", &[broken.addr, healthy.addr], |r| r)).await;
     for _ in 0..20 {
         let r = get(tg.addr, "/", "api").await;
         assert_eq!(
@@ -220,7 +226,7 @@ async fn a_retry_goes_to_another_endpoint() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn conditions_not_listed_are_not_retried() {
     let up = Upstream::start(|_req| async { respond(500, "bug") }).await;
-    let tg = Tollgate::start(&retrying("api", &format!("\"{}\"", up.addr), "")).await;
+    let tg = Tollgate::start(&retrying("api", &[up.addr], |r| r)).await;
     let r = get(tg.addr, "/", "api").await;
     assert_eq!(r.status, 500);
     assert_eq!(r.attempts(), 1);
@@ -248,12 +254,7 @@ async fn grpc_unavailable_in_a_trailers_only_response_is_retried() {
     })
     .await;
     // gRPC calls are POSTs: a gRPC upstream whose calls are safe to repeat lists POST.
-    let tg = Tollgate::start(&retrying(
-        "greeter",
-        &format!("\"{}\"", up.addr),
-        "methods = [\"POST\"]",
-    ))
-    .await;
+    let tg = Tollgate::start(&retrying("greeter", &[up.addr], |r| r.methods(["POST"]))).await;
     let req = http::Request::builder()
         .method("POST")
         .uri("http://greeter/helloworld.Greeter/SayHello")
@@ -300,10 +301,11 @@ async fn each_attempt_is_numbered_and_carries_its_deadline() {
         }
     })
     .await;
-    let tg = Tollgate::start(&retrying("api", &format!("\"{}\"", up.addr), "").replacen(
-        "[upstreams.api.retry]",
-        "request_timeout = \"800ms\"\n[upstreams.api.retry]",
-        1,
+    let tg = Tollgate::start(&retrying_with(
+        "api",
+        &[up.addr],
+        |u| u.request_timeout("800ms"),
+        |r| r,
     ))
     .await;
     let r = get(tg.addr, "/", "api").await;
@@ -347,10 +349,13 @@ async fn an_endpoint_that_refuses_connections_is_skipped() {
     let dead = dead_port().await;
     let healthy = Upstream::start(|_req| async { respond(200, "fine") }).await;
     // Retries off: without skipping, every other request would go to the dead endpoint.
-    let tg = Tollgate::start(&config(&format!(
-        "[upstreams.api]\nauthorities = [\"api\"]\nendpoints = [\"{dead}\", \"{}\"]\n",
-        healthy.addr
-    )))
+    let tg = Tollgate::start(
+        &Config::new()
+            .upstream("api", |u| {
+                u.authorities(["api"]).endpoint(dead).endpoint(healthy.addr)
+            })
+            .to_toml(),
+    )
     .await;
     let mut failed = 0;
     for _ in 0..40 {

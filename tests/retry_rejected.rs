@@ -11,6 +11,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
+use common::config::Config;
 use common::*;
 use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
@@ -20,13 +21,24 @@ const REJECTED: &[u8] =
 content-length: 8\r\n\r\nrejected";
 
 /// An upstream that retries up to 3 times within a roomy budget.
-fn section(name: &str, addr: std::net::SocketAddr) -> String {
-    format!(
-        "[upstreams.{name}]\nauthorities = [\"{name}\"]\nendpoints = [\"{addr}\"]\n\
-         protocol = \"http1\"\nattempt_timeout = \"300ms\"\n\
-         [upstreams.{name}.retry]\nmax_attempts = 3\nbackoff_base = \"1ms\"\nbackoff_max = \"2ms\"\n\
-         [upstreams.{name}.budget]\nratio = 1.0\nmin_per_sec = 100\n"
-    )
+fn section(
+    u: common::config::Upstream,
+    name: &str,
+    addr: std::net::SocketAddr,
+) -> common::config::Upstream {
+    u.authorities([name])
+        .endpoint(addr)
+        .protocol("http1")
+        .attempt_timeout("300ms")
+        .retry(|r| r.max_attempts(3).backoff_base("1ms").backoff_max("2ms"))
+        .budget(|b| b.ratio(1.0).min_per_sec(100))
+}
+
+/// The file with one such upstream, `api`.
+fn api(addr: std::net::SocketAddr) -> String {
+    Config::new()
+        .upstream("api", |u| section(u, "api", addr))
+        .to_toml()
 }
 
 /// The attempt number a request head carries.
@@ -87,7 +99,7 @@ async fn a_rejected_retry_answers_the_previous_failure_as_it_came() {
         })
     })
     .await;
-    let tg = Tollgate::start(&config(&section("api", up.addr))).await;
+    let tg = Tollgate::start(&api(up.addr)).await;
     let r = get(tg.addr, "/charge", "api").await;
     assert_eq!(r.status, 503);
     assert_eq!(
@@ -131,15 +143,14 @@ async fn a_rejected_retry_of_a_reset_or_a_timeout_is_tollgates_own_502_or_504() 
     let (slow, _, _) = scripted(|attempt| Some(if attempt == 1 { b"" } else { REJECTED })).await;
     // The slow one's first attempt never answers: past its attempt timeout a retry
     // starts beside it and is refused, and it runs on to the deadline.
-    let tg = Tollgate::start(&config(&format!(
-        "{}{}",
-        section("reset", reset.addr),
-        section("slow", slow.addr).replacen(
-            "attempt_timeout = \"300ms\"\n",
-            "attempt_timeout = \"300ms\"\nrequest_timeout = \"1s\"\n",
-            1
-        )
-    )))
+    let tg = Tollgate::start(
+        &Config::new()
+            .upstream("reset", |u| section(u, "reset", reset.addr))
+            .upstream("slow", |u| {
+                section(u, "slow", slow.addr).request_timeout("1s")
+            })
+            .to_toml(),
+    )
     .await;
     let r = get(tg.addr, "/a", "reset").await;
     assert_eq!(r.status, 502);
@@ -157,7 +168,7 @@ async fn a_rejected_retry_of_a_reset_or_a_timeout_is_tollgates_own_502_or_504() 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_first_attempt_refused_passes_back_as_it_came() {
     let (up, requests, _) = scripted(|_| Some(REJECTED)).await;
-    let tg = Tollgate::start(&config(&section("api", up.addr))).await;
+    let tg = Tollgate::start(&api(up.addr)).await;
     let r = get(tg.addr, "/x", "api").await;
     assert_eq!(r.status, 503);
     assert_eq!(&r.body[..], b"rejected");
@@ -205,13 +216,13 @@ async fn a_rejection_is_an_overload_signal_for_the_adaptive_share() {
         }
     })
     .await;
-    let tg = Tollgate::start(&config(&format!(
-        "[upstreams.api]\nauthorities = [\"api\"]\nendpoints = [\"{}\"]\n\
-         [upstreams.api.retry]\nmax_attempts = 2\nbackoff_base = \"1ms\"\nbackoff_max = \"1ms\"\n\
-         [upstreams.api.budget]\nratio = 0.1\nmax_ratio = 0.5\nmin_per_sec = 100\n",
-        up.addr
-    )))
-    .await;
+    let config = Config::new().upstream("api", |u| {
+        u.authorities(["api"])
+            .endpoint(up.addr)
+            .retry(|r| r.max_attempts(2).backoff_base("1ms").backoff_max("1ms"))
+            .budget(|b| b.ratio(0.1).max_ratio(0.5).min_per_sec(100))
+    });
+    let tg = Tollgate::start(&config.to_toml()).await;
     let share = |m: &str| metric(m, "tollgate_retry_budget_ratio{upstream=\"api\"}").unwrap();
     for i in 0..30 {
         assert_eq!(get(tg.addr, &format!("/{i}"), "api").await.status, 200);

@@ -12,6 +12,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
+use common::config::Config;
 use common::*;
 
 /// An upstream that answers 200, or 503 while `failing`.
@@ -29,11 +30,23 @@ async fn switchable(failing: Arc<AtomicBool>) -> Upstream {
     .await
 }
 
+/// `[upstreams.api]` over HTTP/1.1, throttled with k = 2 over 5 s, and what `f` adds.
+fn throttled_with(
+    addr: std::net::SocketAddr,
+    f: impl FnOnce(common::config::Upstream) -> common::config::Upstream,
+) -> String {
+    Config::new()
+        .upstream("api", |u| {
+            f(u.authorities(["api"])
+                .endpoint(addr)
+                .protocol("http1")
+                .throttle(|t| t.k(2.0).window("5s")))
+        })
+        .to_toml()
+}
+
 fn throttled(addr: std::net::SocketAddr) -> String {
-    config(&format!(
-        "[upstreams.api]\nauthorities = [\"api\"]\nendpoints = [\"{addr}\"]\nprotocol = \"http1\"\n\
-         [upstreams.api.throttle]\nk = 2.0\nwindow = \"5s\"\n"
-    ))
+    throttled_with(addr, |u| u)
 }
 
 fn probability(m: &str) -> f64 {
@@ -166,11 +179,9 @@ async fn failing_with(status: u16, share: f64) -> Upstream {
 /// Throttled, with 500 listed in `retry.on` and 503 not: what the throttle counts
 /// does not follow what is retried.
 fn listing_500(addr: std::net::SocketAddr) -> String {
-    throttled(addr).replace(
-        "[upstreams.api.throttle]",
-        "[upstreams.api.retry]\nmax_attempts = 1\non = [\"connect-failure\", \"500\"]\n\
-         [upstreams.api.throttle]",
-    )
+    throttled_with(addr, |u| {
+        u.retry(|r| r.max_attempts(1).on(["connect-failure", "500"]))
+    })
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -12,6 +12,7 @@ mod common;
 use std::sync::Arc;
 use std::time::Duration;
 
+use common::config::Config;
 use common::*;
 use tokio::sync::Semaphore;
 
@@ -24,16 +25,25 @@ async fn slow_upstream(delay: Duration) -> Upstream {
     .await
 }
 
+/// One upstream, `name`, for the authority of the same name at `addr`, and what `f` sets.
+fn one(
+    name: &str,
+    addr: std::net::SocketAddr,
+    f: impl FnOnce(common::config::Upstream) -> common::config::Upstream,
+) -> String {
+    Config::new()
+        .upstream(name, |u| f(u.authorities([name]).endpoint(addr)))
+        .to_toml()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn at_the_defaults_a_slow_healthy_answer_is_waited_for_as_direct() {
     // 700 ms, then a long poll: nothing configured cuts either, as calling directly.
     for delay in [Duration::from_millis(700), Duration::from_millis(2500)] {
         let up = slow_upstream(delay).await;
-        let tg = Tollgate::start(&config(&format!(
-            "[upstreams.slow]\nauthorities = [\"slow\"]\nendpoints = [\"{}\"]\n\
-             [upstreams.slow.retry]\nmax_attempts = 3\n[upstreams.slow.budget]\nratio = 0.1\n",
-            up.addr
-        )))
+        let tg = Tollgate::start(&one("slow", up.addr, |u| {
+            u.retry(|r| r.max_attempts(3)).budget(|b| b.ratio(0.1))
+        }))
         .await;
         let direct = get(up.addr, "/", "slow").await;
         let through = get(tg.addr, "/", "slow").await;
@@ -67,11 +77,7 @@ async fn a_callers_longer_deadline_is_the_deadline_and_travels_as_the_time_left(
         }
     })
     .await;
-    let tg = Tollgate::start(&config(&format!(
-        "[upstreams.slow]\nauthorities = [\"slow\"]\nendpoints = [\"{}\"]\n",
-        up.addr
-    )))
-    .await;
+    let tg = Tollgate::start(&one("slow", up.addr, |u| u)).await;
     let req = request("GET", "/", "slow")
         .header("x-timeout-ms", "10000")
         .body(empty())
@@ -95,12 +101,7 @@ async fn a_callers_longer_deadline_is_the_deadline_and_travels_as_the_time_left(
 async fn an_attempt_past_its_timeout_that_is_the_only_hope_runs_on() {
     // Retries off: the slow attempt is all there is, so it is not cut off.
     let up = slow_upstream(Duration::from_millis(700)).await;
-    let tg = Tollgate::start(&config(&format!(
-        "[upstreams.slow]\nauthorities = [\"slow\"]\nendpoints = [\"{}\"]\n\
-         attempt_timeout = \"200ms\"\n",
-        up.addr
-    )))
-    .await;
+    let tg = Tollgate::start(&one("slow", up.addr, |u| u.attempt_timeout("200ms"))).await;
     let r = get(tg.addr, "/", "slow").await;
     assert_eq!(r.status, 200, "{:?}", r.outcome());
     assert_eq!(r.outcome(), None);
@@ -140,12 +141,11 @@ async fn a_slow_attempt_gets_a_retry_beside_it_and_the_first_good_answer_wins() 
         }
     })
     .await;
-    let tg = Tollgate::start(&config(&format!(
-        "[upstreams.slow]\nauthorities = [\"slow\"]\nendpoints = [\"{}\"]\n\
-         attempt_timeout = \"200ms\"\n[upstreams.slow.retry]\nmax_attempts = 3\n\
-         on = [\"timeout\", \"503\"]\n[upstreams.slow.budget]\nratio = 0.1\n",
-        up.addr
-    )))
+    let tg = Tollgate::start(&one("slow", up.addr, |u| {
+        u.attempt_timeout("200ms")
+            .retry(|r| r.max_attempts(3).on(["timeout", "503"]))
+            .budget(|b| b.ratio(0.1))
+    }))
     .await;
     let started = tokio::time::Instant::now();
     let r = get(tg.addr, "/", "slow").await;
@@ -179,11 +179,9 @@ async fn a_slow_attempt_gets_a_retry_beside_it_and_the_first_good_answer_wins() 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_slow_attempt_with_no_retry_left_runs_to_the_deadline() {
     let up = slow_upstream(Duration::from_secs(5)).await;
-    let tg = Tollgate::start(&config(&format!(
-        "[upstreams.slow]\nauthorities = [\"slow\"]\nendpoints = [\"{}\"]\n\
-         attempt_timeout = \"200ms\"\nrequest_timeout = \"700ms\"\n",
-        up.addr
-    )))
+    let tg = Tollgate::start(&one("slow", up.addr, |u| {
+        u.attempt_timeout("200ms").request_timeout("700ms")
+    }))
     .await;
     let started = tokio::time::Instant::now();
     let r = get(tg.addr, "/", "slow").await;
@@ -212,10 +210,9 @@ async fn request_timeout_is_a_504_deadline_exceeded() {
         respond(200, "late")
     })
     .await;
-    let tg = Tollgate::start(&config(&format!(
-        "[upstreams.slow]\nauthorities = [\"slow\"]\nendpoints = [\"{}\"]\nattempt_timeout = \"10s\"\nrequest_timeout = \"300ms\"\n",
-        up.addr
-    )))
+    let tg = Tollgate::start(&one("slow", up.addr, |u| {
+        u.attempt_timeout("10s").request_timeout("300ms")
+    }))
     .await;
     let started = tokio::time::Instant::now();
     let r = get(tg.addr, "/", "slow").await;
@@ -243,10 +240,11 @@ async fn max_inflight_sheds_at_once_with_retry_after() {
         }
     })
     .await;
-    let tg = Tollgate::start(&config(&format!(
-        "[upstreams.busy]\nauthorities = [\"busy\"]\nendpoints = [\"{}\"]\nmax_inflight = 2\nrequest_timeout = \"10s\"\nattempt_timeout = \"10s\"\n",
-        up.addr
-    )))
+    let tg = Tollgate::start(&one("busy", up.addr, |u| {
+        u.max_inflight(2)
+            .request_timeout("10s")
+            .attempt_timeout("10s")
+    }))
     .await;
     let addr = tg.addr;
     let held: Vec<_> = (0..2)
@@ -295,11 +293,7 @@ async fn a_streaming_body_holds_no_place_in_max_inflight() {
         }
     })
     .await;
-    let tg = Tollgate::start(&config(&format!(
-        "[upstreams.streams]\nauthorities = [\"streams\"]\nendpoints = [\"{}\"]\nmax_inflight = 2\n",
-        up.addr
-    )))
-    .await;
+    let tg = Tollgate::start(&one("streams", up.addr, |u| u.max_inflight(2))).await;
     // Three streams at once through a limit of two, as directly.
     let mut open = Vec::new();
     for _ in 0..3 {

@@ -13,6 +13,7 @@ use std::net::SocketAddr;
 use std::path::Path;
 use std::time::Duration;
 
+use common::config::Config;
 use common::tempdir::TempDir;
 use common::*;
 use rcgen::ExtendedKeyUsagePurpose;
@@ -27,7 +28,7 @@ async fn auto_picks_h2_or_http1_by_alpn_and_http1_offers_only_http1() {
 
     // The upstream offers both: auto lands on h2.
     let both = TlsUpstream::start(server_config(&leaf, &["h2", "http/1.1"], None)).await;
-    let tg = Tollgate::start(&secure(both.addr, "auto", &tls_table(NAME, &ca_file))).await;
+    let tg = Tollgate::start(&secure(both.addr, "auto", trusting(NAME, &ca_file))).await;
     for _ in 0..3 {
         let r = get(tg.addr, "/", "secure").await;
         assert_eq!(r.status, 200, "{}", body(&r));
@@ -47,7 +48,7 @@ async fn auto_picks_h2_or_http1_by_alpn_and_http1_offers_only_http1() {
     tg.stop().await;
 
     // protocol = "http1" offers only http/1.1, so the same server answers in HTTP/1.1.
-    let tg = Tollgate::start(&secure(both.addr, "http1", &tls_table(NAME, &ca_file))).await;
+    let tg = Tollgate::start(&secure(both.addr, "http1", trusting(NAME, &ca_file))).await;
     let r = get(tg.addr, "/", "secure").await;
     assert_eq!(r.status, 200, "{}", body(&r));
     assert_eq!(
@@ -68,7 +69,7 @@ async fn auto_picks_h2_or_http1_by_alpn_and_http1_offers_only_http1() {
 
     // An upstream that only speaks http/1.1: auto follows it.
     let h1 = TlsUpstream::start(server_config(&leaf, &["http/1.1"], None)).await;
-    let tg = Tollgate::start(&secure(h1.addr, "auto", &tls_table(NAME, &ca_file))).await;
+    let tg = Tollgate::start(&secure(h1.addr, "auto", trusting(NAME, &ca_file))).await;
     for _ in 0..3 {
         let r = get(tg.addr, "/", "secure").await;
         assert_eq!(r.status, 200, "{}", body(&r));
@@ -80,7 +81,7 @@ async fn auto_picks_h2_or_http1_by_alpn_and_http1_offers_only_http1() {
     tg.stop().await;
 
     // protocol = "h2c" with TLS means HTTP/2 by ALPN.
-    let tg = Tollgate::start(&secure(both.addr, "h2c", &tls_table(NAME, &ca_file))).await;
+    let tg = Tollgate::start(&secure(both.addr, "h2c", trusting(NAME, &ca_file))).await;
     let r = get(tg.addr, "/", "secure").await;
     assert_eq!(r.status, 200, "{}", body(&r));
     assert!(body(&r).starts_with("HTTP/2.0 alpn=h2"), "{}", body(&r));
@@ -96,7 +97,7 @@ async fn a_certificate_from_an_untrusted_ca_is_refused() {
     let dir = TempDir::new("tls-wrong-ca");
     let wrong = write(dir.path(), "other.pem", &other.pem());
     let up = TlsUpstream::start(server_config(&leaf, &["h2", "http/1.1"], None)).await;
-    let tg = Tollgate::start(&secure(up.addr, "auto", &tls_table(NAME, &wrong))).await;
+    let tg = Tollgate::start(&secure(up.addr, "auto", trusting(NAME, &wrong))).await;
 
     let r = get(tg.addr, "/", "secure").await;
     assert_eq!(r.status, 502);
@@ -127,7 +128,7 @@ async fn the_certificate_must_carry_the_server_name() {
     let ca_file = write(dir.path(), "ca.pem", &ca.pem());
     let up = TlsUpstream::start(server_config(&leaf, &["h2", "http/1.1"], None)).await;
 
-    let tg = Tollgate::start(&secure(up.addr, "auto", &tls_table("other.test", &ca_file))).await;
+    let tg = Tollgate::start(&secure(up.addr, "auto", trusting("other.test", &ca_file))).await;
     let r = get(tg.addr, "/", "secure").await;
     assert_eq!(r.status, 502);
     assert_eq!(r.outcome(), Some("upstream-unreachable"));
@@ -135,7 +136,7 @@ async fn the_certificate_must_carry_the_server_name() {
     tg.stop().await;
 
     // An IP address as server_name is checked against the certificate's IP SANs.
-    let tg = Tollgate::start(&secure(up.addr, "auto", &tls_table("127.0.0.1", &ca_file))).await;
+    let tg = Tollgate::start(&secure(up.addr, "auto", trusting("127.0.0.1", &ca_file))).await;
     let r = get(tg.addr, "/", "secure").await;
     assert_eq!(r.status, 502, "the certificate names no IP address");
     assert_eq!(up.hits(), 0);
@@ -152,7 +153,7 @@ async fn an_expired_certificate_is_refused() {
     let dir = TempDir::new("tls-expired");
     let ca_file = write(dir.path(), "ca.pem", &ca.pem());
     let up = TlsUpstream::start(server_config(&leaf, &["http/1.1"], None)).await;
-    let tg = Tollgate::start(&secure(up.addr, "auto", &tls_table(NAME, &ca_file))).await;
+    let tg = Tollgate::start(&secure(up.addr, "auto", trusting(NAME, &ca_file))).await;
     let r = get(tg.addr, "/", "secure").await;
     assert_eq!(r.status, 502);
     assert_eq!(r.outcome(), Some("upstream-unreachable"));
@@ -173,16 +174,11 @@ async fn mtls_presents_the_client_certificate() {
 
     for alpn in [&["h2", "http/1.1"][..], &["http/1.1"][..]] {
         let up = TlsUpstream::start(server_config(&leaf, alpn, Some(&client_ca))).await;
-        let tg = Tollgate::start(&secure(
-            up.addr,
-            "auto",
-            &format!(
-                "{}client_cert = \"{}\"\nclient_key = \"{}\"\n",
-                tls_table(NAME, &ca_file),
-                cert_file.display(),
-                key_file.display()
-            ),
-        ))
+        let tg = Tollgate::start(&secure(up.addr, "auto", |t| {
+            trusting(NAME, &ca_file)(t)
+                .client_cert(cert_file.display().to_string())
+                .client_key(key_file.display().to_string())
+        }))
         .await;
         let r = get(tg.addr, "/", "secure").await;
         assert_eq!(r.status, 200, "{alpn:?}: {}", body(&r));
@@ -197,7 +193,7 @@ async fn mtls_presents_the_client_certificate() {
         // Without a client certificate the server refuses the handshake. Under TLS 1.3
         // the client learns it only on its first read, so the attempt may count as a
         // reset rather than a connect failure; either way nothing is served.
-        let tg = Tollgate::start(&secure(up.addr, "auto", &tls_table(NAME, &ca_file))).await;
+        let tg = Tollgate::start(&secure(up.addr, "auto", trusting(NAME, &ca_file))).await;
         let r = get(tg.addr, "/", "secure").await;
         assert_eq!(r.status, 502, "{alpn:?}");
         assert!(r.outcome().is_some());
@@ -377,21 +373,22 @@ async fn a_rotated_ca_file_is_picked_up_on_reload() {
 
     let dir = TempDir::new("tls-rotate");
     let ca_file = write(dir.path(), "ca.pem", &old_ca.pem());
-    let section = |upstream: &str, addr: SocketAddr| {
-        format!(
-            "[upstreams.{upstream}]\nauthorities = [\"{upstream}\"]\nendpoints = [\"{addr}\"]\n\
-             connect_timeout = \"5s\"\nattempt_timeout = \"5s\"\n\
-             [upstreams.{upstream}.tls]\nserver_name = \"{NAME}\"\nca_file = \"ca.pem\"\n"
-        )
+    let section = |name: &'static str, addr: SocketAddr| {
+        move |u: common::config::Upstream| {
+            u.authorities([name])
+                .endpoint(addr)
+                .connect_timeout("5s")
+                .attempt_timeout("5s")
+                .tls(|t| t.server_name(NAME).ca_file("ca.pem"))
+        }
     };
     let path = write(
         dir.path(),
         "tollgate.toml",
-        &config(&format!(
-            "{}{}",
-            section("old", old_server.addr),
-            section("new", new_server.addr)
-        )),
+        &Config::new()
+            .upstream("old", section("old", old_server.addr))
+            .upstream("new", section("new", new_server.addr))
+            .to_toml(),
     );
     let tg = Tollgate::start_file(&path).await;
 
@@ -436,11 +433,9 @@ async fn a_ca_rotated_before_the_first_look_is_picked_up() {
     let path = write(
         dir.path(),
         "tollgate.toml",
-        &secure(
-            server.addr,
-            "auto",
-            &format!("server_name = \"{NAME}\"\nca_file = \"ca.pem\"\n"),
-        ),
+        &secure(server.addr, "auto", |t| {
+            t.server_name(NAME).ca_file("ca.pem")
+        }),
     );
     let tg = Tollgate::start_file(&path).await;
     let tmp = write(dir.path(), "ca.pem.tmp", &new_ca.pem());
@@ -459,20 +454,24 @@ async fn a_config_refused_for_a_missing_certificate_is_applied_when_it_lands() {
     let server = TlsUpstream::start(server_config(&leaf, &["http/1.1"], None)).await;
     let plain = Upstream::start(|_req| async { respond(200, "plain") }).await;
     let dir = TempDir::new("tls-late-secret");
-    let first = refusing(&format!(
-        "[upstreams.plain]\nauthorities = [\"plain\"]\nendpoints = [\"{}\"]\n",
-        plain.addr
-    ));
-    let path = write(dir.path(), "tollgate.toml", &first);
+    let first = || {
+        Config::new()
+            .listener(|l| l.unknown_authorities("refuse"))
+            .upstream("plain", |u| u.authorities(["plain"]).endpoint(plain.addr))
+    };
+    let path = write(dir.path(), "tollgate.toml", &first().to_toml());
     let tg = Tollgate::start_file(&path).await;
 
     // The ConfigMap lands first: its CA file does not exist yet.
-    let second = format!(
-        "{first}[upstreams.secure]\nauthorities = [\"secure\"]\nendpoints = [\"{}\"]\n\
-         connect_timeout = \"5s\"\nattempt_timeout = \"5s\"\n\
-         [upstreams.secure.tls]\nserver_name = \"{NAME}\"\nca_file = \"secret/ca.pem\"\n",
-        server.addr
-    );
+    let second = first()
+        .upstream("secure", |u| {
+            u.authorities(["secure"])
+                .endpoint(server.addr)
+                .connect_timeout("5s")
+                .attempt_timeout("5s")
+                .tls(|t| t.server_name(NAME).ca_file("secret/ca.pem"))
+        })
+        .to_toml();
     write(dir.path(), "tollgate.toml", &second);
     tg.wait_reloads("error", 1.0).await;
     assert_eq!(get(tg.addr, "/", "secure").await.status, 404);

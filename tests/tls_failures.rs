@@ -14,22 +14,29 @@ use std::net::SocketAddr;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
+use common::config::{Config, Tls};
 use common::tempdir::TempDir;
 use common::*;
 use rcgen::ExtendedKeyUsagePurpose;
 use tls_stack::*;
 
 /// `[upstreams.secure]` over TLS to `endpoints`, three attempts for any method.
-fn retrying(endpoints: &[SocketAddr], tls: &str) -> String {
-    let list: Vec<String> = endpoints.iter().map(|a| format!("\"{a}\"")).collect();
-    config(&format!(
-        "[upstreams.secure]\nauthorities = [\"secure\"]\nendpoints = [{}]\n\
-         connect_timeout = \"5s\"\nattempt_timeout = \"5s\"\nrequest_timeout = \"10s\"\n\
-         [upstreams.secure.retry]\nmax_attempts = 3\nmethods = [\"GET\", \"POST\"]\n\
-         backoff_base = \"1ms\"\nbackoff_max = \"2ms\"\n\
-         [upstreams.secure.tls]\n{tls}\n",
-        list.join(", ")
-    ))
+fn retrying(endpoints: &[SocketAddr], tls: impl FnOnce(Tls) -> Tls) -> Config {
+    Config::new().upstream("secure", |u| {
+        endpoints
+            .iter()
+            .fold(u.authorities(["secure"]), |u, e| u.endpoint(e))
+            .connect_timeout("5s")
+            .attempt_timeout("5s")
+            .request_timeout("10s")
+            .retry(|r| {
+                r.max_attempts(3)
+                    .methods(["GET", "POST"])
+                    .backoff_base("1ms")
+                    .backoff_max("2ms")
+            })
+            .tls(tls)
+    })
 }
 
 async fn series(tg: &Tollgate, name: &str) -> f64 {
@@ -84,13 +91,13 @@ async fn each_certificate_problem_is_named_counted_as_tls_and_not_retried() {
     for (addr, tls, words) in [
         (
             up.addr,
-            tls_table("other.test", &ca_file),
+            trusting("other.test", &ca_file),
             "certificate not valid for name \"other.test\"",
         ),
-        (up.addr, tls_table(NAME, &other_file), "unknown authority"),
-        (old.addr, tls_table(NAME, &ca_file), "certificate expired"),
+        (up.addr, trusting(NAME, &other_file), "unknown authority"),
+        (old.addr, trusting(NAME, &ca_file), "certificate expired"),
     ] {
-        let tg = Tollgate::start(&retrying(&[addr], &tls)).await;
+        let tg = Tollgate::start(&retrying(&[addr], tls).to_toml()).await;
         assert_tls_failure(&tg, "GET", addr, words).await;
         let m = tg.metrics().await;
         for quiet in [
@@ -113,11 +120,8 @@ async fn a_tls_failure_moves_on_to_another_endpoint() {
     let wrong = ca.leaf(&["someone-else.test"], ExtendedKeyUsagePurpose::ServerAuth);
     let bad = TlsUpstream::start(server_config(&wrong, &["http/1.1"], None)).await;
     let fine = TlsUpstream::start(server_config(&good, &["http/1.1"], None)).await;
-    let tg = Tollgate::start(&retrying(
-        &[bad.addr, fine.addr],
-        &tls_table(NAME, &ca_file),
-    ))
-    .await;
+    let tg = Tollgate::start(&retrying(&[bad.addr, fine.addr], trusting(NAME, &ca_file)).to_toml())
+        .await;
     for _ in 0..4 {
         let r = send(
             tg.addr,
@@ -149,12 +153,11 @@ async fn a_refused_client_certificate_is_one_failure_however_the_server_shows_it
     let ca_file = write(dir.path(), "ca.pem", &ca.pem());
     let cert = write(dir.path(), "client.crt", &stranger.cert_pem);
     let key = write(dir.path(), "client.key", &stranger.key_pem);
-    let tls = format!(
-        "{}client_cert = \"{}\"\nclient_key = \"{}\"\n",
-        tls_table(NAME, &ca_file),
-        cert.display(),
-        key.display()
-    );
+    let tls = |t: Tls| {
+        trusting(NAME, &ca_file)(t)
+            .client_cert(cert.display().to_string())
+            .client_key(key.display().to_string())
+    };
     let tls12 = [&rustls::version::TLS12];
     let tls13 = [&rustls::version::TLS13];
     // TLS 1.2: an alert in the handshake. TLS 1.3: the handshake seems done, the alert
@@ -186,7 +189,7 @@ async fn a_refused_client_certificate_is_one_failure_however_the_server_shows_it
         ),
     ];
     for (how, up) in &servers {
-        let tg = Tollgate::start(&retrying(&[up.addr], &tls)).await;
+        let tg = Tollgate::start(&retrying(&[up.addr], tls).to_toml()).await;
         for method in ["GET", "POST"] {
             let r = send(
                 tg.addr,
@@ -230,15 +233,10 @@ async fn a_tls_failure_is_warned_about_once_per_endpoint_not_per_request() {
     let leaf = ca.leaf(&[NAME], ExtendedKeyUsagePurpose::ServerAuth);
     let up = TlsUpstream::start(server_config(&leaf, &["http/1.1"], None)).await;
     let (port, admin) = (free_port(), free_port());
-    let text = retrying(&[up.addr], &tls_table("other.test", &ca_file))
-        .replace(
-            "127.0.0.1:0\"\n[admin]",
-            &format!("127.0.0.1:{port}\"\n[admin]"),
-        )
-        .replace(
-            "addr = \"127.0.0.1:0\"\n[upstreams",
-            &format!("addr = \"127.0.0.1:{admin}\"\n[upstreams"),
-        );
+    let text = retrying(&[up.addr], trusting("other.test", &ca_file))
+        .listener(|l| l.addr(SocketAddr::from(([127, 0, 0, 1], port))))
+        .admin(|a| a.addr(SocketAddr::from(([127, 0, 0, 1], admin))))
+        .to_toml();
     let path = write(dir.path(), "tollgate.toml", &text);
     let mut child = Command::new(binary())
         .args(["run", "--config"])

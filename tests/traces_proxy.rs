@@ -13,7 +13,8 @@ use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use common::{Tollgate, Upstream, dead_port, inbound_config, wait_until};
+use common::config::Config;
+use common::{Tollgate, Upstream, dead_port, wait_until};
 use opentelemetry_proto::tonic::common::v1::any_value::Value;
 use opentelemetry_proto::tonic::trace::v1::Span;
 use opentelemetry_proto::tonic::trace::v1::span::SpanKind;
@@ -21,8 +22,19 @@ use otlp::{PARENT, attr, double_attr, int_attr, kind, receiver, render, string_a
 use tollgate::trace::TraceParent;
 
 /// `[tracing]` for a tollgate exporting to `collector`, sending at once.
-fn tracing_section(collector: SocketAddr, sample: f64) -> String {
-    format!("[tracing]\notlp = \"http://{collector}\"\nsample = {sample}\nbatch = 4\n")
+/// `config` with spans sent to `collector`, `sample` of the traces a caller did not
+/// sample, 4 to a batch.
+fn tracing_to(config: Config, collector: SocketAddr, sample: f64) -> Config {
+    config.tracing(|t| {
+        t.otlp(format!("http://{collector}"))
+            .sample(sample)
+            .batch(4)
+    })
+}
+
+/// `[upstreams.api]` to `addr`, nothing else.
+fn api(addr: SocketAddr) -> Config {
+    Config::new().upstream("api", |u| u.authorities(["api"]).endpoint(addr))
 }
 
 /// What an app behind tollgate saw of `traceparent`, one entry per request.
@@ -62,21 +74,30 @@ async fn app(status: u16, delay: Duration) -> (Upstream, Seen) {
 async fn a_request_retried_through_two_tollgates_is_one_trace() {
     let (collector, received) = receiver().await;
     let (payments, seen) = app(503, Duration::from_millis(550)).await;
-    let callee = Tollgate::start(&inbound_config(
-        payments.addr,
-        &format!(
-            "[inbound.retries]\nratio = 1.0\nmin_per_sec = 100\n{}",
-            tracing_section(collector.addr, 0.0)
-        ),
-    ))
+    let callee = Tollgate::start(
+        &tracing_to(
+            Config::new().inbound(payments.addr, |i| {
+                i.retries(|r| r.ratio(1.0).min_per_sec(100))
+            }),
+            collector.addr,
+            0.0,
+        )
+        .to_toml(),
+    )
     .await;
-    let caller = Tollgate::start(&common::config(&format!(
-        "[upstreams.payments]\nauthorities = [\"payments\"]\nendpoints = [\"{}\"]\n\
-         [upstreams.payments.retry]\nmax_attempts = 4\n\
-         [upstreams.payments.budget]\nratio = 0.0\nmin_per_sec = 0.2\nwindow = \"10s\"\n{}",
-        callee.inbound(),
-        tracing_section(collector.addr, 0.0)
-    )))
+    let caller = Tollgate::start(
+        &tracing_to(
+            Config::new().upstream("payments", |u| {
+                u.authorities(["payments"])
+                    .endpoint(callee.inbound())
+                    .retry(|r| r.max_attempts(4))
+                    .budget(|b| b.ratio(0.0).min_per_sec(0.2).window("10s"))
+            }),
+            collector.addr,
+            0.0,
+        )
+        .to_toml(),
+    )
     .await;
 
     let req = common::request("GET", "/charge?card=4242", "payments")
@@ -233,10 +254,6 @@ async fn a_request_retried_through_two_tollgates_is_one_trace() {
 async fn untraced_requests_pass_traceparent_untouched_and_send_nothing() {
     let (collector, received) = receiver().await;
     let (up, seen) = app(200, Duration::ZERO).await;
-    let upstream = format!(
-        "[upstreams.api]\nauthorities = [\"api\"]\nendpoints = [\"{}\"]\n",
-        up.addr
-    );
     const UNSAMPLED: &str = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-00";
     let send = |addr, tp: Option<&'static str>| async move {
         let mut req = common::request("GET", "/", "api");
@@ -246,16 +263,12 @@ async fn untraced_requests_pass_traceparent_untouched_and_send_nothing() {
         common::send(addr, req.body(common::empty()).unwrap()).await
     };
 
-    let plain = Tollgate::start(&common::config(&upstream)).await;
+    let plain = Tollgate::start(&api(up.addr).to_toml()).await;
     assert_eq!(send(plain.addr, Some(PARENT)).await.status, 200);
     assert_eq!(send(plain.addr, Some(UNSAMPLED)).await.status, 200);
     plain.stop().await;
 
-    let traced = Tollgate::start(&common::config(&format!(
-        "{upstream}{}",
-        tracing_section(collector.addr, 0.0)
-    )))
-    .await;
+    let traced = Tollgate::start(&tracing_to(api(up.addr), collector.addr, 0.0).to_toml()).await;
     assert_eq!(send(traced.addr, Some(UNSAMPLED)).await.status, 200);
     assert_eq!(send(traced.addr, None).await.status, 200);
     assert_eq!(
@@ -282,12 +295,7 @@ async fn untraced_requests_pass_traceparent_untouched_and_send_nothing() {
 #[tokio::test]
 async fn a_collector_that_is_down_costs_requests_nothing_and_drops_are_counted() {
     let (up, _) = app(200, Duration::ZERO).await;
-    let tg = Tollgate::start(&common::config(&format!(
-        "[upstreams.api]\nauthorities = [\"api\"]\nendpoints = [\"{}\"]\n{}",
-        up.addr,
-        tracing_section(dead_port().await, 1.0)
-    )))
-    .await;
+    let tg = Tollgate::start(&tracing_to(api(up.addr), dead_port().await, 1.0).to_toml()).await;
     for _ in 0..20 {
         let got = common::get(tg.addr, "/", "api").await;
         assert_eq!(got.status, 200);
@@ -328,16 +336,22 @@ async fn a_hedge_and_the_attempt_it_beat_have_spans_of_their_own() {
         })
     };
     let (a, b) = (endpoint(seen.clone()).await, endpoint(seen.clone()).await);
-    let tg = Tollgate::start(&common::config(&format!(
-        "[upstreams.api]\nauthorities = [\"api\"]\nendpoints = [\"{}\", \"{}\"]\n\
-         request_timeout = \"5s\"\n\
-         [upstreams.api.retry]\nmax_attempts = 2\n\
-         [upstreams.api.budget]\nratio = 0.5\nmin_per_sec = 10\n\
-         [upstreams.api.hedge]\nafter = \"50ms\"\nmax_extra = 1.0\n{}",
-        a.addr,
-        b.addr,
-        tracing_section(collector.addr, 1.0)
-    )))
+    let tg = Tollgate::start(
+        &tracing_to(
+            Config::new().upstream("api", |u| {
+                u.authorities(["api"])
+                    .endpoint(a.addr)
+                    .endpoint(b.addr)
+                    .request_timeout("5s")
+                    .retry(|r| r.max_attempts(2))
+                    .budget(|b| b.ratio(0.5).min_per_sec(10))
+                    .hedge(|h| h.after("50ms").max_extra(1.0))
+            }),
+            collector.addr,
+            1.0,
+        )
+        .to_toml(),
+    )
     .await;
     let got = common::get(tg.addr, "/", "api").await;
     assert_eq!(got.status, 200);
@@ -378,10 +392,7 @@ async fn a_hedge_and_the_attempt_it_beat_have_spans_of_their_own() {
 async fn a_reload_adds_and_removes_tracing() {
     let (collector, received) = receiver().await;
     let (up, seen) = app(200, Duration::ZERO).await;
-    let upstream = common::config(&format!(
-        "[upstreams.api]\nauthorities = [\"api\"]\nendpoints = [\"{}\"]\n",
-        up.addr
-    ));
+    let upstream = api(up.addr).to_toml();
     let dir = common::tempdir::TempDir::new("traces-reload");
     let path = dir.path().join("tollgate.toml");
     std::fs::write(&path, &upstream).unwrap();
@@ -394,7 +405,7 @@ async fn a_reload_adds_and_removes_tracing() {
     };
     assert_eq!(common::send(tg.addr, traced()).await.status, 200);
 
-    let with = format!("{upstream}{}", tracing_section(collector.addr, 0.0));
+    let with = tracing_to(api(up.addr), collector.addr, 0.0).to_toml();
     std::fs::write(&path, with).unwrap();
     tg.wait_reloads("ok", 1.0).await;
     assert_eq!(common::send(tg.addr, traced()).await.status, 200);
@@ -428,13 +439,14 @@ async fn a_reload_adds_and_removes_tracing() {
 async fn a_retry_the_fleet_budget_refuses_shows_the_decision() {
     let (collector, received) = receiver().await;
     let (app, seen) = app(200, Duration::ZERO).await;
-    let tg = Tollgate::start(&inbound_config(
-        app.addr,
-        &format!(
-            "[inbound.retries]\nratio = 0.0\nmin_per_sec = 0\n{}",
-            tracing_section(collector.addr, 0.0)
-        ),
-    ))
+    let tg = Tollgate::start(
+        &tracing_to(
+            Config::new().inbound(app.addr, |i| i.retries(|r| r.ratio(0.0).min_per_sec(0))),
+            collector.addr,
+            0.0,
+        )
+        .to_toml(),
+    )
     .await;
     let req = common::request("GET", "/charge", "payments")
         .header("traceparent", PARENT)

@@ -9,6 +9,7 @@ mod common;
 
 use std::time::Duration;
 
+use common::config::Config;
 use common::*;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
@@ -141,11 +142,15 @@ async fn ws_server(leave: bool, status: u16) -> Scripted {
 }
 
 fn tollgate_for(up: std::net::SocketAddr, drain: &str) -> String {
-    format!(
-        "[listener]\naddr = \"127.0.0.1:0\"\ndrain_timeout = \"{drain}\"\n[admin]\naddr = \"127.0.0.1:0\"\n\
-         [upstreams.ws]\nauthorities = [\"ws\"]\nendpoints = [\"{up}\"]\nattempt_timeout = \"5s\"\n\
-         [upstreams.ws.retry]\nmax_attempts = 3\nbackoff_base = \"1ms\"\nbackoff_max = \"2ms\"\n"
-    )
+    Config::new()
+        .listener(|l| l.drain_timeout(drain))
+        .upstream("ws", |u| {
+            u.authorities(["ws"])
+                .endpoint(up)
+                .attempt_timeout("5s")
+                .retry(|r| r.max_attempts(3).backoff_base("1ms").backoff_max("2ms"))
+        })
+        .to_toml()
 }
 
 /// Sends a WebSocket handshake and reads the answer's head; the rest of what came with

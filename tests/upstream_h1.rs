@@ -9,16 +9,22 @@ mod common;
 use std::time::Duration;
 
 use bytes::Bytes;
+use common::config::Config;
 use common::*;
 use http_body_util::BodyExt;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
 fn h1_upstream(addr: std::net::SocketAddr) -> String {
-    config(&format!(
-        "[upstreams.raw]\nauthorities = [\"raw\"]\nendpoints = [\"{addr}\"]\nprotocol = \"http1\"\n\
-         attempt_timeout = \"5s\"\nrequest_timeout = \"10s\"\n"
-    ))
+    Config::new()
+        .upstream("raw", |u| {
+            u.authorities(["raw"])
+                .endpoint(addr)
+                .protocol("http1")
+                .attempt_timeout("5s")
+                .request_timeout("10s")
+        })
+        .to_toml()
 }
 
 /// The request line of a request head.

@@ -9,6 +9,7 @@ mod common;
 
 use std::sync::{Arc, Mutex};
 
+use common::config::Config;
 use common::*;
 use hyper::body::Incoming;
 use hyper::service::service_fn;
@@ -39,17 +40,22 @@ async fn describe(req: http::Request<Incoming>) -> http::Response<BoxBody> {
     )
 }
 
-fn upstream(addr: std::net::SocketAddr, protocol: &str, extra: &str) -> String {
-    config(&format!(
-        "[upstreams.api]\nauthorities = [\"api\"]\nendpoints = [\"{addr}\"]\n\
-         protocol = \"{protocol}\"\n{extra}"
-    ))
+fn upstream(
+    addr: std::net::SocketAddr,
+    protocol: &str,
+    f: impl FnOnce(common::config::Upstream) -> common::config::Upstream,
+) -> String {
+    Config::new()
+        .upstream("api", |u| {
+            f(u.authorities(["api"]).endpoint(addr).protocol(protocol))
+        })
+        .to_toml()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn http2_upstreams_get_the_authority_and_no_host_field() {
     let up = Upstream::start(describe).await;
-    let tg = Tollgate::start(&upstream(up.addr, "h2c", "")).await;
+    let tg = Tollgate::start(&upstream(up.addr, "h2c", |u| u)).await;
     let r = get(tg.addr, "/", "api").await;
     assert_eq!(
         String::from_utf8_lossy(&r.body),
@@ -62,7 +68,7 @@ async fn http2_upstreams_get_the_authority_and_no_host_field() {
     );
     tg.stop().await;
 
-    let tg = Tollgate::start(&upstream(up.addr, "h2c", "host = \"api.example\"\n")).await;
+    let tg = Tollgate::start(&upstream(up.addr, "h2c", |u| u.host("api.example"))).await;
     let r = get(tg.addr, "/", "api").await;
     assert_eq!(
         String::from_utf8_lossy(&r.body),
@@ -75,7 +81,7 @@ async fn http2_upstreams_get_the_authority_and_no_host_field() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cookies_an_http2_app_split_are_joined_for_an_http1_upstream() {
     let up = Upstream::start(describe).await;
-    let tg = Tollgate::start(&upstream(up.addr, "http1", "")).await;
+    let tg = Tollgate::start(&upstream(up.addr, "http1", |u| u)).await;
     let req = request("GET", "/", "api")
         .header("cookie", "a=1")
         .header("cookie", "b=2")
@@ -134,12 +140,7 @@ async fn http1_only() -> (
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn auto_sends_http2_apps_as_http1_to_an_endpoint_that_speaks_only_http1() {
     let (addr, seen, server) = http1_only().await;
-    let tg = Tollgate::start(&upstream(
-        addr,
-        "auto",
-        "[upstreams.api.retry]\nmax_attempts = 3\n",
-    ))
-    .await;
+    let tg = Tollgate::start(&upstream(addr, "auto", |u| u.retry(|r| r.max_attempts(3)))).await;
     for i in 0..3 {
         let r = send_h2(tg.addr, request("GET", "/x", "api").body(empty()).unwrap()).await;
         assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
@@ -170,7 +171,7 @@ async fn auto_sends_http2_apps_as_http1_to_an_endpoint_that_speaks_only_http1() 
     server.abort();
 
     let h2 = Upstream::start(describe).await;
-    let tg = Tollgate::start(&upstream(h2.addr, "auto", "")).await;
+    let tg = Tollgate::start(&upstream(h2.addr, "auto", |u| u)).await;
     let r = send_h2(tg.addr, request("GET", "/", "api").body(empty()).unwrap()).await;
     assert_eq!(
         String::from_utf8_lossy(&r.body),

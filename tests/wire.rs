@@ -10,6 +10,7 @@ mod common;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 
+use common::config::Config;
 use common::*;
 use http::Request;
 use http_body_util::BodyExt;
@@ -75,10 +76,13 @@ async fn raw_upstream(answer: &'static [u8]) -> (Scripted, Seen) {
 
 const OK: &[u8] = b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok";
 
-fn app(addr: SocketAddr, extra: &str) -> String {
-    config(&format!(
-        "[upstreams.app]\nauthorities = [\"app\"]\nendpoints = [\"{addr}\"]\n{extra}\n"
-    ))
+fn app(
+    addr: SocketAddr,
+    f: impl FnOnce(common::config::Upstream) -> common::config::Upstream,
+) -> String {
+    Config::new()
+        .upstream("app", |u| f(u.authorities(["app"]).endpoint(addr)))
+        .to_toml()
 }
 
 fn requests(seen: &Seen) -> Vec<String> {
@@ -110,7 +114,7 @@ async fn a_connection_field_cannot_take_away_the_length_of_a_response() {
         b"HTTP/1.1 200 OK\r\nConnection: content-length\r\nContent-Length: 5\r\n\r\nhello",
     )
     .await;
-    let tg = Tollgate::start(&app(up.addr, "")).await;
+    let tg = Tollgate::start(&app(up.addr, |u| u)).await;
     let raw = raw_exchange(
         tg.addr,
         b"GET /1 HTTP/1.1\r\nHost: app\r\n\r\nGET /2 HTTP/1.1\r\nHost: app\r\nConnection: close\r\n\r\n",
@@ -129,7 +133,7 @@ async fn a_connection_field_cannot_take_away_the_length_of_a_response() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_connection_field_cannot_take_away_the_length_or_host_of_a_request() {
     let (up, seen) = raw_upstream(OK).await;
-    let tg = Tollgate::start(&app(up.addr, "")).await;
+    let tg = Tollgate::start(&app(up.addr, |u| u)).await;
     let raw = raw_exchange(
         tg.addr,
         b"POST /cl HTTP/1.1\r\nHost: app\r\nConnection: content-length\r\nContent-Length: 5\r\n\r\nhello\
@@ -156,7 +160,7 @@ async fn a_connection_field_cannot_take_away_the_authority_of_an_h2c_request() {
         async { respond(200, "ok") }
     })
     .await;
-    let tg = Tollgate::start(&app(up.addr, "protocol = \"h2c\"")).await;
+    let tg = Tollgate::start(&app(up.addr, |u| u.protocol("h2c"))).await;
     let raw = raw_exchange(
         tg.addr,
         b"GET / HTTP/1.1\r\nHost: app\r\nConnection: host, close\r\n\r\n",
@@ -173,7 +177,7 @@ async fn a_connection_field_cannot_take_away_the_authority_of_an_h2c_request() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn request_targets_are_refused_unless_valid_for_their_method() {
     let (up, seen) = raw_upstream(OK).await;
-    let tg = Tollgate::start(&app(up.addr, "protocol = \"http1\"")).await;
+    let tg = Tollgate::start(&app(up.addr, |u| u.protocol("http1"))).await;
     for line in [
         "POST * HTTP/1.1",
         "GET * HTTP/1.1",
@@ -247,7 +251,7 @@ async fn request_targets_are_refused_unless_valid_for_their_method() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn repeated_content_lengths_are_one_value_on_both_sides() {
     let (up, seen) = raw_upstream(OK).await;
-    let tg = Tollgate::start(&app(up.addr, "")).await;
+    let tg = Tollgate::start(&app(up.addr, |u| u)).await;
     for (n, framing) in [
         "Content-Length: 5, 5\r\n",
         "Content-Length: 5\r\nContent-Length: 5\r\n",
@@ -298,7 +302,7 @@ async fn repeated_content_lengths_are_one_value_on_both_sides() {
         ),
     ] {
         let (up, _) = raw_upstream(answer).await;
-        let tg = Tollgate::start(&app(up.addr, "")).await;
+        let tg = Tollgate::start(&app(up.addr, |u| u)).await;
         let raw = raw_exchange(
             tg.addr,
             b"GET / HTTP/1.1\r\nHost: app\r\nConnection: close\r\n\r\n",
@@ -320,7 +324,7 @@ async fn repeated_content_lengths_are_one_value_on_both_sides() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lenient_chunk_size_line_is_never_forwarded() {
     let (up, seen) = raw_upstream(OK).await;
-    let tg = Tollgate::start(&app(up.addr, "")).await;
+    let tg = Tollgate::start(&app(up.addr, |u| u)).await;
     for (n, line) in ["5;a\nb", "5garbage", "5 ", "5;a=\"x", "5;a\rb"]
         .iter()
         .enumerate()
@@ -365,13 +369,10 @@ async fn a_malformed_body_from_the_app_is_the_apps_fault() {
             }
         })
         .await;
-        let tg = Tollgate::start(&app(
-            up.addr,
-            &format!(
-                "protocol = \"{protocol}\"\n[upstreams.app.retry]\n\
-                 methods = [\"POST\"]\non = [\"reset\", \"connect-failure\", \"502\"]\n"
-            ),
-        ))
+        let tg = Tollgate::start(&app(up.addr, |u| {
+            u.protocol(protocol)
+                .retry(|r| r.methods(["POST"]).on(["reset", "connect-failure", "502"]))
+        }))
         .await;
         let mut s = TcpStream::connect(tg.addr).await.unwrap();
         s.write_all(

@@ -486,4 +486,26 @@ impl Config {
         self.0.write("", &mut out);
         out
     }
+
+    /// The file less `[listener]` and `[admin]`, for a [`super::Process`], which writes
+    /// those itself on the ports it picked. A listener key set here would be lost, so
+    /// none may be (`Process::start_logged_listening` takes them).
+    pub fn to_toml_for_process(&self) -> String {
+        let mut out = String::new();
+        for line in &self.0.lines {
+            let _ = writeln!(out, "{line}");
+        }
+        for (key, t) in &self.0.sections {
+            if key == keys::root::listener || key == keys::root::admin {
+                assert!(
+                    t.lines.len() == 1 && t.sections.is_empty(),
+                    "[{key}] holds more than its address: {:?}",
+                    t.lines
+                );
+                continue;
+            }
+            t.write(key, &mut out);
+        }
+        out
+    }
 }

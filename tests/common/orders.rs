@@ -10,9 +10,13 @@ use std::time::Duration;
 
 use http_body_util::BodyExt;
 
+use crate::common::config::Inbound;
 use crate::common::*;
 
-pub const DEDUPE: &str = "max_inflight = 1000\n[inbound.dedupe]\nstore = \"memory\"\n";
+/// An inbound side that deduplicates in memory, with room for 1000 requests.
+pub fn deduping(i: Inbound) -> Inbound {
+    i.max_inflight(1000).dedupe(|d| d.store("memory"))
+}
 
 /// An app that "executes" an order: counts it, and answers `201` with its number.
 pub async fn orders_app(delay: Duration) -> (Upstream, Arc<AtomicUsize>) {

@@ -21,7 +21,8 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
-use super::{Got, config, full};
+use super::{Got, full};
+use crate::common::config::{Config, Tls};
 
 pub const NAME: &str = "upstream.test";
 
@@ -255,20 +256,23 @@ pub fn write(dir: &Path, name: &str, content: &str) -> PathBuf {
 }
 
 /// `[upstreams.secure]` speaking TLS to `addr`; `tls_extra` goes into its tls table.
-pub fn secure(addr: SocketAddr, protocol: &str, tls_extra: &str) -> String {
-    config(&format!(
-        "[upstreams.secure]\nauthorities = [\"secure\"]\nendpoints = [\"{addr}\"]\n\
-         protocol = \"{protocol}\"\nconnect_timeout = \"5s\"\nattempt_timeout = \"5s\"\n\
-         request_timeout = \"10s\"\n\
-         [upstreams.secure.tls]\n{tls_extra}\n"
-    ))
+pub fn secure(addr: SocketAddr, protocol: &str, tls: impl FnOnce(Tls) -> Tls) -> String {
+    Config::new()
+        .upstream("secure", |u| {
+            u.authorities(["secure"])
+                .endpoint(addr)
+                .protocol(protocol)
+                .connect_timeout("5s")
+                .attempt_timeout("5s")
+                .request_timeout("10s")
+                .tls(tls)
+        })
+        .to_toml()
 }
 
-pub fn tls_table(server_name: &str, ca: &Path) -> String {
-    format!(
-        "server_name = \"{server_name}\"\nca_file = \"{}\"\n",
-        ca.display()
-    )
+/// Expecting `server_name`, trusting the CAs in `ca`.
+pub fn trusting<'a>(server_name: &'a str, ca: &'a Path) -> impl Fn(Tls) -> Tls + 'a {
+    move |t| t.server_name(server_name).ca_file(ca.display().to_string())
 }
 
 pub fn body(r: &Got) -> String {
