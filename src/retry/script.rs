@@ -86,13 +86,11 @@ impl<A: AppBody> Transport<A> for Script {
         let now = Instant::now();
         let head = a.head_at(now);
         let deadline_ms = head
-            .fields
-            .iter()
+            .added()
             .find(|(name, _)| *name == "x-timeout-ms")
             .and_then(|(_, v)| v.to_str().ok()?.parse().ok());
         let key = head
-            .fields
-            .iter()
+            .added()
             .find(|(name, _)| *name == "idempotency-key")
             .map(|(_, v)| v)
             .or_else(|| head.headers.get("idempotency-key"))

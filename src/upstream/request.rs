@@ -99,7 +99,7 @@ impl<'a> RequestHead<'a> {
                 headers.append(name.clone(), value.clone());
             }
         }
-        for (name, value) in self.fields.iter().chain(self.rare_fields()) {
+        for (name, value) in self.added() {
             headers.append(name.clone(), value.clone());
         }
         *req.headers_mut() = headers;
@@ -115,8 +115,13 @@ impl<'a> RequestHead<'a> {
                 .is_some_and(|r| r.iter().flatten().any(|(n, _)| *n == name))
     }
 
+    /// Every field the attempt adds, the common ones and then the rare ones.
+    pub fn added(&self) -> impl Iterator<Item = (&'a HeaderName, &HeaderValue)> {
+        self.fields.iter().chain(self.rare_fields())
+    }
+
     /// The rare fields the attempt carries.
-    fn rare_fields(&self) -> impl Iterator<Item = (&'a HeaderName, &'a HeaderValue)> {
+    fn rare_fields(&self) -> impl Iterator<Item = (&'a HeaderName, &HeaderValue)> {
         self.rare
             .into_iter()
             .flatten()
