@@ -12,10 +12,9 @@
 use std::sync::Arc;
 
 use http::header::HOST;
-use http::{HeaderMap, HeaderValue, Method, Request, Response, Uri, Version};
+use http::{HeaderValue, Method, Request, Response, Version};
 use http_body::Body;
 use http_body_util::BodyExt;
-use prometheus::IntCounter;
 use tokio::time::Instant;
 
 use super::answer::{self, Refusal};
@@ -262,15 +261,13 @@ async fn answer_request(
     };
     let sent = Instant::now();
     let exhausted = inbound.metrics.exhausted(crate::metrics::Shortage::Connect);
-    let head = (parts.method, uri, headers);
-    let how = (want, deadline, facts.grpc);
     let traceparent = call.trace.as_ref().map(RequestTrace::traceparent);
     let (result, mark) = match (claim, &state.dedupe) {
         (Some(claim), Some((_, keyed_app))) => {
             let exchange = keyed::Exchange {
-                method: head.0,
-                uri: head.1,
-                headers: head.2,
+                method: parts.method,
+                uri,
+                headers,
                 want,
                 deadline,
                 header: state.deadline.header.clone(),
@@ -283,13 +280,29 @@ async fn answer_request(
             (Box::pin(run).await.map(Answered::Keyed), false)
         }
         _ => {
-            let result = to_app(state, &head, body, how, traceparent, exhausted).await;
+            // A request without a claimed key goes to the app as it is.
+            let request = RequestHead {
+                method: &parts.method,
+                uri: &uri,
+                headers: &headers,
+                fields: AttemptFields::default(),
+                https: false,
+                rare: None,
+                continue_wait: ContinueWait::ZERO,
+            };
+            let fields = DeadlineFields {
+                deadline,
+                header: &state.deadline.header,
+                grpc: facts.grpc,
+                traceparent,
+            };
+            let result = app::send(&state.app, want, &request, body, &fields, exhausted).await;
             // Ownership through the app: who the request was is read only when its
             // answer is a failure its callers would retry.
             let mark = state.config.owned_failures == OwnedFailures::Mark
                 && result.as_ref().is_ok_and(|resp| {
                     owned::retryable_failure(resp.status(), Fields::of(resp), facts.grpc)
-                        && inbound.owned.gave_up_since(&head.2, start)
+                        && inbound.owned.gave_up_since(&headers, start)
                 });
             (result.map(Answered::Plain), mark)
         }
@@ -309,33 +322,6 @@ async fn answer_request(
         }
         Err(failed) => call.refuse(refusal(failed), guard),
     }
-}
-
-/// Sends a request without a claimed key to the app, as it is.
-async fn to_app(
-    state: &State,
-    (method, uri, headers): &(Method, Uri, HeaderMap),
-    body: AppBody,
-    (want, deadline, grpc): (Want, Deadline, bool),
-    traceparent: Option<HeaderValue>,
-    exhausted: &IntCounter,
-) -> Result<UpstreamResponse, Failed> {
-    let head = RequestHead {
-        method,
-        uri,
-        headers,
-        fields: AttemptFields::default(),
-        https: false,
-        rare: None,
-        continue_wait: ContinueWait::ZERO,
-    };
-    let fields = DeadlineFields {
-        deadline,
-        header: &state.deadline.header,
-        grpc,
-        traceparent,
-    };
-    app::send(&state.app, want, &head, body, &fields, exhausted).await
 }
 
 /// The app's answer: as it came, or through the task that keeps it.
