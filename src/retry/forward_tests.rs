@@ -357,7 +357,7 @@ async fn a_hedge_beside_a_slow_attempt_wins_and_counts_as_an_attempt() {
     let started = Instant::now();
     let a = call(&up, &script, &get(), None).await;
     assert_eq!((status(&a), a.attempts), (200, 2));
-    assert_eq!(a.hedge, super::forward::HedgeState::Sent);
+    assert_eq!(a.hedge, super::HedgeState::Sent);
     let sent = script.sent();
     assert!(sent[1].hedge);
     assert_eq!(sent[1].at - started, 50 * MS);

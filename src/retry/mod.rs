@@ -19,6 +19,7 @@ pub mod adaptive;
 pub mod attempt;
 pub mod backoff;
 pub mod budget;
+mod exchange;
 mod forward;
 #[cfg(test)]
 mod forward_tests;
@@ -44,6 +45,7 @@ mod upstream;
 
 pub use attempt::Transport;
 pub use attempt::{Attempt, AttemptError, Head, NotUpstream};
-pub use forward::{Answer, BodyRead, Exchange, HedgeState, Reply, Trail, forward, forward_on};
+pub use exchange::{Answer, BodyRead, Exchange, HedgeState, Reply, Trail};
+pub use forward::{forward, forward_on};
 pub use replay::{AppBody, ReplayBody};
 pub use upstream::Upstream;

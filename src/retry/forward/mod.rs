@@ -30,16 +30,19 @@
 //!
 //! [`Hedging`]: super::hedge::Hedging
 
+mod answers;
+
 use std::pin::pin;
 use std::time::Duration;
 
-use http::{HeaderValue, StatusCode, Version};
+use http::{HeaderValue, StatusCode};
 use http_body::Body;
 use tokio::time::{Instant, Sleep};
 
 use super::attempt::Transport;
 use super::attempt::{Attempt, AttemptError, Head, NotUpstream, Ran, TRACEPARENT_NAME};
 use super::backoff::Backoff;
+use super::exchange::{Answer, Exchange, HedgeState, Reply, Trail};
 use super::headers::{Callee, refused_as_retry};
 use super::keys;
 use super::learn::{self, Seen};
@@ -55,120 +58,6 @@ use crate::upstream::pool::Want;
 use crate::upstream::request::RareFields;
 use crate::upstream::response::{Fields, UpstreamResponse};
 use crate::upstream::want;
-
-/// A request ready to forward.
-pub struct Exchange<'h, A> {
-    pub head: &'h Head,
-    /// The idempotency key minted for it (`mint_idempotency_key`), sent on every
-    /// attempt. Boxed: a request without one (nearly every one) moves a word for it.
-    pub minted: Option<Box<HeaderValue>>,
-    /// The HTTP version the app spoke (for `protocol = "auto"`).
-    pub version: Version,
-    pub body: A,
-    pub deadline: Deadline,
-    /// When the request arrived: its first attempt starts then.
-    pub arrived: Instant,
-    /// A gRPC call: `grpc-timeout` carries the caller's own deadline, and tollgate's
-    /// own answers are gRPC answers.
-    pub grpc: bool,
-    /// An HTTP/1.1 upgrade (`Connection: upgrade`, `Upgrade: websocket`): sent over
-    /// HTTP/1.1, never retried once sent, and a `101` is its answer.
-    pub upgrade: bool,
-    /// The app sent this again after a failure tollgate owned: it goes as a retry
-    /// (`x-tollgate-attempt: 2`, its budget already spent) and is not retried again.
-    pub app_retry: bool,
-    /// The request's spans, when it is traced.
-    pub trace: Option<&'h mut crate::trace::RequestTrace>,
-}
-
-/// What goes back to the app.
-// Unboxed: almost every answer is the upstream's, and a box would cost an allocation
-// per request for the rare local one's sake.
-#[allow(clippy::large_enum_variant)]
-pub enum Reply {
-    /// The upstream's response. An HTTP/1.1 body carries its connection, which goes
-    /// back to the pool once the body has been read to the end.
-    Upstream(UpstreamResponse),
-    /// tollgate answers itself: 502 or 504 for the upstream, 400 for a malformed body
-    /// from the app, 503 (with `Retry-After`) when out of file descriptors.
-    Local(StatusCode),
-}
-
-pub struct Answer {
-    pub reply: Reply,
-    /// The retries made, and why the last failure was not retried.
-    pub trail: Trail,
-    pub attempts: u32,
-    pub outcome: Outcome,
-    /// The failure tollgate gave up on, when it gave up.
-    pub failure: Option<Failure>,
-    /// What went wrong, in words for the app, when there is more to say than the
-    /// status (a TLS failure's reason).
-    pub detail: Option<String>,
-    /// What the response's own `x-tollgate-outcome` (another tollgate's) says: owned
-    /// there (it goes back as it came), stray (it is removed), or nothing.
-    pub callee: Callee,
-    /// How much of the app's body was read.
-    pub body: BodyRead,
-    /// Whether a hedge was asked for, and sent (it is counted in `attempts`).
-    pub hedge: HedgeState,
-}
-
-impl Answer {
-    /// The response carries another tollgate's verdict, owned there.
-    pub fn owned_elsewhere(&self) -> bool {
-        self.callee.owned()
-    }
-
-    /// The response carries an `x-tollgate-outcome` that means nothing on its status
-    /// (a `1xx`-`3xx` that is not a gRPC answer): it is removed.
-    pub fn strip_outcome(&self) -> bool {
-        self.callee == Callee::Stray
-    }
-}
-
-/// How much of the app's body the attempts read.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum BodyRead {
-    /// To its end.
-    Whole,
-    /// Not to its end: the client connection cannot carry another request.
-    Partly,
-    /// Nothing, and nothing will be: an endpoint answered before its `100 Continue`, or
-    /// no attempt took the body.
-    Untouched,
-}
-
-/// A request's hedge: at most one.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum HedgeState {
-    NotAsked,
-    /// Asked for, and refused by `max_extra`.
-    Denied,
-    Sent,
-}
-
-/// What the attempts of a request went through, for the access log: the condition
-/// that fired each retry, and why a retry was refused.
-#[derive(Clone, Copy, Debug, Default)]
-pub struct Trail {
-    retries: [Option<Failure>; 9],
-    /// The reason a retry was refused, when one was.
-    pub denied: Option<Denied>,
-}
-
-impl Trail {
-    fn retried(&mut self, failure: Failure) {
-        if let Some(slot) = self.retries.iter_mut().find(|r| r.is_none()) {
-            *slot = Some(failure);
-        }
-    }
-
-    /// The conditions of the retries, in order.
-    pub fn retries(&self) -> impl Iterator<Item = Failure> + '_ {
-        self.retries.iter().map_while(|r| *r)
-    }
-}
 
 /// How long a body still arriving when a retryable failure came may take to finish.
 const BODY_GRACE: Duration = Duration::from_millis(50);
@@ -471,29 +360,6 @@ impl<'a, A: AppBody> Call<'a, A> {
         learn::attempt_done(self.up, &seen, Instant::now());
     }
 
-    /// The callee refused this retry: no further attempt, and the app gets the failure
-    /// the retry retried, with outcome `retry-rejected`.
-    fn rejected(&mut self, refusal: UpstreamResponse) -> Answer {
-        let Some(previous) = self.previous.take() else {
-            let callee = Callee::of(refusal.status(), Fields::of(&refusal));
-            return self.answer(refusal, Outcome::Ok, callee);
-        };
-        discard(refusal);
-        self.up.metrics.denied(Denied::UpstreamRejected);
-        let failure = previous.failure();
-        let mut answer = match previous {
-            Previous::Response(resp, _) => {
-                let callee = Callee::of(resp.status(), Fields::of(&resp));
-                self.answer(resp, Outcome::RetryRejected, callee)
-            }
-            Previous::Failure(f) => self.local(Previous::local_status(f), Outcome::RetryRejected),
-        };
-        answer.outcome = Outcome::RetryRejected;
-        answer.callee = Callee::Silent;
-        answer.failure = Some(failure);
-        answer
-    }
-
     /// An endpoint for the next attempt: round-robin, away from `avoid` and from any
     /// whose TLS failed for this request.
     fn pick(&self, avoid: Option<usize>) -> usize {
@@ -786,103 +652,6 @@ impl<'a, A: AppBody> Call<'a, A> {
         };
         let rng = self.rng.get_or_insert_with(fastrand::Rng::new);
         policy.decide(&situation, &mut self.body, rng)
-    }
-
-    /// The answer for the app, of this request as it stands: the one way an [`Answer`]
-    /// is made.
-    fn finish(
-        &self,
-        reply: Reply,
-        outcome: Outcome,
-        failure: Option<Failure>,
-        callee: Callee,
-    ) -> Answer {
-        Answer {
-            reply,
-            trail: self.trail,
-            attempts: self.attempts,
-            outcome,
-            failure,
-            detail: None,
-            callee,
-            // An empty body is read whole before anything was taken from it.
-            body: if !self.body.unread() {
-                BodyRead::Whole
-            } else if !self.body.started() {
-                BodyRead::Untouched
-            } else {
-                BodyRead::Partly
-            },
-            hedge: self.hedge,
-        }
-    }
-
-    /// The upstream's response goes back: a success, a failure that another tollgate
-    /// already owned, or one that a callee's outcome (`callee`) names and this tollgate
-    /// does not retry.
-    fn answer(&self, resp: UpstreamResponse, outcome: Outcome, callee: Callee) -> Answer {
-        let outcome = match callee {
-            Callee::Silent | Callee::Stray => outcome,
-            c => c.outcome(),
-        };
-        self.finish(Reply::Upstream(resp), outcome, None, callee)
-    }
-
-    /// No more attempts: the last failure goes back, the upstream's own response or
-    /// tollgate's 502/504.
-    fn give_up(
-        &mut self,
-        stop: Stop,
-        failure: Failure,
-        response: Option<UpstreamResponse>,
-    ) -> Answer {
-        self.traced.refused(stop.denied());
-        if let Some(d) = stop.denied() {
-            self.up.metrics.denied(d);
-            self.trail.denied = Some(d);
-        }
-        let outcome = stop.outcome(failure);
-        match response {
-            Some(resp) if stop == Stop::Ownership => {
-                let callee = Callee::of(resp.status(), Fields::of(&resp));
-                self.answer(resp, Outcome::Ok, callee)
-            }
-            Some(resp) => self.finish(
-                Reply::Upstream(resp),
-                outcome,
-                Some(failure),
-                Callee::Silent,
-            ),
-            None => {
-                let status = match failure {
-                    Failure::Timeout => StatusCode::GATEWAY_TIMEOUT,
-                    _ if outcome == Outcome::DeadlineExceeded => StatusCode::GATEWAY_TIMEOUT,
-                    _ => StatusCode::BAD_GATEWAY,
-                };
-                let mut answer = self.local(status, outcome);
-                answer.failure = Some(failure);
-                answer.detail = self.detail.take().map(String::from);
-                answer
-            }
-        }
-    }
-
-    /// The attempt ended for a reason that was not the upstream's: nothing more is
-    /// tried. A malformed body is the app's (400); a descriptor shortage is tollgate's
-    /// own overload (503), and the attempt that never got a connection is not counted.
-    fn not_upstream(&mut self, why: NotUpstream) -> Answer {
-        match why {
-            NotUpstream::AppBody => self.local(StatusCode::BAD_REQUEST, Outcome::NotRetryable),
-            NotUpstream::NoDescriptors => {
-                self.attempts -= 1;
-                self.local(StatusCode::SERVICE_UNAVAILABLE, Outcome::Overloaded)
-            }
-        }
-    }
-
-    /// tollgate answers itself.
-    fn local(&self, status: StatusCode, outcome: Outcome) -> Answer {
-        self.finish(Reply::Local(status), outcome, None, Callee::Silent)
     }
 }
 

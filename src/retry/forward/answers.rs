@@ -1,0 +1,142 @@
+//! The answers the loop gives: the upstream's, the one that ends the request when a
+//! retry is refused or there is none left, and tollgate's own. `Call::finish` is the
+//! one way an [`Answer`] is made.
+
+use http::StatusCode;
+
+use super::{Call, discard};
+use crate::metrics::{Denied, Outcome};
+use crate::retry::attempt::NotUpstream;
+use crate::retry::exchange::{Answer, BodyRead, Reply};
+use crate::retry::headers::Callee;
+use crate::retry::policy::{Failure, Stop};
+use crate::retry::rejected::Previous;
+use crate::retry::replay::AppBody;
+use crate::upstream::response::{Fields, UpstreamResponse};
+
+impl<'a, A: AppBody> Call<'a, A> {
+    /// The callee refused this retry: no further attempt, and the app gets the failure
+    /// the retry retried, with outcome `retry-rejected`.
+    pub(super) fn rejected(&mut self, refusal: UpstreamResponse) -> Answer {
+        let Some(previous) = self.previous.take() else {
+            let callee = Callee::of(refusal.status(), Fields::of(&refusal));
+            return self.answer(refusal, Outcome::Ok, callee);
+        };
+        discard(refusal);
+        self.up.metrics.denied(Denied::UpstreamRejected);
+        let failure = previous.failure();
+        let mut answer = match previous {
+            Previous::Response(resp, _) => {
+                let callee = Callee::of(resp.status(), Fields::of(&resp));
+                self.answer(resp, Outcome::RetryRejected, callee)
+            }
+            Previous::Failure(f) => self.local(Previous::local_status(f), Outcome::RetryRejected),
+        };
+        answer.outcome = Outcome::RetryRejected;
+        answer.callee = Callee::Silent;
+        answer.failure = Some(failure);
+        answer
+    }
+
+    /// The answer for the app, of this request as it stands: the one way an [`Answer`]
+    /// is made.
+    pub(super) fn finish(
+        &self,
+        reply: Reply,
+        outcome: Outcome,
+        failure: Option<Failure>,
+        callee: Callee,
+    ) -> Answer {
+        Answer {
+            reply,
+            trail: self.trail,
+            attempts: self.attempts,
+            outcome,
+            failure,
+            detail: None,
+            callee,
+            // An empty body is read whole before anything was taken from it.
+            body: if !self.body.unread() {
+                BodyRead::Whole
+            } else if !self.body.started() {
+                BodyRead::Untouched
+            } else {
+                BodyRead::Partly
+            },
+            hedge: self.hedge,
+        }
+    }
+
+    /// The upstream's response goes back: a success, a failure that another tollgate
+    /// already owned, or one that a callee's outcome (`callee`) names and this tollgate
+    /// does not retry.
+    pub(super) fn answer(
+        &self,
+        resp: UpstreamResponse,
+        outcome: Outcome,
+        callee: Callee,
+    ) -> Answer {
+        let outcome = match callee {
+            Callee::Silent | Callee::Stray => outcome,
+            c => c.outcome(),
+        };
+        self.finish(Reply::Upstream(resp), outcome, None, callee)
+    }
+
+    /// No more attempts: the last failure goes back, the upstream's own response or
+    /// tollgate's 502/504.
+    pub(super) fn give_up(
+        &mut self,
+        stop: Stop,
+        failure: Failure,
+        response: Option<UpstreamResponse>,
+    ) -> Answer {
+        self.traced.refused(stop.denied());
+        if let Some(d) = stop.denied() {
+            self.up.metrics.denied(d);
+            self.trail.denied = Some(d);
+        }
+        let outcome = stop.outcome(failure);
+        match response {
+            Some(resp) if stop == Stop::Ownership => {
+                let callee = Callee::of(resp.status(), Fields::of(&resp));
+                self.answer(resp, Outcome::Ok, callee)
+            }
+            Some(resp) => self.finish(
+                Reply::Upstream(resp),
+                outcome,
+                Some(failure),
+                Callee::Silent,
+            ),
+            None => {
+                let status = match failure {
+                    Failure::Timeout => StatusCode::GATEWAY_TIMEOUT,
+                    _ if outcome == Outcome::DeadlineExceeded => StatusCode::GATEWAY_TIMEOUT,
+                    _ => StatusCode::BAD_GATEWAY,
+                };
+                let mut answer = self.local(status, outcome);
+                answer.failure = Some(failure);
+                answer.detail = self.detail.take().map(String::from);
+                answer
+            }
+        }
+    }
+
+    /// The attempt ended for a reason that was not the upstream's: nothing more is
+    /// tried. A malformed body is the app's (400); a descriptor shortage is tollgate's
+    /// own overload (503), and the attempt that never got a connection is not counted.
+    pub(super) fn not_upstream(&mut self, why: NotUpstream) -> Answer {
+        match why {
+            NotUpstream::AppBody => self.local(StatusCode::BAD_REQUEST, Outcome::NotRetryable),
+            NotUpstream::NoDescriptors => {
+                self.attempts -= 1;
+                self.local(StatusCode::SERVICE_UNAVAILABLE, Outcome::Overloaded)
+            }
+        }
+    }
+
+    /// tollgate answers itself.
+    pub(super) fn local(&self, status: StatusCode, outcome: Outcome) -> Answer {
+        self.finish(Reply::Local(status), outcome, None, Callee::Silent)
+    }
+}
