@@ -3,7 +3,8 @@
 //! threads; [`keys`] declares which): the config in force keeps their running values, so that `/config` shows
 //! what is really in effect and every later reload keeps reporting the difference
 //! until a restart. Everything else is applied, and each upstream added, removed or
-//! changed is named, so a reload says what it did.
+//! changed is named, with the keys that changed as [`keys`] declares them, so a
+//! reload says what it did.
 
 use super::Config;
 use super::keys;
@@ -76,7 +77,7 @@ fn inbound_in_effect(
     }
     match (&running.inbound, &new.inbound) {
         (Some(r), Some(n)) => {
-            let fields = inbound_fields(r, n);
+            let fields = keys::inbound::SECTION.changed(r, n);
             if !fields.is_empty() {
                 changes.push(format!("inbound changed: {}", fields.join(", ")));
             }
@@ -89,41 +90,13 @@ fn inbound_in_effect(
     }
 }
 
-/// The settings of `[inbound]` that differ, by the names the file gives them.
-fn inbound_fields(a: &InboundConfig, b: &InboundConfig) -> Vec<&'static str> {
-    [
-        ("app", a.app == b.app),
-        ("max_inflight", a.max_inflight == b.max_inflight),
-        ("request_timeout", a.request_timeout == b.request_timeout),
-        ("retries", a.retries == b.retries),
-        ("retries.per_caller", a.per_caller == b.per_caller),
-        ("probe_paths", a.probe_paths == b.probe_paths),
-        ("dedupe", a.dedupe == b.dedupe),
-        ("owned_failures", a.owned_failures == b.owned_failures),
-    ]
-    .into_iter()
-    .filter(|(_, same)| !same)
-    .map(|(name, _)| name)
-    .collect()
-}
-
 /// `[tracing]` added, removed or changed (applied: the tracer is rebuilt).
 fn tracing_change(running: &Config, new: &Config) -> Option<String> {
     match (&running.tracing, &new.tracing) {
         (None, Some(_)) => Some("tracing added".into()),
         (Some(_), None) => Some("tracing removed".into()),
         (Some(a), Some(b)) => {
-            let fields: Vec<&str> = [
-                ("otlp", a.otlp == b.otlp),
-                ("sample", a.sample == b.sample),
-                ("batch", a.batch == b.batch),
-                ("queue", a.queue == b.queue),
-                ("timeout", a.timeout == b.timeout),
-            ]
-            .into_iter()
-            .filter(|(_, same)| !same)
-            .map(|(name, _)| name)
-            .collect();
+            let fields = keys::tracing::SECTION.changed(a, b);
             (!fields.is_empty()).then(|| format!("tracing changed: {}", fields.join(", ")))
         }
         (None, None) => None,
@@ -158,36 +131,11 @@ pub fn upstream_changes(old: &Config, new: &Config) -> Vec<String> {
 }
 
 /// The settings of an upstream that differ, by the names the file gives them.
-fn changed_fields(a: &UpstreamConfig, b: &UpstreamConfig) -> Vec<&'static str> {
-    let mut out = Vec::new();
-    let mut check = |name: &'static str, same: bool| {
-        if !same {
-            out.push(name);
-        }
-    };
-    check("authorities", a.authorities == b.authorities);
-    check("listen", a.listen == b.listen);
-    check("endpoints", a.endpoints == b.endpoints);
-    check("host", a.host == b.host);
-    check("protocol", a.protocol == b.protocol);
-    check("connect_timeout", a.connect_timeout == b.connect_timeout);
-    check("request_timeout", a.request_timeout == b.request_timeout);
-    check("attempt_timeout", a.attempt_timeout == b.attempt_timeout);
-    check("max_inflight", a.max_inflight == b.max_inflight);
-    check("retry", a.retry == b.retry);
-    check("budget", a.budget == b.budget);
-    check("tls", a.tls == b.tls);
-    check(
-        "max_connection_age",
-        a.max_connection_age == b.max_connection_age,
-    );
-    check("outlier", a.outlier == b.outlier);
-    check("hedge", a.hedge == b.hedge);
-    check("throttle", a.throttle == b.throttle);
-    check("app_retries", a.app_retries == b.app_retries);
-    // Anything not named above (a key added later): still a change, said plainly.
+fn changed_fields(a: &UpstreamConfig, b: &UpstreamConfig) -> Vec<String> {
+    let mut out = keys::upstream::SECTION.changed(a, b);
+    // A difference no declared key shows: still a change, said plainly.
     if out.is_empty() && a != b {
-        out.push("other settings");
+        out.push("other settings".to_string());
     }
     out
 }
@@ -197,6 +145,7 @@ mod tests {
     #![allow(clippy::unwrap_used)]
 
     use super::*;
+    use keys::Reload;
     use std::path::Path;
 
     fn config(text: &str) -> Config {
@@ -223,6 +172,117 @@ mod tests {
             ]
         );
         assert!(upstream_changes(&old, &config(BASE)).is_empty());
+    }
+
+    /// TOML values to try for a key of this kind (its declared type), meant to differ
+    /// from its default; a section is tried empty, then with one of its keys set.
+    fn samples(kind: &str, path: &str) -> Vec<String> {
+        if kind == "section" {
+            let section = keys::sections().into_iter().find(|s| s.path() == path);
+            let section = section.unwrap_or_else(|| panic!("no section [{path}] declared"));
+            let mut out = vec!["{}".to_string()];
+            for row in section.rows() {
+                let path = format!("{path}.{}", row.name);
+                for v in samples(row.kind, &path) {
+                    out.push(format!("{{ {} = {v} }}", row.name));
+                }
+            }
+            return out;
+        }
+        // The words a kind lists: `"http1"`, `"h2c"` or `"auto"`.
+        let mut out: Vec<String> = kind
+            .split('`')
+            .filter(|w| w.starts_with('"'))
+            .map(str::to_string)
+            .collect();
+        for (word, value) in [
+            ("duration", "\"7s\""),
+            ("integer", "7"),
+            ("number", "0.5"),
+            ("number", "7.0"),
+            ("percentage", "\"70%\""),
+            ("size", "\"7KiB\""),
+            ("list of host names", "[\"z\"]"),
+            ("list of host:port", "[\"127.0.0.1:9\"]"),
+            ("list of methods", "[\"PUT\"]"),
+            ("address", "\"127.0.0.1:17001\""),
+            ("name", "\"z.example\""),
+        ] {
+            if kind.contains(word) {
+                out.push(value.to_string());
+            }
+        }
+        out
+    }
+
+    /// Each key of an upstream a reload applies, changed alone, is named alone: the
+    /// declarations say which keys there are, so a key added later is covered too.
+    #[test]
+    fn a_change_to_each_declared_key_of_an_upstream_is_named() {
+        let required = [
+            ("authorities", "[\"a\"]"),
+            ("endpoints", "[\"127.0.0.1:1\"]"),
+        ];
+        let upstream = |key: &str, value: &str| {
+            let mut text = String::from("[upstreams.a]\n");
+            for (k, v) in required.iter().filter(|(k, _)| *k != key) {
+                text.push_str(&format!("{k} = {v}\n"));
+            }
+            if !key.is_empty() {
+                text.push_str(&format!("{key} = {value}\n"));
+            }
+            crate::config::parse("t.toml", &text, Path::new(".")).ok()
+        };
+        let old = upstream("", "").unwrap();
+        let section = &keys::upstream::SECTION;
+        for key in section.keys.iter().filter(|k| k.reload == Reload::Applied) {
+            let path = format!("{}.{}", section.path, key.name);
+            let shown = |c: &Config| c.upstream("a").map(|u| (key.show)(u));
+            let new = samples(key.kind, &path)
+                .into_iter()
+                .filter_map(|v| upstream(key.name, &v))
+                .find(|new| shown(new) != shown(&old))
+                .unwrap_or_else(|| panic!("no sample of `{}` changes {path}: add one", key.kind));
+            assert_eq!(
+                upstream_changes(&old, &new),
+                [format!("upstream a changed: {}", key.name)],
+                "{path}"
+            );
+        }
+    }
+
+    #[test]
+    fn changed_keys_are_named_in_the_order_they_are_declared() {
+        let upstream = |extra: &str| config(&format!("{BASE}{extra}"));
+        let both = "[upstreams.a.budget]\n[upstreams.a.tls]\nserver_name = \"a\"\n";
+        assert_eq!(
+            upstream_changes(&upstream(""), &upstream(both)),
+            ["upstream a changed: tls, budget"]
+        );
+
+        // The sharing of `[inbound.retries]` lives beside the budget: named apart.
+        let inbound = |retries: &str| {
+            config(&format!(
+                "{BASE}[inbound]\napp = \"127.0.0.1:8080\"\n{retries}"
+            ))
+        };
+        let changes = |a: &str, b: &str| reconcile(&inbound(a), inbound(b)).changes;
+        let fair = "[inbound.retries]\nratio = 0.2\n";
+        let off = "[inbound.retries]\nratio = 0.2\nper_caller = \"off\"\n";
+        assert_eq!(changes("", fair), ["inbound changed: retries"]);
+        assert_eq!(
+            changes("", off),
+            ["inbound changed: retries, retries.per_caller"]
+        );
+        assert_eq!(changes(fair, off), ["inbound changed: retries.per_caller"]);
+        assert_eq!(
+            changes(
+                off,
+                "[inbound.retries]\nratio = 0.3\nper_caller = \"off\"\n"
+            ),
+            ["inbound changed: retries"]
+        );
+        assert!(changes(off, off).is_empty());
     }
 
     #[test]
@@ -254,7 +314,7 @@ mod tests {
 
     #[test]
     fn the_keys_declared_for_a_restart_are_the_ones_kept_running() {
-        use keys::{Described, Reload};
+        use keys::Described;
         let restart = |s: &dyn Described| -> Vec<String> {
             s.rows()
                 .into_iter()

@@ -12,12 +12,21 @@
 //!
 //! After the name: the TOML type, what the key stands at unwritten (`model`: the
 //! model's default; `required`; or words), when a change takes effect (`Applied` or
-//! `Restart`), one line of doc, and how `/config` shows the value.
+//! `Restart`), one line of doc, and how `/config` shows the value. A reload names a key
+//! whose shown value changed; a key whose value shows less than the model holds (a
+//! password, the certificates read from a file) ends with `, same: |a, b| …`, how a
+//! change to it is seen. A key whose value is a section below may end with
+//! `, apart NAME: |c| …` for each key of that section the model holds beside it, which
+//! a reload then names on its own ([`Part`](super::Part)).
 
 macro_rules! keys {
     (
         section $path:literal of $model:ty = $defaults:expr;
-        $( $name:ident: $kind:literal, $unset:tt, $reload:ident, $doc:literal, $show:expr; )*
+        $(
+            $name:ident: $kind:literal, $unset:tt, $reload:ident, $doc:literal, $show:expr
+            $(, same: $same:expr)?
+            $(, apart $part:ident: $part_show:expr)*;
+        )*
     ) => {
         $(
             #[doc = $doc]
@@ -40,9 +49,22 @@ macro_rules! keys {
                         reload: $crate::config::keys::Reload::$reload,
                         doc: $doc,
                         show: $show,
+                        same: keys!(@same $($same)?),
+                        parts: &[$(
+                            $crate::config::keys::Part {
+                                name: stringify!($part),
+                                show: $part_show,
+                            }
+                        ),*],
                     }
                 ),*],
             };
+    };
+    (@same) => {
+        None
+    };
+    (@same $same:expr) => {
+        Some($same)
     };
     (@unset model) => {
         $crate::config::keys::Unset::Model

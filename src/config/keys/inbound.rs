@@ -21,11 +21,13 @@ keys! {
         |c| json!(c.request_timeout.map(format_duration));
     retries: "section", "absent: retries admitted as they come", Applied, "one retry budget for every caller",
         |c| super::inbound_retries::SECTION
-            .json_of(c.retries.as_ref().map(|b| (b.clone(), c.per_caller)).as_ref());
+            .json_of(c.retries.as_ref().map(|b| (b.clone(), c.per_caller)).as_ref()),
+        apart per_caller: |c| json!(c.per_caller.as_str());
     probe_paths: "list of paths", "none (any path)", Applied, "the only paths a kubelet probe may ask for",
         |c| json!(c.probe_paths);
     dedupe: "section", "absent: keys pass through", Applied, "keyed requests run once",
-        |c| super::dedupe::SECTION.json_of(c.dedupe.as_ref());
+        |c| super::dedupe::SECTION.json_of(c.dedupe.as_ref()),
+        same: |a, b| a.dedupe == b.dedupe;
     owned_failures: "`\"mark\"` or `\"off\"`", model, Applied, "the app's failure after its own call was given up on is marked `downstream-owned`",
         |c| json!(c.owned_failures.as_str());
 }

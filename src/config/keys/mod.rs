@@ -1,8 +1,9 @@
 //! Every key of the config file, declared once: its name, its TOML type or unit, its
 //! default, a line saying what it does, and whether a reload applies it or it waits
 //! for a restart. One file per section; the parser's known keys (and so its "did you
-//! mean" and "it belongs in"), the JSON of `/config`, the reload's restart list and the
-//! keys table of docs/config.md all come from here.
+//! mean" and "it belongs in"), the JSON of `/config`, the reload's restart list, the
+//! names of what a reload changed and the keys table of docs/config.md all come from
+//! here.
 //!
 //! A default is never written here: a key whose default is the model's shows it from
 //! the model's `Default`, the same value the parser starts from. What the parser does
@@ -72,6 +73,20 @@ pub struct Key<T: 'static> {
     pub doc: &'static str,
     /// The value in the model, as `/config` shows it (the way the file writes it).
     pub show: fn(&T) -> Value,
+    /// Whether `a` and `b` hold the same value, for a key whose shown value hides part
+    /// of it; else the shown values are compared.
+    pub same: Option<fn(&T, &T) -> bool>,
+    /// The keys of the section below that a reload names on their own.
+    pub parts: &'static [Part<T>],
+}
+
+/// A key of a section below that the model holds beside the section (`[inbound.retries]
+/// per_caller`, kept apart from the budget): a reload names its change on its own,
+/// `retries.per_caller`, and the section's change without it.
+pub struct Part<T: 'static> {
+    pub name: &'static str,
+    /// Its value in the model, as `/config` shows it under the key.
+    pub show: fn(&T) -> Value,
 }
 
 /// A section of the file: its keys, in the order messages list them, and the model the
@@ -112,6 +127,37 @@ impl<T> Section<T> {
             .map(|(k, a, b)| (format!("{}.{}", self.path, k.name), a, b))
             .collect()
     }
+
+    /// The keys a reload applies whose values differ between `was` and `is`, in the
+    /// order messages list them: a key by its name, a section below as a whole by its
+    /// key (`retry`), and a part of it after it (`retries.per_caller`).
+    pub fn changed(&self, was: &T, is: &T) -> Vec<String> {
+        let mut out = Vec::new();
+        for k in self.keys.iter().filter(|k| k.reload == Reload::Applied) {
+            let rest = |model: &T| without_parts((k.show)(model), k.parts);
+            let same = match k.same {
+                Some(same) => same(was, is),
+                None => rest(was) == rest(is),
+            };
+            if !same {
+                out.push(k.name.to_string());
+            }
+            for p in k.parts.iter().filter(|p| (p.show)(was) != (p.show)(is)) {
+                out.push(format!("{}.{}", k.name, p.name));
+            }
+        }
+        out
+    }
+}
+
+/// A section's value without the keys named on their own.
+fn without_parts<T>(mut v: Value, parts: &[Part<T>]) -> Value {
+    if let Value::Object(map) = &mut v {
+        for p in parts {
+            map.remove(p.name);
+        }
+    }
+    v
 }
 
 /// A row of the keys table, whatever the section's model.

@@ -29,7 +29,8 @@ keys! {
     retry: "section", "absent: one attempt, nothing retried", Applied, "what may be retried, and how",
         |c| super::retry::SECTION.json(&c.retry);
     tls: "section", "absent: plain HTTP", Applied, "TLS to the endpoints",
-        |c| super::tls::SECTION.json_of(c.tls.as_ref());
+        |c| super::tls::SECTION.json_of(c.tls.as_ref()),
+        same: |a, b| a.tls == b.tls;
     budget: "section", "absent: no retry budget", Applied, "the share of retries it may take",
         |c| super::budget::SECTION.json_of(c.budget.as_ref());
     max_connection_age: "duration", model, Applied, "a pooled connection older than this is closed after its response",
