@@ -7,13 +7,15 @@
 # a containers.conf of our own says both, pointed to by CONTAINERS_CONF, so nothing of
 # the machine's own configuration is changed.
 
-# podman_install: installs podman, runc and debootstrap from Debian's archive when one is
-# missing and this is a Debian machine run as root; quiet when all are there. Fails
-# (returning the reason on stdout) only when it cannot install them.
+# podman_install: installs podman, runc, debootstrap and catatonit (the init of the pause
+# container `podman kube play` builds; a package podman only recommends) from Debian's
+# archive when one is missing and this is a Debian machine run as root; quiet when all
+# are there. Fails (returning the reason on stdout) only when it cannot install them.
 podman_install() {
   local missing=() tool
-  for tool in podman runc debootstrap; do
-    command -v "$tool" >/dev/null 2>&1 || [ -x "/usr/sbin/$tool" ] || missing+=("$tool")
+  for tool in podman runc debootstrap catatonit; do
+    command -v "$tool" >/dev/null 2>&1 || [ -x "/usr/sbin/$tool" ] \
+      || [ -x "/usr/libexec/podman/$tool" ] || missing+=("$tool")
   done
   [ "${#missing[@]}" = 0 ] && return 0
   [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1 \
