@@ -39,6 +39,7 @@ async fn a_duplicate_after_completion_gets_the_kept_answer_and_the_app_runs_once
     // Over HTTP/2 too.
     let h2 = send_h2(tg.inbound(), post(Some("\"k-1\""), "coffee")).await;
     assert_eq!((h2.status, &h2.body), (first.status, &first.body));
+    assert_eq!(h2.header("x-tollgate-dedupe"), Some("on"));
     assert_eq!(executed.load(Ordering::SeqCst), 1);
     let m = tg.metrics().await;
     assert_eq!(
@@ -233,8 +234,16 @@ async fn requests_without_a_key_get_what_the_app_gives() {
         assert_eq!(through.header("idempotent-replayed"), None);
         assert_eq!(through.header("x-tollgate-dedupe"), Some("on"));
     }
+    // An HTTP/2 caller is told in a header field (an HTTP/1.1 one in a line of the head).
+    let h2 = send_h2(
+        tg.inbound(),
+        request("GET", "/thing", "app").body(full("")).unwrap(),
+    )
+    .await;
+    assert_eq!(h2.status, 200);
+    assert_eq!(h2.header("x-tollgate-dedupe"), Some("on"));
     // Two keyed GETs both reach the app: GET is not a listed method.
-    assert_eq!(app.hits(), 6);
+    assert_eq!(app.hits(), 7);
     tg.stop().await;
 }
 
