@@ -433,7 +433,16 @@ async fn a_request_without_a_key_or_of_another_method_is_not_the_dedupes() {
     assert!(d.scope(&Method::POST, &uri, &HeaderMap::new()).is_none());
     assert!(d.scope(&Method::PUT, &uri, &headers("k")).is_none());
     assert!(d.scope(&Method::PATCH, &uri, &headers("k")).is_some());
+    assert!(d.scope(&Method::GET, &uri, &headers("k")).is_none());
     assert_eq!(d.memory().unwrap().len(), 0);
+    // A GET is the dedupe's when `methods` lists it.
+    let gets = DedupeConfig {
+        methods: vec![Method::GET],
+        ..config(DedupeStore::Memory)
+    };
+    let d = Dedupe::new(&gets, Metrics::new(), None);
+    assert!(d.scope(&Method::GET, &uri, &headers("k")).is_some());
+    assert!(d.scope(&Method::POST, &uri, &headers("k")).is_none());
 }
 
 #[tokio::test(start_paused = true)]
