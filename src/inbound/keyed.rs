@@ -33,7 +33,7 @@ use crate::metrics::Outcome;
 use crate::retry::headers::outcome_of;
 use crate::server::{AppBody, RequestGuard, ResponseBody};
 use crate::upstream::pool::Want;
-use crate::upstream::request::{AttemptFields, ContinueWait, RequestHead};
+use crate::upstream::request::{ContinueWait, RequestHead};
 use crate::upstream::response::{Fields, relayed};
 
 pub use crate::retry::headers::{DEDUPE_HEADER, REPLAYED_HEADER as REPLAYED};
@@ -86,15 +86,7 @@ async fn drive(
     exhausted: IntCounter,
     head_tx: oneshot::Sender<Result<Head, Failed>>,
 ) {
-    let head = RequestHead {
-        method: &x.method,
-        uri: &x.uri,
-        headers: &x.headers,
-        fields: AttemptFields::default(),
-        https: false,
-        rare: None,
-        continue_wait: ContinueWait::ZERO,
-    };
+    let head = RequestHead::as_is(&x.method, &x.uri, &x.headers, ContinueWait::ZERO);
     let fields = DeadlineFields {
         deadline: x.deadline,
         header: &x.header,

@@ -43,7 +43,7 @@ use crate::server::{
 };
 use crate::trace::{Arrival, Fleet, RequestTrace, Side, Tracer};
 use crate::upstream::pool::Want;
-use crate::upstream::request::{AttemptFields, ContinueWait, RequestHead};
+use crate::upstream::request::{ContinueWait, RequestHead};
 use crate::upstream::response::{Fields, UpstreamResponse, relayed};
 
 /// `x-tollgate-dedupe: on`, as a line of an HTTP/1.1 head.
@@ -281,15 +281,7 @@ async fn answer_request(
         }
         _ => {
             // A request without a claimed key goes to the app as it is.
-            let request = RequestHead {
-                method: &parts.method,
-                uri: &uri,
-                headers: &headers,
-                fields: AttemptFields::default(),
-                https: false,
-                rare: None,
-                continue_wait: ContinueWait::ZERO,
-            };
+            let request = RequestHead::as_is(&parts.method, &uri, &headers, ContinueWait::ZERO);
             let fields = DeadlineFields {
                 deadline,
                 header: &state.deadline.header,

@@ -20,7 +20,7 @@ use tokio::time::Instant;
 use crate::config::EndpointAddr;
 use crate::http::NoBody;
 use crate::upstream::pool::{Endpoint, Want};
-use crate::upstream::request::{AttemptFields, ContinueWait, RequestHead};
+use crate::upstream::request::{ContinueWait, RequestHead};
 
 /// One user request as the user saw it.
 #[derive(Clone, Copy, Debug)]
@@ -150,15 +150,8 @@ pub async fn run(
                 headers.insert(http::header::HOST, HeaderValue::from_static(host));
                 headers.insert("x-timeout-ms", deadline_value);
                 let uri = &paths[i as usize];
-                let head = RequestHead {
-                    method: &http::Method::GET,
-                    uri,
-                    headers: &headers,
-                    fields: AttemptFields::default(),
-                    https: false,
-                    rare: None,
-                    continue_wait: ContinueWait::ZERO,
-                };
+                let head =
+                    RequestHead::as_is(&http::Method::GET, uri, &headers, ContinueWait::ZERO);
                 let resp = conn.send(&head, NoBody).await.ok()?;
                 let status = resp.status().as_u16();
                 // Read to its end, the body gives its connection back to the pool.

@@ -55,7 +55,7 @@ use crate::server::service::{AppRequest, AppResponse};
 use crate::server::{AddedFields, Admission, AppBody, RequestGuard, ResponseBody};
 use crate::upstream::connect::ConnectError;
 use crate::upstream::pool::{Conn, SendError, Want};
-use crate::upstream::request::{AttemptFields, ContinueWait, RequestHead};
+use crate::upstream::request::{ContinueWait, RequestHead};
 use crate::upstream::response::{UpstreamResponse, relayed};
 use crate::upstream::upgraded::Upgraded;
 
@@ -436,15 +436,12 @@ async fn forward(
         headers.insert(HOST, v);
     }
     let uri = origin_form(parts.uri);
-    let head = RequestHead {
-        method: &parts.method,
-        uri: &uri,
-        headers: &headers,
-        fields: AttemptFields::default(),
-        https: false,
-        rare: None,
-        continue_wait: ContinueWait::of(CONTINUE_WAIT),
-    };
+    let head = RequestHead::as_is(
+        &parts.method,
+        &uri,
+        &headers,
+        ContinueWait::of(CONTINUE_WAIT),
+    );
     let want = match version {
         Version::HTTP_2 if call.grpc && !upgrade => Want::PreferHttp2,
         _ => Want::Http1,

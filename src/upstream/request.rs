@@ -77,6 +77,25 @@ pub struct RequestHead<'a> {
 }
 
 impl<'a> RequestHead<'a> {
+    /// A head sent as it is, over plain HTTP: no attempt's own fields. `continue_wait`:
+    /// how long a body behind `Expect: 100-continue` waits for `100 Continue`.
+    pub fn as_is(
+        method: &'a Method,
+        uri: &'a Uri,
+        headers: &'a HeaderMap,
+        continue_wait: ContinueWait,
+    ) -> Self {
+        RequestHead {
+            method,
+            uri,
+            headers,
+            fields: AttemptFields::default(),
+            https: false,
+            rare: None,
+            continue_wait,
+        }
+    }
+
     /// The request as hyper's HTTP/2 client takes it: its own copy of the head, with
     /// the scheme and authority HTTP/2 requires. The authority comes from `Host`, and
     /// `Host` itself is not sent: HTTP/2 carries it as `:authority` (RFC 9113 section
