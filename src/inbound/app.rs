@@ -99,7 +99,9 @@ pub async fn send<'a, B: OutgoingBody>(
             tracing::debug!(app = %app.addr, error = %e, "connect to the app failed");
             Err(Failed::Unreachable)
         }
-        Err(exchange::Failed::ConnectTimeout | exchange::Failed::Stale) => Err(Failed::Unreachable),
+        Err(exchange::Failed::ConnectTimeout | exchange::Failed::Stale { .. }) => {
+            Err(Failed::Unreachable)
+        }
         Err(exchange::Failed::Timeout) => Err(Failed::Timeout),
         Err(exchange::Failed::Broken { error, .. }) => {
             tracing::debug!(app = %app.addr, error = %error, "the app broke the connection");

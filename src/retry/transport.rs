@@ -59,7 +59,19 @@ impl<A: AppBody> Transport<A> for Upstream<A> {
                 Failure::ConnectFailure.into()
             }
             Failed::Timeout => Failure::Timeout.into(),
-            Failed::Stale => Failure::ConnectFailure.into(),
+            Failed::Stale { closed } => {
+                // The request never left. New TLS connections closed at once, with a
+                // client certificate presented: most likely the server refusing it.
+                let refused = cfg
+                    .tls
+                    .as_ref()
+                    .zip(closed.as_ref())
+                    .and_then(|(_, e)| tls_failure::rejection(e, client_cert));
+                match refused {
+                    Some(reason) => self.tls_failed(a.endpoint, reason, detail).into(),
+                    None => Failure::ConnectFailure.into(),
+                }
+            }
             Failed::Broken { error, fresh } => {
                 // A server that refuses tollgate's client certificate may say so only
                 // once the handshake seemed done: on a new connection's first

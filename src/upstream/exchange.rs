@@ -51,8 +51,11 @@ pub enum Failed {
     /// The connection broke after the request may have gone out; `fresh`: on a
     /// connection opened for this exchange.
     Broken { error: BoxError, fresh: bool },
-    /// Pooled connections kept turning out closed.
-    Stale,
+    /// Connections kept turning out closed before the request left; `closed`: why the
+    /// last one opened for this exchange closed, when one was (a server that refuses
+    /// tollgate's client certificate closes a new TLS 1.3 connection so, right after
+    /// the handshake seemed done).
+    Stale { closed: Option<hyper::Error> },
 }
 
 /// Sends the request on `endpoint`: `head(now, fresh)` makes its head as it goes out
@@ -64,6 +67,7 @@ pub async fn send<'h, B: OutgoingBody>(
     head: impl Fn(Instant) -> RequestHead<'h>,
     body: &mut Option<B>,
 ) -> Result<UpstreamResponse, Failed> {
+    let mut closed = None;
     for _ in 0..=MAX_STALE {
         let (conn, fresh) = match endpoint.pooled(reach.want, reach.started) {
             Some(c) => (c, false),
@@ -88,18 +92,23 @@ pub async fn send<'h, B: OutgoingBody>(
         let now = if fresh { Instant::now() } else { reach.started };
         let head = head(now);
         let Some(sending) = body.take() else {
-            return Err(Failed::Stale);
+            return Err(Failed::Stale { closed });
         };
         match deadline::within(reach.by, conn.send(&head, sending)).await {
             None => return Err(Failed::Timeout),
             Some(Ok(resp)) => return Ok(resp),
             // The pooled connection had closed under us: the request never left, so it
             // goes out on another connection.
-            Some(Err(SendError::NotSent(unsent, _))) => *body = Some(unsent),
+            Some(Err(SendError::NotSent(unsent, error))) => {
+                *body = Some(unsent);
+                if fresh {
+                    closed = error;
+                }
+            }
             Some(Err(SendError::Failed(error))) => return Err(Failed::Broken { error, fresh }),
         }
     }
-    Err(Failed::Stale)
+    Err(Failed::Stale { closed })
 }
 
 /// How long a body behind `Expect: 100-continue` may wait for `100 Continue`, given the
