@@ -295,29 +295,34 @@ const REG_NAME: [bool; 256] = byte_class(b"-._~%!$&'()*+,;=");
 /// `uri-host [ ":" port ]` (RFC 3986): an IP literal in brackets or a reg-name, then
 /// nothing or a colon and digits. Checked in place: this runs on every request.
 pub fn authority_syntax(value: &[u8]) -> bool {
-    let (host, port) = if value.first() == Some(&b'[') {
+    if value.first() == Some(&b'[') {
         let Some(end) = value.iter().position(|b| *b == b']') else {
             return false;
         };
         let literal = &value[1..end];
-        if literal.is_empty()
-            || !literal
+        return !literal.is_empty()
+            && literal
                 .iter()
                 .all(|b| b.is_ascii_hexdigit() || matches!(b, b':' | b'.'))
-        {
-            return false;
-        }
-        (&value[..=end], &value[end + 1..])
-    } else {
-        match value.iter().rposition(|b| *b == b':') {
-            Some(i) => (&value[..i], &value[i..]),
-            None => (value, &value[value.len()..]),
-        }
-    };
-    let reg_name = host.first() == Some(&b'[')
-        || (!host.is_empty() && host.iter().all(|&b| REG_NAME[usize::from(b)]));
-    let port_ok = port.is_empty() || (port[0] == b':' && port[1..].iter().all(u8::is_ascii_digit));
-    reg_name && port_ok
+            && port_syntax(&value[end + 1..]);
+    }
+    // A reg-name has no colon: it ends at the first byte that is not its own, which
+    // must begin the port. One pass over the bytes.
+    let host = value
+        .iter()
+        .position(|&b| !REG_NAME[usize::from(b)])
+        .unwrap_or(value.len());
+    host > 0 && port_syntax(&value[host..])
+}
+
+/// Nothing, or a colon and digits.
+#[inline]
+fn port_syntax(port: &[u8]) -> bool {
+    match port.split_first() {
+        None => true,
+        Some((b':', digits)) => digits.iter().all(u8::is_ascii_digit),
+        Some(_) => false,
+    }
 }
 
 #[cfg(test)]
@@ -399,6 +404,43 @@ mod tests {
             b"payments:80:90",
         ] {
             assert!(!authority_syntax(bad), "{}", String::from_utf8_lossy(bad));
+        }
+    }
+
+    /// RFC 3986's `uri-host [ ":" port ]` read by its parts, the slow way: the check
+    /// made in one pass must agree with it on every input.
+    fn authority_by_parts(value: &[u8]) -> bool {
+        let (host, port) = match value.iter().position(|b| *b == b']') {
+            Some(end) if value[0] == b'[' => {
+                let literal = &value[1..end];
+                let ok = !literal.is_empty()
+                    && literal
+                        .iter()
+                        .all(|b| b.is_ascii_hexdigit() || matches!(b, b':' | b'.'));
+                if !ok {
+                    return false;
+                }
+                (None, &value[end + 1..])
+            }
+            _ if value.first() == Some(&b'[') => return false,
+            _ => match value.iter().rposition(|b| *b == b':') {
+                Some(i) => (Some(&value[..i]), &value[i..]),
+                None => (Some(value), &value[value.len()..]),
+            },
+        };
+        let host_ok =
+            host.is_none_or(|h| !h.is_empty() && h.iter().all(|&b| REG_NAME[usize::from(b)]));
+        host_ok
+            && (port.is_empty() || (port[0] == b':' && port[1..].iter().all(u8::is_ascii_digit)))
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn the_one_pass_check_agrees_with_the_parts(
+            value in proptest::collection::vec(
+                proptest::sample::select(b"a.Z_~-09:[]@/ %\x80".to_vec()), 0..12)
+        ) {
+            proptest::prop_assert_eq!(authority_syntax(&value), authority_by_parts(&value));
         }
     }
 

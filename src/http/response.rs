@@ -56,6 +56,16 @@ pub struct RawFields {
     /// `Transfer-Encoding`).
     length: Option<u64>,
     has_date: bool,
+    /// The lengths of the names present, a bit each ([`length_bit`]): most fields
+    /// asked for are not there, and this says so without a look at any line.
+    lengths: u64,
+}
+
+/// The bit of a field name's length in [`RawFields`]' `lengths`: names of 63 bytes or
+/// more share the last one.
+#[inline]
+fn length_bit(len: usize) -> u64 {
+    1 << len.min(63)
 }
 
 impl Drop for RawFields {
@@ -66,7 +76,11 @@ impl Drop for RawFields {
 
 impl RawFields {
     /// The value of the first field called `name` (lowercase, as `HeaderName`s are).
+    #[inline]
     pub fn get(&self, name: &str) -> Option<&[u8]> {
+        if self.lengths & length_bit(name.len()) == 0 {
+            return None;
+        }
         self.iter()
             .find(|(n, _)| n.len() == name.len() && n.eq_ignore_ascii_case(name.as_bytes()))
             .map(|(_, v)| v)
@@ -220,6 +234,7 @@ pub fn parse_response_head(rbuf: &mut BytesMut, head_request: bool) -> io::Resul
         lines: read.lines,
         length: length.filter(|_| !coded),
         has_date: read.has_date,
+        lengths: read.lengths,
     };
     let no_body = head_request || status.is_informational() || code == 204 || code == 304;
     let framing = if no_body {
@@ -263,6 +278,8 @@ struct ReadFields {
     coded: bool,
     chunked: bool,
     has_date: bool,
+    /// The lengths of the names in `lines` ([`length_bit`]).
+    lengths: u64,
     /// `Connection: close`.
     close: bool,
 }
@@ -278,6 +295,7 @@ fn read_fields(head: &Bytes, spans: &[Span], switching: bool) -> io::Result<Read
         coded: false,
         chunked: false,
         has_date: false,
+        lengths: 0,
         close: false,
     };
     // `Connection` values naming fields of their own: those fields go too.
@@ -318,6 +336,7 @@ fn read_fields(head: &Bytes, spans: &[Span], switching: bool) -> io::Result<Read
             FieldKind::Date => read.has_date = true,
             FieldKind::Other => {}
         }
+        read.lengths |= length_bit(name.len());
         read.lines.push(span);
     }
     for &(vs, ve) in &named {
@@ -452,6 +471,36 @@ mod tests {
         let r = whole(b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 103 Early Hints\r\nLink: </a>\r\n\r\nHTTP/1.1 201 Created\r\nContent-Length: 0\r\n\r\n").unwrap();
         assert_eq!(r.status, StatusCode::CREATED);
         assert!(!r.headers.contains_key("link"));
+    }
+
+    #[test]
+    fn a_field_is_found_by_name_whatever_the_lengths_of_the_others() {
+        let long = "x".repeat(70);
+        let longer = "y".repeat(64);
+        let input = format!(
+            "HTTP/1.1 200 OK\r\nContent-Length: 0\r\nX-Tollgate-Outcome: ok\r\nA: 1\r\n\
+             {long}: 2\r\nConnection: x-gone\r\nX-Gone: 3\r\n\r\n"
+        );
+        let mut buf = BytesMut::from(input.as_bytes());
+        let Some(Parsed::Final(head)) = parse_response_head(&mut buf, false).unwrap() else {
+            panic!("a final head");
+        };
+        let f = &head.fields;
+        assert_eq!(f.get("x-tollgate-outcome"), Some(&b"ok"[..]));
+        assert_eq!(f.get("a"), Some(&b"1"[..]));
+        assert_eq!(f.get(&long), Some(&b"2"[..]));
+        // Absent: of a length no field has, of one a field has, of one a removed
+        // field had, and longer than 63 bytes like a field that is there.
+        for name in [
+            "grpc-status",
+            "b",
+            "x-gone",
+            "connection",
+            "content-length",
+            &longer,
+        ] {
+            assert_eq!(f.get(name), None, "{name}");
+        }
     }
 
     #[test]
