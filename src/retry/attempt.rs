@@ -161,6 +161,11 @@ impl<'a, A: AppBody> Attempt<'a, A> {
         // In place, not matched into a new binding: a response is a few hundred bytes,
         // and every move of it is a copy.
         let mut result = wire.exchange(&self, &mut body, &mut detail).await;
+        // The rare fields went out with the head: let go of here, where it is known
+        // whether there are any, rather than by a call when the attempt is dropped.
+        if self.rare.is_some() {
+            self.rare = None;
+        }
         if matches!(result, Err(AttemptError::Upstream(_))) && watch.app_failed() {
             // Whatever the exchange then failed with, the app's body broke first.
             result = Err(AttemptError::NotUpstream(NotUpstream::AppBody));
