@@ -1,6 +1,7 @@
 //! The app's own retries over loopback, seen on evidence only: a retry count the app's
 //! client set (`evidence="marker"`), or the same per-call identity as a request
-//! tollgate answered with an outcome in the last 2 s (`evidence="key"`). Such a request
+//! tollgate answered with an outcome in the last 2 s (`evidence="key"`, the key of the
+//! same user: the same `Authorization`). Such a request
 //! is counted (`tollgate_app_retries_total`) and sent as a retry (`x-tollgate-attempt:
 //! 2`, within the budget, not retried again), or with `app_retries = "refuse"` answered
 //! at once with the failure's status and outcome `app-retry`. The same trace id alone
@@ -255,6 +256,40 @@ async fn the_same_call_identity_again_is_the_apps_retry() {
     assert_eq!(send(tg.addr, aws()).await.attempts(), 2);
     assert_eq!(send(tg.addr, aws()).await.attempts(), 1);
     assert_eq!(app_retries(&tg.metrics().await, "key"), 2.0);
+    tg.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_same_key_from_another_user_is_another_call() {
+    // Keys that clients pick alike (an order's number), from users of their own: each
+    // user's call is a first attempt, as a callee's dedupe keeps them apart.
+    let (up, seen) = recording(failing).await;
+    let tg = Tollgate::start(&api(up.addr, standard)).await;
+    let as_user = |user: &str| {
+        request("POST", "/orders", "api")
+            .header("idempotency-key", "\"order-7\"")
+            .header("authorization", format!("Bearer {user}"))
+            .body(empty())
+            .unwrap()
+    };
+    let alice = send(tg.addr, as_user("alice")).await;
+    assert_eq!(alice.outcome(), Some("attempts-exhausted"));
+    assert_eq!(alice.attempts(), 2);
+    for user in ["bob", "carol"] {
+        let other = send(tg.addr, as_user(user)).await;
+        assert_eq!(
+            other.attempts(),
+            2,
+            "{user}'s call is a first attempt, retried"
+        );
+    }
+    assert_eq!(app_retries(&tg.metrics().await, "key"), 0.0);
+    // The same user's call again is that user's app retrying.
+    let again = send(tg.addr, as_user("alice")).await;
+    assert_eq!(again.attempts(), 1);
+    assert_eq!(app_retries(&tg.metrics().await, "key"), 1.0);
+    let attempts: Vec<u32> = seen.lock().unwrap().iter().map(|(_, a)| *a).collect();
+    assert_eq!(attempts, [1, 2, 1, 2, 1, 2, 2]);
     tg.stop().await;
 }
 

@@ -39,7 +39,7 @@
 
 use std::cell::Cell;
 
-use http::header::{CONTENT_TYPE, HOST};
+use http::header::{AUTHORIZATION, CONTENT_TYPE, HOST};
 use http::{HeaderName, HeaderValue, StatusCode};
 use tokio::time::Instant;
 
@@ -118,7 +118,8 @@ impl<'a> Sameness<'a> {
         Some(cell.get()).filter(|fp| *fp != ABSENT)
     }
 
-    fn fingerprint(&self, kind: Kind, identity: &[u8]) -> u64 {
+    /// `owner`: who made the call, for an identity that is only theirs (see [`Self::key`]).
+    fn fingerprint(&self, kind: Kind, identity: &[u8], owner: &[u8]) -> u64 {
         let head = self.head;
         let authority = self.called.unwrap_or_else(|| {
             head.headers
@@ -127,15 +128,28 @@ impl<'a> Sameness<'a> {
                 .unwrap_or("")
         });
         let target = head.uri.path_and_query().map(|pq| pq.as_str());
-        let what = (kind, head.method.as_str(), authority, target, identity);
+        let what = (
+            kind,
+            head.method.as_str(),
+            authority,
+            target,
+            identity,
+            owner,
+        );
         self.up.recent_failures().fingerprint(what).max(ABSENT + 1)
     }
 
     fn plain(&self) -> u64 {
-        Self::taken(&self.plain, || Some(self.fingerprint(Kind::Plain, b""))).unwrap_or(ABSENT)
+        Self::taken(&self.plain, || {
+            Some(self.fingerprint(Kind::Plain, b"", b""))
+        })
+        .unwrap_or(ABSENT)
     }
 
-    /// The call's own identity: the idempotency header, else the AWS SDK's.
+    /// The call's own identity: the idempotency header, else the AWS SDK's, of the
+    /// user its `Authorization` names. A key is its client's choice, and clients choose
+    /// alike (an order's number): the same key from two users is two calls, as a
+    /// callee's dedupe keeps them apart.
     fn key(&self) -> Option<u64> {
         Self::taken(&self.key, || {
             let h = &self.head.headers;
@@ -143,7 +157,8 @@ impl<'a> Sameness<'a> {
             let v = own
                 .and_then(|name| h.get(name))
                 .or_else(|| h.get(AMZ_INVOCATION_ID))?;
-            Some(self.fingerprint(Kind::Key, v.as_bytes()))
+            let owner = h.get(AUTHORIZATION).map_or(&b""[..], HeaderValue::as_bytes);
+            Some(self.fingerprint(Kind::Key, v.as_bytes(), owner))
         })
     }
 
@@ -155,7 +170,7 @@ impl<'a> Sameness<'a> {
                 .get(TRACEPARENT)
                 .and_then(|v| trace_id(v.as_bytes()))
                 .or_else(|| h.get(REQUEST_ID).map(HeaderValue::as_bytes))?;
-            Some(self.fingerprint(Kind::Trace, id))
+            Some(self.fingerprint(Kind::Trace, id, b""))
         })
     }
 }

@@ -69,7 +69,11 @@ fn the_docs_section_tables_show_the_declared_defaults() {
     const DOC: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/docs/config.md");
     let text = std::fs::read_to_string(DOC).expect("docs/config.md is readable");
     let (updated, problems) = section_defaults(&text);
-    assert!(problems.is_empty(), "docs/config.md:\n{}", problems.join("\n"));
+    assert!(
+        problems.is_empty(),
+        "docs/config.md:\n{}",
+        problems.join("\n")
+    );
     if updated == text {
         return;
     }

@@ -7,17 +7,20 @@
 //! (`x-harm-seq`): the app counts its calls per column, and draws the fate of a first
 //! attempt (latency, failure) from the row's seed and that number, so the same request
 //! meets the same upstream whether it came straight or through tollgate (common random
-//! numbers: what differs between the columns is the path, not the luck). An attempt
-//! tollgate marks as a retry (`x-tollgate-attempt` >= 2) gets a draw of its own.
+//! numbers: what differs between the columns is the path, not the luck). A copy of a
+//! request that has already arrived (a retry, a hedge) gets a draw of its own: the app
+//! knows it by its number, as it would through any path (an inbound tollgate keeps its
+//! `x-tollgate-attempt` to itself).
 //!
 //! Beside it, the replicas that fail: [`dead`], an address where nothing listens, and
 //! the lab's [`Silent`](crate::lab::backend::Silent), which accepts and never answers.
 
+use std::collections::HashMap;
 use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::pin::Pin;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -85,8 +88,10 @@ pub const STREAM_PIECES: u32 = 16;
 pub struct Counters {
     /// Requests that arrived.
     pub calls: [AtomicU64; MAX_COLUMNS],
-    /// Of them, marked as a retry (`x-tollgate-attempt` >= 2).
+    /// Of them, copies of a request that had already arrived (retries and hedges).
     pub retries: [AtomicU64; MAX_COLUMNS],
+    /// How often each request of each column has arrived.
+    arrivals: Mutex<HashMap<(usize, u64), u64>>,
     /// Waiting for their response head now, and the most ever at once.
     inflight: [AtomicU64; MAX_COLUMNS],
     peak: [AtomicU64; MAX_COLUMNS],
@@ -99,6 +104,14 @@ impl Counters {
 
     pub fn retries(&self, column: usize) -> u64 {
         self.retries.get(column).map_or(0, |c| c.load(Relaxed))
+    }
+
+    /// Counts an arrival of request `seq` of `column`: which one it is, from 1.
+    fn arrived(&self, column: usize, seq: u64) -> u64 {
+        let mut arrivals = self.arrivals.lock().unwrap_or_else(|p| p.into_inner());
+        let n = arrivals.entry((column, seq)).or_insert(0);
+        *n += 1;
+        *n
     }
 
     /// The most calls of `column` that waited for their response head at once.
@@ -239,7 +252,8 @@ type AppBody = Either<Full<Bytes>, Dribble>;
 
 async fn handle(state: &State, req: Request<Incoming>) -> Response<AppBody> {
     let column = header_u64(&req, COLUMN).map_or(usize::MAX, |c| c as usize);
-    let attempt = header_u64(&req, "x-tollgate-attempt").unwrap_or(1).max(1);
+    let seq = header_u64(&req, SEQ);
+    let attempt = seq.map_or(1, |seq| state.counters.arrived(column, seq));
     if let Some(c) = state.counters.calls.get(column) {
         c.fetch_add(1, Relaxed);
     }
@@ -249,7 +263,6 @@ async fn handle(state: &State, req: Request<Incoming>) -> Response<AppBody> {
         c.fetch_add(1, Relaxed);
     }
     let _waiting = Waiting::new(&state.counters, column);
-    let seq = header_u64(&req, SEQ);
     let mut rng = match seq {
         Some(seq) => draws(state.seed, seq, attempt),
         None => fastrand::Rng::new(),

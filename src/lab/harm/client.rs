@@ -36,6 +36,11 @@ pub struct Traffic {
     pub urls: Urls,
     /// POSTs with a body of their own each; else GETs.
     pub post: bool,
+    /// Each POST carries an idempotency key named after its URL (`"item-7"`: popular
+    /// keys, as many customers have an order 7) and the `Authorization` of a user of its
+    /// own: the same key from different users, which a deduplicating callee must keep
+    /// apart.
+    pub keyed: bool,
     /// Sent as `x-timeout-ms`: how long the app will wait.
     pub deadline: Option<Duration>,
     /// When the app gives up on a call, whatever it said.
@@ -217,6 +222,13 @@ impl Client {
         if traffic.post {
             b = b.header(http::header::CONTENT_TYPE, "application/json");
         }
+        if traffic.keyed {
+            let key = call.path.trim_start_matches('/').replace('/', "-");
+            b = b.header("idempotency-key", format!("\"{key}\"")).header(
+                http::header::AUTHORIZATION,
+                format!("Bearer user-{}", call.seq),
+            );
+        }
         if let Some(d) = traffic.deadline {
             b = b.header("x-timeout-ms", d.as_millis() as u64);
         }
@@ -350,6 +362,7 @@ mod tests {
             ],
             urls,
             post: false,
+            keyed: false,
             deadline: None,
             patience: Duration::from_secs(1),
         }

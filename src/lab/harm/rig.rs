@@ -43,7 +43,9 @@ pub fn outbound_config(endpoints: &[SocketAddr], feature: Feature, unknown_host:
         Feature::MaxRatio => (String::new(), "max_ratio = 0.5\n", String::new()),
         Feature::Outlier => (String::new(), "", format!("[upstreams.{name}.outlier]\n")),
         Feature::Throttle => (String::new(), "", format!("[upstreams.{name}.throttle]\n")),
-        Feature::None | Feature::AdaptiveLimit => (String::new(), "", String::new()),
+        Feature::None | Feature::AdaptiveLimit | Feature::Dedupe => {
+            (String::new(), "", String::new())
+        }
     };
     format!(
         "{LOOPBACK}[upstreams.{name}]\nauthorities = [\"{name}\"]\nendpoints = [{}]\n{upstream}\
@@ -54,12 +56,12 @@ pub fn outbound_config(endpoints: &[SocketAddr], feature: Feature, unknown_host:
 
 /// An inbound tollgate in front of `app`, at its defaults plus `feature`.
 pub fn inbound_config(app: SocketAddr, feature: Feature) -> String {
-    let limit = if feature == Feature::AdaptiveLimit {
-        "max_inflight = \"adaptive\"\n"
-    } else {
-        ""
+    let extra = match feature {
+        Feature::AdaptiveLimit => "max_inflight = \"adaptive\"\n",
+        Feature::Dedupe => "[inbound.dedupe]\n",
+        _ => "",
     };
-    format!("{LOOPBACK}[inbound]\naddr = \"127.0.0.1:0\"\napp = \"{app}\"\n{limit}")
+    format!("{LOOPBACK}[inbound]\naddr = \"127.0.0.1:0\"\napp = \"{app}\"\n{extra}")
 }
 
 async fn start(text: &str) -> Result<Running, LabError> {
@@ -157,7 +159,12 @@ impl Rig {
             Path::Sidecars => {
                 let mut sidecars = Vec::new();
                 for &replica in replicas {
-                    let s = start(&inbound_config(replica, Feature::None)).await?;
+                    // The callee's own feature (its dedupe) is its sidecars'.
+                    let feature = match column.feature {
+                        Feature::Dedupe => Feature::Dedupe,
+                        _ => Feature::None,
+                    };
+                    let s = start(&inbound_config(replica, feature)).await?;
                     sidecars.push(inbound_addr(&s)?);
                     self.proxies.push(s);
                 }
@@ -202,6 +209,7 @@ mod tests {
             Feature::RefuseAppRetries,
             Feature::AdaptiveLimit,
             Feature::FixedLimit,
+            Feature::Dedupe,
         ];
         for f in features {
             for text in [

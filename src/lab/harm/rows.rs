@@ -73,6 +73,8 @@ pub enum Feature {
     AdaptiveLimit,
     /// `max_inflight = FIXED_LIMIT` on the upstream.
     FixedLimit,
+    /// `[inbound.dedupe]` at its defaults on the callee's sidecars.
+    Dedupe,
 }
 
 /// The fixed `max_inflight` of the [`Feature::FixedLimit`] column.
@@ -226,6 +228,7 @@ fn traffic(rps: f64, seconds: u64, urls: Urls) -> Traffic {
         steps: vec![(rps, secs(seconds))],
         urls,
         post: false,
+        keyed: false,
         deadline: None,
         patience: secs(10),
     }
@@ -345,12 +348,53 @@ pub fn all() -> Vec<Row> {
             },
         ),
     ];
+    rows.push(keyed_posts());
     rows.extend(replica_rows());
     rows.extend(feature_rows());
     rows.push(fixed_limit());
     rows.extend(throttle_rows());
     rows.push(unknown_host());
     rows
+}
+
+/// Keyed POSTs through the mesh, without and with the callee's dedupe.
+fn keyed_posts() -> Row {
+    Row {
+        replicas: Replicas::Two,
+        note: Some(
+            "each POST carries an idempotency key named after its URL (Zipf over 100: the same \
+             key from many users, each with an Authorization of their own) and a body of its own; \
+             the mesh: the caller's tollgate, an inbound tollgate in front of each replica, \
+             without and with [inbound.dedupe]",
+        ),
+        columns: vec![
+            DIRECT,
+            Column {
+                key: "sidecars",
+                title: "tollgate + [inbound] sidecars",
+                path: Path::Sidecars,
+                ..TOLLGATE
+            },
+            Column {
+                key: "dedupe",
+                title: "sidecars + [inbound.dedupe]",
+                path: Path::Sidecars,
+                feature: Feature::Dedupe,
+                against: &[0, 1],
+                trade: None,
+            },
+        ],
+        ..row(
+            "keyed-posts",
+            "30% of answers 503 at random; keyed POSTs, popular keys from many users, two replicas, 200/s",
+            failing(0.3, 503),
+            Traffic {
+                post: true,
+                keyed: true,
+                ..traffic(200.0, 5, Urls::Zipf(100))
+            },
+        )
+    }
 }
 
 const REPLICAS: &str = "direct: the same client takes the replicas in turn and dials the next one \
@@ -531,10 +575,11 @@ fn unknown_host() -> Row {
 
 /// The rows `--short` runs (and CI), in the order they run: one per kind of harm that
 /// needs no more than a few seconds.
-pub const SHORT: [&str; 6] = [
+pub const SHORT: [&str; 7] = [
     "healthy",
     "slow-700ms",
     "errors-one-url",
+    "keyed-posts",
     "replica-dead",
     "throttle-500-80",
     "unknown-host",
