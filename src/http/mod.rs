@@ -68,6 +68,7 @@ where
         }
     }
 
+    #[inline]
     fn is_end_stream(&self) -> bool {
         match self {
             ByProtocol::Http1(b) => b.is_end_stream(),
@@ -75,6 +76,7 @@ where
         }
     }
 
+    #[inline]
     fn size_hint(&self) -> SizeHint {
         match self {
             ByProtocol::Http1(b) => b.size_hint(),

@@ -34,16 +34,17 @@ const RETRY_FROM: [(HeaderName, u32); 3] = [
 /// `grpc-previous-rpc-attempts` that its tollgate passed on does not make a first attempt
 /// a retry. Without it, any value of either other header says so.
 pub fn is_retry(headers: &HeaderMap) -> bool {
-    let says = |(name, from): &(HeaderName, u32)| {
-        headers
-            .get_all(name)
-            .iter()
-            .any(|v| parse_count(v.as_bytes()).is_some_and(|n| n >= *from))
-    };
-    if headers.contains_key(&RETRY_FROM[0].0) {
-        return says(&RETRY_FROM[0]);
+    let counts =
+        |v: &http::HeaderValue, from: u32| parse_count(v.as_bytes()).is_some_and(|n| n >= from);
+    // One look for the header nearly every request from a caller's tollgate carries.
+    let (name, from) = &RETRY_FROM[0];
+    let mut values = headers.get_all(name).iter().peekable();
+    if values.peek().is_some() {
+        return values.any(|v| counts(v, *from));
     }
-    RETRY_FROM[1..].iter().any(says)
+    RETRY_FROM[1..]
+        .iter()
+        .any(|(name, from)| headers.get_all(name).iter().any(|v| counts(v, *from)))
 }
 
 /// The caller's attempt number (1 for the first try), as the first of the three headers

@@ -216,8 +216,10 @@ fn poll_head<S>(
                     } else {
                         0
                     };
+                    let empty = io.body == Framing::Length(0) && io.continue_left == 0;
                     let mut req = Box::new(Request::new(AppBody::Http1(Http1Body {
                         io: shared.clone(),
+                        empty,
                     })));
                     *req.method_mut() = head.method;
                     *req.uri_mut() = head.uri;

@@ -154,6 +154,9 @@ impl Io {
 /// request's attempts ask for it.
 pub struct Http1Body {
     pub(super) io: Arc<Mutex<Io>>,
+    /// The head said there is no body (and asked for no `100 Continue`): it has ended
+    /// before it began, known without a look at the connection (most requests).
+    pub(super) empty: bool,
 }
 
 impl Body for Http1Body {
@@ -164,16 +167,24 @@ impl Body for Http1Body {
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        if self.empty {
+            return Poll::Ready(None);
+        }
         lock(&self.io)
             .poll_body(cx)
             .map(|f| f.map(|r| r.map_err(BoxError::from)))
     }
 
+    #[inline]
     fn is_end_stream(&self) -> bool {
-        lock(&self.io).body_done()
+        self.empty || lock(&self.io).body_done()
     }
 
+    #[inline]
     fn size_hint(&self) -> SizeHint {
+        if self.empty {
+            return SizeHint::with_exact(0);
+        }
         lock(&self.io).body.size_hint()
     }
 }
