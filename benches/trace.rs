@@ -13,7 +13,7 @@ use http::{HeaderMap, HeaderValue, Method};
 use tokio::time::Instant;
 
 use tollgate::config::{OtlpAddr, TracingConfig};
-use tollgate::metrics::{AttemptResult, Metrics, Outcome};
+use tollgate::metrics::{Metrics, Outcome};
 use tollgate::trace::{Arrival, AttemptEnd, AttemptStart, Side, TRACEPARENT, Tracer};
 
 const SAMPLED: &str = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
@@ -112,7 +112,7 @@ fn record(t: &Tracer, h: &HeaderMap, n: u64) -> Duration {
         black_box(trace.attempt_traceparent(a));
         let end = AttemptEnd {
             status: Some(200),
-            result: AttemptResult::Success,
+            fault: None,
             callee_outcome: None,
             ejected: false,
         };

@@ -21,7 +21,7 @@ use std::path::{Path, PathBuf};
 pub const FLOORS: &[&[&str]] = &[
     // Ground: plain data and the bytes on the wire, knowing nothing of requests.
     &["print", "loops", "http", "metrics"],
-    &["config", "deadline", "descriptors"],
+    &["config", "deadline", "descriptors", "fault"],
     // Traces: spans recorded in place and their export, below everything that records.
     &["trace"],
     &["worker"],

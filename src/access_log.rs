@@ -32,9 +32,9 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use http::{Method, Request};
 
 use crate::config::{AccessLogConfig, AccessLogFormat};
+use crate::fault::Fault;
 use crate::http::fields::authority_of;
 use crate::metrics::{Evidence, Outcome};
-use crate::retry::policy::Failure;
 use crate::server::Finish;
 
 /// Lines waiting for the writer before new ones are dropped (and counted).
@@ -79,7 +79,7 @@ pub struct Entry {
     pub status: u16,
     pub attempts: u32,
     pub outcome: Outcome,
-    pub retries: Vec<Failure>,
+    pub retries: Vec<Fault>,
     /// Why a retry (or, inbound, the request) was refused: a `reason` of
     /// `tollgate_retries_denied_total` or `tollgate_inbound_denied_total`.
     pub denied: Option<&'static str>,

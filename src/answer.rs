@@ -16,10 +16,10 @@ use bytes::Bytes;
 use http::header::{CONNECTION, CONTENT_TYPE, RETRY_AFTER};
 use http::{HeaderMap, HeaderValue, Response, StatusCode};
 
+use crate::fault::Fault;
 use crate::http::grpc::{Code, GRPC_PUSHBACK, trailers_only};
 use crate::metrics::Outcome;
 use crate::retry::headers::{ATTEMPTS_HEADER, OUTCOME_HEADER, count_value};
-use crate::retry::policy::Failure;
 use crate::server::{RequestGuard, ResponseBody};
 
 /// `grpc-retry-pushback-ms: -1`: the client must not retry.
@@ -48,14 +48,15 @@ pub struct Local<'a> {
     /// (the inbound side makes none).
     pub attempts: Option<u32>,
     /// The failure tollgate gave up on, if any.
-    pub failure: Option<Failure>,
+    pub failure: Option<Fault>,
     pub text: &'a str,
     pub retry_after: Option<HeaderValue>,
 }
 
 /// The gRPC status of an answer tollgate makes itself: by the reason it stopped, else
-/// by the failure it gave up on, else by the HTTP status it would have answered.
-pub fn code(outcome: Outcome, failure: Option<Failure>, status: StatusCode) -> Code {
+/// by the fault it gave up on ([`Fault::grpc_code`]), else by the HTTP status it would
+/// have answered.
+pub fn code(outcome: Outcome, failure: Option<Fault>, status: StatusCode) -> Code {
     match outcome {
         Outcome::DeadlineExceeded | Outcome::AppTimeout => Code::DeadlineExceeded,
         Outcome::Overloaded | Outcome::Throttled | Outcome::RetryRejected => {
@@ -63,14 +64,7 @@ pub fn code(outcome: Outcome, failure: Option<Failure>, status: StatusCode) -> C
         }
         Outcome::NoRoute => Code::Unimplemented,
         Outcome::UpstreamUnreachable | Outcome::AppUnreachable => Code::Unavailable,
-        _ => match failure {
-            Some(Failure::Timeout) => Code::DeadlineExceeded,
-            Some(
-                Failure::ConnectFailure | Failure::Tls | Failure::Reset | Failure::Unavailable,
-            ) => Code::Unavailable,
-            Some(Failure::Status(s)) => Code::of_http(s),
-            None => Code::of_http(status),
-        },
+        _ => failure.map_or_else(|| Code::of_http(status), |f| f.grpc_code()),
     }
 }
 
@@ -141,40 +135,40 @@ mod tests {
             (Outcome::DeadlineExceeded, None, Code::DeadlineExceeded),
             (
                 Outcome::AttemptsExhausted,
-                Some(Failure::Timeout),
+                Some(Fault::Timeout),
                 Code::DeadlineExceeded,
             ),
             (Outcome::Overloaded, None, Code::ResourceExhausted),
             (Outcome::Throttled, None, Code::ResourceExhausted),
             (
                 Outcome::RetryRejected,
-                Some(Failure::Reset),
+                Some(Fault::Reset),
                 Code::ResourceExhausted,
             ),
             (
                 Outcome::AppRetry,
-                Some(Failure::Status(StatusCode::SERVICE_UNAVAILABLE)),
+                Some(Fault::Status(StatusCode::SERVICE_UNAVAILABLE)),
                 Code::Unavailable,
             ),
             (Outcome::NoRoute, None, Code::Unimplemented),
             (
                 Outcome::UpstreamUnreachable,
-                Some(Failure::Tls),
+                Some(Fault::Tls),
                 Code::Unavailable,
             ),
             (
                 Outcome::AttemptsExhausted,
-                Some(Failure::Reset),
+                Some(Fault::Reset),
                 Code::Unavailable,
             ),
             (
                 Outcome::BudgetExhausted,
-                Some(Failure::ConnectFailure),
+                Some(Fault::ConnectFailure),
                 Code::Unavailable,
             ),
             (
                 Outcome::NotRetryable,
-                Some(Failure::Status(StatusCode::SERVICE_UNAVAILABLE)),
+                Some(Fault::Status(StatusCode::SERVICE_UNAVAILABLE)),
                 Code::Unavailable,
             ),
         ] {

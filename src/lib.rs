@@ -6,8 +6,9 @@
 //! every failure it gave up on so that no other layer retries it again.
 //!
 //! Layers import downwards only (docs/architecture.md). From the bottom: [`config`],
-//! [`metrics`], [`deadline`], [`descriptors`], [`worker`], [`trace`] (the spans and
-//! their export) and the wire, [`http`]; [`upstream`] (the endpoints, generic over the
+//! [`metrics`], [`deadline`], [`descriptors`], [`fault`] (why a request failed, and
+//! what that means to each layer), [`worker`], [`trace`] (the spans and their export)
+//! and the wire, [`http`]; [`upstream`] (the endpoints, generic over the
 //! body it sends); [`retry`] (deciding and looping, generic
 //! over the app's body); [`server`] (the app-facing connections and their codecs) and
 //! [`listen`] (the listeners both sides are served on, and their drain); the two sides,
@@ -28,6 +29,7 @@ pub mod check;
 pub mod config;
 pub mod deadline;
 pub mod descriptors;
+pub mod fault;
 pub mod http;
 pub mod inbound;
 pub mod inject;

@@ -17,12 +17,12 @@ use opentelemetry_proto::tonic::common::v1::any_value::Value;
 use otlp::{PARENT, attr, receiver};
 use tokio::time::Instant;
 use tollgate::config::{OtlpAddr, TracingConfig};
+use tollgate::fault::Fault;
 use tollgate::metrics::Metrics;
 use tollgate::metrics::trace::SpanDrop;
-use tollgate::metrics::{AttemptResult, Denied, Outcome};
+use tollgate::metrics::{Denied, Outcome};
 use tollgate::trace::{
-    AfterFailure, Arrival, AttemptEnd, AttemptStart, RetryReason, Side, TRACEPARENT, TraceParent,
-    Tracer,
+    AfterFailure, Arrival, AttemptEnd, AttemptStart, Side, TRACEPARENT, TraceParent, Tracer,
 };
 
 fn config(collector: SocketAddr, batch: usize, queue: usize, timeout: Duration) -> TracingConfig {
@@ -59,7 +59,7 @@ fn record_retried(tracer: &Tracer, headers: &HeaderMap) -> Vec<TraceParent> {
         .expect("a sampled parent is followed");
     let mut sent = Vec::new();
     for n in 1..=3u32 {
-        let reason = (n > 1).then_some(RetryReason::Status(503));
+        let reason = (n > 1).then_some(Fault::Status(http::StatusCode::SERVICE_UNAVAILABLE));
         let start = AttemptStart {
             number: n,
             hedge: false,
@@ -71,7 +71,7 @@ fn record_retried(tracer: &Tracer, headers: &HeaderMap) -> Vec<TraceParent> {
         sent.push(TraceParent::parse(trace.attempt_traceparent(a).as_bytes()).unwrap());
         let end = AttemptEnd {
             status: Some(503),
-            result: AttemptResult::ServerError,
+            fault: None,
             callee_outcome: None,
             ejected: false,
         };

@@ -11,6 +11,7 @@ use http::header::CONNECTION;
 use http::{HeaderValue, Response, StatusCode};
 
 use crate::answer::Local;
+use crate::fault::Fault;
 use crate::metrics::Outcome;
 use crate::server::{RequestGuard, ResponseBody};
 
@@ -72,6 +73,21 @@ pub static NO_DESCRIPTORS: Refusal = Refusal {
     text: "tollgate is out of file descriptors; try again shortly\n",
     retry_after: Some(HeaderValue::from_static("1")),
 };
+
+/// The answer for a [`Fault`] of the exchange with the app: the fault's own status
+/// ([`Fault::status`]) and gRPC code, with the app's outcome (`app-timeout`,
+/// `app-unreachable`: its endpoint's failures, for the caller to retry elsewhere), or
+/// `overloaded` for a descriptor shortage of this process. The exchange with the app
+/// meets no other fault (a caller's body that breaks breaks the exchange: a reset);
+/// any other is answered as the reset it would be.
+pub fn refusal(fault: Fault) -> &'static Refusal {
+    match fault {
+        Fault::Timeout => &TIMED_OUT,
+        Fault::ConnectFailure | Fault::Tls => &UNREACHABLE,
+        Fault::NoDescriptors => &NO_DESCRIPTORS,
+        Fault::Reset | Fault::Status(_) | Fault::Unavailable | Fault::CallerBody => &RESET,
+    }
+}
 
 /// A duplicate of a keyed request still running when its deadline came (the draft's
 /// answer).
@@ -136,5 +152,28 @@ impl Refusal {
                 .insert(CONNECTION, HeaderValue::from_static("close"));
         }
         resp
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_fault_of_the_app_is_answered_with_its_own_status_and_code() {
+        for fault in [
+            Fault::ConnectFailure,
+            Fault::Timeout,
+            Fault::Reset,
+            Fault::NoDescriptors,
+        ] {
+            let r = refusal(fault);
+            assert_eq!(r.status, fault.status(), "{fault:?}");
+            let code = crate::answer::code(r.outcome, None, r.status);
+            assert_eq!(code, fault.grpc_code(), "{fault:?}");
+        }
+        assert_eq!(refusal(Fault::Timeout).outcome, Outcome::AppTimeout);
+        assert_eq!(refusal(Fault::Reset).outcome, Outcome::AppUnreachable);
+        assert_eq!(refusal(Fault::NoDescriptors).outcome, Outcome::Overloaded);
     }
 }

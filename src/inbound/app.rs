@@ -3,6 +3,8 @@
 //! (streaming, never kept: the inbound side never sends a request twice), and the
 //! response head is awaited until the deadline. A pooled connection the app had closed
 //! is passed over for another without resending anything (the request never left).
+//! When no head comes, the [`Fault`] says why, as the outbound side's attempts say it
+//! (the inbound side's refusal for it: [`super::answer::refusal`]).
 
 use std::time::Duration;
 
@@ -11,27 +13,15 @@ use prometheus::IntCounter;
 use tokio::time::Instant;
 
 use crate::deadline::{self, Deadline};
+use crate::fault::Fault;
 use crate::upstream::OutgoingBody;
-use crate::upstream::exchange::{self, Reach};
+use crate::upstream::exchange::{self, Reach, Wire};
 use crate::upstream::pool::{Endpoint, Want};
 use crate::upstream::request::{AttemptFields, RequestHead};
 use crate::upstream::response::UpstreamResponse;
 
 /// The app is local: a connection that takes longer than this is not coming.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
-
-/// Why the app gave no response head.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Failed {
-    /// No connection to it.
-    Unreachable,
-    /// The deadline passed first.
-    Timeout,
-    /// It broke the connection after the request went out.
-    Reset,
-    /// This process was out of file descriptors.
-    NoDescriptors,
-}
 
 /// How the deadline travels to the app.
 pub struct DeadlineFields<'a> {
@@ -67,7 +57,10 @@ impl<'a> DeadlineFields<'a> {
     }
 }
 
-/// Sends the request to `app` and waits for its response head until the deadline.
+/// Sends the request to `app` and waits for its response head until the deadline. No
+/// head is a [`Fault::ConnectFailure`] (no connection to it), a [`Fault::Timeout`]
+/// (the deadline passed first), a [`Fault::Reset`] (it broke the connection after the
+/// request went out) or [`Fault::NoDescriptors`].
 pub async fn send<'a, B: OutgoingBody>(
     app: &Endpoint<B>,
     want: Want,
@@ -75,7 +68,7 @@ pub async fn send<'a, B: OutgoingBody>(
     body: B,
     fields: &DeadlineFields<'a>,
     exhausted: &IntCounter,
-) -> Result<UpstreamResponse, Failed> {
+) -> Result<UpstreamResponse, Fault> {
     let reach = Reach {
         want,
         tls: None,
@@ -89,23 +82,16 @@ pub async fn send<'a, B: OutgoingBody>(
         continue_wait: exchange::continue_wait(fields.deadline.remaining(now)),
         ..*head
     };
-    match exchange::send(app, reach, at, &mut Some(body)).await {
-        Ok(resp) => Ok(resp),
-        Err(exchange::Failed::Connect(e)) if e.out_of_descriptors() => {
-            exhausted.inc();
-            Err(Failed::NoDescriptors)
-        }
-        Err(exchange::Failed::Connect(e)) => {
-            tracing::debug!(app = %app.addr, error = %e, "connect to the app failed");
-            Err(Failed::Unreachable)
-        }
-        Err(exchange::Failed::ConnectTimeout | exchange::Failed::Stale { .. }) => {
-            Err(Failed::Unreachable)
-        }
-        Err(exchange::Failed::Timeout) => Err(Failed::Timeout),
-        Err(exchange::Failed::Broken { error, .. }) => {
-            tracing::debug!(app = %app.addr, error = %error, "the app broke the connection");
-            Err(Failed::Reset)
-        }
+    let failed = match exchange::send(app, reach, at, &mut Some(body)).await {
+        Ok(resp) => return Ok(resp),
+        Err(failed) => failed,
+    };
+    // The app is reached without TLS: no reason to tell.
+    let fault = failed.fault(Wire::Plain, &mut None);
+    match fault {
+        Fault::NoDescriptors => exhausted.inc(),
+        Fault::Timeout => {}
+        _ => tracing::debug!(app = %app.addr, error = %failed, "the app gave no answer"),
     }
+    Err(fault)
 }

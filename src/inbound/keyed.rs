@@ -25,9 +25,10 @@ use tokio::sync::{mpsc, oneshot};
 
 use super::KeyedApp;
 use super::answer::{self, Refusal};
-use super::app::{self, DeadlineFields, Failed};
+use super::app::{self, DeadlineFields};
 use super::dedupe::{Answer, Claim, Kept};
 use crate::deadline::Deadline;
+use crate::fault::Fault;
 use crate::http::BoxError;
 use crate::metrics::Outcome;
 use crate::retry::headers::outcome_of;
@@ -71,11 +72,11 @@ pub(super) async fn run(
     exchange: Exchange,
     body: AppBody,
     exhausted: IntCounter,
-) -> Result<Head, Failed> {
+) -> Result<Head, Fault> {
     let (tx, rx) = oneshot::channel();
     tokio::spawn(drive(claim, app, exchange, body, exhausted, tx));
     // A task that panicked gave no answer: as if the app had broken the connection.
-    rx.await.unwrap_or(Err(Failed::Reset))
+    rx.await.unwrap_or(Err(Fault::Reset))
 }
 
 async fn drive(
@@ -84,7 +85,7 @@ async fn drive(
     x: Exchange,
     body: AppBody,
     exhausted: IntCounter,
-    head_tx: oneshot::Sender<Result<Head, Failed>>,
+    head_tx: oneshot::Sender<Result<Head, Fault>>,
 ) {
     let head = RequestHead::as_is(&x.method, &x.uri, &x.headers, ContinueWait::ZERO);
     let fields = DeadlineFields {
@@ -96,14 +97,15 @@ async fn drive(
     let body = claim.body(body);
     let resp = match app::send(&app, x.want, &head, body, &fields, &exhausted).await {
         Ok(resp) => resp,
-        Err(failed) => {
-            let _ = head_tx.send(Err(failed));
+        Err(fault) => {
+            let _ = head_tx.send(Err(fault));
             // Never connected: the app never had it. Otherwise it may have run, if it
             // had all of the request.
-            match failed {
-                Failed::Unreachable | Failed::NoDescriptors => claim.release().await,
-                Failed::Timeout | Failed::Reset => claim.failed().await,
-            };
+            if fault.maybe_sent() {
+                claim.failed().await;
+            } else {
+                claim.release().await;
+            }
             return;
         }
     };

@@ -18,7 +18,7 @@ use http_body_util::BodyExt;
 use tokio::time::Instant;
 
 use super::answer::{self, Refusal};
-use super::app::{self, DeadlineFields, Failed};
+use super::app::{self, DeadlineFields};
 use super::attempts::{is_kube_probe, is_retry};
 use super::dedupe::{Answer, Begin};
 use super::limit::Admitted;
@@ -300,8 +300,9 @@ async fn answer_request(
         }
     };
     let now = Instant::now();
+    // A request that never reached the app says nothing of its latency.
     if let Some(admitted) = admitted
-        && !matches!(result, Err(Failed::Unreachable | Failed::NoDescriptors))
+        && result.as_ref().err().is_none_or(|f| f.maybe_sent())
     {
         state.limit.sample(admitted, now - sent, now);
     }
@@ -312,7 +313,7 @@ async fn answer_request(
         Ok(Answered::Keyed(head)) => {
             relay_keyed(&mut call, head, parts.version, guard, now - start)
         }
-        Err(failed) => call.refuse(refusal(failed), guard),
+        Err(fault) => call.refuse(answer::refusal(fault), guard),
     }
 }
 
@@ -429,15 +430,6 @@ fn log_entry(
     e.caller = Some(caller);
     e.kind = Some(if retry { "retry" } else { "first" });
     e
-}
-
-fn refusal(failed: Failed) -> &'static Refusal {
-    match failed {
-        Failed::Timeout => &answer::TIMED_OUT,
-        Failed::Unreachable => &answer::UNREACHABLE,
-        Failed::Reset => &answer::RESET,
-        Failed::NoDescriptors => &answer::NO_DESCRIPTORS,
-    }
 }
 
 /// The app's answer, as it goes back to the caller: its hop-by-hop fields dropped, and

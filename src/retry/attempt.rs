@@ -7,10 +7,11 @@
 //! when it had run past its attempt timeout (it was abandoned for being slow), and its
 //! connection is closed, never pooled.
 //!
-//! Two ends are nobody's fault at the endpoint, and are told apart from its failures
-//! ([`NotUpstream`]): the app's body broke as it was sent (counted `cancelled`), and
-//! this process ran out of file descriptors before a connection could be opened (not
-//! counted as an attempt at all). Neither is retried nor held against the endpoint.
+//! An attempt that ends without a response ends with a [`Fault`]. Two are not the
+//! endpoint's ([`Fault::whose`]): the app's body broke as it was sent (counted
+//! `cancelled`), and this process ran out of file descriptors before a connection could
+//! be opened (not counted as an attempt at all). Neither is retried nor held against
+//! the endpoint.
 //!
 //! The attempt owns what it sends (its head's own fields, its body) and borrows only
 //! the request's shared head, so two attempts of one request can run side by side (a
@@ -23,10 +24,10 @@ use http::{HeaderMap, HeaderName, Method, StatusCode, Uri};
 use tokio::time::Instant;
 
 use super::headers::{ATTEMPT_HEADER, Callee, HEDGE_HEADER, HEDGE_VALUE, count_value};
-use super::policy::Failure;
 use super::replay::{AppBody, ReplayBody};
 use super::upstream::Upstream;
 use crate::deadline;
+use crate::fault::Fault;
 use crate::metrics::AttemptResult;
 use crate::trace::TRACEPARENT;
 use crate::upstream::exchange;
@@ -61,31 +62,7 @@ pub trait Transport<A>: Sync {
         attempt: &'s Attempt<'_, A>,
         body: &'s mut Option<ReplayBody<A>>,
         detail: &'s mut Option<String>,
-    ) -> impl Future<Output = Result<UpstreamResponse, AttemptError>> + Send + 's;
-}
-
-/// Why an attempt ended without a response.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum AttemptError {
-    /// The upstream failed, as `retry.on` names it.
-    Upstream(Failure),
-    /// Not the upstream's doing.
-    NotUpstream(NotUpstream),
-}
-
-/// An attempt that ended for a reason the endpoint had no part in.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum NotUpstream {
-    /// The app's body broke (malformed, or its connection failed) as it was sent.
-    AppBody,
-    /// This process was out of file descriptors when it needed a connection.
-    NoDescriptors,
-}
-
-impl From<Failure> for AttemptError {
-    fn from(f: Failure) -> Self {
-        AttemptError::Upstream(f)
-    }
+    ) -> impl Future<Output = Result<UpstreamResponse, Fault>> + Send + 's;
 }
 
 /// One attempt, before it runs.
@@ -132,7 +109,7 @@ pub struct Head {
 
 /// What an attempt came to.
 pub(super) struct Ran<A> {
-    pub result: Result<UpstreamResponse, AttemptError>,
+    pub result: Result<UpstreamResponse, Fault>,
     /// The body, when it never left (no connection took it): the next attempt sends it.
     pub unsent: Option<ReplayBody<A>>,
     /// What went wrong, when it is worth telling the app (a TLS failure's reason).
@@ -166,9 +143,9 @@ impl<'a, A: AppBody> Attempt<'a, A> {
         if self.rare.is_some() {
             self.rare = None;
         }
-        if matches!(result, Err(AttemptError::Upstream(_))) && watch.app_failed() {
+        if result.as_ref().is_err_and(Fault::is_peers) && watch.app_failed() {
             // Whatever the exchange then failed with, the app's body broke first.
-            result = Err(AttemptError::NotUpstream(NotUpstream::AppBody));
+            result = Err(Fault::CallerBody);
         }
         let ran = |result, ejected| Ran {
             result,
@@ -190,18 +167,16 @@ impl<'a, A: AppBody> Attempt<'a, A> {
         }
         let r = match &result {
             Ok(resp) => AttemptResult::of_status(resp.status().as_u16()),
-            Err(AttemptError::Upstream(Failure::ConnectFailure)) => AttemptResult::ConnectFailure,
-            Err(AttemptError::Upstream(Failure::Tls)) => AttemptResult::Tls,
-            Err(AttemptError::Upstream(Failure::Timeout)) => AttemptResult::Timeout,
-            Err(AttemptError::Upstream(_)) => AttemptResult::Reset,
-            Err(AttemptError::NotUpstream(NotUpstream::AppBody)) => {
-                record.cancelled();
-                return ran(result, false);
-            }
-            Err(AttemptError::NotUpstream(NotUpstream::NoDescriptors)) => {
-                record.done = true;
-                return ran(result, false);
-            }
+            Err(f) => match f.attempt_result() {
+                // The endpoint's fault: counted, and told to its health below.
+                Some(r) if f.is_peers() => r,
+                // Not the endpoint's: counted (or not, when it never was an attempt),
+                // and nothing more.
+                _ => {
+                    record.not_the_peers(*f);
+                    return ran(result, false);
+                }
+            },
         };
         let mut ejected = false;
         if self.up.endpoints.ejects() {
@@ -223,7 +198,7 @@ impl<'a, A: AppBody> Attempt<'a, A> {
     }
 
     /// What the result says about the endpoint.
-    fn verdict(&self, result: &Result<UpstreamResponse, AttemptError>) -> Verdict {
+    fn verdict(&self, result: &Result<UpstreamResponse, Fault>) -> Verdict {
         match result {
             Ok(resp) => match Callee::of(resp.status(), Fields::of(resp)) {
                 // The callee's inbound side ran out of the time this attempt gave it (the
@@ -242,9 +217,9 @@ impl<'a, A: AppBody> Attempt<'a, A> {
             },
             // Cut short by the deadline before its attempt timeout, the attempt did not
             // have the time an endpoint is judged by.
-            Err(AttemptError::Upstream(Failure::Timeout)) if self.cut_short() => Verdict::Neutral,
-            Err(AttemptError::Upstream(_)) => Verdict::Failure,
-            Err(AttemptError::NotUpstream(_)) => Verdict::Neutral,
+            Err(Fault::Timeout) if self.cut_short() => Verdict::Neutral,
+            Err(f) if f.is_peers() => Verdict::Failure,
+            Err(_) => Verdict::Neutral,
         }
     }
 
@@ -298,12 +273,16 @@ struct Record<'a, A> {
 }
 
 impl<A> Record<'_, A> {
-    fn cancelled(&mut self) {
+    /// An attempt ended by a fault that is not the endpoint's: counted by its own
+    /// result (the app's body: `cancelled`), or not at all.
+    fn not_the_peers(&mut self, fault: Fault) {
         self.done = true;
-        self.up.metrics.attempt(AttemptResult::Cancelled);
+        if let Some(r) = fault.attempt_result() {
+            self.up.metrics.attempt(r);
+        }
     }
 
-    fn finish(&mut self, result: &Result<UpstreamResponse, AttemptError>, r: AttemptResult) {
+    fn finish(&mut self, result: &Result<UpstreamResponse, Fault>, r: AttemptResult) {
         self.done = true;
         let took = self.started.elapsed();
         let metrics = &self.up.metrics;
@@ -315,7 +294,7 @@ impl<A> Record<'_, A> {
             // says nothing of it, an attempt that timed out took at least its time.
             match result {
                 Ok(_) => h.observe(took),
-                Err(AttemptError::Upstream(Failure::Timeout)) => h.observe_at_least(took),
+                Err(Fault::Timeout) => h.observe_at_least(took),
                 Err(_) => {}
             }
         }

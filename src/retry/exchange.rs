@@ -6,8 +6,8 @@ use tokio::time::Instant;
 
 use super::attempt::Head;
 use super::headers::Callee;
-use super::policy::Failure;
 use crate::deadline::Deadline;
+use crate::fault::Fault;
 use crate::metrics::{Denied, Outcome};
 use crate::upstream::response::UpstreamResponse;
 
@@ -56,7 +56,7 @@ pub struct Answer {
     pub attempts: u32,
     pub outcome: Outcome,
     /// The failure tollgate gave up on, when it gave up.
-    pub failure: Option<Failure>,
+    pub failure: Option<Fault>,
     /// What went wrong, in words for the app, when there is more to say than the
     /// status (a TLS failure's reason).
     pub detail: Option<String>,
@@ -107,20 +107,20 @@ pub enum HedgeState {
 /// that fired each retry, and why a retry was refused.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct Trail {
-    retries: [Option<Failure>; 9],
+    retries: [Option<Fault>; 9],
     /// The reason a retry was refused, when one was.
     pub denied: Option<Denied>,
 }
 
 impl Trail {
-    pub(super) fn retried(&mut self, failure: Failure) {
+    pub(super) fn retried(&mut self, failure: Fault) {
         if let Some(slot) = self.retries.iter_mut().find(|r| r.is_none()) {
             *slot = Some(failure);
         }
     }
 
     /// The conditions of the retries, in order.
-    pub fn retries(&self) -> impl Iterator<Item = Failure> + '_ {
+    pub fn retries(&self) -> impl Iterator<Item = Fault> + '_ {
         self.retries.iter().map_while(|r| *r)
     }
 }

@@ -29,9 +29,9 @@ use http::header::RETRY_AFTER;
 use tokio::time::Instant;
 
 use super::headers::{Callee, GRPC_PUSHBACK, GRPC_STATUS, OUTCOME_HEADER};
-use super::policy::Failure;
 use super::retry_after::{Pushback, parse_pushback_ms};
 use super::upstream::Upstream;
+use crate::fault::Fault;
 use crate::metrics::Outcome;
 use crate::upstream::response::Fields;
 
@@ -40,7 +40,7 @@ pub(crate) struct Seen<'a> {
     /// The attempt number as sent (`x-tollgate-attempt`): 2 and up are retries.
     pub number: u32,
     /// The failure `retry.on` lists, if the attempt failed.
-    pub failure: Option<Failure>,
+    pub failure: Option<Fault>,
     /// The response head, when there was one.
     pub response: Option<(StatusCode, Fields<'a>)>,
 }
@@ -77,7 +77,7 @@ pub(crate) fn attempt_done<A>(up: &Upstream<A>, seen: &Seen<'_>, now: Instant) {
     };
     if telling.is_some_and(|(status, fields)| overload(status, fields)) {
         share.overloaded(now);
-    } else if seen.failure == Some(Failure::Timeout) {
+    } else if seen.failure == Some(Fault::Timeout) {
         share.slow(now);
     }
     if seen.number >= 2 {
@@ -91,11 +91,11 @@ pub(crate) fn attempt_done<A>(up: &Upstream<A>, seen: &Seen<'_>, now: Instant) {
 /// Whether an attempt was rejected for overload, for the throttle: a refused or
 /// timed-out connect, no head in time, or an answer that says so.
 fn rejected(
-    failure: Option<Failure>,
+    failure: Option<Fault>,
     response: Option<(StatusCode, Fields<'_>)>,
     callee: Option<Callee>,
 ) -> bool {
-    if matches!(failure, Some(Failure::ConnectFailure | Failure::Timeout)) {
+    if matches!(failure, Some(Fault::ConnectFailure | Fault::Timeout)) {
         return true;
     }
     let Some((status, fields)) = response else {
@@ -168,7 +168,7 @@ mod tests {
 
     /// Whether the throttle takes an attempt with this failure and answer as rejected.
     fn rejects(
-        failure: Option<Failure>,
+        failure: Option<Fault>,
         status: u16,
         pairs: &[(&'static str, &'static str)],
     ) -> bool {
@@ -187,14 +187,14 @@ mod tests {
 
     #[test]
     fn only_overload_is_a_rejection_for_the_throttle() {
-        let s500 = Some(Failure::Status(StatusCode::INTERNAL_SERVER_ERROR));
+        let s500 = Some(Fault::Status(StatusCode::INTERNAL_SERVER_ERROR));
         assert!(
             !rejects(s500, 500, &[]),
             "a 500 is an answer, listed or not"
         );
         assert!(!rejects(None, 500, &[]));
         assert!(!rejects(
-            Some(Failure::Status(StatusCode::BAD_GATEWAY)),
+            Some(Fault::Status(StatusCode::BAD_GATEWAY)),
             502,
             &[]
         ));
@@ -214,10 +214,10 @@ mod tests {
             &[("x-tollgate-outcome", "app-unreachable")]
         ));
         assert!(rejects(None, 504, &[("x-tollgate-outcome", "app-timeout")]));
-        assert!(rejected(Some(Failure::ConnectFailure), None, None));
-        assert!(rejected(Some(Failure::Timeout), None, None));
-        assert!(!rejected(Some(Failure::Reset), None, None));
-        assert!(!rejected(Some(Failure::Tls), None, None));
+        assert!(rejected(Some(Fault::ConnectFailure), None, None));
+        assert!(rejected(Some(Fault::Timeout), None, None));
+        assert!(!rejected(Some(Fault::Reset), None, None));
+        assert!(!rejected(Some(Fault::Tls), None, None));
     }
 
     #[test]

@@ -44,7 +44,7 @@ pub mod transport;
 mod upstream;
 
 pub use attempt::Transport;
-pub use attempt::{Attempt, AttemptError, Head, NotUpstream};
+pub use attempt::{Attempt, Head};
 pub use exchange::{Answer, BodyRead, Exchange, HedgeState, Reply, Trail};
 pub use forward::{forward, forward_on};
 pub use replay::{AppBody, ReplayBody};

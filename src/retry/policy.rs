@@ -1,5 +1,6 @@
 //! What may be retried, and whether this failure will be: the decision made after every
-//! failed attempt, in one function, so every refusal has exactly one reason.
+//! failed attempt (its [`Fault`], or a response head read as one here), in one
+//! function, so every refusal has exactly one reason ([`Stop`]).
 //!
 //! The order of the checks is the order of their cost and of their certainty:
 //! ownership (another tollgate already decided), the failure kind, the request (method
@@ -18,63 +19,12 @@ use super::headers::{Callee, GRPC_PUSHBACK, GRPC_STATUS};
 use super::retry_after::{Pushback, parse_pushback_ms, parse_retry_after};
 use crate::config::{Ownership, RetryAfterMode, RetryConfig, RetryOn};
 use crate::deadline::Deadline;
+use crate::fault::Fault;
 use crate::metrics::{Denied, Outcome};
 use crate::upstream::response::Fields;
 
 /// gRPC UNAVAILABLE.
 const GRPC_UNAVAILABLE: &[u8] = b"14";
-
-/// A failed attempt, by the `retry.on` condition it matches.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Failure {
-    /// No connection could be made: the request was never sent.
-    ConnectFailure,
-    /// The TLS handshake failed, or the server refused the connection right after it
-    /// (a client certificate it does not accept): the request was never served. Retried
-    /// as a connect failure, but never on the endpoint that failed.
-    Tls,
-    /// The connection broke after the request may have been sent.
-    Reset,
-    /// No response head within the attempt's time.
-    Timeout,
-    /// A response with a status listed in `retry.on`.
-    Status(StatusCode),
-    /// gRPC UNAVAILABLE in a trailers-only response.
-    Unavailable,
-}
-
-impl Failure {
-    /// The `retry.on` word, also the `reason` label of `tollgate_retries_total`.
-    pub fn condition(&self) -> &str {
-        match self {
-            Failure::ConnectFailure | Failure::Tls => "connect-failure",
-            Failure::Reset => "reset",
-            Failure::Timeout => "timeout",
-            Failure::Unavailable => "unavailable",
-            Failure::Status(s) => s.as_str(),
-        }
-    }
-
-    fn enabled(&self, on: &RetryOn) -> bool {
-        match self {
-            Failure::ConnectFailure | Failure::Tls => on.connect_failure,
-            Failure::Reset => on.reset,
-            Failure::Timeout => on.timeout,
-            Failure::Unavailable => on.unavailable,
-            Failure::Status(s) => on.status(s.as_u16()),
-        }
-    }
-
-    /// Whether the request may have reached the upstream.
-    pub fn maybe_sent(&self) -> bool {
-        !matches!(self, Failure::ConnectFailure | Failure::Tls)
-    }
-
-    /// No connection carried the request: connect and TLS failures.
-    pub fn unreachable(&self) -> bool {
-        matches!(self, Failure::ConnectFailure | Failure::Tls)
-    }
-}
 
 /// Classifies a response head, whose outcome (if any) says `callee`: `None` when it is
 /// not a failure `retry.on` names.
@@ -90,27 +40,40 @@ pub fn classify_response(
     headers: Fields<'_>,
     callee: Callee,
     on: &RetryOn,
-) -> Option<Failure> {
+) -> Option<Fault> {
     match callee {
-        Callee::AppUnreachable => return on.reset.then_some(Failure::Reset),
-        Callee::AppTimeout => return on.timeout.then_some(Failure::Timeout),
+        Callee::AppUnreachable => return on.reset.then_some(Fault::Reset),
+        Callee::AppTimeout => return on.timeout.then_some(Fault::Timeout),
         Callee::InProgress => {
             let like = StatusCode::SERVICE_UNAVAILABLE;
-            return on.status(like.as_u16()).then_some(Failure::Status(like));
+            return on.status(like.as_u16()).then_some(Fault::Status(like));
         }
         Callee::Silent | Callee::Stray | Callee::Owned(_) => {}
     }
     if on.status(status.as_u16()) {
-        return Some(Failure::Status(status));
+        return Some(Fault::Status(status));
     }
     if on.unavailable
         && headers
             .get(&GRPC_STATUS)
             .is_some_and(|v| v == GRPC_UNAVAILABLE)
     {
-        return Some(Failure::Unavailable);
+        return Some(Fault::Unavailable);
     }
     None
+}
+
+/// Whether `retry.on` lists `fault` (by its [`Fault::condition`] word): a fault that
+/// is not the peer's never is.
+fn listed(fault: Fault, on: &RetryOn) -> bool {
+    match fault {
+        Fault::ConnectFailure | Fault::Tls => on.connect_failure,
+        Fault::Reset => on.reset,
+        Fault::Timeout => on.timeout,
+        Fault::Unavailable => on.unavailable,
+        Fault::Status(s) => on.status(s.as_u16()),
+        Fault::CallerBody | Fault::NoDescriptors => false,
+    }
 }
 
 /// Why a failure goes back to the app instead of being retried.
@@ -150,7 +113,7 @@ impl Stop {
     }
 
     /// The `x-tollgate-outcome` for giving up on `failure` for this reason.
-    pub fn outcome(self, failure: Failure) -> Outcome {
+    pub fn outcome(self, failure: Fault) -> Outcome {
         match self {
             Stop::Ownership => Outcome::Ok,
             Stop::NotListed | Stop::Attempts | Stop::NoOtherEndpoint if failure.unreachable() => {
@@ -177,7 +140,7 @@ pub trait Replayable {
 
 /// Everything the decision reads about the request so far.
 pub struct Situation<'a> {
-    pub failure: Failure,
+    pub failure: Fault,
     /// The failed response's headers, when there was a response.
     pub response: Option<Fields<'a>>,
     /// The response carries another tollgate's verdict ([`Callee::owned`]).
@@ -256,7 +219,7 @@ impl Policy<'_> {
     }
 
     /// Whether a retry may start beside an attempt that has run past its attempt
-    /// timeout (`s.failure` is [`Failure::Timeout`], and the attempt goes on): what
+    /// timeout (`s.failure` is [`Fault::Timeout`], and the attempt goes on): what
     /// [`Policy::decide`] asks but the body and the wait, since the retry starts at once
     /// with a copy of a body already whole, and its first attempt still may answer.
     /// `Ok` has taken the retry from the budget.
@@ -272,7 +235,7 @@ impl Policy<'_> {
     /// The failure is one `retry.on` lists, the request may be sent again, and an
     /// attempt is left.
     fn may_send_again(&self, s: &Situation<'_>) -> Result<(), Stop> {
-        if !s.failure.enabled(&self.retry.on) {
+        if !listed(s.failure, &self.retry.on) {
             return Err(Stop::NotListed);
         }
         if s.failure.maybe_sent() && !s.request_retryable {
@@ -383,9 +346,9 @@ mod tests {
             }
         }
 
-        fn situation<'a>(&self, failure: Failure, response: Option<Fields<'a>>) -> Situation<'a> {
+        fn situation<'a>(&self, failure: Fault, response: Option<Fields<'a>>) -> Situation<'a> {
             let status = match failure {
-                Failure::Status(s) => s,
+                Fault::Status(s) => s,
                 _ => StatusCode::OK,
             };
             Situation {
@@ -400,8 +363,8 @@ mod tests {
         }
     }
 
-    fn s503() -> Failure {
-        Failure::Status(StatusCode::SERVICE_UNAVAILABLE)
+    fn s503() -> Fault {
+        Fault::Status(StatusCode::SERVICE_UNAVAILABLE)
     }
 
     #[test]
@@ -421,7 +384,7 @@ mod tests {
             Err(Stop::Ownership)
         );
 
-        let f500 = Failure::Status(StatusCode::INTERNAL_SERVER_ERROR);
+        let f500 = Fault::Status(StatusCode::INTERNAL_SERVER_ERROR);
         assert_eq!(
             f.decide(&mut f.situation(f500, None), None),
             Err(Stop::NotListed)
@@ -431,7 +394,7 @@ mod tests {
         s.request_retryable = false;
         assert_eq!(f.decide(&mut s, None), Err(Stop::Method));
 
-        let mut s = f.situation(Failure::ConnectFailure, None);
+        let mut s = f.situation(Fault::ConnectFailure, None);
         s.request_retryable = false;
         assert!(
             f.decide(&mut s, None).is_ok(),
@@ -442,13 +405,13 @@ mod tests {
         s.attempts = 3;
         assert_eq!(f.decide(&mut s, None), Err(Stop::Attempts));
 
-        let mut s = f.situation(Failure::Reset, None);
+        let mut s = f.situation(Fault::Reset, None);
         assert_eq!(
             f.decide_with_body(&mut s, None, Err(BodyState::TooLarge)),
             Err(Stop::BodyTooLarge)
         );
 
-        let mut s = f.situation(Failure::Timeout, None);
+        let mut s = f.situation(Fault::Timeout, None);
         assert_eq!(
             f.decide(&mut s, Some(Duration::from_secs(5))),
             Err(Stop::Deadline),
@@ -488,7 +451,7 @@ mod tests {
         h.insert(GRPC_PUSHBACK, HeaderValue::from_static("-1"));
         assert_eq!(
             f.decide(
-                &mut f.situation(Failure::Unavailable, Some((&h).into())),
+                &mut f.situation(Fault::Unavailable, Some((&h).into())),
                 None
             ),
             Err(Stop::RetryAfter)
@@ -496,7 +459,7 @@ mod tests {
         h.insert(GRPC_PUSHBACK, HeaderValue::from_static("100"));
         let sleep = f
             .decide(
-                &mut f.situation(Failure::Unavailable, Some((&h).into())),
+                &mut f.situation(Fault::Unavailable, Some((&h).into())),
                 None,
             )
             .unwrap();
@@ -532,7 +495,7 @@ mod tests {
     #[test]
     fn a_retry_beside_a_slow_attempt_needs_all_but_a_body_and_a_wait() {
         let f = Fixture::new();
-        let mut s = f.situation(Failure::Timeout, None);
+        let mut s = f.situation(Fault::Timeout, None);
         assert_eq!(f.policy(None).decide_beside(&s), Ok(()));
         s.request_retryable = false;
         assert_eq!(f.policy(None).decide_beside(&s), Err(Stop::Method));
@@ -578,15 +541,12 @@ mod tests {
         let classify = |status, h: &HeaderMap, on: &RetryOn| {
             classify_response(status, h.into(), Callee::of(status, h.into()), on)
         };
-        assert_eq!(
-            classify(StatusCode::OK, &h, &on),
-            Some(Failure::Unavailable)
-        );
+        assert_eq!(classify(StatusCode::OK, &h, &on), Some(Fault::Unavailable));
         h.insert(GRPC_STATUS, HeaderValue::from_static("0"));
         assert_eq!(classify(StatusCode::OK, &h, &on), None);
         assert_eq!(
             classify(StatusCode::BAD_GATEWAY, &HeaderMap::new(), &on),
-            Some(Failure::Status(StatusCode::BAD_GATEWAY))
+            Some(Fault::Status(StatusCode::BAD_GATEWAY))
         );
     }
 
@@ -599,11 +559,11 @@ mod tests {
             classify_response(status, (&h).into(), Callee::of(status, (&h).into()), on)
         };
         let on = RetryOn::default();
-        assert_eq!(said(502, "app-unreachable", &on), Some(Failure::Reset));
-        assert_eq!(said(504, "app-timeout", &on), Some(Failure::Timeout));
+        assert_eq!(said(502, "app-unreachable", &on), Some(Fault::Reset));
+        assert_eq!(said(504, "app-timeout", &on), Some(Fault::Timeout));
         assert_eq!(
             said(409, "in-progress", &on),
-            Some(Failure::Status(StatusCode::SERVICE_UNAVAILABLE)),
+            Some(Fault::Status(StatusCode::SERVICE_UNAVAILABLE)),
             "retried like a 503"
         );
         let mut statuses_only = RetryOn::none();
@@ -626,20 +586,43 @@ mod tests {
         let mut h = HeaderMap::new();
         h.insert(OUTCOME_HEADER, HeaderValue::from_static("app-unreachable"));
         assert!(
-            f.decide(&mut f.situation(Failure::Reset, Some((&h).into())), None)
+            f.decide(&mut f.situation(Fault::Reset, Some((&h).into())), None)
                 .is_ok()
         );
+    }
+
+    #[test]
+    fn only_a_peers_fault_is_ever_listed() {
+        let mut every = RetryOn::none();
+        every.connect_failure = true;
+        every.reset = true;
+        every.timeout = true;
+        every.unavailable = true;
+        every.add_status(503);
+        for f in [
+            Fault::ConnectFailure,
+            Fault::Tls,
+            Fault::Reset,
+            Fault::Timeout,
+            s503(),
+            Fault::Unavailable,
+            Fault::CallerBody,
+            Fault::NoDescriptors,
+        ] {
+            assert_eq!(listed(f, &every), f.is_peers(), "{f:?}");
+            assert!(!listed(f, &RetryOn::none()), "{f:?}");
+        }
     }
 
     #[test]
     fn outcomes_name_the_reason_for_giving_up() {
         assert_eq!(Stop::Attempts.outcome(s503()), Outcome::AttemptsExhausted);
         assert_eq!(
-            Stop::Attempts.outcome(Failure::ConnectFailure),
+            Stop::Attempts.outcome(Fault::ConnectFailure),
             Outcome::UpstreamUnreachable
         );
         assert_eq!(
-            Stop::Budget.outcome(Failure::ConnectFailure),
+            Stop::Budget.outcome(Fault::ConnectFailure),
             Outcome::BudgetExhausted
         );
         assert_eq!(Stop::Method.outcome(s503()), Outcome::NotRetryable);

@@ -15,9 +15,7 @@
 
 use std::time::Duration;
 
-use http::StatusCode;
-
-use super::policy::Failure;
+use crate::fault::Fault;
 use crate::http::ByProtocol;
 use crate::upstream::response::UpstreamResponse;
 
@@ -30,23 +28,24 @@ const KEEP_WAIT: Duration = Duration::from_millis(50);
 pub(super) enum Previous {
     /// The upstream's failed response, as it came (boxed: kept only while a retry
     /// runs, it should not make every request's state larger).
-    Response(UpstreamResponse, Failure),
-    /// A failure with no response (reset, timeout, connect failure).
-    Failure(Failure),
+    Response(UpstreamResponse, Fault),
+    /// A fault with no response (reset, timeout, connect failure): tollgate answers
+    /// it itself ([`Fault::status`]).
+    Fault(Fault),
 }
 
 /// Sleeps the backoff before a retry, keeping the failure it retries; a small HTTP/1.1
 /// body is read into memory meanwhile, so its connection is released.
 pub(super) async fn keep_while_sleeping(
     response: Option<UpstreamResponse>,
-    failure: Failure,
+    failure: Fault,
     sleep: Duration,
 ) -> Previous {
     let Some(mut resp) = response else {
         if !sleep.is_zero() {
             tokio::time::sleep(sleep).await;
         }
-        return Previous::Failure(failure);
+        return Previous::Fault(failure);
     };
     if let ByProtocol::Http1(body) = resp.body_mut() {
         let read = tokio::time::timeout(sleep.max(KEEP_WAIT), body.read_ahead(KEEP_BODY));
@@ -58,17 +57,9 @@ pub(super) async fn keep_while_sleeping(
 }
 
 impl Previous {
-    pub(super) fn failure(&self) -> Failure {
+    pub(super) fn failure(&self) -> Fault {
         match self {
-            Previous::Response(_, f) | Previous::Failure(f) => *f,
-        }
-    }
-
-    /// What tollgate answers itself for a failure without a response.
-    pub(super) fn local_status(failure: Failure) -> StatusCode {
-        match failure {
-            Failure::Timeout => StatusCode::GATEWAY_TIMEOUT,
-            _ => StatusCode::BAD_GATEWAY,
+            Previous::Response(_, f) | Previous::Fault(f) => *f,
         }
     }
 }

@@ -11,10 +11,10 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
+use super::attempt::Attempt;
 use super::attempt::Transport;
-use super::attempt::{Attempt, AttemptError};
-use super::policy::Failure;
 use super::replay::{AppBody, ReplayBody};
+use crate::fault::Fault;
 use crate::upstream::response::UpstreamResponse;
 use crate::upstream::scripted;
 
@@ -82,7 +82,7 @@ impl<A: AppBody> Transport<A> for Script {
         a: &Attempt<'_, A>,
         body: &mut Option<ReplayBody<A>>,
         _detail: &mut Option<String>,
-    ) -> Result<UpstreamResponse, AttemptError> {
+    ) -> Result<UpstreamResponse, Fault> {
         let now = Instant::now();
         let head = a.head_at(now);
         let deadline_ms = head
@@ -120,32 +120,32 @@ impl<A: AppBody> Transport<A> for Script {
             }
         };
         match self.next() {
-            Step::Refuse => Err(Failure::ConnectFailure.into()),
-            Step::Tls => Err(Failure::Tls.into()),
+            Step::Refuse => Err(Fault::ConnectFailure),
+            Step::Tls => Err(Fault::Tls),
             Step::Reset(after) => {
                 if !wait(after).await {
-                    return Err(Failure::Timeout.into());
+                    return Err(Fault::Timeout);
                 }
                 body.take();
-                Err(Failure::Reset.into())
+                Err(Fault::Reset)
             }
             Step::Hang => {
                 match a.by {
                     Some(by) => tokio::time::sleep_until(by).await,
                     None => std::future::pending().await,
                 }
-                Err(Failure::Timeout.into())
+                Err(Fault::Timeout)
             }
             Step::Answer(after, bytes) => {
                 if !wait(after).await {
-                    return Err(Failure::Timeout.into());
+                    return Err(Fault::Timeout);
                 }
                 let Some(sending) = body.take() else {
-                    return Err(Failure::ConnectFailure.into());
+                    return Err(Fault::ConnectFailure);
                 };
                 scripted::answer(&head, sending, bytes.as_bytes())
                     .await
-                    .map_err(|_| Failure::Reset.into())
+                    .map_err(|_| Fault::Reset)
             }
         }
     }

@@ -11,13 +11,13 @@ use http::HeaderValue;
 use http::header::RETRY_AFTER;
 use tokio::time::Instant;
 
-use super::attempt::{AttemptError, NotUpstream, Ran};
-use super::policy::Failure;
+use super::attempt::Ran;
 use super::upstream::Upstream;
 use crate::deadline::Deadline;
+use crate::fault::Fault;
 use crate::http::grpc::GRPC_PUSHBACK;
-use crate::metrics::{AttemptResult, Denied, Outcome};
-use crate::trace::{AfterFailure, AttemptEnd, AttemptId, AttemptStart, RequestTrace, RetryReason};
+use crate::metrics::{Denied, Outcome};
+use crate::trace::{AfterFailure, AttemptEnd, AttemptId, AttemptStart, RequestTrace};
 use crate::upstream::response::{Fields, UpstreamResponse};
 
 /// A request's trace, as the loop fills it in: boxed, so that a request that is not
@@ -43,7 +43,7 @@ pub(super) struct Starting {
     pub beside: bool,
     pub endpoint: usize,
     /// The condition the retry retries, for a retry.
-    pub reason: Option<Failure>,
+    pub reason: Option<Fault>,
     pub deadline: Deadline,
 }
 
@@ -77,7 +77,7 @@ impl<'t> Traced<'t> {
                 .parse::<IpAddr>()
                 .ok()
                 .map(|ip| SocketAddr::new(ip, addr.port)),
-            reason: a.reason.filter(|_| !a.hedge).map(reason),
+            reason: a.reason.filter(|_| !a.hedge),
             deadline_left: a.deadline.remaining(now),
         };
         let id = s.trace.attempt(start, now);
@@ -93,27 +93,21 @@ impl<'t> Traced<'t> {
         let Some(id) = s.slots[usize::from(beside)] else {
             return;
         };
-        let (status, result, callee_outcome) = match &ran.result {
+        let (status, fault, callee_outcome) = match &ran.result {
             Ok(resp) => {
                 let status = resp.status();
                 let outcome = super::headers::outcome_of(status, Fields::of(resp));
                 (
                     Some(status.as_u16()),
-                    AttemptResult::of_status(status.as_u16()),
+                    None,
                     (outcome != Outcome::Ok).then_some(outcome),
                 )
             }
-            Err(AttemptError::Upstream(f)) => (None, failed(*f), None),
-            Err(AttemptError::NotUpstream(NotUpstream::AppBody)) => {
-                (None, AttemptResult::Cancelled, None)
-            }
-            Err(AttemptError::NotUpstream(NotUpstream::NoDescriptors)) => {
-                (None, AttemptResult::ConnectFailure, None)
-            }
+            Err(f) => (None, Some(*f), None),
         };
         let end = AttemptEnd {
             status,
-            result,
+            fault,
             callee_outcome,
             ejected: ran.ejected,
         };
@@ -163,24 +157,5 @@ impl State<'_> {
             budget_available: self.available,
         };
         self.trace.after_failure(id, after);
-    }
-}
-
-fn reason(f: Failure) -> RetryReason {
-    match f {
-        Failure::ConnectFailure | Failure::Tls => RetryReason::ConnectFailure,
-        Failure::Reset => RetryReason::Reset,
-        Failure::Timeout => RetryReason::Timeout,
-        Failure::Unavailable => RetryReason::Unavailable,
-        Failure::Status(s) => RetryReason::Status(s.as_u16()),
-    }
-}
-
-fn failed(f: Failure) -> AttemptResult {
-    match f {
-        Failure::ConnectFailure => AttemptResult::ConnectFailure,
-        Failure::Tls => AttemptResult::Tls,
-        Failure::Timeout => AttemptResult::Timeout,
-        Failure::Reset | Failure::Unavailable | Failure::Status(_) => AttemptResult::Reset,
     }
 }

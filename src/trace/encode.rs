@@ -15,8 +15,8 @@ use tokio::time::Instant;
 
 use super::context::SpanId;
 use super::protobuf::Writer;
-use super::span::{Attempt, Backoff, RetryReason, Side, Spans};
-use crate::metrics::AttemptResult;
+use super::span::{Attempt, Backoff, Side, Spans};
+use crate::fault::Fault;
 
 /// Who exported: the resource every span of the process shares.
 #[derive(Clone, Debug)]
@@ -246,14 +246,11 @@ fn client_span(w: &mut Writer, s: &Spans, at: &Attempt, clock: &Clock) {
         if let Some(status) = end.status {
             int(w, a, "http.response.status_code", i64::from(status));
         }
-        error = match (end.result, end.status) {
-            (AttemptResult::ConnectFailure, _) => Some(ErrorType::Word("connect-failure")),
-            (AttemptResult::Tls, _) => Some(ErrorType::Word("tls")),
-            (AttemptResult::Reset, _) => Some(ErrorType::Word("reset")),
-            (AttemptResult::Timeout, _) => Some(ErrorType::Word("timeout")),
-            (AttemptResult::Cancelled, _) => Some(ErrorType::Word("cancelled")),
+        error = match (end.fault, end.status) {
+            (Some(fault), _) => Some(ErrorType::Fault(fault)),
+            (None, None) => Some(ErrorType::Word("cancelled")),
             // A client's 4xx is an error too (the conventions' rule for CLIENT spans).
-            (_, Some(status)) if status >= 400 => Some(ErrorType::Status(status)),
+            (None, Some(status)) if status >= 400 => Some(ErrorType::Status(status)),
             _ => None,
         };
         if let Some(e) = error {
@@ -278,8 +275,7 @@ fn client_span(w: &mut Writer, s: &Spans, at: &Attempt, clock: &Clock) {
     int(w, a, "tollgate.attempt", i64::from(started.number));
     boolean(w, a, "tollgate.hedge", started.hedge);
     if let Some(reason) = started.reason {
-        let mut buf = [0u8; 8];
-        string(w, a, "tollgate.retry.reason", reason_word(reason, &mut buf));
+        string(w, a, "tollgate.retry.reason", reason.condition());
     }
     if let Some(left) = started.deadline_left {
         let ms = i64::try_from(left.as_millis()).unwrap_or(i64::MAX);
@@ -369,6 +365,7 @@ fn backoff(w: &mut Writer, b: &Backoff, clock: &Clock) {
 enum ErrorType {
     Word(&'static str),
     Status(u16),
+    Fault(Fault),
 }
 
 impl ErrorType {
@@ -377,18 +374,9 @@ impl ErrorType {
         let v = match self {
             ErrorType::Word(word) => word,
             ErrorType::Status(s) => display(&mut buf, format_args!("{s}")),
+            ErrorType::Fault(ref f) => f.error_type(),
         };
         string(w, SPAN_ATTRIBUTES, "error.type", v);
-    }
-}
-
-fn reason_word(r: RetryReason, buf: &mut [u8; 8]) -> &str {
-    match r {
-        RetryReason::ConnectFailure => "connect-failure",
-        RetryReason::Reset => "reset",
-        RetryReason::Timeout => "timeout",
-        RetryReason::Unavailable => "unavailable",
-        RetryReason::Status(s) => display(buf, format_args!("{s}")),
     }
 }
 

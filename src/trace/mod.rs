@@ -35,8 +35,7 @@ pub use context::{SpanId, TRACEPARENT, TRACESTATE, TraceId, TraceParent};
 pub use export::INTERVAL;
 pub use sampling::{Decision, Sampler};
 pub use span::{
-    AfterFailure, Arrival, AttemptEnd, AttemptId, AttemptStart, Dedupe, Fleet, RequestTrace,
-    RetryReason, Side,
+    AfterFailure, Arrival, AttemptEnd, AttemptId, AttemptStart, Dedupe, Fleet, RequestTrace, Side,
 };
 
 #[cfg(test)]

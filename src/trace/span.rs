@@ -3,7 +3,8 @@
 //! decisions between them.
 //!
 //! Recording is cheap by construction: every attribute is a typed field of a small
-//! struct (a status a `u16`, a refusal a [`Denied`], a reason a [`RetryReason`]), the
+//! struct (a status a `u16`, a refusal a [`Denied`], a reason or a failure a
+//! [`Fault`]), the
 //! few strings a span needs (the URL, the upstream, `tracestate`) are copied once, at
 //! the start, into one buffer, and nothing is formatted or named until the exporter
 //! encodes it on its own thread. A request that is not traced has no [`RequestTrace`]
@@ -23,7 +24,8 @@ use tokio::time::Instant;
 
 use super::context::{SpanId, TRACESTATE, TraceId, TraceParent};
 use super::queue::{Counted, Queue};
-use crate::metrics::{AttemptResult, Denied, Outcome};
+use crate::fault::Fault;
+use crate::metrics::{Denied, Outcome};
 
 /// Which side of tollgate received the request.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -32,17 +34,6 @@ pub enum Side {
     Outbound,
     /// A caller's request to the app, through `[inbound]`.
     Inbound,
-}
-
-/// Why an attempt was sent as a retry: the `retry.on` condition the previous attempt
-/// met (`tollgate.retry.reason`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum RetryReason {
-    ConnectFailure,
-    Reset,
-    Timeout,
-    Unavailable,
-    Status(u16),
 }
 
 /// The fleet budget's decision on a caller's retry, on the inbound side.
@@ -95,8 +86,9 @@ pub struct AttemptStart {
     pub hedge: bool,
     /// The endpoint it goes to.
     pub endpoint: Option<SocketAddr>,
-    /// For a retry, why.
-    pub reason: Option<RetryReason>,
+    /// For a retry, why: the fault of the attempt before it (`tollgate.retry.reason`,
+    /// its [`Fault::condition`]).
+    pub reason: Option<Fault>,
     /// The time left of the request's deadline, when it has one.
     pub deadline_left: Option<Duration>,
 }
@@ -106,7 +98,9 @@ pub struct AttemptStart {
 pub struct AttemptEnd {
     /// The response's status, when a head came back.
     pub status: Option<u16>,
-    pub result: AttemptResult,
+    /// Why it ended without one (`error.type`, its [`Fault::error_type`]); neither a
+    /// status nor a fault: it was cancelled (dropped before it had a result).
+    pub fault: Option<Fault>,
     /// The outcome the callee's answer carried (`x-tollgate-outcome`), if any.
     pub callee_outcome: Option<Outcome>,
     /// This attempt's failure ejected its endpoint.
@@ -354,7 +348,7 @@ impl RequestTrace {
             a.end = Some(now);
             a.ended = Some(AttemptEnd {
                 status: None,
-                result: AttemptResult::Cancelled,
+                fault: None,
                 callee_outcome: None,
                 ejected: false,
             });
@@ -418,7 +412,7 @@ impl Drop for RequestTrace {
             a.end = Some(end);
             a.ended = Some(AttemptEnd {
                 status: None,
-                result: AttemptResult::Cancelled,
+                fault: None,
                 callee_outcome: None,
                 ejected: false,
             });

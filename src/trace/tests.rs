@@ -15,8 +15,9 @@ use tokio::time::Instant;
 use super::encode::{self, Clock, Resource};
 use super::queue::{self, Taken, Taker};
 use super::*;
+use crate::fault::Fault;
 use crate::metrics::trace::SpanDrop;
-use crate::metrics::{AttemptResult, Denied, Metrics, Outcome};
+use crate::metrics::{Denied, Metrics, Outcome};
 
 const PARENT: &str = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
 
@@ -140,16 +141,13 @@ fn retried_twice(
     let ms = Duration::from_millis;
     let mut t = start(q, h, Side::Outbound, t0);
     let mut sent = Vec::new();
+    let s503 = Fault::Status(http::StatusCode::SERVICE_UNAVAILABLE);
     let results = [
-        (Some(503), AttemptResult::ServerError, None),
-        (None, AttemptResult::Reset, Some(RetryReason::Status(503))),
-        (
-            Some(503),
-            AttemptResult::ServerError,
-            Some(RetryReason::Reset),
-        ),
+        (Some(503), None, None),
+        (None, Some(Fault::Reset), Some(s503)),
+        (Some(503), None, Some(Fault::Reset)),
     ];
-    for (n, (status, result, reason)) in (1u32..).zip(results) {
+    for (n, (status, fault, reason)) in (1u32..).zip(results) {
         let at = t0 + ms(40 * u64::from(n));
         let a = t.attempt(
             AttemptStart {
@@ -164,7 +162,7 @@ fn retried_twice(
         sent.push(TraceParent::parse(t.attempt_traceparent(a).as_bytes()).unwrap());
         let end = AttemptEnd {
             status,
-            result,
+            fault,
             callee_outcome: None,
             ejected: n == 2,
         };

@@ -5,7 +5,9 @@
 //! over for another without resending anything (the request never left), a few times.
 //!
 //! The outbound side's attempts and the inbound side's requests to the app both send
-//! this way; each says in its own words what a failure means ([`Failed`]).
+//! this way, and both read a failure ([`Failed`], with the detail worth logging) as
+//! the one [`Fault`] it is ([`Failed::fault`]); what each side then does with it is its
+//! own.
 
 use std::time::Duration;
 
@@ -17,7 +19,9 @@ use super::pool::{Endpoint, SendError, Want};
 use super::request::{ContinueWait, RequestHead};
 use super::response::UpstreamResponse;
 use super::tls::TlsClient;
+use super::tls_failure;
 use crate::deadline;
+use crate::fault::Fault;
 use crate::http::BoxError;
 
 /// Stale pooled connections passed over within one exchange before giving up on it.
@@ -38,24 +42,77 @@ pub struct Reach<'a> {
     pub by: Option<Instant>,
 }
 
-/// Why no response head came.
-#[derive(Debug)]
+/// Why no response head came, with what is worth logging of it.
+#[derive(Debug, thiserror::Error)]
 pub enum Failed {
     /// No connection could be opened (the endpoint's address, refused, TLS, a
     /// descriptor shortage: [`ConnectError`] says which).
+    #[error("{0}")]
     Connect(ConnectError),
     /// No connection within the connect timeout, or before the deadline.
+    #[error("connect timed out")]
     ConnectTimeout,
     /// The deadline passed before the response head.
+    #[error("no response head in time")]
     Timeout,
     /// The connection broke after the request may have gone out; `fresh`: on a
     /// connection opened for this exchange.
+    #[error("{error}")]
     Broken { error: BoxError, fresh: bool },
     /// Connections kept turning out closed before the request left; `closed`: why the
     /// last one opened for this exchange closed, when one was (a server that refuses
     /// tollgate's client certificate closes a new TLS 1.3 connection so, right after
     /// the handshake seemed done).
+    #[error("connections kept closing before the request left")]
     Stale { closed: Option<hyper::Error> },
+}
+
+/// What carried an exchange, as far as telling a server's TLS refusal goes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Wire {
+    Plain,
+    /// TLS; `client_cert`: with a client certificate presented, so a connection closed
+    /// right after the handshake is most likely its refusal.
+    Tls {
+        client_cert: bool,
+    },
+}
+
+impl Failed {
+    /// The fault this failure is: the one reading of an exchange's failure, for both
+    /// sides. A TLS failure's reason, worth telling the app, goes to `tls_reason`.
+    ///
+    /// Over TLS, a server that refuses the connection (tollgate's client certificate,
+    /// say) may say so only once the handshake seemed done: a new connection that
+    /// closes before the request leaves, or breaks on its first exchange, with a TLS
+    /// alert or right away with a client certificate presented, is a TLS fault, not a
+    /// connect failure or a reset.
+    pub fn fault(&self, wire: Wire, tls_reason: &mut Option<String>) -> Fault {
+        let tls = matches!(wire, Wire::Tls { .. });
+        let client_cert = wire == Wire::Tls { client_cert: true };
+        let refused = match self {
+            Failed::Connect(e) if e.out_of_descriptors() => return Fault::NoDescriptors,
+            Failed::Connect(e) => e.tls_reason(client_cert),
+            Failed::ConnectTimeout => None,
+            Failed::Timeout => return Fault::Timeout,
+            Failed::Stale { closed } => closed
+                .as_ref()
+                .filter(|_| tls)
+                .and_then(|e| tls_failure::rejection(e, client_cert)),
+            Failed::Broken { error, fresh } => Some(error)
+                .filter(|_| tls && *fresh)
+                .and_then(|e| tls_failure::rejection(&**e, client_cert)),
+        };
+        match (refused, self) {
+            (Some(reason), _) => {
+                *tls_reason = Some(reason);
+                Fault::Tls
+            }
+            (None, Failed::Broken { .. }) => Fault::Reset,
+            // The request never left.
+            (None, _) => Fault::ConnectFailure,
+        }
+    }
 }
 
 /// Sends the request on `endpoint`: `head(now, fresh)` makes its head as it goes out

@@ -5,11 +5,11 @@
 use http::StatusCode;
 
 use super::{Call, discard};
+use crate::fault::Fault;
 use crate::metrics::{Denied, Outcome};
-use crate::retry::attempt::NotUpstream;
 use crate::retry::exchange::{Answer, BodyRead, Reply};
 use crate::retry::headers::Callee;
-use crate::retry::policy::{Failure, Stop};
+use crate::retry::policy::Stop;
 use crate::retry::rejected::Previous;
 use crate::retry::replay::AppBody;
 use crate::upstream::response::{Fields, UpstreamResponse};
@@ -30,7 +30,7 @@ impl<'a, A: AppBody> Call<'a, A> {
                 let callee = Callee::of(resp.status(), Fields::of(&resp));
                 self.answer(resp, Outcome::RetryRejected, callee)
             }
-            Previous::Failure(f) => self.local(Previous::local_status(f), Outcome::RetryRejected),
+            Previous::Fault(f) => self.local(f.status(), Outcome::RetryRejected),
         };
         answer.outcome = Outcome::RetryRejected;
         answer.callee = Callee::Silent;
@@ -44,7 +44,7 @@ impl<'a, A: AppBody> Call<'a, A> {
         &self,
         reply: Reply,
         outcome: Outcome,
-        failure: Option<Failure>,
+        failure: Option<Fault>,
         callee: Callee,
     ) -> Answer {
         Answer {
@@ -84,11 +84,11 @@ impl<'a, A: AppBody> Call<'a, A> {
     }
 
     /// No more attempts: the last failure goes back, the upstream's own response or
-    /// tollgate's 502/504.
+    /// tollgate's own answer for the fault (502, 504).
     pub(super) fn give_up(
         &mut self,
         stop: Stop,
-        failure: Failure,
+        failure: Fault,
         response: Option<UpstreamResponse>,
     ) -> Answer {
         self.traced.refused(stop.denied());
@@ -109,10 +109,11 @@ impl<'a, A: AppBody> Call<'a, A> {
                 Callee::Silent,
             ),
             None => {
-                let status = match failure {
-                    Failure::Timeout => StatusCode::GATEWAY_TIMEOUT,
-                    _ if outcome == Outcome::DeadlineExceeded => StatusCode::GATEWAY_TIMEOUT,
-                    _ => StatusCode::BAD_GATEWAY,
+                // Stopped by the deadline, the answer says so whatever the fault was.
+                let status = if outcome == Outcome::DeadlineExceeded {
+                    StatusCode::GATEWAY_TIMEOUT
+                } else {
+                    failure.status()
                 };
                 let mut answer = self.local(status, outcome);
                 answer.failure = Some(failure);
@@ -122,17 +123,16 @@ impl<'a, A: AppBody> Call<'a, A> {
         }
     }
 
-    /// The attempt ended for a reason that was not the upstream's: nothing more is
-    /// tried. A malformed body is the app's (400); a descriptor shortage is tollgate's
-    /// own overload (503), and the attempt that never got a connection is not counted.
-    pub(super) fn not_upstream(&mut self, why: NotUpstream) -> Answer {
-        match why {
-            NotUpstream::AppBody => self.local(StatusCode::BAD_REQUEST, Outcome::NotRetryable),
-            NotUpstream::NoDescriptors => {
-                self.attempts -= 1;
-                self.local(StatusCode::SERVICE_UNAVAILABLE, Outcome::Overloaded)
-            }
+    /// The attempt ended by a fault that was not the upstream's ([`Fault::whose`]):
+    /// nothing more is tried, and the fault says the answer. A malformed body is the
+    /// app's (400); a descriptor shortage is tollgate's own overload (503), and the
+    /// attempt that never got a connection is not counted.
+    pub(super) fn not_the_peers(&mut self, fault: Fault) -> Answer {
+        if fault.attempt_result().is_none() {
+            self.attempts -= 1;
         }
+        let outcome = fault.outcome().unwrap_or(Outcome::NotRetryable);
+        self.local(fault.status(), outcome)
     }
 
     /// tollgate answers itself.

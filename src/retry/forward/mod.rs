@@ -40,19 +40,20 @@ use http_body::Body;
 use tokio::time::{Instant, Sleep};
 
 use super::attempt::Transport;
-use super::attempt::{Attempt, AttemptError, Head, NotUpstream, Ran, TRACEPARENT_NAME};
+use super::attempt::{Attempt, Head, Ran, TRACEPARENT_NAME};
 use super::backoff::Backoff;
 use super::exchange::{Answer, Exchange, HedgeState, Reply, Trail};
 use super::headers::{Callee, refused_as_retry};
 use super::keys;
 use super::learn::{self, Seen};
-use super::policy::{self, Failure, Policy, Situation, Stop};
+use super::policy::{self, Policy, Situation, Stop};
 use super::race::{Beside, Event, Second, race};
 use super::rejected::{self, Previous};
 use super::replay::{AppBody, BodySource, ReplayBody};
 use super::traced::{Starting, Traced};
 use super::upstream::Upstream;
 use crate::deadline::Deadline;
+use crate::fault::Fault;
 use crate::metrics::{Denied, HedgeResult, Outcome};
 use crate::upstream::pool::Want;
 use crate::upstream::request::RareFields;
@@ -220,7 +221,7 @@ pub async fn forward_on<'a, A: AppBody, T: Transport<A>>(
         if call.refused {
             return call.give_up(Stop::Rejected, failure, response);
         }
-        if failure == Failure::Tls
+        if failure == Fault::Tls
             && call.tls_failed.count_ones() as usize >= up.endpoints.len().min(64)
         {
             return call.give_up(Stop::NoOtherEndpoint, failure, None);
@@ -257,7 +258,7 @@ enum Step {
     Wait,
     /// The last attempt in flight failed (on this endpoint), with the response when
     /// there was one.
-    Failed(Failure, Option<UpstreamResponse>, usize),
+    Failed(Fault, Option<UpstreamResponse>, usize),
 }
 
 impl<'a, A: AppBody> Call<'a, A> {
@@ -348,7 +349,7 @@ impl<'a, A: AppBody> Call<'a, A> {
     }
 
     /// Tells what the attempt just ended showed to the parts that learn from it.
-    fn learn(&self, number: u32, failure: Option<Failure>, resp: Option<&UpstreamResponse>) {
+    fn learn(&self, number: u32, failure: Option<Fault>, resp: Option<&UpstreamResponse>) {
         if !learn::listening(self.up) {
             return;
         }
@@ -449,13 +450,9 @@ impl<'a, A: AppBody> Call<'a, A> {
     /// Whether the request may be sent again after `failure`: a keyed request of a
     /// method neither idempotent nor listed, after a failure that may have run, only to
     /// an upstream that deduplicates (its answers said so within the last minute).
-    fn may_resend(&self, failure: Failure, now: Instant) -> bool {
-        let did_not_run = match failure {
-            Failure::ConnectFailure | Failure::Tls => true,
-            Failure::Status(s) => matches!(s.as_u16(), 425 | 429 | 503),
-            Failure::Reset | Failure::Timeout | Failure::Unavailable => false,
-        };
-        self.retryable && (!self.needs_dedupe || did_not_run || self.up.dedupes.believed(now))
+    fn may_resend(&self, failure: Fault, now: Instant) -> bool {
+        self.retryable
+            && (!self.needs_dedupe || failure.did_not_run() || self.up.dedupes.believed(now))
     }
 
     /// When `attempt` may get a second attempt beside it if it has not answered, and
@@ -522,7 +519,7 @@ impl<'a, A: AppBody> Call<'a, A> {
                 let body = self.body.fork()?;
                 let policy = self.policy();
                 let situation = Situation {
-                    failure: Failure::Timeout,
+                    failure: Fault::Timeout,
                     response: None,
                     owned: false,
                     attempts: self.attempts_used(),
@@ -537,8 +534,8 @@ impl<'a, A: AppBody> Call<'a, A> {
                     }
                     return None;
                 }
-                self.up.metrics.retried(Failure::Timeout.condition());
-                self.trail.retried(Failure::Timeout);
+                self.up.metrics.retried(Fault::Timeout.condition());
+                self.trail.retried(Fault::Timeout);
                 self.attempts += 1;
                 let endpoint = self.pick(Some(endpoint));
                 Some(self.attempt(head, endpoint, Some(why), body, now))
@@ -585,18 +582,18 @@ impl<'a, A: AppBody> Call<'a, A> {
                     None => return Step::Answer(self.answer(resp, Outcome::Ok, callee)),
                 }
             }
-            Err(AttemptError::Upstream(f)) => {
+            Err(f) if f.is_peers() => {
                 self.learn(ran.number, Some(f), None);
                 (f, None)
             }
-            Err(AttemptError::NotUpstream(NotUpstream::NoDescriptors)) if others => {
+            Err(f) if others && f.attempt_result().is_none() => {
                 // Never got a connection: not an attempt.
                 self.attempts -= 1;
                 return Step::Wait;
             }
-            Err(AttemptError::NotUpstream(why)) => return Step::Answer(self.not_upstream(why)),
+            Err(f) => return Step::Answer(self.not_the_peers(f)),
         };
-        if failure == Failure::Tls {
+        if failure == Fault::Tls {
             self.tls_failed |= 1 << (ran.endpoint % 64);
         }
         if others {
@@ -612,7 +609,7 @@ impl<'a, A: AppBody> Call<'a, A> {
     /// already spent, or why not.
     async fn decide(
         &mut self,
-        failure: Failure,
+        failure: Fault,
         response: Option<&UpstreamResponse>,
     ) -> Result<Duration, Stop> {
         let retry = &self.up.config.retry;
@@ -637,7 +634,7 @@ impl<'a, A: AppBody> Call<'a, A> {
             self.body.finish_within(wait).await;
         }
         let now = Instant::now();
-        if failure == Failure::Timeout && self.deadline.expired(now) {
+        if failure == Fault::Timeout && self.deadline.expired(now) {
             return Err(Stop::Deadline);
         }
         let policy = self.policy();
