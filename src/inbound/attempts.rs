@@ -34,17 +34,32 @@ const RETRY_FROM: [(HeaderName, u32); 3] = [
 /// `grpc-previous-rpc-attempts` that its tollgate passed on does not make a first attempt
 /// a retry. Without it, any value of either other header says so.
 pub fn is_retry(headers: &HeaderMap) -> bool {
+    // One pass over the fields (a request has a few), not a look-up for each of three
+    // names that are nearly never there; a name is compared only at its length.
+    let [
+        (attempt, from_attempt),
+        (grpc, from_grpc),
+        (envoy, from_envoy),
+    ] = &RETRY_FROM;
     let counts =
         |v: &http::HeaderValue, from: u32| parse_count(v.as_bytes()).is_some_and(|n| n >= from);
-    // One look for the header nearly every request from a caller's tollgate carries.
-    let (name, from) = &RETRY_FROM[0];
-    let mut values = headers.get_all(name).iter().peekable();
-    if values.peek().is_some() {
-        return values.any(|v| counts(v, *from));
+    let mut tollgate = None;
+    let mut others = false;
+    for (name, value) in headers {
+        let name = name.as_str();
+        if name.len() == attempt.as_str().len() && name == attempt.as_str() {
+            tollgate = Some(tollgate == Some(true) || counts(value, *from_attempt));
+        } else if (name.len() == grpc.as_str().len()
+            && name == grpc.as_str()
+            && counts(value, *from_grpc))
+            || (name.len() == envoy.as_str().len()
+                && name == envoy.as_str()
+                && counts(value, *from_envoy))
+        {
+            others = true;
+        }
     }
-    RETRY_FROM[1..]
-        .iter()
-        .any(|(name, from)| headers.get_all(name).iter().any(|v| counts(v, *from)))
+    tollgate.unwrap_or(others)
 }
 
 /// The caller's attempt number (1 for the first try), as the first of the three headers
