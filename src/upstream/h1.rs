@@ -151,14 +151,16 @@ const IDLE_TIMEOUT: Duration = Duration::from_secs(50);
 
 struct Idle {
     conn: Box<Connection>,
-    since: Instant,
+    /// When it has been idle too long ([`IDLE_TIMEOUT`] after it was put back): kept as
+    /// the instant, so that taking it compares two instants and subtracts none.
+    until: Instant,
 }
 
 impl Idle {
     /// Whether the connection may carry another request: not idle too long, not too
     /// old, and neither closed by the endpoint nor sent anything unasked.
     fn reusable(&mut self, max_age: Option<Duration>, now: Instant) -> bool {
-        now.saturating_duration_since(self.since) <= IDLE_TIMEOUT
+        now <= self.until
             && max_age.is_none_or(|age| now.saturating_duration_since(self.conn.born) < age)
             && self.conn.usable()
     }
@@ -240,7 +242,10 @@ impl IdleQueues {
         {
             let mut stack = lock(stack);
             if stack.len() < MAX_IDLE {
-                stack.push(Idle { conn, since: now });
+                stack.push(Idle {
+                    conn,
+                    until: now + IDLE_TIMEOUT,
+                });
             }
         }
     }
