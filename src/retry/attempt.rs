@@ -138,11 +138,6 @@ impl<'a, A: AppBody> Attempt<'a, A> {
         // In place, not matched into a new binding: a response is a few hundred bytes,
         // and every move of it is a copy.
         let mut result = wire.exchange(&self, &mut body, &mut detail).await;
-        // The rare fields went out with the head: let go of here, where it is known
-        // whether there are any, rather than by a call when the attempt is dropped.
-        if self.rare.is_some() {
-            self.rare = None;
-        }
         if result.as_ref().is_err_and(Fault::is_peers) && watch.app_failed() {
             // Whatever the exchange then failed with, the app's body broke first.
             result = Err(Fault::CallerBody);
