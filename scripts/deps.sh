@@ -91,6 +91,7 @@ need_tool() { # TOOL PACKAGE WHAT-FOR
 }
 need_tool cc gcc "the linker Rust uses, and the C parts of ring"
 need_tool c++ g++ "libFuzzer, which the fuzzers build from source"
+need_tool strip binutils "the image's binary without its line tables (deploy/podman/image.sh)"
 need_tool curl curl "the README's first run, interop, the deployment checks, the two-pod test"
 need_tool nginx nginx "interop, differential, h2spec's upstream"
 need_tool haproxy haproxy "interop, differential"
@@ -233,6 +234,6 @@ if [ "${TOLLGATE_DISK_CHECK:-1}" != 0 ]; then
   fi
 fi
 
-tools="cargo $cargo_version, rustfmt, clippy, cc, c++, curl, nginx, haproxy, prometheus, promtool, python3 with kubernetes-validate and pyyaml, hadolint, redis-server, ip, iptables, setpriv"
+tools="cargo $cargo_version, rustfmt, clippy, cc, c++, strip, curl, nginx, haproxy, prometheus, promtool, python3 with kubernetes-validate and pyyaml, hadolint, redis-server, ip, iptables, setpriv"
 [ "$FUZZ" = 0 ] || tools+=", cargo-fuzz"
 say "all there: $tools; lock files current"
