@@ -75,6 +75,7 @@ pub async fn send<'a, B: OutgoingBody>(
         connect_timeout: CONNECT_TIMEOUT,
         started: Instant::now(),
         by: fields.deadline.at(),
+        own_connection: false,
     };
     let at = |now| RequestHead {
         fields: fields.at(now),

@@ -74,15 +74,12 @@ impl Destinations {
             if up.config().tls.is_some() {
                 continue;
             }
-            let named = up
-                .endpoints()
-                .iter()
-                .filter(|e| e.addr.port == dst.port() && e.addr.ip().is_none());
-            for e in named {
-                match e.resolver().known() {
+            let names = up.endpoints().names().filter(|r| r.addr().port == dst.port());
+            for r in names {
+                match r.known() {
                     Some(addrs) if holds(&addrs, dst) => return Some(i),
                     Some(_) => {}
-                    None => unknown.push((i, e)),
+                    None => unknown.push((i, r)),
                 }
             }
         }
@@ -97,8 +94,8 @@ impl Destinations {
             .max()
             .unwrap_or_default();
         tokio::time::timeout(limit, async {
-            for (i, e) in unknown {
-                if let Ok(addrs) = e.resolver().addresses().await
+            for (i, r) in unknown {
+                if let Ok(addrs) = r.addresses().await
                     && holds(&addrs, dst)
                 {
                     return Some(i);

@@ -89,7 +89,7 @@ impl Shared {
     /// the ejected endpoints whose time is up.
     pub fn sweep(&self) {
         for up in self.snapshot.load().upstreams.iter() {
-            for ep in up.endpoints().iter() {
+            for ep in up.endpoints().now().iter() {
                 ep.sweep();
             }
             up.endpoints().readmit_due();

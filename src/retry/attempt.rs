@@ -19,6 +19,7 @@
 //! ([`crate::upstream::outlier`]) and to the latency estimates, once.
 
 use std::future::Future;
+use std::sync::Arc;
 
 use http::{HeaderMap, HeaderName, Method, StatusCode, Uri};
 use tokio::time::Instant;
@@ -32,7 +33,7 @@ use crate::metrics::AttemptResult;
 use crate::trace::TRACEPARENT;
 use crate::upstream::exchange;
 use crate::upstream::outlier::Verdict;
-use crate::upstream::pool::Want;
+use crate::upstream::pool::{Endpoint, Want};
 use crate::upstream::request::{AttemptFields, RareFields, RequestHead};
 use crate::upstream::response::{Fields, UpstreamResponse};
 
@@ -68,8 +69,13 @@ pub trait Transport<A>: Sync {
 /// One attempt, before it runs.
 pub struct Attempt<'a, A> {
     pub up: &'a Upstream<A>,
-    /// Which of the upstream's endpoints.
+    /// Which of the upstream's endpoints (its number).
     pub endpoint: usize,
+    /// That endpoint.
+    pub peer: Arc<Endpoint<ReplayBody<A>>>,
+    /// On a connection of its own, not a pooled one (a retry back to the endpoint that
+    /// just failed the request).
+    pub own_connection: bool,
     /// 1 for the first try.
     pub number: u32,
     /// Sent beside another attempt still running (`x-tollgate-hedge: 1`).
@@ -127,7 +133,7 @@ impl<'a, A: AppBody> Attempt<'a, A> {
     pub(super) async fn run<T: Transport<A>>(mut self, wire: &T) -> Ran<A> {
         let mut record = Record {
             up: self.up,
-            endpoint: self.endpoint,
+            endpoint: &self.peer,
             started: self.started,
             slow_after: self.slow_after,
             done: false,
@@ -150,15 +156,25 @@ impl<'a, A: AppBody> Attempt<'a, A> {
             number: self.number,
             ejected,
         };
-        if let Ok(resp) = &result {
-            let endpoint = self.up.endpoints.get(self.endpoint);
-            if resp.status() == StatusCode::BAD_GATEWAY
-                && Callee::of(resp.status(), Fields::of(resp)) == Callee::AppUnreachable
-            {
-                endpoint.unreachable_behind();
-            } else {
-                endpoint.answered();
+        match &result {
+            Ok(resp) => {
+                let endpoint = &self.peer;
+                match Callee::of(resp.status(), Fields::of(resp)) {
+                    Callee::AppUnreachable if resp.status() == StatusCode::BAD_GATEWAY => {
+                        endpoint.unreachable_behind();
+                        // No new stream on the connection that carried it: behind a
+                        // virtual IP another connection may reach another pod.
+                        endpoint.forget_h2();
+                    }
+                    Callee::AppTimeout => {
+                        endpoint.answered();
+                        endpoint.forget_h2();
+                    }
+                    _ => endpoint.answered(),
+                }
             }
+            Err(Fault::Reset | Fault::Timeout) => self.peer.forget_h2(),
+            Err(_) => {}
         }
         let r = match &result {
             Ok(resp) => AttemptResult::of_status(resp.status().as_u16()),
@@ -177,9 +193,9 @@ impl<'a, A: AppBody> Attempt<'a, A> {
         if self.up.endpoints.ejects() {
             let verdict = self.verdict(&result);
             // Only a failure puts an endpoint out: its state is read around that alone.
-            let health = || &self.up.endpoints.get(self.endpoint).health;
+            let health = || &self.peer.health;
             let was_in = verdict == Verdict::Failure && !health().is_out();
-            self.up.endpoints.report(self.endpoint, verdict);
+            self.up.endpoints.report(&self.peer, verdict);
             ejected = was_in && health().is_out();
         }
         record.finish(&result, r);
@@ -261,7 +277,7 @@ impl<'a, A: AppBody> Attempt<'a, A> {
 /// or `timeout` (against the endpoint) once it had run past its attempt timeout.
 struct Record<'a, A> {
     up: &'a Upstream<A>,
-    endpoint: usize,
+    endpoint: &'a Endpoint<ReplayBody<A>>,
     started: Instant,
     slow_after: Option<std::time::Duration>,
     done: bool,

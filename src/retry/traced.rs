@@ -12,12 +12,14 @@ use http::header::RETRY_AFTER;
 use tokio::time::Instant;
 
 use super::attempt::Ran;
+use super::replay::ReplayBody;
 use super::upstream::Upstream;
 use crate::deadline::Deadline;
 use crate::fault::Fault;
 use crate::http::grpc::GRPC_PUSHBACK;
 use crate::metrics::{Denied, Outcome};
 use crate::trace::{AfterFailure, AttemptEnd, AttemptId, AttemptStart, RequestTrace};
+use crate::upstream::pool::Endpoint;
 use crate::upstream::response::{Fields, UpstreamResponse};
 
 /// A request's trace, as the loop fills it in: boxed, so that a request that is not
@@ -36,12 +38,12 @@ struct State<'t> {
 }
 
 /// An attempt about to start, as the loop knows it.
-pub(super) struct Starting {
+pub(super) struct Starting<'e, A> {
     pub number: u32,
     pub hedge: bool,
     /// It runs beside another attempt.
     pub beside: bool,
-    pub endpoint: usize,
+    pub endpoint: &'e Endpoint<ReplayBody<A>>,
     /// The condition the retry retries, for a retry.
     pub reason: Option<Fault>,
     pub deadline: Deadline,
@@ -66,9 +68,9 @@ impl<'t> Traced<'t> {
     }
 
     /// A CLIENT span for the attempt starting `now`: the `traceparent` it carries.
-    pub fn start<A>(&mut self, up: &Upstream<A>, a: Starting, now: Instant) -> Option<HeaderValue> {
+    pub fn start<A>(&mut self, a: Starting<'_, A>, now: Instant) -> Option<HeaderValue> {
         let s = self.0.as_deref_mut()?;
-        let addr = &up.endpoints.get(a.endpoint).addr;
+        let addr = &a.endpoint.addr;
         let start = AttemptStart {
             number: a.number,
             hedge: a.hedge,

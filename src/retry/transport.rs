@@ -11,7 +11,7 @@ use super::upstream::Upstream;
 use crate::descriptors::Throttled;
 use crate::fault::Fault;
 use crate::upstream::exchange::{self, Reach, Wire};
-use crate::upstream::pool::clock_ms;
+use crate::upstream::pool::{Endpoint, clock_ms};
 use crate::upstream::response::UpstreamResponse;
 
 /// Connects that failed for want of a descriptor, logged at most once per period.
@@ -26,13 +26,14 @@ impl<A: AppBody> Transport<A> for Upstream<A> {
         detail: &mut Option<String>,
     ) -> Result<UpstreamResponse, Fault> {
         let cfg = &self.config;
-        let endpoint = self.endpoints.get(a.endpoint);
+        let endpoint = &*a.peer;
         let reach = Reach {
             want: a.want,
             tls: self.tls.as_deref(),
             connect_timeout: cfg.connect_timeout,
             started: a.started,
             by: a.by,
+            own_connection: a.own_connection,
         };
         let failed = match exchange::send(endpoint, reach, |now| a.head_at(now), body).await {
             Ok(resp) => return Ok(resp),
@@ -53,7 +54,7 @@ impl<A: AppBody> Transport<A> for Upstream<A> {
                     tracing::warn!(upstream = %cfg.name, count = n, error = %failed, "out of file descriptors: requests answered 503 overloaded (raise the open-file limit)");
                 }
             }
-            Fault::Tls => self.tls_failed(a.endpoint, tls_reason.unwrap_or_default(), detail),
+            Fault::Tls => self.tls_failed(endpoint, tls_reason.unwrap_or_default(), detail),
             Fault::Timeout => {}
             _ => {
                 tracing::debug!(upstream = %cfg.name, endpoint = %endpoint.addr, error = %failed, "attempt failed");
@@ -66,8 +67,12 @@ impl<A: AppBody> Transport<A> for Upstream<A> {
 impl<A> Upstream<A> {
     /// A TLS failure on endpoint `i`: warned about (at most once every few seconds per
     /// endpoint) and named for the app.
-    fn tls_failed(&self, i: usize, reason: String, detail: &mut Option<String>) {
-        let endpoint = self.endpoints.get(i);
+    fn tls_failed(
+        &self,
+        endpoint: &Endpoint<ReplayBody<A>>,
+        reason: String,
+        detail: &mut Option<String>,
+    ) {
         let text = format!("TLS handshake with {} failed: {reason}", endpoint.addr);
         if let Some(suppressed) = endpoint.tls_warn.allow(clock_ms()) {
             tracing::warn!(

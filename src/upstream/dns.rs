@@ -208,6 +208,37 @@ impl Resolver {
         }
     }
 
+    /// Every address of the name as a lookup no older than [`DNS_TTL`] found them: the
+    /// known answer while it is that young, else the answer of a new lookup (or of the
+    /// one in flight). A name that failed a moment ago gives its last answer, if any.
+    /// The wait is bounded by the caller.
+    pub async fn fresh(&self) -> Result<Arc<[SocketAddr]>, ResolveError> {
+        if let Some(a) = self.literal {
+            return Ok(Arc::new([a]));
+        }
+        let mut answer = {
+            let mut known = lock(&self.known);
+            self.refresh(&mut known);
+            match (&known.pending, &known.addrs, &known.failed) {
+                (Some(answer), _, _) => answer.clone(),
+                (None, Some((addrs, _)), _) => return Ok(addrs.clone()),
+                (None, None, Some((e, _))) => return Err(self.error(copy(e))),
+                (None, None, None) => {
+                    return Err(self.error(io::Error::other("no lookup was made")));
+                }
+            }
+        };
+        let found = match answer.wait_for(Option::is_some).await {
+            Ok(found) => found.clone(),
+            Err(_) => None,
+        };
+        match found {
+            Some(Ok(addrs)) => Ok(addrs),
+            Some(Err(e)) => Err(self.error(copy(&e))),
+            None => Err(self.error(io::Error::other("the lookup was abandoned"))),
+        }
+    }
+
     /// The addresses known now, without waiting: a literal, or the last answer (looked
     /// up again when it has aged). When none is known, a lookup is started (unless one
     /// is in flight or failed a moment ago) for [`Resolver::addresses`] to join.

@@ -40,6 +40,10 @@ pub struct Reach<'a> {
     pub started: Instant,
     /// When the response head is no longer waited for: the request's deadline.
     pub by: Option<Instant>,
+    /// On a connection of its own, not a pooled one: a retry to the endpoint that just
+    /// failed the request (behind a Service's virtual IP a new connection may reach
+    /// another pod; the pooled one reaches the same).
+    pub own_connection: bool,
 }
 
 /// Why no response head came, with what is worth logging of it.
@@ -125,16 +129,30 @@ pub async fn send<'h, B: OutgoingBody>(
     body: &mut Option<B>,
 ) -> Result<UpstreamResponse, Failed> {
     let mut closed = None;
-    for _ in 0..=MAX_STALE {
-        let (conn, fresh) = match endpoint.pooled(reach.want, reach.started) {
+    for turn in 0..=MAX_STALE {
+        let pooled = match reach.own_connection && turn == 0 {
+            true => None,
+            false => endpoint.pooled(reach.want, reach.started),
+        };
+        let (conn, fresh) = match pooled {
             Some(c) => (c, false),
             None => {
                 let connect_by = Instant::now() + reach.connect_timeout;
                 let connect_by = reach.by.map_or(connect_by, |by| connect_by.min(by));
                 // Boxed: connecting (TLS included) is a large future, and inline it would
                 // make every request's future that large to move.
-                let connecting =
-                    Box::pin(endpoint.checkout(reach.want, reach.tls, reach.connect_timeout));
+                let own = reach.own_connection && turn == 0;
+                let connecting = Box::pin(async move {
+                    if own {
+                        endpoint
+                            .open_new(reach.want, reach.tls, reach.connect_timeout)
+                            .await
+                    } else {
+                        endpoint
+                            .checkout(reach.want, reach.tls, reach.connect_timeout)
+                            .await
+                    }
+                });
                 match timeout_at(connect_by, connecting).await {
                     Ok(Ok(c)) => c,
                     Ok(Err(e)) => return Err(Failed::Connect(e)),

@@ -179,6 +179,8 @@ impl Idle {
 /// the CPU in `tcp_delack_timer`, against nginx's 2.6 %).
 pub struct IdleQueues {
     stacks: Box<[Mutex<Vec<Idle>>]>,
+    /// Its endpoint is gone: no connection is kept any more.
+    closed: std::sync::atomic::AtomicBool,
     /// `max_connection_age`: an older connection is closed, not kept.
     max_age: Option<Duration>,
 }
@@ -189,6 +191,7 @@ impl IdleQueues {
             stacks: (0..workers.max(1))
                 .map(|_| Mutex::new(Vec::new()))
                 .collect(),
+            closed: std::sync::atomic::AtomicBool::new(false),
             max_age,
         }
     }
@@ -216,6 +219,15 @@ impl IdleQueues {
         None
     }
 
+    /// Closes every idle connection, and keeps none from now on: the endpoint is gone.
+    pub fn clear(&self) {
+        self.closed
+            .store(true, std::sync::atomic::Ordering::Relaxed);
+        for stack in self.stacks.iter() {
+            *lock(stack) = Vec::new();
+        }
+    }
+
     /// Closes the idle connections the endpoint has closed or that were kept too long,
     /// and gives back the room of a stack that has emptied.
     pub fn sweep(&self) {
@@ -239,6 +251,7 @@ impl IdleQueues {
             .is_none_or(|age| now.saturating_duration_since(conn.born) < age);
         if let Some(stack) = self.stacks.get(worker)
             && young
+            && !self.closed.load(std::sync::atomic::Ordering::Relaxed)
         {
             let mut stack = lock(stack);
             if stack.len() < MAX_IDLE {

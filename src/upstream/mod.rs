@@ -4,13 +4,23 @@
 //! Generic over the request body `B` it sends: this layer moves bodies, it does not
 //! decide what they are. It knows nothing of retries, budgets or the app.
 //!
+//! **One address is one endpoint.** In Kubernetes an upstream is a Service, and a
+//! Service's name stands for many pods: a headless Service resolves to one address per
+//! ready pod. Every per-endpoint rule (round robin, a retry going elsewhere, the skip
+//! after a refused connect, ejection, pools) is about one pod, so every address a name
+//! resolves to is an endpoint of its own, with its own pool and health. The names are
+//! followed ([`Endpoints`]): re-resolved every 5 s while the upstream is in use, an
+//! address that appears takes requests from the next one on, and one that goes takes no
+//! new request while those in flight finish. A name whose addresses are not known yet
+//! is one endpoint for the moment, resolved as it connects.
+//!
 //! From the bottom: [`dns`], [`connect`] and [`tls`] open a connection
 //! ([`tls_failure`] says why one failed); [`request`] is what an attempt sends ahead of
 //! its body; [`h1`] is HTTP/1.1 on tollgate's own codec (HTTP/2 is hyper's client);
 //! [`response`] is what comes back ([`upgraded`]: a connection after `101`, to
 //! tunnel); [`pool`] keeps one endpoint's connections and sends on one of them;
-//! [`outlier`] is each endpoint's health; this file chooses the endpoint, and ejects
-//! and re-admits endpoints as their results come in.
+//! [`outlier`] is each endpoint's health; this file follows the endpoints, chooses
+//! among them, and ejects and re-admits them as their results come in.
 
 pub mod connect;
 pub mod dns;
@@ -26,9 +36,13 @@ pub mod tls;
 pub mod tls_failure;
 pub mod upgraded;
 
-use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::Relaxed};
+use std::sync::{Arc, Weak};
+use std::time::Duration;
 
+use arc_swap::ArcSwap;
 use bytes::Bytes;
 use http::Version;
 use http_body::Body;
@@ -36,8 +50,9 @@ use http_body::Body;
 use prometheus::IntCounter;
 
 use crate::config::units::format_duration;
-use crate::config::{OutlierConfig, Protocol, UpstreamConfig};
+use crate::config::{EndpointAddr, OutlierConfig, Protocol, UpstreamConfig};
 use crate::http::BoxError;
+use dns::Resolver;
 use outlier::{Room, Share, Standing, Verdict, clearly_worse};
 use pool::{Endpoint, Want};
 
@@ -52,16 +67,71 @@ impl<T> OutgoingBody for T where
 {
 }
 
+/// How often the names of an upstream in use are looked up again.
+pub const FOLLOW_EVERY: Duration = dns::DNS_TTL;
+/// An upstream whose endpoints no request asked for in this many rounds of
+/// [`FOLLOW_EVERY`] (a minute) stops having its names looked up, until its next
+/// request: 2,000 idle upstreams cost no lookups.
+const IDLE_ROUNDS: u32 = 12;
+/// How long one round of lookups may wait for a name.
+const LOOKUP_PATIENCE: Duration = Duration::from_secs(10);
+
 /// The endpoints of one upstream, and the choice among them.
 pub struct Endpoints<B> {
-    list: Box<[Arc<Endpoint<B>>]>,
+    shared: Arc<Shared<B>>,
     next: AtomicUsize,
     /// Ejection, when the upstream has an `[outlier]` section.
     outlier: Option<Outlier>,
-    /// How many endpoints are ejected (shared by every build on the same endpoints).
-    room: Arc<Room>,
+}
+
+/// What every build of an upstream's endpoints on the same transport shares: the
+/// endpoints now, where they come from, and how many are out.
+struct Shared<B> {
+    /// The endpoints now; replaced whole when a name's addresses change.
+    set: ArcSwap<Vec<Arc<Endpoint<B>>>>,
+    /// Where the endpoints come from, in the config's order.
+    sources: Box<[Source]>,
+    /// Whether any source can change (a name, not only IP literals).
+    moving: bool,
+    /// A request asked for an endpoint since the last round of lookups.
+    used: AtomicBool,
+    /// A task follows the names.
+    following: AtomicBool,
+    /// How many endpoints are ejected.
+    room: Room,
+    /// The next endpoint's number (an endpoint keeps its number for its life).
+    next_id: AtomicUsize,
+    /// Said once: the upstream retries but its name leads to one address.
+    warned_one: AtomicBool,
+    /// Whether requests to it may be retried (for that warning).
+    retries: bool,
+    make: Make,
     /// The upstream's name, for the log.
     name: Arc<str>,
+}
+
+/// What a new endpoint is made with.
+struct Make {
+    open: Arc<AtomicUsize>,
+    workers: usize,
+    max_age: Option<Duration>,
+}
+
+/// Where some of an upstream's endpoints come from.
+enum Source {
+    /// An IP literal: one endpoint, for good.
+    Fixed(EndpointAddr),
+    /// A name: an endpoint per address it resolves to.
+    Name(Arc<Resolver>),
+}
+
+/// What an endpoint is, as the set knows it again across rebuilds.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+enum Key {
+    /// One address.
+    Addr(SocketAddr),
+    /// A name whose addresses are not known yet, resolved as it connects.
+    Name(EndpointAddr),
 }
 
 /// How long a probe is given when the upstream sets neither timeout.
@@ -70,8 +140,6 @@ const PROBE_TIME: std::time::Duration = std::time::Duration::from_secs(10);
 /// The `[outlier]` rules as one build of the endpoints applies them.
 struct Outlier {
     config: OutlierConfig,
-    /// `config.max_out` of these endpoints.
-    max_out: usize,
     /// How long a probe of an endpoint on probation may take before another request
     /// may be its probe: the attempt timeout, else the request timeout, else
     /// [`PROBE_TIME`].
@@ -82,39 +150,237 @@ struct Outlier {
 
 impl<B> std::fmt::Debug for Endpoints<B> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_list().entries(self.list.iter()).finish()
+        f.debug_list().entries(self.shared.set.load().iter()).finish()
     }
 }
 
 impl<B: OutgoingBody> Endpoints<B> {
     /// The endpoints of `config`, with `workers` pools each; `open` counts their
-    /// connections, `ejections` their ejections.
+    /// connections, `ejections` their ejections. Names whose addresses are known
+    /// already have an endpoint per address; the others are resolved as they connect,
+    /// and followed from the first request on.
     pub fn new(
         config: &UpstreamConfig,
         open: &Arc<AtomicUsize>,
         workers: usize,
         ejections: IntCounter,
     ) -> Self {
-        let name: Arc<str> = config.name.as_str().into();
-        let list: Box<[_]> = config
+        let sources: Box<[Source]> = config
             .endpoints
             .iter()
-            .map(|a| {
-                Arc::new(Endpoint::new(
-                    name.clone(),
-                    a.clone(),
-                    open.clone(),
-                    workers,
-                    config.max_connection_age,
-                ))
+            .map(|a| match a.ip() {
+                Some(_) => Source::Fixed(a.clone()),
+                None => Source::Name(Arc::new(Resolver::new(a.clone()))),
             })
             .collect();
+        Self::of_sources(config, sources, open, workers, ejections)
+    }
+
+    fn of_sources(
+        config: &UpstreamConfig,
+        sources: Box<[Source]>,
+        open: &Arc<AtomicUsize>,
+        workers: usize,
+        ejections: IntCounter,
+    ) -> Self {
+        let shared = Arc::new(Shared {
+            set: ArcSwap::from_pointee(Vec::new()),
+            moving: sources.iter().any(|s| matches!(s, Source::Name(_))),
+            sources,
+            used: AtomicBool::new(false),
+            following: AtomicBool::new(false),
+            room: Room::default(),
+            next_id: AtomicUsize::new(0),
+            warned_one: AtomicBool::new(false),
+            retries: config.retry.max_attempts > 1,
+            make: Make {
+                open: open.clone(),
+                workers,
+                max_age: config.max_connection_age,
+            },
+            name: config.name.as_str().into(),
+        });
+        shared.rebuild();
         Endpoints {
-            outlier: Outlier::of(config, list.len(), ejections),
-            list,
+            outlier: Outlier::of(config, ejections),
+            shared,
             next: AtomicUsize::new(0),
-            room: Arc::default(),
-            name,
+        }
+    }
+}
+
+impl<B: OutgoingBody> Shared<B> {
+    /// Makes the set anew from what the sources know now: an endpoint that is still
+    /// there keeps its pools and health, a new one starts fresh, and one that went is
+    /// retired (no new request; its requests in flight finish).
+    fn rebuild(&self) {
+        let old = self.set.load_full();
+        let mut kept: HashMap<Key, &Arc<Endpoint<B>>> =
+            old.iter().map(|e| (key_of(e), e)).collect();
+        let mut list = Vec::with_capacity(old.len().max(self.sources.len()));
+        let mut seen = std::collections::HashSet::new();
+        let mut add = |key: Key, list: &mut Vec<Arc<Endpoint<B>>>| {
+            if !seen.insert(key.clone()) {
+                return;
+            }
+            let e = match kept.remove(&key) {
+                Some(e) => e.clone(),
+                None => Arc::new(self.endpoint(&key)),
+            };
+            list.push(e);
+        };
+        for source in self.sources.iter() {
+            match source {
+                Source::Fixed(a) => {
+                    if let Some(ip) = a.ip() {
+                        add(Key::Addr(ip), &mut list);
+                    }
+                }
+                Source::Name(r) => match r.known() {
+                    Some(addrs) => {
+                        for a in addrs.iter() {
+                            add(Key::Addr(*a), &mut list);
+                        }
+                    }
+                    None => add(Key::Name(r.addr().clone()), &mut list),
+                },
+            }
+        }
+        let changed = list.len() != old.len()
+            || list.iter().zip(old.iter()).any(|(a, b)| !Arc::ptr_eq(a, b));
+        if !changed {
+            return;
+        }
+        for gone in kept.values() {
+            if gone.retire() {
+                self.room.release();
+            }
+            tracing::info!(upstream = %self.name, endpoint = %gone.addr, "endpoint gone: no new request goes to it");
+        }
+        if !old.is_empty() {
+            for e in list.iter().filter(|e| !old.iter().any(|o| Arc::ptr_eq(o, e))) {
+                tracing::info!(upstream = %self.name, endpoint = %e.addr, "endpoint added");
+            }
+        }
+        self.warn_if_one(&list);
+        self.set.store(Arc::new(list));
+    }
+
+    fn endpoint(&self, key: &Key) -> Endpoint<B> {
+        let addr = match key {
+            Key::Addr(a) => EndpointAddr {
+                host: a.ip().to_string(),
+                port: a.port(),
+            },
+            Key::Name(n) => n.clone(),
+        };
+        let id = self.next_id.fetch_add(1, Relaxed);
+        Endpoint::new(
+            self.name.clone(),
+            addr,
+            self.make.open.clone(),
+            self.make.workers,
+            self.make.max_age,
+        )
+        .numbered(id)
+    }
+
+    /// Once: an upstream that retries, whose names lead to one address, is most
+    /// likely a Service's virtual IP: a retry lands on a random pod and nothing can be
+    /// ejected.
+    fn warn_if_one(&self, list: &[Arc<Endpoint<B>>]) {
+        let [only] = list else { return };
+        let one_address = only.addr.ip().is_some_and(|a| !a.ip().is_loopback());
+        if self.retries && self.moving && one_address && !self.warned_one.swap(true, Relaxed) {
+            tracing::warn!(
+                upstream = %self.name,
+                endpoint = %only.addr,
+                "one address: a Service VIP? retries land on a random pod and nothing can be \
+                 ejected; use a headless Service or discovery = \"kubernetes\""
+            );
+        }
+    }
+}
+
+/// The key an endpoint of the set was made for.
+fn key_of<B>(e: &Endpoint<B>) -> Key {
+    match e.addr.ip() {
+        Some(a) => Key::Addr(a),
+        None => Key::Name(e.addr.clone()),
+    }
+}
+
+/// Follows an upstream's names while it is in use: looks them up every
+/// [`FOLLOW_EVERY`] and rebuilds the set when their addresses change; stops after a
+/// minute without a request, or when the upstream is gone.
+async fn follow<B: OutgoingBody>(shared: Weak<Shared<B>>) {
+    let mut idle = 0;
+    loop {
+        let Some(s) = shared.upgrade() else { return };
+        let names: Vec<Arc<Resolver>> = s
+            .sources
+            .iter()
+            .filter_map(|src| match src {
+                Source::Name(r) => Some(r.clone()),
+                Source::Fixed(_) => None,
+            })
+            .collect();
+        drop(s);
+        for r in names {
+            let _ = tokio::time::timeout(LOOKUP_PATIENCE, r.fresh()).await;
+        }
+        let Some(s) = shared.upgrade() else { return };
+        s.rebuild();
+        drop(s);
+        tokio::time::sleep(FOLLOW_EVERY).await;
+        let Some(s) = shared.upgrade() else { return };
+        if s.used.swap(false, Relaxed) {
+            idle = 0;
+        } else {
+            idle += 1;
+            if idle >= IDLE_ROUNDS {
+                s.following.store(false, Relaxed);
+                // A request that came in between sees nobody following: it starts again.
+                if !s.used.load(Relaxed) || s.following.swap(true, Relaxed) {
+                    return;
+                }
+                idle = 0;
+            }
+        }
+    }
+}
+
+impl<B: OutgoingBody> Endpoints<B> {
+    /// The endpoint for the next attempt: round-robin over the endpoints, skipping
+    /// `avoid` (the number of the one that just failed), endpoints that refused a
+    /// connection a moment ago and ejected ones, when there is another.
+    ///
+    /// Round-robin rather than least-loaded on purpose: an endpoint that fails fast has
+    /// the fewest requests in flight, so a least-loaded balancer sends retries straight
+    /// back to the broken one.
+    #[inline]
+    pub fn pick(&self, avoid: Option<usize>) -> Arc<Endpoint<B>> {
+        if self.shared.moving && !self.shared.used.load(Relaxed) {
+            self.wake();
+        }
+        let set = self.shared.set.load();
+        // One endpoint: no clock to read, nothing to choose.
+        if let [only] = set.as_slice() {
+            return only.clone();
+        }
+        self.pick_in(&set, avoid, pool::clock_ms())
+    }
+
+    /// A request asked for an endpoint: the names are followed again if they were not.
+    #[cold]
+    fn wake(&self) {
+        self.shared.used.store(true, Relaxed);
+        if !self.shared.following.swap(true, Relaxed) {
+            if let Ok(rt) = tokio::runtime::Handle::try_current() {
+                rt.spawn(follow(Arc::downgrade(&self.shared)));
+            } else {
+                self.shared.following.store(false, Relaxed);
+            }
         }
     }
 }
@@ -123,80 +389,65 @@ impl<B> Endpoints<B> {
     /// The same endpoints (and their pools and health), with a choice of their own and
     /// the outlier rules of `config`. Without rules, every ejected endpoint is back.
     pub fn share(&self, config: &UpstreamConfig, ejections: IntCounter) -> Self {
-        let outlier = Outlier::of(config, self.list.len(), ejections);
+        let outlier = Outlier::of(config, ejections);
         if outlier.is_none() {
-            for e in self.list.iter() {
+            for e in self.shared.set.load().iter() {
                 if e.health.forget() {
-                    self.room.release();
+                    self.shared.room.release();
                 }
             }
         }
         Endpoints {
-            list: self.list.clone(),
+            shared: self.shared.clone(),
             next: AtomicUsize::new(0),
             outlier,
-            room: self.room.clone(),
-            name: self.name.clone(),
         }
-    }
-
-    /// Round-robin over the endpoints, skipping `avoid` (the one that just failed),
-    /// endpoints that refused a connection a moment ago and ejected ones, when there
-    /// is another.
-    ///
-    /// Round-robin rather than least-loaded on purpose: an endpoint that fails fast has
-    /// the fewest requests in flight, so a least-loaded balancer sends retries straight
-    /// back to the broken one.
-    pub fn pick(&self, avoid: Option<usize>) -> usize {
-        // One endpoint: no clock to read, nothing to choose.
-        if self.list.len() <= 1 {
-            return 0;
-        }
-        self.pick_at(avoid, pool::clock_ms())
     }
 
     /// [`Endpoints::pick`] at `now_ms` on [`pool::clock_ms`].
-    pub fn pick_at(&self, avoid: Option<usize>, now_ms: u64) -> usize {
-        let n = self.list.len();
+    pub fn pick_at(&self, avoid: Option<usize>, now_ms: u64) -> Arc<Endpoint<B>> {
+        let set = self.shared.set.load();
+        self.pick_in(&set, avoid, now_ms)
+    }
+
+    fn pick_in(&self, set: &[Arc<Endpoint<B>>], avoid: Option<usize>, now_ms: u64) -> Arc<Endpoint<B>> {
+        let n = set.len();
         if n <= 1 {
-            return 0;
+            return set[0].clone();
         }
         let start = self.next.fetch_add(1, Relaxed) % n;
         for k in 0..n {
-            let i = (start + k) % n;
-            if Some(i) != avoid && !self.list[i].skipped(now_ms) && self.is_in(i, now_ms) {
-                return i;
+            let e = &set[(start + k) % n];
+            if Some(e.id) != avoid && !e.skipped(now_ms) && self.is_in(set, e, now_ms) {
+                return e.clone();
             }
         }
         // Every other endpoint is failing too: keep trying them in turn.
-        if Some(start) == avoid {
-            (start + 1) % n
+        if Some(set[start].id) == avoid {
+            set[(start + 1) % n].clone()
         } else {
-            start
+            set[start].clone()
         }
     }
 
-    /// Whether endpoint `i` takes this request: it is in the rotation, or it is on
+    /// Whether endpoint `e` takes this request: it is in the rotation, or it is on
     /// probation and this request becomes its probe. One whose ejection is over is
     /// re-admitted here.
-    fn is_in(&self, i: usize, now_ms: u64) -> bool {
-        let health = &self.list[i].health;
-        match health.standing(now_ms) {
+    fn is_in(&self, _set: &[Arc<Endpoint<B>>], e: &Endpoint<B>, now_ms: u64) -> bool {
+        match e.health.standing(now_ms) {
             Standing::In => true,
             Standing::Ejected | Standing::Probing => false,
             Standing::Due => {
-                self.readmit(i, now_ms);
-                self.claim_probe(i, now_ms)
+                self.readmit(e, now_ms);
+                self.claim_probe(e, now_ms)
             }
-            Standing::ProbeFree => self.claim_probe(i, now_ms),
+            Standing::ProbeFree => self.claim_probe(e, now_ms),
         }
     }
 
-    fn claim_probe(&self, i: usize, now_ms: u64) -> bool {
+    fn claim_probe(&self, e: &Endpoint<B>, now_ms: u64) -> bool {
         let probe_ms = self.outlier.as_ref().map_or(0, |o| o.probe_ms);
-        self.list[i]
-            .health
-            .claim_probe(now_ms, now_ms.saturating_add(probe_ms))
+        e.health.claim_probe(now_ms, now_ms.saturating_add(probe_ms))
     }
 
     /// Whether results are judged at all (the upstream has an `[outlier]` section).
@@ -204,17 +455,17 @@ impl<B> Endpoints<B> {
         self.outlier.is_some()
     }
 
-    /// What an attempt on endpoint `i` said about it: counted in its tally, and a
+    /// What an attempt on endpoint `e` said about it: counted in its tally, and a
     /// success costs a load or two more.
-    pub fn report(&self, i: usize, verdict: Verdict) {
+    pub fn report(&self, e: &Endpoint<B>, verdict: Verdict) {
         if verdict != Verdict::Neutral && self.outlier.is_some() {
-            self.report_at(i, verdict, pool::clock_ms());
+            self.report_at(e, verdict, pool::clock_ms());
         }
     }
 
     /// [`Endpoints::report`] at `now_ms` on [`pool::clock_ms`].
-    pub fn report_at(&self, i: usize, verdict: Verdict, now_ms: u64) {
-        let (Some(o), Some(e)) = (&self.outlier, self.list.get(i)) else {
+    pub fn report_at(&self, e: &Endpoint<B>, verdict: Verdict, now_ms: u64) {
+        let Some(o) = &self.outlier else {
             return;
         };
         match verdict {
@@ -223,47 +474,48 @@ impl<B> Endpoints<B> {
                 e.health.tally.record(false, now_ms);
                 if e.health.succeeded() {
                     // Its probe answered: back in the rotation, its place freed.
-                    self.room.release();
+                    self.shared.room.release();
                 }
             }
             Verdict::Failure => {
                 e.health.tally.record(true, now_ms);
                 if let Some(from) = e.health.failed(o.config.consecutive_failures) {
-                    self.eject(o, i, from, now_ms);
+                    self.eject(o, e, from, now_ms);
                 }
             }
         }
     }
 
-    /// The failure share of endpoint `i` over the last 10 s, and that of the others in
+    /// The failure share of endpoint `e` over the last 10 s, and that of the others in
     /// the rotation together (those out have no say in what the rest still serve).
-    fn shares(&self, i: usize, now_ms: u64) -> (Share, Share) {
-        let own = self.list[i].health.tally.share(now_ms);
-        let others = self
-            .list
+    fn shares(set: &[Arc<Endpoint<B>>], e: &Endpoint<B>, now_ms: u64) -> (Share, Share) {
+        let own = e.health.tally.share(now_ms);
+        let others = set
             .iter()
-            .enumerate()
-            .filter(|(j, e)| *j != i && !e.health.is_out())
-            .fold(Share::default(), |sum, (_, e)| {
-                sum + e.health.tally.share(now_ms)
-            });
+            .filter(|o| o.id != e.id && !o.health.is_out())
+            .fold(Share::default(), |sum, o| sum + o.health.tally.share(now_ms));
         (own, others)
     }
 
-    /// Ejects endpoint `i`, from the state `from`, if it fails clearly more than the
+    /// Ejects endpoint `e`, from the state `from`, if it fails clearly more than the
     /// others: a new ejection if `max_ejected` leaves room (the endpoints skipped for
     /// refusing connections counted in), or the next one of an endpoint whose probe
     /// failed (it kept its place on probation). A probe that failed no worse than the
-    /// others puts its endpoint back in the rotation.
-    fn eject(&self, o: &Outlier, i: usize, from: u64, now_ms: u64) {
-        let e = &self.list[i];
+    /// others puts its endpoint back in the rotation. An endpoint no longer in the set
+    /// is not ejected.
+    fn eject(&self, o: &Outlier, e: &Endpoint<B>, from: u64, now_ms: u64) {
+        let set = self.shared.set.load();
+        if !set.iter().any(|x| x.id == e.id) {
+            return;
+        }
+        let room = &self.shared.room;
         let new = from == 0;
-        let (own, others) = self.shares(i, now_ms);
+        let (own, others) = Self::shares(&set, e, now_ms);
         if !clearly_worse(own, others) {
             if !new && e.health.pardon(from) {
-                self.room.release();
+                room.release();
                 tracing::info!(
-                    upstream = %self.name,
+                    upstream = %self.shared.name,
                     endpoint = %e.addr,
                     failing = %percent(own),
                     others_failing = %percent(others),
@@ -274,13 +526,11 @@ impl<B> Endpoints<B> {
             return;
         }
         if new {
-            let skipped = self
-                .list
+            let skipped = set
                 .iter()
-                .enumerate()
-                .filter(|(j, other)| *j != i && !other.health.is_out() && other.skipped(now_ms))
+                .filter(|x| x.id != e.id && !x.health.is_out() && x.skipped(now_ms))
                 .count();
-            if !self.room.reserve(o.max_out, skipped) {
+            if !room.reserve(o.config.max_out(set.len()), skipped) {
                 return;
             }
         }
@@ -288,7 +538,7 @@ impl<B> Endpoints<B> {
         let until = now_ms.saturating_add(u64::try_from(length.as_millis()).unwrap_or(u64::MAX));
         if !e.health.eject(from, until) {
             if new {
-                self.room.release();
+                room.release();
             }
             return;
         }
@@ -299,22 +549,21 @@ impl<B> Endpoints<B> {
             "it failed again on probation".to_string()
         };
         tracing::warn!(
-            upstream = %self.name,
+            upstream = %self.shared.name,
             endpoint = %e.addr,
             ejected_for = %format_duration(length),
             in_a_row = e.health.ejections(),
-            out = self.room.out(),
+            out = room.out(),
             failing = %percent(own),
             others_failing = %percent(others),
             "endpoint ejected: {why}"
         );
     }
 
-    fn readmit(&self, i: usize, now_ms: u64) {
-        let e = &self.list[i];
+    fn readmit(&self, e: &Endpoint<B>, now_ms: u64) {
         if e.health.readmit(now_ms) {
             tracing::info!(
-                upstream = %self.name,
+                upstream = %self.shared.name,
                 endpoint = %e.addr,
                 "endpoint re-admitted on probation: one request at a time until one \
                  answers, and ejected again if it fails"
@@ -327,35 +576,52 @@ impl<B> Endpoints<B> {
     /// probation until a probe answers.
     pub fn readmit_due(&self) -> usize {
         let now = pool::clock_ms();
-        for i in 0..self.list.len() {
-            if self.list[i].health.standing(now) == Standing::Due {
-                self.readmit(i, now);
+        for e in self.shared.set.load().iter() {
+            if e.health.standing(now) == Standing::Due {
+                self.readmit(e, now);
             }
         }
-        self.room.out()
+        self.shared.room.out()
     }
 
-    pub fn get(&self, i: usize) -> &Endpoint<B> {
-        &self.list[i]
+    /// The endpoint at `i` in the set now.
+    #[cfg(test)]
+    fn nth(&self, i: usize) -> Arc<Endpoint<B>> {
+        self.shared.set.load()[i].clone()
+    }
+
+    /// [`Endpoints::report_at`] of the endpoint at `i` in the set now.
+    #[cfg(test)]
+    fn report_nth(&self, i: usize, verdict: Verdict, now_ms: u64) {
+        let e = self.nth(i);
+        self.report_at(&e, verdict, now_ms);
+    }
+
+    /// The endpoints now.
+    pub fn now(&self) -> Arc<Vec<Arc<Endpoint<B>>>> {
+        self.shared.set.load_full()
     }
 
     pub fn len(&self) -> usize {
-        self.list.len()
+        self.shared.set.load().len()
     }
 
     pub fn is_empty(&self) -> bool {
-        self.list.is_empty()
+        self.shared.set.load().is_empty()
     }
 
-    pub fn iter(&self) -> impl Iterator<Item = &Endpoint<B>> {
-        self.list.iter().map(|e| &**e)
+    /// The names the endpoints come from (each with what it resolves to).
+    pub fn names(&self) -> impl Iterator<Item = &Resolver> {
+        self.shared.sources.iter().filter_map(|s| match s {
+            Source::Name(r) => Some(&**r),
+            Source::Fixed(_) => None,
+        })
     }
 }
 
 impl Outlier {
-    fn of(config: &UpstreamConfig, endpoints: usize, ejections: IntCounter) -> Option<Self> {
+    fn of(config: &UpstreamConfig, ejections: IntCounter) -> Option<Self> {
         config.outlier.as_ref().map(|o| Outlier {
-            max_out: o.max_out(endpoints),
             probe_ms: u64::try_from(
                 config
                     .attempt_timeout
@@ -407,7 +673,7 @@ mod tests {
 
     /// Which endpoints `pick` chooses over `rounds` picks.
     fn chosen(e: &Endpoints<NoBody>, now: u64, rounds: usize) -> Vec<usize> {
-        let mut seen: Vec<usize> = (0..rounds).map(|_| e.pick_at(None, now)).collect();
+        let mut seen: Vec<usize> = (0..rounds).map(|_| e.pick_at(None, now).id).collect();
         seen.sort();
         seen.dedup();
         seen
@@ -420,12 +686,12 @@ mod tests {
     fn an_endpoint_failing_in_a_row_is_ejected_then_readmitted_on_probation() {
         let e = endpoints(3, OUTLIER);
         for _ in 0..2 {
-            e.report_at(1, Verdict::Failure, 0);
+            e.report_nth(1, Verdict::Failure, 0);
         }
         assert_eq!(chosen(&e, 0, 9), [0, 1, 2]);
-        e.report_at(1, Verdict::Failure, 0);
+        e.report_nth(1, Verdict::Failure, 0);
         assert_eq!(chosen(&e, 1, 9), [0, 2], "out after the third in a row");
-        assert_eq!(e.room.out(), 1);
+        assert_eq!(e.shared.room.out(), 1);
         assert_eq!(chosen(&e, 9_999, 9), [0, 2]);
         assert_eq!(
             chosen(&e, 10_000, 9),
@@ -437,8 +703,8 @@ mod tests {
             [0, 2],
             "one request at a time on probation"
         );
-        assert_eq!(e.room.out(), 1, "on probation, it keeps its place");
-        e.report_at(1, Verdict::Failure, 10_000);
+        assert_eq!(e.shared.room.out(), 1, "on probation, it keeps its place");
+        e.report_nth(1, Verdict::Failure, 10_000);
         assert_eq!(chosen(&e, 29_999, 9), [0, 2], "out again at once, for 20 s");
         assert_eq!(chosen(&e, 30_000, 9), [0, 1, 2]);
         assert_eq!(
@@ -446,9 +712,9 @@ mod tests {
             [0, 1, 2],
             "a probe that never answered frees the place for another after the attempt's time"
         );
-        e.report_at(1, Verdict::Success, 30_600);
-        assert_eq!(e.room.out(), 0, "a success ends the probation");
-        e.report_at(1, Verdict::Failure, 30_600);
+        e.report_nth(1, Verdict::Success, 30_600);
+        assert_eq!(e.shared.room.out(), 0, "a success ends the probation");
+        e.report_nth(1, Verdict::Failure, 30_600);
         assert_eq!(chosen(&e, 30_600, 9), [0, 1, 2]);
         assert_eq!(chosen(&e, 30_600, 9), [0, 1, 2], "and it takes a run again");
     }
@@ -457,17 +723,17 @@ mod tests {
     fn neutral_results_and_other_endpoints_break_no_run() {
         let e = endpoints(3, OUTLIER);
         for _ in 0..10 {
-            e.report_at(0, Verdict::Failure, 0);
-            e.report_at(0, Verdict::Success, 0);
-            e.report_at(2, Verdict::Neutral, 0);
+            e.report_nth(0, Verdict::Failure, 0);
+            e.report_nth(0, Verdict::Success, 0);
+            e.report_nth(2, Verdict::Neutral, 0);
         }
-        assert_eq!(e.room.out(), 0);
+        assert_eq!(e.shared.room.out(), 0);
         for _ in 0..2 {
-            e.report_at(2, Verdict::Failure, 0);
-            e.report_at(2, Verdict::Neutral, 0);
-            e.report_at(1, Verdict::Success, 0);
+            e.report_nth(2, Verdict::Failure, 0);
+            e.report_nth(2, Verdict::Neutral, 0);
+            e.report_nth(1, Verdict::Success, 0);
         }
-        e.report_at(2, Verdict::Failure, 0);
+        e.report_nth(2, Verdict::Failure, 0);
         assert_eq!(chosen(&e, 0, 9), [0, 1]);
     }
 
@@ -483,18 +749,18 @@ mod tests {
                 } else {
                     Verdict::Success
                 };
-                e.report_at(i, v, 100 * round as u64);
+                e.report_nth(i, v, 100 * round as u64);
             }
         }
-        assert_eq!(e.room.out(), 0);
+        assert_eq!(e.shared.room.out(), 0);
         // One of them now fails alone: out once its share (7 in 14) is more than twice
         // the others' (6 in 28).
         for _ in 0..4 {
-            e.report_at(2, Verdict::Failure, 1_000);
-            e.report_at(0, Verdict::Success, 1_000);
-            e.report_at(1, Verdict::Success, 1_000);
+            e.report_nth(2, Verdict::Failure, 1_000);
+            e.report_nth(0, Verdict::Success, 1_000);
+            e.report_nth(1, Verdict::Success, 1_000);
         }
-        assert_eq!(e.room.out(), 1);
+        assert_eq!(e.shared.room.out(), 1);
         assert_eq!(chosen(&e, 1_000, 9), [0, 1]);
     }
 
@@ -502,18 +768,18 @@ mod tests {
     fn a_probe_failing_with_everyone_else_puts_its_endpoint_back() {
         let e = endpoints(2, OUTLIER);
         for _ in 0..3 {
-            e.report_at(1, Verdict::Failure, 0);
-            e.report_at(0, Verdict::Success, 0);
+            e.report_nth(1, Verdict::Failure, 0);
+            e.report_nth(0, Verdict::Success, 0);
         }
-        assert_eq!(e.room.out(), 1);
+        assert_eq!(e.shared.room.out(), 1);
         // Ten seconds on, the whole upstream fails: its probe fails, and so does the
         // other endpoint, as much.
         for _ in 0..20 {
-            e.report_at(0, Verdict::Failure, 10_000);
+            e.report_nth(0, Verdict::Failure, 10_000);
         }
         assert_eq!(chosen(&e, 10_000, 4), [0, 1], "its probe");
-        e.report_at(1, Verdict::Failure, 10_000);
-        assert_eq!(e.room.out(), 0, "no worse than the other: back in");
+        e.report_nth(1, Verdict::Failure, 10_000);
+        assert_eq!(e.shared.room.out(), 0, "no worse than the other: back in");
         assert_eq!(chosen(&e, 10_001, 4), [0, 1]);
     }
 
@@ -521,12 +787,12 @@ mod tests {
     fn one_endpoint_is_never_ejected_and_without_rules_none_is() {
         let one = endpoints(1, OUTLIER);
         for _ in 0..10 {
-            one.report_at(0, Verdict::Failure, 0);
+            one.report_nth(0, Verdict::Failure, 0);
         }
-        assert_eq!(one.room.out(), 0);
+        assert_eq!(one.shared.room.out(), 0);
         let none = endpoints(3, "");
         for _ in 0..10 {
-            none.report_at(0, Verdict::Failure, 0);
+            none.report_nth(0, Verdict::Failure, 0);
         }
         assert_eq!(chosen(&none, 0, 9), [0, 1, 2]);
     }
@@ -535,7 +801,7 @@ mod tests {
     fn removing_the_rules_on_reload_brings_every_endpoint_back() {
         let e = endpoints(3, OUTLIER);
         for _ in 0..3 {
-            e.report_at(2, Verdict::Failure, pool::clock_ms());
+            e.report_nth(2, Verdict::Failure, pool::clock_ms());
         }
         assert_eq!(e.readmit_due(), 1);
         let counter = IntCounter::new("ejections", "test").unwrap_or_else(|_| unreachable!());
@@ -554,19 +820,19 @@ mod tests {
     fn endpoints_refusing_connections_count_against_max_ejected() {
         let e = endpoints(4, OUTLIER);
         // 50% of 4: two may be out. One refuses connections, so one more may go.
-        e.list[0].skip_until(1_000);
+        e.nth(0).skip_until(1_000);
         for _ in 0..20 {
-            e.report_at(3, Verdict::Success, 0);
+            e.report_nth(3, Verdict::Success, 0);
         }
         for _ in 0..3 {
-            e.report_at(1, Verdict::Failure, 0);
-            e.report_at(2, Verdict::Failure, 0);
+            e.report_nth(1, Verdict::Failure, 0);
+            e.report_nth(2, Verdict::Failure, 0);
         }
-        assert_eq!(e.room.out(), 1);
+        assert_eq!(e.shared.room.out(), 1);
         assert_eq!(chosen(&e, 0, 12).len(), 2, "two of four in the rotation");
         // The refusals stop: the second failing endpoint's next failure ejects it.
-        e.report_at(2, Verdict::Failure, 1_000);
-        assert_eq!(e.room.out(), 2);
+        e.report_nth(2, Verdict::Failure, 1_000);
+        assert_eq!(e.shared.room.out(), 2);
     }
 
     #[derive(Clone, Debug)]
@@ -605,25 +871,25 @@ mod tests {
                 match event {
                     Event::Result(i, failed) => {
                         let i = i % n;
-                        let was_out = e.room.out();
+                        let was_out = e.shared.room.out();
                         let others_refusing = (0..n)
-                            .filter(|j| *j != i && !e.list[*j].health.is_out() && e.list[*j].skipped(now))
+                            .filter(|j| *j != i && !e.nth(*j).health.is_out() && e.nth(*j).skipped(now))
                             .count();
                         let verdict = if failed { Verdict::Failure } else { Verdict::Success };
-                        e.report_at(i, verdict, now);
-                        if e.room.out() > was_out {
+                        e.report_nth(i, verdict, now);
+                        if e.shared.room.out() > was_out {
                             prop_assert!(was_out + others_refusing < max_out,
                                 "ejected with {was_out} out and {others_refusing} refusing, max {max_out}");
                         }
                     }
-                    Event::Refused(i) => e.list[i % n].skip_until(now + 250),
+                    Event::Refused(i) => e.nth(i % n).skip_until(now + 250),
                     Event::Wait(ms) => {
                         now += ms;
                         let _ = e.pick_at(None, now);
                     }
                 }
-                let out = (0..n).filter(|j| e.list[*j].health.is_out()).count();
-                prop_assert_eq!(out, e.room.out());
+                let out = (0..n).filter(|j| e.nth(*j).health.is_out()).count();
+                prop_assert_eq!(out, e.shared.room.out());
                 prop_assert!(out <= max_out, "{out} ejected, max {max_out}");
             }
         }

@@ -9,7 +9,7 @@
 //! ever, and never see the endpoints a Service's name or VIP leads to now.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU8, AtomicU32, AtomicU64, AtomicUsize, Ordering::Relaxed};
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU32, AtomicU64, AtomicUsize, Ordering::Relaxed};
 use std::time::Duration;
 
 use arc_swap::ArcSwapOption;
@@ -67,9 +67,14 @@ struct WorkerH2<B> {
     connecting: tokio::sync::Mutex<()>,
 }
 
-/// One endpoint (`host:port`) and the connections to it.
+/// One endpoint (one address, or a name whose addresses are not known yet) and the
+/// connections to it.
 pub struct Endpoint<B> {
     pub addr: EndpointAddr,
+    /// Its number among its upstream's endpoints, for life: what an attempt avoids.
+    pub id: usize,
+    /// Taken out of its upstream's endpoints: its connections are not kept.
+    retired: AtomicBool,
     resolver: Resolver,
     idle: Arc<IdleQueues>,
     h2: Box<[WorkerH2<B>]>,
@@ -137,6 +142,8 @@ impl<B: OutgoingBody> Endpoint<B> {
             upstream,
             tls_warn: WarnEvery::default(),
             addr: resolver.addr().clone(),
+            id: 0,
+            retired: AtomicBool::new(false),
             resolver,
             idle: Arc::new(IdleQueues::new(workers, max_age)),
             h2: (0..workers)
@@ -220,6 +227,23 @@ impl<B: OutgoingBody> Endpoint<B> {
         if let Some(s) = self.shared_h2() {
             return Ok((Conn::Http2(s), false));
         }
+        Ok((self.connect(want, tls, timeout).await?, true))
+    }
+
+    /// A connection opened for one attempt, never a pooled one: a retry to the endpoint
+    /// that just failed it, which behind a Service's virtual IP may reach another pod
+    /// only on a new connection. An HTTP/2 one becomes the worker's shared connection.
+    pub async fn open_new(
+        &self,
+        want: Want,
+        tls: Option<&TlsClient>,
+        timeout: Duration,
+    ) -> Result<(Conn<B>, bool), ConnectError> {
+        let want = match (want, self.alpn.load(Relaxed)) {
+            (Want::Negotiate | Want::PreferHttp2, ALPN_H1) => Want::Http1,
+            (Want::Negotiate | Want::PreferHttp2, ALPN_H2) => Want::Http2,
+            (w, _) => w,
+        };
         Ok((self.connect(want, tls, timeout).await?, true))
     }
 
@@ -315,6 +339,41 @@ impl<B: OutgoingBody> Endpoint<B> {
 }
 
 impl<B> Endpoint<B> {
+    /// The same endpoint with number `id` among its upstream's.
+    pub fn numbered(mut self, id: usize) -> Self {
+        self.id = id;
+        self
+    }
+
+    /// Takes the endpoint out of its upstream's: its idle connections are closed and
+    /// no connection goes back to it; its requests in flight finish (an HTTP/2
+    /// connection closes once its streams have). Whether it was ejected (its place in
+    /// the upstream's count of ejected endpoints is to be given back).
+    pub fn retire(&self) -> bool {
+        self.retired.store(true, Relaxed);
+        self.idle.clear();
+        self.forget_h2();
+        self.health.forget()
+    }
+
+    /// Whether the endpoint was taken out of its upstream's.
+    pub fn retired(&self) -> bool {
+        self.retired.load(Relaxed)
+    }
+
+    /// No new stream goes on the endpoint's HTTP/2 connections: a connection that
+    /// carried the endpoint's failure is not reused (behind a Service's virtual IP the
+    /// next connection may reach another pod). Streams in flight on them finish.
+    pub fn forget_h2(&self) {
+        for w in self.h2.iter() {
+            if w.conn.load().is_some() {
+                // Dropping the handle, not aborting the task: hyper closes the
+                // connection once its streams are done.
+                w.conn.store(None);
+            }
+        }
+    }
+
     /// The endpoint's name and what it resolves to.
     pub fn resolver(&self) -> &Resolver {
         &self.resolver

@@ -33,6 +33,7 @@
 mod answers;
 
 use std::pin::pin;
+use std::sync::Arc;
 use std::time::Duration;
 
 use http::{HeaderValue, StatusCode};
@@ -55,7 +56,7 @@ use super::upstream::Upstream;
 use crate::deadline::Deadline;
 use crate::fault::Fault;
 use crate::metrics::{Denied, HedgeResult, Outcome};
-use crate::upstream::pool::Want;
+use crate::upstream::pool::{Endpoint, Want};
 use crate::upstream::request::RareFields;
 use crate::upstream::response::{Fields, UpstreamResponse};
 use crate::upstream::want;
@@ -88,8 +89,8 @@ struct Call<'a, A> {
     /// When the request arrived.
     arrived: Instant,
     trail: Trail,
-    /// The endpoint that failed last.
-    avoid: Option<u32>,
+    /// The endpoint that failed last (its number).
+    avoid: Option<usize>,
     /// Endpoints (by index, the first 64) whose TLS failed for this request: a
     /// verification failure is not retried on the same endpoint.
     tls_failed: u64,
@@ -143,7 +144,8 @@ pub async fn forward_on<'a, A: AppBody, T: Transport<A>>(
             return call.local(StatusCode::GATEWAY_TIMEOUT, Outcome::DeadlineExceeded);
         }
         call.attempts += 1;
-        let endpoint = call.pick(call.avoid.map(|i| i as usize));
+        let endpoint = call.pick(call.avoid);
+        let endpoint_id = endpoint.id;
         let keep = if call.retryable && call.attempts < call.limit() {
             up.config.retry.max_body
         } else {
@@ -183,7 +185,7 @@ pub async fn forward_on<'a, A: AppBody, T: Transport<A>>(
                     let Some((what, started)) = due.take() else {
                         continue;
                     };
-                    if let Some(a) = call.beside(head, endpoint, what) {
+                    if let Some(a) = call.beside(head, endpoint_id, what) {
                         second = Some(Second::new(a.run(wire), what, &up.metrics.health));
                     } else if what == Beside::Hedge
                         && let Some(at) = call.slow_at(started)
@@ -234,7 +236,7 @@ pub async fn forward_on<'a, A: AppBody, T: Transport<A>>(
                 call.previous = None;
                 let kept = rejected::keep_while_sleeping(response, failure, sleep).await;
                 call.previous = Some(kept);
-                call.avoid = u32::try_from(failed_on).ok();
+                call.avoid = Some(failed_on);
             }
             Err(stop) => return call.give_up(stop, failure, response),
         }
@@ -363,16 +365,18 @@ impl<'a, A: AppBody> Call<'a, A> {
 
     /// An endpoint for the next attempt: round-robin, away from `avoid` and from any
     /// whose TLS failed for this request.
-    fn pick(&self, avoid: Option<usize>) -> usize {
+    fn pick(&self, avoid: Option<usize>) -> Arc<Endpoint<ReplayBody<A>>> {
         let endpoints = &self.up.endpoints;
-        let mut i = endpoints.pick(avoid);
-        for _ in 0..endpoints.len() {
-            if self.tls_failed & (1 << (i % 64)) == 0 {
-                break;
+        let mut e = endpoints.pick(avoid);
+        if self.tls_failed != 0 {
+            for _ in 0..endpoints.len() {
+                if self.tls_failed & (1 << (e.id % 64)) == 0 {
+                    break;
+                }
+                e = endpoints.pick(avoid);
             }
-            i = endpoints.pick(avoid);
         }
-        i
+        e
     }
 
     /// Attempt number `self.attempts` on `endpoint`, starting at `started` (now);
@@ -380,7 +384,7 @@ impl<'a, A: AppBody> Call<'a, A> {
     fn attempt<'h>(
         &mut self,
         head: &'h Head,
-        endpoint: usize,
+        endpoint: Arc<Endpoint<ReplayBody<A>>>,
         beside: Option<Beside>,
         body: ReplayBody<A>,
         started: Instant,
@@ -400,17 +404,23 @@ impl<'a, A: AppBody> Call<'a, A> {
                 number: self.number(),
                 hedge: beside == Some(Beside::Hedge),
                 beside: beside.is_some(),
-                endpoint,
+                endpoint: &endpoint,
                 reason: self.trail.retries().last(),
                 deadline: self.deadline,
             };
-            self.traced.start(self.up, starting, started)
+            self.traced.start(starting, started)
         } else {
             None
         };
+        // A retry that comes back to the endpoint that just failed it goes on a
+        // connection of its own: behind a Service's virtual IP, the pooled one reaches
+        // the same pod, a new one lets kube-proxy pick again.
+        let own_connection = self.avoid == Some(endpoint.id) && self.attempts > 1;
         Attempt {
             up: self.up,
-            endpoint,
+            endpoint: endpoint.id,
+            peer: endpoint,
+            own_connection,
             number: self.number(),
             hedge: beside == Some(Beside::Hedge),
             want: self.want,
