@@ -80,6 +80,8 @@ pub struct Entry {
     pub attempts: u32,
     pub outcome: Outcome,
     pub retries: Vec<Fault>,
+    /// The endpoint address each attempt went to (`None`: a name not resolved yet).
+    pub peers: Vec<Option<std::net::SocketAddr>>,
     /// Why a retry (or, inbound, the request) was refused: a `reason` of
     /// `tollgate_retries_denied_total` or `tollgate_inbound_denied_total`.
     pub denied: Option<&'static str>,
@@ -141,6 +143,7 @@ impl Entry {
             attempts: 0,
             outcome: Outcome::Ok,
             retries: Vec::new(),
+            peers: Vec::new(),
             denied: None,
             deadline: None,
             upstream_time: None,
@@ -191,6 +194,18 @@ impl Entry {
                     l.push(',');
                 }
                 push_json(&mut l, f.condition());
+            }
+            l.push_str("],\"peers\":[");
+            for (i, p) in self.peers.iter().enumerate() {
+                if i > 0 {
+                    l.push(',');
+                }
+                match p {
+                    Some(p) => {
+                        let _ = write!(l, "\"{p}\"");
+                    }
+                    None => l.push_str("null"),
+                }
             }
             l.push_str("],\"denied\":");
             push_json_opt(&mut l, self.denied);
@@ -248,6 +263,21 @@ impl Entry {
                 l.push(',');
             }
             l.push_str(f.condition());
+        }
+        l.push_str(" peer=");
+        if self.peers.is_empty() {
+            l.push('-');
+        }
+        for (i, p) in self.peers.iter().enumerate() {
+            if i > 0 {
+                l.push(',');
+            }
+            match p {
+                Some(p) => {
+                    let _ = write!(l, "{p}");
+                }
+                None => l.push('-'),
+            }
         }
         l.push_str(" denied=");
         l.push_str(self.denied.unwrap_or("-"));

@@ -147,7 +147,11 @@ impl Refusal {
     /// body was left unread).
     pub fn answer(&self, grpc: bool, close: bool, guard: RequestGuard) -> Response<ResponseBody> {
         let mut resp = self.local().answer(grpc, guard);
-        if close {
+        // The app's failure is this endpoint's: a caller behind a Service's virtual IP
+        // that keeps this connection comes back to the same pod; on a new one,
+        // kube-proxy picks again.
+        let about_the_app = matches!(self.outcome, Outcome::AppUnreachable | Outcome::AppTimeout);
+        if close || about_the_app {
             resp.headers_mut()
                 .insert(CONNECTION, HeaderValue::from_static("close"));
         }

@@ -74,7 +74,10 @@ impl Destinations {
             if up.config().tls.is_some() {
                 continue;
             }
-            let names = up.endpoints().names().filter(|r| r.addr().port == dst.port());
+            let names = up
+                .endpoints()
+                .names()
+                .filter(|r| r.addr().port == dst.port());
             for r in names {
                 match r.known() {
                     Some(addrs) if holds(&addrs, dst) => return Some(i),

@@ -340,6 +340,9 @@ fn log_answer(
     e.attempts = answer.attempts;
     e.outcome = answer.outcome;
     e.retries = answer.trail.retries().collect();
+    if answer.attempts > 0 {
+        e.peers = answer.trail.peers().collect();
+    }
     e.denied = answer.trail.denied.map(Denied::as_str);
     e.upstream_time = Some(start.elapsed());
     guard.on_finish(e);

@@ -1,6 +1,8 @@
 //! What the attempt loop takes and gives back: a request ready to forward
 //! ([`Exchange`]), and the [`Answer`] for the app, with the retries it went through.
 
+use std::net::SocketAddr;
+
 use http::{HeaderValue, StatusCode, Version};
 use tokio::time::Instant;
 
@@ -105,14 +107,32 @@ pub enum HedgeState {
 
 /// What the attempts of a request went through, for the access log: the condition
 /// that fired each retry, and why a retry was refused.
-#[derive(Clone, Copy, Debug, Default)]
+#[derive(Clone, Debug, Default)]
 pub struct Trail {
     retries: [Option<Fault>; 9],
     /// The reason a retry was refused, when one was.
     pub denied: Option<Denied>,
+    /// The address the first attempt went to (`None`: a name not resolved yet, or no
+    /// attempt), and those of the later ones: which pod failed, behind any Service.
+    first_peer: Option<SocketAddr>,
+    later_peers: Vec<Option<SocketAddr>>,
 }
 
 impl Trail {
+    /// An attempt went to `peer`.
+    pub(super) fn went_to(&mut self, peer: Option<SocketAddr>, first: bool) {
+        if first {
+            self.first_peer = peer;
+        } else {
+            self.later_peers.push(peer);
+        }
+    }
+
+    /// The addresses the attempts went to, in order (`None`: not known).
+    pub fn peers(&self) -> impl Iterator<Item = Option<SocketAddr>> + '_ {
+        std::iter::once(self.first_peer).chain(self.later_peers.iter().copied())
+    }
+
     pub(super) fn retried(&mut self, failure: Fault) {
         if let Some(slot) = self.retries.iter_mut().find(|r| r.is_none()) {
             *slot = Some(failure);

@@ -150,7 +150,9 @@ struct Outlier {
 
 impl<B> std::fmt::Debug for Endpoints<B> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_list().entries(self.shared.set.load().iter()).finish()
+        f.debug_list()
+            .entries(self.shared.set.load().iter())
+            .finish()
     }
 }
 
@@ -174,6 +176,21 @@ impl<B: OutgoingBody> Endpoints<B> {
             })
             .collect();
         Self::of_sources(config, sources, open, workers, ejections)
+    }
+
+    /// [`Endpoints::new`] with names looked up by `lookups` (tests).
+    #[cfg(test)]
+    pub fn with_lookups(config: &UpstreamConfig, lookups: dns::Lookups) -> Self {
+        let sources: Box<[Source]> = config
+            .endpoints
+            .iter()
+            .map(|a| match a.ip() {
+                Some(_) => Source::Fixed(a.clone()),
+                None => Source::Name(Arc::new(Resolver::with_lookups(a.clone(), lookups.clone()))),
+            })
+            .collect();
+        let counter = IntCounter::new("ejections", "test").unwrap_or_else(|_| unreachable!());
+        Self::of_sources(config, sources, &Arc::default(), 1, counter)
     }
 
     fn of_sources(
@@ -246,8 +263,8 @@ impl<B: OutgoingBody> Shared<B> {
                 },
             }
         }
-        let changed = list.len() != old.len()
-            || list.iter().zip(old.iter()).any(|(a, b)| !Arc::ptr_eq(a, b));
+        let changed =
+            list.len() != old.len() || list.iter().zip(old.iter()).any(|(a, b)| !Arc::ptr_eq(a, b));
         if !changed {
             return;
         }
@@ -258,7 +275,10 @@ impl<B: OutgoingBody> Shared<B> {
             tracing::info!(upstream = %self.name, endpoint = %gone.addr, "endpoint gone: no new request goes to it");
         }
         if !old.is_empty() {
-            for e in list.iter().filter(|e| !old.iter().any(|o| Arc::ptr_eq(o, e))) {
+            for e in list
+                .iter()
+                .filter(|e| !old.iter().any(|o| Arc::ptr_eq(o, e)))
+            {
                 tracing::info!(upstream = %self.name, endpoint = %e.addr, "endpoint added");
             }
         }
@@ -410,7 +430,12 @@ impl<B> Endpoints<B> {
         self.pick_in(&set, avoid, now_ms)
     }
 
-    fn pick_in(&self, set: &[Arc<Endpoint<B>>], avoid: Option<usize>, now_ms: u64) -> Arc<Endpoint<B>> {
+    fn pick_in(
+        &self,
+        set: &[Arc<Endpoint<B>>],
+        avoid: Option<usize>,
+        now_ms: u64,
+    ) -> Arc<Endpoint<B>> {
         let n = set.len();
         if n <= 1 {
             return set[0].clone();
@@ -447,7 +472,8 @@ impl<B> Endpoints<B> {
 
     fn claim_probe(&self, e: &Endpoint<B>, now_ms: u64) -> bool {
         let probe_ms = self.outlier.as_ref().map_or(0, |o| o.probe_ms);
-        e.health.claim_probe(now_ms, now_ms.saturating_add(probe_ms))
+        e.health
+            .claim_probe(now_ms, now_ms.saturating_add(probe_ms))
     }
 
     /// Whether results are judged at all (the upstream has an `[outlier]` section).
@@ -493,7 +519,9 @@ impl<B> Endpoints<B> {
         let others = set
             .iter()
             .filter(|o| o.id != e.id && !o.health.is_out())
-            .fold(Share::default(), |sum, o| sum + o.health.tally.share(now_ms));
+            .fold(Share::default(), |sum, o| {
+                sum + o.health.tally.share(now_ms)
+            });
         (own, others)
     }
 
@@ -833,6 +861,98 @@ mod tests {
         // The refusals stop: the second failing endpoint's next failure ejects it.
         e.report_nth(2, Verdict::Failure, 1_000);
         assert_eq!(e.shared.room.out(), 2);
+    }
+
+    /// A name whose addresses the test sets: every address is an endpoint of its own,
+    /// an address that appears takes requests at once, one that goes takes no new
+    /// request and keeps none of its connections, and one that stays keeps its health.
+    #[tokio::test(start_paused = true)]
+    async fn every_address_of_a_name_is_an_endpoint_followed_while_in_use() {
+        use std::net::{IpAddr, Ipv4Addr};
+        use std::sync::Mutex;
+        let answer: Arc<Mutex<Vec<SocketAddr>>> = Arc::default();
+        let addr = |last: u8| SocketAddr::new(IpAddr::V4(Ipv4Addr::new(10, 0, 0, last)), 80);
+        *answer.lock().unwrap_or_else(|p| p.into_inner()) = vec![addr(1), addr(2), addr(3)];
+        let served = answer.clone();
+        let lookups = dns::Lookups::limited(
+            move |_, _| {
+                let now = served.lock().unwrap_or_else(|p| p.into_inner()).clone();
+                Box::pin(async move { Ok(now) })
+            },
+            4,
+        );
+        let config = crate::config::parse(
+            "t.toml",
+            "[upstreams.u]\nauthorities = [\"u\"]\nendpoints = [\"payments:80\"]\n\
+             [upstreams.u.outlier]\nconsecutive_failures = 3\n",
+            std::path::Path::new("."),
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+        let e: Endpoints<NoBody> = Endpoints::with_lookups(&config.upstreams[0], lookups);
+        // Not looked up yet: the name is one endpoint, resolved as it connects.
+        assert_eq!(e.len(), 1);
+        assert_eq!(e.pick(None).peer, None);
+        // The first request starts following the name.
+        let until = tokio::time::Instant::now() + Duration::from_secs(1);
+        while e.len() != 3 && tokio::time::Instant::now() < until {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        let peers = |e: &Endpoints<NoBody>| {
+            let mut p: Vec<_> = e.now().iter().filter_map(|x| x.peer).collect();
+            p.sort();
+            p
+        };
+        assert_eq!(peers(&e), [addr(1), addr(2), addr(3)]);
+        // Round robin over the three addresses, and a retry goes to another one.
+        let first = e.pick(None);
+        assert_ne!(e.pick(Some(first.id)).id, first.id);
+        let mut seen: Vec<_> = (0..6).map(|_| e.pick(None).peer).collect();
+        seen.sort();
+        seen.dedup();
+        assert_eq!(seen.len(), 3, "each address takes its turn");
+        // 10.0.0.1 fails in a row: ejected, as one pod.
+        let one = e
+            .now()
+            .iter()
+            .find(|x| x.peer == Some(addr(1)))
+            .cloned()
+            .unwrap_or_else(|| unreachable!());
+        let now = pool::clock_ms();
+        for _ in 0..3 {
+            e.report_at(&one, Verdict::Failure, now);
+            for other in e.now().iter().filter(|x| x.id != one.id) {
+                e.report_at(other, Verdict::Success, now);
+            }
+        }
+        assert_eq!(e.readmit_due(), 1, "the failing pod is out");
+        // A pod goes and another comes: within one round of following.
+        *answer.lock().unwrap_or_else(|p| p.into_inner()) = vec![addr(2), addr(3), addr(4)];
+        let _ = e.pick(None);
+        tokio::time::sleep(FOLLOW_EVERY + Duration::from_millis(100)).await;
+        assert_eq!(peers(&e), [addr(2), addr(3), addr(4)]);
+        assert!(one.retired(), "the gone pod takes no connection back");
+        assert_eq!(
+            e.readmit_due(),
+            0,
+            "its place among the ejected is given back"
+        );
+        let two = e
+            .now()
+            .iter()
+            .find(|x| x.peer == Some(addr(2)))
+            .cloned()
+            .unwrap_or_else(|| unreachable!());
+        assert!(!two.retired(), "a pod that stays keeps its endpoint");
+        // Unused for a minute: no more lookups; the next request follows again.
+        tokio::time::sleep(FOLLOW_EVERY * (IDLE_ROUNDS + 2)).await;
+        assert!(
+            !e.shared.following.load(Relaxed),
+            "an idle upstream looks nothing up"
+        );
+        *answer.lock().unwrap_or_else(|p| p.into_inner()) = vec![addr(5)];
+        let _ = e.pick(None);
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert_eq!(peers(&e), [addr(5)], "looked up again at its next request");
     }
 
     #[derive(Clone, Debug)]

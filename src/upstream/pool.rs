@@ -9,7 +9,9 @@
 //! ever, and never see the endpoints a Service's name or VIP leads to now.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU32, AtomicU64, AtomicUsize, Ordering::Relaxed};
+use std::sync::atomic::{
+    AtomicBool, AtomicU8, AtomicU32, AtomicU64, AtomicUsize, Ordering::Relaxed,
+};
 use std::time::Duration;
 
 use arc_swap::ArcSwapOption;
@@ -73,6 +75,8 @@ pub struct Endpoint<B> {
     pub addr: EndpointAddr,
     /// Its number among its upstream's endpoints, for life: what an attempt avoids.
     pub id: usize,
+    /// Its address, when it is one (not a name still to resolve).
+    pub peer: Option<std::net::SocketAddr>,
     /// Taken out of its upstream's endpoints: its connections are not kept.
     retired: AtomicBool,
     resolver: Resolver,
@@ -143,6 +147,7 @@ impl<B: OutgoingBody> Endpoint<B> {
             tls_warn: WarnEvery::default(),
             addr: resolver.addr().clone(),
             id: 0,
+            peer: resolver.addr().ip(),
             retired: AtomicBool::new(false),
             resolver,
             idle: Arc::new(IdleQueues::new(workers, max_age)),

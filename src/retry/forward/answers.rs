@@ -41,7 +41,7 @@ impl<'a, A: AppBody> Call<'a, A> {
     /// The answer for the app, of this request as it stands: the one way an [`Answer`]
     /// is made.
     pub(super) fn finish(
-        &self,
+        &mut self,
         reply: Reply,
         outcome: Outcome,
         failure: Option<Fault>,
@@ -49,7 +49,7 @@ impl<'a, A: AppBody> Call<'a, A> {
     ) -> Answer {
         Answer {
             reply,
-            trail: self.trail,
+            trail: std::mem::take(&mut self.trail),
             attempts: self.attempts,
             outcome,
             failure,
@@ -71,7 +71,7 @@ impl<'a, A: AppBody> Call<'a, A> {
     /// already owned, or one that a callee's outcome (`callee`) names and this tollgate
     /// does not retry.
     pub(super) fn answer(
-        &self,
+        &mut self,
         resp: UpstreamResponse,
         outcome: Outcome,
         callee: Callee,
@@ -136,7 +136,7 @@ impl<'a, A: AppBody> Call<'a, A> {
     }
 
     /// tollgate answers itself.
-    pub(super) fn local(&self, status: StatusCode, outcome: Outcome) -> Answer {
+    pub(super) fn local(&mut self, status: StatusCode, outcome: Outcome) -> Answer {
         self.finish(Reply::Local(status), outcome, None, Callee::Silent)
     }
 }
