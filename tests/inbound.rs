@@ -585,6 +585,12 @@ async fn an_app_that_is_not_there_is_a_502_that_callers_retry_elsewhere() {
     let r = send(tg.inbound(), get_with("app", &[])).await;
     assert_eq!(r.status, 502);
     assert_eq!(r.outcome(), Some("app-unreachable"));
+    assert_eq!(
+        r.header("connection"),
+        Some("close"),
+        "behind a Service's VIP the caller's next connection may reach another pod; this one \
+         reaches the same"
+    );
     // Not owned: a gRPC client may retry it too (tests/ownership.rs: a caller's
     // tollgate does, on another replica).
     let call = request("POST", "/pkg.Svc/Method", "app")

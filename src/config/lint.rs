@@ -113,6 +113,7 @@ fn lint_upstream(config: &Config, up: &UpstreamConfig, out: &mut Vec<Diagnostic>
     out.extend(lint.max_ratio());
     out.extend(lint.jitter());
     out.extend(lint.ownership());
+    out.extend(lint.one_address());
 }
 
 /// One upstream being linted.
@@ -564,6 +565,27 @@ mod tests {
             .replacen("max_attempts = 3", "max_attempts = 1\nmethods = [\"POST\"]\nbackoff_jitter = \"none\"\nownership = \"ignore\"", 1)
             .replacen("[upstreams.api.budget]\nratio = 0.1", "", 1);
         assert_eq!(keys(&parse(&text)), Vec::<String>::new());
+    }
+
+    #[test]
+    fn one_address_for_a_retrying_upstream_is_a_service_vip_most_likely() {
+        let one = r#"endpoints = ["127.0.0.1:8080"]"#;
+        let vip = BASE.replacen(one, r#"endpoints = ["10.96.12.7:80"]"#, 1);
+        let found = lint(&parse(&vip));
+        assert_eq!(
+            found.iter().map(|d| d.key.as_str()).collect::<Vec<_>>(),
+            ["upstreams.api.endpoints"]
+        );
+        assert!(found[0].message.contains("a Service VIP?"), "{}", found[0]);
+        assert!(found[0].fix.contains("headless"), "{}", found[0]);
+        // A name may be a headless Service: every pod's address an endpoint.
+        let named = BASE.replacen(one, r#"endpoints = ["payments:8080"]"#, 1);
+        assert_eq!(keys(&parse(&named)), Vec::<String>::new());
+        let named_outlier = named + "[upstreams.api.outlier]\n";
+        assert_eq!(keys(&parse(&named_outlier)), Vec::<String>::new());
+        // Retries off: nothing to land on a random pod.
+        let off = vip.replacen("max_attempts = 3", "max_attempts = 1", 1);
+        assert!(!keys(&parse(&off)).contains(&"upstreams.api.endpoints".to_string()));
     }
 
     #[test]

@@ -12,7 +12,9 @@ impl Lint<'_> {
         let o = self.up.outlier.as_ref()?;
         let n = self.up.endpoints.len();
         let share = format!("{}%", (o.max_ejected * 1000.0).round() / 10.0);
-        if n == 1 {
+        // A name may lead to many pods (a headless Service): each address is an
+        // endpoint of its own. Only one IP literal is surely one.
+        if n == 1 && self.up.endpoints[0].ip().is_some() {
             return Some(
                 self.warn(
                     "outlier",
@@ -40,7 +42,9 @@ impl Lint<'_> {
                 ),
             );
         }
-        if o.max_out(n) == 0 {
+        // Names: how many pods they lead to is known only at run time.
+        let literal = self.up.endpoints.iter().all(|e| e.ip().is_some());
+        if literal && o.max_out(n) == 0 {
             let least = (100.0 / n as f64).ceil();
             return Some(self.warn(
                 "outlier.max_ejected",
@@ -52,6 +56,32 @@ impl Lint<'_> {
             ));
         }
         None
+    }
+
+    /// A retrying upstream whose one endpoint is one address that is not this host's: a
+    /// Service's virtual IP, most likely. kube-proxy picks a pod per connection, so a
+    /// retry lands on a random pod and nothing can be ejected. (A name that resolves to
+    /// one address is told at run time; offline only a literal can be seen.)
+    pub(super) fn one_address(&self) -> Option<Diagnostic> {
+        let [only] = self.up.endpoints.as_slice() else {
+            return None;
+        };
+        let ip = only.ip()?;
+        if ip.ip().is_loopback() {
+            return None;
+        }
+        Some(
+            self.warn(
+                "endpoints",
+                format!(
+                    "one address ({ip}): a Service VIP? retries land on a random pod and nothing \
+                 can be ejected"
+                ),
+                "use a headless Service's name (every pod's address is an endpoint of its own) or \
+             discovery = \"kubernetes\""
+                    .to_string(),
+            ),
+        )
     }
 
     /// A hedge section that never sends a hedge, or sends them beside unbudgeted
