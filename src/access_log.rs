@@ -252,20 +252,11 @@ impl Entry {
         push_int(&mut l, u64::from(self.status));
         l.push_str(" attempts=");
         push_int(&mut l, u64::from(self.attempts));
-        l.push_str(" outcome=");
-        l.push_str(self.outcome.as_str());
-        l.push_str(" retries=");
-        if self.retries.is_empty() {
-            l.push('-');
+        // Outbound: the endpoint each attempt went to (inbound, the app is the one).
+        if self.direction == Direction::Outbound {
+            l.push_str(" peer=");
         }
-        for (i, f) in self.retries.iter().enumerate() {
-            if i > 0 {
-                l.push(',');
-            }
-            l.push_str(f.condition());
-        }
-        l.push_str(" peer=");
-        if self.peers.is_empty() {
+        if self.peers.is_empty() && self.direction == Direction::Outbound {
             l.push('-');
         }
         for (i, p) in self.peers.iter().enumerate() {
@@ -278,6 +269,18 @@ impl Entry {
                 }
                 None => l.push('-'),
             }
+        }
+        l.push_str(" outcome=");
+        l.push_str(self.outcome.as_str());
+        l.push_str(" retries=");
+        if self.retries.is_empty() {
+            l.push('-');
+        }
+        for (i, f) in self.retries.iter().enumerate() {
+            if i > 0 {
+                l.push(',');
+            }
+            l.push_str(f.condition());
         }
         l.push_str(" denied=");
         l.push_str(self.denied.unwrap_or("-"));

@@ -128,6 +128,10 @@ async fn every_request_gets_a_line_saying_what_happened_to_it() {
         assert!(served.contains(part), "{part:?} not in {served}");
     }
     assert!(!served.contains("card="), "the query is left out: {served}");
+    assert!(
+        served.contains(&format!("attempts=1 peer={} ", ok.addr)),
+        "the endpoint's address is named: {served}"
+    );
 
     let retried = line("retries=503");
     assert!(retried.contains("path=/fail "), "{retried}");

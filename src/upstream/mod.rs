@@ -378,15 +378,16 @@ impl<B: OutgoingBody> Endpoints<B> {
     /// Round-robin rather than least-loaded on purpose: an endpoint that fails fast has
     /// the fewest requests in flight, so a least-loaded balancer sends retries straight
     /// back to the broken one.
+    /// `None`: there is no endpoint (a Service without a ready pod).
     #[inline]
-    pub fn pick(&self, avoid: Option<usize>) -> Arc<Endpoint<B>> {
+    pub fn pick(&self, avoid: Option<usize>) -> Option<Arc<Endpoint<B>>> {
         if self.shared.moving && !self.shared.used.load(Relaxed) {
             self.wake();
         }
         let set = self.shared.set.load();
         // One endpoint: no clock to read, nothing to choose.
         if let [only] = set.as_slice() {
-            return only.clone();
+            return Some(only.clone());
         }
         self.pick_in(&set, avoid, pool::clock_ms())
     }
@@ -425,7 +426,7 @@ impl<B> Endpoints<B> {
     }
 
     /// [`Endpoints::pick`] at `now_ms` on [`pool::clock_ms`].
-    pub fn pick_at(&self, avoid: Option<usize>, now_ms: u64) -> Arc<Endpoint<B>> {
+    pub fn pick_at(&self, avoid: Option<usize>, now_ms: u64) -> Option<Arc<Endpoint<B>>> {
         let set = self.shared.set.load();
         self.pick_in(&set, avoid, now_ms)
     }
@@ -435,23 +436,23 @@ impl<B> Endpoints<B> {
         set: &[Arc<Endpoint<B>>],
         avoid: Option<usize>,
         now_ms: u64,
-    ) -> Arc<Endpoint<B>> {
+    ) -> Option<Arc<Endpoint<B>>> {
         let n = set.len();
         if n <= 1 {
-            return set[0].clone();
+            return set.first().cloned();
         }
         let start = self.next.fetch_add(1, Relaxed) % n;
         for k in 0..n {
             let e = &set[(start + k) % n];
             if Some(e.id) != avoid && !e.skipped(now_ms) && self.is_in(set, e, now_ms) {
-                return e.clone();
+                return Some(e.clone());
             }
         }
         // Every other endpoint is failing too: keep trying them in turn.
         if Some(set[start].id) == avoid {
-            set[(start + 1) % n].clone()
+            Some(set[(start + 1) % n].clone())
         } else {
-            set[start].clone()
+            Some(set[start].clone())
         }
     }
 
@@ -701,7 +702,9 @@ mod tests {
 
     /// Which endpoints `pick` chooses over `rounds` picks.
     fn chosen(e: &Endpoints<NoBody>, now: u64, rounds: usize) -> Vec<usize> {
-        let mut seen: Vec<usize> = (0..rounds).map(|_| e.pick_at(None, now).id).collect();
+        let mut seen: Vec<usize> = (0..rounds)
+            .map(|_| e.pick_at(None, now).map_or(usize::MAX, |x| x.id))
+            .collect();
         seen.sort();
         seen.dedup();
         seen
@@ -891,7 +894,7 @@ mod tests {
         let e: Endpoints<NoBody> = Endpoints::with_lookups(&config.upstreams[0], lookups);
         // Not looked up yet: the name is one endpoint, resolved as it connects.
         assert_eq!(e.len(), 1);
-        assert_eq!(e.pick(None).peer, None);
+        assert_eq!(e.pick(None).map(|x| x.peer), Some(None));
         // The first request starts following the name.
         let until = tokio::time::Instant::now() + Duration::from_secs(1);
         while e.len() != 3 && tokio::time::Instant::now() < until {
@@ -904,9 +907,9 @@ mod tests {
         };
         assert_eq!(peers(&e), [addr(1), addr(2), addr(3)]);
         // Round robin over the three addresses, and a retry goes to another one.
-        let first = e.pick(None);
-        assert_ne!(e.pick(Some(first.id)).id, first.id);
-        let mut seen: Vec<_> = (0..6).map(|_| e.pick(None).peer).collect();
+        let first = e.pick(None).map_or(usize::MAX, |x| x.id);
+        assert_ne!(e.pick(Some(first)).map(|x| x.id), Some(first));
+        let mut seen: Vec<_> = (0..6).map(|_| e.pick(None).and_then(|x| x.peer)).collect();
         seen.sort();
         seen.dedup();
         assert_eq!(seen.len(), 3, "each address takes its turn");

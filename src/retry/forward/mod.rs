@@ -143,8 +143,12 @@ pub async fn forward_on<'a, A: AppBody, T: Transport<A>>(
             call.traced.refused(Some(Denied::Deadline));
             return call.local(StatusCode::GATEWAY_TIMEOUT, Outcome::DeadlineExceeded);
         }
+        // No endpoint at all: a Service without a ready pod, as a direct call to it
+        // fails.
+        let Some(endpoint) = call.pick(call.avoid) else {
+            return call.local(StatusCode::BAD_GATEWAY, Outcome::UpstreamUnreachable);
+        };
         call.attempts += 1;
-        let endpoint = call.pick(call.avoid);
         let endpoint_id = endpoint.id;
         let keep = if call.retryable && call.attempts < call.limit() {
             up.config.retry.max_body
@@ -365,18 +369,18 @@ impl<'a, A: AppBody> Call<'a, A> {
 
     /// An endpoint for the next attempt: round-robin, away from `avoid` and from any
     /// whose TLS failed for this request.
-    fn pick(&self, avoid: Option<usize>) -> Arc<Endpoint<ReplayBody<A>>> {
+    fn pick(&self, avoid: Option<usize>) -> Option<Arc<Endpoint<ReplayBody<A>>>> {
         let endpoints = &self.up.endpoints;
-        let mut e = endpoints.pick(avoid);
+        let mut e = endpoints.pick(avoid)?;
         if self.tls_failed != 0 {
             for _ in 0..endpoints.len() {
                 if self.tls_failed & (1 << (e.id % 64)) == 0 {
                     break;
                 }
-                e = endpoints.pick(avoid);
+                e = endpoints.pick(avoid)?;
             }
         }
-        e
+        Some(e)
     }
 
     /// Attempt number `self.attempts` on `endpoint`, starting at `started` (now);
@@ -516,6 +520,7 @@ impl<'a, A: AppBody> Call<'a, A> {
             Beside::Hedge => {
                 let h = self.up.hedge.as_ref()?;
                 let body = self.body.fork()?;
+                let endpoint = self.pick(Some(endpoint))?;
                 if !h.try_hedge(now) {
                     self.hedge = HedgeState::Denied;
                     self.up.metrics.health.hedge(HedgeResult::Denied);
@@ -523,11 +528,11 @@ impl<'a, A: AppBody> Call<'a, A> {
                 }
                 self.hedge = HedgeState::Sent;
                 self.attempts += 1;
-                let endpoint = self.pick(Some(endpoint));
                 Some(self.attempt(head, endpoint, Some(why), body, now))
             }
             Beside::Retry => {
                 let body = self.body.fork()?;
+                let endpoint = self.pick(Some(endpoint))?;
                 let policy = self.policy();
                 let situation = Situation {
                     failure: Fault::Timeout,
@@ -548,7 +553,6 @@ impl<'a, A: AppBody> Call<'a, A> {
                 self.up.metrics.retried(Fault::Timeout.condition());
                 self.trail.retried(Fault::Timeout);
                 self.attempts += 1;
-                let endpoint = self.pick(Some(endpoint));
                 Some(self.attempt(head, endpoint, Some(why), body, now))
             }
         }
