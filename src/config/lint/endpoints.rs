@@ -4,15 +4,17 @@
 
 use super::Lint;
 use crate::config::units::format_duration;
-use crate::config::{Diagnostic, HedgeAfter};
+use crate::config::{Diagnostic, Discovery, HedgeAfter};
 
 impl Lint<'_> {
     /// An outlier section that can eject nothing, or that can eject all but one.
     pub(super) fn outlier(&self) -> Option<Diagnostic> {
         let o = self.up.outlier.as_ref()?;
         let n = self.up.endpoints.len();
+        // A watched Service's pods are counted only at run time.
+        let counted = self.up.discovery == Discovery::Dns;
         let share = format!("{}%", (o.max_ejected * 1000.0).round() / 10.0);
-        if n == 1 {
+        if counted && n == 1 {
             return Some(
                 self.warn(
                     "outlier",
@@ -40,7 +42,7 @@ impl Lint<'_> {
                 ),
             );
         }
-        if o.max_out(n) == 0 {
+        if counted && o.max_out(n) == 0 {
             let least = (100.0 / n as f64).ceil();
             return Some(self.warn(
                 "outlier.max_ejected",
