@@ -50,16 +50,17 @@ started=$SECONDS
 say "building kube-apiserver v$K8S_VERSION and etcd v$ETCD_VERSION into $DIR ($(go version | cut -d' ' -f3))"
 
 # etcd: a main package calling etcdmain, as etcd's own server/main.go does.
-mkdir -p "$BUILD/etcd"
-cd "$BUILD/etcd"
-cat >go.mod <<EOF
+build_etcd() {
+  mkdir -p "$BUILD/etcd"
+  cd "$BUILD/etcd"
+  cat >go.mod <<EOF
 module tollgate.test/etcd
 
 go 1.26.0
 
 require go.etcd.io/etcd/server/v3 v$ETCD_VERSION
 EOF
-cat >main.go <<'EOF'
+  cat >main.go <<'EOF'
 // etcd, as etcd's own server/main.go starts it.
 package main
 
@@ -73,36 +74,43 @@ func main() {
 	etcdmain.Main(os.Args)
 }
 EOF
-say "etcd: downloading modules and building"
-go build -trimpath -ldflags='-s -w' -o "$DIR/etcd.part" .
-mv "$DIR/etcd.part" "$DIR/etcd"
-say "etcd: done after $((SECONDS - started)) s"
+  say "etcd: downloading modules and building"
+  go build -trimpath -ldflags='-s -w' -o "$DIR/etcd.part" .
+  mv "$DIR/etcd.part" "$DIR/etcd"
+  say "etcd: done after $((SECONDS - started)) s"
+}
 
 # kube-apiserver: k8s.io/kubernetes requires its staging modules (k8s.io/api, apimachinery,
 # apiserver, client-go, ...) as v0.0.0, replaced by directories of its own repository; from
 # the module proxy each is published as v0.<minor>.<patch>, so the wrapper replaces each
-# with that version.
-mkdir -p "$BUILD/kube-apiserver"
-cd "$BUILD/kube-apiserver"
-say "kube-apiserver: reading k8s.io/kubernetes v$K8S_VERSION's go.mod"
-gomod=$(go mod download -json "k8s.io/kubernetes@v$K8S_VERSION" | sed -n 's/^[[:space:]]*"GoMod": "\(.*\)",\{0,1\}$/\1/p')
-[ -f "$gomod" ] || die "could not download k8s.io/kubernetes v$K8S_VERSION"
-staging=$(awk '$1 ~ /^k8s\.io\// && $2 == "v0.0.0" { print $1 }' "$gomod" | sort -u)
-[ -n "$staging" ] || die "no staging modules found in $gomod"
-{
-  printf 'module tollgate.test/kube-apiserver\n\ngo 1.26.0\n\nrequire k8s.io/kubernetes v%s\n\nreplace (\n' "$K8S_VERSION"
-  for m in $staging; do printf '\t%s => %s v0.%s\n' "$m" "$m" "${K8S_VERSION#1.}"; done
-  printf ')\n'
-} >go.mod
-rm -f go.sum
-# The version the server reports (/version), as Kubernetes' own build stamps it.
-ldflags="-s -w -X k8s.io/component-base/version.gitVersion=v$K8S_VERSION"
-ldflags+=" -X k8s.io/component-base/version.gitMajor=${K8S_VERSION%%.*}"
-minor=${K8S_VERSION#*.}
-ldflags+=" -X k8s.io/component-base/version.gitMinor=${minor%%.*}"
-say "kube-apiserver: downloading modules and building ($(echo "$staging" | wc -l) staging modules pinned)"
-go build -trimpath -ldflags="$ldflags" -o "$DIR/kube-apiserver.part" k8s.io/kubernetes/cmd/kube-apiserver
-mv "$DIR/kube-apiserver.part" "$DIR/kube-apiserver"
-say "kube-apiserver: done; both built in $((SECONDS - started)) s"
-"$DIR/kube-apiserver" --version >&2 || true
+# with that version. The main package is Kubernetes' own cmd/kube-apiserver.
+build_apiserver() {
+  mkdir -p "$BUILD/kube-apiserver"
+  cd "$BUILD/kube-apiserver"
+  say "kube-apiserver: reading k8s.io/kubernetes v$K8S_VERSION's go.mod"
+  local gomod staging minor ldflags
+  gomod=$(go mod download -json "k8s.io/kubernetes@v$K8S_VERSION" | sed -n 's/^[[:space:]]*"GoMod": "\(.*\)",\{0,1\}$/\1/p')
+  [ -f "$gomod" ] || die "could not download k8s.io/kubernetes v$K8S_VERSION"
+  staging=$(awk '$1 ~ /^k8s\.io\// && $2 == "v0.0.0" { print $1 }' "$gomod" | sort -u)
+  [ -n "$staging" ] || die "no staging modules found in $gomod"
+  {
+    printf 'module tollgate.test/kube-apiserver\n\ngo 1.26.0\n\nrequire k8s.io/kubernetes v%s\n\nreplace (\n' "$K8S_VERSION"
+    for m in $staging; do printf '\t%s => %s v0.%s\n' "$m" "$m" "${K8S_VERSION#1.}"; done
+    printf ')\n'
+  } >go.mod
+  rm -f go.sum
+  # The version the server reports (/version), as Kubernetes' own build stamps it.
+  minor=${K8S_VERSION#*.}
+  ldflags="-s -w -X k8s.io/component-base/version.gitVersion=v$K8S_VERSION"
+  ldflags+=" -X k8s.io/component-base/version.gitMajor=${K8S_VERSION%%.*}"
+  ldflags+=" -X k8s.io/component-base/version.gitMinor=${minor%%.*}"
+  say "kube-apiserver: downloading modules and building ($(echo "$staging" | wc -l) staging modules pinned)"
+  go build -trimpath -ldflags="$ldflags" -o "$DIR/kube-apiserver.part" k8s.io/kubernetes/cmd/kube-apiserver
+  mv "$DIR/kube-apiserver.part" "$DIR/kube-apiserver"
+  say "kube-apiserver: done after $((SECONDS - started)) s"
+}
+
+[ -x "$DIR/etcd" ] || build_etcd
+[ -x "$DIR/kube-apiserver" ] || build_apiserver
+"$DIR/kube-apiserver" --version >&2
 echo "$DIR"
