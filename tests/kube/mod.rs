@@ -15,6 +15,10 @@
 //! versions read from the script). Without them the test is skipped loudly, unless
 //! `CI=true`: there it fails. Every process started here is killed, and the temp dir
 //! removed, when the [`Cluster`] is dropped, also when the test panics.
+//!
+//! ```sh
+//! TOLLGATE_KUBE_BIN_DIR=$(scripts/kube.sh | tail -1) cargo test --test kube_api
+//! ```
 
 #![allow(dead_code, clippy::unwrap_used, clippy::expect_used)]
 
@@ -56,6 +60,8 @@ pub struct Cluster {
     ca_pem: String,
     kubeconfig: PathBuf,
     tls: tokio_rustls::TlsConnector,
+    /// The logs were shown with a failure already.
+    reported: bool,
 }
 
 impl Cluster {
@@ -64,6 +70,22 @@ impl Cluster {
     /// and CI is not set; under CI=true that panics instead.
     pub async fn start() -> Option<Cluster> {
         let bin = bin_dir()?;
+        // The ports are free when picked, and may be taken before etcd or the API server
+        // binds them: then again, with others.
+        for attempt in 1.. {
+            match Cluster::launch(&bin).await {
+                Ok(cluster) => return Some(cluster),
+                Err(e) if attempt < 3 && e.contains("address already in use") => {
+                    eprintln!("kube cluster: a port was taken, again with new ports");
+                }
+                Err(e) => panic!("{e}"),
+            }
+        }
+        unreachable!()
+    }
+
+    async fn launch(bin: &Path) -> Result<Cluster, String> {
+        let bin = bin.to_path_buf();
         let dir = temp_dir();
         let etcd_port = free_port();
         let peer_port = free_port();
@@ -155,9 +177,10 @@ impl Cluster {
             ca_pem,
             kubeconfig,
             tls,
+            reported: false,
         };
-        cluster.wait_etcd(&etcd_url).await;
-        cluster.start_apiserver().await;
+        cluster.wait_etcd(&etcd_url).await?;
+        cluster.run_apiserver().await?;
         // The namespace the API server's own controller makes after it is up.
         let deadline = Instant::now() + READY_WAIT;
         loop {
@@ -165,11 +188,11 @@ impl Cluster {
                 break;
             }
             if Instant::now() > deadline {
-                cluster.fail("the default namespace did not appear");
+                return Err(cluster.failure("the default namespace did not appear"));
             }
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
-        Some(cluster)
+        Ok(cluster)
     }
 
     /// `https://127.0.0.1:PORT`.
@@ -241,6 +264,13 @@ impl Cluster {
     /// Starts kube-apiserver again, on the same port with the same flags, and waits for
     /// `/readyz`.
     pub async fn start_apiserver(&mut self) {
+        if let Err(e) = self.run_apiserver().await {
+            self.reported = true;
+            panic!("{e}");
+        }
+    }
+
+    async fn run_apiserver(&mut self) -> Result<(), String> {
         assert!(
             self.apiserver.is_none(),
             "kube-apiserver is running already"
@@ -253,13 +283,13 @@ impl Cluster {
         let deadline = Instant::now() + READY_WAIT;
         loop {
             if let Some(status) = self.apiserver.as_mut().unwrap().try_wait().unwrap() {
-                self.fail(&format!("kube-apiserver exited: {status}"));
+                return Err(self.failure(&format!("kube-apiserver exited: {status}")));
             }
             if self.get("/readyz").await.0 == 200 {
-                return;
+                return Ok(());
             }
             if Instant::now() > deadline {
-                self.fail(&format!("kube-apiserver not ready after {READY_WAIT:?}"));
+                return Err(self.failure(&format!("kube-apiserver not ready after {READY_WAIT:?}")));
             }
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
@@ -428,34 +458,33 @@ impl Cluster {
         }
     }
 
-    async fn wait_etcd(&mut self, url: &str) {
+    async fn wait_etcd(&mut self, url: &str) -> Result<(), String> {
         let addr = url.trim_start_matches("http://").to_string();
         let deadline = Instant::now() + READY_WAIT;
         loop {
             if let Some(status) = self.etcd.try_wait().unwrap() {
-                self.fail(&format!("etcd exited: {status}"));
+                return Err(self.failure(&format!("etcd exited: {status}")));
             }
             if etcd_healthy(&addr).await {
-                return;
+                return Ok(());
             }
             if Instant::now() > deadline {
-                self.fail(&format!("etcd not healthy after {READY_WAIT:?}"));
+                return Err(self.failure(&format!("etcd not healthy after {READY_WAIT:?}")));
             }
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
     }
 
-    /// Panics with the tails of both logs (Drop then cleans up).
-    fn fail(&self, what: &str) -> ! {
-        print_log_tails(&self.dir);
-        panic!("kube cluster: {what} (logs above)");
+    /// What failed, with the tails of both logs.
+    fn failure(&self, what: &str) -> String {
+        format!("kube cluster: {what}\n{}", log_tails(&self.dir))
     }
 }
 
 impl Drop for Cluster {
     fn drop(&mut self) {
-        if std::thread::panicking() {
-            print_log_tails(&self.dir);
+        if std::thread::panicking() && !self.reported {
+            eprintln!("{}", log_tails(&self.dir));
         }
         self.stop_apiserver();
         let _ = self.etcd.kill();
@@ -576,15 +605,18 @@ fn spawn(program: &Path, args: &[String], log: &Path) -> Child {
         .unwrap_or_else(|e| panic!("start {}: {e}", program.display()))
 }
 
-fn print_log_tails(dir: &Path) {
+fn log_tails(dir: &Path) -> String {
+    let mut out = String::new();
     for name in ["etcd.log", "kube-apiserver.log"] {
         let text = fs::read_to_string(dir.join(name)).unwrap_or_default();
         let lines: Vec<_> = text.lines().collect();
-        eprintln!("----- last lines of {name} -----");
+        out += &format!("----- last lines of {name} -----\n");
         for line in &lines[lines.len().saturating_sub(40)..] {
-            eprintln!("{line}");
+            out += line;
+            out.push('\n');
         }
     }
+    out
 }
 
 fn ca() -> CertifiedIssuer<'static, KeyPair> {
