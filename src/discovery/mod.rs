@@ -316,6 +316,9 @@ mod tests {
         assert_eq!(a.dns_name(), None, "the port's number is not known yet");
         assert_eq!(*a.subscribe().borrow(), Found::default(), "nothing listed");
 
+        // A second handle of upstream `a` (its next config, after a reload): the
+        // failures are still counted once for `a`.
+        let a2 = watch(&s, &kube, m.discovery("a")).unwrap();
         // The API is unreachable: every subscriber counts the failures.
         let (da, db) = (m.discovery("a"), m.discovery("b"));
         let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
@@ -324,6 +327,8 @@ mod tests {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
         assert!(!a.shared.state.listed.load(Ordering::Acquire));
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        drop(a2);
 
         let task = a.shared.task.clone();
         drop((a, c));
@@ -333,6 +338,11 @@ mod tests {
         assert!(
             task.is_finished(),
             "the last holder gone, the task is stopped"
+        );
+        assert_eq!(
+            da.errors(Reason::Connect),
+            db.errors(Reason::Connect),
+            "each upstream counts each failure once, however many handles it has"
         );
         let live = registry().iter().filter(|(k, _)| k.2 == name).count();
         assert_eq!(live, 1, "only the watch of the other port is left");

@@ -76,9 +76,17 @@ impl State {
         self.subscribers().retain(|(i, _)| *i != id);
     }
 
+    /// `f` on each upstream's handles once, however many of its handles subscribe
+    /// (a reload's old and new configs of one upstream, both alive for a moment).
     fn each(&self, f: impl Fn(&DiscoveryMetrics)) {
-        for (_, m) in self.subscribers().iter() {
-            f(m);
+        let subscribers = self.subscribers();
+        for (i, (_, m)) in subscribers.iter().enumerate() {
+            let seen = subscribers[..i]
+                .iter()
+                .any(|(_, earlier)| earlier.upstream() == m.upstream());
+            if !seen {
+                f(m);
+            }
         }
     }
 }

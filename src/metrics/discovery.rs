@@ -6,6 +6,8 @@
 //! exists at zero so `increase()` sees the first error. A watch shared by several
 //! upstreams updates each one's handles.
 
+use std::sync::Arc;
+
 use prometheus::{IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Registry};
 
 use super::family::{counters, int_gauges};
@@ -84,6 +86,7 @@ impl Families {
 
     pub(super) fn upstream(&self, name: &str) -> DiscoveryMetrics {
         DiscoveryMetrics {
+            upstream: name.into(),
             endpoints: self.endpoints.with_label_values(&[name]),
             updates: self.updates.with_label_values(&[name]),
             errors: Reason::ALL.map(|r| self.errors.with_label_values(&[name, r.as_str()])),
@@ -98,12 +101,20 @@ impl Families {
 /// One upstream's handles, resolved once.
 #[derive(Clone, Debug)]
 pub struct DiscoveryMetrics {
+    /// The label: two handles of one upstream (its configs before and after a reload,
+    /// both alive a moment) count once.
+    upstream: Arc<str>,
     endpoints: IntGauge,
     updates: IntCounter,
     errors: [IntCounter; Reason::ALL.len()],
 }
 
 impl DiscoveryMetrics {
+    /// The upstream these count for.
+    pub fn upstream(&self) -> &str {
+        &self.upstream
+    }
+
     /// A new endpoint set of `ready` addresses was published.
     pub fn published(&self, ready: usize) {
         self.endpoints.set(i64::try_from(ready).unwrap_or(i64::MAX));
