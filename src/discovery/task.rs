@@ -280,27 +280,32 @@ impl Watcher {
     }
 
     /// The set the slices make now, sent when it differs from what subscribers have.
+    /// The metrics move first, so whoever sees the change on the channel sees them too.
     fn publish(&self) {
         let Some(service) = &self.service else {
             return;
         };
         let ready = objects::ready(&self.slices, service, &self.target.port);
         let cluster_ip = service.cluster_addr(&self.target.port);
-        let mut set_changed = false;
-        self.state.tx.send_if_modified(|found| {
-            let same_set = found.ready.as_deref() == Some(ready.as_slice());
-            if !same_set {
-                found.ready = Some(ready.as_slice().into());
-                set_changed = true;
-            }
-            let ip_changed = found.cluster_ip != cluster_ip;
-            found.cluster_ip = cluster_ip;
-            set_changed || ip_changed
-        });
+        let (set_changed, ip_changed) = {
+            let now = self.state.tx.borrow();
+            (
+                now.ready.as_deref() != Some(ready.as_slice()),
+                now.cluster_ip != cluster_ip,
+            )
+        };
         if set_changed {
             let n = ready.len();
             self.state.each(|m| m.published(n));
             tracing::debug!(service = %self.label(), endpoints = n, "discovery: endpoints changed");
+        }
+        if set_changed || ip_changed {
+            self.state.tx.send_modify(|found| {
+                if set_changed {
+                    found.ready = Some(ready.as_slice().into());
+                }
+                found.cluster_ip = cluster_ip;
+            });
         }
     }
 
