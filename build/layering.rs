@@ -25,6 +25,8 @@ pub const FLOORS: &[&[&str]] = &[
     // Traces: spans recorded in place and their export, below everything that records.
     &["trace"],
     &["worker"],
+    // Where an upstream's endpoints come from: a Service watched in the Kubernetes API.
+    &["discovery"],
     // An upstream's endpoints: connections, pools, health.
     &["upstream"],
     // Deciding and looping.

@@ -164,12 +164,13 @@ validate() { # VERSION FILES...
 # So does the capture variant (the same native sidecar, after a `tollgate iptables`
 # init container).
 validate 1.29.0 $K/configmap.yaml $K/deployment-native-sidecar.yaml $K/deployment-capture.yaml \
-  $K/networkpolicy.yaml $K/service.yaml
+  $K/networkpolicy.yaml $K/service.yaml $K/rbac.yaml
 validate "$K8S_NEWEST" $K/configmap.yaml $K/deployment-native-sidecar.yaml $K/deployment-plain-sidecar.yaml \
-  $K/deployment-capture.yaml $K/networkpolicy.yaml $K/service.yaml
+  $K/deployment-capture.yaml $K/networkpolicy.yaml $K/service.yaml $K/rbac.yaml
 # The plain sidecar is for older clusters: it must validate against the oldest schema too.
-validate "$K8S_OLDEST" $K/configmap.yaml $K/deployment-plain-sidecar.yaml $K/networkpolicy.yaml $K/service.yaml
-pass "manifests valid: ConfigMap, the three Deployments (native, plain, capture), NetworkPolicy, Service (kubernetes-validate --strict against $K8S_OLDEST, 1.29.0 and $K8S_NEWEST)"
+validate "$K8S_OLDEST" $K/configmap.yaml $K/deployment-plain-sidecar.yaml $K/networkpolicy.yaml $K/service.yaml \
+  $K/rbac.yaml
+pass "manifests valid: ConfigMap, the three Deployments (native, plain, capture), NetworkPolicy, Service, the discovery RBAC (kubernetes-validate --strict against $K8S_OLDEST, 1.29.0 and $K8S_NEWEST)"
 
 # The PodMonitor is a CRD kubernetes-validate has no schema for: check_manifests.py
 # checks its structure, and how all the objects fit together.

@@ -1,9 +1,9 @@
 //! The admin endpoint: `/metrics` (Prometheus text), `/healthz` (the process is alive),
-//! `/readyz` (listeners bound and config loaded, not draining), `/config` (the
-//! config in force as JSON, without secrets) and `/probe/PORT/PATH` (a kubelet probe of
-//! the app, moved here by `tollgate inject`). It binds loopback by default; in a pod
-//! it listens on every address for the kubelet and Prometheus, and `/config` is then
-//! still answered on loopback only.
+//! `/readyz` (listeners bound, config loaded and watched Services listed, not
+//! draining), `/config` (the config in force as JSON, without secrets) and
+//! `/probe/PORT/PATH` (a kubelet probe of the app, moved here by `tollgate inject`). It
+//! binds loopback by default; in a pod it listens on every address for the kubelet and
+//! Prometheus, and `/config` is then still answered on loopback only.
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -218,9 +218,18 @@ async fn probe_app(
 /// 200 once the listeners are bound and the config loaded, 503 while draining. The
 /// body says what is not as configured: an upstream's own listen port a reload could
 /// not bind (the rest serves, so the pod stays ready), a change waiting for a restart.
+/// With `discovery = "kubernetes"`, 503 also until each watched Service's first list has
+/// arrived, for 10 s at most (an API that is down must not keep the pod unready).
 fn readyz(shared: &Shared) -> Response<Full<Bytes>> {
     if !shared.ready.load(Acquire) {
         return reply(StatusCode::SERVICE_UNAVAILABLE, "text/plain", "not ready\n");
+    }
+    if !crate::discovery::all_listed() {
+        return reply(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "text/plain",
+            "not ready: waiting for the first list of a watched Service's endpoints\n",
+        );
     }
     let snap = shared.snapshot();
     let mut body = String::from("ready\n");

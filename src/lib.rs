@@ -8,7 +8,8 @@
 //! Layers import downwards only (docs/architecture.md). From the bottom: [`config`],
 //! [`metrics`], [`deadline`], [`descriptors`], [`fault`] (why a request failed, and
 //! what that means to each layer), [`worker`], [`trace`] (the spans and their export)
-//! and the wire, [`http`]; [`upstream`] (the endpoints, generic over the
+//! and the wire, [`http`]; [`discovery`] (a Service's pods, watched in the Kubernetes
+//! API); [`upstream`] (the endpoints, generic over the
 //! body it sends); [`retry`] (deciding and looping, generic
 //! over the app's body); [`server`] (the app-facing connections and their codecs) and
 //! [`listen`] (the listeners both sides are served on, and their drain); the two sides,
@@ -29,6 +30,7 @@ pub mod check;
 pub mod config;
 pub mod deadline;
 pub mod descriptors;
+pub mod discovery;
 pub mod fault;
 pub mod http;
 pub mod inbound;

@@ -11,6 +11,7 @@
 //! descriptors work on a tollgate as on any other service.
 
 pub mod dedupe;
+pub mod discovery;
 mod family;
 pub mod health;
 pub mod inbound;
@@ -60,6 +61,7 @@ pub struct Metrics {
     health: health::Families,
     passthrough: passthrough::Passthrough,
     trace: trace::TraceDrops,
+    discovery: discovery::Families,
     /// Registered with the inbound side, when the config has one.
     inbound: OnceLock<inbound::InboundMetrics>,
     /// Registered with `[inbound.dedupe]`, when the config has one.
@@ -216,6 +218,7 @@ impl Metrics {
             health: health::Families::new(&r),
             passthrough: passthrough::Passthrough::new(&r),
             trace: trace::TraceDrops::new(&r),
+            discovery: discovery::Families::new(&r),
             inbound: OnceLock::new(),
             dedupe: OnceLock::new(),
             minted: OnceLock::new(),
@@ -261,6 +264,17 @@ impl Metrics {
     /// Spans the trace export dropped ([`trace`]).
     pub fn trace_drops(&self) -> &trace::TraceDrops {
         &self.trace
+    }
+
+    /// The handles of an upstream with `discovery = "kubernetes"` ([`discovery`]):
+    /// resolved when its watch starts, so its series exist from then on.
+    pub fn discovery(&self, upstream: &str) -> discovery::DiscoveryMetrics {
+        self.discovery.upstream(upstream)
+    }
+
+    /// Drops the endpoint gauge of an upstream no longer watched (its counters stay).
+    pub fn forget_discovery(&self, upstream: &str) {
+        self.discovery.forget(upstream);
     }
 
     /// The handles of one upstream; resolving them is the only label lookup.
@@ -497,6 +511,18 @@ mod tests {
             "tollgate_trace_spans_dropped_total",
         ] {
             assert!(text.contains(&format!("# TYPE {name} ")), "{name} missing");
+        }
+        let d = m.discovery("payments");
+        d.published(3);
+        d.error(discovery::Reason::Auth);
+        let text = String::from_utf8(m.encode()).unwrap();
+        for name in [
+            "tollgate_discovery_endpoints{upstream=\"payments\"} 3",
+            "tollgate_discovery_updates_total{upstream=\"payments\"} 1",
+            "tollgate_discovery_errors_total{reason=\"auth\",upstream=\"payments\"} 1",
+            "tollgate_discovery_errors_total{reason=\"gone\",upstream=\"payments\"} 0",
+        ] {
+            assert!(text.contains(name), "{name} missing");
         }
         assert!(text.contains(&format!(
             "tollgate_build_info{{version=\"{}\"}} 1\n",

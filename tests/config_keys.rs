@@ -132,7 +132,7 @@ fn the_builder_writes_what_the_parser_reads() {
 fn the_builder_has_a_setter_for_every_declared_key() {
     use builder::*;
     use tollgate::config::keys;
-    let sections: [(&[&str], &[&str], &[&str]); 16] = [
+    let sections: [(&[&str], &[&str], &[&str]); 17] = [
         (Runtime::KEYS, keys::runtime::NAMES, &[]),
         (Listener::KEYS, keys::listener::NAMES, &[]),
         (Admin::KEYS, keys::admin::NAMES, &[]),
@@ -153,6 +153,7 @@ fn the_builder_has_a_setter_for_every_declared_key() {
         (InboundRetries::KEYS, keys::inbound_retries::NAMES, &[]),
         (Dedupe::KEYS, keys::dedupe::NAMES, &[]),
         (Tracing::KEYS, keys::tracing::NAMES, &[]),
+        (Kubernetes::KEYS, keys::kubernetes::NAMES, &[]),
     ];
     for (setters, declared, nested) in sections {
         for key in declared {

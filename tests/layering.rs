@@ -124,7 +124,7 @@ fn the_check_names_the_file_line_import_and_floors() {
     assert!(
         found[1].starts_with(
             "src/http.rs:3: upward import `crate::retry::policy::Policy`: `http` is on floor 1 \
-             and `retry` on floor 6, above it;"
+             and `retry` on floor 7, above it;"
         ),
         "{said}"
     );

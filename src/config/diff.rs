@@ -1,6 +1,6 @@
 //! What a reload changes: a new file set against the config in force. Some settings
 //! take effect only at a restart (the listeners, the admin address, the worker
-//! threads; [`keys`] declares which): the config in force keeps their running values, so that `/config` shows
+//! threads, the kubeconfig; [`keys`] declares which): the config in force keeps their running values, so that `/config` shows
 //! what is really in effect and every later reload keeps reporting the difference
 //! until a restart. Everything else is applied, and each upstream added, removed or
 //! changed is named, with the keys that changed as [`keys`] declares them, so a
@@ -29,6 +29,7 @@ pub fn reconcile(running: &Config, new: Config) -> Reconciled {
         keys::listener::SECTION.restart_needed(&running.listener, &new.listener),
         keys::admin::SECTION.restart_needed(&running.admin, &new.admin),
         keys::runtime::SECTION.restart_needed(&running.runtime, &new.runtime),
+        keys::kubernetes::SECTION.restart_needed(&running.kubernetes, &new.kubernetes),
     ]
     .into_iter()
     .flatten()
@@ -46,6 +47,8 @@ pub fn reconcile(running: &Config, new: Config) -> Reconciled {
             ..new.admin
         },
         runtime: running.runtime.clone(),
+        // The watches running were started with these credentials.
+        kubernetes: running.kubernetes.clone(),
         inbound,
         ..new
     };
@@ -235,7 +238,15 @@ mod tests {
         };
         let old = upstream("", "").unwrap();
         let section = &keys::upstream::SECTION;
-        for key in section.keys.iter().filter(|k| k.reload == Reload::Applied) {
+        // The keys of a watched Service are valid only together: named in
+        // `a_change_to_the_service_watched_is_named`.
+        let together = [
+            keys::upstream::discovery,
+            keys::upstream::service,
+            keys::upstream::port,
+        ];
+        let applied = section.keys.iter().filter(|k| k.reload == Reload::Applied);
+        for key in applied.filter(|k| !together.contains(&k.name)) {
             let path = format!("{}.{}", section.path, key.name);
             let shown = |c: &Config| c.upstream("a").map(|u| (key.show)(u));
             let new = samples(key.kind, &path)
@@ -249,6 +260,48 @@ mod tests {
                 "{path}"
             );
         }
+    }
+
+    /// A reload that changes the Service watched, or its port, is a change of the
+    /// upstream (its endpoints are rebuilt from a new watch).
+    #[test]
+    fn a_change_to_the_service_watched_is_named() {
+        let watched = |service: &str, port: &str| {
+            config(&format!(
+                "{BASE}[upstreams.k]\nauthorities = [\"k\"]\ndiscovery = \"kubernetes\"\n\
+                 service = \"{service}\"\nport = {port}\n"
+            ))
+        };
+        let was = watched("payments", "\"http\"");
+        assert!(upstream_changes(&was, &watched("payments", "\"http\"")).is_empty());
+        assert_eq!(
+            upstream_changes(&was, &watched("payments.shop", "\"http\"")),
+            ["upstream k changed: service"]
+        );
+        assert_eq!(
+            upstream_changes(&was, &watched("payments", "8080")),
+            ["upstream k changed: port"]
+        );
+        let dns = config(&format!(
+            "{BASE}[upstreams.k]\nauthorities = [\"k\"]\nendpoints = [\"k:80\"]\n"
+        ));
+        assert_eq!(
+            upstream_changes(&dns, &was),
+            ["upstream k changed: endpoints, discovery, service, port"]
+        );
+    }
+
+    #[test]
+    fn a_new_kubeconfig_waits_for_a_restart() {
+        let with = |path: &str| config(&format!("{BASE}[kubernetes]\nkubeconfig = \"{path}\"\n"));
+        let running = with("/a");
+        let r = reconcile(&running, with("/b"));
+        assert_eq!(r.in_effect.kubernetes, running.kubernetes);
+        assert_eq!(
+            r.restart_needed,
+            ["kubernetes.kubeconfig: /a in effect, /b in the file"]
+        );
+        assert!(r.changes.is_empty());
     }
 
     #[test]
@@ -322,8 +375,8 @@ mod tests {
                 .map(|r| format!("{}.{}", s.path(), r.name))
                 .collect()
         };
-        // The whole of [listener] and [runtime] is kept; of [admin] and [inbound], the
-        // address; nothing of any other section.
+        // The whole of [listener], [runtime] and [kubernetes] is kept; of [admin] and
+        // [inbound], the address; nothing of any other section.
         assert_eq!(
             restart(&keys::listener::SECTION).len(),
             keys::listener::NAMES.len()
@@ -334,8 +387,12 @@ mod tests {
         );
         assert_eq!(restart(&keys::admin::SECTION), ["admin.addr"]);
         assert_eq!(restart(&keys::inbound::SECTION), ["inbound.addr"]);
+        assert_eq!(
+            restart(&keys::kubernetes::SECTION).len(),
+            keys::kubernetes::NAMES.len()
+        );
         for s in keys::sections().into_iter().skip(4) {
-            if !["admin", "inbound"].contains(&s.path()) {
+            if !["admin", "inbound", "kubernetes"].contains(&s.path()) {
                 assert!(restart(s).is_empty(), "[{}]", s.path());
             }
         }

@@ -71,6 +71,7 @@ impl<A: AppBody> Upstream<A> {
         let now = Instant::now();
         let same_transport = previous.is_some_and(|p| {
             p.config.endpoints == config.endpoints
+                && p.config.discovery == config.discovery
                 && p.config.protocol == config.protocol
                 && p.config.tls == config.tls
                 && p.config.max_connection_age == config.max_connection_age

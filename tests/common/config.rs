@@ -227,6 +227,9 @@ section!(
         max_inflight,
         max_connection_age,
         app_retries,
+        discovery,
+        service,
+        port,
     }
 );
 section!(
@@ -316,6 +319,7 @@ section!(
         timeout
     }
 );
+section!(Kubernetes, kubernetes { kubeconfig });
 
 /// A section written inside another: built by `f` from empty, and written even when
 /// it stays empty (an empty `[upstreams.p.budget]` takes every default).
@@ -349,7 +353,8 @@ into_table!(
     Inbound,
     InboundRetries,
     Dedupe,
-    Tracing
+    Tracing,
+    Kubernetes
 );
 
 impl Upstream {
@@ -477,6 +482,11 @@ impl Config {
 
     pub fn tracing(mut self, f: impl FnOnce(Tracing) -> Tracing) -> Self {
         nest(&mut self.0, keys::root::tracing, f);
+        self
+    }
+
+    pub fn kubernetes(mut self, f: impl FnOnce(Kubernetes) -> Kubernetes) -> Self {
+        nest(&mut self.0, keys::root::kubernetes, f);
         self
     }
 

@@ -42,6 +42,9 @@ pub fn config(c: &Config) -> Value {
                 "queue": t.queue,
                 "timeout": format_duration(t.timeout),
             })),
+            "kubernetes": {
+                "kubeconfig": c.kubernetes.kubeconfig.as_ref().map(|p| p.display().to_string()),
+            },
         })
     }
 }
@@ -90,6 +93,13 @@ fn upstream(u: &UpstreamConfig) -> Value {
             "authorities": u.authorities,
             "listen": u.listen.map(|a| a.to_string()),
             "endpoints": u.endpoints.iter().map(|e| e.to_string()).collect::<Vec<_>>(),
+            "discovery": u.discovery.as_str(),
+            "service": u.discovery.service().map(|s| s.written()),
+            "port": match u.discovery.service().map(|s| &s.port) {
+                Some(ServicePort::Number(n)) => json!(n),
+                Some(ServicePort::Name(n)) => json!(n),
+                None => Value::Null,
+            },
             "host": u.host.as_ref().and_then(|h| h.to_str().ok()),
             "protocol": u.protocol.as_str(),
             "connect_timeout": format_duration(u.connect_timeout),

@@ -21,6 +21,7 @@ pub mod dedupe;
 pub mod hedge;
 pub mod inbound;
 pub mod inbound_retries;
+pub mod kubernetes;
 pub mod listener;
 pub mod outlier;
 pub mod retry;
@@ -212,7 +213,7 @@ where
 }
 
 /// Every section, in the order of the file's reference.
-pub fn sections() -> [&'static dyn Described; 17] {
+pub fn sections() -> [&'static dyn Described; 18] {
     [
         &root::SECTION,
         &runtime::SECTION,
@@ -231,6 +232,7 @@ pub fn sections() -> [&'static dyn Described; 17] {
         &inbound_retries::SECTION,
         &dedupe::SECTION,
         &tracing::SECTION,
+        &kubernetes::SECTION,
     ]
 }
 

@@ -27,4 +27,6 @@ keys! {
         |c| super::inbound::SECTION.json_of(c.inbound.as_ref());
     tracing: "section", "absent: nothing traced", Applied, "spans exported over OTLP",
         |c| super::tracing::SECTION.json_of(c.tracing.as_ref());
+    kubernetes: "section", "absent: the pod's service account", Restart, "where the Kubernetes API is, for `discovery = \"kubernetes\"`",
+        |c| super::kubernetes::SECTION.json(&c.kubernetes);
 }

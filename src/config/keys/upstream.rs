@@ -1,9 +1,9 @@
 //! `[upstreams.NAME]`: one dependency: how it is reached, its timeouts, and its
 //! sections.
 
-use serde_json::json;
+use serde_json::{Value, json};
 
-use crate::config::model::UpstreamConfig;
+use crate::config::model::{ServicePort, UpstreamConfig};
 use crate::config::units::format_duration;
 
 keys! {
@@ -12,8 +12,18 @@ keys! {
         |c| json!(c.authorities);
     listen: "address", model, Applied, "a port of its own, for apps that cannot set `Host`",
         |c| json!(c.listen.map(|a| a.to_string()));
-    endpoints: "list of host:port", required, Applied, "where it is; names are re-resolved",
+    endpoints: "list of host:port", "**required** (none with `discovery = \"kubernetes\"`)", Applied, "where it is; names are re-resolved",
         |c| json!(c.endpoints.iter().map(|e| e.to_string()).collect::<Vec<_>>());
+    discovery: "`\"dns\"` or `\"kubernetes\"`", model, Applied, "where its endpoints come from: `endpoints` re-resolved, or a Service's ready pods watched",
+        |c| json!(c.discovery.as_str());
+    service: "`\"NAME\"` or `\"NAME.NAMESPACE\"`", "none (**required** with `discovery = \"kubernetes\"`)", Applied, "the Service watched; its namespace defaults to the pod's own",
+        |c| json!(c.discovery.service().map(|s| s.written()));
+    port: "port name or number", "none (**required** with `discovery = \"kubernetes\"`)", Applied, "the Service port: its name, or its number",
+        |c| match c.discovery.service().map(|s| &s.port) {
+            Some(ServicePort::Number(n)) => json!(n),
+            Some(ServicePort::Name(n)) => json!(n),
+            None => Value::Null,
+        };
     host: "host name", "the request's own", Applied, "the `Host`/`:authority` sent to it",
         |c| json!(c.host.as_ref().and_then(|h| h.to_str().ok()));
     protocol: "`\"http1\"`, `\"h2c\"` or `\"auto\"`", model, Applied, "the HTTP it is spoken to in",

@@ -4,17 +4,20 @@
 
 use super::Lint;
 use crate::config::units::format_duration;
-use crate::config::{Diagnostic, HedgeAfter};
+use crate::config::{Diagnostic, Discovery, HedgeAfter};
 
 impl Lint<'_> {
     /// An outlier section that can eject nothing, or that can eject all but one.
     pub(super) fn outlier(&self) -> Option<Diagnostic> {
         let o = self.up.outlier.as_ref()?;
         let n = self.up.endpoints.len();
+        // A watched Service's pods are counted only at run time.
+        let counted = self.up.discovery == Discovery::Dns;
         let share = format!("{}%", (o.max_ejected * 1000.0).round() / 10.0);
         // A name may lead to many pods (a headless Service): each address is an
-        // endpoint of its own. Only one IP literal is surely one.
-        if n == 1 && self.up.endpoints[0].ip().is_some() {
+        // endpoint of its own. Only IP literals are counted offline.
+        let literal = counted && self.up.endpoints.iter().all(|e| e.ip().is_some());
+        if literal && n == 1 {
             return Some(
                 self.warn(
                     "outlier",
@@ -42,8 +45,6 @@ impl Lint<'_> {
                 ),
             );
         }
-        // Names: how many pods they lead to is known only at run time.
-        let literal = self.up.endpoints.iter().all(|e| e.ip().is_some());
         if literal && o.max_out(n) == 0 {
             let least = (100.0 / n as f64).ceil();
             return Some(self.warn(

@@ -3,12 +3,13 @@
 //! `sides::Server` (and `upstream::Upstream::build` for each upstream), which reads it
 //! and never writes it back.
 //!
-//! The types of the retry sections, of endpoint health and hedging, and of TLS live in
-//! [`retry`], [`health`] and [`tls`]; they are plain data too, so that the layers above
-//! build their running parts from them without the config depending on any of those
-//! layers.
+//! The types of the retry sections, of endpoint health and hedging, of TLS and of
+//! discovery live in [`retry`], [`health`], [`tls`] and [`discovery`]; they are plain
+//! data too, so that the layers above build their running parts from them without the
+//! config depending on any of those layers.
 
 mod dedupe;
+mod discovery;
 mod health;
 mod inbound;
 mod retry;
@@ -16,6 +17,7 @@ mod tls;
 mod tracing;
 
 pub use dedupe::*;
+pub use discovery::*;
 pub use health::*;
 pub use inbound::*;
 pub use retry::*;
@@ -45,6 +47,8 @@ pub struct Config {
     pub inbound: Option<InboundConfig>,
     /// `[tracing]`: spans exported over OTLP. `None`: nothing is traced.
     pub tracing: Option<TracingConfig>,
+    /// `[kubernetes]`: where the API is, for upstreams with `discovery = "kubernetes"`.
+    pub kubernetes: KubernetesConfig,
     /// Where each key was written (`line`, `column`), for lints that point at it.
     pub positions: Arc<BTreeMap<String, (usize, usize)>>,
     /// A digest of the text this was parsed from: a reload of identical text is skipped.
@@ -216,7 +220,10 @@ pub struct UpstreamConfig {
     /// Lower-case `host` or `host:port`.
     pub authorities: Vec<String>,
     pub listen: Option<SocketAddr>,
+    /// Empty with `discovery = "kubernetes"`: the Service's pods are the endpoints.
     pub endpoints: Vec<EndpointAddr>,
+    /// Where the endpoints come from: `endpoints` re-resolved, or a Service watched.
+    pub discovery: Discovery,
     pub host: Option<HeaderValue>,
     pub protocol: Protocol,
     pub connect_timeout: Duration,
@@ -255,6 +262,7 @@ impl Default for UpstreamConfig {
             authorities: Vec::new(),
             listen: None,
             endpoints: Vec::new(),
+            discovery: Discovery::Dns,
             host: None,
             protocol: Protocol::Auto,
             connect_timeout: Duration::from_millis(200),

@@ -8,12 +8,14 @@
 //! config names are read afterwards by [`crate::config::read_files`].
 //!
 //! The walk is split by section: this file has the top level and the small sections,
-//! [`upstream`] an upstream and the clashes between upstreams, [`retry`] its retry and
-//! budget sections, [`health`] its outlier and hedge sections, [`tls`] its TLS
-//! section, [`inbound`] the inbound side and [`dedupe`] its `[inbound.dedupe]`, [`tracing`] the trace export; [`walker`] reads typed values and
-//! [`schema`] knows which keys each section takes.
+//! [`upstream`] an upstream and the clashes between upstreams, [`discovery`] where its
+//! endpoints come from (and `[kubernetes]`), [`retry`] its retry and budget sections,
+//! [`health`] its outlier and hedge sections, [`tls`] its TLS section, [`inbound`] the
+//! inbound side and [`dedupe`] its `[inbound.dedupe]`, [`tracing`] the trace export;
+//! [`walker`] reads typed values and [`schema`] knows which keys each section takes.
 
 mod dedupe;
+mod discovery;
 mod health;
 mod inbound;
 mod retry;
@@ -98,6 +100,7 @@ fn top_level(w: &mut Walker<'_>, root: &DeTable<'_>, base: &Path) -> Config {
     }
     let inbound = inbound::inbound(w, &root, &taken);
     let tracing = tracing::tracing(w, &root);
+    let kubernetes = discovery::kubernetes(w, &root, base);
     let config = Config {
         file: w.src.file.to_string(),
         runtime,
@@ -108,6 +111,7 @@ fn top_level(w: &mut Walker<'_>, root: &DeTable<'_>, base: &Path) -> Config {
         upstreams,
         inbound,
         tracing,
+        kubernetes,
         positions: Arc::new(std::mem::take(&mut w.positions)),
         source_hash: source_hash(w.src.text),
     };

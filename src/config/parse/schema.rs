@@ -29,10 +29,11 @@ pub(super) enum Section {
     InboundRetries,
     InboundDedupe,
     Tracing,
+    Kubernetes,
 }
 
 impl Section {
-    const ALL: [Section; 17] = [
+    const ALL: [Section; 18] = [
         Section::Root,
         Section::Runtime,
         Section::Listener,
@@ -50,13 +51,14 @@ impl Section {
         Section::InboundRetries,
         Section::InboundDedupe,
         Section::Tracing,
+        Section::Kubernetes,
     ];
 
     /// The keys this section takes, as [`crate::config::keys`] declares them.
     pub(super) fn keys(self) -> &'static [&'static str] {
         use crate::config::keys::{
-            access_log, admin, budget, deadline, dedupe, hedge, inbound, inbound_retries, listener,
-            outlier, retry, root, runtime, throttle, tls, tracing, upstream,
+            access_log, admin, budget, deadline, dedupe, hedge, inbound, inbound_retries,
+            kubernetes, listener, outlier, retry, root, runtime, throttle, tls, tracing, upstream,
         };
         match self {
             Section::Root => root::NAMES,
@@ -76,6 +78,7 @@ impl Section {
             Section::InboundDedupe => dedupe::NAMES,
             Section::Throttle => throttle::NAMES,
             Section::Tracing => tracing::NAMES,
+            Section::Kubernetes => kubernetes::NAMES,
         }
     }
 
@@ -98,6 +101,7 @@ impl Section {
             Section::InboundDedupe => Some((Section::Inbound, "dedupe")),
             Section::Throttle => Some((Section::Upstream, "throttle")),
             Section::Tracing => Some((Section::Root, "tracing")),
+            Section::Kubernetes => Some((Section::Root, "kubernetes")),
         }
     }
 

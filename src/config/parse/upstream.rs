@@ -180,6 +180,7 @@ fn upstream(
             "add authorities = [\"<name the app calls>\"] or listen = \"127.0.0.1:<port>\"",
         );
     }
+    let found = super::discovery::discovery(w, t, &name_span);
     let d = UpstreamConfig::default();
     let protocol = w.word(t, key::protocol, &PROTOCOL).unwrap_or(d.protocol);
     let ms = Duration::from_millis;
@@ -189,7 +190,8 @@ fn upstream(
         name: name.to_string(),
         authorities,
         listen,
-        endpoints: endpoints(w, t, &name_span),
+        endpoints: endpoints(w, t, &name_span, found.needs_endpoints),
+        discovery: found.discovery,
         host: host(w, t),
         protocol,
         connect_timeout: w.ranged(
@@ -250,10 +252,16 @@ fn authorities(w: &mut Walker<'_>, t: &Table) -> Vec<At<String>> {
     out
 }
 
-fn endpoints(w: &mut Walker<'_>, t: &Table, name_span: &Range<usize>) -> Vec<EndpointAddr> {
+/// `endpoints`; `needed` when the upstream has no other way to find them.
+fn endpoints(
+    w: &mut Walker<'_>,
+    t: &Table,
+    name_span: &Range<usize>,
+    needed: bool,
+) -> Vec<EndpointAddr> {
     let full = t.key(key::endpoints);
     let Some(list) = w.strings(t, key::endpoints) else {
-        if t.get(key::endpoints).is_none() {
+        if needed && t.get(key::endpoints).is_none() {
             w.error(
                 name_span.clone(),
                 &full,
