@@ -40,6 +40,8 @@ impl Destinations {
         let mut literal = HashMap::default();
         let mut named = false;
         for (i, u) in config.upstreams.iter().enumerate() {
+            // A watched Service is known by its cluster IP, read at run time.
+            named |= u.discovery != crate::config::Discovery::Dns && u.tls.is_none();
             let endpoints = u.endpoints.iter().filter(|_| u.tls.is_none());
             for e in endpoints {
                 match e.ip() {

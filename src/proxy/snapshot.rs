@@ -45,6 +45,7 @@ impl Snapshot {
                 Arc::new(Upstream::build(
                     u.clone(),
                     config.deadline.clone(),
+                    &config.kubernetes,
                     metrics,
                     prev.map(|p| p.as_ref()),
                     workers,

@@ -44,7 +44,14 @@ fn upstream(extra: &str) -> Upstream<TestBody> {
     let config = crate::config::parse("t.toml", &text, std::path::Path::new("."))
         .unwrap_or_else(|e| panic!("{e}"));
     let up = config.upstreams.into_iter().next().unwrap();
-    Upstream::build(up, config.deadline, &Metrics::new(), None, 1)
+    Upstream::build(
+        up,
+        config.deadline,
+        &Default::default(),
+        &Metrics::new(),
+        None,
+        1,
+    )
 }
 
 fn head(method: Method) -> Head {
@@ -244,6 +251,7 @@ async fn a_retry_the_budget_cannot_afford_is_refused_at_once() {
             c
         },
         up.deadline.clone(),
+        &Default::default(),
         &Metrics::new(),
         None,
         1,
@@ -332,7 +340,14 @@ async fn a_slow_attempt_that_is_the_only_hope_runs_on() {
     let up = upstream("attempt_timeout = \"200ms\"");
     let mut config = up.config.clone();
     config.retry.on.timeout = false;
-    let up = Upstream::build(config, up.deadline.clone(), &Metrics::new(), None, 1);
+    let up = Upstream::build(
+        config,
+        up.deadline.clone(),
+        &Default::default(),
+        &Metrics::new(),
+        None,
+        1,
+    );
     let script = Script::new([Step::Answer(Duration::from_secs(5), OK)]);
     let a = call(&up, &script, &get(), None).await;
     assert_eq!((status(&a), a.outcome, a.attempts), (200, Outcome::Ok, 1));

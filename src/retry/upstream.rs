@@ -25,7 +25,7 @@ use super::quantile::RecentQuantile;
 use super::recent::RecentFailures;
 use super::replay::{AppBody, ReplayBody};
 use super::throttle::Throttle;
-use crate::config::{DeadlineConfig, UpstreamConfig};
+use crate::config::{DeadlineConfig, KubernetesConfig, UpstreamConfig};
 use crate::metrics::{Metrics, UpstreamMetrics};
 use crate::upstream::Endpoints;
 use crate::upstream::tls::TlsClient;
@@ -64,6 +64,7 @@ impl<A: AppBody> Upstream<A> {
     pub fn build(
         config: UpstreamConfig,
         deadline: DeadlineConfig,
+        kube: &KubernetesConfig,
         metrics: &Metrics,
         previous: Option<&Upstream<A>>,
         workers: usize,
@@ -86,7 +87,14 @@ impl<A: AppBody> Upstream<A> {
         let ejections = metrics.health.ejections.clone();
         let endpoints = match previous {
             Some(p) if same_transport => p.endpoints.share(&config, ejections),
-            _ => Endpoints::new(&config, &connections, workers, ejections),
+            _ => Endpoints::discovered(
+                &config,
+                kube,
+                || metrics_root.discovery(&config.name),
+                &connections,
+                workers,
+                ejections,
+            ),
         };
         let budget = match previous {
             Some(p) if p.budget.limit() == config.budget.as_ref() => p.budget.clone(),

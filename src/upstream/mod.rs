@@ -50,7 +50,10 @@ use http_body::Body;
 use prometheus::IntCounter;
 
 use crate::config::units::format_duration;
-use crate::config::{EndpointAddr, OutlierConfig, Protocol, UpstreamConfig};
+use crate::config::{
+    Discovery, EndpointAddr, KubernetesConfig, OutlierConfig, Protocol, ServicePort, UpstreamConfig,
+};
+use crate::discovery::{self, DiscoveryMetrics, ServiceWatch};
 use crate::http::BoxError;
 use dns::Resolver;
 use outlier::{Room, Share, Standing, Verdict, clearly_worse};
@@ -123,6 +126,12 @@ enum Source {
     Fixed(EndpointAddr),
     /// A name: an endpoint per address it resolves to.
     Name(Arc<Resolver>),
+    /// A Service's ready pods, watched in the Kubernetes API; until the first list,
+    /// the Service's DNS name, as a direct call would use.
+    Service(Arc<ServiceWatch>),
+    /// A Service that cannot be watched (no credentials): its name, as a direct call
+    /// would use.
+    Unwatched(EndpointAddr),
 }
 
 /// What an endpoint is, as the set knows it again across rebuilds.
@@ -176,6 +185,67 @@ impl<B: OutgoingBody> Endpoints<B> {
             })
             .collect();
         Self::of_sources(config, sources, open, workers, ejections)
+    }
+
+    /// The endpoints of `config` with `discovery = "kubernetes"`: its Service's ready
+    /// pods, watched with `kube`'s credentials (counted in `metrics`); the Service's
+    /// name, as a direct call would use, until the first list, or for good when there
+    /// is nothing to watch with. Without discovery, [`Endpoints::new`].
+    pub fn discovered(
+        config: &UpstreamConfig,
+        kube: &KubernetesConfig,
+        metrics: impl FnOnce() -> DiscoveryMetrics,
+        open: &Arc<AtomicUsize>,
+        workers: usize,
+        ejections: IntCounter,
+    ) -> Self {
+        let Discovery::Kubernetes(service) = &config.discovery else {
+            return Self::new(config, open, workers, ejections);
+        };
+        let source = match discovery::watch(service, kube, metrics()) {
+            Ok(w) => Source::Service(w),
+            Err(e) => {
+                let name = match &service.namespace {
+                    Some(ns) => format!("{}.{ns}", service.name),
+                    None => service.name.clone(),
+                };
+                // A named port has no number without the API.
+                let port = match &service.port {
+                    ServicePort::Number(n) => *n,
+                    ServicePort::Name(_) => 0,
+                };
+                tracing::error!(
+                    upstream = %config.name,
+                    error = %e,
+                    "the Service cannot be watched: its name is called instead, as a direct \
+                     call would"
+                );
+                Source::Unwatched(EndpointAddr { host: name, port })
+            }
+        };
+        let e = Self::of_sources(config, Box::new([source]), open, workers, ejections);
+        e.follow_services();
+        e
+    }
+
+    /// Follows the watched Services of these endpoints: every change the watch publishes
+    /// is applied at once; stops when the endpoints are gone.
+    fn follow_services(&self) {
+        let Ok(rt) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        for source in self.shared.sources.iter() {
+            if let Source::Service(w) = source {
+                let mut changes = w.subscribe();
+                let shared = Arc::downgrade(&self.shared);
+                rt.spawn(async move {
+                    while changes.changed().await.is_ok() {
+                        let Some(s) = shared.upgrade() else { return };
+                        s.rebuild();
+                    }
+                });
+            }
+        }
     }
 
     /// [`Endpoints::new`] with names looked up by `lookups` (tests).
@@ -261,6 +331,23 @@ impl<B: OutgoingBody> Shared<B> {
                     }
                     None => add(Key::Name(r.addr().clone()), &mut list),
                 },
+                Source::Service(w) => {
+                    let found = w.subscribe().borrow().clone();
+                    match found.ready {
+                        // An empty list is a Service without a ready pod: no endpoint.
+                        Some(addrs) => {
+                            for a in addrs.iter() {
+                                add(Key::Addr(*a), &mut list);
+                            }
+                        }
+                        None => {
+                            if let Some((host, port)) = w.dns_name() {
+                                add(Key::Name(EndpointAddr { host, port }), &mut list);
+                            }
+                        }
+                    }
+                }
+                Source::Unwatched(name) => add(Key::Name(name.clone()), &mut list),
             }
         }
         let changed =
@@ -342,7 +429,7 @@ async fn follow<B: OutgoingBody>(shared: Weak<Shared<B>>) {
             .iter()
             .filter_map(|src| match src {
                 Source::Name(r) => Some(r.clone()),
-                Source::Fixed(_) => None,
+                _ => None,
             })
             .collect();
         drop(s);
@@ -643,7 +730,16 @@ impl<B> Endpoints<B> {
     pub fn names(&self) -> impl Iterator<Item = &Resolver> {
         self.shared.sources.iter().filter_map(|s| match s {
             Source::Name(r) => Some(&**r),
-            Source::Fixed(_) => None,
+            _ => None,
+        })
+    }
+
+    /// The cluster IPs (`clusterIP:port`) of the watched Services: what a captured
+    /// connection to one of them dials.
+    pub fn service_ips(&self) -> impl Iterator<Item = SocketAddr> + '_ {
+        self.shared.sources.iter().filter_map(|s| match s {
+            Source::Service(w) => w.subscribe().borrow().cluster_ip,
+            _ => None,
         })
     }
 }
