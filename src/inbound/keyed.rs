@@ -26,7 +26,7 @@ use tokio::sync::{mpsc, oneshot};
 use super::KeyedApp;
 use super::answer::{self, Refusal};
 use super::app::{self, DeadlineFields};
-use super::dedupe::{Answer, Claim, Kept};
+use super::dedupe::{Answer, Claim, Fingerprinter, Kept};
 use crate::deadline::Deadline;
 use crate::fault::Fault;
 use crate::http::BoxError;
@@ -94,7 +94,7 @@ async fn drive(
         grpc: x.grpc,
         traceparent: x.traceparent.clone(),
     };
-    let body = claim.body(body);
+    let body = claim.body(body, Fingerprinter::of_request(&x.headers));
     let resp = match app::send(&app, x.want, &head, body, &fields, &exhausted).await {
         Ok(resp) => resp,
         Err(fault) => {

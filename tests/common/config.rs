@@ -304,6 +304,8 @@ section!(
         max_entries,
         store_timeout,
         on_store_error,
+        header,
+        identity_headers,
     }
 );
 section!(

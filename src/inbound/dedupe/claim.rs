@@ -109,11 +109,12 @@ impl Claim {
 
     /// The request's body on its way to the app: hashed as it streams, and the app
     /// counted as having the whole request once its end has been read.
-    pub fn body<B: Body<Data = Bytes> + Unpin>(&self, body: B) -> Hashed<B> {
+    /// `hasher` is the request's ([`Fingerprinter::of_request`]).
+    pub fn body<B: Body<Data = Bytes> + Unpin>(&self, body: B, hasher: Fingerprinter) -> Hashed<B> {
         let delivery = self.delivery();
         let mut hashed = Hashed {
             inner: body,
-            hasher: Some(Fingerprinter::new()),
+            hasher: Some(hasher),
             delivery,
         };
         // A body that is over before it starts may never be polled: the head carries

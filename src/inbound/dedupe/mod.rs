@@ -11,14 +11,15 @@
 //!
 //! ```text
 //! let Some(scope) = dedupe.scope(&method, &uri, &headers) else { /* not keyed: as before */ };
+//! let hasher = Fingerprinter::of_request(&headers); // the body and its Content-Type
 //! match dedupe.begin(scope).await {
 //!     Begin::Run(claim) => {
-//!         // send claim.body(body) to the app;
+//!         // send claim.body(body, hasher) to the app;
 //!         // no head: claim.release() (the app never had it) or claim.failed();
 //!         // a head: keeper = claim.keeper(status, &headers), fed each frame as it
 //!         //         streams back, then claim.complete(keeper) at the body's end.
 //!     }
-//!     Begin::Duplicate(dup) => match dup.settle_body(body, deadline).await {
+//!     Begin::Duplicate(dup) => match dup.settle_body(body, hasher, deadline).await {
 //!         Answer::Replay(kept) => /* kept response + idempotent-replayed: true */,
 //!         other => /* other.refusal(): 409 / 422 / 500 / 503 */,
 //!     },
@@ -68,17 +69,18 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use http::{HeaderMap, Method, Uri};
+use http::{HeaderMap, HeaderValue, Method, Uri};
 use tokio::time::Instant;
 
 pub use claim::{Claim, Ended, Hashed};
 pub use duplicate::{Answer, Duplicate};
 pub use kept::{Keeper, Kept};
-pub use scope::{Fingerprint, Scope};
+pub use scope::{Fingerprint, Fingerprinter, KeyFields, Scope};
 
 use crate::config::{DedupeConfig, DedupeStore, OnStoreError};
 use crate::metrics::Metrics;
 use crate::metrics::dedupe::{DedupeMetrics, DedupeResult};
+use crate::retry::headers::{DEDUPE_HEADER, DedupeAdvert, DedupeScope, StoreId};
 use memory::MemoryStore;
 use redis::{LEASE, RedisStore};
 use store::{Ending, Found, Store, StoreError, Token};
@@ -104,6 +106,9 @@ pub struct Dedupe {
     /// `GET` is one of `methods` (it seldom is): a GET, nearly every request a callee
     /// gets, passes with one comparison.
     gets: bool,
+    /// What every answer says (`x-tollgate-dedupe`), as a value and as a line of an
+    /// HTTP/1.1 head.
+    advert: (HeaderValue, &'static str),
 }
 
 impl std::fmt::Debug for Dedupe {
@@ -117,6 +122,8 @@ impl std::fmt::Debug for Dedupe {
 /// What claims, duplicates and the core share.
 pub(crate) struct Core {
     config: DedupeConfig,
+    /// Where a key and its caller's identity are read from.
+    keys: KeyFields,
     metrics: Arc<Metrics>,
     /// Shared with the core a reload replaces: a duplicate that began on one waits on
     /// a claim that may end on the other.
@@ -172,9 +179,28 @@ impl Dedupe {
             (Backend::Redis(_), OnStoreError::Open) => Some(memory(old_memory)),
             _ => None,
         };
+        let scope = match &primary {
+            Backend::Memory(m) => DedupeScope::Replica(m.id()),
+            Backend::Redis(_) => DedupeScope::Shared,
+        };
+        let advert = DedupeAdvert {
+            header: config.header.clone(),
+            scope,
+        }
+        .to_value();
+        let line = intern(format!("{}: {advert}", DEDUPE_HEADER.as_str()));
+        let advert = (
+            HeaderValue::from_str(&advert).unwrap_or(HeaderValue::from_static("on")),
+            line,
+        );
         Dedupe {
+            advert,
             core: Arc::new(Core {
                 config: config.clone(),
+                keys: KeyFields {
+                    header: config.header.clone(),
+                    identity: config.identity_headers.clone(),
+                },
                 metrics,
                 notices: previous.map_or_else(Arc::default, |p| p.core.notices.clone()),
                 warned: Warned::default(),
@@ -203,7 +229,37 @@ impl Dedupe {
         if !self.core.config.methods.contains(method) {
             return None;
         }
-        Scope::of(method, uri, headers)
+        Scope::of(method, uri, headers, &self.core.keys)
+    }
+
+    /// The header a key is read from.
+    pub fn header(&self) -> &http::HeaderName {
+        &self.core.keys.header
+    }
+
+    /// What every answer says: `x-tollgate-dedupe` as a value, and as a line of an
+    /// HTTP/1.1 head.
+    pub fn advert(&self) -> (&HeaderValue, &'static str) {
+        (&self.advert.0, self.advert.1)
+    }
+
+    /// Whether a keyed request names a store (`x-tollgate-dedupe-store`, `named`) that
+    /// is not this replica's: a caller's retry of a request that may have run on a
+    /// replica whose keys this one never held (it restarted, or the retry went to
+    /// another pod behind one address). It must not run here: `500 not-replayable`.
+    pub fn foreign_store(&self, named: Option<StoreId>) -> bool {
+        let Some(named) = named else {
+            return false;
+        };
+        let foreign = match &self.primary {
+            Backend::Memory(m) => named != m.id(),
+            // Every replica's keys are in the shared store.
+            Backend::Redis(_) => false,
+        };
+        if foreign {
+            self.core.metrics().count(DedupeResult::NotKept);
+        }
+        foreign
     }
 
     /// Claims `scope` for a request about to run, or finds what holds it.
@@ -301,6 +357,20 @@ impl Core {
             );
         }
     }
+}
+
+/// A line made once per distinct value and kept for the process's life: the HTTP/1.1
+/// writer takes a `&'static str`. A value changes only with `[inbound.dedupe] header`
+/// or a new memory store, so there are a handful.
+fn intern(line: String) -> &'static str {
+    static LINES: std::sync::Mutex<Vec<&'static str>> = std::sync::Mutex::new(Vec::new());
+    let mut lines = LINES.lock().unwrap_or_else(|p| p.into_inner());
+    if let Some(l) = lines.iter().find(|l| **l == line) {
+        return l;
+    }
+    let l: &'static str = Box::leak(line.into_boxed_str());
+    lines.push(l);
+    l
 }
 
 /// "At most once a minute", without a lock.

@@ -33,10 +33,13 @@ fn scope(d: &Dedupe, key: &str) -> Scope {
 }
 
 async fn complete(c: Claim, body: &'static [u8]) -> Ended {
-    c.body(Full::new(Bytes::from_static(body)))
-        .collect()
-        .await
-        .unwrap();
+    c.body(
+        Full::new(Bytes::from_static(body)),
+        Fingerprinter::new(None),
+    )
+    .collect()
+    .await
+    .unwrap();
     let mut k = c.keeper(StatusCode::OK, &HeaderMap::new());
     k.data(b"done");
     c.complete(k).await
