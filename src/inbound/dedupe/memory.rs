@@ -317,7 +317,13 @@ impl Store for MemoryStore {
         Ok(())
     }
 
-    async fn renew(&self, scope: &Scope, token: Token, _: Duration) -> Result<bool, StoreError> {
+    async fn renew(
+        &self,
+        scope: &Scope,
+        token: Token,
+        _: Duration,
+        _: Duration,
+    ) -> Result<bool, StoreError> {
         let (_, shard) = self.shard(scope);
         Ok(matches!(shard.map.get(scope), Some(Entry::Running(t)) if *t == token))
     }

@@ -82,7 +82,7 @@ use crate::metrics::Metrics;
 use crate::metrics::dedupe::{DedupeMetrics, DedupeResult};
 use crate::retry::headers::{DEDUPE_HEADER, DedupeAdvert, DedupeScope, StoreId};
 use memory::MemoryStore;
-use redis::{LEASE, RedisStore};
+use redis::{LEASE, RENEW_EVERY, RedisStore};
 use store::{Ending, Found, Store, StoreError, Token};
 
 /// What the service does with a keyed request.
@@ -129,6 +129,10 @@ pub(crate) struct Core {
     /// a claim that may end on the other.
     notices: Arc<wake::Notices>,
     warned: Warned,
+    /// How long a claim on a shared store holds its key unrenewed, and how often it is
+    /// renewed ([`LEASE`], [`RENEW_EVERY`]; shorter in tests).
+    lease: Duration,
+    renew_every: Duration,
 }
 
 /// One of the two stores.
@@ -204,6 +208,8 @@ impl Dedupe {
                 metrics,
                 notices: previous.map_or_else(Arc::default, |p| p.core.notices.clone()),
                 warned: Warned::default(),
+                lease: LEASE,
+                renew_every: RENEW_EVERY,
             }),
             primary,
             fallback,
@@ -268,7 +274,7 @@ impl Dedupe {
         let ttl = self.core.config.ttl;
         let claimed = self
             .core
-            .timed(self.primary.claim(&scope, token, LEASE, ttl))
+            .timed(self.primary.claim(&scope, token, self.core.lease, ttl))
             .await;
         let (found, store) = match claimed {
             Ok(found) => (found, self.primary.clone()),
@@ -304,6 +310,15 @@ impl Dedupe {
         if let Backend::Redis(r) = &self.primary {
             let r = r.clone();
             tokio::spawn(async move { r.release(&scope, token).await });
+        }
+    }
+
+    /// A shorter lease and renewal, for tests that watch a lease lapse or be renewed.
+    #[cfg(test)]
+    pub(crate) fn set_lease(&mut self, lease: Duration, renew_every: Duration) {
+        if let Some(core) = Arc::get_mut(&mut self.core) {
+            core.lease = lease;
+            core.renew_every = renew_every;
         }
     }
 
@@ -459,10 +474,11 @@ impl Store for Backend {
         scope: &Scope,
         token: Token,
         lease: Duration,
+        ttl: Duration,
     ) -> Result<bool, StoreError> {
         match self {
-            Backend::Memory(m) => m.renew(scope, token, lease).await,
-            Backend::Redis(r) => r.renew(scope, token, lease).await,
+            Backend::Memory(m) => m.renew(scope, token, lease, ttl).await,
+            Backend::Redis(r) => r.renew(scope, token, lease, ttl).await,
         }
     }
 }
