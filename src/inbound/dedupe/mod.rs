@@ -47,7 +47,9 @@
 //! minute, and `on_store_error` decides here, so the service only applies the answer:
 //! `closed` answers [`Begin::Unavailable`]; `open` claims in this replica's memory
 //! store instead (duplicates landing on other replicas may run again while the store
-//! is down).
+//! is down). The keys run so are remembered: until they are written to the shared
+//! store, which happens once it answers again, a keyed request first looks in this
+//! replica's memory, so a duplicate here never runs one twice.
 
 pub mod claim;
 pub mod duplicate;
@@ -66,7 +68,7 @@ mod testing;
 mod tests;
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use http::{HeaderMap, HeaderValue, Method, Uri};
@@ -103,6 +105,9 @@ pub struct Dedupe {
     /// This replica's memory store, standing in for a failing shared one
     /// (`on_store_error = "open"`).
     fallback: Option<Arc<MemoryStore>>,
+    /// The keys the fallback ran, not yet written to the shared store (with
+    /// `fallback`).
+    outage: Option<Arc<Outage>>,
     /// `GET` is one of `methods` (it seldom is): a GET, nearly every request a callee
     /// gets, passes with one comparison.
     gets: bool,
@@ -183,6 +188,9 @@ impl Dedupe {
             (Backend::Redis(_), OnStoreError::Open) => Some(memory(old_memory)),
             _ => None,
         };
+        let outage = fallback
+            .as_ref()
+            .map(|_| previous.and_then(|p| p.outage.clone()).unwrap_or_default());
         let scope = match &primary {
             Backend::Memory(m) => DedupeScope::Replica(m.id()),
             Backend::Redis(_) => DedupeScope::Shared,
@@ -199,6 +207,7 @@ impl Dedupe {
         );
         Dedupe {
             advert,
+            outage,
             core: Arc::new(Core {
                 config: config.clone(),
                 keys: KeyFields {
@@ -270,6 +279,21 @@ impl Dedupe {
 
     /// Claims `scope` for a request about to run, or finds what holds it.
     pub async fn begin(&self, scope: Scope) -> Begin {
+        // A key this replica ran while the shared store failed is answered from its
+        // memory until the store has it: a duplicate here never runs it again.
+        if let (Some(fallback), Some(outage)) = (&self.fallback, &self.outage)
+            && outage.pending()
+        {
+            let found = fallback.look_now(&scope);
+            if found != Found::Free {
+                return Begin::Duplicate(Duplicate {
+                    scope,
+                    found,
+                    store: Backend::Memory(fallback.clone()),
+                    core: self.core.clone(),
+                });
+            }
+        }
         let token = Token::new();
         let ttl = self.core.config.ttl;
         let claimed = self
@@ -277,17 +301,21 @@ impl Dedupe {
             .timed(self.primary.claim(&scope, token, self.core.lease, ttl))
             .await;
         let (found, store) = match claimed {
-            Ok(found) => (found, self.primary.clone()),
+            Ok(found) => {
+                self.write_outage();
+                (found, self.primary.clone())
+            }
             Err(e) => {
                 self.core.store_failed(&e);
                 self.forget(scope, token);
-                let Some(fallback) = &self.fallback else {
+                let (Some(fallback), Some(outage)) = (&self.fallback, &self.outage) else {
                     return Begin::Unavailable;
                 };
-                (
-                    fallback.claim_now(&scope, token),
-                    Backend::Memory(fallback.clone()),
-                )
+                let found = fallback.claim_now(&scope, token);
+                if found == Found::Claimed {
+                    outage.add(scope);
+                }
+                (found, Backend::Memory(fallback.clone()))
             }
         };
         if found == Found::Claimed {
@@ -311,6 +339,42 @@ impl Dedupe {
             let r = r.clone();
             tokio::spawn(async move { r.release(&scope, token).await });
         }
+    }
+
+    /// The shared store answers again: writes the keys the fallback ran meanwhile to
+    /// it, in a task of its own (one at a time).
+    fn write_outage(&self) {
+        let (Some(outage), Some(fallback), Backend::Redis(redis)) =
+            (&self.outage, &self.fallback, &self.primary)
+        else {
+            return;
+        };
+        if !outage.pending() || outage.writing.swap(true, Ordering::Acquire) {
+            return;
+        }
+        let (outage, fallback, redis) = (outage.clone(), fallback.clone(), redis.clone());
+        let ttl = self.core.config.ttl;
+        tokio::spawn(async move {
+            for scope in outage.keys() {
+                let ending = match fallback.look_now(&scope) {
+                    // Written once it ends (at a later turn).
+                    Found::Running => continue,
+                    Found::Done { fingerprint, kept } => Ending::Kept { fingerprint, kept },
+                    Found::Gone { fingerprint } => Ending::NotReplayable { fingerprint },
+                    // Released, or expired: nothing to write.
+                    Found::Free | Found::Claimed => {
+                        outage.remove(&scope);
+                        continue;
+                    }
+                };
+                match redis.put(&scope, &ending, ttl).await {
+                    Ok(_) => outage.remove(&scope),
+                    // Down again: the next answer tries again.
+                    Err(_) => break,
+                }
+            }
+            outage.writing.store(false, Ordering::Release);
+        });
     }
 
     /// A shorter lease and renewal, for tests that watch a lease lapse or be renewed.
@@ -371,6 +435,43 @@ impl Core {
                 },
             );
         }
+    }
+}
+
+/// The keys the fallback memory store ran while the shared store failed, until they
+/// are written to it. Looked at by every keyed request only while there are some.
+#[derive(Debug, Default)]
+struct Outage {
+    keys: std::sync::Mutex<Vec<Scope>>,
+    /// `keys.len()`, read without the lock.
+    count: AtomicUsize,
+    /// A task is writing them.
+    writing: AtomicBool,
+}
+
+impl Outage {
+    fn pending(&self) -> bool {
+        self.count.load(Ordering::Acquire) > 0
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Vec<Scope>> {
+        self.keys.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn add(&self, scope: Scope) {
+        let mut keys = self.lock();
+        keys.push(scope);
+        self.count.store(keys.len(), Ordering::Release);
+    }
+
+    fn keys(&self) -> Vec<Scope> {
+        self.lock().clone()
+    }
+
+    fn remove(&self, scope: &Scope) {
+        let mut keys = self.lock();
+        keys.retain(|k| k != scope);
+        self.count.store(keys.len(), Ordering::Release);
     }
 }
 

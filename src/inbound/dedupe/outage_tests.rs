@@ -114,13 +114,37 @@ async fn with_on_store_error_open_this_replicas_memory_stands_in() {
     assert_eq!(complete(first, b"x").await, Ended::Kept);
     let answer = dup.settle(Fingerprint::of(b"x"), None).await;
     assert!(matches!(answer, Answer::Replay(_)), "{answer:?}");
-    assert_eq!(store_errors(&d), 2, "each keyed request counted");
+    // (The duplicate of a key run here is answered here, without asking the store.)
+    assert!(store_errors(&d) >= 1, "each failing store call counted");
     assert_eq!(d.memory().unwrap().len(), 1);
 
     redis.restart();
-    let (c, _) = runs_within(&d, "k", Duration::from_secs(10)).await;
-    assert!(matches!(c, Claim { .. }));
+    let (c, _) = runs_within(&d, "probe", Duration::from_secs(10)).await;
     c.release().await;
+    // Back: what ran meanwhile is still this replica's to answer, never run again ...
+    let Begin::Duplicate(dup) = d.begin(scope(&d, "k")).await else {
+        panic!("a key run during the outage ran again on the same replica")
+    };
+    let answer = dup.settle(Fingerprint::of(b"x"), None).await;
+    assert!(matches!(answer, Answer::Replay(_)), "{answer:?}");
+    // ... and it is written to the store, where every replica finds it.
+    let Backend::Redis(store) = &d.primary else {
+        panic!("not redis")
+    };
+    let start = Instant::now();
+    while !matches!(store.look(&scope(&d, "k")).await, Ok(Found::Done { .. })) {
+        assert!(
+            start.elapsed() < Duration::from_secs(5),
+            "not written to the store"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let other = dedupe(&redis, OnStoreError::Open);
+    let Begin::Duplicate(dup) = other.begin(scope(&other, "k")).await else {
+        panic!("another replica ran it again")
+    };
+    let answer = dup.settle(Fingerprint::of(b"x"), None).await;
+    assert!(matches!(answer, Answer::Replay(_)), "{answer:?}");
 }
 
 #[tokio::test]

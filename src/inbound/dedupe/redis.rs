@@ -76,6 +76,16 @@ redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])
 return 1
 ";
 
+/// `ARGV`: the value, the ttl in ms. Written only where nothing is (a key another
+/// replica ran meanwhile is its own).
+const PUT: &str = r"
+if redis.call('EXISTS', KEYS[1]) == 1 then
+  return 0
+end
+redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+return 1
+";
+
 /// `ARGV`: the token.
 const RELEASE: &str = r"
 local v = redis.call('GET', KEYS[1])
@@ -110,6 +120,7 @@ pub struct RedisStore {
 struct Scripts {
     claim: Script,
     finish: Script,
+    put: Script,
     release: Script,
     renew: Script,
 }
@@ -131,6 +142,7 @@ impl RedisStore {
             scripts: Arc::new(Scripts {
                 claim: Script::new(CLAIM),
                 finish: Script::new(FINISH),
+                put: Script::new(PUT),
                 release: Script::new(RELEASE),
                 renew: Script::new(RENEW),
             }),
@@ -143,6 +155,18 @@ impl RedisStore {
 
     pub fn timeout(&self) -> Duration {
         self.timeout
+    }
+
+    /// Writes a key that ended elsewhere (in this replica's memory, while the store
+    /// failed), unless the store holds it already; whether it was written.
+    pub async fn put(
+        &self,
+        scope: &Scope,
+        ending: &Ending,
+        ttl: Duration,
+    ) -> Result<bool, StoreError> {
+        let args: [&[u8]; 2] = [&ended(Token::new(), ending), &ms(ttl)];
+        one(self.run(&self.scripts.put, scope, &args).await?)
     }
 
     fn conn(&self) -> Result<ConnectionManager, StoreError> {
