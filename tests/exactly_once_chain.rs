@@ -463,3 +463,53 @@ async fn while_redis_is_down_keyed_requests_fail_closed_or_open_and_others_pass(
     closed.stop().await;
     open.stop().await;
 }
+
+#[tokio::test]
+async fn on_shutdown_a_keyed_request_whose_caller_is_gone_is_finished_and_kept() {
+    use tokio::io::AsyncWriteExt;
+    let Some(redis) = Redis::start("on_shutdown_a_keyed_request_…_finished_and_kept") else {
+        return;
+    };
+    let (app, executed) = orders_app(Duration::from_millis(1500)).await;
+    let config = Config::new()
+        .inbound(app.addr, |i| {
+            i.max_inflight(100)
+                .dedupe(|d| d.store(redis.store()).store_timeout("500ms"))
+        })
+        .to_toml();
+    let first = Tollgate::start(&config).await;
+    // A caller sends a keyed order, and resets its connection once the app has it.
+    let mut caller = tokio::net::TcpStream::connect(first.inbound())
+        .await
+        .unwrap();
+    caller
+        .write_all(
+            b"POST /orders HTTP/1.1\r\nhost: app\r\nidempotency-key: \"k\"\r\n\
+              content-length: 3\r\n\r\ntea",
+        )
+        .await
+        .unwrap();
+    assert!(wait_until(Duration::from_secs(5), || app.hits() == 1).await);
+    caller.set_zero_linger().unwrap();
+    drop(caller);
+    // SIGTERM's drain: the exchange is finished and its key completed within it.
+    first.stop().await;
+    assert_eq!(executed.load(Ordering::SeqCst), 1);
+    let second = Tollgate::start(&config).await;
+    let dup = request("POST", "/orders", "app")
+        .header("idempotency-key", "\"k\"")
+        .header("x-timeout-ms", "300")
+        .body(full("tea"))
+        .unwrap();
+    let dup = send(second.inbound(), dup).await;
+    assert_eq!(
+        (dup.status.as_u16(), dup.header("idempotent-replayed")),
+        (201, Some("true")),
+        "{:?} {:?}",
+        dup.outcome(),
+        dup.body
+    );
+    assert_eq!(&dup.body[..], b"order 1 for tea");
+    assert_eq!(executed.load(Ordering::SeqCst), 1);
+    second.stop().await;
+}

@@ -285,6 +285,7 @@ async fn answer_request(
             };
             // Boxed, as every await of a keyed request's: the future of a request
             // without a key keeps no room for them.
+            let exchange = (exchange, &inbound.exchanges);
             let run = keyed::run(claim, keyed_app.clone(), exchange, body, exhausted.clone());
             (Box::pin(run).await.map(Answered::Keyed), false)
         }
