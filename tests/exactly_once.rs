@@ -538,3 +538,61 @@ async fn a_retry_naming_another_store_is_not_run() {
     assert_eq!(executed.load(Ordering::SeqCst), 2);
     tg.stop().await;
 }
+
+/// An h2c app that refuses its first stream once it has all of it (`REFUSED_STREAM`:
+/// it processed nothing) and books the others; the streams it was sent.
+async fn refusing_h2c_app() -> (std::net::SocketAddr, Arc<AtomicUsize>) {
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = l.local_addr().unwrap();
+    let streams = Arc::new(AtomicUsize::new(0));
+    let s = streams.clone();
+    tokio::spawn(async move {
+        while let Ok((sock, _)) = l.accept().await {
+            let s = s.clone();
+            tokio::spawn(async move {
+                let Ok(mut conn) = h2::server::handshake(sock).await else {
+                    return;
+                };
+                while let Some(Ok((req, mut respond))) = conn.accept().await {
+                    let n = s.fetch_add(1, Ordering::SeqCst);
+                    tokio::spawn(async move {
+                        // The whole request arrives; the first is then refused unread.
+                        let mut body = req.into_body();
+                        while let Some(Ok(chunk)) = body.data().await {
+                            let _ = body.flow_control().release_capacity(chunk.len());
+                        }
+                        if n == 0 {
+                            respond.send_reset(h2::Reason::REFUSED_STREAM);
+                            return;
+                        }
+                        let head = http::Response::builder().status(201).body(()).unwrap();
+                        let mut out = respond.send_response(head, false).unwrap();
+                        let _ = out.send_data(bytes::Bytes::from(format!("order {n}")), true);
+                    });
+                }
+            });
+        }
+    });
+    (addr, streams)
+}
+
+#[tokio::test]
+async fn a_stream_the_app_refused_never_ran_and_frees_its_key() {
+    let (addr, streams) = refusing_h2c_app().await;
+    let tg = Tollgate::start(&Config::new().inbound(addr, deduping).to_toml()).await;
+    let first = send_h2(tg.inbound(), post(Some("\"k\""), "x")).await;
+    assert_eq!(first.status, 502);
+    assert_eq!(first.outcome(), Some("app-unreachable"));
+    // It never ran: the retry runs, and is the key's.
+    let retried = send_h2(tg.inbound(), post(Some("\"k\""), "x")).await;
+    assert_eq!(
+        (retried.status.as_u16(), &retried.body[..]),
+        (201, &b"order 1"[..]),
+        "{:?}",
+        retried.outcome()
+    );
+    let again = send_h2(tg.inbound(), post(Some("\"k\""), "x")).await;
+    assert_eq!(again.header("idempotent-replayed"), Some("true"));
+    assert_eq!(streams.load(Ordering::SeqCst), 2);
+    tg.stop().await;
+}
