@@ -78,8 +78,8 @@ impl Service for InboundService {
             if let Some((dedupe, _)) = &state.dedupe {
                 let (value, line) = dedupe.advert();
                 if !(h1 && resp.body_mut().add_line(line)) {
-                    resp.headers_mut()
-                        .insert(keyed::DEDUPE_HEADER, value.clone());
+                    let value = HeaderValue::from_static(value);
+                    resp.headers_mut().insert(keyed::DEDUPE_HEADER, value);
                 }
             }
             resp

@@ -71,7 +71,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
-use http::{HeaderMap, HeaderValue, Method, Uri};
+use http::{HeaderMap, Method, Uri};
 use tokio::time::Instant;
 
 pub use claim::{Claim, Ended, Hashed};
@@ -113,7 +113,7 @@ pub struct Dedupe {
     gets: bool,
     /// What every answer says (`x-tollgate-dedupe`), as a value and as a line of an
     /// HTTP/1.1 head.
-    advert: (HeaderValue, &'static str),
+    advert: (&'static str, &'static str),
 }
 
 impl std::fmt::Debug for Dedupe {
@@ -200,11 +200,12 @@ impl Dedupe {
             scope,
         }
         .to_value();
-        let line = intern(format!("{}: {advert}", DEDUPE_HEADER.as_str()));
-        let advert = (
-            HeaderValue::from_str(&advert).unwrap_or(HeaderValue::from_static("on")),
-            line,
-        );
+        let header = DEDUPE_HEADER;
+        let name = header.as_str();
+        let line = intern(format!("{name}: {advert}"));
+        // The value, as the line's own tail: made from a header name and hex digits, it
+        // is a valid field value.
+        let advert = (line.get(name.len() + 2..).unwrap_or("on"), line);
         Dedupe {
             advert,
             outage,
@@ -253,9 +254,10 @@ impl Dedupe {
     }
 
     /// What every answer says: `x-tollgate-dedupe` as a value, and as a line of an
-    /// HTTP/1.1 head.
-    pub fn advert(&self) -> (&HeaderValue, &'static str) {
-        (&self.advert.0, self.advert.1)
+    /// HTTP/1.1 head. Both static text: an answer's field is made from it (no count shared by every
+    /// worker is touched), and only when it is not written as a line.
+    pub fn advert(&self) -> (&'static str, &'static str) {
+        self.advert
     }
 
     /// Whether a keyed request names a store (`x-tollgate-dedupe-store`, `named`) that
