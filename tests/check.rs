@@ -491,6 +491,6 @@ fn a_max_ratio_below_ratio_is_an_error_at_its_line() {
 fn minted_keys_and_dedupe_are_shown_with_what_they_do() {
     let run = check(&["--config", &fixture("exactly-once.toml")]);
     assert_eq!(run.code, 0, "{}", run.out);
-    run.says("keys          idempotency-key minted for POST requests without one; after a failure that may have run, sent again only while the upstream's answers say x-tollgate-dedupe: on");
+    run.says("keys          idempotency-key minted for POST requests without one; after a failure that may have run, sent again only to an endpoint whose answers say x-tollgate-dedupe: on; header=idempotency-key (scope=replica: only back to that endpoint)");
     run.says("dedupe        keyed POST, PATCH run once, answers kept 24h in redis://127.0.0.1:6379/2; while the store fails: closed");
 }

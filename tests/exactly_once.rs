@@ -20,13 +20,26 @@ use common::*;
 use http_body_util::BodyExt;
 use orders::*;
 
+/// `x-tollgate-dedupe` of a callee deduplicating in its own memory: the header it reads,
+/// and its store's ID.
+fn assert_replica_dedupe(said: Option<&str>) {
+    let said = said.expect("no x-tollgate-dedupe");
+    let id = said
+        .strip_prefix("on; header=idempotency-key; scope=replica; store=")
+        .unwrap_or_else(|| panic!("{said}"));
+    assert!(
+        id.len() == 16 && id.bytes().all(|b| b.is_ascii_hexdigit()),
+        "{said}"
+    );
+}
+
 #[tokio::test]
 async fn a_duplicate_after_completion_gets_the_kept_answer_and_the_app_runs_once() {
     let (app, executed) = orders_app(Duration::ZERO).await;
     let tg = Tollgate::start(&Config::new().inbound(app.addr, deduping).to_toml()).await;
     let first = send(tg.inbound(), post(Some("\"k-1\""), "coffee")).await;
     assert_eq!(first.status, 201);
-    assert_eq!(first.header("x-tollgate-dedupe"), Some("on"));
+    assert_replica_dedupe(first.header("x-tollgate-dedupe"));
     assert_eq!(first.header("idempotent-replayed"), None);
     for _ in 0..3 {
         let again = send(tg.inbound(), post(Some("\"k-1\""), "coffee")).await;
@@ -34,12 +47,18 @@ async fn a_duplicate_after_completion_gets_the_kept_answer_and_the_app_runs_once
         assert_eq!(again.body, first.body);
         assert_eq!(again.header("x-order"), Some("1"));
         assert_eq!(again.header("idempotent-replayed"), Some("true"));
-        assert_eq!(again.header("x-tollgate-dedupe"), Some("on"));
+        assert_eq!(
+            again.header("x-tollgate-dedupe"),
+            first.header("x-tollgate-dedupe")
+        );
     }
     // Over HTTP/2 too.
     let h2 = send_h2(tg.inbound(), post(Some("\"k-1\""), "coffee")).await;
     assert_eq!((h2.status, &h2.body), (first.status, &first.body));
-    assert_eq!(h2.header("x-tollgate-dedupe"), Some("on"));
+    assert_eq!(
+        h2.header("x-tollgate-dedupe"),
+        first.header("x-tollgate-dedupe")
+    );
     assert_eq!(executed.load(Ordering::SeqCst), 1);
     let m = tg.metrics().await;
     assert_eq!(
@@ -232,7 +251,7 @@ async fn requests_without_a_key_get_what_the_app_gives() {
         assert_eq!(through.body, direct.body, "{method}");
         assert_eq!(through.header("x-app"), Some("yes"));
         assert_eq!(through.header("idempotent-replayed"), None);
-        assert_eq!(through.header("x-tollgate-dedupe"), Some("on"));
+        assert_replica_dedupe(through.header("x-tollgate-dedupe"));
     }
     // An HTTP/2 caller is told in a header field (an HTTP/1.1 one in a line of the head).
     let h2 = send_h2(
@@ -241,7 +260,7 @@ async fn requests_without_a_key_get_what_the_app_gives() {
     )
     .await;
     assert_eq!(h2.status, 200);
-    assert_eq!(h2.header("x-tollgate-dedupe"), Some("on"));
+    assert_replica_dedupe(h2.header("x-tollgate-dedupe"));
     // Two keyed GETs both reach the app: GET is not a listed method.
     assert_eq!(app.hits(), 7);
     tg.stop().await;
@@ -345,5 +364,235 @@ async fn a_keyed_request_refused_at_the_limit_frees_its_key() {
     let again = send(addr, post(Some("\"k\""), "x")).await;
     assert_eq!(again.header("idempotent-replayed"), Some("true"));
     assert_eq!(executed.load(Ordering::SeqCst), 2);
+    tg.stop().await;
+}
+
+/// An app that answers each call with its number, and sets a session cookie.
+async fn counting_app() -> (Upstream, Arc<AtomicUsize>) {
+    let calls = Arc::new(AtomicUsize::new(0));
+    let c = calls.clone();
+    let app = Upstream::start(move |req: http::Request<hyper::body::Incoming>| {
+        let c = c.clone();
+        async move {
+            req.into_body().collect().await.unwrap();
+            let n = c.fetch_add(1, Ordering::SeqCst) + 1;
+            http::Response::builder()
+                .status(201)
+                .header("set-cookie", format!("session=s{n}; HttpOnly"))
+                .header("x-call", n.to_string())
+                .body(full(format!("call {n}")))
+                .unwrap()
+        }
+    })
+    .await;
+    (app, calls)
+}
+
+#[tokio::test]
+async fn a_key_is_scoped_to_every_credential_the_authority_and_the_query() {
+    let (app, calls) = counting_app().await;
+    let tg = Tollgate::start(&Config::new().inbound(app.addr, deduping).to_toml()).await;
+    let keyed = |target: &str, host: &str, field: Option<(&str, &str)>| {
+        let mut b = request("POST", target, host).header("idempotency-key", "\"same\"");
+        if let Some((n, v)) = field {
+            b = b.header(n, v);
+        }
+        b.body(full("x")).unwrap()
+    };
+    // Each of these is another caller, or another request: each runs.
+    let distinct = [
+        keyed("/orders", "app", None),
+        keyed("/orders", "app", Some(("authorization", "Bearer a"))),
+        keyed("/orders", "app", Some(("cookie", "session=a"))),
+        keyed("/orders", "app", Some(("cookie", "session=b"))),
+        keyed("/orders", "app", Some(("x-api-key", "a"))),
+        keyed("/orders", "app", Some(("x-api-key", "b"))),
+        keyed("/orders", "other", None),
+        keyed("/orders?page=2", "app", None),
+    ];
+    for (i, req) in distinct.into_iter().enumerate() {
+        let got = send(tg.inbound(), req).await;
+        assert_eq!(got.status, 201, "request {i}");
+        assert_eq!(
+            got.header("idempotent-replayed"),
+            None,
+            "request {i} got another's answer"
+        );
+        assert_eq!(got.header("x-call"), Some((i + 1).to_string().as_str()));
+    }
+    // The same again is a replay of its own answer.
+    let again = send(
+        tg.inbound(),
+        keyed("/orders", "app", Some(("cookie", "session=b"))),
+    )
+    .await;
+    assert_eq!(again.header("idempotent-replayed"), Some("true"));
+    assert_eq!(again.header("x-call"), Some("4"));
+    assert_eq!(calls.load(Ordering::SeqCst), 8);
+    tg.stop().await;
+}
+
+#[tokio::test]
+async fn a_kept_answer_never_gives_its_cookie_away() {
+    let (app, calls) = counting_app().await;
+    let tg = Tollgate::start(&Config::new().inbound(app.addr, deduping).to_toml()).await;
+    let first = send(tg.inbound(), post(Some("\"k\""), "x")).await;
+    assert_eq!(first.header("set-cookie"), Some("session=s1; HttpOnly"));
+    let again = send(tg.inbound(), post(Some("\"k\""), "x")).await;
+    assert_eq!(again.header("idempotent-replayed"), Some("true"));
+    assert_eq!(again.header("x-call"), Some("1"));
+    assert_eq!(again.header("set-cookie"), None);
+    assert_eq!(calls.load(Ordering::SeqCst), 1);
+    tg.stop().await;
+}
+
+#[tokio::test]
+async fn the_same_key_and_body_as_another_content_type_is_a_mismatch() {
+    let (app, calls) = counting_app().await;
+    let tg = Tollgate::start(&Config::new().inbound(app.addr, deduping).to_toml()).await;
+    let typed = |t: &str| {
+        request("POST", "/orders", "app")
+            .header("idempotency-key", "\"k\"")
+            .header("content-type", t)
+            .body(full("{}"))
+            .unwrap()
+    };
+    assert_eq!(
+        send(tg.inbound(), typed("application/json")).await.status,
+        201
+    );
+    let other = send(tg.inbound(), typed("text/plain")).await;
+    assert_eq!(
+        (other.status.as_u16(), other.outcome()),
+        (422, Some("key-mismatch"))
+    );
+    let same = send(tg.inbound(), typed("application/json")).await;
+    assert_eq!(same.header("idempotent-replayed"), Some("true"));
+    assert_eq!(calls.load(Ordering::SeqCst), 1);
+    tg.stop().await;
+}
+
+#[tokio::test]
+async fn the_key_header_and_the_identity_headers_are_the_configs() {
+    let (app, calls) = counting_app().await;
+    let tg = Tollgate::start(
+        &Config::new()
+            .inbound(app.addr, |i| {
+                i.dedupe(|d| d.header("x-request-key").identity_headers(["x-tenant"]))
+            })
+            .to_toml(),
+    )
+    .await;
+    let req = |key: &str, tenant: &str| {
+        request("POST", "/orders", "app")
+            .header(key, "\"k\"")
+            .header("x-tenant", tenant)
+            .body(full("x"))
+            .unwrap()
+    };
+    let first = send(tg.inbound(), req("x-request-key", "t1")).await;
+    assert_eq!(first.status, 201);
+    let said = first.header("x-tollgate-dedupe").unwrap();
+    assert!(
+        said.starts_with("on; header=x-request-key; scope=replica; store="),
+        "{said}"
+    );
+    let again = send(tg.inbound(), req("x-request-key", "t1")).await;
+    assert_eq!(again.header("idempotent-replayed"), Some("true"));
+    let tenant = send(tg.inbound(), req("x-request-key", "t2")).await;
+    assert_eq!(tenant.header("idempotent-replayed"), None, "another tenant");
+    // `idempotency-key` is no key here.
+    let plain = send(tg.inbound(), req("idempotency-key", "t1")).await;
+    assert_eq!(plain.header("idempotent-replayed"), None);
+    assert_eq!(calls.load(Ordering::SeqCst), 3);
+    tg.stop().await;
+}
+
+#[tokio::test]
+async fn a_retry_naming_another_store_is_not_run() {
+    let (app, executed) = orders_app(Duration::ZERO).await;
+    let tg = Tollgate::start(&Config::new().inbound(app.addr, deduping).to_toml()).await;
+    let first = send(tg.inbound(), post(Some("\"k\""), "x")).await;
+    let said = first.header("x-tollgate-dedupe").unwrap().to_string();
+    let own = said.rsplit("store=").next().unwrap().to_string();
+    let named = |store: &str, key: &str| {
+        request("POST", "/orders", "app")
+            .header("idempotency-key", key)
+            .header("x-tollgate-dedupe-store", store)
+            .body(full("x"))
+            .unwrap()
+    };
+    // Another store (a restarted replica, another pod): not run, whatever its key.
+    for key in ["\"k\"", "\"new\""] {
+        let foreign = send(tg.inbound(), named("0123456789abcdef", key)).await;
+        assert_eq!(
+            (foreign.status.as_u16(), foreign.outcome()),
+            (500, Some("not-replayable")),
+            "{key}"
+        );
+    }
+    // Its own: a duplicate as any other, and a key it never saw runs.
+    let replay = send(tg.inbound(), named(&own, "\"k\"")).await;
+    assert_eq!(replay.header("idempotent-replayed"), Some("true"));
+    assert_eq!(send(tg.inbound(), named(&own, "\"new\"")).await.status, 201);
+    assert_eq!(executed.load(Ordering::SeqCst), 2);
+    tg.stop().await;
+}
+
+/// An h2c app that refuses its first stream once it has all of it (`REFUSED_STREAM`:
+/// it processed nothing) and books the others; the streams it was sent.
+async fn refusing_h2c_app() -> (std::net::SocketAddr, Arc<AtomicUsize>) {
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = l.local_addr().unwrap();
+    let streams = Arc::new(AtomicUsize::new(0));
+    let s = streams.clone();
+    tokio::spawn(async move {
+        while let Ok((sock, _)) = l.accept().await {
+            let s = s.clone();
+            tokio::spawn(async move {
+                let Ok(mut conn) = h2::server::handshake(sock).await else {
+                    return;
+                };
+                while let Some(Ok((req, mut respond))) = conn.accept().await {
+                    let n = s.fetch_add(1, Ordering::SeqCst);
+                    tokio::spawn(async move {
+                        // The whole request arrives; the first is then refused unread.
+                        let mut body = req.into_body();
+                        while let Some(Ok(chunk)) = body.data().await {
+                            let _ = body.flow_control().release_capacity(chunk.len());
+                        }
+                        if n == 0 {
+                            respond.send_reset(h2::Reason::REFUSED_STREAM);
+                            return;
+                        }
+                        let head = http::Response::builder().status(201).body(()).unwrap();
+                        let mut out = respond.send_response(head, false).unwrap();
+                        let _ = out.send_data(bytes::Bytes::from(format!("order {n}")), true);
+                    });
+                }
+            });
+        }
+    });
+    (addr, streams)
+}
+
+#[tokio::test]
+async fn a_stream_the_app_refused_never_ran_and_frees_its_key() {
+    let (addr, streams) = refusing_h2c_app().await;
+    let tg = Tollgate::start(&Config::new().inbound(addr, deduping).to_toml()).await;
+    let first = send_h2(tg.inbound(), post(Some("\"k\""), "x")).await;
+    assert_eq!(first.status, 502);
+    assert_eq!(first.outcome(), Some("app-unreachable"));
+    // It never ran: the retry runs, and is the key's.
+    let retried = send_h2(tg.inbound(), post(Some("\"k\""), "x")).await;
+    assert_eq!(
+        (retried.status.as_u16(), &retried.body[..]),
+        (201, &b"order 1"[..]),
+        "{:?}",
+        retried.outcome()
+    );
+    let again = send_h2(tg.inbound(), post(Some("\"k\""), "x")).await;
+    assert_eq!(again.header("idempotent-replayed"), Some("true"));
+    assert_eq!(streams.load(Ordering::SeqCst), 2);
     tg.stop().await;
 }

@@ -23,6 +23,14 @@ use orders::*;
 
 /// A caller of `orders` on `endpoints` that mints a key for each POST.
 fn caller_config(endpoints: &[std::net::SocketAddr]) -> String {
+    caller_config_with(endpoints, |r| r)
+}
+
+/// [`caller_config`], its retry section changed by `f`.
+fn caller_config_with(
+    endpoints: &[std::net::SocketAddr],
+    f: impl FnOnce(common::config::Retry) -> common::config::Retry,
+) -> String {
     Config::new()
         .upstream("orders", |u| {
             endpoints
@@ -30,11 +38,11 @@ fn caller_config(endpoints: &[std::net::SocketAddr]) -> String {
                 .fold(u.authorities(["orders"]), |u, e| u.endpoint(e))
                 .request_timeout("5s")
                 .retry(|r| {
-                    r.max_attempts(4)
+                    f(r.max_attempts(4)
                         .on(["connect-failure", "reset", "503"])
                         .backoff_base("1ms")
                         .backoff_max("5ms")
-                        .mint_idempotency_key(["POST"])
+                        .mint_idempotency_key(["POST"]))
                 })
                 .budget(|b| b.ratio(1.0).min_per_sec(1000))
         })
@@ -103,8 +111,11 @@ async fn a_minted_key_is_the_same_on_every_attempt_and_an_apps_own_is_kept() {
 async fn a_keyed_post_is_retried_after_a_lost_answer_only_where_the_callee_dedupes() {
     let (app, executed) = orders_app(Duration::ZERO).await;
     let callee = Tollgate::start(&Config::new().inbound(app.addr, deduping).to_toml()).await;
+    // Two ways to the one callee: two endpoints of one store (one endpoint behind one
+    // address would never be sent a retry, as it could be any replica).
     let relay = lossy(callee.inbound(), 0, 1).await;
-    let caller = Tollgate::start(&caller_config(&[relay.addr])).await;
+    let other = lossy(callee.inbound(), 0, 2).await;
+    let caller = Tollgate::start(&caller_config(&[relay.addr, other.addr])).await;
     let order = |body: &str| {
         request("POST", "/orders", "orders")
             .body(full(body.to_string()))
@@ -112,21 +123,32 @@ async fn a_keyed_post_is_retried_after_a_lost_answer_only_where_the_callee_dedup
     };
     // Nothing has said the callee deduplicates yet: a lost answer is not sent again.
     relay.lose_next.store(1, Ordering::SeqCst);
+    other.lose_next.store(1, Ordering::SeqCst);
     let unknown = send(caller.addr, order("first")).await;
     assert_eq!(unknown.status, 502, "{:?}", unknown.body);
     assert_eq!(executed.load(Ordering::SeqCst), 1);
-    // Its answers say so now.
-    let plain = send(caller.addr, order("second")).await;
-    assert_eq!(plain.status, 201);
-    assert_eq!(executed.load(Ordering::SeqCst), 2);
+    relay.lose_next.store(0, Ordering::SeqCst);
+    other.lose_next.store(0, Ordering::SeqCst);
+    // Its answers say so now, on both ways.
+    for n in ["second", "second'"] {
+        let plain = send(caller.addr, order(n)).await;
+        assert_eq!(plain.status, 201);
+    }
+    assert_eq!(executed.load(Ordering::SeqCst), 3);
     relay.lose_next.store(1, Ordering::SeqCst);
+    other.lose_next.store(1, Ordering::SeqCst);
     let saved = send(caller.addr, order("third")).await;
     assert_eq!(saved.status, 201, "{:?}", saved.body);
     assert_eq!(saved.header("idempotent-replayed"), Some("true"));
-    assert_eq!(&saved.body[..], b"order 3 for third");
+    assert_eq!(&saved.body[..], b"order 4 for third");
     assert_eq!(saved.attempts(), 2);
-    assert_eq!(executed.load(Ordering::SeqCst), 3, "the retry ran nothing");
-    assert_eq!(relay.lost.load(Ordering::SeqCst), 2);
+    assert_eq!(executed.load(Ordering::SeqCst), 4, "the retry ran nothing");
+    // The retry went back the way the lost answer came (the other way would have lost
+    // it again): one answer lost of each order.
+    let lost = relay.lost.load(Ordering::SeqCst) + other.lost.load(Ordering::SeqCst);
+    assert_eq!(lost, 2);
+    let armed = relay.lose_next.load(Ordering::SeqCst) + other.lose_next.load(Ordering::SeqCst);
+    assert_eq!(armed, 1, "the retry took the other way");
     caller.stop().await;
     callee.stop().await;
 }
@@ -162,8 +184,10 @@ struct Run {
 
 /// `orders` orders through `caller`, 20 at a time, each checked against the ledger.
 async fn place_orders(caller: std::net::SocketAddr, orders: usize, ledger: &Ledger) -> Run {
-    // One plain call first: the answers say the callee deduplicates.
-    assert_eq!(get(caller, "/warm", "orders").await.status, 201);
+    // A plain call to each endpoint first: their answers say they deduplicate.
+    for _ in 0..3 {
+        assert_eq!(get(caller, "/warm", "orders").await.status, 201);
+    }
     let next = Arc::new(AtomicUsize::new(0));
     let (answered, replayed) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
     let workers: Vec<_> = (0..20)
@@ -215,6 +239,16 @@ async fn fleet(
     dedupe: impl Fn(Dedupe) -> Dedupe,
     ledger: &Ledger,
 ) -> (Vec<Upstream>, Vec<Tollgate>, Vec<Lossy>, Tollgate) {
+    fleet_with(replicas, dedupe, ledger, |r| r).await
+}
+
+/// [`fleet`], the caller's retry section changed by `retry`.
+async fn fleet_with(
+    replicas: usize,
+    dedupe: impl Fn(Dedupe) -> Dedupe,
+    ledger: &Ledger,
+    retry: impl FnOnce(common::config::Retry) -> common::config::Retry,
+) -> (Vec<Upstream>, Vec<Tollgate>, Vec<Lossy>, Tollgate) {
     let (mut apps, mut callees, mut links) = (Vec::new(), Vec::new(), Vec::new());
     for i in 0..replicas {
         let app = ledger_replica(ledger).await;
@@ -229,7 +263,7 @@ async fn fleet(
         callees.push(callee);
     }
     let ends: Vec<_> = links.iter().map(|l| l.addr).collect();
-    let caller = Tollgate::start(&caller_config(&ends)).await;
+    let caller = Tollgate::start(&caller_config_with(&ends, retry)).await;
     (apps, callees, links, caller)
 }
 
@@ -258,17 +292,116 @@ async fn six_hundred_orders_through_a_lossy_network_and_three_replicas_each_run_
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn six_hundred_orders_through_a_lossy_network_and_one_replica_with_memory_run_once() {
+async fn six_hundred_orders_through_a_lossy_network_and_three_replicas_with_memory_run_once() {
+    // With keys: a lost answer is asked again of the replica that ran it, and only there.
     let ledger = Ledger::default();
-    let (_apps, callees, _links, caller) = fleet(1, |d| d.store("memory"), &ledger).await;
+    let (_apps, callees, links, caller) = fleet(3, |d| d.store("memory"), &ledger).await;
     let run = place_orders(caller.addr, 600, &ledger).await;
+    let lost: usize = links.iter().map(|l| l.lost.load(Ordering::SeqCst)).sum();
+    assert!(lost > 0, "the network lost nothing");
     assert_eq!(run.twice, 0, "orders executed twice");
-    assert!(run.answered >= 594, "{} of 600 answered", run.answered);
-    assert!(run.replayed > 0);
+    assert!(
+        run.replayed > 0,
+        "no lost answer was replayed ({lost} lost)"
+    );
     caller.stop().await;
     for c in callees {
         c.stop().await;
     }
+    // Without keys: a lost answer of a POST is the caller's to reconcile.
+    let plain = Ledger::default();
+    let (_apps, callees, _links, caller) = fleet_with(
+        3,
+        |d| d.store("memory"),
+        &plain,
+        |r| r.mint_idempotency_key(Vec::<String>::new()),
+    )
+    .await;
+    let without = place_orders(caller.addr, 600, &plain).await;
+    assert_eq!(without.twice, 0);
+    assert!(
+        run.answered >= without.answered,
+        "with keys {} answered, without {}",
+        run.answered,
+        without.answered
+    );
+    assert!(run.answered >= 594, "{} of 600 answered", run.answered);
+    caller.stop().await;
+    for c in callees {
+        c.stop().await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_address_in_front_of_a_memory_store_is_never_sent_what_may_have_run() {
+    // One endpoint may be any replica behind a VIP: a lost answer goes back as it is.
+    let ledger = Ledger::default();
+    let (_apps, callees, links, caller) = fleet(1, |d| d.store("memory"), &ledger).await;
+    let run = place_orders(caller.addr, 200, &ledger).await;
+    let lost = links[0].lost.load(Ordering::SeqCst);
+    assert!(lost > 0, "the network lost nothing");
+    assert_eq!(run.twice, 0, "orders executed twice");
+    assert_eq!(run.replayed, 0, "a lost answer was sent again");
+    caller.stop().await;
+    for c in callees {
+        c.stop().await;
+    }
+}
+
+#[tokio::test]
+async fn a_caller_whose_key_header_the_callee_does_not_read_never_resends_what_may_have_run() {
+    let (app, executed) = orders_app(Duration::ZERO).await;
+    let callee = Tollgate::start(&Config::new().inbound(app.addr, deduping).to_toml()).await;
+    let relay = lossy(callee.inbound(), 0, 1).await;
+    let other = lossy(callee.inbound(), 0, 2).await;
+    let caller = Tollgate::start(&caller_config_with(&[relay.addr, other.addr], |r| {
+        r.idempotency_header("x-idempotency-key")
+    }))
+    .await;
+    let order = |body: &str| {
+        request("POST", "/orders", "orders")
+            .body(full(body.to_string()))
+            .unwrap()
+    };
+    // Both endpoints answer: "on", for keys in another header.
+    for n in ["a", "b"] {
+        assert_eq!(send(caller.addr, order(n)).await.status, 201);
+    }
+    relay.lose_next.store(1, Ordering::SeqCst);
+    other.lose_next.store(1, Ordering::SeqCst);
+    let lost = send(caller.addr, order("c")).await;
+    assert_eq!(lost.status, 502, "{:?}", lost.body);
+    assert_eq!(executed.load(Ordering::SeqCst), 3, "the order ran twice");
+    caller.stop().await;
+    callee.stop().await;
+}
+
+#[tokio::test]
+async fn an_apps_empty_key_is_replaced_by_a_minted_one() {
+    let keys = Arc::new(std::sync::Mutex::new(Vec::<Vec<String>>::new()));
+    let k = keys.clone();
+    let app = Upstream::start(move |req: http::Request<hyper::body::Incoming>| {
+        let got = req
+            .headers()
+            .get_all("idempotency-key")
+            .iter()
+            .map(|v| v.to_str().unwrap().to_string())
+            .collect();
+        k.lock().unwrap().push(got);
+        async move { respond(200, "ok") }
+    })
+    .await;
+    let tg = Tollgate::start(&caller_config(&[app.addr])).await;
+    let empty = request("POST", "/orders", "orders")
+        .header("idempotency-key", "")
+        .body(full("a"))
+        .unwrap();
+    assert_eq!(send(tg.addr, empty).await.status, 200);
+    let seen = keys.lock().unwrap().clone();
+    assert_eq!(seen.len(), 1);
+    assert_eq!(seen[0].len(), 1, "{seen:?}");
+    assert_eq!(seen[0][0].len(), 38, "{seen:?}");
+    tg.stop().await;
 }
 
 #[tokio::test]
@@ -329,4 +462,54 @@ async fn while_redis_is_down_keyed_requests_fail_closed_or_open_and_others_pass(
     assert_eq!(dup.header("idempotent-replayed"), Some("true"));
     closed.stop().await;
     open.stop().await;
+}
+
+#[tokio::test]
+async fn on_shutdown_a_keyed_request_whose_caller_is_gone_is_finished_and_kept() {
+    use tokio::io::AsyncWriteExt;
+    let Some(redis) = Redis::start("on_shutdown_a_keyed_request_…_finished_and_kept") else {
+        return;
+    };
+    let (app, executed) = orders_app(Duration::from_millis(1500)).await;
+    let config = Config::new()
+        .inbound(app.addr, |i| {
+            i.max_inflight(100)
+                .dedupe(|d| d.store(redis.store()).store_timeout("500ms"))
+        })
+        .to_toml();
+    let first = Tollgate::start(&config).await;
+    // A caller sends a keyed order, and resets its connection once the app has it.
+    let mut caller = tokio::net::TcpStream::connect(first.inbound())
+        .await
+        .unwrap();
+    caller
+        .write_all(
+            b"POST /orders HTTP/1.1\r\nhost: app\r\nidempotency-key: \"k\"\r\n\
+              content-length: 3\r\n\r\ntea",
+        )
+        .await
+        .unwrap();
+    assert!(wait_until(Duration::from_secs(5), || app.hits() == 1).await);
+    caller.set_zero_linger().unwrap();
+    drop(caller);
+    // SIGTERM's drain: the exchange is finished and its key completed within it.
+    first.stop().await;
+    assert_eq!(executed.load(Ordering::SeqCst), 1);
+    let second = Tollgate::start(&config).await;
+    let dup = request("POST", "/orders", "app")
+        .header("idempotency-key", "\"k\"")
+        .header("x-timeout-ms", "300")
+        .body(full("tea"))
+        .unwrap();
+    let dup = send(second.inbound(), dup).await;
+    assert_eq!(
+        (dup.status.as_u16(), dup.header("idempotent-replayed")),
+        (201, Some("true")),
+        "{:?} {:?}",
+        dup.outcome(),
+        dup.body
+    );
+    assert_eq!(&dup.body[..], b"order 1 for tea");
+    assert_eq!(executed.load(Ordering::SeqCst), 1);
+    second.stop().await;
 }

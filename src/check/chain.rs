@@ -54,6 +54,7 @@ pub fn check_chain(layers: &[(&Config, Option<&str>)]) -> ChainReport {
 
     diagnostics.extend(retrying_layers(layers, &resolved, worst_case));
     diagnostics.extend(growing_patience(layers, &resolved));
+    diagnostics.extend(differing_key_headers(layers, &resolved));
 
     ChainReport {
         layers: resolved,
@@ -171,6 +172,53 @@ fn growing_patience(
                  than {}, or raise {what} in {}",
                 d(outer_wait),
                 resolved[i - 1].file
+            ),
+        ));
+    }
+    diagnostics
+}
+
+/// Each pair of adjacent layers where the outer one sends idempotency keys in one header
+/// and the inner one's dedupe reads another: the inner one never sees a key, and its
+/// answers name its own header, so the outer one never sends a keyed request again
+/// after a failure that may have run (and, before it read them, may not know why).
+fn differing_key_headers(
+    layers: &[(&Config, Option<&str>)],
+    resolved: &[ChainLayer],
+) -> Vec<Diagnostic> {
+    let mut diagnostics = Vec::new();
+    for i in 1..resolved.len() {
+        let Some(outer) = &resolved[i - 1].upstream else {
+            continue;
+        };
+        let Some(sent) = &outer.retry.idempotency_header else {
+            continue;
+        };
+        let (inner_config, _) = layers[i];
+        let Some(dedupe) = inner_config
+            .inbound
+            .as_ref()
+            .and_then(|i| i.dedupe.as_ref())
+        else {
+            continue;
+        };
+        if dedupe.header == *sent {
+            continue;
+        }
+        let (outer_config, _) = layers[i - 1];
+        diagnostics.push(warning(
+            outer_config,
+            &format!("upstreams.{}.retry.idempotency_header", outer.name),
+            format!(
+                "this layer sends idempotency keys in `{sent}`, and {} reads them from `{}` \
+                 ([inbound.dedupe] header): its dedupe never sees them, so a keyed request \
+                 that may have run is not sent again",
+                resolved[i].file, dedupe.header
+            ),
+            format!(
+                "name one header on both sides: idempotency_header = \"{}\" here, or \
+                 header = \"{sent}\" in [inbound.dedupe] of {}",
+                dedupe.header, resolved[i].file
             ),
         ));
     }
@@ -320,6 +368,42 @@ mod tests {
         );
         let fine = patience(&[(&patient, None), (&unbounded, None)]);
         assert!(fine.is_empty(), "{fine:?}");
+    }
+
+    #[test]
+    fn a_caller_and_callee_whose_key_headers_differ_are_reported() {
+        let caller = |header: &str| {
+            parse(&BASE.replace(
+                "max_attempts = 3\n",
+                &format!("max_attempts = 3\nidempotency_header = \"{header}\"\n"),
+            ))
+        };
+        let callee = parse(&format!(
+            "{BASE}\n[inbound]\napp = \"127.0.0.1:8081\"\n[inbound.dedupe]\n"
+        ));
+        let differ = |a: &Config| {
+            check_chain(&[(a, None), (&callee, None)])
+                .diagnostics
+                .into_iter()
+                .filter(|d| d.message.contains("idempotency keys"))
+                .collect::<Vec<_>>()
+        };
+        let other = caller("x-idempotency-key");
+        let found = differ(&other);
+        assert_eq!(found.len(), 1, "{found:?}");
+        assert!(
+            found[0].message.contains("`x-idempotency-key`"),
+            "{}",
+            found[0].message
+        );
+        assert!(
+            found[0].message.contains("`idempotency-key`"),
+            "{}",
+            found[0].message
+        );
+        assert_eq!(found[0].key, "upstreams.api.retry.idempotency_header");
+        assert!(differ(&caller("idempotency-key")).is_empty());
+        assert!(differ(&parse(BASE)).is_empty(), "the defaults agree");
     }
 
     #[test]

@@ -176,7 +176,7 @@ fn render_upstream(out: &mut String, up: &UpstreamConfig) {
             .collect();
         let _ = writeln!(
             out,
-            "    keys          {h} minted for {} requests without one; after a failure that may have run, sent again only while the upstream's answers say x-tollgate-dedupe: on",
+            "    keys          {h} minted for {} requests without one; after a failure that may have run, sent again only to an endpoint whose answers say x-tollgate-dedupe: on; header={h} (scope=replica: only back to that endpoint)",
             methods.join(", ")
         );
     }

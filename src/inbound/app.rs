@@ -15,7 +15,7 @@ use tokio::time::Instant;
 use crate::deadline::{self, Deadline};
 use crate::fault::Fault;
 use crate::upstream::OutgoingBody;
-use crate::upstream::exchange::{self, Reach, Wire};
+use crate::upstream::exchange::{self, Failed, Reach, Wire};
 use crate::upstream::pool::{Endpoint, Want};
 use crate::upstream::request::{AttemptFields, RequestHead};
 use crate::upstream::response::UpstreamResponse;
@@ -87,12 +87,29 @@ pub async fn send<'a, B: OutgoingBody>(
         Ok(resp) => return Ok(resp),
         Err(failed) => failed,
     };
-    // The app is reached without TLS: no reason to tell.
-    let fault = failed.fault(Wire::Plain, &mut None);
+    // The app is reached without TLS: no reason to tell. A stream it refused never
+    // left tollgate as far as the app is concerned (RFC 9113 section 8.7: nothing of
+    // it was processed): as a refused connection, it did not run.
+    let fault = match &failed {
+        Failed::Broken { error, .. } if refused_stream(&**error) => Fault::ConnectFailure,
+        _ => failed.fault(Wire::Plain, &mut None),
+    };
     match fault {
         Fault::NoDescriptors => exhausted.inc(),
         Fault::Timeout => {}
         _ => tracing::debug!(app = %app.addr, error = %failed, "the app gave no answer"),
     }
     Err(fault)
+}
+
+/// Whether an HTTP/2 stream was refused by the app (`REFUSED_STREAM` from its side).
+fn refused_stream(error: &(dyn std::error::Error + 'static)) -> bool {
+    let mut cause = Some(error);
+    while let Some(e) = cause {
+        if let Some(h2) = e.downcast_ref::<h2::Error>() {
+            return h2.is_remote() && h2.reason() == Some(h2::Reason::REFUSED_STREAM);
+        }
+        cause = e.source();
+    }
+    false
 }

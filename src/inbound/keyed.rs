@@ -13,6 +13,7 @@
 
 use std::pin::Pin;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -21,12 +22,12 @@ use http::{HeaderMap, HeaderName, HeaderValue, Method, Response, Uri, Version};
 use http_body::{Body, Frame, SizeHint};
 use http_body_util::BodyExt;
 use prometheus::IntCounter;
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::{Notify, mpsc, oneshot};
 
 use super::KeyedApp;
 use super::answer::{self, Refusal};
 use super::app::{self, DeadlineFields};
-use super::dedupe::{Answer, Claim, Kept};
+use super::dedupe::{Answer, Claim, Fingerprinter, Kept};
 use crate::deadline::Deadline;
 use crate::fault::Fault;
 use crate::http::BoxError;
@@ -64,17 +65,66 @@ pub(super) struct Head {
     pub body: Relayed,
 }
 
-/// Runs a first arrival's exchange with the app in a task of its own, and hands back
-/// the head of its answer (or why there is none).
+/// The first arrivals' exchanges with the app still running, which a drain waits for:
+/// on SIGTERM each is finished and its key completed within `drain_timeout`, whether
+/// or not its caller still listens (a caller gone frees its connection at once, and
+/// the drain would otherwise end the process under the exchange, leaving its key
+/// running until its lease lapsed, and then not replayable).
+#[derive(Debug, Default)]
+pub struct Exchanges {
+    running: AtomicUsize,
+    ended: Notify,
+}
+
+/// One exchange counted in [`Exchanges`] while it lives.
+struct Running(Arc<Exchanges>);
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        if self.0.running.fetch_sub(1, Ordering::AcqRel) == 1 {
+            self.0.ended.notify_waiters();
+        }
+    }
+}
+
+impl Exchanges {
+    fn start(self: &Arc<Self>) -> Running {
+        self.running.fetch_add(1, Ordering::AcqRel);
+        Running(self.clone())
+    }
+
+    /// Waits until none is running, for at most `limit`; whether none is.
+    pub async fn finished_within(&self, limit: Duration) -> bool {
+        let all = async {
+            loop {
+                let ended = self.ended.notified();
+                let mut ended = std::pin::pin!(ended);
+                ended.as_mut().enable();
+                if self.running.load(Ordering::Acquire) == 0 {
+                    return;
+                }
+                ended.await;
+            }
+        };
+        tokio::time::timeout(limit, all).await.is_ok()
+    }
+}
+
+/// Runs a first arrival's exchange with the app in a task of its own (counted in
+/// `exchanges`), and hands back the head of its answer (or why there is none).
 pub(super) async fn run(
     claim: Claim,
     app: Arc<KeyedApp>,
-    exchange: Exchange,
+    (exchange, exchanges): (Exchange, &Arc<Exchanges>),
     body: AppBody,
     exhausted: IntCounter,
 ) -> Result<Head, Fault> {
     let (tx, rx) = oneshot::channel();
-    tokio::spawn(drive(claim, app, exchange, body, exhausted, tx));
+    let running = exchanges.start();
+    tokio::spawn(async move {
+        drive(claim, app, exchange, body, exhausted, tx).await;
+        drop(running);
+    });
     // A task that panicked gave no answer: as if the app had broken the connection.
     rx.await.unwrap_or(Err(Fault::Reset))
 }
@@ -94,7 +144,7 @@ async fn drive(
         grpc: x.grpc,
         traceparent: x.traceparent.clone(),
     };
-    let body = claim.body(body);
+    let body = claim.body(body, Fingerprinter::of_request(&x.headers));
     let resp = match app::send(&app, x.want, &head, body, &fields, &exhausted).await {
         Ok(resp) => resp,
         Err(fault) => {

@@ -71,6 +71,8 @@ pub struct Inbound {
     connections: Arc<AtomicUsize>,
     /// The calls this pod's outbound side gave up on, owned (outlives a reload).
     owned: owned::OwnedCalls,
+    /// Keyed first arrivals' exchanges with the app still running (outlives a reload).
+    exchanges: Arc<keyed::Exchanges>,
 }
 
 /// What a request reads once, when it starts: the settings and what was built from them.
@@ -125,6 +127,7 @@ impl Inbound {
             workers,
             connections,
             owned: owned::OwnedCalls::default(),
+            exchanges: Arc::default(),
         })
     }
 
@@ -149,6 +152,13 @@ impl Inbound {
     /// The settings in force.
     pub fn state(&self) -> Arc<State> {
         self.state.load_full()
+    }
+
+    /// Waits, for at most `limit`, until every keyed first arrival's exchange with the
+    /// app has ended and its key is completed (a drain: whether or not its caller still
+    /// listens); whether they all have.
+    pub async fn keyed_finished_within(&self, limit: std::time::Duration) -> bool {
+        self.exchanges.finished_within(limit).await
     }
 
     /// Closes the idle connections to the app that it has closed.

@@ -20,7 +20,7 @@ use tokio::time::Instant;
 use super::answer::{self, Refusal};
 use super::app::{self, DeadlineFields};
 use super::attempts::{is_kube_probe, is_retry};
-use super::dedupe::{Answer, Begin};
+use super::dedupe::{Answer, Begin, Fingerprinter};
 use super::limit::Admitted;
 use super::owned;
 use super::{Inbound, State, keyed};
@@ -45,9 +45,6 @@ use crate::trace::{Arrival, Fleet, RequestTrace, Side, Tracer};
 use crate::upstream::pool::Want;
 use crate::upstream::request::{ContinueWait, RequestHead};
 use crate::upstream::response::{Fields, UpstreamResponse, relayed};
-
-/// `x-tollgate-dedupe: on`, as a line of an HTTP/1.1 head.
-const DEDUPE_ON_LINE: &str = "x-tollgate-dedupe: on";
 
 /// The callers' requests to the app.
 #[derive(Clone)]
@@ -75,11 +72,15 @@ impl Service for InboundService {
             let state = inbound.state.load_full();
             let h1 = req.version() < Version::HTTP_2;
             let mut resp = Box::new(answer_request(&inbound, &state, conn, *req).await);
-            // Every answer says the callee deduplicates while it does: to an HTTP/1.1
-            // caller in a line written straight into the head.
-            if state.dedupe.is_some() && !(h1 && resp.body_mut().add_line(DEDUPE_ON_LINE)) {
-                resp.headers_mut()
-                    .insert(keyed::DEDUPE_HEADER, HeaderValue::from_static("on"));
+            // Every answer says the callee deduplicates while it does, which header it
+            // reads and where it keeps keys: to an HTTP/1.1 caller in a line written
+            // straight into the head.
+            if let Some((dedupe, _)) = &state.dedupe {
+                let (value, line) = dedupe.advert();
+                if !(h1 && resp.body_mut().add_line(line)) {
+                    let value = HeaderValue::from_static(value);
+                    resp.headers_mut().insert(keyed::DEDUPE_HEADER, value);
+                }
             }
             resp
         }
@@ -205,10 +206,17 @@ async fn answer_request(
         Some((dedupe, _)) if !facts.upgrade => dedupe.scope(&parts.method, &parts.uri, &headers),
         _ => None,
     };
-    if let (Some(_), Some(e)) = (&scope, call.log.as_mut()) {
+    if let (Some(_), Some(e), Some((dedupe, _))) = (&scope, call.log.as_mut(), &state.dedupe) {
         e.idempotency_key = headers
-            .get(super::dedupe::scope::IDEMPOTENCY_KEY)
+            .get(dedupe.header())
             .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned());
+    }
+    // A retry meant for another replica's keys never runs here.
+    if scope.is_some()
+        && let Some((dedupe, _)) = &state.dedupe
+        && dedupe.foreign_store(facts.dedupe_store)
+    {
+        return call.refuse(&answer::NOT_REPLAYABLE, guard);
     }
     let claim = match scope {
         None => None,
@@ -219,7 +227,8 @@ async fn answer_request(
             Some(begin) => match Box::pin(begin).await {
                 Begin::Run(claim) => Some(claim),
                 Begin::Duplicate(dup) => {
-                    let settled = Box::pin(dup.settle_body(body, deadline.at())).await;
+                    let hasher = Fingerprinter::of_request(&headers);
+                    let settled = Box::pin(dup.settle_body(body, hasher, deadline.at())).await;
                     return duplicate(&mut call, settled, parts.version, guard);
                 }
                 Begin::Unavailable => return call.refuse(&answer::DEDUPE_UNAVAILABLE, guard),
@@ -276,6 +285,7 @@ async fn answer_request(
             };
             // Boxed, as every await of a keyed request's: the future of a request
             // without a key keeps no room for them.
+            let exchange = (exchange, &inbound.exchanges);
             let run = keyed::run(claim, keyed_app.clone(), exchange, body, exhausted.clone());
             (Box::pin(run).await.map(Answered::Keyed), false)
         }

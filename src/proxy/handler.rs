@@ -227,7 +227,8 @@ fn mint_key(up: &Upstream, head: &Head) -> Option<HeaderValue> {
         return None;
     }
     let name = retry.idempotency_header.as_ref()?;
-    if head.headers.contains_key(name) {
+    // An empty key is no key: the minted one replaces it.
+    if crate::retry::keys::carries_key(&head.headers, name) {
         return None;
     }
     let key = crate::retry::keys::mint()?;
@@ -240,7 +241,7 @@ fn mint_key(up: &Upstream, head: &Head) -> Option<HeaderValue> {
 /// The request's idempotency key, the app's own or minted, for the access log.
 fn idempotency_key(up: &Upstream, head: &Head, minted: Option<&HeaderValue>) -> Option<String> {
     let name = up.config().retry.idempotency_header.as_ref()?;
-    let v = minted.or_else(|| head.headers.get(name))?;
+    let v = minted.or_else(|| head.headers.get(name).filter(|v| !v.is_empty()))?;
     Some(String::from_utf8_lossy(v.as_bytes()).into_owned())
 }
 

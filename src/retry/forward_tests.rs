@@ -403,7 +403,18 @@ async fn a_status_the_app_gets_is_never_made_up() {
     assert_eq!(status(&a), StatusCode::SERVICE_UNAVAILABLE.as_u16());
 }
 
-const DEDUPES: &str = "HTTP/1.1 200 OK\r\nx-tollgate-dedupe: on\r\ncontent-length: 2\r\n\r\nok";
+const DEDUPES: &str = "HTTP/1.1 200 OK\r\nx-tollgate-dedupe: on; header=idempotency-key; scope=shared\r\ncontent-length: 2\r\n\r\nok";
+const DEDUPES_HERE: &str = "HTTP/1.1 200 OK\r\nx-tollgate-dedupe: on; header=idempotency-key; scope=replica; store=00000000000000ab\r\ncontent-length: 2\r\n\r\nok";
+const DEDUPES_OTHER_HEADER: &str = "HTTP/1.1 200 OK\r\nx-tollgate-dedupe: on; header=x-idempotency-key; scope=shared\r\ncontent-length: 2\r\n\r\nok";
+
+/// Every endpoint of `up` (three) answers a GET with `answer`, read as a keyed request
+/// has been sent before.
+async fn every_endpoint_says(up: &Upstream<TestBody>, answer: &'static str) {
+    up.dedupes.want();
+    for _ in 0..3 {
+        call(up, &Script::new([Step::Answer(MS, answer)]), &get(), None).await;
+    }
+}
 
 fn keyed(method: Method) -> Head {
     let mut h = head(method);
@@ -444,9 +455,8 @@ async fn a_keyed_post_that_may_have_run_is_sent_again_only_where_answers_said_de
     let script = Script::new([Step::Answer(MS, S503), Step::Answer(MS, OK)]);
     let a = call(&up, &script, &keyed(Method::POST), None).await;
     assert_eq!((status(&a), a.attempts), (200, 2));
-    // An answer says the upstream deduplicates: believed for a minute.
-    let script = Script::new([Step::Answer(MS, DEDUPES)]);
-    call(&up, &script, &get(), None).await;
+    // Its answers say it deduplicates: believed for a minute.
+    every_endpoint_says(&up, DEDUPES).await;
     let script = Script::new([Step::Reset(MS), Step::Answer(MS, OK)]);
     let a = call(&up, &script, &keyed(Method::POST), None).await;
     assert_eq!((status(&a), a.attempts), (200, 2));
@@ -457,6 +467,93 @@ async fn a_keyed_post_that_may_have_run_is_sent_again_only_where_answers_said_de
         (status(&a), a.attempts),
         (502, 1),
         "a minute later it is not"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_dedupe_that_reads_another_header_is_not_trusted() {
+    let up = upstream("");
+    every_endpoint_says(&up, DEDUPES_OTHER_HEADER).await;
+    let script = Script::new([Step::Reset(MS), Step::Answer(MS, OK)]);
+    let a = call(&up, &script, &keyed(Method::POST), None).await;
+    assert_eq!(
+        (status(&a), a.outcome, a.attempts),
+        (502, Outcome::NotRetryable, 1),
+        "its dedupe never sees this caller's key"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_keyed_post_that_may_have_run_on_a_replica_store_goes_back_only_there() {
+    let up = upstream("");
+    every_endpoint_says(&up, DEDUPES_HERE).await;
+    let script = Script::new([
+        Step::Reset(MS),
+        Step::Answer(MS, S503),
+        Step::Answer(MS, OK),
+    ]);
+    let a = call(&up, &script, &keyed(Method::POST), None).await;
+    assert_eq!((status(&a), a.attempts), (200, 3));
+    let sent = script.sent();
+    assert!(
+        sent.iter().all(|s| s.endpoint == sent[0].endpoint),
+        "every attempt after it may have run goes to its endpoint: {sent:?}"
+    );
+    assert_eq!(sent[0].store, None);
+    for s in &sent[1..] {
+        assert_eq!(s.store.as_deref(), Some("00000000000000ab"));
+    }
+    // A failure that shows it did not run is retried elsewhere, with no store named.
+    let script = Script::new([Step::Answer(MS, S503), Step::Answer(MS, OK)]);
+    call(&up, &script, &keyed(Method::POST), None).await;
+    let sent = script.sent();
+    assert_ne!(sent[0].endpoint, sent[1].endpoint);
+    assert_eq!(sent[1].store, None);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_replica_store_behind_one_address_is_never_sent_a_retry() {
+    let text = "[upstreams.u]\nauthorities = [\"u\"]\nendpoints = [\"127.0.0.1:1\"]\n\
+                [upstreams.u.retry]\nmax_attempts = 3\nbackoff_base = \"1ms\"\n\
+                on = [\"reset\", \"503\"]\n[upstreams.u.budget]\nratio = 1.0\nmin_per_sec = 100\n";
+    let config = crate::config::parse("t.toml", text, std::path::Path::new(".")).unwrap();
+    let u = config.upstreams.into_iter().next().unwrap();
+    let up = Upstream::build(u, config.deadline, &Metrics::new(), None, 1);
+    up.dedupes.want();
+    call(
+        &up,
+        &Script::new([Step::Answer(MS, DEDUPES_HERE)]),
+        &get(),
+        None,
+    )
+    .await;
+    let script = Script::new([Step::Reset(MS), Step::Answer(MS, OK)]);
+    let a = call(&up, &script, &keyed(Method::POST), None).await;
+    assert_eq!(
+        (status(&a), a.outcome, a.attempts),
+        (502, Outcome::NotRetryable, 1),
+        "one address may be another pod next time"
+    );
+    // Shared keys are every replica's: sent again.
+    call(&up, &Script::new([Step::Answer(MS, DEDUPES)]), &get(), None).await;
+    let script = Script::new([Step::Reset(MS), Step::Answer(MS, OK)]);
+    let a = call(&up, &script, &keyed(Method::POST), None).await;
+    assert_eq!((status(&a), a.attempts), (200, 2));
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_empty_key_is_no_key() {
+    let up = upstream("");
+    every_endpoint_says(&up, DEDUPES).await;
+    let mut h = head(Method::POST);
+    h.headers
+        .insert("idempotency-key", http::HeaderValue::from_static(""));
+    let script = Script::new([Step::Answer(MS, S503), Step::Answer(MS, OK)]);
+    let a = call(&up, &script, &h, None).await;
+    assert_eq!(
+        (status(&a), a.attempts),
+        (503, 1),
+        "a POST without a key is not sent again"
     );
 }
 

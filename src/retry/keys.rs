@@ -3,19 +3,24 @@
 //!
 //! A keyed request of a method that is not idempotent may be sent again after a
 //! failure that shows it did not run. After one that may have run (a reset, a timeout
-//! once its body went), a second copy runs it twice unless the callee deduplicates;
-//! that is known only from the callee's own answers, which carry
-//! `x-tollgate-dedupe: on` while its `[inbound.dedupe]` is on. The config alone is
-//! never taken for it: a callee may be deployed without dedupe, or lose it.
+//! once its body went), a second copy runs it twice unless the callee deduplicates
+//! the key; that is known only from the callee's own answers, which carry
+//! `x-tollgate-dedupe: on; header=NAME; scope=…` while its `[inbound.dedupe]` is on,
+//! and count only when NAME is this caller's own idempotency header (a callee reading
+//! another header sees no key at all). The config alone is never taken for it: a
+//! callee may be deployed without dedupe, or lose it. What each endpoint said is
+//! remembered apart: a callee that keeps its keys in its own memory
+//! (`scope=replica`) can only deduplicate a retry sent back to it.
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Mutex, OnceLock};
 use std::time::Duration;
 
-use http::{HeaderValue, Method};
+use http::{HeaderName, HeaderValue, Method};
 use ring::rand::{SecureRandom, SystemRandom};
 use tokio::time::Instant;
 
-use super::headers::DEDUPE_HEADER;
+use super::headers::{DEDUPE_HEADER, DedupeAdvert, DedupeScope};
 use crate::upstream::response::Fields;
 
 /// How long an answer saying `x-tollgate-dedupe: on` is believed.
@@ -27,6 +32,16 @@ pub fn is_idempotent(method: &Method) -> bool {
         *method,
         Method::GET | Method::HEAD | Method::OPTIONS | Method::TRACE | Method::PUT | Method::DELETE
     )
+}
+
+/// Whether `headers` carry a key in `name`: a field that is not empty (an empty one is
+/// no key: minting replaces it).
+#[inline]
+pub fn carries_key(headers: &http::HeaderMap, name: &HeaderName) -> bool {
+    headers
+        .get_all(name)
+        .iter()
+        .any(|v| !v.as_bytes().trim_ascii().is_empty())
 }
 
 /// A new key: a random (version 4) UUID as a structured-field string, as the draft's
@@ -51,46 +66,65 @@ pub fn mint() -> Option<HeaderValue> {
     HeaderValue::from_bytes(&out).ok()
 }
 
-/// When an upstream's answer last said it deduplicates.
+/// What each endpoint's answers last said of its dedupe, and when.
 ///
 /// Its answers are read for it only once it matters: from the first keyed request of a
 /// method that is not idempotent (or when the upstream mints keys). An upstream that
 /// only ever gets GETs pays one atomic load per answer, not a header lookup.
+///
+/// Endpoints are remembered by their index, in [`SLOTS`] places; two endpoints that
+/// share a place (past 64 endpoints) push each other out, and then neither is
+/// believed: a retry after a failure that may have run is refused, never sent to an
+/// endpoint nobody vouched for.
 #[derive(Debug)]
 pub struct Dedupes {
     since: Instant,
-    /// Milliseconds after `since` of the last such answer, plus one; 0: never.
-    last: AtomicU64,
     /// Answers are read for `x-tollgate-dedupe`.
     wanted: AtomicBool,
+    /// Made when first wanted.
+    slots: OnceLock<Box<[Mutex<Option<Said>>]>>,
+}
+
+/// How many endpoints are remembered apart.
+pub const SLOTS: usize = 64;
+
+/// What an endpoint's answer said.
+#[derive(Clone, Copy, Debug)]
+struct Said {
+    endpoint: usize,
+    /// Milliseconds after `since`.
+    at: u64,
+    scope: DedupeScope,
 }
 
 impl Default for Dedupes {
     fn default() -> Self {
         Dedupes {
             since: Instant::now(),
-            last: AtomicU64::new(0),
             wanted: AtomicBool::new(false),
+            slots: OnceLock::new(),
         }
     }
 }
 
 impl Dedupes {
-    /// Notes an answer's say, if it has one (the clock is read only then). Inlined: an
-    /// upstream nobody sends keyed requests to pays one load and a branch.
+    /// Notes what an answer of `endpoint` says of its dedupe, for keys sent in `own`.
+    /// Inlined: an upstream nobody sends keyed requests to pays one load and a branch.
     #[inline]
-    pub fn saw(&self, fields: Fields<'_>) {
+    pub fn saw(&self, endpoint: usize, fields: Fields<'_>, own: Option<&HeaderName>) {
         if self.wanted.load(Ordering::Relaxed) {
-            self.read(fields);
+            self.read(endpoint, fields, own);
         }
     }
 
     #[cold]
     #[inline(never)]
-    fn read(&self, fields: Fields<'_>) {
-        if fields.get(&DEDUPE_HEADER) == Some(b"on") {
-            self.saw_at(Instant::now());
-        }
+    fn read(&self, endpoint: usize, fields: Fields<'_>, own: Option<&HeaderName>) {
+        let scope = match (fields.get(&DEDUPE_HEADER), own) {
+            (Some(v), Some(own)) => DedupeAdvert::scope_for(v, own),
+            _ => None,
+        };
+        self.said_at(endpoint, scope, Instant::now());
     }
 
     /// From now on, answers are read for what they say.
@@ -100,18 +134,45 @@ impl Dedupes {
         }
     }
 
-    fn saw_at(&self, now: Instant) {
-        self.last.store(self.at(now), Ordering::Relaxed);
+    fn slot(&self, endpoint: usize) -> &Mutex<Option<Said>> {
+        let slots = self
+            .slots
+            .get_or_init(|| (0..SLOTS).map(|_| Mutex::new(None)).collect());
+        &slots[endpoint % SLOTS]
     }
 
-    /// Whether an answer said so within the last [`BELIEVED`].
-    pub fn believed(&self, now: Instant) -> bool {
-        let last = self.last.load(Ordering::Relaxed);
-        last != 0 && self.at(now) < last + BELIEVED.as_millis() as u64
+    /// `scope`: what the answer said (`None`: that it does not deduplicate keys sent in
+    /// this caller's header, or said nothing).
+    fn said_at(&self, endpoint: usize, scope: Option<DedupeScope>, now: Instant) {
+        let slot = self.slot(endpoint);
+        let mut said = slot.lock().unwrap_or_else(|p| p.into_inner());
+        match scope {
+            Some(scope) => {
+                *said = Some(Said {
+                    endpoint,
+                    at: self.at(now),
+                    scope,
+                })
+            }
+            // It says no more: forgotten, if it is the one remembered here.
+            None if said.is_some_and(|s| s.endpoint == endpoint) => *said = None,
+            None => {}
+        }
+    }
+
+    /// What `endpoint`'s answers said within the last [`BELIEVED`], if they said it
+    /// deduplicates.
+    pub fn believed(&self, endpoint: usize, now: Instant) -> Option<DedupeScope> {
+        let slots = self.slots.get()?;
+        let said = *slots[endpoint % SLOTS]
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        said.filter(|s| s.endpoint == endpoint && self.at(now) < s.at + BELIEVED.as_millis() as u64)
+            .map(|s| s.scope)
     }
 
     fn at(&self, now: Instant) -> u64 {
-        now.saturating_duration_since(self.since).as_millis() as u64 + 1
+        now.saturating_duration_since(self.since).as_millis() as u64
     }
 }
 
@@ -139,25 +200,53 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
-    async fn an_answer_saying_dedupe_is_believed_for_a_minute() {
+    async fn an_answer_saying_dedupe_is_believed_for_a_minute_for_its_endpoint() {
         let d = Dedupes::default();
-        let mut on = http::HeaderMap::new();
-        on.insert(DEDUPE_HEADER, HeaderValue::from_static("on"));
+        let own = HeaderName::from_static("idempotency-key");
+        let value = |v: &'static str| {
+            let mut h = http::HeaderMap::new();
+            h.insert(DEDUPE_HEADER, HeaderValue::from_static(v));
+            h
+        };
+        let shared = value("on; header=idempotency-key; scope=shared");
         let now = Instant::now();
-        assert!(!d.believed(now));
-        d.saw(Fields::from(&on));
-        assert!(
-            !d.believed(now),
+        assert_eq!(d.believed(0, now), None);
+        d.saw(0, Fields::from(&shared), Some(&own));
+        assert_eq!(
+            d.believed(0, now),
+            None,
             "not read before a keyed request wanted it"
         );
         d.want();
-        d.saw(Fields::from(&http::HeaderMap::new()));
-        assert!(!d.believed(now));
-        d.saw(Fields::from(&on));
-        assert!(d.believed(now + Duration::from_secs(59)));
-        assert!(!d.believed(now + Duration::from_secs(61)));
-        d.saw_at(now + Duration::from_secs(30));
-        assert!(d.believed(now + Duration::from_secs(89)));
-        assert!(!d.believed(now + Duration::from_secs(91)));
+        d.saw(0, Fields::from(&http::HeaderMap::new()), Some(&own));
+        assert_eq!(d.believed(0, now), None);
+        d.saw(0, Fields::from(&shared), Some(&own));
+        assert_eq!(
+            d.believed(0, now + Duration::from_secs(59)),
+            Some(DedupeScope::Shared)
+        );
+        assert_eq!(d.believed(0, now + Duration::from_secs(61)), None);
+        assert_eq!(d.believed(1, now), None, "another endpoint said nothing");
+        assert_eq!(
+            d.believed(SLOTS, now),
+            None,
+            "nor one that shares its place"
+        );
+        d.said_at(0, Some(DedupeScope::Shared), now + Duration::from_secs(30));
+        assert!(d.believed(0, now + Duration::from_secs(89)).is_some());
+        assert!(d.believed(0, now + Duration::from_secs(91)).is_none());
+        // Another header, a bare `on`, or nothing said: not believed, and forgotten.
+        for v in ["on; header=x-idempotency-key; scope=shared", "on"] {
+            d.saw(0, Fields::from(&shared), Some(&own));
+            d.saw(0, Fields::from(&value(v)), Some(&own));
+            assert_eq!(d.believed(0, Instant::now()), None, "{v}");
+        }
+        // A replica's store is remembered with it.
+        let replica = value("on; header=idempotency-key; scope=replica; store=00000000000000ab");
+        d.saw(2, Fields::from(&replica), Some(&own));
+        let Some(DedupeScope::Replica(id)) = d.believed(2, Instant::now()) else {
+            panic!("a replica's dedupe not believed");
+        };
+        assert_eq!(id.value(), "00000000000000ab");
     }
 }

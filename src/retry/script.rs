@@ -46,6 +46,8 @@ pub struct Sent {
     pub deadline_ms: Option<u64>,
     /// The idempotency key it carried (the request's own, or minted for it).
     pub key: Option<String>,
+    /// The dedupe store it named (`x-tollgate-dedupe-store`).
+    pub store: Option<String>,
 }
 
 #[derive(Default)]
@@ -95,6 +97,10 @@ impl<A: AppBody> Transport<A> for Script {
             .map(|(_, v)| v)
             .or_else(|| head.headers.get("idempotency-key"))
             .and_then(|v| Some(v.to_str().ok()?.to_string()));
+        let store = head
+            .added()
+            .find(|(name, _)| *name == "x-tollgate-dedupe-store")
+            .and_then(|(_, v)| Some(v.to_str().ok()?.to_string()));
         self.sent
             .lock()
             .unwrap_or_else(|p| p.into_inner())
@@ -105,6 +111,7 @@ impl<A: AppBody> Transport<A> for Script {
                 at: now,
                 deadline_ms,
                 key,
+                store,
             });
         let wait = |d: Duration| async move {
             let at = now + d;

@@ -16,6 +16,7 @@ use http::HeaderValue;
 use http::header::{self, HeaderMap, HeaderName};
 
 use crate::http::fields::{has_token, is_hop_by_hop, strip_hop_by_hop};
+use crate::retry::headers::{DEDUPE_STORE_HEADER, StoreId};
 use crate::retry::markers::marks_retry;
 
 /// What a request's headers say, read in one pass.
@@ -29,6 +30,9 @@ pub struct RequestFacts {
     pub upgrade: bool,
     /// Its HTTP client counts it as a retry ([`crate::retry::markers`]).
     pub retry_marker: bool,
+    /// The dedupe store a caller's retry is meant for (`x-tollgate-dedupe-store`), read
+    /// before tollgate's own headers go.
+    pub dedupe_store: Option<StoreId>,
 }
 
 /// Reads what the request says and cleans it for the upstream: hop-by-hop headers go,
@@ -62,6 +66,9 @@ pub fn prepare_request(
         } else if is_own(name) {
             if !own.contains(name) {
                 own.push(name.clone());
+            }
+            if *name == DEDUPE_STORE_HEADER {
+                facts.dedupe_store = Some(StoreId::named(value.as_bytes()));
             }
         } else if accept.contains(name) {
             deadline = true;

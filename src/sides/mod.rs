@@ -225,6 +225,7 @@ impl Server {
     /// Stops accepting, asks every connection to finish, and waits for them up to
     /// `drain_timeout`. Returns the connections still open when it gave up.
     pub async fn shutdown(&self, drain_timeout: Duration) -> usize {
+        let start = tokio::time::Instant::now();
         self.shared.ready.store(false, Release);
         let mut listeners: Vec<Accepting> = self
             .dedicated
@@ -240,6 +241,15 @@ impl Server {
                 .unwrap_or_else(|p| p.into_inner())
                 .take(),
         );
-        self.serving.listeners.drain(listeners, drain_timeout).await
+        let left = self.serving.listeners.drain(listeners, drain_timeout).await;
+        // Keyed exchanges whose callers have gone hold no connection, and still have a
+        // key to complete: they get what is left of the drain too.
+        if let Some(inbound) = &self.shared.inbound {
+            let rest = drain_timeout.saturating_sub(start.elapsed());
+            if !inbound.keyed_finished_within(rest).await {
+                tracing::warn!("drain timeout reached with keyed requests still running");
+            }
+        }
+        left
     }
 }

@@ -713,6 +713,11 @@ impl<B> Endpoints<B> {
         self.report_at(&e, verdict, now_ms);
     }
 
+    /// The endpoint numbered `id`, while it is one of the endpoints.
+    pub fn by_id(&self, id: usize) -> Option<Arc<Endpoint<B>>> {
+        self.shared.set.load().iter().find(|e| e.id == id).cloned()
+    }
+
     /// The endpoints now.
     pub fn now(&self) -> Arc<Vec<Arc<Endpoint<B>>>> {
         self.shared.set.load_full()

@@ -16,9 +16,9 @@ use crate::http::fields::{content_length, write_field};
 /// A header field an attempt adds, its name borrowed.
 pub type Field<'a> = (&'a HeaderName, HeaderValue);
 
-/// The fields few requests carry: a minted idempotency key, and a traced attempt's
-/// `traceparent`.
-pub type RareFields<'a> = [Option<Field<'a>>; 2];
+/// The fields few requests carry: a minted idempotency key, a traced attempt's
+/// `traceparent`, and the dedupe store a retry goes back to.
+pub type RareFields<'a> = [Option<Field<'a>>; 3];
 
 /// The header fields one attempt adds to the request (its number, its time, the
 /// caller's own time for gRPC, the hedge mark), each replacing any field of the same

@@ -307,6 +307,8 @@ section!(
         max_entries,
         store_timeout,
         on_store_error,
+        header,
+        identity_headers,
     }
 );
 section!(

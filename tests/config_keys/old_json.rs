@@ -82,6 +82,8 @@ fn dedupe(d: &DedupeConfig) -> Value {
             "max_entries": d.max_entries,
             "store_timeout": format_duration(d.store_timeout),
             "on_store_error": d.on_store_error.as_str(),
+            "header": d.header.as_str(),
+            "identity_headers": d.identity_headers.iter().map(|h| h.as_str()).collect::<Vec<_>>(),
         })
     }
 }

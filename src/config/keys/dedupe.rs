@@ -22,4 +22,8 @@ keys! {
         |c| json!(format_duration(c.store_timeout));
     on_store_error: "`\"closed\"` or `\"open\"`", model, Applied, "a keyed request while the store fails: `503`, or this replica's memory",
         |c| json!(c.on_store_error.as_str());
+    header: "header name", model, Applied, "the header a key is read from; every answer names it",
+        |c| json!(c.header.as_str());
+    identity_headers: "list of header names", model, Applied, "credentials besides `Authorization` and `Cookie` that are part of a key's scope",
+        |c| json!(c.identity_headers.iter().map(|h| h.as_str()).collect::<Vec<_>>());
 }

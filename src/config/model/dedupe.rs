@@ -9,7 +9,7 @@
 use std::fmt;
 use std::time::Duration;
 
-use http::Method;
+use http::{HeaderName, Method};
 
 /// `[inbound.dedupe]`.
 #[derive(Clone, Debug, PartialEq)]
@@ -26,6 +26,12 @@ pub struct DedupeConfig {
     /// One store operation longer than this counts as the store failing.
     pub store_timeout: Duration,
     pub on_store_error: OnStoreError,
+    /// The header a key is read from, and which every answer names
+    /// (`x-tollgate-dedupe: on; header=NAME`).
+    pub header: HeaderName,
+    /// Credentials besides `Authorization` and `Cookie` that tell callers apart: each
+    /// is part of a key's scope.
+    pub identity_headers: Vec<HeaderName>,
 }
 
 impl Default for DedupeConfig {
@@ -38,6 +44,8 @@ impl Default for DedupeConfig {
             max_entries: 100_000,
             store_timeout: Duration::from_millis(50),
             on_store_error: OnStoreError::Closed,
+            header: HeaderName::from_static("idempotency-key"),
+            identity_headers: vec![HeaderName::from_static("x-api-key")],
         }
     }
 }

@@ -40,7 +40,29 @@ pub(super) fn dedupe(w: &mut Walker<'_>, t: &Table) -> DedupeConfig {
         Some(list) => list,
         None => d.methods,
     };
+    let header = match w.string(t, key::header) {
+        None => d.header.clone(),
+        Some((text, span)) if text.is_empty() => {
+            let message = "empty: a key must be read from some header";
+            w.reject(span, &t.key(key::header), message, FIX_HEADER);
+            d.header.clone()
+        }
+        Some(written) => w
+            .header_name(written, &t.key(key::header))
+            .unwrap_or_else(|| d.header.clone()),
+    };
+    let identity_headers = match w.strings(t, key::identity_headers) {
+        None => d.identity_headers.clone(),
+        Some(list) => {
+            let full = t.key(key::identity_headers);
+            list.into_iter()
+                .filter_map(|written| w.header_name(written, &full))
+                .collect()
+        }
+    };
     DedupeConfig {
+        header,
+        identity_headers,
         methods,
         ttl: w.ranged(t, key::ttl, d.ttl, secs(1)..=secs(30 * 24 * 3600)),
         max_response: w
@@ -62,6 +84,9 @@ pub(super) fn dedupe(w: &mut Walker<'_>, t: &Table) -> DedupeConfig {
 
 const FIX_STORE: &str = "write \"memory\" (this replica only) or \"redis://HOST:PORT/DB\" (one \
                          store for every replica), e.g. \"redis://redis.default.svc:6379/0\"";
+
+const FIX_HEADER: &str = "write the header callers put their keys in, e.g. \"idempotency-key\" \
+                          (the default)";
 
 const FIX_METHODS: &str = "list the methods whose keyed requests run once, e.g. [\"POST\", \"PATCH\"], \
                            or remove [inbound.dedupe]";

@@ -18,7 +18,8 @@
 //!   a shared store ends in a task of its own then; if that fails too, the lease
 //!   lapses and the key is not replayable (see [`super::redis`]).
 //!
-//! While a claim on a shared store runs, a task renews its lease.
+//! While a claim on a shared store runs, a task renews its lease (every 10 s, for 30 s
+//! from then), and moves the key's expiry forward with it, until the exchange ends.
 
 use std::pin::Pin;
 use std::sync::{Arc, OnceLock};
@@ -30,7 +31,6 @@ use http_body::{Body, Frame, SizeHint};
 use tokio::task::JoinHandle;
 
 use super::kept::{Keeper, keeps};
-use super::redis::{LEASE, RENEW_EVERY};
 use super::scope::{Fingerprint, Fingerprinter, Scope};
 use super::store::{Ending, Store, Token};
 use super::{Backend, Core};
@@ -85,11 +85,12 @@ impl Claim {
     pub(super) fn new(scope: Scope, token: Token, store: Backend, core: Arc<Core>) -> Claim {
         let renewal = store.shared().then(|| {
             let store = store.clone();
+            let (lease, every, ttl) = (core.lease, core.renew_every, core.config.ttl);
             tokio::spawn(async move {
                 loop {
-                    tokio::time::sleep(RENEW_EVERY).await;
+                    tokio::time::sleep(every).await;
                     // A failed renewal is retried at the next turn; a lost claim stops.
-                    if let Ok(false) = store.renew(&scope, token, LEASE).await {
+                    if let Ok(false) = store.renew(&scope, token, lease, ttl).await {
                         return;
                     }
                 }
@@ -109,11 +110,12 @@ impl Claim {
 
     /// The request's body on its way to the app: hashed as it streams, and the app
     /// counted as having the whole request once its end has been read.
-    pub fn body<B: Body<Data = Bytes> + Unpin>(&self, body: B) -> Hashed<B> {
+    /// `hasher` is the request's ([`Fingerprinter::of_request`]).
+    pub fn body<B: Body<Data = Bytes> + Unpin>(&self, body: B, hasher: Fingerprinter) -> Hashed<B> {
         let delivery = self.delivery();
         let mut hashed = Hashed {
             inner: body,
-            hasher: Some(Fingerprinter::new()),
+            hasher: Some(hasher),
             delivery,
         };
         // A body that is over before it starts may never be polled: the head carries

@@ -91,15 +91,19 @@ impl std::fmt::Debug for Duplicate {
 }
 
 impl Duplicate {
-    /// Reads the duplicate's body (hashing it, keeping nothing) within `deadline`, then
-    /// settles it.
-    pub async fn settle_body<B>(self, body: B, deadline: Option<Instant>) -> Answer
+    /// Reads the duplicate's body (hashing it with `f`, the request's
+    /// [`Fingerprinter::of_request`], keeping nothing) within `deadline`, then settles it.
+    pub async fn settle_body<B>(
+        self,
+        body: B,
+        mut f: Fingerprinter,
+        deadline: Option<Instant>,
+    ) -> Answer
     where
         B: Body<Data = Bytes>,
     {
         let hashing = async {
             let mut body = std::pin::pin!(body);
-            let mut f = Fingerprinter::new();
             while let Some(frame) = body.frame().await {
                 let frame = frame.map_err(|_| ())?;
                 if let Some(data) = frame.data_ref() {

@@ -24,6 +24,7 @@ use tokio::time::Instant;
 use super::scope::{Fingerprint, Scope};
 use super::store::{Ending, Found, Store, StoreError, Token};
 use crate::inbound::dedupe::kept::Kept;
+use crate::retry::headers::StoreId;
 
 /// The memory store.
 pub struct MemoryStore {
@@ -35,6 +36,9 @@ pub struct MemoryStore {
     seq: AtomicU64,
     /// `tollgate_inbound_dedupe_entries`.
     gauge: Option<IntGauge>,
+    /// Its name, new with every store made (every process start): a caller's retry
+    /// that names another was meant for keys this store never held.
+    id: StoreId,
 }
 
 impl std::fmt::Debug for MemoryStore {
@@ -75,7 +79,13 @@ impl MemoryStore {
             entries: AtomicUsize::new(0),
             seq: AtomicU64::new(0),
             gauge,
+            id: StoreId::random(),
         }
+    }
+
+    /// Its name, as answers carry it (`x-tollgate-dedupe: …; store=ID`).
+    pub fn id(&self) -> StoreId {
+        self.id
     }
 
     /// A new bound (a reload); it applies from the next completed key.
@@ -307,7 +317,13 @@ impl Store for MemoryStore {
         Ok(())
     }
 
-    async fn renew(&self, scope: &Scope, token: Token, _: Duration) -> Result<bool, StoreError> {
+    async fn renew(
+        &self,
+        scope: &Scope,
+        token: Token,
+        _: Duration,
+        _: Duration,
+    ) -> Result<bool, StoreError> {
         let (_, shard) = self.shard(scope);
         Ok(matches!(shard.map.get(scope), Some(Entry::Running(t)) if *t == token))
     }
@@ -324,7 +340,13 @@ mod tests {
     fn scope(k: u8) -> Scope {
         let mut h = HeaderMap::new();
         h.insert("idempotency-key", HeaderValue::from(u16::from(k)));
-        Scope::of(&Method::POST, &"/".parse().unwrap(), &h).unwrap()
+        Scope::of(
+            &Method::POST,
+            &"/".parse().unwrap(),
+            &h,
+            &Default::default(),
+        )
+        .unwrap()
     }
 
     #[derive(Clone, Debug)]

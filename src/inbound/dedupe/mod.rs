@@ -11,14 +11,15 @@
 //!
 //! ```text
 //! let Some(scope) = dedupe.scope(&method, &uri, &headers) else { /* not keyed: as before */ };
+//! let hasher = Fingerprinter::of_request(&headers); // the body and its Content-Type
 //! match dedupe.begin(scope).await {
 //!     Begin::Run(claim) => {
-//!         // send claim.body(body) to the app;
+//!         // send claim.body(body, hasher) to the app;
 //!         // no head: claim.release() (the app never had it) or claim.failed();
 //!         // a head: keeper = claim.keeper(status, &headers), fed each frame as it
 //!         //         streams back, then claim.complete(keeper) at the body's end.
 //!     }
-//!     Begin::Duplicate(dup) => match dup.settle_body(body, deadline).await {
+//!     Begin::Duplicate(dup) => match dup.settle_body(body, hasher, deadline).await {
 //!         Answer::Replay(kept) => /* kept response + idempotent-replayed: true */,
 //!         other => /* other.refusal(): 409 / 422 / 500 / 503 */,
 //!     },
@@ -46,7 +47,9 @@
 //! minute, and `on_store_error` decides here, so the service only applies the answer:
 //! `closed` answers [`Begin::Unavailable`]; `open` claims in this replica's memory
 //! store instead (duplicates landing on other replicas may run again while the store
-//! is down).
+//! is down). The keys run so are remembered: until they are written to the shared
+//! store, which happens once it answers again, a keyed request first looks in this
+//! replica's memory, so a duplicate here never runs one twice.
 
 pub mod claim;
 pub mod duplicate;
@@ -65,7 +68,7 @@ mod testing;
 mod tests;
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use http::{HeaderMap, Method, Uri};
@@ -74,13 +77,14 @@ use tokio::time::Instant;
 pub use claim::{Claim, Ended, Hashed};
 pub use duplicate::{Answer, Duplicate};
 pub use kept::{Keeper, Kept};
-pub use scope::{Fingerprint, Scope};
+pub use scope::{Fingerprint, Fingerprinter, KeyFields, Scope};
 
 use crate::config::{DedupeConfig, DedupeStore, OnStoreError};
 use crate::metrics::Metrics;
 use crate::metrics::dedupe::{DedupeMetrics, DedupeResult};
+use crate::retry::headers::{DEDUPE_HEADER, DedupeAdvert, DedupeScope, StoreId};
 use memory::MemoryStore;
-use redis::{LEASE, RedisStore};
+use redis::{LEASE, RENEW_EVERY, RedisStore};
 use store::{Ending, Found, Store, StoreError, Token};
 
 /// What the service does with a keyed request.
@@ -101,9 +105,15 @@ pub struct Dedupe {
     /// This replica's memory store, standing in for a failing shared one
     /// (`on_store_error = "open"`).
     fallback: Option<Arc<MemoryStore>>,
+    /// The keys the fallback ran, not yet written to the shared store (with
+    /// `fallback`).
+    outage: Option<Arc<Outage>>,
     /// `GET` is one of `methods` (it seldom is): a GET, nearly every request a callee
     /// gets, passes with one comparison.
     gets: bool,
+    /// What every answer says (`x-tollgate-dedupe`), as a value and as a line of an
+    /// HTTP/1.1 head.
+    advert: (&'static str, &'static str),
 }
 
 impl std::fmt::Debug for Dedupe {
@@ -117,11 +127,17 @@ impl std::fmt::Debug for Dedupe {
 /// What claims, duplicates and the core share.
 pub(crate) struct Core {
     config: DedupeConfig,
+    /// Where a key and its caller's identity are read from.
+    keys: KeyFields,
     metrics: Arc<Metrics>,
     /// Shared with the core a reload replaces: a duplicate that began on one waits on
     /// a claim that may end on the other.
     notices: Arc<wake::Notices>,
     warned: Warned,
+    /// How long a claim on a shared store holds its key unrenewed, and how often it is
+    /// renewed ([`LEASE`], [`RENEW_EVERY`]; shorter in tests).
+    lease: Duration,
+    renew_every: Duration,
 }
 
 /// One of the two stores.
@@ -172,12 +188,38 @@ impl Dedupe {
             (Backend::Redis(_), OnStoreError::Open) => Some(memory(old_memory)),
             _ => None,
         };
+        let outage = fallback
+            .as_ref()
+            .map(|_| previous.and_then(|p| p.outage.clone()).unwrap_or_default());
+        let scope = match &primary {
+            Backend::Memory(m) => DedupeScope::Replica(m.id()),
+            Backend::Redis(_) => DedupeScope::Shared,
+        };
+        let advert = DedupeAdvert {
+            header: config.header.clone(),
+            scope,
+        }
+        .to_value();
+        let header = DEDUPE_HEADER;
+        let name = header.as_str();
+        let line = intern(format!("{name}: {advert}"));
+        // The value, as the line's own tail: made from a header name and hex digits, it
+        // is a valid field value.
+        let advert = (line.get(name.len() + 2..).unwrap_or("on"), line);
         Dedupe {
+            advert,
+            outage,
             core: Arc::new(Core {
                 config: config.clone(),
+                keys: KeyFields {
+                    header: config.header.clone(),
+                    identity: config.identity_headers.clone(),
+                },
                 metrics,
                 notices: previous.map_or_else(Arc::default, |p| p.core.notices.clone()),
                 warned: Warned::default(),
+                lease: LEASE,
+                renew_every: RENEW_EVERY,
             }),
             primary,
             fallback,
@@ -203,29 +245,79 @@ impl Dedupe {
         if !self.core.config.methods.contains(method) {
             return None;
         }
-        Scope::of(method, uri, headers)
+        Scope::of(method, uri, headers, &self.core.keys)
+    }
+
+    /// The header a key is read from.
+    pub fn header(&self) -> &http::HeaderName {
+        &self.core.keys.header
+    }
+
+    /// What every answer says: `x-tollgate-dedupe` as a value, and as a line of an
+    /// HTTP/1.1 head. Both static text: an answer's field is made from it (no count shared by every
+    /// worker is touched), and only when it is not written as a line.
+    pub fn advert(&self) -> (&'static str, &'static str) {
+        self.advert
+    }
+
+    /// Whether a keyed request names a store (`x-tollgate-dedupe-store`, `named`) that
+    /// is not this replica's: a caller's retry of a request that may have run on a
+    /// replica whose keys this one never held (it restarted, or the retry went to
+    /// another pod behind one address). It must not run here: `500 not-replayable`.
+    pub fn foreign_store(&self, named: Option<StoreId>) -> bool {
+        let Some(named) = named else {
+            return false;
+        };
+        let foreign = match &self.primary {
+            Backend::Memory(m) => named != m.id(),
+            // Every replica's keys are in the shared store.
+            Backend::Redis(_) => false,
+        };
+        if foreign {
+            self.core.metrics().count(DedupeResult::NotKept);
+        }
+        foreign
     }
 
     /// Claims `scope` for a request about to run, or finds what holds it.
     pub async fn begin(&self, scope: Scope) -> Begin {
+        // A key this replica ran while the shared store failed is answered from its
+        // memory until the store has it: a duplicate here never runs it again.
+        if let (Some(fallback), Some(outage)) = (&self.fallback, &self.outage)
+            && outage.pending()
+        {
+            let found = fallback.look_now(&scope);
+            if found != Found::Free {
+                return Begin::Duplicate(Duplicate {
+                    scope,
+                    found,
+                    store: Backend::Memory(fallback.clone()),
+                    core: self.core.clone(),
+                });
+            }
+        }
         let token = Token::new();
         let ttl = self.core.config.ttl;
         let claimed = self
             .core
-            .timed(self.primary.claim(&scope, token, LEASE, ttl))
+            .timed(self.primary.claim(&scope, token, self.core.lease, ttl))
             .await;
         let (found, store) = match claimed {
-            Ok(found) => (found, self.primary.clone()),
+            Ok(found) => {
+                self.write_outage();
+                (found, self.primary.clone())
+            }
             Err(e) => {
                 self.core.store_failed(&e);
                 self.forget(scope, token);
-                let Some(fallback) = &self.fallback else {
+                let (Some(fallback), Some(outage)) = (&self.fallback, &self.outage) else {
                     return Begin::Unavailable;
                 };
-                (
-                    fallback.claim_now(&scope, token),
-                    Backend::Memory(fallback.clone()),
-                )
+                let found = fallback.claim_now(&scope, token);
+                if found == Found::Claimed {
+                    outage.add(scope);
+                }
+                (found, Backend::Memory(fallback.clone()))
             }
         };
         if found == Found::Claimed {
@@ -248,6 +340,51 @@ impl Dedupe {
         if let Backend::Redis(r) = &self.primary {
             let r = r.clone();
             tokio::spawn(async move { r.release(&scope, token).await });
+        }
+    }
+
+    /// The shared store answers again: writes the keys the fallback ran meanwhile to
+    /// it, in a task of its own (one at a time).
+    fn write_outage(&self) {
+        let (Some(outage), Some(fallback), Backend::Redis(redis)) =
+            (&self.outage, &self.fallback, &self.primary)
+        else {
+            return;
+        };
+        if !outage.pending() || outage.writing.swap(true, Ordering::Acquire) {
+            return;
+        }
+        let (outage, fallback, redis) = (outage.clone(), fallback.clone(), redis.clone());
+        let ttl = self.core.config.ttl;
+        tokio::spawn(async move {
+            for scope in outage.keys() {
+                let ending = match fallback.look_now(&scope) {
+                    // Written once it ends (at a later turn).
+                    Found::Running => continue,
+                    Found::Done { fingerprint, kept } => Ending::Kept { fingerprint, kept },
+                    Found::Gone { fingerprint } => Ending::NotReplayable { fingerprint },
+                    // Released, or expired: nothing to write.
+                    Found::Free | Found::Claimed => {
+                        outage.remove(&scope);
+                        continue;
+                    }
+                };
+                match redis.put(&scope, &ending, ttl).await {
+                    Ok(_) => outage.remove(&scope),
+                    // Down again: the next answer tries again.
+                    Err(_) => break,
+                }
+            }
+            outage.writing.store(false, Ordering::Release);
+        });
+    }
+
+    /// A shorter lease and renewal, for tests that watch a lease lapse or be renewed.
+    #[cfg(test)]
+    pub(crate) fn set_lease(&mut self, lease: Duration, renew_every: Duration) {
+        if let Some(core) = Arc::get_mut(&mut self.core) {
+            core.lease = lease;
+            core.renew_every = renew_every;
         }
     }
 
@@ -301,6 +438,57 @@ impl Core {
             );
         }
     }
+}
+
+/// The keys the fallback memory store ran while the shared store failed, until they
+/// are written to it. Looked at by every keyed request only while there are some.
+#[derive(Debug, Default)]
+struct Outage {
+    keys: std::sync::Mutex<Vec<Scope>>,
+    /// `keys.len()`, read without the lock.
+    count: AtomicUsize,
+    /// A task is writing them.
+    writing: AtomicBool,
+}
+
+impl Outage {
+    fn pending(&self) -> bool {
+        self.count.load(Ordering::Acquire) > 0
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Vec<Scope>> {
+        self.keys.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn add(&self, scope: Scope) {
+        let mut keys = self.lock();
+        keys.push(scope);
+        self.count.store(keys.len(), Ordering::Release);
+    }
+
+    fn keys(&self) -> Vec<Scope> {
+        self.lock().clone()
+    }
+
+    fn remove(&self, scope: &Scope) {
+        let mut keys = self.lock();
+        keys.retain(|k| k != scope);
+        self.count.store(keys.len(), Ordering::Release);
+    }
+}
+
+/// A line made once per distinct value and kept for the process's life: the HTTP/1.1
+/// writer takes a `&'static str`. A value changes only with `[inbound.dedupe] header`
+/// or a new memory store, so there are a handful.
+fn intern(line: String) -> &'static str {
+    static LINES: std::sync::Mutex<Vec<&'static str>> = std::sync::Mutex::new(Vec::new());
+    let mut lines = LINES.lock().unwrap_or_else(|p| p.into_inner());
+    if let Some(l) = lines.iter().find(|l| **l == line) {
+        return l;
+    }
+    let l: &'static str = Box::leak(line.into_boxed_str());
+    lines.push(l);
+    l
 }
 
 /// "At most once a minute", without a lock.
@@ -389,10 +577,11 @@ impl Store for Backend {
         scope: &Scope,
         token: Token,
         lease: Duration,
+        ttl: Duration,
     ) -> Result<bool, StoreError> {
         match self {
-            Backend::Memory(m) => m.renew(scope, token, lease).await,
-            Backend::Redis(r) => r.renew(scope, token, lease).await,
+            Backend::Memory(m) => m.renew(scope, token, lease, ttl).await,
+            Backend::Redis(r) => r.renew(scope, token, lease, ttl).await,
         }
     }
 }

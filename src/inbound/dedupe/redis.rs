@@ -14,8 +14,10 @@
 //! while it runs (every 10 s); a claim found with its lease run out belonged to a
 //! replica that is gone, and it may have done the work: the key turns into *not
 //! replayable* (a duplicate gets `500 not-replayable`), never into free, since freeing
-//! it could run the request twice. The key itself lives `ttl` from its claim and again
-//! from its end, so an abandoned one goes away with the rest.
+//! it could run the request twice. So the key itself always outlives its lease: it
+//! expires `lease + ttl` after its claim, and each renewal moves that expiry forward
+//! with the lease (a request that runs longer than `ttl` never finds its key gone
+//! under it); once it ends, it lives `ttl`. An abandoned one goes away with the rest.
 //!
 //! **Failures.** Every operation is bounded by `store_timeout`. The connection is one
 //! multiplexed connection (`redis::aio::ConnectionManager`, pipelined, shared by every
@@ -74,6 +76,16 @@ redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])
 return 1
 ";
 
+/// `ARGV`: the value, the ttl in ms. Written only where nothing is (a key another
+/// replica ran meanwhile is its own).
+const PUT: &str = r"
+if redis.call('EXISTS', KEYS[1]) == 1 then
+  return 0
+end
+redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+return 1
+";
+
 /// `ARGV`: the token.
 const RELEASE: &str = r"
 local v = redis.call('GET', KEYS[1])
@@ -84,7 +96,7 @@ end
 return 0
 ";
 
-/// `ARGV`: the token, the lease in ms.
+/// `ARGV`: the token, the lease in ms, the key's new expiry (lease and ttl) in ms.
 const RENEW: &str = r"
 local v = redis.call('GET', KEYS[1])
 if not (v and string.sub(v, 1, 1) == 'R' and string.sub(v, 2, 17) == ARGV[1]) then
@@ -93,7 +105,7 @@ end
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local lease = string.format('%013d', now + tonumber(ARGV[2]))
-redis.call('SET', KEYS[1], string.sub(v, 1, 17) .. lease .. string.sub(v, 31), 'KEEPTTL')
+redis.call('SET', KEYS[1], string.sub(v, 1, 17) .. lease .. string.sub(v, 31), 'PX', ARGV[3])
 return 1
 ";
 
@@ -108,6 +120,7 @@ pub struct RedisStore {
 struct Scripts {
     claim: Script,
     finish: Script,
+    put: Script,
     release: Script,
     renew: Script,
 }
@@ -129,6 +142,7 @@ impl RedisStore {
             scripts: Arc::new(Scripts {
                 claim: Script::new(CLAIM),
                 finish: Script::new(FINISH),
+                put: Script::new(PUT),
                 release: Script::new(RELEASE),
                 renew: Script::new(RENEW),
             }),
@@ -141,6 +155,18 @@ impl RedisStore {
 
     pub fn timeout(&self) -> Duration {
         self.timeout
+    }
+
+    /// Writes a key that ended elsewhere (in this replica's memory, while the store
+    /// failed), unless the store holds it already; whether it was written.
+    pub async fn put(
+        &self,
+        scope: &Scope,
+        ending: &Ending,
+        ttl: Duration,
+    ) -> Result<bool, StoreError> {
+        let args: [&[u8]; 2] = [&ended(Token::new(), ending), &ms(ttl)];
+        one(self.run(&self.scripts.put, scope, &args).await?)
     }
 
     fn conn(&self) -> Result<ConnectionManager, StoreError> {
@@ -276,7 +302,8 @@ impl Store for RedisStore {
         lease: Duration,
         ttl: Duration,
     ) -> Result<Found, StoreError> {
-        let args: [&[u8]; 4] = [b"claim", &token.0, &ms(lease), &ms(ttl.max(lease))];
+        // The key outlives its lease by `ttl`: a lapsed lease is seen, never a free key.
+        let args: [&[u8]; 4] = [b"claim", &token.0, &ms(lease), &ms(lease + ttl)];
         found(self.run(&self.scripts.claim, scope, &args).await?)
     }
 
@@ -305,8 +332,9 @@ impl Store for RedisStore {
         scope: &Scope,
         token: Token,
         lease: Duration,
+        ttl: Duration,
     ) -> Result<bool, StoreError> {
-        let args: [&[u8]; 2] = [&token.0, &ms(lease)];
+        let args: [&[u8]; 3] = [&token.0, &ms(lease), &ms(lease + ttl)];
         one(self.run(&self.scripts.renew, scope, &args).await?)
     }
 }

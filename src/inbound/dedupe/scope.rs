@@ -1,15 +1,20 @@
 //! What makes two requests the same one: the scope of a key, and the fingerprint of a
 //! body.
 //!
-//! A key is scoped to (key, method, target, the `Authorization` header): two callers
-//! who happen to pick the same key, or one caller using it on two targets, never see
-//! each other's answers. The scope is kept only as a SHA-256 digest of those four,
-//! length-prefixed so no two different scopes run together into the same bytes; the
-//! store never holds a key or a credential in the clear.
+//! A key is scoped to (key, method, authority, target with its query, the caller's
+//! identity): two callers who happen to pick the same key, or one caller using it on
+//! two targets, never see each other's answers. The identity is every credential the
+//! request carries: `Authorization`, `Cookie`, and the fields of `identity_headers`
+//! (`x-api-key` by default); each is tagged by its name, so a request without any (an
+//! anonymous one) never shares a scope with one that has some. The scope is kept only
+//! as a SHA-256 digest of those parts, length-prefixed so no two different scopes run
+//! together into the same bytes; the store never holds a key or a credential in the
+//! clear.
 //!
-//! The fingerprint is a SHA-256 of the body, computed frame by frame as the body
-//! streams: memory stays constant whatever the body's size, and a request is not held
-//! back to be hashed. A different body under the same key is a caller's mistake
+//! The fingerprint is a SHA-256 of the request's `Content-Type` and its body, computed
+//! frame by frame as the body streams: memory stays constant whatever the body's size,
+//! and a request is not held back to be hashed. The same bytes sent as another type are
+//! another request. A different body under the same key is a caller's mistake
 //! (`422 key-mismatch`), never a replay of someone else's answer.
 //!
 //! Why SHA-256 from `ring`: `ring` is already built for TLS, so a strong hash costs no
@@ -19,7 +24,8 @@
 
 use std::fmt;
 
-use http::{HeaderMap, HeaderName, Method, Uri, header::AUTHORIZATION};
+use http::header::{AUTHORIZATION, CONTENT_TYPE, COOKIE, HOST};
+use http::{HeaderMap, HeaderName, Method, Uri};
 use ring::digest::{Context, SHA256};
 
 /// The header that carries a key (the IETF httpapi draft's name).
@@ -32,13 +38,52 @@ pub const DIGEST_LEN: usize = 32;
 #[derive(Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Scope([u8; DIGEST_LEN]);
 
-impl Scope {
-    /// The scope of a request carrying `keys` (every `idempotency-key` field, in order).
-    pub fn of(method: &Method, uri: &Uri, headers: &HeaderMap) -> Option<Scope> {
-        let mut keys = headers.get_all(IDEMPOTENCY_KEY).iter().peekable();
-        if keys.peek().is_none_or(|k| k.is_empty()) {
-            return None;
+/// Where a key and its caller's identity are read from (`[inbound.dedupe] header` and
+/// `identity_headers`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct KeyFields {
+    /// The header carrying the key.
+    pub header: HeaderName,
+    /// Credentials besides `Authorization` and `Cookie`.
+    pub identity: Vec<HeaderName>,
+}
+
+impl Default for KeyFields {
+    fn default() -> Self {
+        KeyFields {
+            header: IDEMPOTENCY_KEY,
+            identity: vec![HeaderName::from_static("x-api-key")],
         }
+    }
+}
+
+impl KeyFields {
+    /// Whether `headers` carry a key: a field that is not empty (an empty one is no
+    /// key).
+    #[inline]
+    pub fn keyed(&self, headers: &HeaderMap) -> bool {
+        headers
+            .get_all(&self.header)
+            .iter()
+            .any(|v| !v.as_bytes().trim_ascii().is_empty())
+    }
+}
+
+impl Scope {
+    /// The scope of a request carrying a key in `fields.header` (every such field that
+    /// is not empty, in order); `None` without one.
+    pub fn of(
+        method: &Method,
+        uri: &Uri,
+        headers: &HeaderMap,
+        fields: &KeyFields,
+    ) -> Option<Scope> {
+        let mut keys = headers
+            .get_all(&fields.header)
+            .iter()
+            .filter(|k| !k.as_bytes().trim_ascii().is_empty())
+            .peekable();
+        keys.peek()?;
         let mut ctx = Context::new(&SHA256);
         let mut part = |tag: u8, bytes: &[u8]| {
             ctx.update(&[tag]);
@@ -49,12 +94,30 @@ impl Scope {
             part(b'k', key.as_bytes());
         }
         part(b'm', method.as_str().as_bytes());
+        // The authority a caller named: the target's own, else `Host`; names are
+        // case-insensitive.
+        let authority = uri
+            .authority()
+            .map(|a| a.as_str().as_bytes())
+            .or_else(|| headers.get(HOST).map(|h| h.as_bytes()))
+            .unwrap_or_default();
+        part(b'h', &authority.to_ascii_lowercase());
         part(
             b't',
             uri.path_and_query().map_or("/", |p| p.as_str()).as_bytes(),
         );
+        // The caller's identity: every credential, each under its own name.
         for auth in headers.get_all(AUTHORIZATION) {
             part(b'a', auth.as_bytes());
+        }
+        for cookie in headers.get_all(COOKIE) {
+            part(b'c', cookie.as_bytes());
+        }
+        for name in &fields.identity {
+            for v in headers.get_all(name) {
+                part(b'n', name.as_str().as_bytes());
+                part(b'i', v.as_bytes());
+            }
         }
         Some(Scope(digest(ctx)))
     }
@@ -93,9 +156,14 @@ impl fmt::Debug for Fingerprint {
 }
 
 impl Fingerprint {
-    /// The fingerprint of a whole body at once.
+    /// The fingerprint of a whole body at once, sent without a `Content-Type`.
     pub fn of(body: &[u8]) -> Fingerprint {
-        let mut f = Fingerprinter::new();
+        Fingerprint::typed(None, body)
+    }
+
+    /// The fingerprint of a whole body at once, sent as `content_type`.
+    pub fn typed(content_type: Option<&[u8]>, body: &[u8]) -> Fingerprint {
+        let mut f = Fingerprinter::new(content_type);
         f.update(body);
         f.finish()
     }
@@ -111,15 +179,25 @@ impl fmt::Debug for Fingerprinter {
     }
 }
 
-impl Default for Fingerprinter {
-    fn default() -> Self {
-        Self::new()
-    }
-}
-
 impl Fingerprinter {
-    pub fn new() -> Self {
-        Fingerprinter(Context::new(&SHA256))
+    /// A fingerprint of a body sent as `content_type` (`None`: without one, which is
+    /// not the same as an empty one).
+    pub fn new(content_type: Option<&[u8]>) -> Self {
+        let mut ctx = Context::new(&SHA256);
+        match content_type {
+            None => ctx.update(&[0]),
+            Some(t) => {
+                ctx.update(&[1]);
+                ctx.update(&(t.len() as u64).to_be_bytes());
+                ctx.update(t);
+            }
+        }
+        Fingerprinter(ctx)
+    }
+
+    /// A fingerprint of the body of a request with these fields.
+    pub fn of_request(headers: &HeaderMap) -> Self {
+        Fingerprinter::new(headers.get(CONTENT_TYPE).map(|v| v.as_bytes()))
     }
 
     pub fn update(&mut self, bytes: &[u8]) {
@@ -162,7 +240,7 @@ mod tests {
                 HeaderValue::from_str(v).unwrap(),
             );
         }
-        Scope::of(&method, &target.parse().unwrap(), &h)
+        Scope::of(&method, &target.parse().unwrap(), &h, &KeyFields::default())
     }
 
     #[test]
@@ -205,27 +283,86 @@ mod tests {
     }
 
     #[test]
-    fn no_key_no_scope_and_the_form_of_the_target_does_not_matter() {
+    fn no_key_no_scope_and_the_authority_is_the_targets_or_the_hosts() {
         assert!(scope(Method::POST, "/charge", &[]).is_none());
         assert!(scope(Method::POST, "/charge", &[("idempotency-key", "")]).is_none());
-        let key = [("idempotency-key", "k")];
+        assert!(scope(Method::POST, "/charge", &[("idempotency-key", " ")]).is_none());
+        let key = ("idempotency-key", "k");
         assert_eq!(
-            scope(Method::POST, "http://payments/charge", &key),
-            scope(Method::POST, "/charge", &key),
+            scope(Method::POST, "http://payments/charge", &[key]),
+            scope(Method::POST, "/charge", &[key, ("host", "Payments")]),
+        );
+        assert_ne!(
+            scope(Method::POST, "/charge", &[key, ("host", "payments")]),
+            scope(Method::POST, "/charge", &[key, ("host", "refunds")]),
+            "the authority is part of the scope"
+        );
+        // An empty field beside a key is no part of it.
+        assert_eq!(
+            scope(Method::POST, "/charge", &[key]),
+            scope(Method::POST, "/charge", &[("idempotency-key", ""), key]),
         );
     }
 
     #[test]
+    fn every_credential_is_part_of_the_scope_and_anonymous_is_apart() {
+        let key = ("idempotency-key", "\"k1\"");
+        let anonymous = scope(Method::POST, "/charge", &[key]).unwrap();
+        let with = |f: (&str, &str)| scope(Method::POST, "/charge", &[key, f]).unwrap();
+        let identified = [
+            with(("authorization", "Bearer a")),
+            with(("cookie", "session=a")),
+            with(("x-api-key", "a")),
+        ];
+        for (i, s) in identified.iter().enumerate() {
+            assert_ne!(*s, anonymous, "credential {i} shares the anonymous scope");
+            for (j, t) in identified.iter().enumerate().skip(i + 1) {
+                assert_ne!(s, t, "credentials {i} and {j} share a scope");
+            }
+        }
+        assert_ne!(with(("cookie", "session=a")), with(("cookie", "session=b")));
+        assert_ne!(with(("x-api-key", "a")), with(("x-api-key", "b")));
+        // A header that is not a credential changes nothing.
+        assert_eq!(with(("x-trace", "1")), anonymous);
+        // The configured identity headers are the ones that count.
+        let fields = KeyFields {
+            header: HeaderName::from_static("idempotency-key"),
+            identity: vec![HeaderName::from_static("x-tenant")],
+        };
+        let mut h = HeaderMap::new();
+        h.insert("idempotency-key", HeaderValue::from_static("k"));
+        let uri: Uri = "/charge".parse().unwrap();
+        let plain = Scope::of(&Method::POST, &uri, &h, &fields);
+        h.insert("x-tenant", HeaderValue::from_static("t1"));
+        assert_ne!(Scope::of(&Method::POST, &uri, &h, &fields), plain);
+        // And the key is read from the configured header.
+        let other = KeyFields {
+            header: HeaderName::from_static("x-request-key"),
+            identity: vec![],
+        };
+        assert!(Scope::of(&Method::POST, &uri, &h, &other).is_none());
+    }
+
+    #[test]
     fn a_fingerprint_fed_in_pieces_is_the_fingerprint_of_the_whole() {
-        let mut f = Fingerprinter::new();
+        let mut f = Fingerprinter::new(None);
         for piece in [&b"amount="[..], b"10", b"&currency=eur"] {
             f.update(piece);
         }
         assert_eq!(f.finish(), Fingerprint::of(b"amount=10&currency=eur"));
         assert_ne!(Fingerprint::of(b"amount=10"), Fingerprint::of(b"amount=11"));
-        assert_eq!(
-            hex(&Fingerprint::of(b"").0),
-            "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855"
-        );
+    }
+
+    #[test]
+    fn the_content_type_is_part_of_the_fingerprint() {
+        let json = Fingerprint::typed(Some(b"application/json"), b"{}");
+        assert_ne!(json, Fingerprint::typed(Some(b"text/plain"), b"{}"));
+        assert_ne!(json, Fingerprint::of(b"{}"));
+        assert_ne!(Fingerprint::typed(Some(b""), b"{}"), Fingerprint::of(b"{}"));
+        let mut h = HeaderMap::new();
+        h.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+        let mut f = Fingerprinter::of_request(&h);
+        f.update(b"{}");
+        assert_eq!(f.finish(), json);
     }
 }

@@ -107,11 +107,13 @@ pub trait Store: Send + Sync + 'static {
         token: Token,
     ) -> impl Future<Output = Result<(), StoreError>> + Send;
 
-    /// Extends the lease of the claim `token` holds; whether it still held it.
+    /// Extends the lease of the claim `token` holds to `lease` from now, and the key's
+    /// life with it (to `lease + ttl`); whether it still held it.
     fn renew(
         &self,
         scope: &Scope,
         token: Token,
         lease: Duration,
+        ttl: Duration,
     ) -> impl Future<Output = Result<bool, StoreError>> + Send;
 }

@@ -61,10 +61,13 @@ async fn duplicate(d: &Dedupe, key: &str) -> Duplicate {
 
 /// The app reads the whole request body through the claim.
 async fn deliver(c: &Claim, body: &'static [u8]) {
-    c.body(Full::new(Bytes::from_static(body)))
-        .collect()
-        .await
-        .unwrap();
+    c.body(
+        Full::new(Bytes::from_static(body)),
+        Fingerprinter::new(None),
+    )
+    .collect()
+    .await
+    .unwrap();
 }
 
 fn answer(c: &Claim, status: u16, body: &[u8]) -> Keeper {

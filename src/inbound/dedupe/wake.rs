@@ -106,7 +106,13 @@ mod tests {
     fn scope() -> Scope {
         let mut h = HeaderMap::new();
         h.insert("idempotency-key", HeaderValue::from_static("k"));
-        Scope::of(&Method::POST, &"/".parse().unwrap(), &h).unwrap()
+        Scope::of(
+            &Method::POST,
+            &"/".parse().unwrap(),
+            &h,
+            &Default::default(),
+        )
+        .unwrap()
     }
 
     #[tokio::test]

@@ -36,7 +36,7 @@ use std::pin::pin;
 use std::sync::Arc;
 use std::time::Duration;
 
-use http::{HeaderValue, StatusCode};
+use http::{HeaderName, HeaderValue, StatusCode};
 use http_body::Body;
 use tokio::time::{Instant, Sleep};
 
@@ -44,7 +44,7 @@ use super::attempt::Transport;
 use super::attempt::{Attempt, Head, Ran, TRACEPARENT_NAME};
 use super::backoff::Backoff;
 use super::exchange::{Answer, Exchange, HedgeState, Reply, Trail};
-use super::headers::{Callee, refused_as_retry};
+use super::headers::{Callee, DEDUPE_STORE_HEADER, DedupeScope, StoreId, refused_as_retry};
 use super::keys;
 use super::learn::{self, Seen};
 use super::policy::{self, Policy, Situation, Stop};
@@ -60,6 +60,9 @@ use crate::upstream::pool::{Endpoint, Want};
 use crate::upstream::request::RareFields;
 use crate::upstream::response::{Fields, UpstreamResponse};
 use crate::upstream::want;
+
+/// `x-tollgate-dedupe-store`, borrowed by the attempts that carry it.
+static DEDUPE_STORE_NAME: HeaderName = DEDUPE_STORE_HEADER;
 
 /// How long a body still arriving when a retryable failure came may take to finish.
 const BODY_GRACE: Duration = Duration::from_millis(50);
@@ -83,6 +86,10 @@ struct Call<'a, A> {
     /// only to an upstream whose answers say it deduplicates.
     needs_dedupe: bool,
     minted: Option<Box<HeaderValue>>,
+    /// After a failure that may have run on an endpoint whose dedupe is its replica's
+    /// own: that endpoint and its store, where every later attempt goes (and names the
+    /// store), since only there is the key known.
+    stuck: Option<(usize, StoreId)>,
     body: BodySource<A>,
     /// Attempts started (hedges included).
     attempts: u32,
@@ -232,7 +239,7 @@ pub async fn forward_on<'a, A: AppBody, T: Transport<A>>(
         {
             return call.give_up(Stop::NoOtherEndpoint, failure, None);
         }
-        match call.decide(failure, response.as_ref()).await {
+        match call.decide(failure, response.as_ref(), failed_on).await {
             Ok(sleep) => {
                 call.traced.retried(sleep, response.as_ref());
                 up.metrics.retried(failure.condition());
@@ -275,12 +282,13 @@ impl<'a, A: AppBody> Call<'a, A> {
         let listed = retry.method_allowed(&ex.head.method);
         let idempotent = keys::is_idempotent(&ex.head.method);
         // A key changes nothing for a listed idempotent method (a GET): not looked for.
+        // An empty key is no key.
         let keyed = (!listed || !idempotent)
             && (ex.minted.is_some()
                 || retry
                     .idempotency_header
                     .as_ref()
-                    .is_some_and(|h| ex.head.headers.contains_key(h)));
+                    .is_some_and(|h| keys::carries_key(&ex.head.headers, h)));
         let retryable = retry.max_attempts > 1 && !ex.upgrade && (listed || keyed);
         let keyed_once = keyed && !idempotent;
         if keyed_once {
@@ -290,6 +298,7 @@ impl<'a, A: AppBody> Call<'a, A> {
             keyed_once,
             needs_dedupe: keyed_once && !listed,
             minted: ex.minted,
+            stuck: None,
             up,
             want: if ex.upgrade {
                 Want::Http1
@@ -370,6 +379,10 @@ impl<'a, A: AppBody> Call<'a, A> {
     /// An endpoint for the next attempt: round-robin, away from `avoid` and from any
     /// whose TLS failed for this request.
     fn pick(&self, avoid: Option<usize>) -> Option<Arc<Endpoint<ReplayBody<A>>>> {
+        if let Some((endpoint, _)) = self.stuck {
+            // Gone (the pod was removed): nowhere the key is known.
+            return self.up.endpoints.by_id(endpoint);
+        }
         let endpoints = &self.up.endpoints;
         let mut e = endpoints.pick(avoid)?;
         if self.tls_failed != 0 {
@@ -440,10 +453,11 @@ impl<'a, A: AppBody> Call<'a, A> {
     }
 
     /// The rare fields of an attempt carrying `traceparent` (when traced): the minted
-    /// key, and it; `None` (nothing allocated) without either.
+    /// key, it, and the store a retry goes back to; `None` (nothing allocated) without
+    /// any.
     #[inline]
     fn rare_fields(&self, traceparent: Option<HeaderValue>) -> Option<Box<RareFields<'a>>> {
-        if self.minted.is_none() && traceparent.is_none() {
+        if self.minted.is_none() && traceparent.is_none() && self.stuck.is_none() {
             return None;
         }
         let minted = self.minted.as_ref().and_then(|v| {
@@ -453,6 +467,7 @@ impl<'a, A: AppBody> Call<'a, A> {
         Some(Box::new([
             minted,
             traceparent.map(|v| (&TRACEPARENT_NAME, v)),
+            self.stuck.map(|(_, id)| (&DEDUPE_STORE_NAME, id.value())),
         ]))
     }
 
@@ -462,12 +477,34 @@ impl<'a, A: AppBody> Call<'a, A> {
         self.retryable && !self.keyed_once && self.attempts < self.limit()
     }
 
-    /// Whether the request may be sent again after `failure`: a keyed request of a
-    /// method neither idempotent nor listed, after a failure that may have run, only to
-    /// an upstream that deduplicates (its answers said so within the last minute).
-    fn may_resend(&self, failure: Fault, now: Instant) -> bool {
-        self.retryable
-            && (!self.needs_dedupe || failure.did_not_run() || self.up.dedupes.believed(now))
+    /// Whether the request may be sent again after `failure` on `endpoint`: a keyed
+    /// request of a method neither idempotent nor listed, after a failure that may have
+    /// run, only when that endpoint deduplicates its key (its answers said so within
+    /// the last minute, naming this caller's idempotency header). Where it keeps its keys
+    /// in its own memory (`scope=replica`), only back to that endpoint, which then takes
+    /// every later attempt; an upstream of one address (a Service VIP: the next
+    /// connection may reach another pod) is never sent it.
+    fn may_resend(&mut self, failure: Fault, endpoint: usize, now: Instant) -> bool {
+        if !self.retryable {
+            return false;
+        }
+        if !self.needs_dedupe || failure.did_not_run() {
+            return true;
+        }
+        if self.stuck.is_some_and(|(e, _)| e != endpoint) {
+            return false;
+        }
+        match self.up.dedupes.believed(endpoint, now) {
+            None => false,
+            Some(DedupeScope::Shared) => self.stuck.is_none(),
+            Some(DedupeScope::Replica(id)) => {
+                let ok = self.up.endpoints.len() > 1 && self.up.endpoints.by_id(endpoint).is_some();
+                if ok {
+                    self.stuck = Some((endpoint, id));
+                }
+                ok
+            }
+        }
     }
 
     /// When `attempt` may get a second attempt beside it if it has not answered, and
@@ -578,7 +615,8 @@ impl<'a, A: AppBody> Call<'a, A> {
             Ok(resp) => {
                 let on = &self.up.config.retry.on;
                 let fields = Fields::of(&resp);
-                self.up.dedupes.saw(fields);
+                let own = self.up.config.retry.idempotency_header.as_ref();
+                self.up.dedupes.saw(ran.endpoint, fields, own);
                 let callee = Callee::of(resp.status(), fields);
                 let failure = policy::classify_response(resp.status(), fields, callee, on);
                 self.learn(ran.number, failure, Some(&resp));
@@ -626,6 +664,7 @@ impl<'a, A: AppBody> Call<'a, A> {
         &mut self,
         failure: Fault,
         response: Option<&UpstreamResponse>,
+        failed_on: usize,
     ) -> Result<Duration, Stop> {
         let retry = &self.up.config.retry;
         // The response came while the app's body was still arriving (an upstream that
@@ -658,7 +697,7 @@ impl<'a, A: AppBody> Call<'a, A> {
             response: response.map(|r| Fields::of(r)),
             owned: response.is_some_and(|r| Callee::of(r.status(), Fields::of(r)).owned()),
             attempts: self.attempts_used(),
-            request_retryable: self.may_resend(failure, now),
+            request_retryable: self.may_resend(failure, failed_on, now),
             deadline: self.deadline,
             now,
         };
