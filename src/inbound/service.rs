@@ -62,6 +62,11 @@ impl Captures for InboundService {
 }
 
 impl Service for InboundService {
+    /// A request holds its place in `max_inflight` until the app's exchange ends, not
+    /// until its caller goes away: one that sends and hangs up frees no place while the
+    /// app works on it.
+    const OUTLIVES_CALLER: bool = true;
+
     fn call(
         &self,
         req: AppRequest,

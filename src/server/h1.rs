@@ -12,8 +12,11 @@
 //! own buffers beside it ([`WriteBuf`]). A refused head gets its status and the
 //! connection is closed.
 //!
-//! While a request is answered the socket is still watched: the app closing its side
-//! cancels the request (and every attempt in flight), as nobody waits for the answer.
+//! While a request is answered the socket is still watched: the app going away (a
+//! reset, or a close before its request was whole) cancels the request (and every
+//! attempt in flight), as nobody waits for the answer; a close after a whole request is
+//! a half-close, and the answer still goes out. A service whose work must outlive its
+//! caller ([`Service::OUTLIVES_CALLER`]) is polled to its answer all the same.
 //!
 //! A `101 Switching Protocols` that carries the upstream's connection, or a `2xx` to a
 //! `CONNECT` that carries the connection to its authority, ends the HTTP part: the
@@ -73,6 +76,7 @@ pub fn connection<S: Service>(
         body_failed: false,
         continue_left: 0,
         eof: false,
+        reset: false,
     }));
     run(io, settings)
 }
@@ -127,12 +131,21 @@ async fn run<S: Service>(io: Arc<Mutex<Io>>, settings: Settings<S>) {
         // idle or not, so it is the size of the larger of the two, not of both.
         let Some(resp) = ({
             let mut answer = pin!(settings.service.call(req, &settings.state));
+            let mut gone = false;
             poll_fn(|cx| {
                 if let Poll::Ready(resp) = answer.as_mut().poll(cx) {
-                    return Poll::Ready(Some(resp));
+                    return Poll::Ready((!gone).then_some(resp));
                 }
-                // Nobody waits for the answer: dropping the request cancels it.
+                if gone {
+                    return Poll::Pending;
+                }
                 match lock(&io).poll_gone(cx) {
+                    // The work runs on to its answer, which nobody reads.
+                    Poll::Ready(()) if S::OUTLIVES_CALLER => {
+                        gone = true;
+                        Poll::Pending
+                    }
+                    // Nobody waits for the answer: dropping the request cancels it.
                     Poll::Ready(()) => Poll::Ready(None),
                     Poll::Pending => Poll::Pending,
                 }
@@ -261,6 +274,12 @@ fn poll_head<S>(
     }
 }
 
+/// After the app closed its side, how long a response body may stall with nothing to
+/// write before the connection is given up: a half-closed app still reads what comes,
+/// but one that closed for good shows only when a write fails, and an upstream that
+/// stops mid-body would otherwise hold its connection (and the upstream's) for ever.
+const STALL_AFTER_CLOSE: std::time::Duration = std::time::Duration::from_secs(5);
+
 /// Writes the response; `Ok(true)` when the connection may carry another request.
 async fn write_response(
     io: &Mutex<Io>,
@@ -279,6 +298,8 @@ async fn write_response(
     let mut encoder = BodyEncoder::new(framing);
     // Read where it is, in the answer's box.
     let body = resp.body_mut();
+    // Armed once the app has half-closed: how long the body may stall.
+    let mut stall: Option<Pin<Box<tokio::time::Sleep>>> = None;
     poll_fn(|cx| {
         loop {
             let mut waiting = false;
@@ -300,14 +321,28 @@ async fn write_response(
                 }
             }
             let mut io = lock(io);
+            let wrote = !wbuf.is_empty();
             ready!(io.poll_write_all(cx, wbuf))?;
             if encoder.ended() {
                 return Poll::Ready(Ok::<(), io::Error>(()));
+            }
+            if wrote && let Some(s) = stall.as_mut() {
+                s.as_mut()
+                    .reset(tokio::time::Instant::now() + STALL_AFTER_CLOSE);
             }
             if waiting {
                 // Nobody left to send the rest to.
                 if io.poll_gone(cx).is_ready() {
                     return Poll::Ready(Err(io::ErrorKind::ConnectionAborted.into()));
+                }
+                // Half-closed, or closed for good: only a write tells which, and a
+                // body with nothing to write tells nothing.
+                if io.eof {
+                    let s = stall
+                        .get_or_insert_with(|| Box::pin(tokio::time::sleep(STALL_AFTER_CLOSE)));
+                    if s.as_mut().poll(cx).is_ready() {
+                        return Poll::Ready(Err(io::ErrorKind::ConnectionAborted.into()));
+                    }
                 }
                 return Poll::Pending;
             }

@@ -49,6 +49,8 @@ pub(super) struct Io {
     pub(super) continue_left: usize,
     /// The app has closed its side.
     pub(super) eof: bool,
+    /// The app's socket failed (a reset): it is gone, whatever it sent.
+    pub(super) reset: bool,
 }
 
 impl Io {
@@ -132,19 +134,27 @@ impl Io {
         Poll::Ready(Some(Err(e)))
     }
 
-    /// While a request is being answered: `Ready` once the app has closed its side (or
-    /// its socket failed). Bytes it sends ahead are kept for the next head.
+    /// While a request is being answered: `Ready` once the app has gone: its socket
+    /// failed (a reset), or it closed its side before its request was whole. A close
+    /// after a whole request is a half-close, not a cancellation: the app still reads
+    /// its answer (a plain `close()` shows only when the answer is written). Bytes it
+    /// sends ahead are kept for the next head.
     pub(super) fn poll_gone(&mut self, cx: &mut Context<'_>) -> Poll<()> {
         // A body still being read is watched by its reader.
         while self.body_done() && !self.eof && self.rbuf.len() < READ_AHEAD {
             match ready!(self.poll_fill_small(cx)) {
-                Ok(0) | Err(_) => return Poll::Ready(()),
                 Ok(_) => {}
+                Err(_) => {
+                    self.eof = true;
+                    self.reset = true;
+                }
             }
         }
-        if self.eof {
+        if self.reset || (self.eof && !self.body_done()) {
             Poll::Ready(())
         } else {
+            // Nothing more to read: the socket is not polled again, and only the answer
+            // (or a failed write of it) wakes the connection.
             Poll::Pending
         }
     }
