@@ -230,6 +230,13 @@ fn poll_head<S>(
                         0
                     };
                     let empty = io.body == Framing::Length(0) && io.continue_left == 0;
+                    if !empty && io.continue_left == 0 && io.rbuf.is_empty() {
+                        // The head came without its body: acknowledged at once, so an
+                        // app whose Nagle holds the body back until the head is
+                        // acknowledged waits for no delayed ACK (40 ms). A head with no
+                        // body, or with its body, makes no call.
+                        io.quick_ack();
+                    }
                     let mut req = Box::new(Request::new(AppBody::Http1(Http1Body {
                         io: shared.clone(),
                         empty,

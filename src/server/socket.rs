@@ -7,6 +7,7 @@
 use std::future::poll_fn;
 use std::io;
 use std::pin::{Pin, pin};
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::task::{Context, Poll, ready};
 use std::time::Duration;
@@ -31,6 +32,16 @@ const LINGER: Duration = Duration::from_secs(1);
 const LINGER_BYTES: usize = 1024 * 1024;
 
 pub(super) const CONTINUE: &[u8] = b"HTTP/1.1 100 Continue\r\n\r\n";
+
+/// Request heads acknowledged at once ([`Io::quick_ack`]), in this process.
+static QUICK_ACKS: AtomicU64 = AtomicU64::new(0);
+
+/// How many request heads that came without their body were acknowledged at once
+/// (`TCP_QUICKACK`) in this process: what tests and benches read to see that only
+/// those are.
+pub fn quick_acks() -> u64 {
+    QUICK_ACKS.load(Relaxed)
+}
 
 pub(super) fn lock(io: &Mutex<Io>) -> MutexGuard<'_, Io> {
     io.lock().unwrap_or_else(|p| p.into_inner())
@@ -91,6 +102,15 @@ impl Io {
         wbuf: &mut WriteBuf,
     ) -> Poll<io::Result<()>> {
         wbuf.poll_write_all(&mut self.stream, cx)
+    }
+
+    /// Acknowledges what has been read at once (`TCP_QUICKACK`), rather than with the
+    /// next write or after the kernel's delayed-ACK timer.
+    #[cold]
+    pub(super) fn quick_ack(&self) {
+        QUICK_ACKS.fetch_add(1, Relaxed);
+        #[cfg(target_os = "linux")]
+        let _ = socket2::SockRef::from(&self.stream).set_tcp_quickack(true);
     }
 
     pub(super) fn body_done(&self) -> bool {
