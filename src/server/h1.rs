@@ -154,22 +154,64 @@ async fn run<S: Service>(io: Arc<Mutex<Io>>, settings: Settings<S>) {
         }) else {
             return;
         };
-        if !respond(&io, &settings, &mut wbuf, resp, asked).await {
-            return;
+        match respond(&io, &settings, &mut wbuf, resp, asked).await {
+            After::Next => {}
+            After::Close => return,
+            After::Inside(inside, guard) => {
+                // Boxed: rare, and inline it would add its size to every connection's.
+                Box::pin(serve_inside(io, inside, guard)).await;
+                return;
+            }
         }
         wbuf.clear_and_bound(KEEP_WRITE);
     }
 }
 
+/// What follows a response on its connection.
+enum After {
+    /// The next request.
+    Next,
+    Close,
+    /// A `CONNECT` answered `2xx` whose connection is served from here on.
+    Inside(super::body::Inside, Option<super::body::RequestGuard>),
+}
+
+/// Hands the socket, and what the app sent after its `CONNECT`, to what serves the
+/// connection from here on. The request's guard is let go: the requests inside are
+/// counted each on its own.
+async fn serve_inside(
+    io: Arc<Mutex<Io>>,
+    inside: super::body::Inside,
+    guard: Option<super::body::RequestGuard>,
+) {
+    drop(guard);
+    // The request (and its body's share of the socket) is gone with its answer.
+    let Ok(io) = Arc::try_unwrap(io) else {
+        return;
+    };
+    let io = io.into_inner().unwrap_or_else(|p| p.into_inner());
+    inside(io.stream, io.rbuf.freeze()).await;
+}
+
 /// Writes the response (after a `101 Switching Protocols`, then runs the tunnel);
-/// whether the connection may carry another request.
+/// what follows it on the connection.
 async fn respond<S>(
     io: &Mutex<Io>,
     settings: &Settings<S>,
     wbuf: &mut WriteBuf,
     mut resp: AppResponse,
     asked: Asked,
-) -> bool {
+) -> After {
+    if asked.connect
+        && resp.status().is_success()
+        && let Some((inside, guard)) = resp.body_mut().take_inside()
+    {
+        let written = write_response(io, wbuf, resp, asked.version, true, true).await;
+        return match written {
+            Ok(_) => After::Inside(inside, guard),
+            Err(_) => After::Close,
+        };
+    }
     // A protocol switch, or a `CONNECT` answered: the head goes out (with no framing,
     // RFC 9110 section 9.3.6), then the connection is a tunnel.
     let upgrade = match resp.status() {
@@ -185,7 +227,7 @@ async fn respond<S>(
             tunnel::run(io, upstream, &settings.state, settings.drain_timeout).await;
         }
         drop(guard);
-        return false;
+        return After::Close;
     }
     let keep_alive = asked.keep_alive && !settings.state.closing();
     let written = write_response(
@@ -197,14 +239,14 @@ async fn respond<S>(
         keep_alive,
     );
     let Ok(kept) = written.await else {
-        return false;
+        return After::Close;
     };
     let unread = !lock(io).body_done();
     if !kept || unread {
         close(io, unread).await;
-        return false;
+        return After::Close;
     }
-    true
+    After::Next
 }
 
 /// Reads until a whole request head is in the buffer, and takes it.
