@@ -293,14 +293,17 @@ async fn answer_request(
                 grpc: facts.grpc,
                 traceparent,
             };
+            // Ownership through the app: the request is counted under its ids while the
+            // app works on it, so an id two requests carry at once marks neither.
+            let marking = (state.config.owned_failures == OwnedFailures::Mark)
+                .then(|| inbound.owned.arrive(&headers, start));
             let result = app::send(&state.app, want, &request, body, &fields, exhausted).await;
-            // Ownership through the app: who the request was is read only when its
-            // answer is a failure its callers would retry.
-            let mark = state.config.owned_failures == OwnedFailures::Mark
-                && result.as_ref().is_ok_and(|resp| {
+            let mark = marking.is_some_and(|carrying| {
+                result.as_ref().is_ok_and(|resp| {
                     owned::retryable_failure(resp.status(), Fields::of(resp), facts.grpc)
-                        && inbound.owned.gave_up_since(&headers, start)
-                });
+                        && carrying.marks()
+                })
+            });
             (result.map(Answered::Plain), mark)
         }
     };
