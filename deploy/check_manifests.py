@@ -28,7 +28,7 @@ Usage: check_manifests.py DIR [--extract-config FILE] [--injected]
   --injected             DIR holds what `tollgate inject` wrote: every workload
                          (Deployment, StatefulSet, DaemonSet, ReplicaSet, Pod) is
                          checked as above, and its app's HTTP probes must ask the
-                         admin port for a port of [admin] probe_ports; the objects
+                         admin port for a probe [admin] probes declares; the objects
                          inject does not write (PodMonitor, NetworkPolicy, Service)
                          are not required.
 Exits 1 listing every problem found.
@@ -263,18 +263,17 @@ def check_capture(where, inits, tg, config):
 
 
 def check_app_probes(where, apps, config, admin_port):
-    """The app's HTTP probes moved to the admin port ask it for a listed port."""
-    listed = config["admin"].get("probe_ports", [])
+    """The app's HTTP probes moved to the admin port ask it for a declared probe."""
+    declared = [f"/probe/{p['port']}{p['path']}" for p in config["admin"].get("probes", [])]
     for app in apps:
         for kind in ("startupProbe", "readinessProbe", "livenessProbe"):
             get = app.get(kind, {}).get("httpGet")
             if not get or not str(get.get("path", "")).startswith("/probe/"):
                 continue
-            port = int(get["path"].split("/")[2])
             if get.get("port") != admin_port:
                 problem(where, f"{app['name']} {kind}: /probe/ is served on the admin port {admin_port}, not {get.get('port')}")
-            if port not in listed:
-                problem(where, f"{app['name']} {kind}: port {port} is not in [admin] probe_ports {listed}")
+            if get["path"] not in declared:
+                problem(where, f"{app['name']} {kind}: {get['path']} is not declared in [admin] probes {declared}")
 
 
 def check_deployment(name, dep, configmaps, podmonitors, policies, services):

@@ -83,6 +83,13 @@ env -u http_proxy -u HTTP_PROXY -u https_proxy -u HTTPS_PROXY -u all_proxy -u AL
   timeout "${FIRST_RUN_TIMEOUT:-300}" bash "$TMP/run.sh" >"$TMP/actual.raw" || rc=$?
 tr -d '\r' <"$TMP/actual.raw" | sed "${to_readme[@]}" >"$TMP/actual.txt"
 
+# A port the setup found taken: what answered was not the demo.
+if grep -q 'is taken' "$TMP/setup.log"; then
+  echo "first-run.sh: a port the first run needs was taken:" >&2
+  grep 'is taken' "$TMP/setup.log" | sed "${to_readme[@]}" >&2
+  exit 1
+fi
+
 if [ "$rc" -ne 0 ]; then
   echo "first-run.sh: the commands exited $rc (124: timed out); output so far:" >&2
   cat "$TMP/actual.txt" >&2

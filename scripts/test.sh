@@ -42,12 +42,20 @@ netns=tollgate-test-$$
 if [ "$(id -u)" != 0 ]; then
   skip "not root: tests/capture.rs and tests/pods.rs (transparent capture in network namespaces) will pass without checking anything"
   skip "not root: deploy/podman/play.sh (the image built by podman, two pods played) will NOT run"
-elif ! ip netns add "$netns" >/dev/null 2>&1; then
-  # As root, tests/pods.rs runs and would fail at its first namespace: say it now.
-  echo "scripts/test.sh: as root, tests/capture.rs and tests/pods.rs need network namespaces, and \`ip netns add\` fails here (a container without CAP_SYS_ADMIN?); run in a VM or a privileged container, or as another user to skip those two. Nothing has been run." >&2
-  exit 1
 else
-  ip netns del "$netns"
+  # As root, tests/capture.rs and tests/pods.rs run and would fail at their first
+  # namespace: try what they do (add one, run a command in it), and say which fails.
+  why=
+  if ! out=$(ip netns add "$netns" 2>&1); then
+    why="\`ip netns add\` fails ($out): no CAP_SYS_ADMIN, or /var/run/netns not writable?"
+  elif ! out=$(ip netns exec "$netns" true 2>&1); then
+    why="\`ip netns exec $netns true\` fails ($out): entering a namespace needs setns and a private mount of /sys (a container with seccomp or AppArmor in the way, or /sys read-only?)"
+  fi
+  ip netns del "$netns" >/dev/null 2>&1 || true
+  if [ -n "$why" ]; then
+    echo "scripts/test.sh: as root, tests/capture.rs and tests/pods.rs need network namespaces, and $why; run in a VM or a privileged container, or as another user to skip those two. Nothing has been run." >&2
+    exit 1
+  fi
 fi
 if [ "${TOLLGATE_FUZZ_SECONDS:-60}" = 0 ]; then
   skip "TOLLGATE_FUZZ_SECONDS=0: no fuzzing"

@@ -26,6 +26,11 @@ use tokio::time::Instant;
 /// the listeners and their spares, the admin port, the config watch.
 pub const RESERVED: u64 = 32;
 
+/// Connections the admin port keeps open at most (the kubelet's probes, Prometheus):
+/// reserved apart from the client connections, so a crowd on the admin port cannot
+/// take the descriptors the listener's connections need, nor the other way round.
+pub const ADMIN_CONNECTIONS: usize = 64;
+
 /// `ENFILE` and `EMFILE` (the same numbers on every Linux architecture).
 const ENFILE: i32 = 23;
 const EMFILE: i32 = 24;
@@ -43,11 +48,12 @@ pub fn soft_limit() -> Option<u64> {
 }
 
 /// The most client connections to keep open: `max_connections`, and no more than half
-/// of what `soft_limit` leaves past [`RESERVED`], so each can have its upstream
+/// of what `soft_limit` leaves past [`RESERVED`] and [`ADMIN_CONNECTIONS`], so each can have its upstream
 /// connection. At least 1.
 pub fn client_cap(max_connections: usize, soft_limit: Option<u64>) -> usize {
     let by_limit = soft_limit.map_or(usize::MAX, |n| {
-        usize::try_from(n.saturating_sub(RESERVED) / 2).unwrap_or(usize::MAX)
+        let kept = RESERVED + ADMIN_CONNECTIONS as u64;
+        usize::try_from(n.saturating_sub(kept) / 2).unwrap_or(usize::MAX)
     });
     max_connections.min(by_limit).max(1)
 }
@@ -106,8 +112,8 @@ mod tests {
 
     #[test]
     fn client_connections_get_half_of_what_the_limit_leaves() {
-        assert_eq!(client_cap(10_000, Some(256)), 112);
-        assert_eq!(client_cap(10_000, Some(1024)), 496);
+        assert_eq!(client_cap(10_000, Some(256)), 80);
+        assert_eq!(client_cap(10_000, Some(1024)), 464);
         assert_eq!(
             client_cap(100, Some(1024)),
             100,

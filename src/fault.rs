@@ -38,6 +38,11 @@ pub enum Fault {
     /// The connection broke after the request may have been sent.
     #[error("the connection broke before a response")]
     Reset,
+    /// The response head was larger than tollgate takes (64 KiB): the answer cannot be
+    /// passed on, and the same request would get the same answer. The peer's, never
+    /// retried (no `retry.on` word lists it).
+    #[error("the response head was too large")]
+    HeadTooLarge,
     /// No response head within the time the request had.
     #[error("no response in time")]
     Timeout,
@@ -91,6 +96,7 @@ impl Fault {
         match self {
             Fault::ConnectFailure | Fault::Tls => "connect-failure",
             Fault::Reset => "reset",
+            Fault::HeadTooLarge => "head-too-large",
             Fault::Timeout => "timeout",
             Fault::Unavailable => "unavailable",
             Fault::Status(s) => s.as_str(),
@@ -129,7 +135,7 @@ impl Fault {
         Some(match self {
             Fault::ConnectFailure => AttemptResult::ConnectFailure,
             Fault::Tls => AttemptResult::Tls,
-            Fault::Reset => AttemptResult::Reset,
+            Fault::Reset | Fault::HeadTooLarge => AttemptResult::Reset,
             Fault::Timeout => AttemptResult::Timeout,
             Fault::Status(s) => AttemptResult::of_status(s.as_u16()),
             Fault::Unavailable => AttemptResult::Success,
@@ -145,6 +151,7 @@ impl Fault {
             Fault::ConnectFailure | Fault::NoDescriptors => "connect-failure",
             Fault::Tls => "tls",
             Fault::Reset => "reset",
+            Fault::HeadTooLarge => "head-too-large",
             Fault::Timeout => "timeout",
             Fault::Status(s) => s.as_str(),
             Fault::Unavailable => "unavailable",
@@ -163,6 +170,7 @@ impl Fault {
             Fault::ConnectFailure
             | Fault::Tls
             | Fault::Reset
+            | Fault::HeadTooLarge
             | Fault::Status(_)
             | Fault::Unavailable => StatusCode::BAD_GATEWAY,
         }
@@ -188,6 +196,7 @@ impl Fault {
             Fault::ConnectFailure | Fault::Tls | Fault::Reset | Fault::Unavailable => {
                 Code::Unavailable
             }
+            Fault::HeadTooLarge => Code::Internal,
             Fault::Status(s) => Code::of_http(*s),
             Fault::CallerBody => Code::Internal,
             Fault::NoDescriptors => Code::ResourceExhausted,

@@ -10,7 +10,7 @@ mod common;
 use std::path::Path;
 use std::time::Duration;
 
-use common::config::Config;
+use common::config::{self, Config};
 use common::tempdir::TempDir;
 use common::*;
 use http::Response;
@@ -315,7 +315,7 @@ async fn metrics_of_a_running_process_carry_build_and_process_series() {
 
 /// `tollgate inject` moves the app's HTTP probes to the admin port: `GET
 /// /probe/PORT/PATH` is a GET to the app at 127.0.0.1:PORT/PATH, answered with the
-/// app's status, for the ports of `[admin] probe_ports` only.
+/// app's status, for the probes `[admin] probes` declares only.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn probes_reach_the_listed_app_ports_and_answer_with_the_apps_status() {
     let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
@@ -348,7 +348,14 @@ async fn probes_reach_the_listed_app_ports_and_answer_with_the_apps_status() {
     let tg = Tollgate::start(
         &Config::new()
             .listener(|l| l.unknown_authorities("pass"))
-            .admin(|a| a.probe_ports([port, dead.port()]))
+            .admin(|a| {
+                a.probes(config::RawOwned(format!(
+                    "[{{ port = {port}, path = \"/healthz\", headers = {{ \"X-Probe\" = \"custom\" }} }}, \
+                     {{ port = {port}, path = \"/ready?full=1\" }}, \
+                     {{ port = {}, path = \"/healthz\" }}]",
+                    dead.port()
+                )))
+            })
             .to_toml(),
     )
     .await;
@@ -356,7 +363,7 @@ async fn probes_reach_the_listed_app_ports_and_answer_with_the_apps_status() {
     let probe = |path: String| {
         request("GET", &path, "10.1.2.3:15090")
             .header("user-agent", "kube-probe/1.31")
-            .header("x-probe", "custom")
+            .header("x-probe", "from-the-asker")
             .body(empty())
             .unwrap()
     };
@@ -368,9 +375,10 @@ async fn probes_reach_the_listed_app_ports_and_answer_with_the_apps_status() {
         *seen.lock().unwrap(),
         [
             format!("GET /healthz host=127.0.0.1:{port} ua=kube-probe/1.31 x-probe=custom"),
-            format!("GET /ready?full=1 host=127.0.0.1:{port} ua=kube-probe/1.31 x-probe=custom"),
+            format!("GET /ready?full=1 host=127.0.0.1:{port} ua=kube-probe/1.31 x-probe=-"),
         ],
-        "the probe's path, query and fields reach the app; Host names the app"
+        "the probe's path, query and declared fields reach the app (and the asker's \
+         User-Agent, no other field of its own); Host names the app"
     );
 
     // A port not listed is not reached: the admin port is no way to any local port.
@@ -398,8 +406,147 @@ async fn probes_reach_the_listed_app_ports_and_answer_with_the_apps_status() {
     let r = get(tg.admin, "/config", "admin").await;
     let json: serde_json::Value = serde_json::from_slice(&r.body).unwrap();
     assert_eq!(
-        json["admin"]["probe_ports"],
-        serde_json::json!([port, dead.port()])
+        json["admin"]["probes"][0],
+        serde_json::json!({"port": port, "path": "/healthz", "headers": {"x-probe": "custom"}})
     );
+    tg.stop().await;
+}
+
+/// The admin port is no relay, whoever asks: no target but a declared probe's exact
+/// port and path reaches the app, no credential or forwarding field passes, identical
+/// probes in flight are one, and a crowd of idle connections cannot take the kubelet's
+/// place.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_admin_port_is_no_relay_and_a_crowd_cannot_starve_the_probes() {
+    let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
+    let log = seen.clone();
+    let app = Upstream::start(move |req| {
+        let mut line = format!("{}", req.uri());
+        for (name, value) in req.headers() {
+            line.push_str(&format!(" {name}={}", value.to_str().unwrap_or("?")));
+        }
+        log.lock().unwrap().push(line);
+        let slow = req.uri().path() == "/slow";
+        async move {
+            if slow {
+                tokio::time::sleep(Duration::from_millis(300)).await;
+            }
+            respond(200, "app")
+        }
+    })
+    .await;
+    let port = app.addr.port();
+    let tg = Tollgate::start(
+        &Config::new()
+            .listener(|l| l.unknown_authorities("pass"))
+            .admin(|a| {
+                a.probes(config::RawOwned(format!(
+                    "[{{ port = {port}, path = \"/healthz\" }}, {{ port = {port}, path = \"/slow\" }}]"
+                )))
+            })
+            .to_toml(),
+    )
+    .await;
+
+    // Nothing but the declared targets, written exactly so.
+    for target in [
+        format!("/probe/{port}/healthz/../admin"),
+        format!("/probe/{port}/%2e%2e/admin"),
+        format!("/probe/{port}/healthz%2F..%2Fadmin"),
+        format!("/probe/{port}//healthz"),
+        format!("/probe/{port}/healthz?x=1"),
+        format!("/probe/{port}/HEALTHZ"),
+        format!("/probe/{port}/./healthz"),
+        format!("http://127.0.0.1:{port}/probe/{port}/healthz"),
+        format!("/probe/{}/healthz", port + 1),
+    ] {
+        let raw = raw_exchange(
+            tg.admin,
+            format!("GET {target} HTTP/1.1\r\nHost: admin\r\nConnection: close\r\n\r\n").as_bytes(),
+        )
+        .await;
+        assert!(raw.starts_with("HTTP/1.1 404"), "{target}: {raw}");
+    }
+    let raw = raw_exchange(
+        tg.admin,
+        format!("POST /probe/{port}/healthz HTTP/1.1\r\nHost: admin\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
+            .as_bytes(),
+    )
+    .await;
+    assert!(raw.starts_with("HTTP/1.1 405"), "{raw}");
+    assert!(
+        seen.lock().unwrap().is_empty(),
+        "{:?}",
+        seen.lock().unwrap()
+    );
+
+    // No credential or forwarding field passes; User-Agent and Accept do.
+    let r = send(
+        tg.admin,
+        request("GET", &format!("/probe/{port}/healthz"), "admin")
+            .header("user-agent", "kube-probe/1.31")
+            .header("accept", "*/*")
+            .header("authorization", "Bearer secret")
+            .header("cookie", "session=secret")
+            .header("x-forwarded-for", "10.9.9.9")
+            .header("forwarded", "for=10.9.9.9")
+            .header("x-anything", "secret")
+            .body(empty())
+            .unwrap(),
+    )
+    .await;
+    assert_eq!(r.status, 200);
+    let line = seen.lock().unwrap().pop().unwrap();
+    assert!(
+        line.contains("user-agent=kube-probe/1.31") && line.contains("accept=*/*"),
+        "{line}"
+    );
+    assert!(
+        !line.contains("secret") && !line.contains("10.9.9.9"),
+        "{line}"
+    );
+
+    // Identical probes in flight are one: five ask, the app is asked once.
+    let asks: Vec<_> = (0..5)
+        .map(|_| {
+            let admin = tg.admin;
+            tokio::spawn(async move {
+                get(admin, &format!("/probe/{port}/slow"), "admin")
+                    .await
+                    .status
+            })
+        })
+        .collect();
+    for a in asks {
+        assert_eq!(a.await.unwrap(), 200);
+    }
+    let slow = seen
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|l| l.starts_with("/slow"))
+        .count();
+    assert_eq!(slow, 1, "identical probes were not coalesced");
+
+    // 300 idle connections, some with half a head: a probe still answers.
+    let mut crowd = Vec::new();
+    for i in 0..300 {
+        let Ok(mut s) = tokio::net::TcpStream::connect(tg.admin).await else {
+            continue;
+        };
+        if i % 3 == 0 {
+            use tokio::io::AsyncWriteExt;
+            let _ = s.write_all(b"GET /probe/").await;
+        }
+        crowd.push(s);
+    }
+    let r = tokio::time::timeout(
+        Duration::from_secs(10),
+        get(tg.admin, &format!("/probe/{port}/healthz"), "admin"),
+    )
+    .await
+    .expect("the probe did not answer beside 300 idle connections");
+    assert_eq!(r.status, 200);
+    drop(crowd);
     tg.stop().await;
 }

@@ -110,6 +110,24 @@ fn the_sensitivity_table_marks_where_it_turns_dangerous() {
 }
 
 #[test]
+fn without_a_budget_the_marks_follow_the_last_column() {
+    let (_, out, _) = calc(&["--retries", "2,3,3"]);
+    let row = |rate: &str| {
+        out.lines()
+            .find(|l| l.split_whitespace().next() == Some(rate))
+            .unwrap_or_else(|| panic!("no {rate} row in:\n{out}"))
+            .to_string()
+    };
+    assert!(row("50%").ends_with("2,000   <- --failure-rate"), "{out}");
+    assert!(row("70%").ends_with("3,333   dangerous"), "{out}");
+    let header = out
+        .lines()
+        .find(|l| l.contains("failure rate") && l.contains("RPS at the bottom"))
+        .unwrap();
+    assert!(header.ends_with("RPS at the bottom"), "{header}");
+}
+
+#[test]
 fn the_worked_example_as_json() {
     let v = json(&EXAMPLE);
     assert_eq!(v["worst_case"].as_u64(), Some(48));

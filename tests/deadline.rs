@@ -114,10 +114,15 @@ async fn when_the_app_leaves_the_upstream_attempt_is_cancelled() {
             .attempt_timeout("10s")
     });
     let tg = Tollgate::start(&config.to_toml()).await;
-    let addr = tg.addr;
-    let client = tokio::spawn(async move { get(addr, "/", "slow").await });
+    // The app leaves with a reset: a plain close after a whole request is a
+    // half-close, which still waits for its answer (tests/half_close.rs).
+    let mut client = tokio::net::TcpStream::connect(tg.addr).await.unwrap();
+    tokio::io::AsyncWriteExt::write_all(&mut client, b"GET / HTTP/1.1\r\nHost: slow\r\n\r\n")
+        .await
+        .unwrap();
     assert!(wait_until(Duration::from_secs(5), || up.hits() == 1).await);
-    client.abort();
+    client.set_zero_linger().unwrap();
+    drop(client);
     assert!(
         wait_until(Duration::from_secs(2), || abandoned.load(Ordering::SeqCst)).await,
         "the upstream kept working for a caller that had left"

@@ -9,6 +9,7 @@
 
 mod common;
 
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
 use std::time::Duration;
@@ -214,6 +215,98 @@ async fn a_load_step_onto_a_healthy_app_is_served_as_without_tollgate() {
     assert_eq!(
         metric(&m, "tollgate_inbound_denied_total{reason=\"overloaded\"}").unwrap_or(0.0),
         0.0
+    );
+    tg.stop().await;
+}
+
+/// An app that works on what it is given whatever its caller does (it never looks at
+/// the connection while it works): reads a head, works 300 ms, answers. Records the
+/// most it worked on at once and how many it finished.
+async fn heedless_app(peak: &Arc<AtomicUsize>, done: &Arc<AtomicUsize>) -> SocketAddr {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let inside = Arc::new(AtomicUsize::new(0));
+    let (peak, done) = (peak.clone(), done.clone());
+    tokio::spawn(async move {
+        while let Ok((mut s, _)) = listener.accept().await {
+            let (inside, peak, done) = (inside.clone(), peak.clone(), done.clone());
+            tokio::spawn(async move {
+                let mut buf = Vec::new();
+                loop {
+                    let mut chunk = [0u8; 4096];
+                    while !buf.windows(4).any(|w| w == b"\r\n\r\n") {
+                        match s.read(&mut chunk).await {
+                            Ok(0) | Err(_) => return,
+                            Ok(n) => buf.extend_from_slice(&chunk[..n]),
+                        }
+                    }
+                    buf.clear();
+                    peak.fetch_max(inside.fetch_add(1, SeqCst) + 1, SeqCst);
+                    tokio::time::sleep(Duration::from_millis(300)).await;
+                    inside.fetch_sub(1, SeqCst);
+                    done.fetch_add(1, SeqCst);
+                    let answer = b"HTTP/1.1 200 OK\r\ncontent-length: 4\r\n\r\ndone";
+                    if s.write_all(answer).await.is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    addr
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn callers_that_send_and_hang_up_free_no_place_while_the_app_works() {
+    let _alone = ONE_AT_A_TIME.lock().await;
+    let (peak, done) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+    let app = heedless_app(&peak, &done).await;
+    let tg = Tollgate::start(&Config::new().inbound(app, |i| i.max_inflight(2)).to_toml()).await;
+    let inbound = tg.inbound();
+    // 20 callers send a whole request and hang up at once: half with a reset, half
+    // with a plain close.
+    let mut callers = Vec::new();
+    for i in 0..20 {
+        callers.push(tokio::spawn(async move {
+            use tokio::io::AsyncWriteExt;
+            let mut s = tokio::net::TcpStream::connect(inbound).await.unwrap();
+            s.write_all(b"GET /work HTTP/1.1\r\nHost: app\r\n\r\n")
+                .await
+                .unwrap();
+            if i % 2 == 0 {
+                s.set_zero_linger().unwrap();
+            }
+            drop(s);
+        }));
+        tokio::task::yield_now().await;
+    }
+    for c in callers {
+        c.await.unwrap();
+    }
+    // Every request tollgate read is settled: answered by the app or shed.
+    let settled = |m: &str| {
+        let served = metric(m, "tollgate_inbound_inflight").unwrap_or(1.0) == 0.0;
+        let shed = metric(m, "tollgate_inbound_denied_total{reason=\"overloaded\"}").unwrap_or(0.0);
+        served && shed + done.load(SeqCst) as f64 >= 2.0
+    };
+    let until = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let m = tg.metrics().await;
+        if settled(&m) {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < until,
+            "not settled in 10 s:\n{m}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let held = peak.load(SeqCst);
+    assert!(held >= 1, "no request reached the app");
+    assert!(
+        held <= 2,
+        "the app was given {held} requests at once with max_inflight = 2"
     );
     tg.stop().await;
 }

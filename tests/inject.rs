@@ -197,7 +197,9 @@ fn a_pod_with_several_containers_gets_the_sidecar_and_its_http_probes_move() {
         "[upstreams.inventory]",
         "endpoints = [\"inventory.warehouse.svc.cluster.local:9000\"]",
         "addr = \"0.0.0.0:15090\"",
-        "probe_ports = [8080, 9901]",
+        "probes = [",
+        "  { port = 8080, path = \"/ready?deep=false\", headers = { \"X-Probe\" = \"kubelet\" } },",
+        "  { port = 9901, path = \"/healthz\" },",
         "app = \"127.0.0.1:8080\"",
         "probe_paths = [\"/ready\", \"/healthz\", \"/grpc.health.v1.Health/Check\"]",
     ] {

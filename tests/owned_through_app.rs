@@ -19,7 +19,8 @@ const TRACE: &str = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
 /// One pod: an app behind its tollgate's inbound side, calling `db` (which always
 /// answers 503) through the same tollgate's outbound side, passing on the request's
 /// `traceparent` and `x-request-id`; whatever db answered, the app answers its caller
-/// a plain 503 of its own. A request with `x-call: no` makes no call.
+/// a plain 503 of its own. A request with `x-call: no` makes no call; one with
+/// `x-hold: yes` is answered 300 ms later.
 struct Pod {
     tollgate: Tollgate,
     app: Upstream,
@@ -42,6 +43,9 @@ async fn pod(owned_failures: &str) -> Pod {
                 }
                 let got = send(*to.get().unwrap(), call.body(empty()).unwrap()).await;
                 assert_eq!(got.outcome(), Some("attempts-exhausted"));
+            }
+            if req.headers().get("x-hold").is_some() {
+                tokio::time::sleep(std::time::Duration::from_millis(300)).await;
             }
             respond(503, "the app could not serve it")
         }
@@ -115,6 +119,38 @@ async fn the_apps_failure_after_its_own_call_was_given_up_on_is_marked_owned() {
         ),
         Some(2.0)
     );
+    p.tollgate.stop().await;
+}
+
+/// A caller reusing another's `x-request-id` (or trace id) while that other request is
+/// in flight makes the id ambiguous: neither request's failure is marked, so the
+/// other's stays retryable.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_id_two_requests_in_flight_carry_at_once_marks_nothing() {
+    let p = pod("mark").await;
+    let inbound = p.tollgate.inbound();
+    for key in ["x-request-id", "traceparent"] {
+        let id = if key == "traceparent" {
+            TRACE
+        } else {
+            "r-shared"
+        };
+        let (calls, holds) = ([(key, id), ("x-hold", "yes")], ("x-call", "no"));
+        let reused = [calls[0], calls[1], holds];
+        let victim = call(inbound, "payments", &calls);
+        let reuser = call(inbound, "payments", &reused);
+        let (victim, reuser) = tokio::join!(victim, reuser);
+        assert_eq!(victim.status, 503);
+        assert_eq!(
+            victim.outcome(),
+            None,
+            "{key}: an ambiguous id marked a failure"
+        );
+        assert_eq!(reuser.outcome(), None, "{key}");
+    }
+    // Alone again, the id is the request's own.
+    let alone = call(inbound, "payments", &[("x-request-id", "r-shared")]).await;
+    assert_eq!(alone.outcome(), Some("downstream-owned"));
     p.tollgate.stop().await;
 }
 

@@ -6,6 +6,8 @@
 
 mod common;
 
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -423,5 +425,67 @@ async fn the_connection_that_answered_last_carries_the_next_request() {
         1,
         "twenty requests one at a time went over {carried:?}, not one connection"
     );
+    tg.stop().await;
+}
+
+/// A server answering every request on a connection with `answer`; counts the requests.
+async fn answering(answer: String) -> (Scripted, Arc<AtomicUsize>) {
+    let asked = Arc::new(AtomicUsize::new(0));
+    let count = asked.clone();
+    let up = Scripted::start(move |mut s, _| {
+        let (answer, count) = (answer.clone(), count.clone());
+        async move {
+            loop {
+                if read_head(&mut s).await.is_empty() {
+                    return;
+                }
+                count.fetch_add(1, Ordering::SeqCst);
+                if s.write_all(answer.as_bytes()).await.is_err() {
+                    return;
+                }
+            }
+        }
+    })
+    .await;
+    (up, asked)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_response_head_is_limited_by_its_size_not_its_count_of_fields() {
+    // 130 fields, a few KiB: passes whole.
+    let fields: String = (0..130).map(|i| format!("X-F{i}: {i}\r\n")).collect();
+    let (many, _) = answering(format!(
+        "HTTP/1.1 200 OK\r\n{fields}Content-Length: 2\r\n\r\nok"
+    ))
+    .await;
+    let tg = Tollgate::start(&h1_upstream(many.addr)).await;
+    // (Read raw: hyper's client takes at most 100 fields.)
+    let r = raw_exchange(
+        tg.addr,
+        b"GET /many HTTP/1.1\r\nHost: raw\r\nConnection: close\r\n\r\n",
+    )
+    .await;
+    assert!(r.starts_with("HTTP/1.1 200"), "{r}");
+    assert!(r.ends_with("\r\n\r\nok"), "{r}");
+    for i in [0, 64, 129] {
+        assert!(
+            r.contains(&format!("\r\nX-F{i}: {i}\r\n")),
+            "field {i}: {r}"
+        );
+    }
+    tg.stop().await;
+
+    // Over 64 KiB: 502 not-retryable, asked once (the same request would get it again).
+    let big = "v".repeat(65 * 1024);
+    let (huge, asked) = answering(format!(
+        "HTTP/1.1 503 Service Unavailable\r\nX-Big: {big}\r\nContent-Length: 2\r\n\r\nno"
+    ))
+    .await;
+    let tg = Tollgate::start(&h1_upstream(huge.addr)).await;
+    let r = get(tg.addr, "/huge", "raw").await;
+    assert_eq!(r.status, 502);
+    assert_eq!(r.outcome(), Some("not-retryable"));
+    assert_eq!(r.attempts(), 1);
+    assert_eq!(asked.load(Ordering::SeqCst), 1, "not retried");
     tg.stop().await;
 }

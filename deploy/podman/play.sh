@@ -215,7 +215,7 @@ podman healthcheck run payments-payments >/dev/null \
 [ "$(podman exec payments-payments curl -s -o /dev/null -w '%{http_code}' http://127.0.0.1:15090/probe/8080/healthz)" = 200 ] \
   || fail "/probe/8080/healthz on payments' admin port is not 200"
 [ "$(podman exec payments-payments curl -s -o /dev/null -w '%{http_code}' http://127.0.0.1:15090/probe/9999/healthz)" = 404 ] \
-  || fail "/probe/9999/healthz (a port not in probe_ports) is not 404"
+  || fail "/probe/9999/healthz (a port not in [admin] probes) is not 404"
 pass "payments' app probe runs as podman's health check through the admin port (/probe/8080/healthz 200; a port not listed 404)"
 
 # ---------------------------------------------------------------------------

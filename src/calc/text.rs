@@ -167,9 +167,23 @@ impl Report {
         } else {
             ""
         };
+        // The budget's columns only when there is a budget: without one the marks
+        // follow the last column, not a blank one.
+        let optional = |cell: &str, shown: bool| {
+            if shown {
+                format!("{cell:>14}")
+            } else {
+                String::new()
+            }
+        };
+        let (with_budget, with_max) = (s.budget.is_some(), s.max_ratio.is_some());
         let header = format!(
-            "  {:>12}{:>11}{:>20}{:>14}{:>14}",
-            "failure rate", "expected", "RPS at the bottom", budget_column, max_column
+            "  {:>12}{:>11}{:>20}{}{}",
+            "failure rate",
+            "expected",
+            "RPS at the bottom",
+            optional(budget_column, with_budget),
+            optional(max_column, with_max)
         );
         let _ = writeln!(out, "{}", header.trim_end());
         for row in &self.sensitivity {
@@ -187,12 +201,12 @@ impl Report {
                 marks.push("<- --failure-rate");
             }
             let line = format!(
-                "  {:>12}{:>11}{:>20}{:>14}{:>14}   {}",
+                "  {:>12}{:>11}{:>20}{}{}   {}",
                 percent(row.failure_rate),
                 format!("{:.2}×", row.expected),
                 rate(s.rps * row.expected),
-                budget,
-                top,
+                optional(&budget, with_budget),
+                optional(&top, with_max),
                 marks.join(", "),
             );
             let _ = writeln!(out, "{}", line.trim_end());

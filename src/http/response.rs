@@ -28,10 +28,38 @@ use super::fields::{
 use super::framing::{Chunk, Framing, Step, step};
 use super::spare;
 
-/// The largest response head accepted.
-pub const MAX_HEAD: usize = 256 * 1024;
-/// Most header fields in a response head.
-const MAX_HEADERS: usize = 128;
+/// The largest response head accepted: a head is limited by its size, not by a count
+/// of fields. A larger one is [`HeadTooLarge`].
+pub const MAX_HEAD: usize = 64 * 1024;
+/// Header fields a response head is parsed with at first, in place; one with more is
+/// parsed again with room for as many as it has (rare: no allocation otherwise).
+const FEW_FIELDS: usize = 128;
+
+/// A response head larger than [`MAX_HEAD`]: the answer cannot be passed on, and
+/// asking again would get the same (not retried).
+#[derive(Debug, thiserror::Error)]
+#[error("response head larger than 64 KiB")]
+pub struct HeadTooLarge;
+
+fn too_large() -> io::Error {
+    io::Error::new(io::ErrorKind::InvalidData, HeadTooLarge)
+}
+
+/// Whether `e`, or an error in its chain of sources, is [`HeadTooLarge`].
+pub fn is_head_too_large(e: &(dyn std::error::Error + 'static)) -> bool {
+    let mut at = Some(e);
+    while let Some(e) = at {
+        if e.is::<HeadTooLarge>()
+            || e.downcast_ref::<io::Error>()
+                .and_then(|io| io.get_ref())
+                .is_some_and(|inner| inner.is::<HeadTooLarge>())
+        {
+            return true;
+        }
+        at = e.source();
+    }
+    false
+}
 
 /// A final response head as read: its fields stay in the bytes they came in.
 pub struct ResponseHead {
@@ -194,19 +222,72 @@ pub enum Parsed {
 /// Parses a response head at the front of `rbuf` and takes it off: `None` while it is
 /// incomplete.
 pub fn parse_response_head(rbuf: &mut BytesMut, head_request: bool) -> io::Result<Option<Parsed>> {
+    match parse_with(rbuf, head_request, None) {
+        Err(Unparsed::Many) => parse_many(rbuf, head_request),
+        Err(Unparsed::Error(e)) => Err(e),
+        Ok(parsed) => Ok(parsed),
+    }
+}
+
+/// Why [`parse_with`] gave no head.
+enum Unparsed {
+    /// More fields than it had room for.
+    Many,
+    Error(io::Error),
+}
+
+impl From<io::Error> for Unparsed {
+    fn from(e: io::Error) -> Self {
+        Unparsed::Error(e)
+    }
+}
+
+/// A head of more than [`FEW_FIELDS`] fields, parsed with room for every line the
+/// head can hold (it is no larger than [`MAX_HEAD`]).
+#[cold]
+#[inline(never)]
+fn parse_many(rbuf: &mut BytesMut, head_request: bool) -> io::Result<Option<Parsed>> {
+    let within = &rbuf[..rbuf.len().min(MAX_HEAD)];
+    let lines = within.iter().filter(|&&b| b == b'\n').count() + 1;
+    match parse_with(rbuf, head_request, Some(lines)) {
+        Ok(parsed) => Ok(parsed),
+        Err(Unparsed::Many) => Err(too_large()),
+        Err(Unparsed::Error(e)) => Err(e),
+    }
+}
+
+/// Parses with room for [`FEW_FIELDS`] fields in place, or for `lines` on the heap.
+#[inline(always)]
+fn parse_with(
+    rbuf: &mut BytesMut,
+    head_request: bool,
+    lines: Option<usize>,
+) -> Result<Option<Parsed>, Unparsed> {
     // Uninitialised: clearing room for every possible field on each response would
     // cost more than parsing the ones there are.
-    let mut fields = [const { MaybeUninit::<httparse::Header<'_>>::uninit() }; MAX_HEADERS];
+    let mut few = [const { MaybeUninit::<httparse::Header<'_>>::uninit() }; FEW_FIELDS];
+    let mut many = Vec::new();
+    let fields = match lines {
+        None => &mut few[..],
+        Some(n) => {
+            many.resize_with(n, MaybeUninit::<httparse::Header<'_>>::uninit);
+            &mut many[..]
+        }
+    };
     let mut res = httparse::Response::new(&mut []);
-    let len = match httparse::ParserConfig::default().parse_response_with_uninit_headers(
-        &mut res,
-        rbuf,
-        &mut fields,
-    ) {
+    let len = match httparse::ParserConfig::default()
+        .parse_response_with_uninit_headers(&mut res, rbuf, fields)
+    {
+        Ok(httparse::Status::Complete(len)) if len > MAX_HEAD => {
+            return Err(Unparsed::Error(too_large()));
+        }
         Ok(httparse::Status::Complete(len)) => len,
+        Ok(httparse::Status::Partial) if rbuf.len() > MAX_HEAD => {
+            return Err(Unparsed::Error(too_large()));
+        }
         Ok(httparse::Status::Partial) => return Ok(None),
-        Err(httparse::Error::TooManyHeaders) => return Err(bad("too many response header fields")),
-        Err(_) => return Err(bad("malformed response head")),
+        Err(httparse::Error::TooManyHeaders) => return Err(Unparsed::Many),
+        Err(_) => return Err(Unparsed::Error(bad("malformed response head"))),
     };
     let code = res.code.unwrap_or(0);
     let status = StatusCode::from_u16(code).map_err(|_| bad("invalid response status"))?;

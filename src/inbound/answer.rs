@@ -85,7 +85,11 @@ pub fn refusal(fault: Fault) -> &'static Refusal {
         Fault::Timeout => &TIMED_OUT,
         Fault::ConnectFailure | Fault::Tls => &UNREACHABLE,
         Fault::NoDescriptors => &NO_DESCRIPTORS,
-        Fault::Reset | Fault::Status(_) | Fault::Unavailable | Fault::CallerBody => &RESET,
+        Fault::Reset
+        | Fault::HeadTooLarge
+        | Fault::Status(_)
+        | Fault::Unavailable
+        | Fault::CallerBody => &RESET,
     }
 }
 

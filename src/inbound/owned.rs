@@ -14,6 +14,15 @@
 //! full map first forgets the keys older than [`KEEP`], then, if still full, all of
 //! them: a forgotten key costs one failure left unmarked (its callers may retry it),
 //! never a wrong mark.
+//!
+//! An id is the request's only while no other request carries it: a caller reusing
+//! another's `x-request-id` or trace id must not stop that other request's failure
+//! being retried. So the inbound side also counts, per key, the requests in flight that
+//! carry it ([`Carrying`]); a request whose key another request in flight carried at
+//! any moment of its lifetime is ambiguous and marks nothing. Accepted cost: one trace
+//! fanning out to the same service at once gets no marking for those calls. That map
+//! holds only the keys of requests in flight, and is locked once as a request with a
+//! key arrives and once as it leaves (a request with neither header takes no lock).
 
 use std::collections::HashMap;
 use std::hash::{BuildHasher, RandomState};
@@ -43,14 +52,73 @@ const MAX_REQUEST_ID: usize = 256;
 /// The give-ups of this pod's outbound side, by request.
 pub struct OwnedCalls {
     given_up: Mutex<HashMap<u64, Instant>>,
+    /// The keys of the inbound requests in flight: how many carry each, and when two
+    /// last did at once.
+    carried: Mutex<HashMap<u64, Carried>>,
     hasher: RandomState,
+}
+
+#[derive(Default)]
+struct Carried {
+    inflight: u32,
+    /// When a second request in flight carried the key, last.
+    shared_at: Option<Instant>,
 }
 
 impl Default for OwnedCalls {
     fn default() -> Self {
         OwnedCalls {
             given_up: Mutex::new(HashMap::new()),
+            carried: Mutex::new(HashMap::new()),
             hasher: RandomState::new(),
+        }
+    }
+}
+
+/// An inbound request in flight, counted under its keys until it is dropped.
+pub struct Carrying<'a> {
+    owned: &'a OwnedCalls,
+    keys: Keys,
+    since: Instant,
+}
+
+impl Carrying<'_> {
+    /// Whether the app's failure for this request is marked `downstream-owned`: a call
+    /// made for it was given up on, owned, since it arrived, and no other request in
+    /// flight carried its keys meanwhile.
+    pub fn marks(&self) -> bool {
+        if self.keys.iter().all(Option::is_none) || self.ambiguous() {
+            return false;
+        }
+        self.owned.gave_up_since_keys(self.keys, self.since)
+    }
+
+    /// Another request in flight carried one of its keys at some moment of its
+    /// lifetime.
+    fn ambiguous(&self) -> bool {
+        let carried = self.owned.carried.lock().unwrap_or_else(|p| p.into_inner());
+        self.keys.iter().flatten().any(|k| {
+            carried
+                .get(k)
+                .and_then(|c| c.shared_at)
+                .is_some_and(|at| at >= self.since)
+        })
+    }
+}
+
+impl Drop for Carrying<'_> {
+    fn drop(&mut self) {
+        if self.keys.iter().all(Option::is_none) {
+            return;
+        }
+        let mut carried = self.owned.carried.lock().unwrap_or_else(|p| p.into_inner());
+        for k in self.keys.iter().flatten() {
+            if let Some(c) = carried.get_mut(k) {
+                c.inflight = c.inflight.saturating_sub(1);
+                if c.inflight == 0 {
+                    carried.remove(k);
+                }
+            }
         }
     }
 }
@@ -130,6 +198,27 @@ impl OwnedCalls {
             .any(|k| map.get(k).is_some_and(|at| *at >= since))
     }
 
+    /// An inbound request with these header fields arrived at `now`: counted under its
+    /// keys while the returned value lives.
+    pub fn arrive(&self, headers: &HeaderMap, now: Instant) -> Carrying<'_> {
+        let keys = self.keys(headers);
+        if keys.iter().any(Option::is_some) {
+            let mut carried = self.carried.lock().unwrap_or_else(|p| p.into_inner());
+            for k in keys.iter().flatten() {
+                let c = carried.entry(*k).or_default();
+                c.inflight += 1;
+                if c.inflight >= 2 {
+                    c.shared_at = Some(now);
+                }
+            }
+        }
+        Carrying {
+            owned: self,
+            keys,
+            since: now,
+        }
+    }
+
     /// The request's keys: its trace id, its request id.
     pub fn keys(&self, headers: &HeaderMap) -> Keys {
         let trace = headers
@@ -180,6 +269,31 @@ mod tests {
         owned.gave_up(&headers(&[("x-request-id", "r-1")]), Instant::now());
         assert!(owned.gave_up_since(&headers(&[("x-request-id", "r-1")]), arrived));
         assert!(!owned.gave_up_since(&headers(&[("x-request-id", "r-2")]), arrived));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_id_two_requests_in_flight_carry_at_once_marks_neither() {
+        let owned = OwnedCalls::default();
+        let id = headers(&[("x-request-id", "shared")]);
+        let first = owned.arrive(&id, Instant::now());
+        tokio::time::advance(Duration::from_millis(5)).await;
+        // A second caller reuses the id while the first is in flight.
+        let second = owned.arrive(&id, Instant::now());
+        drop(second);
+        tokio::time::advance(Duration::from_millis(5)).await;
+        owned.gave_up(&id, Instant::now());
+        assert!(!first.marks(), "the id was ambiguous during its lifetime");
+        drop(first);
+        assert!(owned.carried.lock().unwrap().is_empty(), "nothing kept");
+
+        // Alone, one after the other: each is its own.
+        let alone = owned.arrive(&id, Instant::now());
+        tokio::time::advance(Duration::from_millis(5)).await;
+        owned.gave_up(&id, Instant::now());
+        assert!(alone.marks());
+        drop(alone);
+        let none = owned.arrive(&HeaderMap::new(), Instant::now());
+        assert!(!none.marks(), "no guessing");
     }
 
     #[tokio::test(start_paused = true)]

@@ -59,6 +59,11 @@ impl Captures for InboundService {
 }
 
 impl Service for InboundService {
+    /// A request holds its place in `max_inflight` until the app's exchange ends, not
+    /// until its caller goes away: one that sends and hangs up frees no place while the
+    /// app works on it.
+    const OUTLIVES_CALLER: bool = true;
+
     fn call(
         &self,
         req: AppRequest,
@@ -298,14 +303,17 @@ async fn answer_request(
                 grpc: facts.grpc,
                 traceparent,
             };
+            // Ownership through the app: the request is counted under its ids while the
+            // app works on it, so an id two requests carry at once marks neither.
+            let marking = (state.config.owned_failures == OwnedFailures::Mark)
+                .then(|| inbound.owned.arrive(&headers, start));
             let result = app::send(&state.app, want, &request, body, &fields, exhausted).await;
-            // Ownership through the app: who the request was is read only when its
-            // answer is a failure its callers would retry.
-            let mark = state.config.owned_failures == OwnedFailures::Mark
-                && result.as_ref().is_ok_and(|resp| {
+            let mark = marking.is_some_and(|carrying| {
+                result.as_ref().is_ok_and(|resp| {
                     owned::retryable_failure(resp.status(), Fields::of(resp), facts.grpc)
-                        && inbound.owned.gave_up_since(&headers, start)
-                });
+                        && carrying.marks()
+                })
+            });
             (result.map(Answered::Plain), mark)
         }
     };

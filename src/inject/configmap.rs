@@ -157,14 +157,30 @@ pub fn config_text(
         "\n[admin]\n# The pod's interface: the kubelet probes it and Prometheus scrapes it.\n\
          addr = \"0.0.0.0:{ADMIN_PORT}\""
     );
-    if !probes.http_ports.is_empty() {
-        let ports: Vec<String> = probes.http_ports.iter().map(u16::to_string).collect();
+    if !probes.declared.is_empty() {
         let _ = writeln!(
             t,
-            "# The app's ports its HTTP probes ask, through GET /probe/PORT/PATH here.\n\
-             probe_ports = [{}]",
-            ports.join(", ")
+            "# The app's HTTP probes, through GET /probe/PORT/PATH here: only these exact\n\
+             # ports and paths, with their own fields, reach the app.\n\
+             probes = ["
         );
+        for (port, path, fields) in &probes.declared {
+            let fields: Vec<String> = fields
+                .iter()
+                .map(|(n, v)| format!("{} = {}", quoted(n), quoted(v)))
+                .collect();
+            let headers = if fields.is_empty() {
+                String::new()
+            } else {
+                format!(", headers = {{ {} }}", fields.join(", "))
+            };
+            let _ = writeln!(
+                t,
+                "  {{ port = {port}, path = {}{headers} }},",
+                quoted(path)
+            );
+        }
+        t.push_str("]\n");
     }
     for c in called {
         upstream(&mut t, c);
@@ -173,6 +189,22 @@ pub fn config_text(
         inbound(&mut t, port, probes, capture);
     }
     t
+}
+
+/// `text` as a TOML basic string.
+fn quoted(text: &str) -> String {
+    let mut out = String::with_capacity(text.len() + 2);
+    out.push('"');
+    for c in text.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            c if c.is_control() => out.push_str(&format!("\\u{:04X}", c as u32)),
+            c => out.push(c),
+        }
+    }
+    out.push('"');
+    out
 }
 
 fn upstream(t: &mut String, c: &Called) {

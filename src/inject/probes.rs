@@ -1,7 +1,8 @@
 //! The app's probes, as the kubelet sends them. An HTTP probe is moved to tollgate's
 //! admin port, `GET /probe/PORT/PATH` (as Istio moves probes to its agent): the
 //! kubelet reaches an app that listens on loopback, or behind transparent capture,
-//! and the admin endpoint asks the app itself (`[admin] probe_ports`). A TCP probe
+//! and the admin endpoint asks the app itself (`[admin] probes`: each probe's exact
+//! port, path and `httpHeaders`, and nothing else). A TCP probe
 //! stays (its port is kept off capture, or tollgate's inbound listener would accept
 //! the connection for a dead app); an exec probe runs in the container, and a gRPC
 //! probe speaks to the app as any caller does.
@@ -19,11 +20,18 @@ const PROBE_PREFIX: &str = "/probe/";
 pub const GRPC_HEALTH: &str = "/grpc.health.v1.Health/Check";
 const KINDS: [&str; 3] = ["startupProbe", "readinessProbe", "livenessProbe"];
 
+/// An HTTP probe as `[admin] probes` declares it: port, path (query included), and
+/// its `httpHeaders` as name and value.
+pub type Declared = (u16, String, Vec<(String, String)>);
+
 /// What the app's probes need from tollgate's config and capture.
 #[derive(Debug, Default)]
 pub struct Probes {
-    /// The app ports HTTP probes ask: `[admin] probe_ports`.
+    /// The app ports HTTP probes ask.
     pub http_ports: Vec<u16>,
+    /// The HTTP probes moved, as `[admin] probes` declares them: port, path (query
+    /// included), and the probe's `httpHeaders` as name and value.
+    pub declared: Vec<Declared>,
     /// Their paths (and the gRPC health check's): `[inbound] probe_paths`.
     pub paths: Vec<String>,
     /// Ports the kubelet checks with TCP: kept off inbound capture.
@@ -127,6 +135,22 @@ pub fn move_to_admin(spec: &mut Yaml, record: &mut Record) -> Probes {
                 .probes
                 .insert(format!("{name}/{kind}"), to_json(&http));
             push(&mut found.http_ports, port);
+            let fields: Vec<(String, String)> = items(&http, "httpHeaders")
+                .iter()
+                .filter_map(|h| {
+                    Some((
+                        str_at(h, "name")?.to_string(),
+                        str_at(h, "value")?.to_string(),
+                    ))
+                })
+                .collect();
+            if !found
+                .declared
+                .iter()
+                .any(|(p, q, _)| *p == port && *q == path)
+            {
+                found.declared.push((port, path.clone(), fields));
+            }
             let bare = path.split('?').next().unwrap_or("/").to_string();
             push(&mut found.paths, bare);
             found

@@ -46,6 +46,8 @@ env:
     value: /etc/tollgate/tollgate.toml
   - name: RUST_LOG
     value: info
+  - name: POD_IP
+    valueFrom: {{fieldRef: {{fieldPath: status.podIP}}}}
 ports:
   - name: tollgate-inbound
     containerPort: 15006

@@ -200,7 +200,9 @@ pub async fn run(s: Scenario, progress: bool) -> Result<LabRun, LabError> {
     let records = join_loads(loads).await;
     if let Some(t) = ticker {
         t.abort();
-        eprintln!();
+        if std::io::stderr().is_terminal() {
+            eprintln!();
+        }
     }
     let mut chains = Vec::new();
     for ((rig, records), sampler) in rigs.into_iter().zip(records).zip(samplers) {
@@ -263,14 +265,20 @@ async fn join_loads(
 }
 
 /// The progress line on stderr: time, and per chain the amplification and successes
-/// so far.
+/// so far; redrawn in place on a terminal, else a line every 2 s.
 async fn show_progress(
     watched: Vec<(&'static str, Arc<backend::Counters>, Arc<Live>)>,
     start: Instant,
     total: Duration,
 ) {
+    let terminal = std::io::stderr().is_terminal();
+    let every = if terminal {
+        Duration::from_millis(250)
+    } else {
+        Duration::from_secs(2)
+    };
     loop {
-        tokio::time::sleep(Duration::from_millis(250)).await;
+        tokio::time::sleep(every).await;
         let t = start.elapsed().min(total);
         let frac = t.as_secs_f64() / total.as_secs_f64();
         let filled = (frac * 20.0) as usize;
@@ -286,7 +294,11 @@ async fn show_progress(
             let ok = live.ok.load(Relaxed) as f64 / live.done.load(Relaxed).max(1) as f64;
             line.push_str(&format!("  {key} {amp:>4.2}x {:>5.1}%", ok * 100.0));
         }
-        eprint!("{line} ");
+        if terminal {
+            eprint!("{line} ");
+        } else {
+            eprintln!("{}", line.trim_start_matches('\r'));
+        }
         let _ = std::io::stderr().flush();
     }
 }
@@ -301,7 +313,9 @@ where
         .worker_threads(std::thread::available_parallelism().map_or(2, |n| n.get()))
         .enable_all()
         .build();
-    let progress = !args.json && std::io::stderr().is_terminal();
+    // Always said while it runs (the table comes only at the end): redrawn in place on
+    // a terminal, a line every few seconds into a log. Not with --json.
+    let progress = !args.json;
     match rt
         .map_err(|e| e.to_string())
         .and_then(|rt| rt.block_on(work(progress)).map_err(|e| e.to_string()))

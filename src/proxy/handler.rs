@@ -75,6 +75,7 @@ async fn handle(
     req: AppRequest,
 ) -> AppResponse {
     let start = Instant::now();
+    let peer = conn.peer();
     let mut guard = RequestGuard::new(conn, start);
     // An HTTP/1.x body tollgate does not read to its end leaves the connection unable
     // to carry another request: the answer must say so, or the app's next request on
@@ -109,6 +110,15 @@ async fn handle(
         return Box::new(resp);
     };
     if req.method() == Method::CONNECT {
+        if req.version() == Version::HTTP_11 {
+            // Served as HTTP from here on, every request in it this upstream's.
+            let inside = Outbound {
+                shared: shared.clone(),
+                dedicated: Some(Arc::from(up.name())),
+                captured: None,
+            };
+            return super::connect::serve_connect(shared, inside, &req, peer, guard);
+        }
         let grpc = is_grpc(req.headers());
         return refuse(Some(up.metrics()), CONNECT, grpc, entry, guard);
     }

@@ -14,6 +14,7 @@
 //! midway and never makes one wait.
 
 mod app_retries;
+mod connect;
 pub mod destinations;
 pub mod handler;
 mod local;

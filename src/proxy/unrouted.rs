@@ -299,6 +299,26 @@ pub(super) async fn pass(
     forward(&to, *req, call, guard).await
 }
 
+/// A TCP connection of its own to what a `CONNECT` names (`host:port`), within
+/// `passthrough_connect_timeout`: for a tunnel to an upstream's authority whose bytes
+/// are not HTTP. `None` when it cannot be made, or would loop back into tollgate.
+pub(super) async fn connect_named<B>(shared: &Shared, req: &Request<B>) -> Option<TcpStream> {
+    let target = destination(req, None).ok()?;
+    let origin = shared.passing.origins.get(&target);
+    let timeout = shared
+        .snapshot
+        .load()
+        .config
+        .listener
+        .passthrough_connect_timeout;
+    let to = To {
+        shared,
+        origin: &origin,
+        timeout,
+    };
+    to.stream().await.ok()
+}
+
 /// Where a request no upstream claims goes: the original destination of a redirected
 /// connection, else the authority it names, port 80 unless it says another (a
 /// `CONNECT` must say).

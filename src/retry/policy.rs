@@ -72,7 +72,7 @@ fn listed(fault: Fault, on: &RetryOn) -> bool {
         Fault::Timeout => on.timeout,
         Fault::Unavailable => on.unavailable,
         Fault::Status(s) => on.status(s.as_u16()),
-        Fault::CallerBody | Fault::NoDescriptors => false,
+        Fault::CallerBody | Fault::NoDescriptors | Fault::HeadTooLarge => false,
     }
 }
 

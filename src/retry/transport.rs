@@ -10,6 +10,7 @@ use super::replay::{AppBody, ReplayBody};
 use super::upstream::Upstream;
 use crate::descriptors::Throttled;
 use crate::fault::Fault;
+use crate::http::response::is_head_too_large;
 use crate::upstream::exchange::{self, Reach, Wire};
 use crate::upstream::pool::{Endpoint, clock_ms};
 use crate::upstream::response::UpstreamResponse;
@@ -46,7 +47,13 @@ impl<A: AppBody> Transport<A> for Upstream<A> {
             None => Wire::Plain,
         };
         let mut tls_reason = None;
-        let fault = failed.fault(wire, &mut tls_reason);
+        let fault = match &failed {
+            // An answer too large to pass on: the same request would get it again.
+            exchange::Failed::Broken { error, .. } if is_head_too_large(&**error) => {
+                Fault::HeadTooLarge
+            }
+            _ => failed.fault(wire, &mut tls_reason),
+        };
         match fault {
             Fault::NoDescriptors => {
                 self.metrics.exhausted.inc();

@@ -23,6 +23,12 @@ use crate::http::{BoxError, ByProtocol};
 use crate::upstream::response::UpstreamBody;
 use crate::upstream::upgraded::Upgraded;
 
+/// What serves an HTTP/1.1 connection after a `2xx` to its `CONNECT`: handed the
+/// socket and what the app sent after the `CONNECT`'s head, already read.
+pub type Inside = Box<
+    dyn FnOnce(tokio::net::TcpStream, Bytes) -> Pin<Box<dyn Future<Output = ()> + Send>> + Send,
+>;
+
 /// The body of a request from the app, as either protocol delivers it.
 pub type AppBody = ByProtocol<Http1Body>;
 
@@ -153,6 +159,8 @@ enum Kind {
 enum Rare {
     /// The answer to a `CONNECT`: no body, and the connection to tunnel to.
     Tunnel(Option<Upgraded>),
+    /// The answer to a `CONNECT` whose connection is served from here on ([`Inside`]).
+    Inside(Option<Inside>),
     /// A body a service made of its own (a response kept for replay, or one relayed
     /// from another task), with every field in the head's map.
     Boxed(BoxBody<Bytes, BoxError>),
@@ -163,7 +171,7 @@ impl Rare {
     fn poll_frame(&mut self, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
         match self {
             Rare::Boxed(inner) => Pin::new(inner).poll_frame(cx),
-            Rare::Tunnel(_) => Poll::Ready(None),
+            Rare::Tunnel(_) | Rare::Inside(_) => Poll::Ready(None),
         }
     }
 
@@ -171,7 +179,7 @@ impl Rare {
     fn is_end_stream(&self) -> bool {
         match self {
             Rare::Boxed(inner) => inner.is_end_stream(),
-            Rare::Tunnel(_) => true,
+            Rare::Tunnel(_) | Rare::Inside(_) => true,
         }
     }
 
@@ -179,7 +187,7 @@ impl Rare {
     fn size_hint(&self) -> SizeHint {
         match self {
             Rare::Boxed(inner) => inner.size_hint(),
-            Rare::Tunnel(_) => SizeHint::with_exact(0),
+            Rare::Tunnel(_) | Rare::Inside(_) => SizeHint::with_exact(0),
         }
     }
 }
@@ -233,6 +241,28 @@ impl ResponseBody {
         }
     }
 
+    /// The answer to a `CONNECT` whose connection `inside` serves once the head (a
+    /// `2xx`, no framing) has gone out.
+    pub fn inside(inside: Inside, guard: RequestGuard) -> Self {
+        ResponseBody {
+            kind: Kind::Rare(Box::new(Rare::Inside(Some(inside)))),
+            added: AddedFields::default(),
+            _guard: Some(guard),
+        }
+    }
+
+    /// What serves the connection after this answer to a `CONNECT`, and the request's
+    /// guard.
+    pub fn take_inside(&mut self) -> Option<(Inside, Option<RequestGuard>)> {
+        let Kind::Rare(rare) = &mut self.kind else {
+            return None;
+        };
+        let Rare::Inside(inside) = &mut **rare else {
+            return None;
+        };
+        Some((inside.take()?, self._guard.take()))
+    }
+
     pub fn added_fields(&self) -> AddedFields {
         self.added
     }
@@ -257,7 +287,7 @@ impl ResponseBody {
             Kind::Upstream(ByProtocol::Http1(b)) => b.take_upgraded()?,
             Kind::Rare(rare) => match &mut **rare {
                 Rare::Tunnel(t) => t.take()?,
-                Rare::Boxed(_) => return None,
+                Rare::Boxed(_) | Rare::Inside(_) => return None,
             },
             _ => return None,
         };

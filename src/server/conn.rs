@@ -117,13 +117,25 @@ impl AsyncWrite for Prefixed {
 /// after it.
 async fn sniff(
     stream: &mut TcpStream,
+    ahead: Bytes,
     settings: &ListenerConfig,
     mut shutdown: watch::Receiver<bool>,
 ) -> io::Result<(bool, Bytes, Instant)> {
     let mut buf = [0u8; 24];
-    let mut n = 0;
-    let mut by = Instant::now() + settings.idle_timeout;
-    let mut first = None;
+    let mut n = ahead.len().min(buf.len());
+    buf[..n].copy_from_slice(&ahead[..n]);
+    let mut first = (n > 0).then(Instant::now);
+    if ahead.len() > buf.len() || buf[..n] != H2_PREFACE[..n] {
+        return Ok((
+            ahead.starts_with(H2_PREFACE),
+            ahead,
+            first.unwrap_or_else(Instant::now),
+        ));
+    }
+    let mut by = match first {
+        Some(at) => at + settings.header_read_timeout,
+        None => Instant::now() + settings.idle_timeout,
+    };
     let drained = || io::Error::new(io::ErrorKind::Interrupted, "drained before a request");
     while n < buf.len() {
         let reading = timeout_at(by, stream.read(&mut buf[n..]));
@@ -241,14 +253,28 @@ async fn drive<C: Future + ?Sized>(
 
 /// Serves one accepted connection from `peer` until it closes, times out or is drained.
 pub async fn serve<S: Service>(
+    stream: TcpStream,
+    peer: std::net::SocketAddr,
+    service: S,
+    settings: ListenerConfig,
+    shutdown: watch::Receiver<bool>,
+) {
+    serve_after(stream, Bytes::new(), peer, service, settings, shutdown).await;
+}
+
+/// As [`serve`], for a connection whose first bytes, `ahead`, were already read (the
+/// connection inside a `CONNECT` tunnel, say).
+pub async fn serve_after<S: Service>(
     mut stream: TcpStream,
+    ahead: Bytes,
     peer: std::net::SocketAddr,
     service: S,
     settings: ListenerConfig,
     shutdown: watch::Receiver<bool>,
 ) {
     let _ = stream.set_nodelay(true);
-    let (h2, prefix, first_byte) = match sniff(&mut stream, &settings, shutdown.clone()).await {
+    let sniffed = sniff(&mut stream, ahead, &settings, shutdown.clone()).await;
+    let (h2, prefix, first_byte) = match sniffed {
         Ok(v) => v,
         Err(_) => return,
     };

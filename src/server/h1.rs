@@ -12,8 +12,11 @@
 //! own buffers beside it ([`WriteBuf`]). A refused head gets its status and the
 //! connection is closed.
 //!
-//! While a request is answered the socket is still watched: the app closing its side
-//! cancels the request (and every attempt in flight), as nobody waits for the answer.
+//! While a request is answered the socket is still watched: the app going away (a
+//! reset, or a close before its request was whole) cancels the request (and every
+//! attempt in flight), as nobody waits for the answer; a close after a whole request is
+//! a half-close, and the answer still goes out. A service whose work must outlive its
+//! caller ([`Service::OUTLIVES_CALLER`]) is polled to its answer all the same.
 //!
 //! A `101 Switching Protocols` that carries the upstream's connection, or a `2xx` to a
 //! `CONNECT` that carries the connection to its authority, ends the HTTP part: the
@@ -73,6 +76,7 @@ pub fn connection<S: Service>(
         body_failed: false,
         continue_left: 0,
         eof: false,
+        reset: false,
     }));
     run(io, settings)
 }
@@ -127,12 +131,21 @@ async fn run<S: Service>(io: Arc<Mutex<Io>>, settings: Settings<S>) {
         // idle or not, so it is the size of the larger of the two, not of both.
         let Some(resp) = ({
             let mut answer = pin!(settings.service.call(req, &settings.state));
+            let mut gone = false;
             poll_fn(|cx| {
                 if let Poll::Ready(resp) = answer.as_mut().poll(cx) {
-                    return Poll::Ready(Some(resp));
+                    return Poll::Ready((!gone).then_some(resp));
                 }
-                // Nobody waits for the answer: dropping the request cancels it.
+                if gone {
+                    return Poll::Pending;
+                }
                 match lock(&io).poll_gone(cx) {
+                    // The work runs on to its answer, which nobody reads.
+                    Poll::Ready(()) if S::OUTLIVES_CALLER => {
+                        gone = true;
+                        Poll::Pending
+                    }
+                    // Nobody waits for the answer: dropping the request cancels it.
                     Poll::Ready(()) => Poll::Ready(None),
                     Poll::Pending => Poll::Pending,
                 }
@@ -141,22 +154,64 @@ async fn run<S: Service>(io: Arc<Mutex<Io>>, settings: Settings<S>) {
         }) else {
             return;
         };
-        if !respond(&io, &settings, &mut wbuf, resp, asked).await {
-            return;
+        match respond(&io, &settings, &mut wbuf, resp, asked).await {
+            After::Next => {}
+            After::Close => return,
+            After::Inside(inside, guard) => {
+                // Boxed: rare, and inline it would add its size to every connection's.
+                Box::pin(serve_inside(io, inside, guard)).await;
+                return;
+            }
         }
         wbuf.clear_and_bound(KEEP_WRITE);
     }
 }
 
+/// What follows a response on its connection.
+enum After {
+    /// The next request.
+    Next,
+    Close,
+    /// A `CONNECT` answered `2xx` whose connection is served from here on.
+    Inside(super::body::Inside, Option<super::body::RequestGuard>),
+}
+
+/// Hands the socket, and what the app sent after its `CONNECT`, to what serves the
+/// connection from here on. The request's guard is let go: the requests inside are
+/// counted each on its own.
+async fn serve_inside(
+    io: Arc<Mutex<Io>>,
+    inside: super::body::Inside,
+    guard: Option<super::body::RequestGuard>,
+) {
+    drop(guard);
+    // The request (and its body's share of the socket) is gone with its answer.
+    let Ok(io) = Arc::try_unwrap(io) else {
+        return;
+    };
+    let io = io.into_inner().unwrap_or_else(|p| p.into_inner());
+    inside(io.stream, io.rbuf.freeze()).await;
+}
+
 /// Writes the response (after a `101 Switching Protocols`, then runs the tunnel);
-/// whether the connection may carry another request.
+/// what follows it on the connection.
 async fn respond<S>(
     io: &Mutex<Io>,
     settings: &Settings<S>,
     wbuf: &mut WriteBuf,
     mut resp: AppResponse,
     asked: Asked,
-) -> bool {
+) -> After {
+    if asked.connect
+        && resp.status().is_success()
+        && let Some((inside, guard)) = resp.body_mut().take_inside()
+    {
+        let written = write_response(io, wbuf, resp, asked.version, true, true).await;
+        return match written {
+            Ok(_) => After::Inside(inside, guard),
+            Err(_) => After::Close,
+        };
+    }
     // A protocol switch, or a `CONNECT` answered: the head goes out (with no framing,
     // RFC 9110 section 9.3.6), then the connection is a tunnel.
     let upgrade = match resp.status() {
@@ -172,7 +227,7 @@ async fn respond<S>(
             tunnel::run(io, upstream, &settings.state, settings.drain_timeout).await;
         }
         drop(guard);
-        return false;
+        return After::Close;
     }
     let keep_alive = asked.keep_alive && !settings.state.closing();
     let written = write_response(
@@ -184,14 +239,14 @@ async fn respond<S>(
         keep_alive,
     );
     let Ok(kept) = written.await else {
-        return false;
+        return After::Close;
     };
     let unread = !lock(io).body_done();
     if !kept || unread {
         close(io, unread).await;
-        return false;
+        return After::Close;
     }
-    true
+    After::Next
 }
 
 /// Reads until a whole request head is in the buffer, and takes it.
@@ -217,6 +272,13 @@ fn poll_head<S>(
                         0
                     };
                     let empty = io.body == Framing::Length(0) && io.continue_left == 0;
+                    if !empty && io.continue_left == 0 && io.rbuf.is_empty() {
+                        // The head came without its body: acknowledged at once, so an
+                        // app whose Nagle holds the body back until the head is
+                        // acknowledged waits for no delayed ACK (40 ms). A head with no
+                        // body, or with its body, makes no call.
+                        io.quick_ack();
+                    }
                     let mut req = Box::new(Request::new(AppBody::Http1(Http1Body {
                         io: shared.clone(),
                         empty,
@@ -261,6 +323,12 @@ fn poll_head<S>(
     }
 }
 
+/// After the app closed its side, how long a response body may stall with nothing to
+/// write before the connection is given up: a half-closed app still reads what comes,
+/// but one that closed for good shows only when a write fails, and an upstream that
+/// stops mid-body would otherwise hold its connection (and the upstream's) for ever.
+const STALL_AFTER_CLOSE: std::time::Duration = std::time::Duration::from_secs(5);
+
 /// Writes the response; `Ok(true)` when the connection may carry another request.
 async fn write_response(
     io: &Mutex<Io>,
@@ -279,6 +347,8 @@ async fn write_response(
     let mut encoder = BodyEncoder::new(framing);
     // Read where it is, in the answer's box.
     let body = resp.body_mut();
+    // Armed once the app has half-closed: how long the body may stall.
+    let mut stall: Option<Pin<Box<tokio::time::Sleep>>> = None;
     poll_fn(|cx| {
         loop {
             let mut waiting = false;
@@ -300,14 +370,28 @@ async fn write_response(
                 }
             }
             let mut io = lock(io);
+            let wrote = !wbuf.is_empty();
             ready!(io.poll_write_all(cx, wbuf))?;
             if encoder.ended() {
                 return Poll::Ready(Ok::<(), io::Error>(()));
+            }
+            if wrote && let Some(s) = stall.as_mut() {
+                s.as_mut()
+                    .reset(tokio::time::Instant::now() + STALL_AFTER_CLOSE);
             }
             if waiting {
                 // Nobody left to send the rest to.
                 if io.poll_gone(cx).is_ready() {
                     return Poll::Ready(Err(io::ErrorKind::ConnectionAborted.into()));
+                }
+                // Half-closed, or closed for good: only a write tells which, and a
+                // body with nothing to write tells nothing.
+                if io.eof {
+                    let s = stall
+                        .get_or_insert_with(|| Box::pin(tokio::time::sleep(STALL_AFTER_CLOSE)));
+                    if s.as_mut().poll(cx).is_ready() {
+                        return Poll::Ready(Err(io::ErrorKind::ConnectionAborted.into()));
+                    }
                 }
                 return Poll::Pending;
             }

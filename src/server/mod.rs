@@ -19,7 +19,7 @@ pub mod socket;
 mod tunnel;
 pub mod watchdog;
 
-pub use body::{AddedFields, Admission, AppBody, Finish, RequestGuard, ResponseBody};
-pub use conn::serve;
+pub use body::{AddedFields, Admission, AppBody, Finish, Inside, RequestGuard, ResponseBody};
+pub use conn::{serve, serve_after};
 pub use service::Service;
 pub use watchdog::ConnState;

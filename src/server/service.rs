@@ -19,6 +19,11 @@ pub type AppRequest = Box<Request<AppBody>>;
 pub type AppResponse = Box<Response<ResponseBody>>;
 
 pub trait Service: Clone + Send + Sync + 'static {
+    /// The answer is worked out to its end even when the caller has gone: the inbound
+    /// side's exchange with its app runs on to the app's response head, holding its
+    /// place in `max_inflight` meanwhile. Otherwise a caller going away cancels it.
+    const OUTLIVES_CALLER: bool = false;
+
     /// Answers one request that came over `conn`. The answer's body holds whatever must
     /// live until the response has gone out (the in-flight count, the request's timer).
     fn call(

@@ -7,6 +7,7 @@
 use std::future::poll_fn;
 use std::io;
 use std::pin::{Pin, pin};
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::task::{Context, Poll, ready};
 use std::time::Duration;
@@ -32,6 +33,16 @@ const LINGER_BYTES: usize = 1024 * 1024;
 
 pub(super) const CONTINUE: &[u8] = b"HTTP/1.1 100 Continue\r\n\r\n";
 
+/// Request heads acknowledged at once ([`Io::quick_ack`]), in this process.
+static QUICK_ACKS: AtomicU64 = AtomicU64::new(0);
+
+/// How many request heads that came without their body were acknowledged at once
+/// (`TCP_QUICKACK`) in this process: what tests and benches read to see that only
+/// those are.
+pub fn quick_acks() -> u64 {
+    QUICK_ACKS.load(Relaxed)
+}
+
 pub(super) fn lock(io: &Mutex<Io>) -> MutexGuard<'_, Io> {
     io.lock().unwrap_or_else(|p| p.into_inner())
 }
@@ -49,6 +60,8 @@ pub(super) struct Io {
     pub(super) continue_left: usize,
     /// The app has closed its side.
     pub(super) eof: bool,
+    /// The app's socket failed (a reset): it is gone, whatever it sent.
+    pub(super) reset: bool,
 }
 
 impl Io {
@@ -89,6 +102,15 @@ impl Io {
         wbuf: &mut WriteBuf,
     ) -> Poll<io::Result<()>> {
         wbuf.poll_write_all(&mut self.stream, cx)
+    }
+
+    /// Acknowledges what has been read at once (`TCP_QUICKACK`), rather than with the
+    /// next write or after the kernel's delayed-ACK timer.
+    #[cold]
+    pub(super) fn quick_ack(&self) {
+        QUICK_ACKS.fetch_add(1, Relaxed);
+        #[cfg(target_os = "linux")]
+        let _ = socket2::SockRef::from(&self.stream).set_tcp_quickack(true);
     }
 
     pub(super) fn body_done(&self) -> bool {
@@ -132,19 +154,27 @@ impl Io {
         Poll::Ready(Some(Err(e)))
     }
 
-    /// While a request is being answered: `Ready` once the app has closed its side (or
-    /// its socket failed). Bytes it sends ahead are kept for the next head.
+    /// While a request is being answered: `Ready` once the app has gone: its socket
+    /// failed (a reset), or it closed its side before its request was whole. A close
+    /// after a whole request is a half-close, not a cancellation: the app still reads
+    /// its answer (a plain `close()` shows only when the answer is written). Bytes it
+    /// sends ahead are kept for the next head.
     pub(super) fn poll_gone(&mut self, cx: &mut Context<'_>) -> Poll<()> {
         // A body still being read is watched by its reader.
         while self.body_done() && !self.eof && self.rbuf.len() < READ_AHEAD {
             match ready!(self.poll_fill_small(cx)) {
-                Ok(0) | Err(_) => return Poll::Ready(()),
                 Ok(_) => {}
+                Err(_) => {
+                    self.eof = true;
+                    self.reset = true;
+                }
             }
         }
-        if self.eof {
+        if self.reset || (self.eof && !self.body_done()) {
             Poll::Ready(())
         } else {
+            // Nothing more to read: the socket is not polled again, and only the answer
+            // (or a failed write of it) wakes the connection.
             Poll::Pending
         }
     }

@@ -108,6 +108,15 @@ impl Toml for Raw {
     }
 }
 
+/// A value written as it is, made at run time (`probes = [{ port = ... }]`).
+pub struct RawOwned(pub String);
+
+impl Toml for RawOwned {
+    fn toml(&self) -> String {
+        self.0.clone()
+    }
+}
+
 /// One section: its keys as written, in order, and its sections.
 #[derive(Default)]
 struct Table {
@@ -203,7 +212,7 @@ section!(
         passthrough_connect_timeout,
     }
 );
-section!(Admin, admin { addr, probe_ports });
+section!(Admin, admin { addr, probes });
 section!(Deadline, deadline { header, accept });
 section!(
     AccessLog,

@@ -157,11 +157,12 @@ const AFTER: &[&str] = &[
     "!\"soon\"",
 ];
 const PATHS: &[&str] = &["[\"/healthz\"]", "![\"healthz\"]", "![\"/a?b\"]", "[]"];
-const PORTS: &[&str] = &[
-    "[8080]",
-    "[\"9090\", 8080, 8080]",
-    "![0]",
-    "![\"http\"]",
+const PROBES: &[&str] = &[
+    "[{ port = 8080, path = \"/healthz\" }]",
+    "[{ port = 8080, path = \"/healthz?full=1\", headers = { \"X-Probe\" = \"1\" } }, { port = 9090, path = \"/\" }]",
+    "![{ port = 0, path = \"/\" }]",
+    "![{ port = 8080, path = \"healthz\" }]",
+    "![8080]",
     "[]",
 ];
 const STORE: &[&str] = &[
@@ -226,7 +227,7 @@ const LISTENER: Keys = &[
     ("unknown_authorities", Words(&["pass", "refuse", "!drop"])),
     ("passthrough_connect_timeout", Of(DUR)),
 ];
-const ADMIN: Keys = &[("addr", Of(ADDR)), ("probe_ports", Of(PORTS))];
+const ADMIN: Keys = &[("addr", Of(ADDR)), ("probes", Of(PROBES))];
 const DEADLINE: Keys = &[
     (
         "header",

@@ -23,7 +23,14 @@ pub fn config(c: &Config) -> Value {
                 "unknown_authorities": c.listener.unknown_authorities.as_str(),
                 "passthrough_connect_timeout": format_duration(c.listener.passthrough_connect_timeout),
             },
-            "admin": { "addr": c.admin.addr.to_string(), "probe_ports": c.admin.probe_ports },
+            "admin": {
+                "addr": c.admin.addr.to_string(),
+                "probes": c.admin.probes.iter().map(|p| serde_json::json!({
+                    "port": p.port,
+                    "path": p.path,
+                    "headers": p.headers.iter().map(|(n, v)| (n.as_str().to_string(), serde_json::json!(String::from_utf8_lossy(v.as_bytes())))).collect::<serde_json::Map<_, _>>(),
+                })).collect::<Vec<_>>(),
+            },
             "deadline": {
                 "header": c.deadline.header.as_str(),
                 "accept": c.deadline.accept.iter().map(|h| h.as_str()).collect::<Vec<_>>(),

@@ -54,7 +54,7 @@ fn a_key_shows_its_default_in_the_model_it_is_read_into() {
         "| `upstreams.NAME.discovery` | `\"dns\"` or `\"kubernetes\"` | `\"dns\"` | reload |",
         "| `inbound.dedupe.methods` | list of methods | `[\"POST\", \"PATCH\"]` | reload |",
         "| `inbound.addr` | address | `\"0.0.0.0:15006\"` | restart |",
-        "| `admin.probe_ports` | list of ports | `[]` | reload |",
+        "| `admin.probes` | list of { port, path, headers } | `[]` | reload |",
         "| `tracing.sample` | number | `0.0` | reload |",
     ] {
         assert!(table.contains(row), "no {row} in\n{table}");

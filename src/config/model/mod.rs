@@ -176,16 +176,34 @@ impl Default for ListenerConfig {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct AdminConfig {
     pub addr: SocketAddr,
-    /// The app's ports `GET /probe/PORT/PATH` may reach (kubelet probes moved to the
-    /// admin port by `tollgate inject`); empty: none.
-    pub probe_ports: Vec<u16>,
+    /// The kubelet probes `GET /probe/PORT/PATH` may forward to the app (moved to the
+    /// admin port by `tollgate inject`), each an exact port and path; empty: none.
+    pub probes: Vec<Probe>,
+}
+
+/// One probe the admin port forwards: `GET /probe/PORT/PATH` is a GET to the app's
+/// `PORT` for exactly `PATH` (its query included), with `headers`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Probe {
+    pub port: u16,
+    /// Starts with `/`; compared as written, never normalised.
+    pub path: String,
+    /// The probe's own fields (its `httpHeaders`), sent as declared.
+    pub headers: Vec<(HeaderName, HeaderValue)>,
+}
+
+impl Probe {
+    /// The admin target that asks for it: `/probe/PORT/PATH`.
+    pub fn target(&self) -> String {
+        format!("/probe/{}{}", self.port, self.path)
+    }
 }
 
 impl Default for AdminConfig {
     fn default() -> Self {
         AdminConfig {
             addr: SocketAddr::from(([127, 0, 0, 1], 15090)),
-            probe_ports: Vec::new(),
+            probes: Vec::new(),
         }
     }
 }

@@ -80,6 +80,61 @@ impl OtlpAddr {
         })
     }
 
+    /// `text` as it may be shown (a message, `check`, a log): a password or token in
+    /// it replaced by `***`, the user info's password (all of it when it has no `:`: a
+    /// bare token) and every value of the query. Read as text, not parsed, so that an
+    /// address too broken to parse is masked all the same.
+    pub fn masked(text: &str) -> String {
+        let (scheme, rest) = match text.split_once("://") {
+            Some((scheme, rest)) => (Some(scheme), rest),
+            None => (None, text),
+        };
+        let mut out = String::with_capacity(text.len());
+        if let Some(scheme) = scheme {
+            out.push_str(scheme);
+            out.push_str("://");
+        }
+        let (before_fragment, fragment) = match rest.split_once('#') {
+            Some((b, _)) => (b, true),
+            None => (rest, false),
+        };
+        let (before_query, query) = match before_fragment.split_once('?') {
+            Some((b, q)) => (b, Some(q)),
+            None => (before_fragment, None),
+        };
+        let authority_end = before_query.find('/').unwrap_or(before_query.len());
+        let (authority, path) = before_query.split_at(authority_end);
+        match authority.rsplit_once('@') {
+            Some((userinfo, host)) => {
+                match userinfo.split_once(':') {
+                    Some((user, _)) => {
+                        out.push_str(user);
+                        out.push_str(":***@");
+                    }
+                    None => out.push_str("***@"),
+                }
+                out.push_str(host);
+            }
+            None => out.push_str(authority),
+        }
+        out.push_str(path);
+        if let Some(q) = query {
+            out.push('?');
+            let pairs: Vec<String> = q
+                .split('&')
+                .map(|pair| match pair.split_once('=') {
+                    Some((k, _)) => format!("{k}=***"),
+                    None => "***".to_string(),
+                })
+                .collect();
+            out.push_str(&pairs.join("&"));
+        }
+        if fragment {
+            out.push_str("#***");
+        }
+        out
+    }
+
     /// As the file wrote it.
     pub fn as_str(&self) -> &str {
         &self.written
@@ -120,5 +175,25 @@ mod tests {
             assert!(OtlpAddr::parse(bad).is_err(), "{bad}");
         }
         assert_eq!(TracingConfig::default().otlp.authority(), "127.0.0.1:4318");
+    }
+
+    #[test]
+    fn a_password_or_token_is_never_shown() {
+        for (text, shown) in [
+            (
+                "http://user:hunter2@collector:4318/otlp",
+                "http://user:***@collector:4318/otlp",
+            ),
+            ("http://hunter2@collector:4318", "http://***@collector:4318"),
+            (
+                "http://collector:4318/?token=hunter2&x=1",
+                "http://collector:4318/?token=***&x=***",
+            ),
+            ("http://collector?hunter2", "http://collector?***"),
+            ("http:/hunter2@broken", "http:/hunter2@broken"),
+            ("http://collector:4318", "http://collector:4318"),
+        ] {
+            assert_eq!(OtlpAddr::masked(text), shown, "{text}");
+        }
     }
 }

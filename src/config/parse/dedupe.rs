@@ -101,8 +101,9 @@ const ON_STORE_ERROR: Choice<OnStoreError> = Choice {
     ],
 };
 
-/// `redis://[USER[:PASSWORD]@]HOST[:PORT][/DB]`. The error never quotes the text: it may
-/// hold a password.
+/// `redis://[[USER]:PASSWORD@]HOST[:PORT][/DB]`, or `redis://PASSWORD@HOST...` (a
+/// password without a user, as Redis clients read it). The error never quotes the
+/// text: it may hold a password.
 fn redis_addr(text: &str) -> Result<RedisAddr, String> {
     let Some(rest) = text.strip_prefix("redis://") else {
         return Err(match text.split_once("://") {
@@ -120,9 +121,11 @@ fn redis_addr(text: &str) -> Result<RedisAddr, String> {
     let (username, password) = match userinfo {
         None => (None, None),
         Some(u) => {
+            // Redis's own convention: userinfo without a colon is a password (AUTH
+            // with no user name), never a user name to show.
             let (user, pass) = match u.split_once(':') {
                 Some((user, pass)) => (user, Some(pass)),
-                None => (u, None),
+                None => ("", Some(u)),
             };
             let user = decode(user).ok_or("the user name has a bad %-escape")?;
             let pass = pass
@@ -259,6 +262,14 @@ mod tests {
         assert_eq!(r.username.as_deref(), Some("app"));
         assert_eq!(r.password.as_deref(), Some("s@cret"));
         assert_eq!(r.to_string(), "redis://app:***@redis.default.svc:6380/3");
+    }
+
+    #[test]
+    fn a_password_without_a_user_is_a_password() {
+        let r = redis_addr("redis://hunter2@redis:6379/1").unwrap();
+        assert_eq!(r.username, None);
+        assert_eq!(r.password.as_deref(), Some("hunter2"));
+        assert_eq!(r.to_string(), "redis://:***@redis:6379/1");
     }
 
     #[test]

@@ -36,9 +36,10 @@ use super::diagnostic::{ConfigErrors, Diagnostic, Source};
 use super::keys::{access_log as access_log_key, admin as admin_key, root as root_key};
 use super::keys::{deadline as deadline_key, listener as listener_key, runtime as runtime_key};
 use super::model::*;
+use http::{HeaderName, HeaderValue};
 use schema::Section;
 pub use upstream::{normalize_authority, parse_endpoint};
-use walker::{Choice, Size, Table, Walker};
+use walker::{Choice, Size, Table, Walker, kind};
 
 /// Validates config text. `base` is where relative file paths (certificates) are
 /// resolved; nothing is read from it.
@@ -243,24 +244,136 @@ fn admin(w: &mut Walker<'_>, root: &Table) -> AdminConfig {
         addr: w
             .socket_addr(&t, admin_key::addr)
             .map_or(d.addr, |(a, _)| a),
-        probe_ports: probe_ports(w, &t),
+        probes: probes(w, &t),
     }
 }
 
-/// `[admin] probe_ports`: the app's ports, as numbers, each once.
-fn probe_ports(w: &mut Walker<'_>, t: &Table) -> Vec<u16> {
-    let key = t.key(admin_key::probe_ports);
-    let mut out = Vec::new();
-    for (port, span) in w.strings(t, admin_key::probe_ports).unwrap_or_default() {
-        match port.parse::<u16>() {
-            Ok(p) if p > 0 && !out.contains(&p) => out.push(p),
-            Ok(p) if p > 0 => {}
-            _ => w.reject(
+const PROBE_FIX: &str =
+    "write probes = [{ port = 8080, path = \"/healthz\", headers = { \"X-Probe\" = \"1\" } }]";
+
+/// Fields a probe may not declare: credentials and forwarding fields never reach the
+/// app through the admin port, and the framing and `Host` are the forwarder's.
+const NOT_A_PROBE_FIELD: &[&str] = &[
+    "authorization",
+    "proxy-authorization",
+    "cookie",
+    "forwarded",
+    "x-forwarded-for",
+    "x-forwarded-host",
+    "x-forwarded-proto",
+    "x-real-ip",
+    "host",
+    "connection",
+    "content-length",
+    "transfer-encoding",
+    "te",
+    "upgrade",
+    "keep-alive",
+];
+
+/// `[admin] probes`: each an exact port and path, with its own fields; a pair given
+/// twice is one probe.
+fn probes(w: &mut Walker<'_>, t: &Table) -> Vec<Probe> {
+    let mut out: Vec<Probe> = Vec::new();
+    let Some(v) = t.get(admin_key::probes) else {
+        return out;
+    };
+    let full = t.key(admin_key::probes);
+    let DeValue::Array(items) = v.get_ref() else {
+        let message = format!("expected a list of probes, found {}", kind(v.get_ref()));
+        w.reject(v.span(), &full, message, PROBE_FIX);
+        return out;
+    };
+    for item in items.iter() {
+        let DeValue::Table(entry) = item.get_ref() else {
+            let message = format!(
+                "expected a probe {{ port, path }}, found {}",
+                kind(item.get_ref())
+            );
+            w.reject(item.span(), &full, message, PROBE_FIX);
+            continue;
+        };
+        let e = Table::new(entry, full.clone());
+        for (k, _) in entry.iter() {
+            let name = k.get_ref().as_ref();
+            if !["port", "path", "headers"].contains(&name) {
+                let message = format!("unknown key `{name}` in a probe");
+                w.reject(
+                    k.span(),
+                    &full,
+                    message,
+                    "a probe takes port, path and headers",
+                );
+            }
+        }
+        let port = w.optional::<u64>(&e, "port", 1..=65_535);
+        let path = w.string(&e, "path");
+        let (Some(port), Some((path, span))) = (port, path) else {
+            if e.get("port").is_none() || e.get("path").is_none() {
+                w.reject(
+                    item.span(),
+                    &full,
+                    "a probe needs a port and a path",
+                    PROBE_FIX,
+                );
+            }
+            continue;
+        };
+        if !path.starts_with('/') || path.contains(['#', ' ', '\t', '\r', '\n']) {
+            let message = format!("`{path}` is not a path to probe");
+            w.reject(
                 span,
-                &key,
-                format!("`{port}` is not a port"),
-                "write the app's port as a number from 1 to 65535, e.g. probe_ports = [8080]",
-            ),
+                &full,
+                message,
+                "write the path as the probe asks for it, from its `/`",
+            );
+            continue;
+        }
+        let mut headers = Vec::new();
+        if let Some(h) = e.get("headers") {
+            let DeValue::Table(fields) = h.get_ref() else {
+                let message = format!("expected a table of fields, found {}", kind(h.get_ref()));
+                w.reject(h.span(), &full, message, PROBE_FIX);
+                continue;
+            };
+            for (name, value) in fields.iter() {
+                let name_text = name.get_ref().as_ref();
+                let DeValue::String(value_text) = value.get_ref() else {
+                    w.reject(
+                        value.span(),
+                        &full,
+                        "a field's value must be a string",
+                        PROBE_FIX,
+                    );
+                    continue;
+                };
+                match (
+                    HeaderName::from_bytes(name_text.as_bytes()),
+                    HeaderValue::from_str(value_text),
+                ) {
+                    (Ok(n), _) if NOT_A_PROBE_FIELD.contains(&n.as_str()) => w.reject(
+                        name.span(),
+                        &full,
+                        format!("a probe may not send `{name_text}`"),
+                        "leave it out: credentials, cookies and forwarding fields never reach the app through the admin port",
+                    ),
+                    (Ok(n), Ok(v)) => headers.push((n, v)),
+                    _ => w.reject(
+                        name.span(),
+                        &full,
+                        format!("`{name_text}` is not a usable header field"),
+                        PROBE_FIX,
+                    ),
+                }
+            }
+        }
+        let port = port as u16;
+        if !out.iter().any(|p| p.port == port && p.path == path) {
+            out.push(Probe {
+                port,
+                path,
+                headers,
+            });
         }
     }
     out
@@ -327,19 +440,48 @@ mod tests {
     }
 
     #[test]
-    fn probe_ports_are_numbered_ports() {
-        let text = "[admin]\nprobe_ports = [8080, \"9090\", 8080]\n\
+    fn probes_are_exact_port_and_path_pairs_with_their_fields() {
+        let up = "[upstreams.p]\nauthorities = [\"p\"]\nendpoints = [\"127.0.0.1:1\"]\n";
+        let text = format!(
+            "[admin]\nprobes = [{{ port = 8080, path = \"/healthz?full=1\", headers = {{ \"X-Probe\" = \"1\" }} }}, \
+             {{ port = 8080, path = \"/healthz?full=1\" }}, {{ port = 9090, path = \"/ready\" }}]\n{up}"
+        );
+        let config = parse("t.toml", &text, Path::new(".")).unwrap();
+        let probes = &config.admin.probes;
+        assert_eq!(probes.len(), 2, "a pair given twice is one probe");
+        assert_eq!(probes[0].target(), "/probe/8080/healthz?full=1");
+        assert_eq!(probes[0].headers.len(), 1);
+        assert_eq!(probes[1].target(), "/probe/9090/ready");
+        for (bad, said) in [
+            ("{ port = 0, path = \"/h\" }", "out of range"),
+            ("{ port = 80, path = \"h\" }", "is not a path to probe"),
+            ("{ port = 80 }", "needs a port and a path"),
+            (
+                "{ port = 80, path = \"/h\", headers = { Authorization = \"x\" } }",
+                "may not send `Authorization`",
+            ),
+        ] {
+            let text = format!("[admin]\nprobes = [{bad}]\n{up}");
+            let Err(e) = parse("t.toml", &text, Path::new(".")) else {
+                panic!("{bad} was taken");
+            };
+            assert!(e.to_string().contains(said), "{bad}: {e}");
+        }
+    }
+
+    #[test]
+    fn probe_ports_is_replaced_by_probes_and_says_so() {
+        let text = "[admin]\nprobe_ports = [8080]\n\
                     [upstreams.p]\nauthorities = [\"p\"]\nendpoints = [\"127.0.0.1:1\"]\n";
-        let config = parse("t.toml", text, Path::new(".")).unwrap();
-        assert_eq!(config.admin.probe_ports, [8080, 9090]);
-        let Err(e) = parse("t.toml", &text.replace("9090", "http"), Path::new(".")) else {
-            panic!("a port name is no port");
+        let Err(e) = parse("t.toml", text, Path::new(".")) else {
+            panic!("the old key was taken");
         };
+        let e = e.to_string();
         assert!(
-            e.to_string()
-                .starts_with("t.toml:2:22: admin.probe_ports: `http` is not a port"),
+            e.contains("admin.probe_ports: `probe_ports` was replaced by `probes`"),
             "{e}"
         );
+        assert!(e.contains("probes = [{ port = 8080"), "{e}");
     }
 
     #[test]

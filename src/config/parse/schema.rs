@@ -144,6 +144,9 @@ pub(super) fn place(path: &str) -> String {
 /// What is wrong with `key`, unknown in `here` (written for `upstream` when `here` is one
 /// of an upstream's sections), and how to fix it.
 pub(super) fn unknown_key(here: Section, upstream: &str, key: &str) -> (String, String) {
+    if let Some((_, _, message, fix)) = RETIRED.iter().find(|(s, k, ..)| *s == here && *k == key) {
+        return (message.to_string(), fix.to_string());
+    }
     let upstream = if here.is_upstreams() {
         upstream
     } else {
@@ -189,6 +192,16 @@ pub(super) fn unknown_key(here: Section, upstream: &str, key: &str) -> (String, 
         format!("allowed {here_place}: {}", here.keys().join(", ")),
     )
 }
+
+/// Keys tollgate took once and no longer does, with what replaced them: the section,
+/// the key, what is wrong, how to fix it.
+const RETIRED: &[(Section, &str, &str, &str)] = &[(
+    Section::Admin,
+    "probe_ports",
+    "`probe_ports` was replaced by `probes`",
+    "declare each probe as the kubelet sends it: probes = [{ port = 8080, path = \"/healthz\" }] \
+     (tollgate inject writes them); any other port or path is 404",
+)];
 
 /// Other proxies' words for tollgate's keys, which a user moving a config over is likely
 /// to write: the word (compared without case), the proxy, tollgate's key and its
@@ -343,7 +356,7 @@ mod tests {
             "did you mean `max_attempts`? it belongs in [upstreams.p.retry]"
         );
         let (_, fix) = unknown_key(Section::Admin, "", "zzzzzzzzzz");
-        assert_eq!(fix, "allowed in [admin]: addr, probe_ports");
+        assert_eq!(fix, "allowed in [admin]: addr, probes");
     }
 
     #[test]

@@ -18,7 +18,8 @@ pub(super) fn tracing(w: &mut Walker<'_>, root: &Table) -> Option<TracingConfig>
             w.reject(
                 span,
                 &t.key(key::otlp),
-                format!("`{text}` {why}"),
+                // Never the text as written: it may carry a password or a token.
+                format!("`{}` {why}", OtlpAddr::masked(&text)),
                 "write the collector's OTLP/HTTP base address, e.g. \"http://127.0.0.1:4318\" \
                  (spans go to its /v1/traces)",
             );
@@ -78,6 +79,27 @@ mod tests {
             }),
             "/config shows it as the file writes it"
         );
+    }
+
+    #[test]
+    fn an_address_with_a_password_or_token_is_refused_without_showing_it() {
+        for (otlp, shown) in [
+            (
+                "http://user:hunter2@collector:4318",
+                "`http://user:***@collector:4318` carries credentials",
+            ),
+            (
+                "http://collector:4318/?token=hunter2",
+                "`http://collector:4318/?token=***` has a query",
+            ),
+        ] {
+            let text = format!("{BASE}[tracing]\notlp = \"{otlp}\"\n");
+            let e = parse("t.toml", &text, Path::new("."))
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains(shown), "{e}");
+            assert!(!e.contains("hunter2"), "the secret leaked: {e}");
+        }
     }
 
     #[test]

@@ -1,9 +1,14 @@
 //! The admin endpoint: `/metrics` (Prometheus text), `/healthz` (the process is alive),
 //! `/readyz` (listeners bound, config loaded and watched Services listed, not
 //! draining), `/config` (the config in force as JSON, without secrets) and
-//! `/probe/PORT/PATH` (a kubelet probe of the app, moved here by `tollgate inject`). It
-//! binds loopback by default; in a pod it listens on every address for the kubelet and
-//! Prometheus, and `/config` is then still answered on loopback only.
+//! `/probe/PORT/PATH` (a kubelet probe of the app, moved here by `tollgate inject`:
+//! [`probe`]). It binds loopback by default; in a pod it listens on every address for
+//! the kubelet and Prometheus, and `/config` is then still answered on loopback only.
+//! Its connections are bounded ([`conns`]): heads within 5 s, idle ones closed after
+//! 30 s, at most 64 at once.
+
+pub mod conns;
+pub mod probe;
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -40,30 +45,18 @@ impl Admin {
         })?;
         let addr = listener.local_addr().unwrap_or(addr);
         let (stop, mut stopped) = watch::channel(false);
+        let probes = Arc::new(probe::Probes::default());
+        let open = Arc::new(conns::Conns::default());
         let task = tokio::spawn(async move {
             loop {
                 tokio::select! {
                     _ = stopped.changed() => break,
                     r = listener.accept() => {
                         let Ok((stream, peer)) = r else { continue };
-                        let shared = shared.clone();
-                        tokio::spawn(async move {
-                            let svc = service_fn(move |req: Request<Incoming>| {
-                                let shared = shared.clone();
-                                async move {
-                                    if req.method() == Method::GET
-                                        && let Some(target) = probe_target(req.uri())
-                                    {
-                                        return Ok::<_, Infallible>(probe(&shared, target, &req).await);
-                                    }
-                                    Ok(route(&shared, req, peer))
-                                }
-                            });
-                            let mut b = hyper::server::conn::http1::Builder::new();
-                            b.timer(TokioTimer::new())
-                                .header_read_timeout(std::time::Duration::from_secs(10));
-                            let _ = b.serve_connection(TokioIo::new(stream), svc).await;
-                        });
+                        // Every place has a request in flight: closed at once.
+                        let Some(held) = open.admit() else { continue };
+                        let (shared, probes) = (shared.clone(), probes.clone());
+                        tokio::spawn(serve(stream, peer, shared, probes, held));
                     }
                 }
             }
@@ -78,6 +71,40 @@ impl Admin {
     pub async fn stop(self) {
         let _ = self.stop.send(true);
         let _ = self.task.await;
+    }
+}
+
+/// One admin connection, until it closes, is evicted or sits idle too long.
+async fn serve(
+    stream: tokio::net::TcpStream,
+    peer: SocketAddr,
+    shared: Arc<Shared>,
+    probes: Arc<probe::Probes>,
+    held: conns::Held,
+) {
+    let slot = held.slot.clone();
+    let svc = service_fn(move |req: Request<Incoming>| {
+        let (shared, probes, slot) = (shared.clone(), probes.clone(), slot.clone());
+        async move {
+            let _busy = slot.busy();
+            let resp = if req.uri().path().starts_with("/probe/") || req.uri().scheme().is_some() {
+                let declared = &shared.snapshot().config.admin.probes;
+                let got = probes
+                    .answer(declared, req.method(), req.uri(), req.headers())
+                    .await;
+                reply(got.status, "text/plain", got.text)
+            } else {
+                route(&shared, req, peer)
+            };
+            Ok::<_, Infallible>(resp)
+        }
+    });
+    let mut b = hyper::server::conn::http1::Builder::new();
+    b.timer(TokioTimer::new()).header_read_timeout(conns::HEAD);
+    let conn = b.serve_connection(TokioIo::new(stream), svc);
+    tokio::select! {
+        _ = conn => {}
+        _ = held.closing() => {}
     }
 }
 
@@ -136,83 +163,6 @@ fn route(shared: &Shared, req: Request<Incoming>, peer: SocketAddr) -> Response<
             "try /metrics, /healthz, /readyz or /config\n",
         ),
     }
-}
-
-/// The timeout of one forwarded probe, connect to response head. The kubelet gives up
-/// sooner by its own `timeoutSeconds` (1 s unless set); this only keeps an app that never
-/// answers from holding the admin endpoint's tasks.
-const PROBE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
-
-/// `/probe/PORT/PATH` -> (PORT, `/PATH` with its query); `None` for any other path.
-fn probe_target(uri: &http::Uri) -> Option<(u16, String)> {
-    let rest = uri.path().strip_prefix("/probe/")?;
-    let (port, path) = rest.split_once('/').unwrap_or((rest, ""));
-    let port = port.parse().ok()?;
-    Some(match uri.query() {
-        Some(q) => (port, format!("/{path}?{q}")),
-        None => (port, format!("/{path}")),
-    })
-}
-
-/// A kubelet probe moved to the admin port: a GET to the app at 127.0.0.1:PORT/PATH,
-/// answered with the app's status. Only the ports of `[admin] probe_ports` (read from
-/// the config in force, so a reload applies to the next probe): anything else is 404,
-/// so the admin port cannot be used to reach arbitrary local ports. The probe's own
-/// fields (its `httpHeaders`, the kubelet's `User-Agent`) go along; `Host` names the app.
-async fn probe(
-    shared: &Shared,
-    (port, path): (u16, String),
-    req: &Request<Incoming>,
-) -> Response<Full<Bytes>> {
-    if !shared.snapshot().config.admin.probe_ports.contains(&port) {
-        let body = format!("port {port} is not in [admin] probe_ports\n");
-        return reply(StatusCode::NOT_FOUND, "text/plain", body);
-    }
-    let app = SocketAddr::from(([127, 0, 0, 1], port));
-    match tokio::time::timeout(PROBE_TIMEOUT, probe_app(app, &path, req.headers())).await {
-        Ok(Ok(status)) => reply(status, "text/plain", format!("app answered {status}\n")),
-        Ok(Err(e)) => {
-            let body = format!("app at {app} unreachable: {e}\n");
-            reply(StatusCode::SERVICE_UNAVAILABLE, "text/plain", body)
-        }
-        Err(_) => {
-            let body = format!("app at {app} did not answer within {PROBE_TIMEOUT:?}\n");
-            reply(StatusCode::SERVICE_UNAVAILABLE, "text/plain", body)
-        }
-    }
-}
-
-/// One GET on a new connection, closed after the response head: probes are rare, and
-/// a probe must see whether the app accepts connections now.
-async fn probe_app(
-    app: SocketAddr,
-    path: &str,
-    headers: &http::HeaderMap,
-) -> Result<StatusCode, Box<dyn std::error::Error + Send + Sync>> {
-    let stream = tokio::net::TcpStream::connect(app).await?;
-    let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream)).await?;
-    let conn = tokio::spawn(conn);
-    let mut out = Request::get(path).body(http_body_util::Empty::<Bytes>::new())?;
-    use http::header::{CONNECTION, CONTENT_LENGTH, HOST, TE, TRANSFER_ENCODING, UPGRADE};
-    for (name, value) in headers {
-        if ![
-            HOST,
-            CONNECTION,
-            CONTENT_LENGTH,
-            TE,
-            TRANSFER_ENCODING,
-            UPGRADE,
-        ]
-        .contains(name)
-        {
-            out.headers_mut().append(name, value.clone());
-        }
-    }
-    let host = HeaderValue::from_str(&app.to_string())?;
-    out.headers_mut().insert(HOST, host);
-    let response = sender.send_request(out).await;
-    conn.abort();
-    Ok(response?.status())
 }
 
 /// 200 once the listeners are bound and the config loaded, 503 while draining. The
@@ -283,18 +233,7 @@ fn refresh_gauges(shared: &Shared) {
 
 #[cfg(test)]
 mod tests {
-    use super::{probe_target, served_to};
-
-    #[test]
-    fn probe_paths_name_a_port_and_the_apps_path() {
-        let at = |uri: &str| probe_target(&uri.parse().unwrap_or_else(|_| unreachable!()));
-        assert_eq!(at("/probe/8080/healthz"), Some((8080, "/healthz".into())));
-        assert_eq!(at("/probe/8080/a/b?x=1"), Some((8080, "/a/b?x=1".into())));
-        assert_eq!(at("/probe/8080"), Some((8080, "/".into())));
-        assert_eq!(at("/probe/http/healthz"), None);
-        assert_eq!(at("/probe/70000/healthz"), None);
-        assert_eq!(at("/healthz"), None);
-    }
+    use super::served_to;
 
     #[test]
     fn the_config_is_shown_on_loopback_only() {
