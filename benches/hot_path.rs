@@ -189,12 +189,13 @@ fn endpoint_choice(c: &mut Criterion) {
         bench.iter(|| black_box(plain.pick(black_box(None))))
     });
     let ejecting = endpoints("[upstreams.u.outlier]\nconsecutive_failures = 1\n");
-    ejecting.report(1, Verdict::Failure);
+    let now = ejecting.now();
+    ejecting.report(&now[1], Verdict::Failure);
     c.bench_function("endpoints: pick, one of three ejected", |bench| {
         bench.iter(|| black_box(ejecting.pick(black_box(Some(0)))))
     });
     c.bench_function("endpoints: report a success", |bench| {
-        bench.iter(|| ejecting.report(black_box(2), Verdict::Success))
+        bench.iter(|| ejecting.report(black_box(&now[2]), Verdict::Success))
     });
 }
 

@@ -442,7 +442,7 @@ fn services_through_tollgate_serve_at_least_as_well_as_direct() {
     );
     let added = r.get("added_after_ms");
     assert!(
-        added >= 0.0 && added <= 6_500.0,
+        (0.0..=6_500.0).contains(&added),
         "the new pod took its first request {added} ms after it was added (the names are followed every 5 s)"
     );
     assert_eq!(
