@@ -74,6 +74,7 @@ async fn a_connect_to_an_upstream_is_served_as_http_with_its_retries() {
     tokio::spawn(conn);
     for path in ["/one", "/two"] {
         let req = request("GET", path, "api").body(empty()).unwrap();
+        sender.ready().await.unwrap();
         let got = read(sender.send_request(req).await.unwrap()).await;
         assert_eq!(got.status, 200);
         assert_eq!(got.body, format!("path={path}"));
@@ -145,6 +146,7 @@ async fn bytes_that_are_not_http_pass_to_the_authority_as_they_are() {
         .expect("nothing came back in 10 s")
         .unwrap();
     assert_eq!(&back[..], &hello[..]);
+    drop(s);
     tg.stop().await;
 }
 

@@ -105,7 +105,20 @@ async fn pass_bytes(
     if dst.write_all(&ahead).await.is_err() {
         return;
     }
-    let _ = tokio::io::copy_bidirectional(&mut stream, &mut dst).await;
+    // As any tunnel: until either side ends, or the drain timeout after a drain began.
+    let mut shutdown = shared.listeners.draining();
+    let drain = shared.snapshot.load().config.listener.drain_timeout;
+    let drained = async {
+        if shutdown.wait_for(|draining| *draining).await.is_ok() {
+            tokio::time::sleep(drain).await;
+        } else {
+            std::future::pending::<()>().await;
+        }
+    };
+    tokio::select! {
+        _ = tokio::io::copy_bidirectional(&mut stream, &mut dst) => {}
+        _ = drained => tracing::debug!("CONNECT tunnel closed at the drain timeout"),
+    }
 }
 
 #[cfg(test)]

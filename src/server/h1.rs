@@ -177,20 +177,21 @@ enum After {
 }
 
 /// Hands the socket, and what the app sent after its `CONNECT`, to what serves the
-/// connection from here on. The request's guard is let go: the requests inside are
-/// counted each on its own.
+/// connection from here on (with its own watchdog and drain). The `CONNECT` is in
+/// flight meanwhile, as a tunnel's is: this connection's own watchdog never takes it
+/// for idle and cuts what is served inside.
 async fn serve_inside(
     io: Arc<Mutex<Io>>,
     inside: super::body::Inside,
     guard: Option<super::body::RequestGuard>,
 ) {
-    drop(guard);
     // The request (and its body's share of the socket) is gone with its answer.
     let Ok(io) = Arc::try_unwrap(io) else {
         return;
     };
     let io = io.into_inner().unwrap_or_else(|p| p.into_inner());
     inside(io.stream, io.rbuf.freeze()).await;
+    drop(guard);
 }
 
 /// Writes the response (after a `101 Switching Protocols`, then runs the tunnel);
