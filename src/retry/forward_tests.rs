@@ -518,7 +518,14 @@ async fn a_replica_store_behind_one_address_is_never_sent_a_retry() {
                 on = [\"reset\", \"503\"]\n[upstreams.u.budget]\nratio = 1.0\nmin_per_sec = 100\n";
     let config = crate::config::parse("t.toml", text, std::path::Path::new(".")).unwrap();
     let u = config.upstreams.into_iter().next().unwrap();
-    let up = Upstream::build(u, config.deadline, &Default::default(), &Metrics::new(), None, 1);
+    let up = Upstream::build(
+        u,
+        config.deadline,
+        &Default::default(),
+        &Metrics::new(),
+        None,
+        1,
+    );
     up.dedupes.want();
     call(
         &up,
