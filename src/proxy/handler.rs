@@ -211,7 +211,7 @@ async fn handle(
     }
     learn_from(&up, &same, &answer, grpc, again.is_some());
     if let Some(e) = entry {
-        log_answer(e, &answer, grpc, start, &mut guard);
+        log_answer(e, &up, &answer, grpc, start, &mut guard);
     }
     // A body still streaming to the upstream may yet be read to its end; one that was
     // never touched (an answer at `Expect: 100-continue`) will not.
@@ -342,6 +342,7 @@ fn access_log_entry(
 /// Finishes the access log's line of a request the retry engine answered.
 fn log_answer(
     mut e: Box<Entry>,
+    up: &Upstream,
     answer: &Answer,
     grpc: bool,
     start: Instant,
@@ -352,7 +353,12 @@ fn log_answer(
     e.outcome = answer.outcome;
     e.retries = answer.trail.retries().collect();
     if answer.attempts > 0 {
-        e.peers = answer.trail.peers().collect();
+        let endpoints = up.endpoints();
+        e.peers = answer
+            .trail
+            .peers()
+            .map(|id| endpoints.by_id(id).and_then(|p| p.peer))
+            .collect();
     }
     e.denied = answer.trail.denied.map(Denied::as_str);
     e.upstream_time = Some(start.elapsed());

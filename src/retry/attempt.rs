@@ -157,7 +157,13 @@ impl<'a, A: AppBody> Attempt<'a, A> {
             ejected,
         };
         match &result {
-            Ok(resp) => {
+            // Only a 502 or a 504 may be a callee's word about its own app.
+            Ok(resp)
+                if matches!(
+                    resp.status(),
+                    StatusCode::BAD_GATEWAY | StatusCode::GATEWAY_TIMEOUT
+                ) =>
+            {
                 let endpoint = &self.peer;
                 match Callee::of(resp.status(), Fields::of(resp)) {
                     Callee::AppUnreachable if resp.status() == StatusCode::BAD_GATEWAY => {
@@ -173,6 +179,7 @@ impl<'a, A: AppBody> Attempt<'a, A> {
                     _ => endpoint.answered(),
                 }
             }
+            Ok(_) => self.peer.answered(),
             Err(Fault::Reset | Fault::Timeout) => self.peer.forget_h2(),
             Err(_) => {}
         }

@@ -1,8 +1,6 @@
 //! What the attempt loop takes and gives back: a request ready to forward
 //! ([`Exchange`]), and the [`Answer`] for the app, with the retries it went through.
 
-use std::net::SocketAddr;
-
 use http::{HeaderValue, StatusCode, Version};
 use tokio::time::Instant;
 
@@ -107,30 +105,50 @@ pub enum HedgeState {
 
 /// What the attempts of a request went through, for the access log: the condition
 /// that fired each retry, and why a retry was refused.
-#[derive(Clone, Debug, Default)]
+/// No endpoint (yet).
+const NO_PEER: u32 = u32::MAX;
+
+#[derive(Clone, Debug)]
 pub struct Trail {
     retries: [Option<Fault>; 9],
     /// The reason a retry was refused, when one was.
     pub denied: Option<Denied>,
-    /// The address the first attempt went to (`None`: a name not resolved yet, or no
-    /// attempt), and those of the later ones: which pod failed, behind any Service.
-    first_peer: Option<SocketAddr>,
-    later_peers: Vec<Option<SocketAddr>>,
+    /// The number of the endpoint the first attempt went to ([`NO_PEER`]: none), and
+    /// those of the later ones (rare: boxed, so a request moves a word for them): which
+    /// pod failed, behind any Service.
+    first_peer: u32,
+    later_peers: Option<Box<Vec<u32>>>,
+}
+
+impl Default for Trail {
+    fn default() -> Self {
+        Trail {
+            retries: [None; 9],
+            denied: None,
+            first_peer: NO_PEER,
+            later_peers: None,
+        }
+    }
 }
 
 impl Trail {
-    /// An attempt went to `peer`.
-    pub(super) fn went_to(&mut self, peer: Option<SocketAddr>, first: bool) {
+    /// An attempt went to the endpoint numbered `id`.
+    #[inline]
+    pub(super) fn went_to(&mut self, id: usize, first: bool) {
+        let id = u32::try_from(id).unwrap_or(NO_PEER);
         if first {
-            self.first_peer = peer;
+            self.first_peer = id;
         } else {
-            self.later_peers.push(peer);
+            self.later_peers.get_or_insert_default().push(id);
         }
     }
 
-    /// The addresses the attempts went to, in order (`None`: not known).
-    pub fn peers(&self) -> impl Iterator<Item = Option<SocketAddr>> + '_ {
-        std::iter::once(self.first_peer).chain(self.later_peers.iter().copied())
+    /// The numbers of the endpoints the attempts went to, in order.
+    pub fn peers(&self) -> impl Iterator<Item = usize> + '_ {
+        std::iter::once(self.first_peer)
+            .chain(self.later_peers.iter().flat_map(|v| v.iter().copied()))
+            .filter(|id| *id != NO_PEER)
+            .map(|id| id as usize)
     }
 
     pub(super) fn retried(&mut self, failure: Fault) {

@@ -433,7 +433,7 @@ impl<'a, A: AppBody> Call<'a, A> {
         // connection of its own: behind a Service's virtual IP, the pooled one reaches
         // the same pod, a new one lets kube-proxy pick again.
         let own_connection = self.avoid == Some(endpoint.id) && self.attempts > 1;
-        self.trail.went_to(endpoint.peer, self.attempts <= 1);
+        self.trail.went_to(endpoint.id, self.attempts <= 1);
         Attempt {
             up: self.up,
             endpoint: endpoint.id,
