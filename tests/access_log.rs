@@ -139,6 +139,10 @@ async fn every_request_gets_a_line_saying_what_happened_to_it() {
     assert!(retried.contains("denied=budget"), "{retried}");
     assert!(retried.contains("status=503"), "{retried}");
     assert!(retried.contains("attempts=2"), "{retried}");
+    assert!(
+        retried.contains(&format!("attempts=2 peer={0},{0} ", down.addr)),
+        "each attempt's endpoint is named: {retried}"
+    );
     assert!(retried.contains("idempotency_key=k1"), "{retried}");
 
     let budget = lines

@@ -117,7 +117,7 @@ pub struct Trail {
     /// those of the later ones (rare: boxed, so a request moves a word for them): which
     /// pod failed, behind any Service.
     first_peer: u32,
-    later_peers: Option<Box<Vec<u32>>>,
+    later_peers: Option<Box<[u32]>>,
 }
 
 impl Default for Trail {
@@ -139,7 +139,9 @@ impl Trail {
         if first {
             self.first_peer = id;
         } else {
-            self.later_peers.get_or_insert_default().push(id);
+            let mut later = self.later_peers.take().map(Vec::from).unwrap_or_default();
+            later.push(id);
+            self.later_peers = Some(later.into_boxed_slice());
         }
     }
 
