@@ -92,6 +92,9 @@ pub struct Endpoints<B> {
 struct Shared<B> {
     /// The endpoints now; replaced whole when a name's addresses change.
     set: ArcSwap<Vec<Arc<Endpoint<B>>>>,
+    /// The same, when nothing can change them (IP literals only): read without the
+    /// swap's bookkeeping.
+    fixed: std::sync::OnceLock<Arc<Vec<Arc<Endpoint<B>>>>>,
     /// Where the endpoints come from, in the config's order.
     sources: Box<[Source]>,
     /// Whether any source can change (a name, not only IP literals).
@@ -272,6 +275,7 @@ impl<B: OutgoingBody> Endpoints<B> {
     ) -> Self {
         let shared = Arc::new(Shared {
             set: ArcSwap::from_pointee(Vec::new()),
+            fixed: std::sync::OnceLock::new(),
             moving: sources.iter().any(|s| matches!(s, Source::Name(_))),
             sources,
             used: AtomicBool::new(false),
@@ -288,6 +292,9 @@ impl<B: OutgoingBody> Endpoints<B> {
             name: config.name.as_str().into(),
         });
         shared.rebuild();
+        if shared.sources.iter().all(|s| matches!(s, Source::Fixed(_))) {
+            let _ = shared.fixed.set(shared.set.load_full());
+        }
         Endpoints {
             outlier: Outlier::of(config, ejections),
             shared,
@@ -468,6 +475,12 @@ impl<B: OutgoingBody> Endpoints<B> {
     /// `None`: there is no endpoint (a Service without a ready pod).
     #[inline]
     pub fn pick(&self, avoid: Option<usize>) -> Option<Arc<Endpoint<B>>> {
+        if let Some(list) = self.shared.fixed.get() {
+            if let [only] = list.as_slice() {
+                return Some(only.clone());
+            }
+            return self.pick_in(list, avoid, pool::clock_ms());
+        }
         if self.shared.moving && !self.shared.used.load(Relaxed) {
             self.wake();
         }
