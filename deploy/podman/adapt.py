@@ -18,6 +18,9 @@ deploy/README.md's table lists):
   * podman publishes every declared container port on the host (as if hostPort were
     its containerPort), so two pods declaring 15006 collide: each declared port is
     published on a free loopback port instead (hostIP 127.0.0.1);
+  * podman 4.3 refuses an env var from the downward API's `status.podIP` (inject sets
+    POD_IP so a probe can fall back to the pod's address): it is left out, and tollgate
+    probes 127.0.0.1 only;
   * podman refuses an annotation value longer than 63 characters (the limit of a
     label's value, not an annotation's): such an annotation (`tollgate/injected`, the
     record --uninject reads) is left out.
@@ -73,6 +76,10 @@ def as_pod(dep, hosts, idle):
             if c["name"] != "tollgate":
                 c["command"] = ["/bin/sh", "-c", IDLE]
                 c.pop("args", None)
+    for c in containers + inits:
+        if "env" in c:
+            c["env"] = [e for e in c["env"]
+                        if e.get("valueFrom", {}).get("fieldRef", {}).get("fieldPath") != "status.podIP"]
     for c in containers:
         for port in c.get("ports", []):
             port["hostIP"] = "127.0.0.1"
