@@ -132,9 +132,6 @@ enum Source {
     /// A Service's ready pods, watched in the Kubernetes API; until the first list,
     /// the Service's DNS name, as a direct call would use.
     Service(Arc<ServiceWatch>),
-    /// A Service that cannot be watched (no credentials): its name, as a direct call
-    /// would use.
-    Unwatched(EndpointAddr),
 }
 
 /// What an endpoint is, as the set knows it again across rebuilds.
@@ -205,8 +202,8 @@ impl<B: OutgoingBody> Endpoints<B> {
         let Discovery::Kubernetes(service) = &config.discovery else {
             return Self::new(config, open, workers, ejections);
         };
-        let source = match discovery::watch(service, kube, metrics()) {
-            Ok(w) => Source::Service(w),
+        let sources: Box<[Source]> = match discovery::watch(service, kube, metrics()) {
+            Ok(w) => Box::new([Source::Service(w)]),
             Err(e) => {
                 let name = match &service.namespace {
                     Some(ns) => format!("{}.{ns}", service.name),
@@ -221,12 +218,18 @@ impl<B: OutgoingBody> Endpoints<B> {
                     upstream = %config.name,
                     error = %e,
                     "the Service cannot be watched: its name is called instead, as a direct \
-                     call would"
+                     call would (a named port, without the API, leaves no number to call)"
                 );
-                Source::Unwatched(EndpointAddr { host: name, port })
+                match port {
+                    0 => Box::new([]),
+                    port => Box::new([Source::Name(Arc::new(Resolver::new(EndpointAddr {
+                        host: name,
+                        port,
+                    })))]),
+                }
             }
         };
-        let e = Self::of_sources(config, Box::new([source]), open, workers, ejections);
+        let e = Self::of_sources(config, sources, open, workers, ejections);
         e.follow_services();
         e
     }
@@ -354,7 +357,6 @@ impl<B: OutgoingBody> Shared<B> {
                         }
                     }
                 }
-                Source::Unwatched(name) => add(Key::Name(name.clone()), &mut list),
             }
         }
         let changed =
