@@ -108,17 +108,7 @@ async fn pass_bytes(
     // As any tunnel: until either side ends, or the drain timeout after a drain began.
     let mut shutdown = shared.listeners.draining();
     let drain = shared.snapshot.load().config.listener.drain_timeout;
-    let drained = async {
-        if shutdown.wait_for(|draining| *draining).await.is_ok() {
-            tokio::time::sleep(drain).await;
-        } else {
-            std::future::pending::<()>().await;
-        }
-    };
-    tokio::select! {
-        _ = tokio::io::copy_bidirectional(&mut stream, &mut dst) => {}
-        _ = drained => tracing::debug!("CONNECT tunnel closed at the drain timeout"),
-    }
+    unrouted::relay(&mut stream, &mut dst, &mut shutdown, drain).await;
 }
 
 #[cfg(test)]

@@ -556,6 +556,20 @@ async fn h2_tunnel(
         return;
     };
     let mut app = TokioIo::new(stream);
+    relay(&mut app, &mut dst, &mut shutdown, drain).await;
+}
+
+/// Carries a tunnel's bytes both ways until either side ends, or `drain` after a drain
+/// began.
+pub(super) async fn relay<A, B>(
+    a: &mut A,
+    b: &mut B,
+    shutdown: &mut tokio::sync::watch::Receiver<bool>,
+    drain: Duration,
+) where
+    A: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + ?Sized,
+    B: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + ?Sized,
+{
     let drained = async {
         if shutdown.wait_for(|draining| *draining).await.is_ok() {
             tokio::time::sleep(drain).await;
@@ -564,7 +578,7 @@ async fn h2_tunnel(
         }
     };
     tokio::select! {
-        _ = tokio::io::copy_bidirectional(&mut app, &mut dst) => {}
+        _ = tokio::io::copy_bidirectional(a, b) => {}
         _ = drained => tracing::debug!("CONNECT tunnel closed at the drain timeout"),
     }
 }

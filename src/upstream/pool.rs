@@ -204,6 +204,15 @@ impl<B: OutgoingBody> Endpoint<B> {
         }
     }
 
+    /// `want`, with what the endpoint turned out to speak when that was left open.
+    fn settled(&self, want: Want) -> Want {
+        match (want, self.alpn.load(Relaxed)) {
+            (Want::Negotiate | Want::PreferHttp2, ALPN_H1) => Want::Http1,
+            (Want::Negotiate | Want::PreferHttp2, ALPN_H2) => Want::Http2,
+            (w, _) => w,
+        }
+    }
+
     /// A connection for one attempt: a pooled one when there is one, else a new one
     /// within `timeout`; `true` with a new one.
     pub async fn checkout(
@@ -212,11 +221,7 @@ impl<B: OutgoingBody> Endpoint<B> {
         tls: Option<&TlsClient>,
         timeout: Duration,
     ) -> Result<(Conn<B>, bool), ConnectError> {
-        let want = match (want, self.alpn.load(Relaxed)) {
-            (Want::Negotiate | Want::PreferHttp2, ALPN_H1) => Want::Http1,
-            (Want::Negotiate | Want::PreferHttp2, ALPN_H2) => Want::Http2,
-            (w, _) => w,
-        };
+        let want = self.settled(want);
         if want == Want::Http1 {
             if let Some(lease) = self.pop_idle(Instant::now()) {
                 return Ok((Conn::Http1(lease), false));
@@ -244,11 +249,7 @@ impl<B: OutgoingBody> Endpoint<B> {
         tls: Option<&TlsClient>,
         timeout: Duration,
     ) -> Result<(Conn<B>, bool), ConnectError> {
-        let want = match (want, self.alpn.load(Relaxed)) {
-            (Want::Negotiate | Want::PreferHttp2, ALPN_H1) => Want::Http1,
-            (Want::Negotiate | Want::PreferHttp2, ALPN_H2) => Want::Http2,
-            (w, _) => w,
-        };
+        let want = self.settled(want);
         Ok((self.connect(want, tls, timeout).await?, true))
     }
 
