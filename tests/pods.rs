@@ -10,9 +10,11 @@
 //! across the link when pod B's fleet budget has no room; the TCP service
 //! is reached through passthrough both ways, its greeting heard before the client says
 //! anything; a connection the app sends to one of its own sidecar's listeners is
-//! refused, not looped; removing the rules restores direct traffic.
+//! refused, not looped; what is not HTTP at an upstream's port (a real Redis, a server
+//! that speaks first) is passed through untouched, answered as it is directly;
+//! removing the rules restores direct traffic.
 //!
-//! Needs root, `ip`, `iptables`, `setpriv` and `curl`; skipped, loudly, without them.
+//! Needs root, `ip`, `iptables`, `setpriv`, `curl` and `redis-server`; skipped, loudly, without them.
 //! The namespaces (and with them the veth pair and every rule) and every process are
 //! removed by a guard, also when an assertion fails; leftovers of an earlier run that
 //! was killed are removed first. The processes inside the namespaces are this test
@@ -41,6 +43,9 @@ const UID_A: u32 = 2101;
 const UID_B: u32 = 2102;
 const APP_PORT: u16 = 8080;
 const BANNER_PORT: u16 = 7000;
+/// The banner again, at a port pod A's config lists as an HTTP upstream.
+const OWNED_BANNER_PORT: u16 = 7001;
+const REDIS_PORT: u16 = 6379;
 /// How long any process of the test may live, whatever happens to the test.
 const LIFETIME: Duration = Duration::from_secs(120);
 const ROLE: &str = "TOLLGATE_POD_ROLE";
@@ -66,6 +71,8 @@ fn can_run() -> bool {
         ("iptables", "--version"),
         ("setpriv", "--version"),
         ("curl", "--version"),
+        ("redis-server", "--version"),
+        ("redis-cli", "--version"),
     ];
     let missing: Vec<&str> = tools
         .iter()
@@ -74,7 +81,7 @@ fn can_run() -> bool {
         .collect();
     if !root || !missing.is_empty() {
         eprintln!(
-            "SKIP tests/pods.rs: needs root and ip, iptables, setpriv, curl (root: {root}, missing: {missing:?}; deploy/ci-deps.sh installs them)"
+            "SKIP tests/pods.rs: needs root and ip, iptables, setpriv, curl, redis-server, redis-cli (root: {root}, missing: {missing:?}; deploy/ci-deps.sh installs them)"
         );
         return false;
     }
@@ -190,7 +197,7 @@ impl Pods {
     }
 
     fn logs(&self) -> String {
-        ["tollgate-a", "tollgate-b", "app", "banner"]
+        ["tollgate-a", "tollgate-b", "app", "banner", "redis"]
             .iter()
             .map(|n| format!("--- {n}.log\n{}", self.log(n)))
             .collect()
@@ -333,6 +340,14 @@ backoff_max = "20ms"
 ratio = 0.1
 min_per_sec = 10
 window = "10s"
+
+# Not HTTP, listed as if it were: capture must pass them through untouched.
+[upstreams.redis]
+authorities = ["redis:6379"]
+endpoints = ["10.213.77.2:6379"]
+[upstreams.greeter]
+authorities = ["greeter:7001"]
+endpoints = ["10.213.77.2:7001"]
 "#;
 
 const CONFIG_B: &str = r#"
@@ -365,12 +380,13 @@ fn two_pods_talk_through_both_sidecars_and_pass_other_tcp_through() {
     the_callees_budget_rejects_a_retry_across_the_link(&pods);
     other_tcp_is_passed_through_both_ways(&pods);
     no_connection_loops_into_the_sidecar();
+    what_is_not_http_at_an_upstreams_port_passes_untouched(&pods);
     removing_the_rules_restores_direct_traffic();
     rules_for_the_wrong_uid_loop_once_and_stop_a_start(&mut pods);
     eprintln!(
         "two pods: 5 captured calls through both sidecars (1 retried in pod A only), \
          1 retry rejected by pod B's fleet budget, 1 TCP connection passed through both \
-         ways, 1 loop refused, direct after --clean; rules for the wrong UID: its own \
+         ways, 1 loop refused, Redis and a greeting at upstream ports passed untouched, direct after --clean; rules for the wrong UID: its own \
          connection refused at the first turn (508), and a start refused naming the UID"
     );
 }
@@ -385,11 +401,37 @@ fn start(pods: &mut Pods) {
     }
     pods.spawn_role(NS_B, "app");
     pods.spawn_role(NS_B, "banner");
+    let port = REDIS_PORT.to_string();
+    pods.spawn(
+        NS_B,
+        &[
+            "timeout",
+            "120",
+            "redis-server",
+            "--port",
+            &port,
+            "--bind",
+            "0.0.0.0",
+            "--protected-mode",
+            "no",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+        ],
+        &[],
+        "redis.log",
+    );
     pods.spawn_tollgate(NS_A, UID_A, "tollgate-a", CONFIG_A);
     pods.spawn_tollgate(NS_B, UID_B, "tollgate-b", CONFIG_B);
     let dir = pods.dir.path().to_path_buf();
     pods.wait("the app and the TCP service in pod B", || {
         dir.join("app.ready").exists() && dir.join("banner.ready").exists()
+    });
+    pods.wait("redis-server in pod B", || {
+        run_in(NS_B, &["redis-cli", "-h", "127.0.0.1", "-p", &port, "ping"])
+            .0
+            .contains("PONG")
     });
     for ns in [NS_A, NS_B] {
         pods.wait(&format!("tollgate ready in {ns}"), || {
@@ -600,8 +642,53 @@ fn no_connection_loops_into_the_sidecar() {
     );
 }
 
+fn what_is_not_http_at_an_upstreams_port_passes_untouched(pods: &Pods) {
+    // 5. Pod A's config lists pod B's Redis and a second banner port as HTTP upstreams,
+    // as an app's environment (`REDIS_ADDR=b:6379`) can make it. Capture still hands
+    // Redis's client bytes (RESP) to Redis, and the greeting of a server that speaks
+    // first to its silent client, as calling them directly does.
+    let before = passed(&metrics(NS_A), "outbound");
+    let port = REDIS_PORT.to_string();
+    let redis = |ns: &str, host: &str, argv: &[&str]| {
+        let mut all = vec!["redis-cli", "-h", host, "-p", &port];
+        all.extend(argv);
+        run_in(ns, &all)
+    };
+    let direct = redis(NS_B, "127.0.0.1", &["ping"]);
+    let (out, ok) = redis(NS_A, IP_B, &["ping"]);
+    assert!(ok, "{out}\n{}", pods.logs());
+    assert_eq!(out.trim(), direct.0.trim(), "through capture vs direct");
+    assert_eq!(out.trim(), "PONG");
+    let (out, ok) = redis(NS_A, IP_B, &["set", "cart:1", "3 items"]);
+    assert!(ok && out.contains("OK"), "{out}");
+    let (out, _) = redis(NS_B, "127.0.0.1", &["get", "cart:1"]);
+    assert_eq!(out.trim(), "3 items", "the write arrived as written");
+    let (out, ok) = pods_role_once(NS_A, "owned-banner-client", pods.dir.path());
+    assert!(ok, "{out}\n{}", pods.logs());
+    assert!(out.contains("GREETING:hello from b"), "{out}");
+    assert!(out.contains("ECHO:ping"), "{out}");
+    let a = metrics(NS_A);
+    assert_eq!(
+        passed(&a, "outbound") - before,
+        3.0,
+        "two redis-cli calls, one greeting, all passed:\n{a}"
+    );
+    for upstream in ["redis", "greeter"] {
+        assert_eq!(
+            value(
+                &a,
+                &format!(
+                    r#"tollgate_requests_total{{code="400",outcome="ok",upstream="{upstream}"}}"#
+                )
+            ),
+            0.0,
+            "{a}"
+        );
+    }
+}
+
 fn removing_the_rules_restores_direct_traffic() {
-    // 5. Rules removed in pod A: the app reaches pod B directly (still through pod B's
+    // 6. Rules removed in pod A: the app reaches pod B directly (still through pod B's
     // inbound side), pod A's sidecar sees nothing.
     let bin = common::binary();
     let (out, ok) = run_in(NS_A, &[bin.to_str().unwrap(), "iptables", "--clean"]);
@@ -630,7 +717,7 @@ fn removing_the_rules_restores_direct_traffic() {
 const WRONG_UID: u32 = 2199;
 
 fn rules_for_the_wrong_uid_loop_once_and_stop_a_start(pods: &mut Pods) {
-    // 6. Rules that spare another UID than pod A's sidecar runs as: its own connection to
+    // 7. Rules that spare another UID than pod A's sidecar runs as: its own connection to
     // pod B is captured and comes back to it. It is refused at the first turn (the app
     // gets 508, outcome loop), not passed on again and again.
     let bin = common::binary();
@@ -739,7 +826,8 @@ fn pod_process() {
     match role.as_str() {
         "app" => app(&dir),
         "banner" => banner(&dir),
-        "banner-client" => banner_client(),
+        "banner-client" => banner_client(BANNER_PORT),
+        "owned-banner-client" => banner_client(OWNED_BANNER_PORT),
         other => panic!("unknown role {other}"),
     }
 }
@@ -787,10 +875,16 @@ fn app(dir: &Path) {
     });
 }
 
-/// Pod B's TCP service: greets first, then echoes one line.
+/// Pod B's TCP service: greets first, then echoes one line; on two ports.
 fn banner(dir: &Path) {
+    let owned = std::net::TcpListener::bind(("0.0.0.0", OWNED_BANNER_PORT)).unwrap();
+    std::thread::spawn(move || greet(owned));
     let l = std::net::TcpListener::bind(("0.0.0.0", BANNER_PORT)).unwrap();
     std::fs::write(dir.join("banner.ready"), "").unwrap();
+    greet(l);
+}
+
+fn greet(l: std::net::TcpListener) {
     for s in l.incoming() {
         let Ok(mut s) = s else { continue };
         std::thread::spawn(move || {
@@ -807,8 +901,8 @@ fn banner(dir: &Path) {
 }
 
 /// Pod A's client of that service: reads the greeting before writing anything.
-fn banner_client() {
-    let addr = format!("{IP_B}:{BANNER_PORT}").parse().unwrap();
+fn banner_client(port: u16) {
+    let addr = format!("{IP_B}:{port}").parse().unwrap();
     let mut s = std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(5)).unwrap();
     s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
     let mut r = BufReader::new(s.try_clone().unwrap());

@@ -6,7 +6,8 @@
 //!
 //! - [`redirect`]: transparent capture, a redirected connection served by the service
 //!   its original destination calls for ([`Captures`]), or passed through to it;
-//! - [`passthrough`]: a connection passed through, its bytes untouched.
+//! - [`passthrough`]: a connection passed through, its bytes untouched;
+//! - [`sniff`]: whether a captured connection to an upstream's port speaks HTTP.
 //!
 //! Client connections past `listener.max_connections`, or past what the open-file limit
 //! leaves for them ([`crate::descriptors::client_cap`]), are accepted and closed at
@@ -15,6 +16,7 @@
 
 pub mod passthrough;
 pub mod redirect;
+pub mod sniff;
 
 use std::net::SocketAddr;
 use std::sync::Arc;

@@ -11,7 +11,9 @@
 //! - outbound: to an address that belongs to an upstream (the outbound side's
 //!   `destinations`) it is HTTP to that upstream, as on the upstream's own `listen` port: every request on
 //!   it goes there whatever its `Host` (which is still sent on, unless the upstream sets
-//!   `host`), under that upstream's retry policy, budget and limits;
+//!   `host`), under that upstream's retry policy, budget and limits; unless its client
+//!   does not begin with an HTTP request line, or stays silent ([`super::sniff`]): then
+//!   it is passed through as below;
 //! - inbound: to the port of `[inbound].app` (or the inbound port itself) it is a
 //!   caller's HTTP to the app, through the inbound side;
 //! - anything else is passed through to where it was going, bytes untouched
@@ -33,7 +35,7 @@ use tokio::sync::watch;
 
 use std::sync::Arc;
 
-use super::{ConnCount, Serving, passthrough};
+use super::{ConnCount, Serving, passthrough, sniff};
 use crate::answer::{Local, announce_close};
 use crate::config::ListenerConfig;
 use crate::descriptors::Throttled;
@@ -135,6 +137,11 @@ pub(super) async fn connection<S: Captures>(
     let service = match redirected {
         None => service,
         Some((d, original)) => match service.redirected(original).await {
+            // An upstream's port, but not every client there speaks HTTP (a Redis
+            // client, TLS, a server that speaks first): those pass, untouched.
+            Some(_) if d == Direction::Outbound && !sniff::speaks_http(&stream).await => {
+                return pass(stream, original, d, serving, settings, shutdown).await;
+            }
             Some(service) => service,
             None => return pass(stream, original, d, serving, settings, shutdown).await,
         },
