@@ -1,5 +1,7 @@
 //! Upstream faults: resets mid-response, hangs after the head, garbage instead of HTTP,
-//! a close right after the head, a slow body, a name that does not resolve. After
+//! a close right after the head, a slow body, a name that does not resolve, a full
+//! accept queue (a connect slower than `connect_timeout`), an address that refuses
+//! beside one that answers. After
 //! each, nothing leaks (the upstream's connection and in-flight gauges return to their
 //! baseline) and a healthy upstream behind the same tollgate still answers.
 
@@ -511,5 +513,133 @@ async fn a_name_that_does_not_resolve_is_a_prompt_502() {
         Some(9.0)
     );
     back_to(&tg, "faulty", (0.0, 0.0)).await;
+    tg.stop().await;
+}
+
+/// `TcpExt: ListenOverflows` of this network namespace: SYNs a full accept queue
+/// dropped.
+fn listen_overflows() -> u64 {
+    let text = std::fs::read_to_string("/proc/net/netstat").unwrap_or_default();
+    let mut lines = text.lines().filter(|l| l.starts_with("TcpExt:"));
+    let (Some(names), Some(values)) = (lines.next(), lines.next()) else {
+        return 0;
+    };
+    names
+        .split_whitespace()
+        .zip(values.split_whitespace())
+        .find(|(n, _)| *n == "ListenOverflows")
+        .and_then(|(_, v)| v.parse().ok())
+        .unwrap_or(0)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connect_slower_than_connect_timeout_is_waited_for_as_a_direct_call_waits() {
+    // The upstream's accept queue is full: the kernel drops SYNs and the client sends
+    // them again a second later. A connect timeout of 200 ms used to give up (and each
+    // retry too); a direct call simply connects late. Now another connect is raced
+    // beside the slow one, and the first made carries the request.
+    let sock = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
+    sock.bind(&"127.0.0.1:0".parse::<SocketAddr>().unwrap().into())
+        .unwrap();
+    sock.listen(0).unwrap();
+    sock.set_nonblocking(true).unwrap();
+    let std_listener: std::net::TcpListener = sock.into();
+    let addr = std_listener.local_addr().unwrap();
+    // The queue's one place, taken.
+    let filler = std::net::TcpStream::connect(addr).unwrap();
+    let ok = healthy().await;
+    let tg = tollgate(addr, ok.addr, |u| {
+        u.connect_timeout("200ms")
+            .retry(|r| r.max_attempts(3).backoff_base("1ms"))
+    })
+    .await;
+    let dropped = listen_overflows();
+    let through = tokio::spawn(async move {
+        let r = get(tg.addr, "/slow-connect", "faulty").await;
+        (r, tg)
+    });
+    let direct = tokio::spawn(async move { get(addr, "/slow-connect", "faulty").await });
+    // Until both clients' SYNs were dropped, and one more (tollgate's second connect,
+    // or a SYN sent again): long past the connect timeout. The queue then empties.
+    let overflowed = wait_until(Duration::from_secs(10), || {
+        listen_overflows() >= dropped + 3
+    })
+    .await;
+    assert!(overflowed, "the accept queue never overflowed");
+    let listener = tokio::net::TcpListener::from_std(std_listener).unwrap();
+    let server = Upstream::serve(listener, |req| async move {
+        respond(200, format!("served {}", req.uri().path()))
+    });
+    drop(filler);
+    let direct = timeout(Duration::from_secs(15), direct)
+        .await
+        .unwrap()
+        .unwrap();
+    let (r, tg) = timeout(Duration::from_secs(15), through)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(direct.status, 200, "direct");
+    assert_eq!(
+        (r.status.as_u16(), &r.body[..], r.attempts()),
+        (200, &b"served /slow-connect"[..], 1),
+        "through tollgate, as directly: one attempt, connected late"
+    );
+    let m = tg.metrics().await;
+    assert_eq!(
+        metric(
+            &m,
+            "tollgate_attempts_total{result=\"connect-failure\",upstream=\"faulty\"}"
+        ),
+        Some(0.0),
+        "{m}"
+    );
+    drop(server);
+    tg.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_address_moves_the_attempt_to_the_next_without_a_retry() {
+    // A name that resolves to `::1` then `127.0.0.1` with the upstream on IPv4 only (a
+    // pod's `localhost`), its answers closing each connection: every request that
+    // lands on `::1` first moves within its attempt to the other address, and costs no
+    // retry (the budget here allows none).
+    let up = Upstream::start(|req| async move {
+        Response::builder()
+            .header("connection", "close")
+            .body(full(format!("served {}", req.uri().path())))
+            .unwrap()
+    })
+    .await;
+    let v6 = format!("[::1]:{}", up.addr.port());
+    let tg = Tollgate::start(
+        &Config::new()
+            .upstream("dual", |u| {
+                u.authorities(["dual"])
+                    .endpoint(&v6)
+                    .endpoint(up.addr)
+                    .retry(|r| r.max_attempts(3).backoff_base("1ms"))
+                    .budget(|b| b.ratio(0.0).min_per_sec(0.0))
+            })
+            .to_toml(),
+    )
+    .await;
+    for i in 0..40 {
+        let r = get(tg.addr, &format!("/{i}"), "dual").await;
+        assert_eq!(
+            (r.status.as_u16(), r.body.clone()),
+            (200, bytes::Bytes::from(format!("served /{i}"))),
+            "request {i}: {:?}",
+            r.outcome()
+        );
+        assert_eq!(r.attempts(), 1);
+    }
+    let m = tg.metrics().await;
+    let retried = m
+        .lines()
+        .filter(|l| l.starts_with("tollgate_retries_total{") && l.contains("upstream=\"dual\""))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum::<f64>();
+    assert_eq!(retried, 0.0, "{m}");
     tg.stop().await;
 }

@@ -76,6 +76,7 @@ pub async fn send<'a, B: OutgoingBody>(
         started: Instant::now(),
         by: fields.deadline.at(),
         own_connection: false,
+        alone: None,
     };
     let at = |now| RequestHead {
         fields: fields.at(now),

@@ -143,6 +143,51 @@ async fn a_failure_listed_is_retried_on_another_endpoint_and_the_answer_wins() {
     assert_ne!(sent[0].endpoint, sent[1].endpoint, "a retry goes elsewhere");
 }
 
+#[tokio::test(start_paused = true)]
+async fn a_refused_connect_moves_the_same_attempt_to_another_endpoint() {
+    let up = upstream("");
+    // A POST, which no retry may send again: nothing left on the refused connect.
+    let script = Script::new([Step::Refuse, Step::Answer(MS, OK)]);
+    let a = call(&up, &script, &head(Method::POST), None).await;
+    assert_eq!((status(&a), a.outcome, a.attempts), (200, Outcome::Ok, 1));
+    assert_eq!(a.trail.retries().count(), 0, "not a retry");
+    let sent = script.sent();
+    assert_eq!(
+        sent.iter().map(|s| s.number).collect::<Vec<_>>(),
+        [1, 1],
+        "the same attempt, at once: {sent:?}"
+    );
+    assert_eq!(sent[1].at, sent[0].at, "no backoff");
+    assert_ne!(sent[0].endpoint, sent[1].endpoint);
+    assert_eq!(
+        a.trail.peers().collect::<Vec<_>>(),
+        [sent[0].endpoint, sent[1].endpoint],
+        "the access log names both"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_attempt_tries_three_endpoints_then_it_is_a_connect_failure_retried() {
+    let up = upstream("");
+    let script = Script::new([
+        Step::Refuse,
+        Step::Refuse,
+        Step::Refuse,
+        Step::Answer(MS, OK),
+    ]);
+    let a = call(&up, &script, &get(), None).await;
+    assert_eq!((status(&a), a.outcome, a.attempts), (200, Outcome::Ok, 2));
+    assert_eq!(
+        a.trail
+            .retries()
+            .map(|f| f.condition().to_string())
+            .collect::<Vec<_>>(),
+        ["connect-failure"]
+    );
+    let numbers: Vec<u32> = script.sent().iter().map(|s| s.number).collect();
+    assert_eq!(numbers, [1, 1, 1, 2]);
+}
+
 /// A request, what the endpoints do with its attempts, and how it must end.
 struct Case {
     what: &'static str,
@@ -199,15 +244,23 @@ async fn every_reason_to_stop_has_its_outcome() {
             (503, Outcome::RetryAfterTooLong, 1, Some(Denied::RetryAfter)),
         ),
         case(
-            "never connected anywhere",
-            vec![Step::Refuse; 3],
+            "never connected anywhere: each attempt tried three endpoints",
+            vec![Step::Refuse; 9],
             Method::GET,
             None,
             (502, Outcome::UpstreamUnreachable, 3, Some(Denied::Attempts)),
         ),
         case(
             "a reset, then every other endpoint refused",
-            vec![Step::Reset(MS), Step::Refuse, Step::Refuse],
+            vec![
+                Step::Reset(MS),
+                Step::Refuse,
+                Step::Refuse,
+                Step::Refuse,
+                Step::Refuse,
+                Step::Refuse,
+                Step::Refuse,
+            ],
             Method::GET,
             None,
             (502, Outcome::UpstreamUnreachable, 3, Some(Denied::Attempts)),

@@ -371,6 +371,12 @@ impl<A: AppBody> BodySource<A> {
         }
     }
 
+    /// Whether the next attempt can send the whole body as it is, without a replay: the
+    /// request has none, or the one handed out never left (no connection took it).
+    pub fn at_hand(&self) -> bool {
+        !matches!(self.next, Next::Nothing) || self.tape.is_none()
+    }
+
     /// Whether the app's body was handed to an attempt (and is recorded).
     pub fn recorded(&self) -> bool {
         self.tape.is_some()

@@ -35,6 +35,7 @@ impl<A: AppBody> Transport<A> for Upstream<A> {
             started: a.started,
             by: a.by,
             own_connection: a.own_connection,
+            alone: Some(&|| self.endpoints.len() == 1),
         };
         let failed = match exchange::send(endpoint, reach, |now| a.head_at(now), body).await {
             Ok(resp) => return Ok(resp),

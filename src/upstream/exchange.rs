@@ -15,7 +15,7 @@ use tokio::time::{Instant, timeout_at};
 
 use super::OutgoingBody;
 use super::connect::ConnectError;
-use super::pool::{Endpoint, SendError, Want};
+use super::pool::{Conn, Endpoint, SendError, Want};
 use super::request::{ContinueWait, RequestHead};
 use super::response::UpstreamResponse;
 use super::tls::TlsClient;
@@ -26,6 +26,9 @@ use crate::http::BoxError;
 
 /// Stale pooled connections passed over within one exchange before giving up on it.
 pub const MAX_STALE: u32 = 3;
+/// How long a connect raced past its connect timeout is waited for, without a
+/// deadline to end it sooner.
+pub const CONNECT_MAX: Duration = Duration::from_secs(10);
 /// How long a body behind `Expect: 100-continue` waits for `100 Continue` at most (some
 /// servers never send one), as curl does; never more than a quarter of the time left.
 pub const CONTINUE_WAIT: Duration = Duration::from_secs(1);
@@ -44,6 +47,11 @@ pub struct Reach<'a> {
     /// failed the request (behind a Service's virtual IP a new connection may reach
     /// another pod; the pooled one reaches the same).
     pub own_connection: bool,
+    /// Whether a connect past `connect_timeout` is raced rather than given up, asked
+    /// only when a connection is opened: when the endpoint is the only one (`None`:
+    /// never). Where there are others, a slow connect is a connect failure and the
+    /// attempt moves on to another endpoint.
+    pub alone: Option<&'a (dyn Fn() -> bool + Sync)>,
 }
 
 /// Why no response head came, with what is worth logging of it.
@@ -136,32 +144,7 @@ pub async fn send<'h, B: OutgoingBody>(
         };
         let (conn, fresh) = match pooled {
             Some(c) => (c, false),
-            None => {
-                let connect_by = Instant::now() + reach.connect_timeout;
-                let connect_by = reach.by.map_or(connect_by, |by| connect_by.min(by));
-                // Boxed: connecting (TLS included) is a large future, and inline it would
-                // make every request's future that large to move.
-                let own = reach.own_connection && turn == 0;
-                let connecting = Box::pin(async move {
-                    if own {
-                        endpoint
-                            .open_new(reach.want, reach.tls, reach.connect_timeout)
-                            .await
-                    } else {
-                        endpoint
-                            .checkout(reach.want, reach.tls, reach.connect_timeout)
-                            .await
-                    }
-                });
-                match timeout_at(connect_by, connecting).await {
-                    Ok(Ok(c)) => c,
-                    Ok(Err(e)) => return Err(Failed::Connect(e)),
-                    Err(_) if reach.by.is_some_and(|by| Instant::now() >= by) => {
-                        return Err(Failed::Timeout);
-                    }
-                    Err(_) => return Err(Failed::ConnectTimeout),
-                }
-            }
+            None => connect(endpoint, reach, reach.own_connection && turn == 0).await?,
         };
         // A pooled connection is taken at once: the exchange's start is still now.
         let now = if fresh { Instant::now() } else { reach.started };
@@ -184,6 +167,72 @@ pub async fn send<'h, B: OutgoingBody>(
         }
     }
     Err(Failed::Stale { closed })
+}
+
+/// A new connection to `endpoint` (`own`: never a pooled one), `true` with it.
+///
+/// Within `connect_timeout`, or else: where the endpoint is not the only one, that is a
+/// connect failure (the attempt moves on to another); where it is ([`Reach::alone`]),
+/// another connect starts beside the slow one (a full accept queue drops SYNs and the
+/// kernel resends them only after a second; behind a Service's virtual IP a new
+/// connection may reach another pod), and the first connection made carries the
+/// exchange, the other is closed. Given up at the deadline, or after [`CONNECT_MAX`]
+/// without one.
+async fn connect<B: OutgoingBody>(
+    endpoint: &Endpoint<B>,
+    reach: Reach<'_>,
+    own: bool,
+) -> Result<(Conn<B>, bool), Failed> {
+    // Boxed: connecting (TLS included) is a large future, and inline it would make every
+    // request's future that large to move.
+    let open = |own: bool, timeout: Duration| {
+        Box::pin(async move {
+            if own {
+                endpoint.open_new(reach.want, reach.tls, timeout).await
+            } else {
+                endpoint.checkout(reach.want, reach.tls, timeout).await
+            }
+        })
+    };
+    let timed_out = || match reach.by {
+        Some(by) if Instant::now() >= by => Failed::Timeout,
+        _ => Failed::ConnectTimeout,
+    };
+    let now = Instant::now();
+    let slow_at = now + reach.connect_timeout;
+    if !reach.alone.is_some_and(|alone| alone()) {
+        let by = reach.by.map_or(slow_at, |by| slow_at.min(by));
+        return match timeout_at(by, open(own, reach.connect_timeout)).await {
+            Ok(r) => r.map_err(Failed::Connect),
+            Err(_) => Err(timed_out()),
+        };
+    }
+    let give_up = reach
+        .by
+        .map_or(now + CONNECT_MAX, |by| by.min(now + CONNECT_MAX));
+    let mut first = open(own, give_up.saturating_duration_since(now));
+    match timeout_at(slow_at.min(give_up), &mut first).await {
+        Ok(r) => return r.map_err(Failed::Connect),
+        Err(_) if Instant::now() >= give_up => return Err(timed_out()),
+        Err(_) => {}
+    }
+    let mut second = open(true, give_up.saturating_duration_since(Instant::now()));
+    let raced = async {
+        let (done, first_done) = tokio::select! {
+            r = &mut first => (r, true),
+            r = &mut second => (r, false),
+        };
+        match (done, first_done) {
+            (Ok(c), _) => Ok(c),
+            // One failed: the other may still connect.
+            (Err(_), true) => second.await,
+            (Err(_), false) => first.await,
+        }
+    };
+    match timeout_at(give_up, raced).await {
+        Ok(r) => r.map_err(Failed::Connect),
+        Err(_) => Err(timed_out()),
+    }
 }
 
 /// How long a body behind `Expect: 100-continue` may wait for `100 Continue`, given the

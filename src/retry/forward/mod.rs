@@ -64,6 +64,8 @@ use crate::upstream::want;
 /// `x-tollgate-dedupe-store`, borrowed by the attempts that carry it.
 static DEDUPE_STORE_NAME: HeaderName = DEDUPE_STORE_HEADER;
 
+/// The most endpoints one attempt tries when their connects are refused.
+const WALK: u8 = 3;
 /// How long a body still arriving when a retryable failure came may take to finish.
 const BODY_GRACE: Duration = Duration::from_millis(50);
 /// How long a body not sent at all (the endpoint refused at `Expect: 100-continue`)
@@ -114,6 +116,10 @@ struct Call<'a, A> {
     /// The callee refused a retry of this request (`retry-rejected`) while another
     /// attempt still ran: no attempt follows that one.
     refused: bool,
+    /// The endpoint the attempt in flight moves to after a refused connect, and how
+    /// many endpoints it has moved past ([`Call::walk`]).
+    walk_to: Option<Arc<Endpoint<ReplayBody<A>>>>,
+    walked: u8,
     traced: Traced<'a>,
 }
 
@@ -152,7 +158,8 @@ pub async fn forward_on<'a, A: AppBody, T: Transport<A>>(
         }
         // No endpoint at all: a Service without a ready pod, as a direct call to it
         // fails.
-        let Some(endpoint) = call.pick(call.avoid) else {
+        let walking = call.walk_to.take();
+        let Some(endpoint) = walking.or_else(|| call.pick(call.avoid)) else {
             return call.local(StatusCode::BAD_GATEWAY, Outcome::UpstreamUnreachable);
         };
         call.attempts += 1;
@@ -234,6 +241,10 @@ pub async fn forward_on<'a, A: AppBody, T: Transport<A>>(
         if call.refused {
             return call.give_up(Stop::Rejected, failure, response);
         }
+        if failure == Fault::ConnectFailure && call.walk(failed_on) {
+            continue;
+        }
+        call.walked = 0;
         if failure == Fault::Tls
             && call.tls_failed.count_ones() as usize >= up.endpoints.len().min(64)
         {
@@ -321,8 +332,32 @@ impl<'a, A: AppBody> Call<'a, A> {
             app_retry: ex.app_retry,
             previous: None,
             refused: false,
+            walk_to: None,
+            walked: 0,
             traced: Traced::new(ex.trace),
         }
+    }
+
+    /// After a refused connect on endpoint `failed_on` (the request never left), whether
+    /// the same attempt moves on to another endpoint at once, as a client that tries the
+    /// addresses of a name in turn does (RFC 8305): no retry, no backoff, nothing from
+    /// the budget, and at most [`WALK`] endpoints per attempt. The refusal counted
+    /// against its endpoint already (its skip timer, its health). Not for a request held
+    /// to one endpoint (its key is known only there), nor where no other endpoint is.
+    fn walk(&mut self, failed_on: usize) -> bool {
+        if self.walked + 1 >= WALK || self.stuck.is_some() || !self.body.at_hand() {
+            return false;
+        }
+        let Some(next) = self.up.endpoints.pick(Some(failed_on)) else {
+            return false;
+        };
+        if next.id == failed_on || self.tls_failed & (1 << (next.id % 64)) != 0 {
+            return false;
+        }
+        self.walked += 1;
+        self.attempts -= 1;
+        self.walk_to = Some(next);
+        true
     }
 
     /// The number of the attempt in flight as sent upstream: an app's own retry is
@@ -410,11 +445,13 @@ impl<'a, A: AppBody> Call<'a, A> {
         'a: 'h,
     {
         // An app's own retry is a retry: counted in the budget's retries, not as a
-        // request.
-        if self.attempts == 1 && !self.app_retry {
-            self.up.budget.record_first_attempt(started);
-        } else {
-            self.up.budget.record_attempt(started);
+        // request. An attempt moved past a refused connect was counted already.
+        if self.walked == 0 {
+            if self.attempts == 1 && !self.app_retry {
+                self.up.budget.record_first_attempt(started);
+            } else {
+                self.up.budget.record_attempt(started);
+            }
         }
         let traceparent = if self.traced.on() {
             let starting = Starting {
@@ -433,7 +470,8 @@ impl<'a, A: AppBody> Call<'a, A> {
         // connection of its own: behind a Service's virtual IP, the pooled one reaches
         // the same pod, a new one lets kube-proxy pick again.
         let own_connection = self.avoid == Some(endpoint.id) && self.attempts > 1;
-        self.trail.went_to(endpoint.id, self.attempts <= 1);
+        self.trail
+            .went_to(endpoint.id, self.attempts <= 1 && self.walked == 0);
         Attempt {
             up: self.up,
             endpoint: endpoint.id,
