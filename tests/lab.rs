@@ -186,41 +186,46 @@ fn the_endpoint_scenarios_run_and_report_their_figures() {
     );
 }
 
-/// The fleet scenario, shortened: ten callers, each within its own budget, multiply
-/// the failing app's load; the inbound side's budget holds it near 1.1x, and a lone
-/// quiet caller still gets every retry.
+/// The fleet scenario, shortened: a hundred callers at a request a second each, each
+/// within its own budget, multiply the failing app's load by their floors alone; the
+/// inbound side's budget holds it near 1.1x, every first attempt reaches the app, and a
+/// lone quiet caller still gets its retries.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_inbound_budget_caps_what_a_fleet_of_callers_retries() {
     use tollgate::lab::fleet::{FleetSpec, run};
     let spec = FleetSpec {
-        callers: vec![10],
+        callers: vec![100],
         measure: Duration::from_secs(2),
         ..FleetSpec::default()
     };
     let r = run(spec, false).await.unwrap();
-    let ten = &r.rows[0];
+    let fleet = &r.rows[0];
     println!(
-        "10 callers: {:.2}x without, {:.2}x with; quiet: {:.2}x",
-        ten.without.amplification(),
-        ten.with.amplification(),
+        "100 callers: {:.2}x without, {:.2}x with; quiet: {:.2}x without, {:.2}x with",
+        fleet.without.amplification(),
+        fleet.with.amplification(),
+        r.quiet.without.amplification(),
         r.quiet.with.amplification()
     );
-    assert!(ten.without.requests >= 150, "{:?}", ten.without);
+    assert!(fleet.without.requests >= 150, "{:?}", fleet.without);
     assert!(
-        ten.without.amplification() > 1.6,
-        "ten floors: {:?}",
-        ten.without
+        fleet.without.amplification() > 1.3,
+        "a hundred floors: {:?}",
+        fleet.without
     );
     assert!(
-        ten.with.amplification() <= 1.2,
+        fleet.with.amplification() <= 1.2,
         "the fleet budget did not hold: {:?}",
-        ten.with
+        fleet.with
     );
-    assert!(ten.with.rejected > 0);
+    assert!(fleet.with.rejected > 0);
+    assert_eq!(fleet.with.first_refused + fleet.without.first_refused, 0);
     assert!(
-        r.quiet.with.amplification() >= 2.9,
-        "a quiet caller lost its retries: {:?}",
-        r.quiet.with
+        r.quiet.with.amplification() >= 1.3
+            && r.quiet.with.amplification() >= r.quiet.without.amplification() - 0.2,
+        "a quiet caller lost its retries: {:?} vs {:?}",
+        r.quiet.with,
+        r.quiet.without
     );
     assert_eq!(r.quiet.with.rejected, 0);
 }

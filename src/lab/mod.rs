@@ -25,6 +25,7 @@ pub mod plot;
 pub mod report;
 pub mod scenario;
 pub mod sim;
+pub mod sim_fleet;
 
 use std::io::{IsTerminal, Write};
 use std::path::Path;
@@ -58,14 +59,14 @@ pub struct LabArgs {
     /// Run length in seconds (the scenario's episodes are scaled to fit).
     #[arg(long)]
     pub duration: Option<f64>,
-    /// User requests per second.
+    /// User requests per second (fleet: from each caller).
     #[arg(long)]
     pub rps: Option<f64>,
     /// The backend's base error rate, 0..=1 (payments: the share of answers the links
     /// lose).
     #[arg(long)]
     pub error_rate: Option<f64>,
-    /// fleet: the numbers of callers to run, e.g. 1,10,50.
+    /// fleet: the numbers of callers to run, e.g. 1,20,200,1000 (at most 1000).
     #[arg(long, value_delimiter = ',')]
     pub callers: Option<Vec<usize>>,
     /// The chains to run side by side, comma-separated, by their names in `--json`
@@ -93,6 +94,16 @@ pub struct SimArgs {
     /// How long the capacity dip lasts, in ticks of 100 ms (the published model: 20).
     #[arg(long, default_value_t = sim::DIP_TICKS)]
     pub dip_ticks: usize,
+    /// The lab's fleet instead (`tollgate lab --scenario fleet`): many callers, each
+    /// with its own budget, against one inbound side's fleet budget.
+    #[arg(long)]
+    pub fleet: bool,
+    /// --fleet: the numbers of callers, e.g. 1,20,200,1000,10000.
+    #[arg(long, value_delimiter = ',')]
+    pub callers: Option<Vec<usize>>,
+    /// --fleet: each caller's requests a second.
+    #[arg(long, default_value_t = 1.0)]
+    pub rps: f64,
 }
 
 /// Every chain's results for one scenario, in the scenario's order.
@@ -359,14 +370,17 @@ fn inbound_scenario(args: &LabArgs) -> Option<i32> {
     } else if name == "fleet" {
         let mut spec = fleet::FleetSpec::default();
         if let Some(c) = args.callers.clone() {
-            if c.is_empty() || c.iter().any(|n| !(1..=200).contains(n)) {
-                eprintln!("tollgate lab: --callers takes numbers from 1 to 200");
+            if c.is_empty() || c.iter().any(|n| !(1..=fleet::MAX_CALLERS).contains(n)) {
+                eprintln!(
+                    "tollgate lab: --callers takes numbers from 1 to {}",
+                    fleet::MAX_CALLERS
+                );
                 return Some(2);
             }
             spec.callers = c;
         }
         if let Some(r) = args.rps {
-            spec.rps = r;
+            spec.each_rps = r;
         }
         if let Some(d) = args.duration {
             spec.measure = Duration::from_secs_f64(d);
@@ -493,8 +507,43 @@ fn choose(s: &mut Scenario, names: &[String]) -> bool {
     true
 }
 
+/// Runs `tollgate sim --fleet`; returns the exit code.
+fn sim_fleet_main(args: &SimArgs) -> i32 {
+    let callers = args.callers.clone().unwrap_or(sim_fleet::CALLERS.to_vec());
+    if callers.is_empty()
+        || callers
+            .iter()
+            .any(|n| !(1..=sim_fleet::MAX_CALLERS).contains(n))
+    {
+        eprintln!(
+            "tollgate sim: --callers takes numbers from 1 to {}",
+            sim_fleet::MAX_CALLERS
+        );
+        return 2;
+    }
+    if !(args.rps > 0.0 && args.rps <= 100.0) {
+        eprintln!(
+            "tollgate sim: --rps (each caller's requests a second) must be above 0 and at most 100"
+        );
+        return 2;
+    }
+    let measure = Duration::from_secs(4);
+    let rows = sim_fleet::fleet(&callers, args.rps, measure, args.seed);
+    if args.json {
+        let json = serde_json::to_string_pretty(&sim_fleet::to_json(&rows, args.rps, measure))
+            .unwrap_or_default();
+        crate::print::stdout(&(json + "\n"));
+    } else {
+        crate::print::stdout(&sim_fleet::table(&rows, args.rps, measure));
+    }
+    0
+}
+
 /// Runs `tollgate sim`; returns the exit code.
 pub fn sim_main(args: SimArgs) -> i32 {
+    if args.fleet {
+        return sim_fleet_main(&args);
+    }
     if !(1..=sim::MAX_DIP_TICKS).contains(&args.dip_ticks) {
         eprintln!(
             "tollgate sim: --dip-ticks must be from 1 to {}",
