@@ -93,8 +93,13 @@ impl Families {
         }
     }
 
+    /// Removes the series of an upstream a reload removed.
     pub(super) fn forget(&self, name: &str) {
         let _ = self.endpoints.remove_label_values(&[name]);
+        let _ = self.updates.remove_label_values(&[name]);
+        for r in Reason::ALL {
+            let _ = self.errors.remove_label_values(&[name, r.as_str()]);
+        }
     }
 }
 
