@@ -34,8 +34,7 @@ use std::sync::{Arc, OnceLock};
 use family::{counters, family, int_gauges};
 pub use health::HedgeResult;
 use prometheus::{
-    Encoder, Gauge, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry,
-    TextEncoder,
+    Encoder, Gauge, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry, TextEncoder,
 };
 
 /// Seconds; from a pooled loopback hop (~100 us) to a patient caller (~30 s).

@@ -91,7 +91,10 @@ fn after_one_ok(upstream: &str, on: &[&str]) -> Vec<(String, Option<f64>)> {
     at(format!("tollgate_retry_budget_available{{{u}}}"), None);
     at(format!("tollgate_retry_budget_ratio{{{u}}}"), Some(0.1));
     at(format!("tollgate_throttle_probability{{{u}}}"), Some(0.0));
-    at(format!("tollgate_attempts_per_request_count{{{u}}}"), Some(1.0));
+    at(
+        format!("tollgate_attempts_per_request_count{{{u}}}"),
+        Some(1.0),
+    );
     at(
         format!("tollgate_attempts_per_request_bucket{{{u},le=\"10\"}}"),
         Some(1.0),
@@ -344,7 +347,10 @@ async fn a_reload_that_removes_an_upstream_removes_its_series() {
     let a_ok = "tollgate_requests_total{code=\"200\",outcome=\"ok\",upstream=\"a\"}";
     assert_eq!(metric(&m, a_ok), Some(1.0), "{m}");
     assert_eq!(
-        metric(&m, "tollgate_retries_total{reason=\"reset\",upstream=\"a\"}"),
+        metric(
+            &m,
+            "tollgate_retries_total{reason=\"reset\",upstream=\"a\"}"
+        ),
         Some(0.0),
         "the new condition is written at once for a used upstream:\n{m}"
     );

@@ -107,7 +107,10 @@ impl Admission for Passing {
     }
 
     fn finished(&self, took: Duration) {
-        self.metrics.get().request_duration.observe(took.as_secs_f64());
+        self.metrics
+            .get()
+            .request_duration
+            .observe(took.as_secs_f64());
     }
 }
 
@@ -227,7 +230,10 @@ struct Call<'a> {
 impl Call<'_> {
     /// Counts the answer and finishes its access log line.
     fn answered(&mut self, guard: &mut RequestGuard, status: u16, attempts: u32, outcome: Outcome) {
-        self.passing.metrics.get().request(status, outcome, attempts);
+        self.passing
+            .metrics
+            .get()
+            .request(status, outcome, attempts);
         if let Some(mut e) = self.entry.take() {
             e.upstream = Some(PASSTHROUGH.to_string());
             e.status = status;
