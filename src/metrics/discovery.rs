@@ -3,8 +3,9 @@
 //!
 //! They are state, not traffic: an upstream with discovery has its series from the
 //! moment its watch starts, whether or not it has had a request, and every reason
-//! exists at zero so `increase()` sees the first error. A watch shared by several
-//! upstreams updates each one's handles.
+//! exists at zero so `increase()` sees the first error; a reload that removes the
+//! upstream removes them. A watch shared by several upstreams updates each one's
+//! handles.
 
 use std::sync::Arc;
 

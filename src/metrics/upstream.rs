@@ -594,6 +594,7 @@ mod tests {
         u.get().request(503, Outcome::AttemptsExhausted, 2);
         u.get().retried("503");
         kept.get().request(200, Outcome::Ok, 1);
+        m.discovery("gone").published(2);
         assert!(!series_of(&text(&m), "gone").is_empty());
         let next = u.next(&["503".into(), "reset".into()], false);
         m.forget_upstream(&u);
