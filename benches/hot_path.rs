@@ -179,7 +179,7 @@ fn endpoints(outlier: &str) -> Endpoints<NoBody> {
     );
     let config = tollgate::config::parse("bench.toml", &text, std::path::Path::new("."))
         .unwrap_or_else(|e| panic!("{e}"));
-    let counter = prometheus::IntCounter::new("ejections", "bench").expect("counter");
+    let counter = tollgate::metrics::Ejections::detached();
     Endpoints::new(&config.upstreams[0], &Default::default(), 1, counter)
 }
 

@@ -5,6 +5,10 @@
 //! for the final status code, once per code on first use), so the request path does
 //! atomic adds and never formats or hashes a label.
 //!
+//! An upstream's series cost what is used ([`upstream`]): they are made with its first
+//! request and removed when a reload removes it. The process's own series and the
+//! state of its listeners, config and discovery exist whether or not traffic came.
+//!
 //! Beside tollgate's own families the registry carries `tollgate_build_info` (which
 //! version is running) and the standard `process_*` metrics every Prometheus client
 //! exports ([`process`]), so the usual dashboards and alerts for CPU, memory and file
@@ -20,17 +24,17 @@ mod learning;
 pub mod passthrough;
 pub mod process;
 pub mod trace;
+mod upstream;
 
 pub use labels::{AttemptResult, Denied, Evidence, Outcome, Shortage};
-pub use learning::Learning;
+pub use upstream::{Ejections, Gauges, UpstreamMetrics, UpstreamSeries};
 
 use std::sync::{Arc, OnceLock};
 
-use family::{counters, family, gauges, histograms, int_gauges};
+use family::{counters, family, int_gauges};
 pub use health::HedgeResult;
 use prometheus::{
-    Encoder, Gauge, GaugeVec, Histogram, HistogramVec, IntCounter, IntCounterVec, IntGauge,
-    IntGaugeVec, Opts, Registry, TextEncoder,
+    Encoder, Gauge, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry, TextEncoder,
 };
 
 /// Seconds; from a pooled loopback hop (~100 us) to a patient caller (~30 s).
@@ -41,24 +45,14 @@ const LATENCY_BUCKETS: &[f64] = &[
 /// The process-wide registry and metric families.
 pub struct Metrics {
     registry: Registry,
-    requests: IntCounterVec,
-    attempts: IntCounterVec,
-    retries: IntCounterVec,
-    denied: IntCounterVec,
-    attempts_per_request: HistogramVec,
-    amplification: GaugeVec,
-    budget_available: GaugeVec,
-    request_duration: HistogramVec,
-    attempt_duration: HistogramVec,
-    inflight: IntGaugeVec,
-    connections: IntGaugeVec,
+    /// The families of every upstream's traffic ([`upstream`]).
+    upstreams: Arc<upstream::Families>,
     reloads: IntCounterVec,
     /// `[accept, connect]`.
     exhausted: [IntCounter; 2],
     last_reload: Gauge,
     last_reload_ok: IntGauge,
     listener_up: IntGaugeVec,
-    health: health::Families,
     passthrough: passthrough::Passthrough,
     trace: trace::TraceDrops,
     discovery: discovery::Families,
@@ -66,10 +60,6 @@ pub struct Metrics {
     inbound: OnceLock<inbound::InboundMetrics>,
     /// Registered with `[inbound.dedupe]`, when the config has one.
     dedupe: OnceLock<dedupe::DedupeMetrics>,
-    /// `tollgate_idempotency_keys_minted_total`, registered when an upstream mints.
-    minted: OnceLock<IntCounterVec>,
-    /// The families of a caller that learns from its upstream.
-    pub learning: Learning,
 }
 
 /// How a reload ended.
@@ -114,85 +104,19 @@ fn exhausted_family(r: &Registry) -> [IntCounter; 2] {
 impl Metrics {
     pub fn new() -> Arc<Self> {
         let r = Registry::new();
-        let up = &["upstream"];
-        let latency = || LATENCY_BUCKETS.to_vec();
+        let exhausted = exhausted_family(&r);
         let m = Metrics {
-            requests: counters(
+            upstreams: Arc::new(upstream::Families::new(
                 &r,
-                "tollgate_requests_total",
-                "Requests answered, by final status and outcome.",
-                &["upstream", "code", "outcome"],
-            ),
-            attempts: counters(
-                &r,
-                "tollgate_attempts_total",
-                "Attempts sent upstream (first tries and retries), by result.",
-                &["upstream", "result"],
-            ),
-            retries: counters(
-                &r,
-                "tollgate_retries_total",
-                "Retries started, by the retry condition that fired.",
-                &["upstream", "reason"],
-            ),
-            denied: counters(
-                &r,
-                "tollgate_retries_denied_total",
-                "Failures not retried, by what refused the retry.",
-                &["upstream", "reason"],
-            ),
-            attempts_per_request: histograms(
-                &r,
-                "tollgate_attempts_per_request",
-                "Attempts each request took.",
-                up,
-                (1..=10).map(f64::from).collect(),
-            ),
-            amplification: gauges(
-                &r,
-                "tollgate_amplification",
-                "Attempts per request over the budget window.",
-                up,
-            ),
-            budget_available: gauges(
-                &r,
-                "tollgate_retry_budget_available",
-                "Retries the budget would grant now (+Inf without a budget).",
-                up,
-            ),
-            request_duration: histograms(
-                &r,
-                "tollgate_request_duration_seconds",
-                "From request head to the end of the response.",
-                up,
-                latency(),
-            ),
-            attempt_duration: histograms(
-                &r,
-                "tollgate_attempt_duration_seconds",
-                "From an attempt's start to its response head or failure.",
-                up,
-                latency(),
-            ),
-            inflight: int_gauges(
-                &r,
-                "tollgate_inflight_requests",
-                "Requests waiting for their response head now (what max_inflight counts).",
-                up,
-            ),
-            connections: int_gauges(
-                &r,
-                "tollgate_upstream_connections",
-                "Open connections to the upstream's endpoints.",
-                up,
-            ),
+                exhausted[Shortage::Connect as usize].clone(),
+            )),
             reloads: counters(
                 &r,
                 "tollgate_config_reloads_total",
                 "Config reloads, by result.",
                 &["result"],
             ),
-            exhausted: exhausted_family(&r),
+            exhausted,
             last_reload: family(
                 &r,
                 Gauge::with_opts(Opts::new(
@@ -213,16 +137,13 @@ impl Metrics {
                 "tollgate_listener_up",
                 "1 when an upstream's own listen port is bound, 0 when a reload could not \
                  bind it.",
-                up,
+                &["upstream"],
             ),
-            health: health::Families::new(&r),
             passthrough: passthrough::Passthrough::new(&r),
             trace: trace::TraceDrops::new(&r),
             discovery: discovery::Families::new(&r),
             inbound: OnceLock::new(),
             dedupe: OnceLock::new(),
-            minted: OnceLock::new(),
-            learning: Learning::new(&r),
             registry: r,
         };
         m.register_fixed();
@@ -272,83 +193,24 @@ impl Metrics {
         self.discovery.upstream(upstream)
     }
 
-    /// Drops the endpoint gauge of an upstream no longer watched (its counters stay).
-    pub fn forget_discovery(&self, upstream: &str) {
-        self.discovery.forget(upstream);
+    /// The metrics of one build of an upstream: nothing until its first request
+    /// ([`UpstreamSeries::get`]). `mints` with `mint_idempotency_key`.
+    pub fn upstream(&self, name: &str, retry_on: &[String], mints: bool) -> UpstreamSeries {
+        UpstreamSeries::new(&self.upstreams, name, retry_on, mints)
     }
 
-    /// The handles of one upstream; resolving them is the only label lookup.
-    pub fn upstream(&self, name: &str, retry_on: &[String]) -> UpstreamMetrics {
-        let l = &[name];
-        let m = UpstreamMetrics {
-            name: name.to_string(),
-            attempts: AttemptResult::ALL
-                .map(|r| self.attempts.with_label_values(&[name, r.as_str()])),
-            denied: Denied::ALL.map(|d| self.denied.with_label_values(&[name, d.as_str()])),
-            retries: retry_on
-                .iter()
-                .map(|c| (c.clone(), self.retries.with_label_values(&[name, c])))
-                .collect(),
-            attempts_per_request: self.attempts_per_request.with_label_values(l),
-            request_duration: self.request_duration.with_label_values(l),
-            attempt_duration: self.attempt_duration.with_label_values(l),
-            requests: self.requests.clone(),
-            by_code: Default::default(),
-            exhausted: self.exhausted(Shortage::Connect).clone(),
-            health: self.health.upstream(name),
-            app_retries: self.learning.upstream(name),
-        };
-        // The common answers exist from the start so dashboards show zeros, not gaps.
-        m.request_counter(200, Outcome::Ok);
-        self.amplification.with_label_values(l);
-        self.budget_available.with_label_values(l);
-        self.inflight.with_label_values(l);
-        self.connections.with_label_values(l);
-        m
+    /// A reload removed the upstream: every series with its name goes (its traffic's,
+    /// and its discovery's).
+    pub fn forget_upstream(&self, series: &UpstreamSeries) {
+        series.remove();
+        self.discovery.forget(series.name());
     }
 
     /// Requests that matched no upstream: `tollgate_requests_total{upstream="",
     /// code="404", outcome="no-route"}` (`code="200"` for gRPC calls, answered with a
     /// gRPC status), and no other series for the empty name.
     pub fn unrouted(&self, grpc: bool) -> IntCounter {
-        let code = if grpc { "200" } else { "404" };
-        self.requests
-            .with_label_values(&["", code, Outcome::NoRoute.as_str()])
-    }
-
-    /// Gauges read from live state just before a scrape.
-    pub fn set_gauges(
-        &self,
-        name: &str,
-        amplification: f64,
-        budget_available: f64,
-        inflight: i64,
-        connections: i64,
-    ) {
-        let l = &[name];
-        self.amplification.with_label_values(l).set(amplification);
-        self.budget_available
-            .with_label_values(l)
-            .set(budget_available);
-        self.inflight.with_label_values(l).set(inflight);
-        self.connections.with_label_values(l).set(connections);
-    }
-
-    /// Drops the gauges of an upstream that no longer exists (counters stay: they are
-    /// history, and Prometheus handles their disappearance worse than their staying).
-    pub fn forget_gauges(&self, name: &str) {
-        let l = &[name];
-        let _ = self.amplification.remove_label_values(l);
-        let _ = self.budget_available.remove_label_values(l);
-        let _ = self.inflight.remove_label_values(l);
-        let _ = self.connections.remove_label_values(l);
-        self.health.forget(name);
-        self.learning.forget(name);
-    }
-
-    /// `tollgate_endpoints_ejected{upstream}`, read from live state before a scrape.
-    pub fn set_ejected(&self, name: &str, ejected: usize) {
-        self.health.set_ejected(name, ejected);
+        self.upstreams.unrouted(grpc)
     }
 
     /// A reload: counted by result; `tollgate_config_last_reload_successful` says
@@ -408,74 +270,6 @@ impl Metrics {
     }
 }
 
-/// One upstream's handles.
-pub struct UpstreamMetrics {
-    name: String,
-    attempts: [IntCounter; 10],
-    denied: [IntCounter; Denied::ALL.len()],
-    retries: Vec<(String, IntCounter)>,
-    pub attempts_per_request: Histogram,
-    pub request_duration: Histogram,
-    pub attempt_duration: Histogram,
-    requests: IntCounterVec,
-    /// `[outcome][status - 100]`, filled on first use of each pair.
-    by_code: [OnceLock<Box<[OnceLock<IntCounter>]>>; Outcome::ALL.len()],
-    /// `tollgate_descriptors_exhausted_total{at="connect"}`, shared by every upstream.
-    pub exhausted: IntCounter,
-    /// Ejections and hedges.
-    pub health: health::Handles,
-    /// `tollgate_app_retries_total`, by [`Evidence`].
-    app_retries: [IntCounter; 3],
-}
-
-impl std::fmt::Debug for UpstreamMetrics {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("UpstreamMetrics")
-            .field("name", &self.name)
-            .finish()
-    }
-}
-
-impl UpstreamMetrics {
-    pub fn attempt(&self, r: AttemptResult) {
-        self.attempts[r as usize].inc();
-    }
-
-    pub fn denied(&self, d: Denied) {
-        self.denied[d as usize].inc();
-    }
-
-    /// The app's own retry, seen on `evidence`.
-    pub fn app_retry(&self, evidence: Evidence) {
-        self.app_retries[evidence as usize].inc();
-    }
-
-    /// `condition` is a `retry.on` word (`"503"`, `"reset"`, ...).
-    pub fn retried(&self, condition: &str) {
-        if let Some((_, c)) = self.retries.iter().find(|(name, _)| name == condition) {
-            c.inc();
-        }
-    }
-
-    fn request_counter(&self, status: u16, outcome: Outcome) -> &IntCounter {
-        let status = status.clamp(100, 599);
-        let table = self.by_code[outcome.index()]
-            .get_or_init(|| (100..600).map(|_| OnceLock::new()).collect());
-        table[usize::from(status - 100)].get_or_init(|| {
-            let code = status.to_string();
-            self.requests
-                .with_label_values(&[&self.name, &code, outcome.as_str()])
-        })
-    }
-
-    pub fn request(&self, status: u16, outcome: Outcome, attempts: u32) {
-        self.request_counter(status, outcome).inc();
-        if attempts > 0 {
-            self.attempts_per_request.observe(f64::from(attempts));
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -483,8 +277,17 @@ mod tests {
     #[test]
     fn every_spec_metric_is_exported() {
         let m = Metrics::new();
-        let _u = m.upstream("payments", &["503".into()]);
-        m.set_gauges("payments", 1.0, 10.0, 0, 0);
+        let u = m.upstream("payments", &["503".into()], true);
+        u.get().request(200, Outcome::Ok, 1);
+        u.get().set(Gauges {
+            amplification: 1.0,
+            budget_available: 10.0,
+            inflight: 0,
+            connections: 0,
+            ejected: 0,
+            budget_ratio: 0.1,
+            throttle_probability: 0.0,
+        });
         let text = String::from_utf8(m.encode()).unwrap();
         for name in [
             "tollgate_requests_total",
@@ -509,6 +312,8 @@ mod tests {
             "tollgate_throttle_probability",
             "tollgate_app_retries_total",
             "tollgate_trace_spans_dropped_total",
+            "tollgate_upstream_connections",
+            "tollgate_idempotency_keys_minted_total",
         ] {
             assert!(text.contains(&format!("# TYPE {name} ")), "{name} missing");
         }
@@ -587,8 +392,16 @@ mod tests {
         assert!(amplification(3, 0).is_nan(), "attempts still in the window");
         assert_eq!(amplification(3, 2), 1.5);
         let m = Metrics::new();
-        let _u = m.upstream("quiet", &[]);
-        m.set_gauges("quiet", amplification(0, 0), 10.0, 0, 0);
+        let u = m.upstream("quiet", &[], false);
+        u.get().set(Gauges {
+            amplification: amplification(0, 0),
+            budget_available: 10.0,
+            inflight: 0,
+            connections: 0,
+            ejected: 0,
+            budget_ratio: 0.1,
+            throttle_probability: 0.0,
+        });
         let text = String::from_utf8(m.encode()).unwrap();
         assert!(
             text.contains("tollgate_amplification{upstream=\"quiet\"} NaN\n"),
@@ -599,7 +412,8 @@ mod tests {
     #[test]
     fn request_counts_land_on_their_code_and_outcome() {
         let m = Metrics::new();
-        let u = m.upstream("api", &[]);
+        let u = m.upstream("api", &[], false);
+        let u = u.get();
         u.request(503, Outcome::BudgetExhausted, 2);
         u.request(503, Outcome::BudgetExhausted, 1);
         let text = String::from_utf8(m.encode()).unwrap();

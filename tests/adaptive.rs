@@ -83,10 +83,22 @@ async fn the_share_grows_while_retries_succeed_and_resets_on_overload() {
         |b| b.ratio(0.1).max_ratio(0.5).min_per_sec(100).window("60s"),
     ))
     .await;
-    assert_eq!(share(&tg.metrics().await), 0.1, "it starts at ratio");
+    let m = tg.metrics().await;
+    assert_eq!(
+        metric(&m, "tollgate_retry_budget_ratio{upstream=\"api\"}"),
+        None,
+        "no request yet, no series"
+    );
     for i in 0..10 {
         let r = get(tg.addr, &format!("/{i}"), "api").await;
         assert_eq!((r.status.as_u16(), r.attempts()), (200, 2));
+        if i == 0 {
+            let first = share(&tg.metrics().await);
+            assert!(
+                (first - 0.12).abs() < 1e-9,
+                "it starts at ratio, one step up after a retry that succeeds: {first}"
+            );
+        }
     }
     let grown = share(&tg.metrics().await);
     assert!(

@@ -28,6 +28,7 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
 use crate::listen::BindError;
+use crate::metrics::Gauges;
 use crate::sides::Shared;
 
 pub struct Admin {
@@ -199,36 +200,38 @@ fn readyz(shared: &Shared) -> Response<Full<Bytes>> {
 fn refresh_gauges(shared: &Shared) {
     let snap = shared.snapshot();
     let now = Instant::now();
+    // Only for upstreams that had a request: the others have no series.
     for up in snap.upstreams.iter() {
+        let Some(m) = up.series().used() else {
+            continue;
+        };
         let window = up.budget().stats(now);
-        shared.metrics().set_gauges(
-            up.name(),
-            crate::metrics::amplification(window.attempts, window.requests),
-            up.budget().available(now),
-            up.inflight().load(Relaxed) as i64,
-            up.connections_open() as i64,
-        );
-        shared
-            .metrics()
-            .set_ejected(up.name(), up.endpoints().readmit_due());
-        let throttle = up.throttle().map_or(0.0, |t| t.probability(now));
-        shared
-            .metrics()
-            .learning
-            .set(up.name(), up.budget().share(), throttle);
+        m.set(Gauges {
+            amplification: crate::metrics::amplification(window.attempts, window.requests),
+            budget_available: up.budget().available(now),
+            inflight: up.inflight().load(Relaxed),
+            connections: up.connections_open(),
+            ejected: up.endpoints().readmit_due(),
+            budget_ratio: up.budget().share(),
+            throttle_probability: up.throttle().map_or(0.0, |t| t.probability(now)),
+        });
     }
     if let Some(inbound) = &shared.inbound {
         inbound.refresh_gauges();
     }
     // Passed through: one attempt per request by construction, and no retry granted.
     let passing = &shared.outbound.passing;
-    shared.metrics().set_gauges(
-        crate::config::PASSTHROUGH,
-        1.0,
-        0.0,
-        passing.inflight() as i64,
-        passing.connections() as i64,
-    );
+    if let Some(m) = passing.metrics.used() {
+        m.set(Gauges {
+            amplification: 1.0,
+            budget_available: 0.0,
+            inflight: passing.inflight(),
+            connections: passing.connections(),
+            ejected: 0,
+            budget_ratio: 0.0,
+            throttle_probability: 0.0,
+        });
+    }
 }
 
 #[cfg(test)]

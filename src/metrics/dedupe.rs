@@ -81,21 +81,6 @@ impl DedupeMetrics {
 }
 
 impl Metrics {
-    /// `tollgate_idempotency_keys_minted_total{upstream}`, registered on first use.
-    pub fn keys_minted(&self, upstream: &str) -> IntCounter {
-        self.minted
-            .get_or_init(|| {
-                counters(
-                    &self.registry,
-                    "tollgate_idempotency_keys_minted_total",
-                    "Idempotency keys minted for requests sent without one \
-                     (mint_idempotency_key).",
-                    &["upstream"],
-                )
-            })
-            .with_label_values(&[upstream])
-    }
-
     /// The dedupe metrics, registered on first use.
     pub fn dedupe(&self) -> &DedupeMetrics {
         self.dedupe.get_or_init(|| {

@@ -3,8 +3,9 @@
 //!
 //! They are state, not traffic: an upstream with discovery has its series from the
 //! moment its watch starts, whether or not it has had a request, and every reason
-//! exists at zero so `increase()` sees the first error. A watch shared by several
-//! upstreams updates each one's handles.
+//! exists at zero so `increase()` sees the first error; a reload that removes the
+//! upstream removes them. A watch shared by several upstreams updates each one's
+//! handles.
 
 use std::sync::Arc;
 
@@ -93,8 +94,13 @@ impl Families {
         }
     }
 
+    /// Removes the series of an upstream a reload removed.
     pub(super) fn forget(&self, name: &str) {
         let _ = self.endpoints.remove_label_values(&[name]);
+        let _ = self.updates.remove_label_values(&[name]);
+        for r in Reason::ALL {
+            let _ = self.errors.remove_label_values(&[name, r.as_str()]);
+        }
     }
 }
 

@@ -2,7 +2,7 @@
 //! counted, and hedges by what became of them. Their own file so the families of one
 //! feature sit together; registered by [`super::Metrics`] like every other family.
 
-use prometheus::{IntCounter, IntCounterVec, IntGaugeVec, Registry};
+use prometheus::{IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Registry};
 
 use super::family::{counters, int_gauges};
 
@@ -61,29 +61,30 @@ impl Families {
         }
     }
 
-    /// The handles of one upstream; every series exists from the start.
+    /// The handles of one upstream, every result of a hedge among them.
     pub(super) fn upstream(&self, name: &str) -> Handles {
-        self.ejected.with_label_values(&[name]);
         Handles {
+            ejected: self.ejected.with_label_values(&[name]),
             ejections: self.ejections.with_label_values(&[name]),
             hedges: HedgeResult::ALL.map(|r| self.hedges.with_label_values(&[name, r.as_str()])),
         }
     }
 
-    pub(super) fn set_ejected(&self, name: &str, ejected: usize) {
-        self.ejected
-            .with_label_values(&[name])
-            .set(i64::try_from(ejected).unwrap_or(i64::MAX));
-    }
-
-    pub(super) fn forget(&self, name: &str) {
+    /// Removes the series of an upstream a reload removed.
+    pub(super) fn remove(&self, name: &str) {
         let _ = self.ejected.remove_label_values(&[name]);
+        let _ = self.ejections.remove_label_values(&[name]);
+        for r in HedgeResult::ALL {
+            let _ = self.hedges.remove_label_values(&[name, r.as_str()]);
+        }
     }
 }
 
 /// One upstream's handles.
 #[derive(Clone)]
 pub struct Handles {
+    /// `tollgate_endpoints_ejected{upstream}`, set before a scrape.
+    pub(super) ejected: IntGauge,
     /// `tollgate_ejections_total{upstream}`.
     pub ejections: IntCounter,
     hedges: [IntCounter; 3],

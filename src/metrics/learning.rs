@@ -4,15 +4,15 @@
 //! that tollgate recognised (`tollgate_app_retries_total`).
 //!
 //! The two gauges are read from live state at scrape time, like the budget's other
-//! gauges; the counter's handle is resolved once per upstream.
+//! gauges; the handles are resolved with the upstream's other series.
 
-use prometheus::{GaugeVec, IntCounter, IntCounterVec, Registry};
+use prometheus::{Gauge, GaugeVec, IntCounter, IntCounterVec, Registry};
 
 use super::Evidence;
 use super::family::{counters, gauges};
 
 /// The families, registered once per process.
-pub struct Learning {
+pub(super) struct Learning {
     budget_ratio: GaugeVec,
     throttle_probability: GaugeVec,
     app_retries: IntCounterVec,
@@ -47,27 +47,42 @@ impl Learning {
         }
     }
 
-    /// The series of one upstream exist from its first build, so dashboards show
-    /// values, not gaps; returns its app-retry counters, by [`Evidence`].
-    pub(super) fn upstream(&self, name: &str) -> [IntCounter; 3] {
-        self.budget_ratio.with_label_values(&[name]);
-        self.throttle_probability.with_label_values(&[name]);
-        Evidence::ALL.map(|e| self.app_retries.with_label_values(&[name, e.as_str()]))
+    /// The handles of one upstream, every evidence among them.
+    pub(super) fn upstream(&self, name: &str) -> Handles {
+        Handles {
+            budget_ratio: self.budget_ratio.with_label_values(&[name]),
+            throttle_probability: self.throttle_probability.with_label_values(&[name]),
+            app_retries: Evidence::ALL
+                .map(|e| self.app_retries.with_label_values(&[name, e.as_str()])),
+        }
     }
 
-    /// Sets the gauges of `name` just before a scrape.
-    pub fn set(&self, name: &str, budget_ratio: f64, throttle_probability: f64) {
-        self.budget_ratio
-            .with_label_values(&[name])
-            .set(budget_ratio);
-        self.throttle_probability
-            .with_label_values(&[name])
-            .set(throttle_probability);
-    }
-
-    /// Drops the gauges of an upstream that no longer exists.
-    pub(super) fn forget(&self, name: &str) {
+    /// Removes the series of an upstream a reload removed.
+    pub(super) fn remove(&self, name: &str) {
         let _ = self.budget_ratio.remove_label_values(&[name]);
         let _ = self.throttle_probability.remove_label_values(&[name]);
+        for e in Evidence::ALL {
+            let _ = self.app_retries.remove_label_values(&[name, e.as_str()]);
+        }
+    }
+}
+
+/// One upstream's handles.
+pub(super) struct Handles {
+    budget_ratio: Gauge,
+    throttle_probability: Gauge,
+    /// `tollgate_app_retries_total`, by [`Evidence`].
+    app_retries: [IntCounter; Evidence::ALL.len()],
+}
+
+impl Handles {
+    /// Sets the gauges just before a scrape.
+    pub(super) fn set(&self, budget_ratio: f64, throttle_probability: f64) {
+        self.budget_ratio.set(budget_ratio);
+        self.throttle_probability.set(throttle_probability);
+    }
+
+    pub(super) fn app_retry(&self, evidence: Evidence) {
+        self.app_retries[evidence as usize].inc();
     }
 }

@@ -49,7 +49,7 @@ use crate::http::fields::authority_of;
 use crate::http::grpc::is_grpc;
 use crate::http::request::origin_form;
 use crate::listen::passthrough;
-use crate::metrics::{AttemptResult, Metrics, Outcome, UpstreamMetrics};
+use crate::metrics::{AttemptResult, Metrics, Outcome, UpstreamMetrics, UpstreamSeries};
 use crate::server::headers::strip_for_passing;
 use crate::server::service::{AppRequest, AppResponse};
 use crate::server::{AddedFields, Admission, AppBody, RequestGuard, ResponseBody};
@@ -67,7 +67,8 @@ const CONTINUE_WAIT: Duration = Duration::from_secs(1);
 
 /// The requests passed through, counted and pooled together.
 pub struct Passing {
-    pub metrics: UpstreamMetrics,
+    /// Counted as the upstream `passthrough`, from the first request passed through.
+    pub metrics: UpstreamSeries,
     pub origins: Origins,
     inflight: AtomicUsize,
 }
@@ -83,7 +84,7 @@ impl std::fmt::Debug for Passing {
 impl Passing {
     pub fn new(metrics: &Metrics, workers: usize) -> Arc<Self> {
         Arc::new(Passing {
-            metrics: metrics.upstream(PASSTHROUGH, &[]),
+            metrics: metrics.upstream(PASSTHROUGH, &[], false),
             origins: Origins::new(workers),
             inflight: AtomicUsize::new(0),
         })
@@ -106,7 +107,10 @@ impl Admission for Passing {
     }
 
     fn finished(&self, took: Duration) {
-        self.metrics.request_duration.observe(took.as_secs_f64());
+        self.metrics
+            .get()
+            .request_duration
+            .observe(took.as_secs_f64());
     }
 }
 
@@ -226,7 +230,10 @@ struct Call<'a> {
 impl Call<'_> {
     /// Counts the answer and finishes its access log line.
     fn answered(&mut self, guard: &mut RequestGuard, status: u16, attempts: u32, outcome: Outcome) {
-        self.passing.metrics.request(status, outcome, attempts);
+        self.passing
+            .metrics
+            .get()
+            .request(status, outcome, attempts);
         if let Some(mut e) = self.entry.take() {
             e.upstream = Some(PASSTHROUGH.to_string());
             e.status = status;
@@ -250,7 +257,7 @@ impl Call<'_> {
             e.outcome = local.outcome;
             guard.on_finish(e);
         }
-        let mut resp = local_answer(Some(&self.passing.metrics), local, self.grpc, guard);
+        let mut resp = local_answer(Some(self.passing.metrics.get()), local, self.grpc, guard);
         if self.unread {
             announce_close(&mut resp);
         }
@@ -466,7 +473,7 @@ async fn forward(
         Version::HTTP_2 if call.grpc && !upgrade => Want::PreferHttp2,
         _ => Want::Http1,
     };
-    let attempt = Attempt::start(&call.passing.metrics);
+    let attempt = Attempt::start(call.passing.metrics.get());
     let resp = match send(to, want, &head, body).await {
         Ok(resp) => resp,
         Err(u) => {
@@ -514,7 +521,7 @@ async fn tunnel(
     mut call: Call<'_>,
     mut guard: RequestGuard,
 ) -> AppResponse {
-    let attempt = Attempt::start(&call.passing.metrics);
+    let attempt = Attempt::start(call.passing.metrics.get());
     let stream = match to.stream().await {
         Ok(s) => s,
         Err(u) => {

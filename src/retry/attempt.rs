@@ -296,14 +296,14 @@ impl<A> Record<'_, A> {
     fn not_the_peers(&mut self, fault: Fault) {
         self.done = true;
         if let Some(r) = fault.attempt_result() {
-            self.up.metrics.attempt(r);
+            self.up.metrics().attempt(r);
         }
     }
 
     fn finish(&mut self, result: &Result<UpstreamResponse, Fault>, r: AttemptResult) {
         self.done = true;
         let took = self.started.elapsed();
-        let metrics = &self.up.metrics;
+        let metrics = self.up.metrics();
         metrics.attempt(r);
         metrics.attempt_duration.observe(took.as_secs_f64());
         self.up.median.observe(took);
@@ -327,12 +327,12 @@ impl<A> Drop for Record<'_, A> {
         let took = self.started.elapsed();
         if self.slow_after.is_some_and(|s| took >= s) {
             // Abandoned for being slow: another attempt answered first, or the app left.
-            self.up.metrics.attempt(AttemptResult::Timeout);
+            self.up.metrics().attempt(AttemptResult::Timeout);
             if self.up.endpoints.ejects() {
                 self.up.endpoints.report(self.endpoint, Verdict::Failure);
             }
         } else {
-            self.up.metrics.attempt(AttemptResult::Cancelled);
+            self.up.metrics().attempt(AttemptResult::Cancelled);
         }
         // A hedge's loser, or an attempt the app or the deadline cut off: it had not
         // answered after this long.

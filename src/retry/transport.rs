@@ -57,7 +57,7 @@ impl<A: AppBody> Transport<A> for Upstream<A> {
         };
         match fault {
             Fault::NoDescriptors => {
-                self.metrics.exhausted.inc();
+                self.metrics().exhausted.inc();
                 if let Some(n) = OUT_OF_DESCRIPTORS.due() {
                     tracing::warn!(upstream = %cfg.name, count = n, error = %failed, "out of file descriptors: requests answered 503 overloaded (raise the open-file limit)");
                 }

@@ -4,7 +4,8 @@
 //! and the failures owned recently (to see the app's own retries).
 //!
 //! Built from config on start and on every reload. What must survive a reload is carried
-//! over from the previous build: metric handles and the in-flight count always, pools
+//! over from the previous build: its metric series (made at its first request) and the
+//! in-flight count always, pools
 //! and endpoint health while the endpoints and transport settings are unchanged, the
 //! budget's window (and its adaptive share) while its settings are unchanged, hedging's
 //! budget and latency estimate while the hedge section and the window are, the
@@ -26,7 +27,7 @@ use super::recent::RecentFailures;
 use super::replay::{AppBody, ReplayBody};
 use super::throttle::Throttle;
 use crate::config::{DeadlineConfig, KubernetesConfig, UpstreamConfig};
-use crate::metrics::{Metrics, UpstreamMetrics};
+use crate::metrics::{Ejections, Metrics, UpstreamMetrics, UpstreamSeries};
 use crate::upstream::Endpoints;
 use crate::upstream::tls::TlsClient;
 
@@ -45,7 +46,8 @@ pub struct Upstream<A> {
     inflight: Arc<AtomicUsize>,
     /// Open connections to every endpoint.
     connections: Arc<AtomicUsize>,
-    pub(super) metrics: Arc<UpstreamMetrics>,
+    /// Its metrics, made at its first request.
+    series: Arc<UpstreamSeries>,
     /// The TLS client of `config.tls`.
     pub(super) tls: Option<Arc<TlsClient>>,
     /// The throttle of first attempts, with `config.throttle`.
@@ -54,8 +56,6 @@ pub struct Upstream<A> {
     recent: Arc<RecentFailures>,
     /// When its answers last said it deduplicates keyed requests.
     pub(super) dedupes: Arc<Dedupes>,
-    /// `tollgate_idempotency_keys_minted_total`, with `mint_idempotency_key`.
-    minted: Option<IntCounter>,
 }
 
 impl<A: AppBody> Upstream<A> {
@@ -77,20 +77,22 @@ impl<A: AppBody> Upstream<A> {
                 && p.config.tls == config.tls
                 && p.config.max_connection_age == config.max_connection_age
         });
-        let metrics_root = metrics;
-        let metrics = match previous {
-            Some(p) if p.config.retry.on == config.retry.on => p.metrics.clone(),
-            _ => Arc::new(metrics.upstream(&config.name, &config.retry.on.names())),
+        let retry_on = config.retry.on.names();
+        let mints = !config.retry.mint_idempotency_key.is_empty();
+        let series = match previous {
+            Some(p) if p.series.built_with(&retry_on, mints) => p.series.clone(),
+            Some(p) => Arc::new(p.series.next(&retry_on, mints)),
+            None => Arc::new(metrics.upstream(&config.name, &retry_on, mints)),
         };
         let connections =
             previous.map_or_else(|| Arc::new(AtomicUsize::new(0)), |p| p.connections.clone());
-        let ejections = metrics.health.ejections.clone();
+        let ejections = Ejections::of(&series);
         let endpoints = match previous {
             Some(p) if same_transport => p.endpoints.share(&config, ejections),
             _ => Endpoints::discovered(
                 &config,
                 kube,
-                || metrics_root.discovery(&config.name),
+                || metrics.discovery(&config.name),
                 &connections,
                 workers,
                 ejections,
@@ -129,14 +131,11 @@ impl<A: AppBody> Upstream<A> {
         let recent =
             previous.map_or_else(|| Arc::new(RecentFailures::new(now)), |p| p.recent.clone());
         let dedupes: Arc<Dedupes> = previous.map_or_else(Arc::default, |p| p.dedupes.clone());
-        let minted = (!config.retry.mint_idempotency_key.is_empty())
-            .then(|| metrics_root.keys_minted(&config.name));
-        if minted.is_some() {
+        if mints {
             dedupes.want();
         }
         Upstream {
             dedupes,
-            minted,
             inflight: previous
                 .map_or_else(|| Arc::new(AtomicUsize::new(0)), |p| p.inflight.clone()),
             connections,
@@ -144,7 +143,7 @@ impl<A: AppBody> Upstream<A> {
             budget,
             median,
             hedge,
-            metrics,
+            series,
             tls,
             throttle,
             recent,
@@ -181,10 +180,16 @@ impl<A> Upstream<A> {
         &self.deadline
     }
 
-    /// Its metric handles, resolved when it was built.
+    /// Its metric handles, for a request: the first call makes its series.
     #[inline]
     pub fn metrics(&self) -> &UpstreamMetrics {
-        &self.metrics
+        self.series.get()
+    }
+
+    /// Its metrics, which a scrape reads and a reload that removes it drops.
+    #[inline]
+    pub fn series(&self) -> &UpstreamSeries {
+        &self.series
     }
 
     /// Its endpoints, to sweep, list or re-admit.
@@ -227,6 +232,6 @@ impl<A> Upstream<A> {
     /// The count of idempotency keys minted for it, with `mint_idempotency_key`.
     #[inline]
     pub fn keys_minted(&self) -> Option<&IntCounter> {
-        self.minted.as_ref()
+        self.metrics().keys_minted()
     }
 }

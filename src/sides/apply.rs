@@ -77,7 +77,7 @@ impl Server {
         next.listeners_down = applied.unbound.clone();
         for u in old.upstreams.iter() {
             if next.by_name(u.name()).is_none() {
-                outbound.metrics.forget_gauges(u.name());
+                outbound.metrics.forget_upstream(u.series());
             }
         }
         outbound.snapshot.store(Arc::new(next));

@@ -18,7 +18,6 @@ use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use arc_swap::ArcSwap;
-use prometheus::IntCounter;
 
 use super::OutgoingBody;
 use super::dns::{self, Resolver};
@@ -29,6 +28,7 @@ use crate::config::{
     Discovery, EndpointAddr, KubernetesConfig, OutlierConfig, ServicePort, UpstreamConfig,
 };
 use crate::discovery::{self, DiscoveryMetrics, ServiceWatch};
+use crate::metrics::Ejections;
 
 /// How often the names of an upstream in use are looked up again.
 pub const FOLLOW_EVERY: Duration = dns::DNS_TTL;
@@ -114,7 +114,7 @@ struct Outlier {
     /// [`PROBE_TIME`].
     probe_ms: u64,
     /// `tollgate_ejections_total{upstream}`.
-    ejections: IntCounter,
+    ejections: Ejections,
 }
 
 impl<B> std::fmt::Debug for Endpoints<B> {
@@ -134,7 +134,7 @@ impl<B: OutgoingBody> Endpoints<B> {
         config: &UpstreamConfig,
         open: &Arc<AtomicUsize>,
         workers: usize,
-        ejections: IntCounter,
+        ejections: Ejections,
     ) -> Self {
         let sources: Box<[Source]> = config
             .endpoints
@@ -157,7 +157,7 @@ impl<B: OutgoingBody> Endpoints<B> {
         metrics: impl FnOnce() -> DiscoveryMetrics,
         open: &Arc<AtomicUsize>,
         workers: usize,
-        ejections: IntCounter,
+        ejections: Ejections,
     ) -> Self {
         let Discovery::Kubernetes(service) = &config.discovery else {
             return Self::new(config, open, workers, ejections);
@@ -225,7 +225,7 @@ impl<B: OutgoingBody> Endpoints<B> {
                 None => Source::Name(Arc::new(Resolver::with_lookups(a.clone(), lookups.clone()))),
             })
             .collect();
-        let counter = IntCounter::new("ejections", "test").unwrap_or_else(|_| unreachable!());
+        let counter = Ejections::detached();
         Self::of_sources(config, sources, &Arc::default(), 1, counter)
     }
 
@@ -234,7 +234,7 @@ impl<B: OutgoingBody> Endpoints<B> {
         sources: Box<[Source]>,
         open: &Arc<AtomicUsize>,
         workers: usize,
-        ejections: IntCounter,
+        ejections: Ejections,
     ) -> Self {
         let shared = Arc::new(Shared {
             set: ArcSwap::from_pointee(Vec::new()),
@@ -471,7 +471,7 @@ impl<B: OutgoingBody> Endpoints<B> {
 impl<B> Endpoints<B> {
     /// The same endpoints (and their pools and health), with a choice of their own and
     /// the outlier rules of `config`. Without rules, every ejected endpoint is back.
-    pub fn share(&self, config: &UpstreamConfig, ejections: IntCounter) -> Self {
+    pub fn share(&self, config: &UpstreamConfig, ejections: Ejections) -> Self {
         let outlier = Outlier::of(config, ejections);
         if outlier.is_none() {
             for e in self.shared.set.load().iter() {
@@ -725,7 +725,7 @@ impl<B> Endpoints<B> {
 }
 
 impl Outlier {
-    fn of(config: &UpstreamConfig, ejections: IntCounter) -> Option<Self> {
+    fn of(config: &UpstreamConfig, ejections: Ejections) -> Option<Self> {
         config.outlier.as_ref().map(|o| Outlier {
             probe_ms: u64::try_from(
                 config
@@ -760,7 +760,7 @@ mod tests {
         );
         let config = crate::config::parse("t.toml", &text, std::path::Path::new("."))
             .unwrap_or_else(|e| panic!("{e}"));
-        let counter = IntCounter::new("ejections", "test").unwrap_or_else(|_| unreachable!());
+        let counter = Ejections::detached();
         Endpoints::new(&config.upstreams[0], &Arc::default(), 1, counter)
     }
 
@@ -899,7 +899,7 @@ mod tests {
             e.report_nth(2, Verdict::Failure, pool::clock_ms());
         }
         assert_eq!(e.readmit_due(), 1);
-        let counter = IntCounter::new("ejections", "test").unwrap_or_else(|_| unreachable!());
+        let counter = Ejections::detached();
         let config = crate::config::parse(
             "t.toml",
             "[upstreams.u]\nauthorities = [\"u\"]\nendpoints = [\"127.0.0.1:1\", \"127.0.0.1:2\", \"127.0.0.1:3\"]\n",

@@ -23,7 +23,7 @@ impl<'a, A: AppBody> Call<'a, A> {
             return self.answer(refusal, Outcome::Ok, callee);
         };
         discard(refusal);
-        self.up.metrics.denied(Denied::UpstreamRejected);
+        self.up.metrics().denied(Denied::UpstreamRejected);
         let failure = previous.failure();
         let mut answer = match previous {
             Previous::Response(resp, _) => {
@@ -93,7 +93,7 @@ impl<'a, A: AppBody> Call<'a, A> {
     ) -> Answer {
         self.traced.refused(stop.denied());
         if let Some(d) = stop.denied() {
-            self.up.metrics.denied(d);
+            self.up.metrics().denied(d);
             self.trail.denied = Some(d);
         }
         let outcome = stop.outcome(failure);

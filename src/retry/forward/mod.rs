@@ -151,7 +151,7 @@ pub async fn forward_on<'a, A: AppBody, T: Transport<A>>(
             Instant::now()
         };
         if call.deadline.expired(now) {
-            up.metrics.denied(Denied::Deadline);
+            up.metrics().denied(Denied::Deadline);
             call.trail.denied = Some(Denied::Deadline);
             call.traced.refused(Some(Denied::Deadline));
             return call.local(StatusCode::GATEWAY_TIMEOUT, Outcome::DeadlineExceeded);
@@ -204,7 +204,7 @@ pub async fn forward_on<'a, A: AppBody, T: Transport<A>>(
                         continue;
                     };
                     if let Some(a) = call.beside(head, endpoint_id, what) {
-                        second = Some(Second::new(a.run(wire), what, &up.metrics.health));
+                        second = Some(Second::new(a.run(wire), what, &up.metrics().health));
                     } else if what == Beside::Hedge
                         && let Some(at) = call.slow_at(started)
                     {
@@ -253,7 +253,7 @@ pub async fn forward_on<'a, A: AppBody, T: Transport<A>>(
         match call.decide(failure, response.as_ref(), failed_on).await {
             Ok(sleep) => {
                 call.traced.retried(sleep, response.as_ref());
-                up.metrics.retried(failure.condition());
+                up.metrics().retried(failure.condition());
                 call.trail.retried(failure);
                 call.previous = None;
                 let kept = rejected::keep_while_sleeping(response, failure, sleep).await;
@@ -598,7 +598,7 @@ impl<'a, A: AppBody> Call<'a, A> {
                 let endpoint = self.pick(Some(endpoint))?;
                 if !h.try_hedge(now) {
                     self.hedge = HedgeState::Denied;
-                    self.up.metrics.health.hedge(HedgeResult::Denied);
+                    self.up.metrics().health.hedge(HedgeResult::Denied);
                     return None;
                 }
                 self.hedge = HedgeState::Sent;
@@ -620,12 +620,12 @@ impl<'a, A: AppBody> Call<'a, A> {
                 };
                 if let Err(stop) = policy.decide_beside(&situation) {
                     if let Some(d) = stop.denied() {
-                        self.up.metrics.denied(d);
+                        self.up.metrics().denied(d);
                         self.trail.denied = Some(d);
                     }
                     return None;
                 }
-                self.up.metrics.retried(Fault::Timeout.condition());
+                self.up.metrics().retried(Fault::Timeout.condition());
                 self.trail.retried(Fault::Timeout);
                 self.attempts += 1;
                 Some(self.attempt(head, endpoint, Some(why), body, now))
