@@ -193,7 +193,8 @@ fn a_pod_with_several_containers_gets_the_sidecar_and_its_http_probes_move() {
     let config = cm["data"]["tollgate.toml"].as_str().unwrap();
     for want in [
         "[upstreams.payments]",
-        "endpoints = [\"payments.shop.svc.cluster.local:8080\"]",
+        "endpoints = [\"payments:8080\"]",
+        "authorities = [\"payments\"]",
         "[upstreams.inventory]",
         "endpoints = [\"inventory.warehouse.svc.cluster.local:9000\"]",
         "addr = \"0.0.0.0:15090\"",
@@ -211,7 +212,7 @@ fn a_pod_with_several_containers_gets_the_sidecar_and_its_http_probes_move() {
     check_strict(config);
     assert!(notes.contains("injected Deployment/storefront"), "{notes}");
     assert!(
-        notes.contains("VAULT_ADDR calls vault over https"),
+        notes.contains("VAULT_ADDR calls vault.security.svc over https"),
         "{notes}"
     );
 }
@@ -277,7 +278,7 @@ fn a_statefulset_with_capture_gets_the_capture_init_container_and_no_proxy_varia
         "[upstreams.accounts]",
         "endpoints = [\"accounts.finance.svc.cluster.local:80\"]",
         "[upstreams.audit]",
-        "endpoints = [\"audit.compliance.svc.cluster.local:8080\"]",
+        "endpoints = [\"audit.compliance.svc:8080\"]",
         "Capture sends every caller here.",
     ] {
         assert!(config.contains(want), "{want} not in\n{config}");

@@ -26,6 +26,8 @@ pub struct Options {
 pub enum Injected {
     /// The pod has tollgate already: nothing changed.
     Already,
+    /// A pod tollgate must not touch (why, for the note): nothing changed.
+    LeftAlone(String),
     Done {
         /// The ConfigMap to write before the workload, unless one of its name is there.
         config_map: Yaml,
@@ -55,6 +57,9 @@ fn inject_parts(
     owner: &Owner,
     opts: &Options,
 ) -> Result<Injected, String> {
+    if let Some(why) = must_not_touch(meta, spec) {
+        return Ok(Injected::LeftAlone(why));
+    }
     let has = |key| position(spec, key, CONTAINER).is_some();
     let marked = get(meta, "annotations").is_some_and(|a| get(a, ANNOTATION).is_some());
     if has("initContainers") || has("containers") || marked {
@@ -63,17 +68,28 @@ fn inject_parts(
     if items(spec, "containers").is_empty() {
         return Err(format!("{}: the pod has no containers", owner.show()));
     }
+    check_ports(spec).map_err(|e| format!("{}: {e}", owner.show()))?;
+    let ann = Annotations::read(meta).map_err(|e| format!("{}: {e}", owner.show()))?;
     let mut record = Record::new();
     let mut warnings = Vec::new();
     let found = probes::move_to_admin(spec, &mut record);
     warnings.extend(found.kept.iter().cloned());
-    let namespace = owner.namespace.as_deref().unwrap_or("default");
-    let (called, notes) = configmap::services(spec, namespace);
+    let (called, notes) = configmap::services(spec, &ann.opaque);
     warnings.extend(notes);
-    let app_port = configmap::app_port(spec, &found);
+    let app_port = configmap::app_port(spec, &found, &ann.opaque);
 
     label_and_annotate(meta, &mut record, &mut warnings)?;
-    add_containers(spec, opts, &found)?;
+    // Inbound, capture spares the ports the kubelet checks with TCP (captured, tollgate
+    // would accept for an app that is down) and the app's ports that are not HTTP.
+    let mut exclude_inbound = found.tcp_ports.clone();
+    for c in items(spec, "containers") {
+        for p in configmap::tcp_ports(c) {
+            if ann.opaque.contains(&p) && !exclude_inbound.contains(&p) {
+                exclude_inbound.push(p);
+            }
+        }
+    }
+    add_containers(spec, opts, &exclude_inbound, &ann.exclude_outbound)?;
     if opts.capture {
         check_capture_uid(spec, &mut warnings);
     } else {
@@ -104,6 +120,126 @@ fn inject_parts(
         summary: summary(owner, opts, &found, &called),
         warnings,
     })
+}
+
+/// Another mesh's proxies, by their containers' names.
+const OTHER_MESHES: [&str; 2] = ["istio-proxy", "linkerd-proxy"];
+/// The ports tollgate's sidecar listens on, and what each is.
+pub const TOLLGATE_PORTS: [(u16, &str); 3] = [
+    (15001, "listener"),
+    (15006, "inbound listener"),
+    (ADMIN_PORT, "admin port"),
+];
+/// Pod annotations that steer `inject`.
+pub const INJECT: &str = "tollgate.io/inject";
+pub const OPAQUE: &str = "tollgate.io/opaque-ports";
+pub const EXCLUDE_OUTBOUND: &str = "tollgate.io/exclude-outbound-ports";
+
+/// Why a pod must be left as it is, if it must: it shares the node's network
+/// (capture would rewrite the node's rules, and a sidecar's ports are the node's), it
+/// says no, or another mesh's proxy is in it already.
+pub fn must_not_touch(meta: &Yaml, spec: &Yaml) -> Option<String> {
+    if get(spec, "hostNetwork").and_then(Yaml::as_bool) == Some(true) {
+        return Some("hostNetwork: true (its network is the node's)".to_string());
+    }
+    let says = get(meta, "annotations").and_then(|a| get(a, INJECT));
+    let no = match says {
+        Some(Yaml::String(v)) => v.eq_ignore_ascii_case("false") || v == "disabled",
+        Some(Yaml::Boolean(b)) => !b,
+        _ => false,
+    };
+    if no {
+        return Some(format!("annotated {INJECT}: \"false\""));
+    }
+    for key in ["containers", "initContainers"] {
+        for c in items(spec, key) {
+            if let Some(name) = str_at(c, "name").filter(|n| OTHER_MESHES.contains(n)) {
+                return Some(format!("it has another mesh's proxy ({name})"));
+            }
+        }
+    }
+    None
+}
+
+/// A container port that is also one of tollgate's: an error naming both.
+pub fn check_ports(spec: &Yaml) -> Result<(), String> {
+    for key in ["containers", "initContainers"] {
+        for c in items(spec, key) {
+            let name = str_at(c, "name").unwrap_or_default();
+            if name == CONTAINER {
+                continue;
+            }
+            for p in items(c, "ports") {
+                let Some(port) = get(p, "containerPort").and_then(Yaml::as_i64) else {
+                    continue;
+                };
+                if let Some((_, what)) = TOLLGATE_PORTS.iter().find(|(t, _)| i64::from(*t) == port)
+                {
+                    let named = str_at(p, "name").map_or(String::new(), |n| format!(" ({n})"));
+                    return Err(format!(
+                        "container {name}'s port {port}{named} collides with tollgate's {what} \
+                         {port}: move the app to another port"
+                    ));
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// What the pod's annotations ask of `inject`.
+#[derive(Debug, Default)]
+pub struct Annotations {
+    /// Ports that are not HTTP: the well-known ones and `tollgate.io/opaque-ports`.
+    pub opaque: Vec<u16>,
+    /// Ports capture leaves alone: the opaque ones and
+    /// `tollgate.io/exclude-outbound-ports`.
+    pub exclude_outbound: Vec<u16>,
+}
+
+impl Annotations {
+    pub fn read(meta: &Yaml) -> Result<Annotations, String> {
+        let ann = get(meta, "annotations");
+        let ports = |key: &str| -> Result<Vec<u16>, String> {
+            let Some(v) = ann.and_then(|a| get(a, key)) else {
+                return Ok(Vec::new());
+            };
+            let text = match v {
+                Yaml::String(t) => t.clone(),
+                Yaml::Integer(i) => i.to_string(),
+                _ => {
+                    return Err(format!(
+                        "annotation {key}: a list of ports, as \"5432,6379\""
+                    ));
+                }
+            };
+            text.split(',')
+                .map(str::trim)
+                .filter(|p| !p.is_empty())
+                .map(|p| {
+                    p.parse::<u16>().ok().filter(|p| *p != 0).ok_or_else(|| {
+                        format!("annotation {key}: `{p}` is not a port (as \"5432,6379\")")
+                    })
+                })
+                .collect()
+        };
+        let mut opaque = configmap::OPAQUE_PORTS.to_vec();
+        for p in ports(OPAQUE)? {
+            if !opaque.contains(&p) {
+                opaque.push(p);
+            }
+        }
+        let mut exclude_outbound = opaque.clone();
+        for p in ports(EXCLUDE_OUTBOUND)? {
+            if !exclude_outbound.contains(&p) {
+                exclude_outbound.push(p);
+            }
+        }
+        Ok(Annotations {
+            opaque,
+            exclude_outbound,
+        })
+    }
 }
 
 fn summary(owner: &Owner, opts: &Options, found: &Probes, called: &[Called]) -> String {
@@ -171,11 +307,14 @@ fn label_and_annotate(
     Ok(())
 }
 
-fn add_containers(spec: &mut Yaml, opts: &Options, found: &Probes) -> Result<(), String> {
+fn add_containers(
+    spec: &mut Yaml,
+    opts: &Options,
+    exclude_inbound: &[u16],
+    exclude_outbound: &[u16],
+) -> Result<(), String> {
     let tollgate = sidecar::tollgate(&opts.image, opts.mode)?;
-    // The kubelet checks these ports itself with TCP: captured, tollgate would accept
-    // for an app that is down.
-    let iptables = sidecar::iptables(&opts.iptables_image, &found.tcp_ports)?;
+    let iptables = sidecar::iptables(&opts.iptables_image, exclude_inbound, exclude_outbound)?;
     let inits = "initContainers";
     if opts.mode == Mode::Native || opts.capture {
         super::yaml::make_list_before(spec, inits, "containers");

@@ -351,6 +351,10 @@ fn inject_pod(
     }
     let pod = pod::pod_of(doc, owner).ok_or_else(|| format!("{}: no pod spec", owner.show()))?;
     match add::inject(pod, owner, opts)? {
+        Injected::LeftAlone(why) => {
+            notes.push(format!("{}: left alone: {why}", owner.show()));
+            Ok(false)
+        }
         Injected::Already => {
             notes.push(format!(
                 "{}: has tollgate already, left as it is",

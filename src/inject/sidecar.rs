@@ -48,6 +48,8 @@ env:
     value: info
   - name: POD_IP
     valueFrom: {{fieldRef: {{fieldPath: status.podIP}}}}
+  - name: POD_NAMESPACE
+    valueFrom: {{fieldRef: {{fieldPath: metadata.namespace}}}}
 ports:
   - name: tollgate-inbound
     containerPort: 15006
@@ -92,13 +94,21 @@ volumeMounts:
 }
 
 /// The capture init container: `tollgate iptables` once, as root with `NET_ADMIN` only.
-pub fn iptables(image: &str, exclude_inbound: &[u16]) -> Result<Yaml, String> {
+pub fn iptables(
+    image: &str,
+    exclude_inbound: &[u16],
+    exclude_outbound: &[u16],
+) -> Result<Yaml, String> {
     let mut args = vec![
         format!("--uid={UID}"),
         "--outbound-port=15001".to_string(),
         "--inbound-port=15006".to_string(),
         "--admin-port=15090".to_string(),
     ];
+    if !exclude_outbound.is_empty() {
+        let ports: Vec<String> = exclude_outbound.iter().map(u16::to_string).collect();
+        args.push(format!("--exclude-outbound-ports={}", ports.join(",")));
+    }
     if !exclude_inbound.is_empty() {
         let ports: Vec<String> = exclude_inbound.iter().map(u16::to_string).collect();
         args.push(format!("--exclude-inbound-ports={}", ports.join(",")));
@@ -155,7 +165,7 @@ mod tests {
             assert_eq!(str_at(&c, "image"), Some("registry.example/tollgate:1"));
             assert_eq!(get(&c, "restartPolicy").is_some(), mode == Mode::Native);
         }
-        let c = iptables("i:1", &[9000, 9001]).unwrap_or(Yaml::Null);
+        let c = iptables("i:1", &[9000, 9001], &[6379]).unwrap_or(Yaml::Null);
         let args = crate::inject::yaml::items(&c, "args");
         assert_eq!(
             args.last().and_then(Yaml::as_str),

@@ -253,7 +253,7 @@ const PROBE_FIX: &str =
 
 /// Fields a probe may not declare: credentials and forwarding fields never reach the
 /// app through the admin port, and the framing and `Host` are the forwarder's.
-const NOT_A_PROBE_FIELD: &[&str] = &[
+pub const NOT_A_PROBE_FIELD: &[&str] = &[
     "authorization",
     "proxy-authorization",
     "cookie",

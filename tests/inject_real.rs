@@ -1,0 +1,386 @@
+//! `tollgate inject` on real-world manifests (the shared test data beside the
+//! repository, `../shared/fixtures/kubernetes/`, read in place and skipped loudly when
+//! absent): what a platform engineer injecting a real shop relies on. No timeout of
+//! tollgate's own; only HTTP becomes an upstream (Redis stays Redis, and capture leaves
+//! its port alone); names stay as the app wrote them; pods that must not be touched
+//! (the node's network, an opt-out, another mesh) come back byte for byte; a port
+//! clash is an error naming both; every output passes `kubernetes-validate --strict`
+//! when that tool is installed.
+
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+
+use common::tempdir::TempDir;
+use yaml_rust2::Yaml;
+
+/// A real-world manifest, or None (after a SKIP line) when the shared data is absent.
+fn real(path: &str) -> Option<PathBuf> {
+    let p = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../shared/fixtures/kubernetes")
+        .join(path);
+    if p.exists() {
+        Some(p)
+    } else {
+        eprintln!("SKIP: {} is absent", p.display());
+        None
+    }
+}
+
+/// `tollgate inject ARGS` with `stdin`: (exit code, stdout, stderr).
+fn inject(args: &[&str], stdin: Option<&str>) -> (i32, String, String) {
+    let mut child = Command::new(common::binary())
+        .arg("inject")
+        .args(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut input = child.stdin.take().unwrap();
+    input.write_all(stdin.unwrap_or("").as_bytes()).unwrap();
+    drop(input);
+    let out = child.wait_with_output().unwrap();
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8(out.stdout).unwrap(),
+        String::from_utf8(out.stderr).unwrap(),
+    )
+}
+
+fn inject_ok(args: &[&str], stdin: Option<&str>) -> (String, String) {
+    let (code, out, err) = inject(args, stdin);
+    assert_eq!(code, 0, "tollgate inject {args:?} failed:\n{err}");
+    (out, err)
+}
+
+fn docs(text: &str) -> Vec<Yaml> {
+    tollgate::inject::yaml::load(text).unwrap()
+}
+
+fn kind_named<'a>(docs: &'a [Yaml], kind: &str, name: &str) -> &'a Yaml {
+    docs.iter()
+        .find(|d| d["kind"].as_str() == Some(kind) && d["metadata"]["name"].as_str() == Some(name))
+        .unwrap_or_else(|| panic!("no {kind}/{name}"))
+}
+
+fn container<'a>(list: &'a Yaml, name: &str) -> &'a Yaml {
+    list.as_vec()
+        .unwrap()
+        .iter()
+        .find(|c| c["name"].as_str() == Some(name))
+        .unwrap_or_else(|| panic!("no container {name}"))
+}
+
+fn names(list: &Yaml) -> Vec<&str> {
+    list.as_vec()
+        .map(|l| l.iter().filter_map(|c| c["name"].as_str()).collect())
+        .unwrap_or_default()
+}
+
+/// Every ConfigMap tollgate wrote: (its name, its tollgate.toml).
+fn configs(docs: &[Yaml]) -> Vec<(String, String)> {
+    docs.iter()
+        .filter(|d| d["kind"].as_str() == Some("ConfigMap"))
+        .filter_map(|d| {
+            Some((
+                d["metadata"]["name"].as_str()?.to_string(),
+                d["data"]["tollgate.toml"].as_str()?.to_string(),
+            ))
+        })
+        .collect()
+}
+
+/// The lines of a config that are not comments.
+fn settings(config: &str) -> Vec<&str> {
+    config
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.starts_with('#'))
+        .collect()
+}
+
+/// The config passes `tollgate check --strict`.
+fn check_strict(name: &str, config: &str) {
+    let dir = TempDir::new("inject-real-check");
+    let path = dir.path().join("tollgate.toml");
+    std::fs::write(&path, config).unwrap();
+    let out = Command::new(common::binary())
+        .args(["check", "--strict", "--config"])
+        .arg(&path)
+        .output()
+        .unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{name}: check --strict:\n{}{}\n{config}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// `kubernetes-validate --strict` against Kubernetes 1.29 (the first with native
+/// sidecars), when it is installed; said once when it is not.
+fn validate(name: &str, text: &str) {
+    let Ok(status) = Command::new("kubernetes-validate")
+        .arg("--version")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+    else {
+        eprintln!("SKIP: kubernetes-validate is not installed: {name} not validated");
+        return;
+    };
+    if !status.success() {
+        return;
+    }
+    let dir = TempDir::new("inject-real-validate");
+    let path = dir.path().join("out.yaml");
+    std::fs::write(&path, text).unwrap();
+    let out = Command::new("kubernetes-validate")
+        .args(["--strict", "--quiet", "--no-warn", "-k", "1.29.0"])
+        .arg(&path)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{name}: kubernetes-validate --strict:\n{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+#[test]
+fn the_shop_gets_no_timeout_of_tollgates_own_and_its_names_as_written() {
+    let Some(path) = real("microservices-demo/kubernetes-manifests.yaml") else {
+        return;
+    };
+    for flags in [vec![], vec!["--capture"], vec!["--plain"]] {
+        let mut args = flags.clone();
+        args.push(path.to_str().unwrap());
+        let (out, _) = inject_ok(&args, None);
+        let got = docs(&out);
+        let configs = configs(&got);
+        assert_eq!(configs.len(), 12, "{flags:?}: one per Deployment");
+        for (name, config) in &configs {
+            for line in settings(config) {
+                assert!(
+                    !line.starts_with("request_timeout") && !line.starts_with("attempt_timeout"),
+                    "{name}: a timeout of tollgate's own: {line}"
+                );
+                assert!(
+                    !line.contains("cluster.local") && !line.contains(".default"),
+                    "{name}: a name pinned at inject time: {line}"
+                );
+            }
+            assert!(
+                !config.contains("[upstreams.") || config.contains("request_timeout = "),
+                "{name}: the comments say how to add a timeout"
+            );
+            check_strict(name, config);
+        }
+        let frontend = &configs
+            .iter()
+            .find(|(n, _)| n == "frontend-tollgate")
+            .unwrap()
+            .1;
+        for want in [
+            "[upstreams.productcatalogservice]",
+            "authorities = [\"productcatalogservice\"]",
+            "endpoints = [\"productcatalogservice:3550\"]",
+        ] {
+            assert!(frontend.contains(want), "{want} not in\n{frontend}");
+        }
+        validate(&format!("microservices-demo {flags:?}"), &out);
+    }
+}
+
+#[test]
+fn redis_is_never_an_upstream_and_capture_leaves_its_port_alone() {
+    let Some(path) = real("microservices-demo/kubernetes-manifests.yaml") else {
+        return;
+    };
+    let (out, notes) = inject_ok(&["--capture", path.to_str().unwrap()], None);
+    let got = docs(&out);
+    let cart = kind_named(&got, "ConfigMap", "cartservice-tollgate")["data"]["tollgate.toml"]
+        .as_str()
+        .unwrap();
+    assert!(!cart.contains("redis"), "Redis became an upstream:\n{cart}");
+    assert!(
+        notes.contains("REDIS_ADDR=redis-cart:6379: port 6379 is not HTTP"),
+        "{notes}"
+    );
+    let spec = &kind_named(&got, "Deployment", "cartservice")["spec"]["template"]["spec"];
+    let iptables = container(&spec["initContainers"], "tollgate-iptables");
+    let args: Vec<&str> = iptables["args"]
+        .as_vec()
+        .unwrap()
+        .iter()
+        .filter_map(Yaml::as_str)
+        .collect();
+    let outbound = args
+        .iter()
+        .find_map(|a| a.strip_prefix("--exclude-outbound-ports="))
+        .unwrap_or_else(|| panic!("no --exclude-outbound-ports in {args:?}"));
+    let ports: Vec<&str> = outbound.split(',').collect();
+    for p in [
+        "25", "587", "3306", "4222", "5432", "6379", "9042", "9092", "9300", "11211", "27017",
+    ] {
+        assert!(ports.contains(&p), "{p} not in {outbound}");
+    }
+    // Redis's own pod: no inbound side in front of it, and capture spares its port.
+    let redis = kind_named(&got, "ConfigMap", "redis-cart-tollgate")["data"]["tollgate.toml"]
+        .as_str()
+        .unwrap();
+    assert!(!redis.contains("[inbound]"), "{redis}");
+    let spec = &kind_named(&got, "Deployment", "redis-cart")["spec"]["template"]["spec"];
+    let iptables = container(&spec["initContainers"], "tollgate-iptables");
+    assert!(
+        iptables["args"]
+            .as_vec()
+            .unwrap()
+            .iter()
+            .any(|a| a.as_str() == Some("--exclude-inbound-ports=6379")),
+        "{:?}",
+        iptables["args"]
+    );
+}
+
+#[test]
+fn the_opaque_ports_annotation_adds_to_the_well_known_ones() {
+    let manifest = "apiVersion: v1\nkind: Pod\nmetadata:\n  name: app\n  annotations:\n    \
+                    tollgate.io/opaque-ports: \"7000, 8000\"\n    \
+                    tollgate.io/exclude-outbound-ports: \"4443\"\nspec:\n  containers:\n  \
+                    - name: app\n    image: app:1\n    env:\n    \
+                    - {name: A, value: \"legacy:7000\"}\n    \
+                    - {name: B, value: \"http://api:8000\"}\n    \
+                    - {name: C, value: \"http://web:8080\"}\n";
+    let (out, _) = inject_ok(&["--capture", "-"], Some(manifest));
+    let got = docs(&out);
+    let config = kind_named(&got, "ConfigMap", "app-tollgate")["data"]["tollgate.toml"]
+        .as_str()
+        .unwrap();
+    assert!(config.contains("[upstreams.web]"), "{config}");
+    assert!(!config.contains("legacy") || !config.contains("[upstreams.legacy]"));
+    assert!(!config.contains("[upstreams.api]"), "{config}");
+    let pod = kind_named(&got, "Pod", "app");
+    let args = &container(&pod["spec"]["initContainers"], "tollgate-iptables")["args"];
+    let outbound = args
+        .as_vec()
+        .unwrap()
+        .iter()
+        .filter_map(Yaml::as_str)
+        .find_map(|a| a.strip_prefix("--exclude-outbound-ports="))
+        .unwrap();
+    assert!(outbound.ends_with(",7000,8000,4443"), "{outbound}");
+
+    let bad = manifest.replace("\"7000, 8000\"", "\"7000,http\"");
+    let (code, out, err) = inject(&["-"], Some(&bad));
+    assert_eq!((code, out.as_str()), (1, ""));
+    assert!(
+        err.contains("tollgate.io/opaque-ports: `http` is not a port"),
+        "{err}"
+    );
+}
+
+#[test]
+fn a_host_network_daemonset_is_left_alone_even_with_capture() {
+    let Some(path) = real("kube-prometheus/nodeExporter-daemonset.yaml") else {
+        return;
+    };
+    let input = std::fs::read_to_string(&path).unwrap();
+    for flags in [vec!["--capture"], vec![], vec!["--plain", "--capture"]] {
+        let mut args = flags.clone();
+        args.push(path.to_str().unwrap());
+        let (out, notes) = inject_ok(&args, None);
+        assert_eq!(out, input, "{flags:?}: byte for byte");
+        assert!(
+            notes.contains("DaemonSet/node-exporter: left alone: hostNetwork: true"),
+            "{notes}"
+        );
+        assert!(!out.contains("NET_ADMIN"));
+    }
+}
+
+#[test]
+fn opted_out_pods_and_other_meshes_are_left_alone() {
+    let base = "apiVersion: apps/v1\nkind: Deployment\nmetadata:\n  name: web\nspec:\n  \
+                selector: {matchLabels: {app: web}}\n  template:\n    metadata:\n      \
+                labels: {app: web}\nANNOTATIONS    spec:\n      containers:\n      \
+                - name: web\n        image: web:1\nMORE";
+    for (what, annotations, more) in [
+        (
+            "annotated tollgate.io/inject: \"false\"",
+            "      annotations:\n        tollgate.io/inject: \"false\"\n",
+            "",
+        ),
+        (
+            "it has another mesh's proxy (istio-proxy)",
+            "",
+            "      - name: istio-proxy\n        image: proxyv2:1\n",
+        ),
+        (
+            "it has another mesh's proxy (linkerd-proxy)",
+            "",
+            "      - name: linkerd-proxy\n        image: proxy:1\n",
+        ),
+    ] {
+        let manifest = base
+            .replace("ANNOTATIONS", annotations)
+            .replace("MORE", more);
+        let (out, notes) = inject_ok(&["--capture", "-"], Some(&manifest));
+        assert_eq!(out, manifest, "{what}");
+        assert!(
+            notes.contains(&format!("Deployment/web: left alone: {what}")),
+            "{notes}"
+        );
+    }
+}
+
+#[test]
+fn a_port_of_tollgates_own_in_the_app_is_an_error_naming_both() {
+    let manifest = "apiVersion: v1\nkind: Pod\nmetadata:\n  name: app\nspec:\n  containers:\n  \
+                    - name: app\n    image: app:1\n    ports:\n    \
+                    - {name: metrics, containerPort: 15090}\n";
+    let (code, out, err) = inject(&["-"], Some(manifest));
+    assert_eq!((code, out.as_str()), (1, ""), "{err}");
+    assert!(
+        err.contains("Pod/app: container app's port 15090 (metrics) collides with tollgate's admin port 15090"),
+        "{err}"
+    );
+}
+
+#[test]
+fn every_real_manifest_injects_twice_to_the_same_and_validates() {
+    for file in [
+        "microservices-demo/kubernetes-manifests.yaml",
+        "kubernetes-examples/cassandra-statefulset.yaml",
+        "kubernetes-examples/cockroachdb-statefulset.yaml",
+        "kube-prometheus/grafana-deployment.yaml",
+        "kube-prometheus/nodeExporter-daemonset.yaml",
+        "argo-cd/install.yaml",
+    ] {
+        let Some(path) = real(file) else {
+            return;
+        };
+        for flags in [vec![], vec!["--capture"]] {
+            let mut args = flags.clone();
+            args.push(path.to_str().unwrap());
+            let (once, _) = inject_ok(&args, None);
+            let mut again = flags.clone();
+            again.push("-");
+            let (twice, _) = inject_ok(&again, Some(&once));
+            assert_eq!(twice, once, "{file} {flags:?}: a second inject changed it");
+            for (name, config) in configs(&docs(&once)) {
+                check_strict(&format!("{file}: {name}"), &config);
+            }
+            if !file.starts_with("argo-cd") {
+                validate(&format!("{file} {flags:?}"), &once);
+            }
+        }
+    }
+}
