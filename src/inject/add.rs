@@ -20,7 +20,26 @@ pub struct Options {
     pub capture: bool,
     pub image: String,
     pub iptables_image: String,
+    pub delivery: Delivery,
 }
+
+/// How the config reaches the sidecar.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Delivery {
+    /// A ConfigMap document written before the workload, mounted as a directory.
+    ConfigMap,
+    /// The admission webhook, which can change only the pod under review: the config in
+    /// the pod's annotation `tollgate.io/config`, mounted as a file through the downward
+    /// API, unless `tollgate.io/config-map` names a ConfigMap to mount instead.
+    Annotation,
+}
+
+/// The pod annotation that holds the config under [`Delivery::Annotation`].
+pub const CONFIG: &str = "tollgate.io/config";
+/// The pod annotation naming a ConfigMap of the user's own to mount instead.
+pub const CONFIG_MAP: &str = "tollgate.io/config-map";
+/// The pod annotation choosing the upstreams' discovery (`kubernetes`; default DNS).
+pub const DISCOVERY: &str = "tollgate.io/discovery";
 
 /// What injecting a pod did.
 pub enum Injected {
@@ -95,9 +114,31 @@ fn inject_parts(
     } else {
         add_proxy_env(spec, &mut record, &mut warnings);
     }
+    let config = configmap::config_text(
+        owner,
+        &called,
+        &found,
+        app_port,
+        opts.capture,
+        ann.discovery,
+    );
+    let volume = match (opts.delivery, &ann.config_map) {
+        (Delivery::ConfigMap, _) => sidecar::volume(&configmap::name_for(owner))?,
+        (Delivery::Annotation, Some(name)) => sidecar::volume(name)?,
+        (Delivery::Annotation, None) => {
+            let annotations =
+                map_at(meta, "annotations").ok_or("metadata.annotations is not a map")?;
+            let before = annotations.replace(s(CONFIG), s(&config));
+            record.annotations.insert(
+                CONFIG.into(),
+                before.and_then(|v| v.as_str().map(str::to_string)),
+            );
+            sidecar::downward_volume(CONFIG)?
+        }
+    };
     list_at(spec, "volumes")
         .ok_or("volumes is not a list")?
-        .push(sidecar::volume(&configmap::name_for(owner))?);
+        .push(volume);
     let needed = grace_needed(opts.mode);
     let grace = get(spec, "terminationGracePeriodSeconds").cloned();
     if grace.as_ref().and_then(Yaml::as_i64).unwrap_or(30) < needed {
@@ -113,7 +154,6 @@ fn inject_parts(
         .ok_or("metadata.annotations is not a map")?
         .insert(s(ANNOTATION), s(&record.to_annotation()));
 
-    let config = configmap::config_text(owner, &called, &found, app_port, opts.capture);
     let config_map = configmap::document(owner, &config)?;
     Ok(Injected::Done {
         config_map,
@@ -190,6 +230,11 @@ pub fn check_ports(spec: &Yaml) -> Result<(), String> {
 /// What the pod's annotations ask of `inject`.
 #[derive(Debug, Default)]
 pub struct Annotations {
+    /// `tollgate.io/config-map`: the ConfigMap to mount (the webhook).
+    pub config_map: Option<String>,
+    /// `tollgate.io/discovery: kubernetes`: the namespace carries the RBAC to watch
+    /// EndpointSlices.
+    pub discovery: configmap::Discovery,
     /// Ports that are not HTTP: the well-known ones and `tollgate.io/opaque-ports`.
     pub opaque: Vec<u16>,
     /// Ports capture leaves alone: the opaque ones and
@@ -235,7 +280,21 @@ impl Annotations {
                 exclude_outbound.push(p);
             }
         }
+        let text = |key: &str| ann.and_then(|a| str_at(a, key)).map(str::trim);
+        let discovery = match text(DISCOVERY) {
+            None | Some("dns") => configmap::Discovery::Dns,
+            Some("kubernetes") => configmap::Discovery::Kubernetes,
+            Some(other) => {
+                return Err(format!(
+                    "annotation {DISCOVERY}: `{other}` is neither dns nor kubernetes"
+                ));
+            }
+        };
         Ok(Annotations {
+            config_map: text(CONFIG_MAP)
+                .filter(|n| !n.is_empty())
+                .map(str::to_string),
+            discovery,
             opaque,
             exclude_outbound,
         })

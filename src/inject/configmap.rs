@@ -33,6 +33,16 @@ pub const OPAQUE_PORTS: [u16; 11] = [
     25, 587, 3306, 4222, 5432, 6379, 9042, 9092, 9300, 11211, 27017,
 ];
 
+/// How the upstreams find their endpoints.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Discovery {
+    /// The name the app calls, resolved as the app's own call is.
+    #[default]
+    Dns,
+    /// The Service's EndpointSlices, watched (the namespace carries the RBAC).
+    Kubernetes,
+}
+
 /// The ConfigMap's name for a workload.
 pub fn name_for(owner: &Owner) -> String {
     format!("{}-tollgate", owner.name)
@@ -165,6 +175,7 @@ pub fn config_text(
     probes: &Probes,
     app_port: Option<u16>,
     capture: bool,
+    discovery: Discovery,
 ) -> String {
     let mut t = String::new();
     let _ = writeln!(
@@ -215,7 +226,7 @@ pub fn config_text(
         t.push_str("]\n");
     }
     for c in called {
-        upstream(&mut t, c);
+        upstream(&mut t, c, discovery);
     }
     if let Some(port) = app_port {
         inbound(&mut t, port, probes, capture);
@@ -239,16 +250,38 @@ fn quoted(text: &str) -> String {
     out
 }
 
-fn upstream(t: &mut String, c: &Called) {
+fn upstream(t: &mut String, c: &Called, discovery: Discovery) {
     let (s, host) = (&c.service, &c.host);
-    let _ = writeln!(
+    let port = c.port;
+    let _ = write!(
         t,
         "\n# From {}.\n[upstreams.{s}]\n\
          # The name as the app wrote it, resolved in the pod's namespace; a name without\n\
          # dots also matches NAME.NAMESPACE, NAME.NAMESPACE.svc and its full cluster name.\n\
-         authorities = [\"{host}\"]\n\
-         endpoints = [\"{host}:{port}\"]\n\
-         connect_timeout = \"200ms\"\n\
+         authorities = [\"{host}\"]\n",
+        c.named_in,
+    );
+    match discovery {
+        Discovery::Dns => {
+            let _ = writeln!(t, "endpoints = [\"{host}:{port}\"]");
+        }
+        Discovery::Kubernetes => {
+            // `NAME` or `NAME.NAMESPACE`, as the host names it.
+            let mut labels = host.split('.');
+            let service = match (labels.next(), labels.next()) {
+                (Some(name), Some(ns)) => format!("{name}.{ns}"),
+                (Some(name), None) => name.to_string(),
+                _ => host.clone(),
+            };
+            let _ = writeln!(
+                t,
+                "discovery = \"kubernetes\"\nservice = \"{service}\"\nport = \"{port}\""
+            );
+        }
+    }
+    let _ = writeln!(
+        t,
+        "connect_timeout = \"200ms\"\n\
          # No timeout of tollgate's own: a request waits as long as the app's direct call\n\
          # would. To bound it, add request_timeout = \"5s\" (the deadline when the caller\n\
          # sends none) and attempt_timeout = \"1s\" (a retry starts beside a slow attempt).\n\
@@ -260,8 +293,6 @@ fn upstream(t: &mut String, c: &Called) {
          ratio = 0.1\n\
          min_per_sec = 5\n\
          window = \"10s\"",
-        c.named_in,
-        port = c.port,
     );
 }
 
@@ -269,7 +300,7 @@ fn inbound(t: &mut String, port: u16, probes: &Probes, capture: bool) {
     let how = if capture {
         "Capture sends every caller here."
     } else {
-        "Callers come here once the Service's\n# targetPort is tollgate-inbound (15006)."
+        "Callers come here once the Service's\n# targetPort is tollgate-in (15006)."
     };
     let _ = writeln!(
         t,

@@ -6,16 +6,20 @@
 //! (`add.rs`), preceded by a ConfigMap skeleton (`configmap.rs`). Every other document,
 //! and every pod that has tollgate already, is written back byte for byte: injecting
 //! twice changes nothing. `--uninject` takes it all out again (`remove.rs`), and
-//! `--dry-run` shows the change as a diff instead (`diff.rs`).
+//! `--dry-run` shows the change as a diff instead (`diff.rs`). `--serve` runs the same
+//! rewrite as a mutating admission webhook (`webhook.rs`, `review.rs`, `patch.rs`).
 
 mod add;
 mod configmap;
 mod diff;
+pub mod patch;
 mod pod;
 mod probes;
 mod record;
 mod remove;
+pub mod review;
 mod sidecar;
+pub mod webhook;
 pub mod yaml;
 
 use std::io::{Read, Write};
@@ -23,7 +27,7 @@ use std::path::PathBuf;
 
 use yaml_rust2::Yaml;
 
-pub use add::Options;
+pub use add::{Delivery, Options};
 pub use sidecar::Mode;
 
 use add::Injected;
@@ -34,7 +38,21 @@ use yaml::Chunk;
 #[derive(clap::Args, Debug)]
 pub struct InjectArgs {
     /// Manifests (YAML, any number of documents each); none or `-`: standard input.
+    #[arg(conflicts_with = "serve")]
     pub files: Vec<PathBuf>,
+    /// Serve the rewrite as a Kubernetes mutating admission webhook (AdmissionReview v1
+    /// at POST /mutate, over TLS) instead of rewriting files.
+    #[arg(long, requires_all = ["tls_cert", "tls_key"], conflicts_with_all = ["dry_run", "uninject"])]
+    pub serve: bool,
+    /// The webhook's address.
+    #[arg(long, default_value = "0.0.0.0:8443", requires = "serve")]
+    pub addr: std::net::SocketAddr,
+    /// The webhook's certificate chain (PEM), for the name its Service is called by.
+    #[arg(long, requires = "serve")]
+    pub tls_cert: Option<PathBuf>,
+    /// The webhook's private key (PEM).
+    #[arg(long, requires = "serve")]
+    pub tls_key: Option<PathBuf>,
     /// A plain sidecar container, for clusters before Kubernetes 1.29 (default: a
     /// native sidecar, an init container with `restartPolicy: Always`).
     #[arg(long)]
@@ -61,6 +79,18 @@ pub struct InjectArgs {
 /// The command: 0 when every input was read and written, 1 otherwise (nothing is
 /// written then).
 pub fn main(args: InjectArgs) -> i32 {
+    if args.serve {
+        let (Some(tls_cert), Some(tls_key)) = (args.tls_cert.clone(), args.tls_key.clone()) else {
+            eprintln!("tollgate inject --serve: --tls-cert and --tls-key are needed");
+            return 2;
+        };
+        let serve = webhook::Serve {
+            addr: args.addr,
+            tls_cert,
+            tls_key,
+        };
+        return webhook::serve(&serve, options(&args, Delivery::Annotation));
+    }
     let inputs = match read_inputs(&args.files) {
         Ok(i) => i,
         Err(e) => {
@@ -68,16 +98,7 @@ pub fn main(args: InjectArgs) -> i32 {
             return 1;
         }
     };
-    let opts = Options {
-        mode: if args.plain {
-            Mode::Plain
-        } else {
-            Mode::Native
-        },
-        capture: args.capture,
-        image: args.image.clone(),
-        iptables_image: args.iptables_image.clone(),
-    };
+    let opts = options(&args, Delivery::ConfigMap);
     let action = if args.uninject {
         Action::Uninject
     } else {
@@ -108,6 +129,20 @@ pub fn main(args: InjectArgs) -> i32 {
             eprintln!("tollgate inject: writing: {e}");
             1
         }
+    }
+}
+
+fn options(args: &InjectArgs, delivery: Delivery) -> Options {
+    Options {
+        mode: if args.plain {
+            Mode::Plain
+        } else {
+            Mode::Native
+        },
+        capture: args.capture,
+        image: args.image.clone(),
+        iptables_image: args.iptables_image.clone(),
+        delivery,
     }
 }
 

@@ -51,7 +51,7 @@ env:
   - name: POD_NAMESPACE
     valueFrom: {{fieldRef: {{fieldPath: metadata.namespace}}}}
 ports:
-  - name: tollgate-inbound
+  - name: tollgate-in
     containerPort: 15006
     protocol: TCP
   - name: tollgate-admin
@@ -142,6 +142,16 @@ pub fn volume(config_map: &str) -> Result<Yaml, String> {
     one(&format!(
         "name: {VOLUME}\nconfigMap:\n  name: {}\n",
         json(config_map)
+    ))
+}
+
+/// The config in the pod's annotation `annotation`, mounted as `tollgate.toml` in a
+/// directory (the kubelet rewrites the file when the annotation changes).
+pub fn downward_volume(annotation: &str) -> Result<Yaml, String> {
+    one(&format!(
+        "name: {VOLUME}\ndownwardAPI:\n  items:\n  - path: tollgate.toml\n    fieldRef:\n      \
+         fieldPath: {}\n",
+        json(&format!("metadata.annotations['{annotation}']"))
     ))
 }
 
