@@ -333,7 +333,7 @@ inject_case storefront "1.29.0 $K8S_NEWEST" -- $F/storefront.yaml
 inject_case storefront-plain-capture "$K8S_OLDEST 1.29.0 $K8S_NEWEST" --plain --capture -- $F/storefront.yaml
 inject_case ledger "1.29.0 $K8S_NEWEST" -- $F/ledger.yaml
 inject_case ledger-capture "1.29.0 $K8S_NEWEST" --capture -- $F/ledger.yaml
-inject_case payments "$K8S_OLDEST 1.29.0 $K8S_NEWEST" -- $F/payments-injected.yaml
+inject_case payments "$K8S_OLDEST 1.29.0 $K8S_NEWEST" --plain --capture -- $F/payments-injected.yaml
 cmp -s "$TMP/inject-payments/out.yaml" $F/payments-injected.yaml \
   || fail "tollgate inject changed payments-injected.yaml, which has tollgate already"
 pass "tollgate inject: the storefront (several containers, every kind of probe), the ledger StatefulSet (with and without capture, native and plain) and the injected payments: valid, consistent, their configs clean"

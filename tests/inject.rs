@@ -310,21 +310,35 @@ fn a_plain_sidecar_comes_first_with_a_grace_period_for_its_drain() {
 }
 
 /// The third manifest was injected already (it is what `inject --plain --capture` wrote
-/// for the payments Deployment, and deploy/podman/play.sh runs it): left byte for byte,
-/// and `--uninject` then `inject` again writes exactly it.
+/// for the payments Deployment, and deploy/podman/play.sh runs it): with the same
+/// options left byte for byte, with others updated, and `--uninject` then `inject`
+/// again writes exactly it.
 #[test]
 fn an_injected_manifest_is_left_as_it_is() {
     let path = fixture("payments-injected.yaml");
     let input = std::fs::read_to_string(&path).unwrap();
-    let (code, out, notes) = inject(&[path.to_str().unwrap()], None);
+    let (code, out, notes) = inject(&["--plain", "--capture", path.to_str().unwrap()], None);
     assert_eq!(code, 0, "{notes}");
     assert_eq!(out, input);
     assert!(
         notes.contains("Deployment/payments: has tollgate already"),
         "{notes}"
     );
-    let (_, diff, _) = inject(&["--dry-run", path.to_str().unwrap()], None);
+    let (_, diff, _) = inject(
+        &["--plain", "--capture", "--dry-run", path.to_str().unwrap()],
+        None,
+    );
     assert_eq!(diff, "", "nothing would change");
+    // Other options: the sidecar becomes what they make it.
+    let (_, diff, notes) = inject(&["--dry-run", path.to_str().unwrap()], None);
+    assert!(
+        diff.contains("+          restartPolicy: Always\n"),
+        "{diff}"
+    );
+    assert!(
+        notes.contains("re-injected Deployment/payments: native sidecar"),
+        "{notes}"
+    );
 
     let bare = inject_ok(&["--uninject", path.to_str().unwrap()], None);
     for gone in [

@@ -384,3 +384,105 @@ fn every_real_manifest_injects_twice_to_the_same_and_validates() {
         }
     }
 }
+
+#[test]
+fn re_injecting_with_other_options_updates_the_sidecar_and_keeps_the_config() {
+    let Some(path) = real("microservices-demo/kubernetes-manifests.yaml") else {
+        return;
+    };
+    let (once, _) = inject_ok(&[path.to_str().unwrap()], None);
+    // The platform engineer edits a ConfigMap, as they are told to.
+    let edited = once.replacen("min_per_sec = 5", "min_per_sec = 7 # edited by hand", 1);
+    assert_ne!(edited, once);
+    let (same, notes) = inject_ok(&["-"], Some(&edited));
+    assert_eq!(same, edited, "the same options: byte for byte");
+    assert!(!notes.contains("re-injected"), "{notes}");
+
+    let (updated, notes) = inject_ok(
+        &["--capture", "--image", "registry.example/tollgate:2", "-"],
+        Some(&edited),
+    );
+    assert!(
+        notes.contains("re-injected Deployment/frontend: native sidecar; capture"),
+        "{notes}"
+    );
+    assert!(
+        updated.contains("min_per_sec = 7 # edited by hand"),
+        "the edit is kept"
+    );
+    let got = docs(&updated);
+    assert_eq!(configs(&got).len(), 12, "no ConfigMap written twice");
+    let spec = &kind_named(&got, "Deployment", "frontend")["spec"]["template"]["spec"];
+    assert_eq!(
+        names(&spec["initContainers"]),
+        ["tollgate-iptables", "tollgate"]
+    );
+    assert_eq!(
+        container(&spec["initContainers"], "tollgate")["image"].as_str(),
+        Some("registry.example/tollgate:2")
+    );
+    let server = container(&spec["containers"], "server");
+    assert!(
+        server["env"]
+            .as_vec()
+            .unwrap()
+            .iter()
+            .all(|e| e["name"].as_str() != Some("http_proxy")),
+        "capture: no proxy variables left"
+    );
+    // And back: the first options give the first output again.
+    let (back, _) = inject_ok(&["-"], Some(&updated));
+    assert_eq!(back, edited);
+
+    // A workload whose ConfigMap was applied apart from it gets none written anew.
+    let deployment = once
+        .split("\n---\n")
+        .find(|d| d.contains("kind: Deployment") && d.contains("name: cartservice\n"))
+        .unwrap();
+    let (alone, _) = inject_ok(&["--plain", "-"], Some(deployment));
+    assert!(!alone.contains("kind: ConfigMap"), "{alone}");
+    assert!(alone.contains("preStop"), "{alone}");
+}
+
+#[test]
+fn merge_keys_are_resolved_and_an_alias_bomb_is_an_error_naming_the_file() {
+    let dir = TempDir::new("inject-yaml");
+    let merged = dir.path().join("merged.yaml");
+    std::fs::write(
+        &merged,
+        "apiVersion: v1\nkind: Pod\nmetadata:\n  name: app\nspec:\n  containers:\n  \
+         - name: app\n    image: app:1\n    ports: [{name: http, containerPort: 8080}]\n    \
+         readinessProbe: &probe\n      httpGet: {path: /healthz, port: http}\n      periodSeconds: 5\n    \
+         livenessProbe:\n      <<: *probe\n      periodSeconds: 10\n",
+    )
+    .unwrap();
+    let (out, _) = inject_ok(&[merged.to_str().unwrap()], None);
+    assert!(!out.contains("<<"), "{out}");
+    let got = docs(&out);
+    let app = container(&kind_named(&got, "Pod", "app")["spec"]["containers"], "app");
+    assert_eq!(
+        app["livenessProbe"]["httpGet"]["path"].as_str(),
+        Some("/probe/8080/healthz")
+    );
+    assert_eq!(app["livenessProbe"]["periodSeconds"].as_i64(), Some(10));
+    validate("merge keys", &out);
+
+    // 478 bytes that expand to a billion nodes.
+    let bomb = dir.path().join("bomb.yaml");
+    let mut text = String::from(
+        "a: &a [\"lol\",\"lol\",\"lol\",\"lol\",\"lol\",\"lol\",\"lol\",\"lol\",\"lol\"]\n",
+    );
+    let mut prev = 'a';
+    for name in ['b', 'c', 'd', 'e', 'f', 'g', 'h', 'i'] {
+        let list = vec![format!("*{prev}"); 9].join(",");
+        text.push_str(&format!("{name}: &{name} [{list}]\n"));
+        prev = name;
+    }
+    std::fs::write(&bomb, &text).unwrap();
+    let (code, out, err) = inject(&[bomb.to_str().unwrap()], None);
+    assert_eq!((code, out.as_str()), (1, ""), "{err}");
+    assert!(
+        err.contains(&format!("{}: document 1:", bomb.display())) && err.contains("alias"),
+        "{err}"
+    );
+}

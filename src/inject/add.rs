@@ -47,6 +47,12 @@ pub enum Injected {
     Already,
     /// A pod tollgate must not touch (why, for the note): nothing changed.
     LeftAlone(String),
+    /// Injected already, with other options: the sidecar is as these options make it;
+    /// the config is kept.
+    Updated {
+        summary: String,
+        warnings: Vec<String>,
+    },
     Done {
         /// The ConfigMap to write before the workload, unless one of its name is there.
         config_map: Yaml,
@@ -64,10 +70,51 @@ fn grace_needed(mode: Mode) -> i64 {
     }
 }
 
-/// Injects the pod held by `pod` (a Pod, or a workload's template).
+/// Injects the pod held by `pod` (a Pod, or a workload's template). A pod injected
+/// already is injected anew as these options would inject it (another image, mode or
+/// capture): [`Injected::Updated`] when that changes it, its config (the ConfigMap, or
+/// the annotation the webhook wrote, edits and all) kept as it is.
 pub fn inject(pod: &mut Yaml, owner: &Owner, opts: &Options) -> Result<Injected, String> {
-    with_parts(pod, |meta, spec| inject_parts(meta, spec, owner, opts))
-        .ok_or_else(|| format!("{}: no pod spec", owner.show()))?
+    let first = with_parts(pod, |meta, spec| inject_parts(meta, spec, owner, opts))
+        .ok_or_else(|| format!("{}: no pod spec", owner.show()))??;
+    if !matches!(first, Injected::Already) {
+        return Ok(first);
+    }
+    let kept = get(pod, "metadata")
+        .and_then(|m| get(m, "annotations"))
+        .and_then(|a| get(a, CONFIG))
+        .cloned();
+    let mut fresh = pod.clone();
+    if !super::remove::uninject(&mut fresh, owner)? {
+        return Ok(Injected::Already);
+    }
+    if get(&fresh, "metadata").is_none() {
+        super::yaml::set(&mut fresh, "metadata", Yaml::Hash(Default::default()));
+    }
+    let again = with_parts(&mut fresh, |meta, spec| {
+        inject_parts(meta, spec, owner, opts)
+    })
+    .ok_or_else(|| format!("{}: no pod spec", owner.show()))??;
+    let Injected::Done {
+        summary, warnings, ..
+    } = again
+    else {
+        return Ok(Injected::Already);
+    };
+    if let (Some(config), Some(meta)) = (kept, get_mut(&mut fresh, "metadata"))
+        && let Some(annotations) = map_at(meta, "annotations")
+        && annotations.contains_key(&s(CONFIG))
+    {
+        annotations.insert(s(CONFIG), config);
+    }
+    // Compared as Kubernetes stores objects: the order of a map's keys, and an empty
+    // list or map against none, are no change (`--uninject` cannot always put a key back
+    // where it was, nor tell an `env: []` written from one it emptied).
+    if stored(super::yaml::to_json(&fresh)) == stored(super::yaml::to_json(pod)) {
+        return Ok(Injected::Already);
+    }
+    *pod = fresh;
+    Ok(Injected::Updated { summary, warnings })
 }
 
 fn inject_parts(
@@ -160,6 +207,27 @@ fn inject_parts(
         summary: summary(owner, opts, &found, &called),
         warnings,
     })
+}
+
+/// `v` without its empty lists, maps and nulls, as the API server would keep it.
+fn stored(v: serde_json::Value) -> serde_json::Value {
+    use serde_json::Value;
+    let empty = |v: &Value| match v {
+        Value::Null => true,
+        Value::Array(a) => a.is_empty(),
+        Value::Object(o) => o.is_empty(),
+        _ => false,
+    };
+    match v {
+        Value::Object(o) => Value::Object(
+            o.into_iter()
+                .map(|(k, v)| (k, stored(v)))
+                .filter(|(_, v)| !empty(v))
+                .collect(),
+        ),
+        Value::Array(a) => Value::Array(a.into_iter().map(stored).collect()),
+        other => other,
+    }
 }
 
 /// Another mesh's proxies, by their containers' names.

@@ -390,6 +390,16 @@ fn inject_pod(
             notes.push(format!("{}: left alone: {why}", owner.show()));
             Ok(false)
         }
+        Injected::Updated { summary, warnings } => {
+            notes.push(format!(
+                "{} (updated: injected already; its ConfigMap kept as it is)",
+                summary.replacen("injected ", "re-injected ", 1)
+            ));
+            for w in warnings {
+                notes.push(format!("  warning: {}: {w}", owner.show()));
+            }
+            Ok(true)
+        }
         Injected::Already => {
             notes.push(format!(
                 "{}: has tollgate already, left as it is",

@@ -120,6 +120,13 @@ pub fn review(body: &[u8], opts: &Options) -> Result<Reviewed, String> {
             notes.extend(warnings);
             (ops, Outcome::Injected, notes, Vec::new())
         }
+        Ok(Injected::Updated { summary, warnings }) => {
+            let after = yaml::to_json(&doc);
+            let ops = patch::diff(object, &after);
+            let mut notes = vec![summary];
+            notes.extend(warnings);
+            (ops, Outcome::Injected, notes, Vec::new())
+        }
         Ok(Injected::Already) => (Vec::new(), Outcome::Unchanged, Vec::new(), Vec::new()),
         Ok(Injected::LeftAlone(why)) => (
             Vec::new(),
