@@ -256,7 +256,7 @@ fn a_statefulset_with_capture_gets_the_capture_init_container_and_no_proxy_varia
         iptables["securityContext"]["capabilities"]["add"][0].as_str(),
         Some("NET_ADMIN")
     );
-    assert_eq!(iptables["args"][0].as_str(), Some("--uid=65532"));
+    assert_eq!(iptables["args"][0].as_str(), Some("--uid=15000"));
     let ledger = container(&spec["containers"], "ledger");
     assert!(
         names(&ledger["env"])

@@ -486,3 +486,93 @@ fn merge_keys_are_resolved_and_an_alias_bomb_is_an_error_naming_the_file() {
         "{err}"
     );
 }
+
+#[test]
+fn jobs_get_the_native_sidecar_and_are_skipped_with_a_plain_one() {
+    let jobs = "apiVersion: batch/v1\nkind: Job\nmetadata:\n  name: report\nspec:\n  template:\n    \
+                spec:\n      restartPolicy: Never\n      containers:\n      - name: report\n        \
+                image: report:1\n---\napiVersion: batch/v1\nkind: CronJob\nmetadata:\n  name: nightly\n\
+                spec:\n  schedule: \"0 3 * * *\"\n  jobTemplate:\n    spec:\n      template:\n        \
+                spec:\n          restartPolicy: OnFailure\n          containers:\n          - name: sweep\n            \
+                image: sweep:1\n";
+    let (out, _) = inject_ok(&["-"], Some(jobs));
+    let got = docs(&out);
+    let job = &kind_named(&got, "Job", "report")["spec"]["template"]["spec"];
+    assert_eq!(names(&job["initContainers"]), ["tollgate"]);
+    assert_eq!(
+        job["initContainers"][0]["restartPolicy"].as_str(),
+        Some("Always")
+    );
+    let cron =
+        &kind_named(&got, "CronJob", "nightly")["spec"]["jobTemplate"]["spec"]["template"]["spec"];
+    assert_eq!(names(&cron["initContainers"]), ["tollgate"]);
+    validate("jobs", &out);
+
+    let (out, notes) = inject_ok(&["--plain", "-"], Some(jobs));
+    assert_eq!(out, jobs, "skipped under --plain");
+    for what in ["Job/report", "CronJob/nightly"] {
+        assert!(
+            notes.contains(&format!("{what}: left alone: its pods run to completion")),
+            "{notes}"
+        );
+    }
+}
+
+#[test]
+fn the_pod_annotations_steer_the_sidecar_and_the_app_stays_the_default_container() {
+    let manifest = "apiVersion: apps/v1\nkind: Deployment\nmetadata:\n  name: web\nspec:\n  \
+                    selector: {matchLabels: {app: web}}\n  template:\n    metadata:\n      \
+                    labels: {app: web}\n      annotations:\n        tollgate.io/mode: plain\n        \
+                    tollgate.io/proxy-cpu: 250m\n        tollgate.io/proxy-memory: 64Mi\n    spec:\n      \
+                    containers:\n      - name: web\n        image: web:1\n      - name: agent\n        image: agent:1\n";
+    let (out, notes) = inject_ok(&["--capture", "-"], Some(manifest));
+    let got = docs(&out);
+    let pod = &kind_named(&got, "Deployment", "web")["spec"]["template"];
+    let spec = &pod["spec"];
+    assert_eq!(
+        names(&spec["containers"]),
+        ["tollgate", "web", "agent"],
+        "plain, by the annotation"
+    );
+    assert_eq!(
+        pod["metadata"]["annotations"]["kubectl.kubernetes.io/default-container"].as_str(),
+        Some("web")
+    );
+    let tollgate = &spec["containers"][0];
+    assert_eq!(
+        tollgate["resources"]["requests"]["cpu"].as_str(),
+        Some("250m")
+    );
+    assert_eq!(
+        tollgate["resources"]["requests"]["memory"].as_str(),
+        Some("64Mi")
+    );
+    assert_eq!(
+        tollgate["resources"]["limits"]["memory"].as_str(),
+        Some("64Mi")
+    );
+    // Capture spares the sidecar's own UID, never distroless's 65532.
+    assert_eq!(
+        tollgate["securityContext"]["runAsUser"].as_i64(),
+        Some(15000)
+    );
+    let iptables = container(&spec["initContainers"], "tollgate-iptables");
+    assert_eq!(iptables["args"][0].as_str(), Some("--uid=15000"));
+    assert!(!out.contains("65532"), "{out}");
+    assert!(
+        notes.contains("terminationGracePeriodSeconds raised from 30 (the default) to 45"),
+        "{notes}"
+    );
+    validate("annotations", &out);
+    // Uninjected, the annotations are the workload's own again.
+    let (back, _) = inject_ok(&["--uninject", "-"], Some(&out));
+    assert_eq!(docs(&back), docs(manifest));
+
+    let bad = manifest.replace("64Mi", "64 megs");
+    let (code, _, err) = inject(&["-"], Some(&bad));
+    assert_eq!(code, 1);
+    assert!(
+        err.contains("tollgate.io/proxy-memory: `64 megs` is not a Kubernetes quantity"),
+        "{err}"
+    );
+}

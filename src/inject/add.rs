@@ -136,6 +136,17 @@ fn inject_parts(
     }
     check_ports(spec).map_err(|e| format!("{}: {e}", owner.show()))?;
     let ann = Annotations::read(meta).map_err(|e| format!("{}: {e}", owner.show()))?;
+    let opts = &Options {
+        mode: ann.mode.unwrap_or(opts.mode),
+        ..opts.clone()
+    };
+    if owner.runs_to_completion() && opts.mode == Mode::Plain {
+        return Ok(Injected::LeftAlone(
+            "its pods run to completion and a plain sidecar would keep them running: \
+             skipped (the native sidecar, without --plain, ends with them)"
+                .to_string(),
+        ));
+    }
     let mut record = Record::new();
     let mut warnings = Vec::new();
     let found = probes::move_to_admin(spec, &mut record);
@@ -145,6 +156,18 @@ fn inject_parts(
     let app_port = configmap::app_port(spec, &found, &ann.opaque);
 
     label_and_annotate(meta, &mut record, &mut warnings)?;
+    // `kubectl logs` and `exec` pick the app, not tollgate, when no container is named.
+    if let Some(first) = items(spec, "containers")
+        .first()
+        .and_then(|c| str_at(c, "name"))
+        .map(str::to_string)
+    {
+        let annotations = map_at(meta, "annotations").ok_or("metadata.annotations is not a map")?;
+        if !annotations.contains_key(&s(DEFAULT_CONTAINER)) {
+            annotations.insert(s(DEFAULT_CONTAINER), s(&first));
+            record.annotations.insert(DEFAULT_CONTAINER.into(), None);
+        }
+    }
     // Inbound, capture spares the ports the kubelet checks with TCP (captured, tollgate
     // would accept for an app that is down) and the app's ports that are not HTTP.
     let mut exclude_inbound = found.tcp_ports.clone();
@@ -155,7 +178,7 @@ fn inject_parts(
             }
         }
     }
-    add_containers(spec, opts, &exclude_inbound, &ann.exclude_outbound)?;
+    add_containers(spec, opts, &ann, &exclude_inbound)?;
     if opts.capture {
         check_capture_uid(spec, &mut warnings);
     } else {
@@ -192,6 +215,14 @@ fn inject_parts(
         let before = grace
             .as_ref()
             .map_or(serde_json::Value::Null, super::yaml::to_json);
+        warnings.push(format!(
+            "terminationGracePeriodSeconds raised from {} to {needed}: tollgate's drain \
+             ({DRAIN_SECONDS} s) must fit in it",
+            match &before {
+                serde_json::Value::Null => "30 (the default)".to_string(),
+                v => v.to_string(),
+            }
+        ));
         record
             .spec
             .insert("terminationGracePeriodSeconds".into(), before);
@@ -242,6 +273,11 @@ pub const TOLLGATE_PORTS: [(u16, &str); 3] = [
 pub const INJECT: &str = "tollgate.io/inject";
 pub const OPAQUE: &str = "tollgate.io/opaque-ports";
 pub const EXCLUDE_OUTBOUND: &str = "tollgate.io/exclude-outbound-ports";
+pub const MODE: &str = "tollgate.io/mode";
+pub const PROXY_CPU: &str = "tollgate.io/proxy-cpu";
+pub const PROXY_MEMORY: &str = "tollgate.io/proxy-memory";
+/// The container `kubectl logs` and `exec` pick when none is named.
+const DEFAULT_CONTAINER: &str = "kubectl.kubernetes.io/default-container";
 
 /// Why a pod must be left as it is, if it must: it shares the node's network
 /// (capture would rewrite the node's rules, and a sidecar's ports are the node's), it
@@ -303,6 +339,11 @@ pub struct Annotations {
     /// `tollgate.io/discovery: kubernetes`: the namespace carries the RBAC to watch
     /// EndpointSlices.
     pub discovery: configmap::Discovery,
+    /// `tollgate.io/mode: native|plain`, over `--plain`.
+    pub mode: Option<Mode>,
+    /// `tollgate.io/proxy-cpu` and `tollgate.io/proxy-memory`: the sidecar's requests
+    /// (memory: its limit too).
+    pub resources: sidecar::Resources,
     /// Ports that are not HTTP: the well-known ones and `tollgate.io/opaque-ports`.
     pub opaque: Vec<u16>,
     /// Ports capture leaves alone: the opaque ones and
@@ -358,7 +399,41 @@ impl Annotations {
                 ));
             }
         };
+        let mode = match text(MODE) {
+            None => None,
+            Some("native") => Some(Mode::Native),
+            Some("plain") => Some(Mode::Plain),
+            Some(other) => {
+                return Err(format!(
+                    "annotation {MODE}: `{other}` is neither native nor plain"
+                ));
+            }
+        };
+        let quantity = |key: &str| -> Result<Option<String>, String> {
+            let Some(q) = ann.and_then(|a| get(a, key)) else {
+                return Ok(None);
+            };
+            let q = match q {
+                Yaml::String(t) => t.trim().to_string(),
+                Yaml::Integer(i) => i.to_string(),
+                Yaml::Real(r) => r.clone(),
+                _ => String::new(),
+            };
+            if sidecar::is_quantity(&q) {
+                Ok(Some(q))
+            } else {
+                Err(format!(
+                    "annotation {key}: `{q}` is not a Kubernetes quantity (as \"250m\" or \"64Mi\")"
+                ))
+            }
+        };
+        let resources = sidecar::Resources {
+            cpu: quantity(PROXY_CPU)?,
+            memory: quantity(PROXY_MEMORY)?,
+        };
         Ok(Annotations {
+            mode,
+            resources,
             config_map: text(CONFIG_MAP)
                 .filter(|n| !n.is_empty())
                 .map(str::to_string),
@@ -437,11 +512,11 @@ fn label_and_annotate(
 fn add_containers(
     spec: &mut Yaml,
     opts: &Options,
+    ann: &Annotations,
     exclude_inbound: &[u16],
-    exclude_outbound: &[u16],
 ) -> Result<(), String> {
-    let tollgate = sidecar::tollgate(&opts.image, opts.mode)?;
-    let iptables = sidecar::iptables(&opts.iptables_image, exclude_inbound, exclude_outbound)?;
+    let tollgate = sidecar::tollgate(&opts.image, opts.mode, &ann.resources)?;
+    let iptables = sidecar::iptables(&opts.iptables_image, exclude_inbound, &ann.exclude_outbound)?;
     let inits = "initContainers";
     if opts.mode == Mode::Native || opts.capture {
         super::yaml::make_list_before(spec, inits, "containers");

@@ -365,10 +365,6 @@ fn inject_doc(
             Ok(changed)
         }
         Found::Pod(owner) => inject_pod(doc, &owner, opts, existing, made, notes),
-        Found::RunsToCompletion(what) => {
-            notes.push(format!("left {what} as it is: its pods run to completion"));
-            Ok(false)
-        }
         Found::Other => Ok(false),
     }
 }
@@ -450,6 +446,6 @@ fn uninject_doc(doc: &mut Yaml, notes: &mut Vec<String>) -> Result<bool, String>
             }
             Ok(changed)
         }
-        Found::RunsToCompletion(_) | Found::Other => Ok(false),
+        Found::Other => Ok(false),
     }
 }

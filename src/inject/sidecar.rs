@@ -10,8 +10,10 @@ use yaml_rust2::Yaml;
 use super::configmap::json;
 use super::yaml::one;
 
-/// tollgate's UID in the image; the capture rules spare its own connections by it.
-pub const UID: u32 = 65532;
+/// The sidecar's UID; the capture rules spare its own connections by it. Its own, never
+/// a common image default (65532 is distroless's "nonroot": an app running as it would
+/// not be captured).
+pub const UID: u32 = 15000;
 pub const CONTAINER: &str = "tollgate";
 pub const IPTABLES: &str = "tollgate-iptables";
 pub const VOLUME: &str = "tollgate-config";
@@ -27,8 +29,33 @@ pub enum Mode {
     Plain,
 }
 
+/// The sidecar's resources, when a pod's annotations set them.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Resources {
+    /// Its CPU request (default 100m).
+    pub cpu: Option<String>,
+    /// Its memory request and limit (default: 32Mi requested, 128Mi limit).
+    pub memory: Option<String>,
+}
+
+/// A Kubernetes quantity as people write one: digits (a decimal point allowed) and an
+/// optional suffix.
+pub fn is_quantity(q: &str) -> bool {
+    const SUFFIXES: [&str; 13] = [
+        "", "m", "k", "M", "G", "T", "P", "E", "Ki", "Mi", "Gi", "Ti", "Pi",
+    ];
+    let number_end = q
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(q.len());
+    let (number, suffix) = q.split_at(number_end);
+    !number.is_empty()
+        && number.bytes().any(|b| b.is_ascii_digit())
+        && number.matches('.').count() <= 1
+        && SUFFIXES.contains(&suffix)
+}
+
 /// The tollgate container.
-pub fn tollgate(image: &str, mode: Mode) -> Result<Yaml, String> {
+pub fn tollgate(image: &str, mode: Mode, resources: &Resources) -> Result<Yaml, String> {
     let order = match mode {
         Mode::Native => "restartPolicy: Always\n".to_string(),
         Mode::Plain => format!(
@@ -73,8 +100,8 @@ livenessProbe:
   timeoutSeconds: 2
   failureThreshold: 3
 resources:
-  requests: {{cpu: 100m, memory: 32Mi}}
-  limits: {{memory: 128Mi}}
+  requests: {{cpu: {cpu}, memory: {memory}}}
+  limits: {{memory: {limit}}}
 securityContext:
   runAsNonRoot: true
   runAsUser: {UID}
@@ -90,6 +117,9 @@ volumeMounts:
     readOnly: true
 ",
         image = json(image),
+        cpu = json(resources.cpu.as_deref().unwrap_or("100m")),
+        memory = json(resources.memory.as_deref().unwrap_or("32Mi")),
+        limit = json(resources.memory.as_deref().unwrap_or("128Mi")),
     ))
 }
 
@@ -171,7 +201,8 @@ mod tests {
     #[test]
     fn the_templates_read() {
         for mode in [Mode::Native, Mode::Plain] {
-            let c = tollgate("registry.example/tollgate:1", mode).unwrap_or(Yaml::Null);
+            let c = tollgate("registry.example/tollgate:1", mode, &Resources::default())
+                .unwrap_or(Yaml::Null);
             assert_eq!(str_at(&c, "image"), Some("registry.example/tollgate:1"));
             assert_eq!(get(&c, "restartPolicy").is_some(), mode == Mode::Native);
         }
@@ -182,5 +213,11 @@ mod tests {
             Some("--exclude-inbound-ports=9000,9001")
         );
         assert!(volume("x-tollgate").is_ok());
+        for ok in ["100m", "0.5", "64Mi", "1Gi", "2"] {
+            assert!(is_quantity(ok), "{ok}");
+        }
+        for bad in ["", "m", "64MB", "1..5", "-1", "64 Mi"] {
+            assert!(!is_quantity(bad), "{bad}");
+        }
     }
 }
