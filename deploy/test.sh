@@ -192,7 +192,7 @@ print("\n".join(next(c for c in spec["initContainers"] if c["name"] == "tollgate
   $K/deployment-capture.yaml)
 "$TOLLGATE" iptables "${IPT_ARGS[@]}" --dry-run >"$TMP/iptables.out" 2>&1 \
   || { cat "$TMP/iptables.out" >&3; fail "tollgate iptables refuses the init container's args: ${IPT_ARGS[*]}"; }
-for want in '-A TOLLGATE_OUTPUT -m owner --uid-owner 65532 -j RETURN' \
+for want in '-A TOLLGATE_OUTPUT -m owner --uid-owner 15000 -j RETURN' \
   '-A TOLLGATE_OUTPUT -p tcp -j REDIRECT --to-ports 15001' \
   '-A TOLLGATE_INBOUND -p tcp --dport 15090 -j RETURN' \
   '-A TOLLGATE_INBOUND -p tcp -j REDIRECT --to-ports 15006'; do

@@ -89,8 +89,8 @@ pub fn review(body: &[u8], opts: &Options) -> Result<Reviewed, String> {
         }
         json!({"apiVersion": api_version, "kind": "AdmissionReview", "response": response})
     };
-    let is_pod =
-        request["kind"]["kind"] == "Pod" && request["kind"]["group"].as_str().unwrap_or("") == "";
+    let is_pod = request["kind"]["kind"] == "Pod"
+        && request["kind"]["group"].as_str().unwrap_or("").is_empty();
     let creating = request["operation"].as_str().is_none_or(|o| o == "CREATE");
     if !is_pod || !creating || !object.is_object() || request["subResource"].is_string() {
         return Ok(Reviewed {
