@@ -195,6 +195,18 @@ fn the_shop_gets_no_timeout_of_tollgates_own_and_its_names_as_written() {
         ] {
             assert!(frontend.contains(want), "{want} not in\n{frontend}");
         }
+        // Comments in the workloads survive, each where it was.
+        let input = std::fs::read_to_string(&path).unwrap();
+        for comment in input.lines().filter(|l| l.trim_start().starts_with('#')) {
+            assert!(
+                out.lines().any(|l| l.trim() == comment.trim()),
+                "{flags:?}: lost {comment}"
+            );
+        }
+        assert!(
+            out.contains("            # - name: ENV_PLATFORM\n            #   value: \"aws\"\n            - name: ENABLE_PROFILER\n"),
+            "{out}"
+        );
         validate(&format!("microservices-demo {flags:?}"), &out);
     }
 }
@@ -573,6 +585,35 @@ fn the_pod_annotations_steer_the_sidecar_and_the_app_stays_the_default_container
     assert_eq!(code, 1);
     assert!(
         err.contains("tollgate.io/proxy-memory: `64 megs` is not a Kubernetes quantity"),
+        "{err}"
+    );
+}
+
+#[test]
+fn a_pod_that_says_its_namespace_carries_the_rbac_gets_kubernetes_discovery() {
+    let manifest = "apiVersion: v1\nkind: Pod\nmetadata:\n  name: app\n  namespace: shop\n  \
+                    annotations:\n    tollgate.io/discovery: kubernetes\nspec:\n  containers:\n  \
+                    - name: app\n    image: app:1\n    env:\n    \
+                    - {name: A, value: \"http://payments:8080\"}\n    \
+                    - {name: B, value: \"http://ledger.finance.svc:9000\"}\n";
+    let (out, _) = inject_ok(&["-"], Some(manifest));
+    let got = docs(&out);
+    let config = kind_named(&got, "ConfigMap", "app-tollgate")["data"]["tollgate.toml"]
+        .as_str()
+        .unwrap();
+    for want in [
+        "discovery = \"kubernetes\"\nservice = \"payments\"\nport = \"8080\"",
+        "discovery = \"kubernetes\"\nservice = \"ledger.finance\"\nport = \"9000\"",
+    ] {
+        assert!(config.contains(want), "{want} not in\n{config}");
+    }
+    assert!(!config.contains("endpoints = "), "{config}");
+    check_strict("discovery", config);
+    let bad = manifest.replace("discovery: kubernetes", "discovery: consul");
+    let (code, _, err) = inject(&["-"], Some(&bad));
+    assert_eq!(code, 1);
+    assert!(
+        err.contains("tollgate.io/discovery: `consul` is neither dns nor kubernetes"),
         "{err}"
     );
 }

@@ -1,15 +1,17 @@
 //! `tollgate inject`: Kubernetes manifests in, the same manifests out with tollgate in
 //! every pod, as `linkerd inject` and `istioctl kube-inject` do for their proxies.
 //!
-//! It reads Deployments, StatefulSets, DaemonSets, ReplicaSets and Pods (files or
-//! standard input, many documents each, `List`s too) and writes each with the sidecar
-//! (`add.rs`), preceded by a ConfigMap skeleton (`configmap.rs`). Every other document,
-//! and every pod that has tollgate already, is written back byte for byte: injecting
-//! twice changes nothing. `--uninject` takes it all out again (`remove.rs`), and
+//! It reads Deployments, StatefulSets, DaemonSets, ReplicaSets, Jobs, CronJobs and Pods
+//! (files or standard input, many documents each, `List`s too) and writes each with the
+//! sidecar (`add.rs`), preceded by a ConfigMap skeleton (`configmap.rs`). Every other
+//! document, and every pod that has tollgate already as these options would put it, is
+//! written back byte for byte: injecting twice changes nothing; a workload written anew
+//! keeps its comments (`comments.rs`). `--uninject` takes it all out again (`remove.rs`), and
 //! `--dry-run` shows the change as a diff instead (`diff.rs`). `--serve` runs the same
 //! rewrite as a mutating admission webhook (`webhook.rs`, `review.rs`, `patch.rs`).
 
 mod add;
+mod comments;
 mod configmap;
 mod diff;
 pub mod patch;
@@ -301,18 +303,18 @@ pub fn transform(inputs: &[Input], action: &Action) -> Result<Output, String> {
             });
         }
         if changed {
+            // Written anew, with the comments of the text it came from put back.
+            let written = |d: &Yaml| {
+                format!(
+                    "{}{}",
+                    yaml::leading_comments(&chunk.text),
+                    comments::carry(&chunk.text, &yaml::emit(d))
+                )
+            };
             out.docs.push(OutDoc {
-                text: format!(
-                    "{}{}",
-                    yaml::leading_comments(&chunk.text),
-                    yaml::emit(&new)
-                ),
+                text: written(&new),
+                was: Some(written(&doc)),
                 separator: chunk.separator,
-                was: Some(format!(
-                    "{}{}",
-                    yaml::leading_comments(&chunk.text),
-                    yaml::emit(&doc)
-                )),
                 source,
             });
         } else {
