@@ -9,7 +9,8 @@
 //! - a pod in an unlabelled namespace, a hostNetwork pod, and a pod annotated
 //!   `tollgate.io/inject: "false"` come back untouched; a pod whose port clashes with
 //!   tollgate's is admitted unchanged (counted `refused` in the webhook's metrics);
-//! - with the webhook down, pods are still created (failurePolicy Ignore).
+//! - with the webhook down, or hung past `timeoutSeconds`, pods are still created
+//!   (failurePolicy Ignore).
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -379,6 +380,7 @@ async fn the_api_server_injects_pods_through_the_webhook_and_never_waits_on_it()
     assert!(log.contains("port 15090 (metrics) collides"), "{log}");
 
     // The webhook down: pods are created all the same, without tollgate.
+    let addr = webhook.addr;
     drop(webhook);
     let got = create_pod(
         &cluster,
@@ -388,4 +390,16 @@ async fn the_api_server_injects_pods_through_the_webhook_and_never_waits_on_it()
     )
     .await;
     assert!(!has_tollgate(&got), "{got}");
+    // Hung (its port takes connections and never answers): the API server gives up at
+    // timeoutSeconds and creates the pod without tollgate.
+    let silent = std::net::TcpListener::bind(addr).unwrap();
+    let got = create_pod(
+        &cluster,
+        "shop",
+        pod("while-hung", json!({}), json!({})),
+        false,
+    )
+    .await;
+    assert!(!has_tollgate(&got), "{got}");
+    drop(silent);
 }
