@@ -162,7 +162,10 @@ fn routing(c: &mut Criterion) {
             ]
         })
         .collect();
-    let routes = Routes::new(names.iter().enumerate().map(|(i, a)| (i, a.as_slice())));
+    let routes = Routes::new(
+        names.iter().enumerate().map(|(i, a)| (i, a.as_slice())),
+        None,
+    );
     c.bench_function("route: host with port, 50 upstreams", |bench| {
         bench.iter(|| black_box(routes.lookup(black_box("service-42:8080"))))
     });

@@ -192,7 +192,7 @@ print("\n".join(next(c for c in spec["initContainers"] if c["name"] == "tollgate
   $K/deployment-capture.yaml)
 "$TOLLGATE" iptables "${IPT_ARGS[@]}" --dry-run >"$TMP/iptables.out" 2>&1 \
   || { cat "$TMP/iptables.out" >&3; fail "tollgate iptables refuses the init container's args: ${IPT_ARGS[*]}"; }
-for want in '-A TOLLGATE_OUTPUT -m owner --uid-owner 65532 -j RETURN' \
+for want in '-A TOLLGATE_OUTPUT -m owner --uid-owner 15000 -j RETURN' \
   '-A TOLLGATE_OUTPUT -p tcp -j REDIRECT --to-ports 15001' \
   '-A TOLLGATE_INBOUND -p tcp --dport 15090 -j RETURN' \
   '-A TOLLGATE_INBOUND -p tcp -j REDIRECT --to-ports 15006'; do
@@ -333,7 +333,7 @@ inject_case storefront "1.29.0 $K8S_NEWEST" -- $F/storefront.yaml
 inject_case storefront-plain-capture "$K8S_OLDEST 1.29.0 $K8S_NEWEST" --plain --capture -- $F/storefront.yaml
 inject_case ledger "1.29.0 $K8S_NEWEST" -- $F/ledger.yaml
 inject_case ledger-capture "1.29.0 $K8S_NEWEST" --capture -- $F/ledger.yaml
-inject_case payments "$K8S_OLDEST 1.29.0 $K8S_NEWEST" -- $F/payments-injected.yaml
+inject_case payments "$K8S_OLDEST 1.29.0 $K8S_NEWEST" --plain --capture -- $F/payments-injected.yaml
 cmp -s "$TMP/inject-payments/out.yaml" $F/payments-injected.yaml \
   || fail "tollgate inject changed payments-injected.yaml, which has tollgate already"
 pass "tollgate inject: the storefront (several containers, every kind of probe), the ledger StatefulSet (with and without capture, native and plain) and the injected payments: valid, consistent, their configs clean"

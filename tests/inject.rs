@@ -193,7 +193,8 @@ fn a_pod_with_several_containers_gets_the_sidecar_and_its_http_probes_move() {
     let config = cm["data"]["tollgate.toml"].as_str().unwrap();
     for want in [
         "[upstreams.payments]",
-        "endpoints = [\"payments.shop.svc.cluster.local:8080\"]",
+        "endpoints = [\"payments:8080\"]",
+        "authorities = [\"payments\"]",
         "[upstreams.inventory]",
         "endpoints = [\"inventory.warehouse.svc.cluster.local:9000\"]",
         "addr = \"0.0.0.0:15090\"",
@@ -211,7 +212,7 @@ fn a_pod_with_several_containers_gets_the_sidecar_and_its_http_probes_move() {
     check_strict(config);
     assert!(notes.contains("injected Deployment/storefront"), "{notes}");
     assert!(
-        notes.contains("VAULT_ADDR calls vault over https"),
+        notes.contains("VAULT_ADDR calls vault.security.svc over https"),
         "{notes}"
     );
 }
@@ -255,7 +256,7 @@ fn a_statefulset_with_capture_gets_the_capture_init_container_and_no_proxy_varia
         iptables["securityContext"]["capabilities"]["add"][0].as_str(),
         Some("NET_ADMIN")
     );
-    assert_eq!(iptables["args"][0].as_str(), Some("--uid=65532"));
+    assert_eq!(iptables["args"][0].as_str(), Some("--uid=15000"));
     let ledger = container(&spec["containers"], "ledger");
     assert!(
         names(&ledger["env"])
@@ -277,7 +278,7 @@ fn a_statefulset_with_capture_gets_the_capture_init_container_and_no_proxy_varia
         "[upstreams.accounts]",
         "endpoints = [\"accounts.finance.svc.cluster.local:80\"]",
         "[upstreams.audit]",
-        "endpoints = [\"audit.compliance.svc.cluster.local:8080\"]",
+        "endpoints = [\"audit.compliance.svc:8080\"]",
         "Capture sends every caller here.",
     ] {
         assert!(config.contains(want), "{want} not in\n{config}");
@@ -309,21 +310,35 @@ fn a_plain_sidecar_comes_first_with_a_grace_period_for_its_drain() {
 }
 
 /// The third manifest was injected already (it is what `inject --plain --capture` wrote
-/// for the payments Deployment, and deploy/podman/play.sh runs it): left byte for byte,
-/// and `--uninject` then `inject` again writes exactly it.
+/// for the payments Deployment, and deploy/podman/play.sh runs it): with the same
+/// options left byte for byte, with others updated, and `--uninject` then `inject`
+/// again writes exactly it.
 #[test]
 fn an_injected_manifest_is_left_as_it_is() {
     let path = fixture("payments-injected.yaml");
     let input = std::fs::read_to_string(&path).unwrap();
-    let (code, out, notes) = inject(&[path.to_str().unwrap()], None);
+    let (code, out, notes) = inject(&["--plain", "--capture", path.to_str().unwrap()], None);
     assert_eq!(code, 0, "{notes}");
     assert_eq!(out, input);
     assert!(
         notes.contains("Deployment/payments: has tollgate already"),
         "{notes}"
     );
-    let (_, diff, _) = inject(&["--dry-run", path.to_str().unwrap()], None);
+    let (_, diff, _) = inject(
+        &["--plain", "--capture", "--dry-run", path.to_str().unwrap()],
+        None,
+    );
     assert_eq!(diff, "", "nothing would change");
+    // Other options: the sidecar becomes what they make it.
+    let (_, diff, notes) = inject(&["--dry-run", path.to_str().unwrap()], None);
+    assert!(
+        diff.contains("+          restartPolicy: Always\n"),
+        "{diff}"
+    );
+    assert!(
+        notes.contains("re-injected Deployment/payments: native sidecar"),
+        "{notes}"
+    );
 
     let bare = inject_ok(&["--uninject", path.to_str().unwrap()], None);
     for gone in [

@@ -9,6 +9,7 @@
 //!
 //! This is the lowest layer: it imports nothing from the rest of tollgate.
 
+pub mod cluster;
 mod diagnostic;
 pub mod diff;
 pub mod figures;
@@ -26,7 +27,9 @@ pub use diagnostic::{ConfigErrors, Diagnostic, Severity, Source};
 pub use files::{MAX_FILE, files_unchanged, read_files};
 pub use lint::lint;
 pub use model::*;
-pub use parse::{normalize_authority, parse, parse_endpoint, parse_lenient, source_hash};
+pub use parse::{
+    NOT_A_PROBE_FIELD, normalize_authority, parse, parse_endpoint, parse_lenient, source_hash,
+};
 
 use std::path::{Path, PathBuf};
 

@@ -1,6 +1,27 @@
-//! Standard base64 (RFC 4648, `+/`, padding optional), decoding only: a kubeconfig's
+//! Standard base64 (RFC 4648, `+/`, padding optional): a kubeconfig's
 //! `certificate-authority-data`, `client-certificate-data` and `client-key-data` are
-//! written in it. Thirty lines here rather than a crate for the one use.
+//! written in it, and an AdmissionReview's patch. Forty lines here rather than a crate
+//! for the two uses.
+
+const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+
+/// `bytes` in base64, padded.
+pub fn encode(bytes: &[u8]) -> String {
+    let mut out = String::with_capacity(bytes.len().div_ceil(3) * 4);
+    for chunk in bytes.chunks(3) {
+        let at = |i: usize| chunk.get(i).copied().unwrap_or(0);
+        let b = [at(0), at(1), at(2)];
+        let n = (u32::from(b[0]) << 16) | (u32::from(b[1]) << 8) | u32::from(b[2]);
+        for i in 0..4 {
+            if i <= chunk.len() {
+                out.push(char::from(ALPHABET[(n >> (18 - 6 * i)) as usize & 63]));
+            } else {
+                out.push('=');
+            }
+        }
+    }
+    out
+}
 
 /// The bytes `text` encodes; whitespace (a wrapped line) is skipped.
 pub fn decode(text: &str) -> Result<Vec<u8>, String> {
@@ -55,6 +76,7 @@ mod tests {
             ("foobar", "Zm9vYmFy"),
         ] {
             assert_eq!(decode(encoded).unwrap(), plain.as_bytes(), "{encoded}");
+            assert_eq!(super::encode(plain.as_bytes()), encoded);
             let bare = encoded.trim_end_matches('=');
             assert_eq!(decode(bare).unwrap(), plain.as_bytes(), "{bare}");
         }

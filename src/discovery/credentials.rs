@@ -256,29 +256,7 @@ fn certificates(pem: &[u8], what: &str) -> Result<Vec<CertificateDer<'static>>, 
     Ok(certs)
 }
 
-/// The cluster's DNS domain, from a resolv.conf's search list: `D` of its
-/// `NS.svc.D` (or `svc.D`) entry; `None` when there is none.
-pub fn cluster_domain(resolv_conf: &str) -> Option<String> {
-    let search = resolv_conf
-        .lines()
-        .filter_map(|l| l.strip_prefix("search"))
-        .filter(|rest| rest.starts_with([' ', '\t']))
-        .flat_map(str::split_whitespace);
-    for entry in search {
-        let entry = entry.trim_end_matches('.');
-        let domain = match entry.split_once(".svc.") {
-            Some((ns, domain)) if !ns.is_empty() && !ns.contains('.') => domain,
-            _ => match entry.strip_prefix("svc.") {
-                Some(domain) => domain,
-                None => continue,
-            },
-        };
-        if !domain.is_empty() {
-            return Some(domain.to_string());
-        }
-    }
-    None
-}
+pub use crate::config::cluster::cluster_domain;
 
 #[cfg(test)]
 mod tests {

@@ -15,11 +15,32 @@ use super::yaml::{items, str_at};
 /// The Service the app calls, as its environment names it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Called {
+    /// The upstream's name: the Service's (the first label of the host).
     pub service: String,
-    pub namespace: String,
+    /// The host as the app wrote it (`payments`, `ledger.money.svc`): kept so, resolved
+    /// in the namespace the pod runs in, as the app's own call is.
+    pub host: String,
     pub port: u16,
     /// Where it was named: `CONTAINER: VAR=value`.
     pub named_in: String,
+}
+
+/// Ports that speak something other than HTTP, well known enough that a `host:port` on
+/// them is never taken for an upstream, and that capture leaves alone: SMTP, MySQL,
+/// NATS, PostgreSQL, Redis, Cassandra, Kafka, Elasticsearch's transport, memcached,
+/// MongoDB.
+pub const OPAQUE_PORTS: [u16; 11] = [
+    25, 587, 3306, 4222, 5432, 6379, 9042, 9092, 9300, 11211, 27017,
+];
+
+/// How the upstreams find their endpoints.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Discovery {
+    /// The name the app calls, resolved as the app's own call is.
+    #[default]
+    Dns,
+    /// The Service's EndpointSlices, watched (the namespace carries the RBAC).
+    Kubernetes,
 }
 
 /// The ConfigMap's name for a workload.
@@ -27,9 +48,10 @@ pub fn name_for(owner: &Owner) -> String {
     format!("{}-tollgate", owner.name)
 }
 
-/// The Services the app's containers name in their environment, each once (by name and
-/// namespace; the first port named wins).
-pub fn services(spec: &Yaml, namespace: &str) -> (Vec<Called>, Vec<String>) {
+/// The Services the app's containers name in their environment, each once (by host as
+/// written; the first port named wins). A port in `opaque` is not HTTP: never an
+/// upstream.
+pub fn services(spec: &Yaml, opaque: &[u16]) -> (Vec<Called>, Vec<String>) {
     let mut found: Vec<Called> = Vec::new();
     let mut notes = Vec::new();
     for c in items(spec, "containers") {
@@ -39,9 +61,9 @@ pub fn services(spec: &Yaml, namespace: &str) -> (Vec<Called>, Vec<String>) {
                 continue;
             };
             if let Some(tls) = value.strip_prefix("https://") {
-                if let Some((service, _, _)) = service_in(tls) {
+                if let Some((host, _)) = service_in(tls) {
                     notes.push(format!(
-                        "{container}: {name} calls {service} over https: passed through untouched \
+                        "{container}: {name} calls {host} over https: passed through untouched \
                          (call http:// and let tollgate originate TLS to retry it)"
                     ));
                 }
@@ -53,7 +75,7 @@ pub fn services(spec: &Yaml, namespace: &str) -> (Vec<Called>, Vec<String>) {
                 None if value.contains(':') && !value.contains('/') => value,
                 None => continue,
             };
-            let Some((service, ns, port)) = service_in(rest) else {
+            let Some((host, port)) = service_in(rest) else {
                 continue;
             };
             let port = match (port, value.starts_with("http://")) {
@@ -61,26 +83,37 @@ pub fn services(spec: &Yaml, namespace: &str) -> (Vec<Called>, Vec<String>) {
                 (None, true) => 80,
                 (None, false) => continue,
             };
-            let namespace = ns.unwrap_or(namespace).to_string();
-            if !found
-                .iter()
-                .any(|f| f.service == service && f.namespace == namespace)
-            {
-                found.push(Called {
-                    service,
-                    namespace,
-                    port,
-                    named_in: format!("{container}: {name}={value}"),
-                });
+            if opaque.contains(&port) {
+                notes.push(format!(
+                    "{container}: {name}={value}: port {port} is not HTTP: no upstream, and \
+                     capture leaves it alone"
+                ));
+                continue;
             }
+            if found.iter().any(|f| f.host == host) {
+                continue;
+            }
+            let first = host.split('.').next().unwrap_or(&host).to_string();
+            let service = if found.iter().any(|f| f.service == first) {
+                host.replace('.', "-")
+            } else {
+                first
+            };
+            found.push(Called {
+                service,
+                host,
+                port,
+                named_in: format!("{container}: {name}={value}"),
+            });
         }
     }
     (found, notes)
 }
 
-/// `service[.namespace[.svc[.cluster.local]]][:port]` at the start of `rest`; a name
-/// of two labels is taken for an outside host (`example.com`), not `service.namespace`.
-fn service_in(rest: &str) -> Option<(String, Option<&str>, Option<u16>)> {
+/// `service[.namespace[.svc[.cluster.local]]][:port]` at the start of `rest`, the host
+/// as written (without a trailing dot); a name of two labels is taken for an outside
+/// host (`example.com`), not `service.namespace`.
+fn service_in(rest: &str) -> Option<(String, Option<u16>)> {
     let authority = rest.split(['/', '?', '#']).next()?;
     let authority = authority.rsplit('@').next()?;
     let (host, port) = match authority.rsplit_once(':') {
@@ -99,31 +132,40 @@ fn service_in(rest: &str) -> Option<(String, Option<&str>, Option<u16>)> {
     if !labels.iter().all(dns_label) || labels[0].bytes().all(|b| b.is_ascii_digit()) {
         return None;
     }
-    let namespace = match labels.as_slice() {
-        [one] if *one != "localhost" => None,
-        [_, ns, "svc"] | [_, ns, "svc", "cluster", "local"] => Some(*ns),
+    match labels.as_slice() {
+        [one] if *one != "localhost" => {}
+        [_, _, "svc", ..] => {}
         _ => return None,
-    };
-    Some((labels[0].to_string(), namespace, port))
+    }
+    Some((host.to_string(), port))
 }
 
 /// The app's port for `[inbound] app`: the port its HTTP probes ask, else the first
-/// TCP port the first container declares.
-pub fn app_port(spec: &Yaml, probes: &Probes) -> Option<u16> {
+/// TCP port the first container declares, unless that one is not HTTP (`opaque`).
+pub fn app_port(spec: &Yaml, probes: &Probes, opaque: &[u16]) -> Option<u16> {
     probes.http_ports.first().copied().or_else(|| {
         let first = items(spec, "containers").first()?;
-        items(first, "ports")
-            .iter()
-            .filter(|p| str_at(p, "protocol").is_none_or(|p| p == "TCP"))
-            .find_map(|p| {
-                u16::try_from(
-                    p.as_hash()?
-                        .get(&super::yaml::s("containerPort"))?
-                        .as_i64()?,
-                )
-                .ok()
-            })
+        tcp_ports(first)
+            .into_iter()
+            .next()
+            .filter(|p| !opaque.contains(p))
     })
+}
+
+/// The TCP ports a container declares, in order.
+pub fn tcp_ports(container: &Yaml) -> Vec<u16> {
+    items(container, "ports")
+        .iter()
+        .filter(|p| str_at(p, "protocol").is_none_or(|p| p == "TCP"))
+        .filter_map(|p| {
+            u16::try_from(
+                p.as_hash()?
+                    .get(&super::yaml::s("containerPort"))?
+                    .as_i64()?,
+            )
+            .ok()
+        })
+        .collect()
 }
 
 /// The text of `tollgate.toml`.
@@ -133,6 +175,7 @@ pub fn config_text(
     probes: &Probes,
     app_port: Option<u16>,
     capture: bool,
+    discovery: Discovery,
 ) -> String {
     let mut t = String::new();
     let _ = writeln!(
@@ -183,7 +226,7 @@ pub fn config_text(
         t.push_str("]\n");
     }
     for c in called {
-        upstream(&mut t, c);
+        upstream(&mut t, c, discovery);
     }
     if let Some(port) = app_port {
         inbound(&mut t, port, probes, capture);
@@ -207,15 +250,41 @@ fn quoted(text: &str) -> String {
     out
 }
 
-fn upstream(t: &mut String, c: &Called) {
-    let (s, ns) = (&c.service, &c.namespace);
-    let _ = writeln!(
+fn upstream(t: &mut String, c: &Called, discovery: Discovery) {
+    let (s, host) = (&c.service, &c.host);
+    let port = c.port;
+    let _ = write!(
         t,
         "\n# From {}.\n[upstreams.{s}]\n\
-         authorities = [\"{s}\", \"{s}.{ns}\", \"{s}.{ns}.svc\", \"{s}.{ns}.svc.cluster.local\"]\n\
-         endpoints = [\"{s}.{ns}.svc.cluster.local:{port}\"]\n\
-         connect_timeout = \"200ms\"\n\
-         request_timeout = \"2s\"\n\
+         # The name as the app wrote it, resolved in the pod's namespace; a name without\n\
+         # dots also matches NAME.NAMESPACE, NAME.NAMESPACE.svc and its full cluster name.\n\
+         authorities = [\"{host}\"]\n",
+        c.named_in,
+    );
+    match discovery {
+        Discovery::Dns => {
+            let _ = writeln!(t, "endpoints = [\"{host}:{port}\"]");
+        }
+        Discovery::Kubernetes => {
+            // `NAME` or `NAME.NAMESPACE`, as the host names it.
+            let mut labels = host.split('.');
+            let service = match (labels.next(), labels.next()) {
+                (Some(name), Some(ns)) => format!("{name}.{ns}"),
+                (Some(name), None) => name.to_string(),
+                _ => host.clone(),
+            };
+            let _ = writeln!(
+                t,
+                "discovery = \"kubernetes\"\nservice = \"{service}\"\nport = \"{port}\""
+            );
+        }
+    }
+    let _ = writeln!(
+        t,
+        "connect_timeout = \"200ms\"\n\
+         # No timeout of tollgate's own: a request waits as long as the app's direct call\n\
+         # would. To bound it, add request_timeout = \"5s\" (the deadline when the caller\n\
+         # sends none) and attempt_timeout = \"1s\" (a retry starts beside a slow attempt).\n\
          \n[upstreams.{s}.retry]\n\
          max_attempts = 3\n\
          on = [\"connect-failure\", \"reset\", \"502\", \"503\", \"504\"]\n\
@@ -224,8 +293,6 @@ fn upstream(t: &mut String, c: &Called) {
          ratio = 0.1\n\
          min_per_sec = 5\n\
          window = \"10s\"",
-        c.named_in,
-        port = c.port,
     );
 }
 
@@ -233,7 +300,7 @@ fn inbound(t: &mut String, port: u16, probes: &Probes, capture: bool) {
     let how = if capture {
         "Capture sends every caller here."
     } else {
-        "Callers come here once the Service's\n# targetPort is tollgate-inbound (15006)."
+        "Callers come here once the Service's\n# targetPort is tollgate-in (15006)."
     };
     let _ = writeln!(
         t,
@@ -299,22 +366,25 @@ mod tests {
              - {name: G, value: \"json\"}\n  \
              - {name: H, value: \"http://payments:8080/v2\"}\n  \
              - {name: I, value: \"http://localhost:9090\"}\n  \
-             - {name: J, value: \"https://vault\"}\n",
+             - {name: J, value: \"https://vault\"}\n  \
+             - {name: K, value: \"redis-cart:6379\"}\n  \
+             - {name: L, value: \"http://db:5432\"}\n",
         )
         .unwrap_or(Yaml::Null);
-        let (found, notes) = services(&spec, "shop");
+        let (found, notes) = services(&spec, &OPAQUE_PORTS);
         let got: Vec<_> = found
             .iter()
-            .map(|c| format!("{}.{}:{}", c.service, c.namespace, c.port))
+            .map(|c| format!("{}={}:{}", c.service, c.host, c.port))
             .collect();
         assert_eq!(
             got,
             [
-                "payments.shop:8080",
-                "inventory.shop:80",
-                "ledger.money:9000"
+                "payments=payments:8080",
+                "inventory=inventory:80",
+                "ledger=ledger.money.svc.cluster.local:9000"
             ]
         );
-        assert_eq!(notes.len(), 1, "{notes:?}");
+        assert_eq!(notes.len(), 3, "{notes:?}");
+        assert!(notes[1].contains("port 6379 is not HTTP"), "{notes:?}");
     }
 }

@@ -1,21 +1,27 @@
 //! `tollgate inject`: Kubernetes manifests in, the same manifests out with tollgate in
 //! every pod, as `linkerd inject` and `istioctl kube-inject` do for their proxies.
 //!
-//! It reads Deployments, StatefulSets, DaemonSets, ReplicaSets and Pods (files or
-//! standard input, many documents each, `List`s too) and writes each with the sidecar
-//! (`add.rs`), preceded by a ConfigMap skeleton (`configmap.rs`). Every other document,
-//! and every pod that has tollgate already, is written back byte for byte: injecting
-//! twice changes nothing. `--uninject` takes it all out again (`remove.rs`), and
-//! `--dry-run` shows the change as a diff instead (`diff.rs`).
+//! It reads Deployments, StatefulSets, DaemonSets, ReplicaSets, Jobs, CronJobs and Pods
+//! (files or standard input, many documents each, `List`s too) and writes each with the
+//! sidecar (`add.rs`), preceded by a ConfigMap skeleton (`configmap.rs`). Every other
+//! document, and every pod that has tollgate already as these options would put it, is
+//! written back byte for byte: injecting twice changes nothing; a workload written anew
+//! keeps its comments (`comments.rs`). `--uninject` takes it all out again (`remove.rs`), and
+//! `--dry-run` shows the change as a diff instead (`diff.rs`). `--serve` runs the same
+//! rewrite as a mutating admission webhook (`webhook.rs`, `review.rs`, `patch.rs`).
 
 mod add;
+mod comments;
 mod configmap;
 mod diff;
+pub mod patch;
 mod pod;
 mod probes;
 mod record;
 mod remove;
+pub mod review;
 mod sidecar;
+pub mod webhook;
 pub mod yaml;
 
 use std::io::{Read, Write};
@@ -23,7 +29,7 @@ use std::path::PathBuf;
 
 use yaml_rust2::Yaml;
 
-pub use add::Options;
+pub use add::{Delivery, Options};
 pub use sidecar::Mode;
 
 use add::Injected;
@@ -34,7 +40,21 @@ use yaml::Chunk;
 #[derive(clap::Args, Debug)]
 pub struct InjectArgs {
     /// Manifests (YAML, any number of documents each); none or `-`: standard input.
+    #[arg(conflicts_with = "serve")]
     pub files: Vec<PathBuf>,
+    /// Serve the rewrite as a Kubernetes mutating admission webhook (AdmissionReview v1
+    /// at POST /mutate, over TLS) instead of rewriting files.
+    #[arg(long, requires_all = ["tls_cert", "tls_key"], conflicts_with_all = ["dry_run", "uninject"])]
+    pub serve: bool,
+    /// The webhook's address.
+    #[arg(long, default_value = "0.0.0.0:8443", requires = "serve")]
+    pub addr: std::net::SocketAddr,
+    /// The webhook's certificate chain (PEM), for the name its Service is called by.
+    #[arg(long, requires = "serve")]
+    pub tls_cert: Option<PathBuf>,
+    /// The webhook's private key (PEM).
+    #[arg(long, requires = "serve")]
+    pub tls_key: Option<PathBuf>,
     /// A plain sidecar container, for clusters before Kubernetes 1.29 (default: a
     /// native sidecar, an init container with `restartPolicy: Always`).
     #[arg(long)]
@@ -61,6 +81,18 @@ pub struct InjectArgs {
 /// The command: 0 when every input was read and written, 1 otherwise (nothing is
 /// written then).
 pub fn main(args: InjectArgs) -> i32 {
+    if args.serve {
+        let (Some(tls_cert), Some(tls_key)) = (args.tls_cert.clone(), args.tls_key.clone()) else {
+            eprintln!("tollgate inject --serve: --tls-cert and --tls-key are needed");
+            return 2;
+        };
+        let serve = webhook::Serve {
+            addr: args.addr,
+            tls_cert,
+            tls_key,
+        };
+        return webhook::serve(&serve, options(&args, Delivery::Annotation));
+    }
     let inputs = match read_inputs(&args.files) {
         Ok(i) => i,
         Err(e) => {
@@ -68,16 +100,7 @@ pub fn main(args: InjectArgs) -> i32 {
             return 1;
         }
     };
-    let opts = Options {
-        mode: if args.plain {
-            Mode::Plain
-        } else {
-            Mode::Native
-        },
-        capture: args.capture,
-        image: args.image.clone(),
-        iptables_image: args.iptables_image.clone(),
-    };
+    let opts = options(&args, Delivery::ConfigMap);
     let action = if args.uninject {
         Action::Uninject
     } else {
@@ -108,6 +131,20 @@ pub fn main(args: InjectArgs) -> i32 {
             eprintln!("tollgate inject: writing: {e}");
             1
         }
+    }
+}
+
+fn options(args: &InjectArgs, delivery: Delivery) -> Options {
+    Options {
+        mode: if args.plain {
+            Mode::Plain
+        } else {
+            Mode::Native
+        },
+        capture: args.capture,
+        image: args.image.clone(),
+        iptables_image: args.iptables_image.clone(),
+        delivery,
     }
 }
 
@@ -266,18 +303,18 @@ pub fn transform(inputs: &[Input], action: &Action) -> Result<Output, String> {
             });
         }
         if changed {
+            // Written anew, with the comments of the text it came from put back.
+            let written = |d: &Yaml| {
+                format!(
+                    "{}{}",
+                    yaml::leading_comments(&chunk.text),
+                    comments::carry(&chunk.text, &yaml::emit(d))
+                )
+            };
             out.docs.push(OutDoc {
-                text: format!(
-                    "{}{}",
-                    yaml::leading_comments(&chunk.text),
-                    yaml::emit(&new)
-                ),
+                text: written(&new),
+                was: Some(written(&doc)),
                 separator: chunk.separator,
-                was: Some(format!(
-                    "{}{}",
-                    yaml::leading_comments(&chunk.text),
-                    yaml::emit(&doc)
-                )),
                 source,
             });
         } else {
@@ -330,10 +367,6 @@ fn inject_doc(
             Ok(changed)
         }
         Found::Pod(owner) => inject_pod(doc, &owner, opts, existing, made, notes),
-        Found::RunsToCompletion(what) => {
-            notes.push(format!("left {what} as it is: its pods run to completion"));
-            Ok(false)
-        }
         Found::Other => Ok(false),
     }
 }
@@ -351,6 +384,20 @@ fn inject_pod(
     }
     let pod = pod::pod_of(doc, owner).ok_or_else(|| format!("{}: no pod spec", owner.show()))?;
     match add::inject(pod, owner, opts)? {
+        Injected::LeftAlone(why) => {
+            notes.push(format!("{}: left alone: {why}", owner.show()));
+            Ok(false)
+        }
+        Injected::Updated { summary, warnings } => {
+            notes.push(format!(
+                "{} (updated: injected already; its ConfigMap kept as it is)",
+                summary.replacen("injected ", "re-injected ", 1)
+            ));
+            for w in warnings {
+                notes.push(format!("  warning: {}: {w}", owner.show()));
+            }
+            Ok(true)
+        }
         Injected::Already => {
             notes.push(format!(
                 "{}: has tollgate already, left as it is",
@@ -401,6 +448,6 @@ fn uninject_doc(doc: &mut Yaml, notes: &mut Vec<String>) -> Result<bool, String>
             }
             Ok(changed)
         }
-        Found::RunsToCompletion(_) | Found::Other => Ok(false),
+        Found::Other => Ok(false),
     }
 }

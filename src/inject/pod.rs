@@ -7,7 +7,14 @@ use yaml_rust2::Yaml;
 use super::yaml::{get, get_mut, s, str_at};
 
 /// The kinds whose pod template gets the sidecar.
-const WORKLOADS: &[&str] = &["Deployment", "StatefulSet", "DaemonSet", "ReplicaSet"];
+const WORKLOADS: &[&str] = &[
+    "Deployment",
+    "StatefulSet",
+    "DaemonSet",
+    "ReplicaSet",
+    "Job",
+    "CronJob",
+];
 
 /// What names a pod: its workload's kind, name and namespace.
 #[derive(Debug, Clone)]
@@ -21,6 +28,12 @@ impl Owner {
     pub fn show(&self) -> String {
         format!("{}/{}", self.kind, self.name)
     }
+
+    /// Its pods run to completion (a Job's, a CronJob's): only a native sidecar ends
+    /// with them.
+    pub fn runs_to_completion(&self) -> bool {
+        matches!(self.kind.as_str(), "Job" | "CronJob")
+    }
 }
 
 /// What a document is to `inject`.
@@ -29,9 +42,6 @@ pub enum Found {
     Pod(Owner),
     /// A `List`: its items are looked at one by one.
     List,
-    /// A kind whose pods run to completion (a Job, a CronJob): a sidecar would need the
-    /// native kind to let them finish; left alone, said so.
-    RunsToCompletion(String),
     /// Anything else: left alone.
     Other,
 }
@@ -51,7 +61,6 @@ pub fn classify(doc: &Yaml) -> Found {
         "List" => Found::List,
         "Pod" => Found::Pod(owner()),
         k if WORKLOADS.contains(&k) => Found::Pod(owner()),
-        "Job" | "CronJob" => Found::RunsToCompletion(format!("{kind}/{name}")),
         _ => Found::Other,
     }
 }
@@ -60,10 +69,13 @@ pub fn classify(doc: &Yaml) -> Found {
 /// `spec.template` for a workload (made when missing, so that a template without
 /// metadata gets some).
 pub fn pod_of<'a>(doc: &'a mut Yaml, owner: &Owner) -> Option<&'a mut Yaml> {
-    let pod = if owner.kind == "Pod" {
-        doc
-    } else {
-        get_mut(get_mut(doc, "spec")?, "template")?
+    let pod = match owner.kind.as_str() {
+        "Pod" => doc,
+        "CronJob" => get_mut(
+            get_mut(get_mut(get_mut(doc, "spec")?, "jobTemplate")?, "spec")?,
+            "template",
+        )?,
+        _ => get_mut(get_mut(doc, "spec")?, "template")?,
     };
     let h = pod.as_mut_hash()?;
     if !h.contains_key(&s("metadata")) || h.get(&s("metadata")).is_some_and(Yaml::is_null) {

@@ -11,6 +11,7 @@ use yaml_rust2::Yaml;
 
 use super::record::Record;
 use super::yaml::{get, get_mut, items, s, set, str_at, to_json};
+use crate::config::NOT_A_PROBE_FIELD;
 
 /// tollgate's admin port, where the kubelet's HTTP probes now go.
 pub const ADMIN_PORT: u16 = 15090;
@@ -99,17 +100,23 @@ pub fn move_to_admin(spec: &mut Yaml, record: &mut Record) -> Probes {
             let Some(http) = get(probe, "httpGet").cloned() else {
                 continue;
             };
+            let refused = items(&http, "httpHeaders")
+                .iter()
+                .filter_map(|h| str_at(h, "name"))
+                .find(|n| NOT_A_PROBE_FIELD.contains(&n.to_ascii_lowercase().as_str()))
+                .map(|n| format!("it sends {n}, which the admin port never passes to the app"));
             let why_not =
                 if str_at(&http, "scheme").is_some_and(|s| s.eq_ignore_ascii_case("https")) {
-                    Some("HTTPS: the kubelet checks TLS itself")
+                    Some("HTTPS: the kubelet checks TLS itself".to_string())
                 } else if get(&http, "host").is_some() {
-                    Some("it names a host other than the pod")
+                    Some("it names a host other than the pod".to_string())
                 } else {
-                    None
+                    refused
                 };
             let port = port_of(container, get(&http, "port"));
-            let (Some(port), None) = (port, why_not) else {
-                let why = why_not.unwrap_or("its port names no port of the container");
+            let (Some(port), None) = (port, &why_not) else {
+                let why =
+                    why_not.unwrap_or_else(|| "its port names no port of the container".into());
                 found
                     .kept
                     .push(format!("{name} {kind}: left as it is ({why})"));

@@ -225,21 +225,83 @@ fn key_text(k: &Yaml) -> String {
     }
 }
 
+/// Nodes an alias may add, at least: a manifest's anchors are small, an expansion bomb
+/// (each alias naming a list of the one before) is not.
+const ALIAS_NODES_MIN: usize = 100_000;
+/// And at most this many times the nodes written out in the text.
+const ALIAS_NODES_RATIO: usize = 10;
+
 /// Builds documents from parser events, as yaml-rust2's own loader does, with YAML
-/// 1.1's meaning for the plain scalars where it differs from 1.2's.
+/// 1.1's meaning for the plain scalars where it differs from 1.2's, merge keys (`<<`)
+/// resolved as Kubernetes resolves them, and the nodes aliases add bounded (a bomb is an
+/// error, found before its memory is spent).
 #[derive(Default)]
 struct Builder {
     docs: Vec<Yaml>,
     /// Open collections, with their anchor id, and the key waiting for its value.
     stack: Vec<(Yaml, usize, Option<Yaml>)>,
-    anchors: std::collections::HashMap<usize, Yaml>,
+    /// Anchored nodes, with their size in nodes.
+    anchors: std::collections::HashMap<usize, (Yaml, usize)>,
+    /// Nodes read from the text, and nodes added by aliases.
+    written: usize,
+    aliased: usize,
     error: Option<String>,
+}
+
+/// The nodes in `y`, itself included.
+fn size(y: &Yaml) -> usize {
+    1 + match y {
+        Yaml::Array(a) => a.iter().map(size).sum(),
+        Yaml::Hash(h) => h.iter().map(|(k, v)| size(k) + size(v)).sum(),
+        _ => 0,
+    }
+}
+
+/// The key of a merge (`<<: *base`, or a list of them).
+fn is_merge(k: &Yaml) -> bool {
+    k.as_str() == Some("<<")
+}
+
+/// A mapping with its merge keys resolved: the merged maps' entries, the first map
+/// listed first, under the mapping's own (which win), where `<<` was written.
+fn merged(h: Hash) -> Result<Hash, String> {
+    if !h.keys().any(is_merge) {
+        return Ok(h);
+    }
+    let own: Vec<Yaml> = h.keys().filter(|k| !is_merge(k)).cloned().collect();
+    let mut out = Hash::new();
+    for (k, v) in h {
+        if !is_merge(&k) {
+            out.insert(k, v);
+            continue;
+        }
+        let sources = match v {
+            Yaml::Hash(m) => vec![m],
+            Yaml::Array(list) => list
+                .into_iter()
+                .map(|m| match m {
+                    Yaml::Hash(m) => Ok(m),
+                    _ => Err("a merge key (<<) lists something other than a mapping".to_string()),
+                })
+                .collect::<Result<_, _>>()?,
+            _ => return Err("a merge key (<<) takes a mapping or a list of mappings".into()),
+        };
+        for m in sources {
+            for (mk, mv) in m {
+                if !own.contains(&mk) && !out.contains_key(&mk) {
+                    out.insert(mk, mv);
+                }
+            }
+        }
+    }
+    Ok(out)
 }
 
 impl Builder {
     fn insert(&mut self, node: Yaml, anchor: usize) {
         if anchor > 0 {
-            self.anchors.insert(anchor, node.clone());
+            let n = size(&node);
+            self.anchors.insert(anchor, (node.clone(), n));
         }
         let Some((parent, _, key)) = self.stack.last_mut() else {
             self.docs.push(node);
@@ -258,21 +320,43 @@ impl Builder {
             _ => {}
         }
     }
+
+    fn fail(&mut self, e: String) {
+        if self.error.is_none() {
+            self.error = Some(e);
+        }
+    }
 }
 
 impl MarkedEventReceiver for Builder {
     fn on_event(&mut self, ev: Event, _mark: Marker) {
+        if self.error.is_some() {
+            // Nothing more is built once the document is known to be wrong.
+            return;
+        }
         match ev {
-            Event::SequenceStart(anchor, _) => self.stack.push((Yaml::Array(vec![]), anchor, None)),
+            Event::SequenceStart(anchor, _) => {
+                self.written += 1;
+                self.stack.push((Yaml::Array(vec![]), anchor, None))
+            }
             Event::MappingStart(anchor, _) => {
+                self.written += 1;
                 self.stack.push((Yaml::Hash(Hash::new()), anchor, None))
             }
             Event::SequenceEnd | Event::MappingEnd => {
                 if let Some((node, anchor, _)) = self.stack.pop() {
+                    let node = match node {
+                        Yaml::Hash(h) => match merged(h) {
+                            Ok(h) => Yaml::Hash(h),
+                            Err(e) => return self.fail(e),
+                        },
+                        other => other,
+                    };
                     self.insert(node, anchor);
                 }
             }
             Event::Scalar(value, style, anchor, tag) => {
+                self.written += 1;
                 // A key is a string to Kubernetes (a JSON object's member name).
                 let is_key = matches!(self.stack.last(), Some((Yaml::Hash(_), _, None)));
                 let node = if is_key && style == TScalarStyle::Plain && tag.is_none() {
@@ -283,7 +367,18 @@ impl MarkedEventReceiver for Builder {
                 self.insert(node, anchor);
             }
             Event::Alias(id) => {
-                let node = self.anchors.get(&id).cloned().unwrap_or(Yaml::Null);
+                let Some((node, n)) = self.anchors.get(&id) else {
+                    return self.fail(format!("an alias to anchor {id}, which is not defined"));
+                };
+                self.aliased += n;
+                let budget = ALIAS_NODES_MIN.max(ALIAS_NODES_RATIO * self.written);
+                if self.aliased > budget {
+                    return self.fail(format!(
+                        "its aliases expand to more than {budget} nodes (an alias expansion \
+                         bomb?): refused"
+                    ));
+                }
+                let node = node.clone();
                 self.insert(node, 0);
             }
             Event::DocumentEnd
@@ -361,6 +456,37 @@ mod tests {
             doc,
             "written back, read the same"
         );
+    }
+
+    #[test]
+    fn merge_keys_are_resolved_and_own_keys_win() {
+        let doc = one("base: &b {port: 8080, path: /healthz, scheme: HTTP}\n\
+                       extra: &e {timeoutSeconds: 2}\n\
+                       probe:\n  <<: [*b, *e]\n  path: /ready\n")
+        .unwrap_or(Yaml::Null);
+        let probe = get(&doc, "probe").unwrap_or(&Yaml::Null);
+        assert_eq!(str_at(probe, "path"), Some("/ready"), "its own key wins");
+        assert_eq!(get(probe, "port"), Some(&Yaml::Integer(8080)));
+        assert_eq!(get(probe, "timeoutSeconds"), Some(&Yaml::Integer(2)));
+        assert!(get(probe, "<<").is_none());
+        assert!(!emit(&doc).contains("<<"), "{}", emit(&doc));
+        assert!(one("a: {<<: 3}\n").is_err());
+    }
+
+    #[test]
+    fn an_alias_bomb_is_refused_in_bounded_memory() {
+        let mut text = String::from("a0: &a0 [x, x, x, x, x, x, x, x, x, x]\n");
+        for i in 1..12 {
+            let prev = i - 1;
+            text.push_str(&format!(
+                "a{i}: &a{i} [*a{prev}, *a{prev}, *a{prev}, *a{prev}, *a{prev}, *a{prev}, \
+                 *a{prev}, *a{prev}, *a{prev}, *a{prev}]\n"
+            ));
+        }
+        let e = load(&text).err().unwrap_or_default();
+        assert!(e.contains("alias expansion bomb"), "{e}");
+        // A manifest's anchors, used a few times, are nothing of the sort.
+        assert!(load("x: &p {a: 1}\ny: *p\nz: [*p, *p]\n").is_ok());
     }
 
     #[test]

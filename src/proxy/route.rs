@@ -5,6 +5,8 @@
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
 
+use crate::config::cluster::ClusterNames;
+
 /// Authority -> upstream index.
 /// A map from names in the config to what they stand for, looked up on every request.
 ///
@@ -41,11 +43,25 @@ pub struct Routes {
 }
 
 impl Routes {
-    pub fn new<'a>(upstreams: impl Iterator<Item = (usize, &'a [String])>) -> Self {
+    /// The upstreams' authorities; with `cluster`, a dotless one also under its names in
+    /// the pod's namespace (an authority written out wins over an expanded one).
+    pub fn new<'a>(
+        upstreams: impl Iterator<Item = (usize, &'a [String])>,
+        cluster: Option<&ClusterNames>,
+    ) -> Self {
         let mut exact = NameMap::default();
+        let mut dotless = Vec::new();
         for (i, authorities) in upstreams {
             for a in authorities {
                 exact.insert(a.clone(), i);
+                dotless.push((a, i));
+            }
+        }
+        if let Some(cluster) = cluster {
+            for (a, i) in dotless {
+                for name in cluster.expand(a) {
+                    exact.entry(name).or_insert(i);
+                }
             }
         }
         Routes { exact }
@@ -96,7 +112,38 @@ mod tests {
             "payments.default.svc.cluster.local".to_string(),
         ];
         let b = vec!["ledger:9000".to_string()];
-        Routes::new([(0, a.as_slice()), (1, b.as_slice())].into_iter())
+        Routes::new([(0, a.as_slice()), (1, b.as_slice())].into_iter(), None)
+    }
+
+    #[test]
+    fn a_dotless_authority_matches_its_names_in_the_pods_namespace() {
+        let a = vec!["payments".to_string()];
+        let b = vec!["ledger:9000".to_string(), "ledger.shop.svc".to_string()];
+        let c = vec!["audit".to_string()];
+        let cluster = ClusterNames {
+            namespace: "shop".into(),
+            domain: Some("cluster.local".into()),
+        };
+        let r = Routes::new(
+            [(0, a.as_slice()), (1, b.as_slice()), (2, c.as_slice())].into_iter(),
+            Some(&cluster),
+        );
+        for name in [
+            "payments",
+            "payments.shop",
+            "payments.shop.svc:8080",
+            "Payments.Shop.svc.cluster.local.",
+            "payments.shop.svc.cluster.local:80",
+        ] {
+            assert_eq!(r.lookup(name), Some(0), "{name}");
+        }
+        assert_eq!(r.lookup("ledger.shop:9000"), Some(1));
+        assert_eq!(r.lookup("ledger.shop"), None, "the port written stays");
+        assert_eq!(r.lookup("payments.default"), None, "another namespace");
+        assert_eq!(r.lookup("payments.shop.svc.cluster.other"), None);
+        // Outside a pod nothing is expanded.
+        let bare = Routes::new([(0, a.as_slice())].into_iter(), None);
+        assert_eq!(bare.lookup("payments.shop"), None);
     }
 
     #[test]

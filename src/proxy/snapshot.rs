@@ -8,6 +8,7 @@ use super::Upstream;
 use super::destinations::Destinations;
 use super::route::{NameMap, Routes};
 use crate::config::Config;
+use crate::config::cluster::ClusterNames;
 use crate::metrics::Metrics;
 use crate::trace::Tracer;
 
@@ -58,6 +59,7 @@ impl Snapshot {
                 .iter()
                 .enumerate()
                 .map(|(i, u)| (i, u.authorities.as_slice())),
+            ClusterNames::from_env(),
         );
         let destinations = Destinations::new(&config);
         let by_name = config

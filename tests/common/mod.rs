@@ -422,23 +422,29 @@ impl Process {
     /// Starts `tollgate run` on a config made of fixed listener/admin ports and
     /// `upstreams`, and waits (bounded) until `/readyz` answers 200.
     pub async fn start(upstreams: &str) -> Self {
-        Self::spawn("", upstreams, None, false).await
+        Self::spawn("", upstreams, None, false, &[]).await
+    }
+
+    /// As [`Process::start`], with `env` set for the process (as a pod's downward API
+    /// sets `POD_NAMESPACE`).
+    pub async fn start_with_env(upstreams: &str, env: &[(&str, &str)]) -> Self {
+        Self::spawn("", upstreams, None, false, env).await
     }
 
     /// As [`Process::start`], with its log (at info) kept for [`Process::log`].
     pub async fn start_logged(upstreams: &str) -> Self {
-        Self::spawn("", upstreams, None, true).await
+        Self::spawn("", upstreams, None, true, &[]).await
     }
 
     /// As [`Process::start_logged`], with `listener` added to the `[listener]` section.
     pub async fn start_logged_listening(listener: &str, upstreams: &str) -> Self {
-        Self::spawn(listener, upstreams, None, true).await
+        Self::spawn(listener, upstreams, None, true, &[]).await
     }
 
     /// As [`Process::start`], with the open-file limit set to `nofile` (soft and hard)
     /// and its log (at warn) kept for [`Process::log`].
     pub async fn start_limited(upstreams: &str, nofile: u64) -> Self {
-        Self::spawn("", upstreams, Some(nofile), false).await
+        Self::spawn("", upstreams, Some(nofile), false, &[]).await
     }
 
     /// What the process has logged so far, when started by [`Process::start_logged`]
@@ -447,7 +453,13 @@ impl Process {
         std::fs::read_to_string(self.dir.path().join("tollgate.log")).unwrap_or_default()
     }
 
-    async fn spawn(listener: &str, upstreams: &str, nofile: Option<u64>, logged: bool) -> Self {
+    async fn spawn(
+        listener: &str,
+        upstreams: &str,
+        nofile: Option<u64>,
+        logged: bool,
+        env: &[(&str, &str)],
+    ) -> Self {
         let dir = tempdir::TempDir::new("proc");
         let port = free_port();
         let admin_port = free_port();
@@ -480,6 +492,7 @@ impl Process {
             .args(["run", "--config"])
             .arg(&path)
             .env("RUST_LOG", level)
+            .envs(env.iter().copied())
             .stdout(Stdio::null())
             .stderr(stderr)
             .spawn()

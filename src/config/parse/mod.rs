@@ -26,6 +26,8 @@ mod tracing;
 mod upstream;
 mod walker;
 
+use std::net::SocketAddr;
+use std::ops::Range;
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
@@ -86,7 +88,7 @@ fn top_level(w: &mut Walker<'_>, root: &DeTable<'_>, base: &Path) -> Config {
     w.check_keys(Section::Root, "", &root);
     let runtime = runtime(w, &root);
     let listener = listener(w, &root);
-    let admin = admin(w, &root);
+    let (admin, probe_spans) = admin(w, &root);
     let deadline = deadline(w, &root);
     let access_log = access_log(w, &root);
     let upstreams = upstream::upstreams(w, &root, &listener, &admin, base);
@@ -100,6 +102,10 @@ fn top_level(w: &mut Walker<'_>, root: &DeTable<'_>, base: &Path) -> Config {
         }
     }
     let inbound = inbound::inbound(w, &root, &taken);
+    if let Some(i) = &inbound {
+        taken.push((i.addr, "inbound.addr".to_string()));
+    }
+    probes_reach_the_app(w, &probe_spans, &taken);
     let tracing = tracing::tracing(w, &root);
     let kubernetes = discovery::kubernetes(w, &root, base);
     let config = Config {
@@ -234,17 +240,47 @@ const UNKNOWN_AUTHORITIES: Choice<UnknownAuthorities> = Choice {
     ],
 };
 
-fn admin(w: &mut Walker<'_>, root: &Table) -> AdminConfig {
+/// `[admin]`, and where each probe's port is written (checked once every address
+/// tollgate binds is known).
+fn admin(w: &mut Walker<'_>, root: &Table) -> (AdminConfig, Vec<(u16, Range<usize>)>) {
     let d = AdminConfig::default();
     let Some((t, _)) = w.table(root, root_key::admin) else {
-        return d;
+        return (d, Vec::new());
     };
     w.check_keys(Section::Admin, "", &t);
-    AdminConfig {
+    let mut spans = Vec::new();
+    let config = AdminConfig {
         addr: w
             .socket_addr(&t, admin_key::addr)
             .map_or(d.addr, |(a, _)| a),
-        probes: probes(w, &t),
+        probes: probes(w, &t, &mut spans),
+    };
+    (config, spans)
+}
+
+/// A probe goes to the app at 127.0.0.1:PORT: a port tollgate binds there is tollgate,
+/// not the app (a container port that clashed with tollgate's).
+fn probes_reach_the_app(
+    w: &mut Walker<'_>,
+    spans: &[(u16, Range<usize>)],
+    ours: &[(SocketAddr, String)],
+) {
+    for (port, span) in spans {
+        let taken = ours
+            .iter()
+            .find(|(a, _)| a.port() == *port && (a.ip().is_loopback() || a.ip().is_unspecified()));
+        if let Some((addr, by)) = taken {
+            w.reject(
+                span.clone(),
+                &format!("admin.{}", admin_key::probes),
+                format!(
+                    "port {port} is tollgate's own {by} ({addr}): the probe would ask \
+                     tollgate, not the app"
+                ),
+                "write the port the app listens on (and move an app port that clashes \
+                 with tollgate's)",
+            );
+        }
     }
 }
 
@@ -253,7 +289,7 @@ const PROBE_FIX: &str =
 
 /// Fields a probe may not declare: credentials and forwarding fields never reach the
 /// app through the admin port, and the framing and `Host` are the forwarder's.
-const NOT_A_PROBE_FIELD: &[&str] = &[
+pub const NOT_A_PROBE_FIELD: &[&str] = &[
     "authorization",
     "proxy-authorization",
     "cookie",
@@ -273,7 +309,7 @@ const NOT_A_PROBE_FIELD: &[&str] = &[
 
 /// `[admin] probes`: each an exact port and path, with its own fields; a pair given
 /// twice is one probe.
-fn probes(w: &mut Walker<'_>, t: &Table) -> Vec<Probe> {
+fn probes(w: &mut Walker<'_>, t: &Table, spans: &mut Vec<(u16, Range<usize>)>) -> Vec<Probe> {
     let mut out: Vec<Probe> = Vec::new();
     let Some(v) = t.get(admin_key::probes) else {
         return out;
@@ -368,6 +404,7 @@ fn probes(w: &mut Walker<'_>, t: &Table) -> Vec<Probe> {
             }
         }
         let port = port as u16;
+        spans.push((port, item.span()));
         if !out.iter().any(|p| p.port == port && p.path == path) {
             out.push(Probe {
                 port,
@@ -459,6 +496,14 @@ mod tests {
             (
                 "{ port = 80, path = \"/h\", headers = { Authorization = \"x\" } }",
                 "may not send `Authorization`",
+            ),
+            (
+                "{ port = 15001, path = \"/h\" }",
+                "port 15001 is tollgate's own listener.addr",
+            ),
+            (
+                "{ port = 15090, path = \"/h\" }",
+                "port 15090 is tollgate's own admin.addr",
             ),
         ] {
             let text = format!("[admin]\nprobes = [{bad}]\n{up}");

@@ -11,6 +11,7 @@ use http::HeaderValue;
 
 use super::schema::Section;
 use super::walker::{At, Choice, Table, Walker};
+use crate::config::cluster::ClusterNames;
 use crate::config::keys::{root as root_key, upstream as key};
 use crate::config::model::*;
 
@@ -48,6 +49,9 @@ impl Claim {
 struct Claims {
     authorities: HashMap<String, Claim>,
     ports: HashMap<SocketAddr, Claim>,
+    /// Every authority written, where, and by which upstream: for the names it
+    /// stands for in the pod's namespace.
+    written: Vec<(String, Range<usize>, String)>,
 }
 
 impl Claims {
@@ -62,11 +66,43 @@ impl Claims {
         Claims {
             authorities: HashMap::new(),
             ports,
+            written: Vec::new(),
+        }
+    }
+
+    /// A dotless authority also stands for its names in the pod's namespace: one that
+    /// another upstream lists explicitly is claimed twice.
+    fn expansions(&self, w: &mut Walker<'_>, cluster: Option<&ClusterNames>) {
+        let Some(cluster) = cluster else {
+            return;
+        };
+        for (auth, span, upstream) in &self.written {
+            for name in cluster.expand(auth) {
+                let Some(other) = self.authorities.get(&name) else {
+                    continue;
+                };
+                if other.by == format!("upstream `{upstream}`") {
+                    continue;
+                }
+                w.error(
+                    span.clone(),
+                    &format!("upstreams.{upstream}.authorities"),
+                    format!(
+                        "`{auth}` also stands for `{name}` in namespace {} (POD_NAMESPACE), \
+                         which {} lists",
+                        cluster.namespace,
+                        other.describe()
+                    ),
+                    "give each Service's names to one upstream",
+                );
+            }
         }
     }
 
     /// Each authority belongs to one upstream.
     fn authority(&mut self, w: &mut Walker<'_>, auth: &str, span: Range<usize>, upstream: &str) {
+        self.written
+            .push((auth.to_string(), span.clone(), upstream.to_string()));
         match self.authorities.get(auth) {
             Some(first) => w.error(
                 span,
@@ -145,6 +181,7 @@ pub(super) fn upstreams(
         };
         out.push(upstream(w, &name_str, &t, name.span(), &mut claims, base));
     }
+    claims.expansions(w, ClusterNames::from_env());
     out.sort_by(|a, b| a.name.cmp(&b.name));
     out
 }
