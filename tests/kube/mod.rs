@@ -8,7 +8,9 @@
 //! for a user in `system:masters` (allowed everything under RBAC), and a kubeconfig a
 //! client reads. Requests go over a fresh TLS connection each, so they keep working across
 //! [`Cluster::stop_apiserver`] and [`Cluster::start_apiserver`]; a request that got no HTTP
-//! answer reports status 0. The waits are real time: do not use them under paused time.
+//! answer reports status 0. [`Cluster::post_answer`] also returns the `Warning` headers the
+//! API sent (an admission webhook's warnings reach the client that way). The waits are
+//! real time: do not use them under paused time.
 //!
 //! The binaries are found in `TOLLGATE_KUBE_BIN_DIR`, else where scripts/kube.sh caches
 //! them (`${TOLLGATE_KUBE_CACHE:-$HOME/.cache/tollgate}/kube-<K8S>-etcd-<ETCD>`, the
@@ -47,6 +49,17 @@ use tokio::net::TcpStream;
 const READY_WAIT: Duration = Duration::from_secs(90);
 /// One request to the API, connect to the last byte.
 const REQUEST_WAIT: Duration = Duration::from_secs(15);
+
+/// One answer of the API.
+#[derive(Debug)]
+pub struct Answer {
+    /// 0: no HTTP answer.
+    pub status: u16,
+    /// JSON; a string when it is not JSON (or what went wrong, with status 0).
+    pub body: Value,
+    /// The text of each `Warning: 299 - "text"` header, in order.
+    pub warnings: Vec<String>,
+}
 
 /// etcd and kube-apiserver on 127.0.0.1, on free ports, with their files in a temp dir.
 pub struct Cluster {
@@ -225,9 +238,15 @@ impl Cluster {
     pub async fn get(&self, path: &str) -> (u16, Value) {
         self.request(Method::GET, path, None, "application/json")
             .await
+            .pair()
     }
 
     pub async fn post(&self, path: &str, body: Value) -> (u16, Value) {
+        self.post_answer(path, body).await.pair()
+    }
+
+    /// POST `path`, the warnings with the answer.
+    pub async fn post_answer(&self, path: &str, body: Value) -> Answer {
         self.request(Method::POST, path, Some(body), "application/json")
             .await
     }
@@ -235,6 +254,7 @@ impl Cluster {
     pub async fn put(&self, path: &str, body: Value) -> (u16, Value) {
         self.request(Method::PUT, path, Some(body), "application/json")
             .await
+            .pair()
     }
 
     pub async fn merge_patch(&self, path: &str, body: Value) -> (u16, Value) {
@@ -245,12 +265,13 @@ impl Cluster {
             "application/merge-patch+json",
         )
         .await
+        .pair()
     }
 
     pub async fn delete(&self, path: &str) -> u16 {
         self.request(Method::DELETE, path, None, "application/json")
             .await
-            .0
+            .status
     }
 
     /// Kills kube-apiserver (etcd keeps running, and so does what is stored in it).
@@ -411,7 +432,7 @@ impl Cluster {
         path: &str,
         body: Option<Value>,
         content_type: &str,
-    ) -> (u16, Value) {
+    ) -> Answer {
         let send = async {
             let tcp = TcpStream::connect(("127.0.0.1", self.port))
                 .await
@@ -441,6 +462,12 @@ impl Cluster {
                 .await
                 .map_err(|e| format!("request: {e}"))?;
             let status = response.status().as_u16();
+            let warnings = response
+                .headers()
+                .get_all("warning")
+                .iter()
+                .map(|v| warning_text(&String::from_utf8_lossy(v.as_bytes())))
+                .collect();
             let bytes = response
                 .into_body()
                 .collect()
@@ -449,12 +476,21 @@ impl Cluster {
                 .to_bytes();
             let value = serde_json::from_slice(&bytes)
                 .unwrap_or_else(|_| Value::String(String::from_utf8_lossy(&bytes).into_owned()));
-            Ok::<_, String>((status, value))
+            Ok::<_, String>(Answer {
+                status,
+                body: value,
+                warnings,
+            })
+        };
+        let failed = |why: String| Answer {
+            status: 0,
+            body: Value::String(why),
+            warnings: Vec::new(),
         };
         match tokio::time::timeout(REQUEST_WAIT, send).await {
             Ok(Ok(answer)) => answer,
-            Ok(Err(e)) => (0, Value::String(e)),
-            Err(_) => (0, Value::String(format!("no answer in {REQUEST_WAIT:?}"))),
+            Ok(Err(e)) => failed(e),
+            Err(_) => failed(format!("no answer in {REQUEST_WAIT:?}")),
         }
     }
 
@@ -479,6 +515,35 @@ impl Cluster {
     fn failure(&self, what: &str) -> String {
         format!("kube cluster: {what}\n{}", log_tails(&self.dir))
     }
+}
+
+impl Answer {
+    fn pair(self) -> (u16, Value) {
+        (self.status, self.body)
+    }
+}
+
+/// The text of a `Warning` header value, `CODE AGENT "TEXT"` (RFC 7234 5.5, as the API
+/// server writes it: `299 - "text"`), its quoted-pair escapes undone; the value whole
+/// when it is not of that shape.
+fn warning_text(value: &str) -> String {
+    let quoted = value
+        .splitn(3, ' ')
+        .nth(2)
+        .and_then(|rest| rest.strip_prefix('"'))
+        .and_then(|rest| rest.strip_suffix('"'));
+    let Some(quoted) = quoted else {
+        return value.to_string();
+    };
+    let mut text = String::with_capacity(quoted.len());
+    let mut chars = quoted.chars();
+    while let Some(c) = chars.next() {
+        match c {
+            '\\' => text.extend(chars.next()),
+            c => text.push(c),
+        }
+    }
+    text
 }
 
 impl Drop for Cluster {
@@ -716,6 +781,16 @@ fn base64(bytes: &[u8]) -> String {
         }
     }
     out
+}
+
+#[test]
+fn a_warning_header_gives_its_text() {
+    assert_eq!(
+        warning_text(r#"299 - "tollgate: port 15090 (\"metrics\") collides""#),
+        r#"tollgate: port 15090 ("metrics") collides"#
+    );
+    assert_eq!(warning_text("299 - \"a b\""), "a b");
+    assert_eq!(warning_text("not a warning"), "not a warning");
 }
 
 #[test]
