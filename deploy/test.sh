@@ -17,7 +17,7 @@
 #   5. `tollgate inject` on tests/fixtures/inject's manifests: its outputs validated
 #      and checked as the shipped manifests are;
 #   6. the pod for real (deploy/podman/play.sh): the image built by podman from
-#      deploy/Dockerfile and run, and two pods played with `podman kube play`; skipped
+#      deploy/Dockerfile and run, and the pods played with `podman kube play`; skipped
 #      loudly where podman cannot run.
 # Only 127.0.0.1 is used (and, in 6, a podman network of its own); every process started here is stopped on exit; every wait
 # is bounded.
@@ -577,11 +577,11 @@ if [ "${TOLLGATE_PODMAN:-1}" != 0 ]; then
 fi
 timeout --kill-after=20 "$PODMAN_BUDGET" deploy/podman/play.sh || rc=$?
 case $rc in
-  0) pass "deploy/podman/play.sh: the image built and run, both pods played, every check passed" ;;
+  0) pass "deploy/podman/play.sh: the image built and run, the pods played, every check passed" ;;
   77)
     SKIPPED=" (SKIPPED: the podman image and pod tests, see SKIP above)"
     # For scripts/test.sh's list of what this machine did not check.
-    [ -z "${TOLLGATE_SKIPS:-}" ] || echo "deploy/podman/play.sh (podman; its SKIP line says why): the image and the two pods NOT tested" >>"$TOLLGATE_SKIPS"
+    [ -z "${TOLLGATE_SKIPS:-}" ] || echo "deploy/podman/play.sh (podman; its SKIP line says why): the image and the pods NOT tested" >>"$TOLLGATE_SKIPS"
     printf '\n!!!!  SKIPPED: deploy/podman/play.sh (SKIP above): the image and the pods were NOT tested  !!!!\n' >&3
     ;;
   124 | 137) fail "deploy/podman/play.sh took more than its budget of $PODMAN_BUDGET s" ;;

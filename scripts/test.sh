@@ -41,7 +41,7 @@ fi
 netns=tollgate-test-$$
 if [ "$(id -u)" != 0 ]; then
   skip "not root: tests/capture.rs and tests/pods.rs (transparent capture in network namespaces) will pass without checking anything"
-  skip "not root: deploy/podman/play.sh (the image built by podman, two pods played) will NOT run"
+  skip "not root: deploy/podman/play.sh (the image built by podman, its pods played) will NOT run"
 else
   # As root, tests/capture.rs and tests/pods.rs run and would fail at their first
   # namespace: try what they do (add one, run a command in it), and say which fails.

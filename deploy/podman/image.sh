@@ -38,7 +38,7 @@ podman_conf "$WORK"
 
 if [ "${1:-}" = --clean ]; then
   podman pod rm -af >/dev/null 2>&1 || true
-  for i in "$IMAGE" "$IPTABLES_IMAGE" localhost/tollgate-play-app:latest "$RUNTIME_BASE" "$DEBIAN_BASE"; do
+  for i in "$IMAGE" "$IPTABLES_IMAGE" localhost/tollgate-play-app:latest "$PLAY_BASE" "$RUNTIME_BASE" "$DEBIAN_BASE"; do
     podman rmi -f "$i" >/dev/null 2>&1 || true
   done
   podman image prune -f >/dev/null 2>&1 || true

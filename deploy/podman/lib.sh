@@ -70,6 +70,8 @@ CONF
 # The local bases, named after what they stand in for.
 DEBIAN_BASE=localhost/tollgate-debian:bookworm
 RUNTIME_BASE=localhost/tollgate-runtime-base:bookworm
+# The play test's apps' base: the Debian base with redis-server (deploy/podman/play.sh).
+PLAY_BASE=localhost/tollgate-play-base:bookworm
 
 # An imported image has no environment: PATH as Debian's images set it.
 IMAGE_PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin

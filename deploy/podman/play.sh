@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The pod for real: tollgate's images built (deploy/podman/image.sh) and its manifests
-# played with `podman kube play`, two pods on a network of their own:
+# played with `podman kube play`, its pods on a network of their own:
 #
 #   payments  the callee: tests/fixtures/inject/payments-injected.yaml, what
 #             `tollgate inject --plain --capture` writes for a payments Deployment
@@ -9,14 +9,23 @@
 #   checkout  the caller: deploy/kubernetes/configmap.yaml with
 #             deployment-capture.yaml (the capture variant), then
 #             deployment-plain-sidecar.yaml (the plain sidecar); its app container
-#             is the manifests' own stand-in image, idle, so the test makes the calls.
+#             is the manifests' own stand-in image, idle, so the test makes the calls;
+#   cart      an injected pod as inject writes it today: deploy/podman/cart.yaml, a
+#             Redis-backed service, put through `tollgate inject --plain --capture`
+#             as the test runs; its app is deploy/podman/app.py, with redis-cli;
+#   redis-cart  its Redis (Debian's redis-server), which inject leaves alone.
 #
 # podman is not Kubernetes: deploy/podman/adapt.py plays each Deployment's pod as a
 # Pod, with the native sidecar as a plain one (podman 4.3 has none) and hostAliases
-# standing in for the payments Service. What is only validated offline is listed in
+# standing in for the Services (and for the names inject keeps as the app wrote them,
+# such as ledger.finance.svc). What is only validated offline is listed in
 # deploy/README.md ("The pod for real").
 #
-# Checks: from checkout's app with no proxy settings (capture), a call reaches
+# Checks: inject's cart: REDIS_ADDR=redis-cart:6379 is no upstream and 6379 is not
+# captured; from cart's app, redis-cli's PING, SET and GET reach Redis untouched, on
+# 6379 (excluded from capture) and on 16379 (captured, passed through by cart's
+# sidecar); a 503 of payments' app is retried by cart's sidecar (2 attempts), and
+# payments' inbound side sees both. From checkout's app with no proxy settings (capture), a call reaches
 # payments' app through both sidecars; a 503 is retried in checkout's sidecar only;
 # the deadline crosses; the same call through the plain sidecar's http_proxy; both
 # pods' /readyz and payments' app probe as podman's health check runs it (through
@@ -25,13 +34,13 @@
 # gives) with the shipped rules loaded; and SIGTERM drains: /readyz turns 503, the
 # request in flight finishes, tollgate exits 0.
 #
-# podman, runc and debootstrap are installed from Debian's archive when missing. Skipped,
-# loudly (a SKIP line and exit code 77), where podman cannot run: it cannot be
-# installed, this is not root, no Debian base can be made (debootstrap needs Debian's
-# archive), or no container runs (no user namespaces, a runtime that fails on this
+# podman, runc and debootstrap are installed from Debian's archive when missing, and the
+# apps' base gets redis-server from it once. Skipped, loudly (a SKIP line and exit code
+# 77), where podman cannot run: it cannot be installed, this is not root, no Debian base
+# can be made (debootstrap and redis-server need Debian's archive), or no container runs (no user namespaces, a runtime that fails on this
 # kernel); and with TOLLGATE_PODMAN=0. TOLLGATE_PODMAN=require turns every skip into a
 # failure. Every wait is bounded; the pods, the network and the images built are
-# removed at the end (the two local bases are kept for the next run:
+# removed at the end (the local bases are kept for the next run:
 # deploy/podman/image.sh --clean removes them). Prints its run time.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -45,7 +54,7 @@ fail() { printf '\nFAIL  %s\n' "$*" >&3; exit 1; }
 skip() {
   [ "${TOLLGATE_PODMAN:-}" = require ] && fail "TOLLGATE_PODMAN=require, but: $*"
   printf '\nSKIP  deploy/podman/play.sh: %s\n' "$*" >&3
-  printf 'SKIP  NOT TESTED: the image build, podman run and the two-pod podman kube play test\n' >&3
+  printf 'SKIP  NOT TESTED: the image build, podman run and the podman kube play test of the pods\n' >&3
   exit 77
 }
 
@@ -66,8 +75,14 @@ SUBNET=10.213.78.0/24
 PAYMENTS_IP=10.213.78.10
 CHECKOUT_IP=10.213.78.11
 PLAIN_IP=10.213.78.12
+REDIS_IP=10.213.78.13
+CART_IP=10.213.78.14
+# Nothing listens there: ledger (payments' upstream) is not played, but its name must
+# resolve as the cluster's DNS would resolve it.
+LEDGER_IP=10.213.78.20
 VERSION=$(sed -n 's/^version = "\(.*\)"$/\1/p' Cargo.toml | head -n 1)
 APP_IMAGE=localhost/tollgate-play-app:latest
+BIN=${TOLLGATE_BINARY:-$(readlink -m "${CARGO_TARGET_DIR:-target}")/release/tollgate}
 PROM_PID=
 
 down() { # the pods of the adapted manifests, the network
@@ -75,13 +90,14 @@ down() { # the pods of the adapted manifests, the network
   for f in "$WORK"/*.pod.yaml; do
     [ -e "$f" ] && podman kube down "$f" >/dev/null 2>&1 || true
   done
-  podman pod rm -f payments checkout >/dev/null 2>&1 || true
+  podman pod rm -f payments checkout cart redis-cart >/dev/null 2>&1 || true
   podman network rm -f "$NET" >/dev/null 2>&1 || true
 }
 cleanup() {
   local rc=$? i
   if [ "$rc" -ne 0 ]; then
-    for c in payments-tollgate payments-payments checkout-tollgate checkout-app; do
+    for c in payments-tollgate payments-payments checkout-tollgate checkout-app cart-tollgate cart-cart \
+      redis-cart-redis; do
       podman logs --tail 15 "$c" >"$WORK/$c.log" 2>&1 || continue
       printf '\n--- last lines of %s ---\n' "$c" >&3
       cat "$WORK/$c.log" >&3
@@ -90,6 +106,7 @@ cleanup() {
   if [ -n "$PROM_PID" ]; then kill "$PROM_PID" 2>/dev/null || true; wait "$PROM_PID" 2>/dev/null || true; fi
   down
   for i in "$APP_IMAGE" curlimages/curl:8.11.1 registry.example.com/shop/payments:3.2.0 \
+    registry.example.com/shop/cart:1.4.0 registry.example.com/shop/redis:7.0 \
     "localhost/tollgate:$VERSION" "localhost/tollgate-iptables:$VERSION"; do
     podman rmi -f "$i" >/dev/null 2>&1 || true
   done
@@ -119,13 +136,34 @@ is_status() { [ "$(status_of "$2")" = "$1" ]; }
 in_app() {
   local pod=$1
   shift
-  podman exec "$pod-app" curl -sS --max-time 10 \
+  in_container "$pod-app" "$@"
+}
+in_container() { # CONTAINER ARGS...: as in_app
+  local c=$1
+  shift
+  podman exec "$c" curl -sS --max-time 10 \
     -w '\n%{http_code} %header{x-tollgate-attempts} %header{x-tollgate-outcome}\n' "$@"
 }
 # metric URL SERIES: a sample's value from Prometheus text (0 when absent).
 metric() {
   curl -fsS --max-time 2 "$1" | awk -v s="$2" '$1 == s {v = $2} END {print v == "" ? 0 : v}'
 }
+# metric_sum URL NAME LABEL...: the sum of NAME's samples whose labels include every
+# LABEL (as written in the series, e.g. kind="retry").
+metric_sum() {
+  local url=$1 name=$2
+  shift 2
+  curl -fsS --max-time 2 "$url" | python3 -c '
+import sys
+name, want = sys.argv[1], sys.argv[2:]
+total = 0
+for line in sys.stdin:
+    series, _, value = line.rpartition(" ")
+    if series.split("{")[0] == name and all(w in series for w in want):
+        total += float(value)
+print(int(total))' "$name" "$@"
+}
+plus() { awk -v a="$1" -v b="$2" 'BEGIN {print a + b}'; }
 
 step() { printf '\n--> %s\n' "$*"; }
 
@@ -136,14 +174,29 @@ debian_base "$WORK" || skip "no Debian base: debootstrap bookworm from Debian's 
 reason=$(podman_runs "$DEBIAN_BASE") || skip "$reason"
 [ "$((SECONDS - t0))" -lt 2 ] || echo "the Debian base $DEBIAN_BASE made (debootstrap) in $((SECONDS - t0)) s"
 deploy/podman/image.sh
-# The app: Python's http.server on the Debian base, as UID 10001 (not tollgate's
-# 65532, which capture spares).
+# The apps' base: the Debian base with Debian's redis-server (and redis-cli), made once
+# and kept like the bases (deploy/podman/image.sh --clean removes it). A policy-rc.d
+# keeps the package from starting a server while it is built.
+if ! have_image "$PLAY_BASE"; then
+  t0=$SECONDS
+  printf '%s\n' "FROM $DEBIAN_BASE" \
+    "RUN printf '#!/bin/sh\\nexit 101\\n' >/usr/sbin/policy-rc.d && chmod 755 /usr/sbin/policy-rc.d \\" \
+    " && apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends redis-server \\" \
+    " && rm -rf /var/lib/apt/lists/* /var/cache/apt/archives/*.deb /usr/sbin/policy-rc.d" \
+    | podman build --quiet -t "$PLAY_BASE" -f - "$WORK" >"$WORK/play-base.log" 2>&1 \
+    || { tail -n 20 "$WORK/play-base.log" >&3; skip "no redis-server: apt-get install redis-server from Debian's archive failed (above)"; }
+  echo "the apps' base $PLAY_BASE (redis-server from Debian's archive) made in $((SECONDS - t0)) s"
+fi
+# The app: Python's http.server, as UID 10001 (not tollgate's 15000, which capture
+# spares).
 cp deploy/podman/app.py "$WORK/app.py"
-printf 'FROM %s\nCOPY app.py /app.py\nUSER 10001:10001\nENTRYPOINT ["python3", "/app.py"]\n' "$DEBIAN_BASE" \
+printf 'FROM %s\nCOPY app.py /app.py\nUSER 10001:10001\nENTRYPOINT ["python3", "/app.py"]\n' "$PLAY_BASE" \
   | podman build --quiet -t "$APP_IMAGE" -f - "$WORK" >/dev/null
 # The manifests' images, found locally (imagePullPolicy: IfNotPresent).
-podman tag "$APP_IMAGE" registry.example.com/shop/payments:3.2.0
-podman tag "$APP_IMAGE" curlimages/curl:8.11.1
+for i in registry.example.com/shop/payments:3.2.0 curlimages/curl:8.11.1 \
+  registry.example.com/shop/cart:1.4.0 registry.example.com/shop/redis:7.0; do
+  podman tag "$APP_IMAGE" "$i"
+done
 pass "the app image, tagged as the manifests name their app images"
 
 step "the pods"
@@ -155,7 +208,7 @@ play() {
     || { cat "$WORK/play-$1.log" >&3; fail "podman kube play of $1 failed"; }
 }
 python3 deploy/podman/adapt.py "$WORK/payments.pod.yaml" tests/fixtures/inject/payments-injected.yaml \
-  --pods-json "$WORK/payments.json"
+  --host "ledger.finance.svc=$LEDGER_IP" --pods-json "$WORK/payments.json"
 python3 deploy/podman/adapt.py "$WORK/checkout.pod.yaml" deploy/kubernetes/configmap.yaml \
   deploy/kubernetes/deployment-capture.yaml --idle-app --host "payments=$PAYMENTS_IP" \
   --pods-json "$WORK/checkout.json"
@@ -169,8 +222,12 @@ for pod in payments checkout; do
   podman container exists "$pod-tollgate-iptables" \
     && fail "$pod: the capture init container should have run once and gone"
 done
-[ "$(podman inspect --format '{{.HostConfig.ReadonlyRootfs}} {{.Config.User}}' checkout-tollgate)" = "true 65532:65532" ] \
-  || fail "checkout's tollgate does not run read-only as 65532"
+for pod in payments checkout; do
+  [ "$(podman inspect --format '{{.HostConfig.ReadonlyRootfs}} {{.Config.User}}' "$pod-tollgate")" = "true 15000:15000" ] \
+    || fail "$pod's tollgate does not run read-only as 15000, the UID its capture spares"
+done
+podman inspect --format '{{range .Config.Env}}{{println .}}{{end}}' payments-tollgate | grep -qx 'POD_NAMESPACE=default' \
+  || fail "payments' tollgate has no POD_NAMESPACE=default (adapt.py sets it for the downward API's metadata.namespace)"
 
 # ---------------------------------------------------------------------------
 step "a call from checkout's app, with no proxy settings: through both sidecars"
@@ -207,6 +264,78 @@ hits=$(podman exec payments-payments curl -fsS --max-time 2 http://127.0.0.1:808
 [ "$(inbound_retries)" = "$(awk -v b="$i0" 'BEGIN {print b + 1}')" ] \
   || fail "payments' inbound side did not see the retry as a retry"
 pass "503 then 200: two attempts from checkout's sidecar, the second admitted as a retry by payments' inbound side, which retried nothing (the app saw 2)"
+
+# ---------------------------------------------------------------------------
+step "cart, injected now: its Redis untouched by capture, its call to payments retried through both sidecars"
+"$BIN" inject --plain --capture deploy/podman/cart.yaml >"$WORK/cart-injected.yaml" 2>"$WORK/inject-cart.err" \
+  || { cat "$WORK/inject-cart.err" >&3; fail "tollgate inject --plain --capture deploy/podman/cart.yaml failed"; }
+grep -q 'redis-cart' "$WORK/inject-cart.err" \
+  || fail "inject said nothing of redis-cart (tollgate.io/inject: \"false\"): $(cat "$WORK/inject-cart.err")"
+python3 - "$WORK/cart-injected.yaml" <<'PY' || fail "inject's cart is not what the story needs (above)"
+import sys, tomllib, yaml
+docs = [d for d in yaml.safe_load_all(open(sys.argv[1])) if d]
+config = tomllib.loads(next(d for d in docs if d["kind"] == "ConfigMap")["data"]["tollgate.toml"])
+ups = config.get("upstreams", {})
+named = {n: u.get("authorities", []) + u.get("endpoints", []) for n, u in ups.items()}
+assert any("payments:8080" in v for v in named.values()), f"no upstream for payments:8080: {named}"
+assert not any("redis" in n or any("redis" in a for a in v) for n, v in named.items()), f"Redis became an upstream: {named}"
+pods = {d["metadata"]["name"]: d["spec"]["template"]["spec"] for d in docs if d["kind"] == "Deployment"}
+init = next(c for c in pods["cart"]["initContainers"] if c["name"] == "tollgate-iptables")
+excluded = next(a for a in init["args"] if a.startswith("--exclude-outbound-ports="))
+assert "6379" in excluded.split("=", 1)[1].split(","), f"6379 is captured: {init['args']}"
+assert [c["name"] for c in pods["redis-cart"]["containers"]] == ["redis", "redis-alt"], "inject touched redis-cart"
+PY
+pass "inject: cart's payments:8080 is an upstream, REDIS_ADDR=redis-cart:6379 is not and 6379 is excluded from capture; redis-cart (tollgate.io/inject: \"false\") left alone"
+python3 deploy/podman/adapt.py "$WORK/redis.pod.yaml" "$WORK/cart-injected.yaml" --pod redis-cart
+python3 deploy/podman/adapt.py "$WORK/cart.pod.yaml" "$WORK/cart-injected.yaml" --pod cart \
+  --host "payments=$PAYMENTS_IP" --host "redis-cart=$REDIS_IP"
+play redis-cart "$REDIS_IP" "$WORK/redis.pod.yaml"
+play cart "$CART_IP" "$WORK/cart.pod.yaml"
+redis_up() { [ "$(podman exec "$1" redis-cli -p "$2" ping)" = PONG ]; }
+wait_until 30 "redis-cart's redis-server on 6379" redis_up redis-cart-redis 6379
+wait_until 30 "redis-cart's redis-server on 16379" redis_up redis-cart-redis-alt 16379
+wait_until 60 "cart's /readyz" is_status 200 "http://$CART_IP:15090/readyz"
+podman container exists cart-tollgate-iptables && fail "cart: the capture init container should have run once and gone"
+CART_ADMIN=http://$CART_IP:15090/metrics
+passed_through() { metric "$CART_ADMIN" 'tollgate_passthrough_connections_total{direction="outbound"}'; }
+# redis_cli PORT ARGS...: redis-cli in cart's app container (captured, the app's UID),
+# to redis-cart as the app's REDIS_ADDR names it.
+redis_cli() {
+  local port=$1
+  shift
+  podman exec cart-cart redis-cli -h redis-cart -p "$port" "$@" 2>&1
+}
+p0=$(passed_through)
+for port in 6379 16379; do
+  out=$(redis_cli "$port" ping)
+  [ "$out" = PONG ] || fail "redis-cli -h redis-cart -p $port ping from cart's app: '$out', not PONG"
+  out=$(redis_cli "$port" set "cart:play:$port" "two items, port $port")
+  [ "$out" = OK ] || fail "redis-cli SET on $port from cart's app: '$out'"
+  out=$(redis_cli "$port" get "cart:play:$port")
+  [ "$out" = "two items, port $port" ] || fail "redis-cli GET on $port from cart's app: '$out'"
+  [ "$(podman exec redis-cart-redis redis-cli -p "$port" get "cart:play:$port" 2>&1)" = "two items, port $port" ] \
+    || fail "redis-cart's server on $port does not hold what cart's app set"
+done
+[ "$(passed_through)" = "$(plus "$p0" 3)" ] \
+  || fail "cart's sidecar passed through $(passed_through) - $p0 connections, not 3 (the three redis-cli calls to 16379; 6379 is not captured)"
+[ "$(metric_sum "$CART_ADMIN" tollgate_requests_total)" = 0 ] \
+  || fail "cart's sidecar counted Redis traffic as HTTP requests"
+pass "from cart's app (captured): redis-cli PING -> PONG, SET then GET, on 6379 (excluded from capture) and on 16379 (passed through by cart's sidecar, 3 connections, bytes untouched)"
+inbound_all() { metric_sum "$PAYMENTS_ADMIN" tollgate_inbound_requests_total "$@"; }
+a0=$(inbound_all)
+r0=$(inbound_all 'kind="retry"')
+h0=$(podman exec payments-payments curl -fsS --max-time 2 http://127.0.0.1:8080/stats \
+  | python3 -c 'import json,sys; print(json.load(sys.stdin)["hits"].get("/fail-once", 0))')
+out=$(in_container cart-cart 'http://payments:8080/fail-once?key=cart')
+[ "$(tail -n 1 <<<"$out")" = "200 2 " ] || fail "cart's call to fail-once: $(tail -n 1 <<<"$out") (want 200 after 2 attempts)"
+h1=$(podman exec payments-payments curl -fsS --max-time 2 http://127.0.0.1:8080/stats \
+  | python3 -c 'import json,sys; print(json.load(sys.stdin)["hits"].get("/fail-once", 0))')
+[ "$h1" = "$(plus "$h0" 2)" ] || fail "payments' app got /fail-once $((h1 - h0)) times from cart, not 2"
+[ "$(inbound_all)" = "$(plus "$a0" 2)" ] || fail "payments' inbound side saw $(( $(inbound_all) - a0 )) of cart's attempts, not both"
+[ "$(inbound_all 'kind="retry"')" = "$(plus "$r0" 1)" ] || fail "payments' inbound side did not see cart's second attempt as a retry"
+[ "$(metric "$CART_ADMIN" 'tollgate_retries_total{reason="503",upstream="payments"}')" = 1 ] \
+  || fail "cart's sidecar did not count its retry of the 503"
+pass "cart's app -> capture -> cart's sidecar (inject's upstream payments): a 503 of payments' app retried, the answer says 2 attempts; payments' inbound side saw both, the second as a retry"
 
 # ---------------------------------------------------------------------------
 step "the health checks"
