@@ -617,3 +617,69 @@ fn a_pod_that_says_its_namespace_carries_the_rbac_gets_kubernetes_discovery() {
         "{err}"
     );
 }
+
+/// The frontend's generated config made runnable here: on loopback ports of its own,
+/// without the pod's inbound side and admin port, `productcatalogservice` at `at`.
+fn on_loopback(config: &str, at: std::net::SocketAddr) -> String {
+    let mut out = String::new();
+    let mut section = String::new();
+    for line in config.lines() {
+        let t = line.trim();
+        if t.starts_with('[') {
+            section = t.to_string();
+        }
+        if section.starts_with("[inbound") || section.starts_with("[admin") {
+            continue;
+        }
+        if section == "[listener]" && t.starts_with("addr") {
+            out.push_str("addr = \"127.0.0.1:0\"\n");
+            continue;
+        }
+        out.push_str(&line.replace("\"productcatalogservice:3550\"", &format!("\"{at}\"")));
+        out.push('\n');
+    }
+    out + "[admin]\naddr = \"127.0.0.1:0\"\n"
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_injected_frontends_slow_call_is_served_as_it_is_directly() {
+    // A 3 s answer with the caller's 10 s deadline: served directly, so served through
+    // the config inject wrote (it used to say `request_timeout = "2s"`: a 504).
+    let Some(path) = real("microservices-demo/kubernetes-manifests.yaml") else {
+        return;
+    };
+    let (out, _) = inject_ok(&[path.to_str().unwrap()], None);
+    let configs = configs(&docs(&out));
+    let frontend = &configs
+        .iter()
+        .find(|(n, _)| n == "frontend-tollgate")
+        .unwrap()
+        .1;
+    let slow = common::Upstream::start(|_req| async {
+        tokio::time::sleep(std::time::Duration::from_secs(3)).await;
+        common::respond(200, "slow but fine")
+    })
+    .await;
+    let tg = common::Tollgate::start(&on_loopback(frontend, slow.addr)).await;
+    let call = || {
+        common::request("GET", "/products", "productcatalogservice")
+            .header("x-timeout-ms", "10000")
+            .body(common::empty())
+            .unwrap()
+    };
+    let (direct, through) = tokio::join!(
+        common::send(slow.addr, call()),
+        common::send(tg.addr, call())
+    );
+    assert_eq!(
+        (direct.status.as_u16(), &direct.body[..]),
+        (200, &b"slow but fine"[..])
+    );
+    assert_eq!(
+        (through.status.as_u16(), &through.body[..]),
+        (200, &b"slow but fine"[..]),
+        "through the injected frontend's sidecar, as directly ({:?})",
+        through.outcome()
+    );
+    tg.stop().await;
+}
