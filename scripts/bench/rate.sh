@@ -80,7 +80,9 @@ start_rate_load() {
         post256k) extra+=(-d "$WORK/body-262144" -H 'content-type: application/octet-stream') ;;
       esac ;;
   esac
-  taskset -c "$LOAD_CPUS" "$H2LOAD" -t1 -c"$c" -m"$m" --rps="$(( rate / c ))" -D "$secs" "${extra[@]}" \
+  # Bounded: h2load has been seen to wait for ever for clients that never started
+  # (c2000); the run is then left out, with h2load's output.
+  timeout -k 5 $(( secs + 30 )) taskset -c "$LOAD_CPUS" "$H2LOAD" -t1 -c"$c" -m"$m" --rps="$(( rate / c ))" -D "$secs" "${extra[@]}" \
     --log-file "$out.log" "http://127.0.0.1:$port/" > "$out" 2>&1 &
   LOAD_PID=$!
 }
@@ -106,6 +108,7 @@ rate_run() {
   if [ -n "$has" ]; then c1="$(cpu_ticks "${pids[@]}")"; s1="$(ctxsw_tree "${pids[@]}")"; fi
   compiler_running && noisy=1
   read -r rps p50 p99 reqs non2xx errs < <(parse_h2load "$out")
+  grep -q '^finished in' "$out" || reqs=0
   if [ "$reqs" -eq 0 ]; then
     log "  WARNING: no request to $t completed at $C_RATE req/s in round $r; the run is left out. h2load said:"
     tail -n 20 "$out" >&2
@@ -125,8 +128,12 @@ rate_run() {
     "$( [ "$noisy" = 0 ] || echo '  NOISY (compiler running)')")"
 }
 
-# The achieved rate of a warm-up output over the offered one, in percent.
-achieved_pct() { parse_h2load "$1" | awk -v o="$2" '{ printf "%d\n", $1 / o * 100 }'; }
+# The achieved rate of a warm-up output over the offered one, in percent; empty when
+# h2load did not finish.
+achieved_pct() {
+  grep -q '^finished in' "$1" || return 0
+  parse_h2load "$1" | awk -v o="$2" '{ printf "%d\n", $1 / o * 100 }'
+}
 
 rate_cell() {
   local cell="$1" t r pct low=100 slow="" started clients
@@ -154,7 +161,12 @@ rate_cell() {
     start_rate_load "$C_LOAD" "${T_PORT[$t]}" "$C_CONNS" "$C_RATE" "$(( C_WARMUP > 2 ? C_WARMUP : 2 ))" "$WORK/rate-warmup-$cell-$t.txt"
     wait "$LOAD_PID" || true
     pct="$(achieved_pct "$WORK/rate-warmup-$cell-$t.txt" "$C_RATE")"
-    if [ "$pct" -lt "$low" ]; then low=$pct; slow=$t; fi
+    if [ -z "$pct" ]; then
+      log "   WARNING: h2load did not finish the warm-up of $t; it said:"
+      tail -n 5 "$WORK/rate-warmup-$cell-$t.txt" >&2
+    elif [ "$pct" -lt "$low" ]; then
+      low=$pct; slow=$t
+    fi
     if [ "$RATE_SAT" = 1 ]; then
       start_load "$C_LOAD" "${T_PORT[$t]}" "$C_CONNS" "$C_WARMUP" "$WORK/warmup-$cell-$t.txt"
       wait "$LOAD_PID" || true
