@@ -86,7 +86,7 @@ END {
   printf "== tollgate fixed-rate comparison\n"
   printf "command:  %s\n", cmd
   printf "machine:  %d CPUs, %s, %s; load average %s before, %s after\n", nproc, cpu_model, kernel, load_before, load_after
-  printf "software: tollgate %s; nginx %s, haproxy %s, h2load %s, wrk %s, pingora %s\n", tg_rev, nginx_ver, haproxy_ver, h2load_ver, wrk_ver, pingora_ver
+  printf "software: tollgate %s, built %s; nginx %s, haproxy %s, h2load %s, wrk %s, pingora %s\n", tg_rev, tg_built, nginx_ver, haproxy_ver, h2load_ver, wrk_ver, pingora_ver
   printf "pinning:  the proxy on CPU %s alone; h2load, the backend and this script on CPU %s\n", proxy_cpu, load_cpu
   printf "method:   each target offered the same open-loop rate (h2load --rps, per-client timers);\n"
   printf "          proxy CPU = utime+stime of all its processes and threads (/proc/PID/stat)\n"

@@ -192,7 +192,9 @@ rate_cell() {
     fi
   done
   for t in "${C_TARGETS[@]}"; do stop_target "$t"; done
-  printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$cell" "$C_TITLE" "$C_OFFERED" "$C_RATE" "$RATE_ROUNDS" \
+  local load="h2load --h1 -c$clients"
+  [ "$C_LOAD" != h2 ] || load="h2load -c$clients -m$(( (C_CONNS + clients - 1) / clients ))"
+  printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$cell" "$C_TITLE; at the fixed rate: $load --rps=$(( C_RATE / clients ))" "$C_OFFERED" "$C_RATE" "$RATE_ROUNDS" \
     "$RATE_DURATION" "$C_DURATION" "${C_TARGETS[*]}" "$C_CONNS" "$(( SECONDS - started ))" >> "$RATE_CELLS"
   log "   cell $cell took $(( SECONDS - started ))s"
 }
@@ -211,7 +213,7 @@ LOAD_AFTER="$(cut -d' ' -f1-3 /proc/loadavg)"
 skips=""
 [ "${#SKIPS[@]}" -eq 0 ] || skips="$(printf '%s; ' "${SKIPS[@]}")"
 awk -F'\t' -v cmd="$ORIG_CMD" -v nproc="$NPROC" -v cpu_model="$CPU_MODEL" -v kernel="$KERNEL" \
-  -v load_before="$LOAD_BEFORE" -v load_after="$LOAD_AFTER" -v tg_rev="$TOLLGATE_REV" \
+  -v load_before="$LOAD_BEFORE" -v load_after="$LOAD_AFTER" -v tg_rev="$TOLLGATE_REV" -v tg_built="$TOLLGATE_BUILT" \
   -v nginx_ver="$NGINX_VER" -v haproxy_ver="$HAPROXY_VER" -v h2load_ver="$H2LOAD_VER" \
   -v wrk_ver="$WRK_VER" -v pingora_ver="$PINGORA_VER" -v proxy_cpu="$PROXY_CPU" -v load_cpu="$LOAD_CPU" \
   -v sat="$RATE_SAT" -v restarts="$RESTARTS" -v skips="${skips%; }" -v total_secs="$(( SECONDS - STARTED ))" \
