@@ -285,6 +285,11 @@ cleanup() {
   trap - EXIT INT TERM
   if [ -n "$HOLDER_PID" ]; then kill "$HOLDER_PID" 2>/dev/null || true; fi
   local p
+  # A load generator still running (the script was stopped in the middle of a run): only
+  # while it is one of this shell's jobs, so that a reused process id is never hit.
+  if [ -n "${LOAD_PID:-}" ]; then
+    for p in $(jobs -p); do [ "$p" != "$LOAD_PID" ] || kill -TERM "$p" 2>/dev/null || true; done
+  fi
   for p in "${PIDS[@]}"; do kill -TERM "$p" 2>/dev/null || true; done
   for p in "${PIDS[@]}"; do
     for _ in 1 2 3 4 5 6 7 8 9 10; do kill -0 "$p" 2>/dev/null || break; sleep 0.1; done
