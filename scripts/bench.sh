@@ -11,6 +11,7 @@
 #   scripts/bench.sh --quick             # a smoke run (1 round of 2 s per cell)
 #   scripts/bench.sh --json              # the results as JSON on stdout
 #   scripts/bench.sh --count             # instructions and syscalls per request (get, h2c)
+#   scripts/bench.sh --fixed-rate        # CPU per request at a fixed rate (get, h2c, c2000)
 #
 # See docs/benchmarks.md for what is measured and how to read it.
 set -euo pipefail
@@ -51,6 +52,10 @@ CELLS=""
 INSTALL=1
 WAIT_QUIET=0
 COUNT=0
+FIXED_RATE=0
+RATE_OPT=""
+RATE_SAT=1
+TARGETS_SET=0
 MEMORY=1
 NOISE_PCT=5   # a run is flagged noisy when other tasks took more than this share of a core
 
@@ -101,6 +106,18 @@ usage: scripts/bench.sh [options]
                        and system calls (strace -c, the cell's own load) per request, over
                        one --duration run each (default 3 s), for the cells of --cells
                        (default: get and h2c); figures the host's noise does not move
+  --fixed-rate         instead of the load comparison: every target of a cell offered the
+                       same open-loop rate (h2load --rps; over HTTP/1.1 with --h1), and the
+                       proxy's own CPU time per request (utime+stime of all its processes),
+                       context switches, the achieved rate and errors; 3 rounds of 5 s
+                       (--rounds, --duration), medians, tollgate/nginx and tollgate/haproxy,
+                       and req/s at saturation from the same rounds. Cells of --cells
+                       (default: get, h2c, c2000), targets direct, tollgate, nginx, haproxy
+                       and pingora when already built (default). Rates per cell: 16000 req/s
+                       (get, h2c, c2000, cores2, inbound), 8000 (tls, body16k), 1000
+                       (body256k); lowered for the cell when a target falls short of it
+  --rate R             the rate of every cell in req/s (implies --fixed-rate)
+  --no-saturation      with --fixed-rate: skip the runs at saturation
   --inbound-extra FILE TOML appended to the [inbound] section of the tollgate-inbound and
                        tollgate-chain targets, e.g. an [inbound.dedupe] table, to count what
                        it costs a request that does not use it
@@ -121,7 +138,7 @@ while [ $# -gt 0 ]; do
     --out) OUT_DIR="${2:?"$1 needs a value"}"; shift 2 ;;
     --tollgate) TOLLGATE_BIN="${2:?"$1 needs a value"}"; shift 2 ;;
     --compare) COMPARE_BIN="${2:?"$1 needs a value"}"; shift 2 ;;
-    --targets) TARGETS="${2:?"$1 needs a value"}"; shift 2 ;;
+    --targets) TARGETS="${2:?"$1 needs a value"}"; TARGETS_SET=1; shift 2 ;;
     --proxy-cpu) PROXY_CPU="${2:?"$1 needs a value"}"; shift 2 ;;
     --load-cpu) LOAD_CPU="${2:?"$1 needs a value"}"; shift 2 ;;
     --rss-connections) RSS_CONNS="${2:?"$1 needs a value"}"; shift 2 ;;
@@ -129,6 +146,9 @@ while [ $# -gt 0 ]; do
     --wait-quiet) WAIT_QUIET="${2:?"$1 needs a value"}"; shift 2 ;;
     --no-install) INSTALL=0; shift ;;
     --count) COUNT=1; shift ;;
+    --fixed-rate) FIXED_RATE=1; shift ;;
+    --rate) RATE_OPT="${2:?"$1 needs a value"}"; FIXED_RATE=1; shift 2 ;;
+    --no-saturation) RATE_SAT=0; shift ;;
     --inbound-extra) INBOUND_EXTRA="${2:?"$1 needs a value"}"; shift 2 ;;
     -h|--help) usage; exit 0 ;;
     *) echo "bench.sh: unknown option: $1" >&2; usage >&2; exit 2 ;;
@@ -141,7 +161,7 @@ done
 . "$BENCH_DIR/cells.sh"
 
 for v in duration:DURATION_OPT rounds:ROUNDS_OPT connections:CONNS many-connections:C2000_CONNS \
-  rss-connections:RSS_CONNS proxy-cpu:PROXY_CPU load-cpu:LOAD_CPU wait-quiet:WAIT_QUIET; do
+  rss-connections:RSS_CONNS proxy-cpu:PROXY_CPU load-cpu:LOAD_CPU wait-quiet:WAIT_QUIET rate:RATE_OPT; do
   name="${v#*:}"
   val="${!name}"
   [ -n "$val" ] || continue
@@ -150,13 +170,19 @@ done
 if [ "${DURATION_OPT:-1}" -lt 1 ] || [ "${ROUNDS_OPT:-1}" -lt 1 ] || [ "$CONNS" -lt 1 ] || [ "$C2000_CONNS" -lt 1 ]; then
   echo "bench.sh: --duration, --rounds, --connections and --many-connections must be at least 1" >&2; exit 2
 fi
+[ "${RATE_OPT:-1}" -ge 1 ] || { echo "bench.sh: --rate must be at least 1" >&2; exit 2; }
+if [ "$FIXED_RATE" -eq 1 ]; then
+  [ "$COUNT" -eq 0 ] || { echo "bench.sh: --count and --fixed-rate are two modes: pick one" >&2; exit 2; }
+  [ "$JSON" -eq 0 ] || { echo "bench.sh: --fixed-rate prints a table only (--out DIR keeps its raw TSV)" >&2; exit 2; }
+  [ "$TARGETS_SET" -eq 1 ] || TARGETS="direct,tollgate,nginx,haproxy,pingora"
+fi
 IFS=, read -r -a TARGET_LIST <<<"$TARGETS"
 [ "${#TARGET_LIST[@]}" -gt 0 ] || { echo "bench.sh: --targets is empty" >&2; exit 2; }
 for t in "${TARGET_LIST[@]}"; do
   case ",$KNOWN_TARGETS," in *",$t,"*) ;; *) echo "bench.sh: unknown target '$t' (known: $KNOWN_TARGETS)" >&2; exit 2 ;; esac
 done
 if [ -z "$CELLS" ]; then
-  if [ "$COUNT" -eq 1 ]; then CELLS="get,h2c"; else CELLS="$ALL_CELLS"; fi
+  if [ "$COUNT" -eq 1 ]; then CELLS="get,h2c"; elif [ "$FIXED_RATE" -eq 1 ]; then CELLS="get,h2c,c2000"; else CELLS="$ALL_CELLS"; fi
 fi
 IFS=, read -r -a CELL_LIST <<<"$CELLS"
 [ "${#CELL_LIST[@]}" -gt 0 ] || { echo "bench.sh: --cells is empty" >&2; exit 2; }
@@ -259,6 +285,11 @@ cleanup() {
   trap - EXIT INT TERM
   if [ -n "$HOLDER_PID" ]; then kill "$HOLDER_PID" 2>/dev/null || true; fi
   local p
+  # A load generator still running (the script was stopped in the middle of a run): only
+  # while it is one of this shell's jobs, so that a reused process id is never hit.
+  if [ -n "${LOAD_PID:-}" ]; then
+    for p in $(jobs -p); do [ "$p" != "$LOAD_PID" ] || kill -TERM "$p" 2>/dev/null || true; done
+  fi
   for p in "${PIDS[@]}"; do kill -TERM "$p" 2>/dev/null || true; done
   for p in "${PIDS[@]}"; do
     for _ in 1 2 3 4 5 6 7 8 9 10; do kill -0 "$p" 2>/dev/null || break; sleep 0.1; done
@@ -320,7 +351,7 @@ PINGORA_VER="not run"
 LOAD_BEFORE="$(cut -d' ' -f1-3 /proc/loadavg)"
 STARTED=$SECONDS
 
-log "== tollgate load matrix"
+if [ "$FIXED_RATE" -eq 1 ]; then log "== tollgate at a fixed rate"; else log "== tollgate load matrix"; fi
 log "command:  $ORIG_CMD"
 log "machine:  $NPROC CPUs, $CPU_MODEL, $KERNEL, load average $LOAD_BEFORE"
 log "software: tollgate $TOLLGATE_REV, built $TOLLGATE_BUILT; nginx $NGINX_VER, haproxy $HAPROXY_VER, wrk $WRK_VER, h2load $H2LOAD_VER"
@@ -369,6 +400,8 @@ if has_cell inbound; then
 fi
 
 if has_target pingora && { has_cell get || has_cell tls; }; then
+  # The fixed-rate mode takes Pingora when a build of it is there and does not build it.
+  PINGORA_BUILD=$(( 1 - FIXED_RATE ))
   ensure_pingora
   [ -z "$PINGORA_BIN" ] || PINGORA_VER="0.9.1 ($(basename "$PINGORA_BIN"))"
 fi
@@ -376,6 +409,13 @@ fi
 if [ "$COUNT" -eq 1 ]; then
   # shellcheck source=scripts/bench/count.sh
   . "$BENCH_DIR/count.sh"
+  exit 0
+fi
+if [ "$FIXED_RATE" -eq 1 ]; then
+  RATE_ROUNDS=${ROUNDS_OPT:-3}
+  RATE_DURATION=${DURATION_OPT:-5}
+  # shellcheck source=scripts/bench/rate.sh
+  . "$BENCH_DIR/rate.sh"
   exit 0
 fi
 

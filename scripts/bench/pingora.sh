@@ -120,6 +120,7 @@ ensure_pingora() {
     return 0
   fi
   pingora_skip() { log "SKIP pingora: $1"; SKIPS+=("pingora: $1"); }
+  [ "${PINGORA_BUILD:-1}" = 1 ] || { pingora_skip "not built yet (the load comparison builds it)"; return 0; }
   command -v cargo >/dev/null 2>&1 || { pingora_skip "no cargo on PATH to build it"; return 0; }
   local -a pkgs=()
   command -v cc >/dev/null 2>&1 || pkgs+=(gcc)
