@@ -124,7 +124,7 @@ fn check_strict(name: &str, config: &str) {
 }
 
 /// `kubernetes-validate --strict` against Kubernetes 1.29 (the first with native
-/// sidecars), when it is installed; said once when it is not.
+/// sidecars) and 1.37, when it is installed; said once when it is not.
 fn validate(name: &str, text: &str) {
     let Ok(status) = Command::new("kubernetes-validate")
         .arg("--version")
@@ -141,17 +141,20 @@ fn validate(name: &str, text: &str) {
     let dir = TempDir::new("inject-real-validate");
     let path = dir.path().join("out.yaml");
     std::fs::write(&path, text).unwrap();
-    let out = Command::new("kubernetes-validate")
-        .args(["--strict", "--quiet", "--no-warn", "-k", "1.29.0"])
-        .arg(&path)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{name}: kubernetes-validate --strict:\n{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
+    // The first release with native sidecars, and the newest.
+    for version in ["1.29.0", "1.37.0"] {
+        let out = Command::new("kubernetes-validate")
+            .args(["--strict", "--quiet", "--no-warn", "-k", version])
+            .arg(&path)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{name}: kubernetes-validate --strict -k {version}:\n{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
 }
 
 #[test]
