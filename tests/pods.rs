@@ -404,9 +404,10 @@ fn start(pods: &mut Pods) {
     let port = REDIS_PORT.to_string();
     pods.spawn(
         NS_B,
+        // Started as itself (`ip netns exec` becomes it), so that stopping the child
+        // stops Redis: under `timeout`, killing `timeout` left Redis running in the
+        // deleted namespace.
         &[
-            "timeout",
-            "120",
             "redis-server",
             "--port",
             &port,
