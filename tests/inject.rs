@@ -10,13 +10,14 @@
 #![allow(clippy::unwrap_used)]
 
 mod common;
+#[path = "common/manifests.rs"]
+mod manifests;
 
-use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::Command;
 
 use common::tempdir::TempDir;
-use yaml_rust2::Yaml;
+use manifests::{container, docs, inject, kind_named, names};
 
 fn fixture(name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -24,56 +25,10 @@ fn fixture(name: &str) -> PathBuf {
         .join(name)
 }
 
-/// `tollgate inject ARGS` with `stdin`: (exit code, stdout, stderr).
-fn inject(args: &[&str], stdin: Option<&str>) -> (i32, String, String) {
-    let mut child = Command::new(common::binary())
-        .arg("inject")
-        .args(args)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut input = child.stdin.take().unwrap();
-    input.write_all(stdin.unwrap_or("").as_bytes()).unwrap();
-    drop(input);
-    let out = child.wait_with_output().unwrap();
-    (
-        out.status.code().unwrap_or(-1),
-        String::from_utf8(out.stdout).unwrap(),
-        String::from_utf8(out.stderr).unwrap(),
-    )
-}
-
 fn inject_ok(args: &[&str], stdin: Option<&str>) -> String {
     let (code, out, err) = inject(args, stdin);
     assert_eq!(code, 0, "tollgate inject {args:?} failed:\n{err}");
     out
-}
-
-/// The documents, read as Kubernetes reads them (YAML 1.1: `0440` is octal).
-fn docs(text: &str) -> Vec<Yaml> {
-    tollgate::inject::yaml::load(text).unwrap()
-}
-
-fn kind_named<'a>(docs: &'a [Yaml], kind: &str, name: &str) -> &'a Yaml {
-    docs.iter()
-        .find(|d| d["kind"].as_str() == Some(kind) && d["metadata"]["name"].as_str() == Some(name))
-        .unwrap_or_else(|| panic!("no {kind}/{name}"))
-}
-
-fn container<'a>(list: &'a Yaml, name: &str) -> &'a Yaml {
-    list.as_vec()
-        .unwrap()
-        .iter()
-        .find(|c| c["name"].as_str() == Some(name))
-        .unwrap_or_else(|| panic!("no container {name}"))
-}
-
-fn names(list: &Yaml) -> Vec<&str> {
-    list.as_vec()
-        .map(|l| l.iter().filter_map(|c| c["name"].as_str()).collect())
-        .unwrap_or_default()
 }
 
 /// The ConfigMap's tollgate.toml passes `tollgate check --strict` (no warning at all).

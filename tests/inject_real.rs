@@ -10,12 +10,14 @@
 #![allow(clippy::unwrap_used)]
 
 mod common;
+#[path = "common/manifests.rs"]
+mod manifests;
 
-use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
 use common::tempdir::TempDir;
+use manifests::{container, docs, inject, kind_named, names};
 use yaml_rust2::Yaml;
 
 /// A real-world manifest, or None (after a SKIP line) when the shared data is absent.
@@ -31,55 +33,10 @@ fn real(path: &str) -> Option<PathBuf> {
     }
 }
 
-/// `tollgate inject ARGS` with `stdin`: (exit code, stdout, stderr).
-fn inject(args: &[&str], stdin: Option<&str>) -> (i32, String, String) {
-    let mut child = Command::new(common::binary())
-        .arg("inject")
-        .args(args)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut input = child.stdin.take().unwrap();
-    input.write_all(stdin.unwrap_or("").as_bytes()).unwrap();
-    drop(input);
-    let out = child.wait_with_output().unwrap();
-    (
-        out.status.code().unwrap_or(-1),
-        String::from_utf8(out.stdout).unwrap(),
-        String::from_utf8(out.stderr).unwrap(),
-    )
-}
-
 fn inject_ok(args: &[&str], stdin: Option<&str>) -> (String, String) {
     let (code, out, err) = inject(args, stdin);
     assert_eq!(code, 0, "tollgate inject {args:?} failed:\n{err}");
     (out, err)
-}
-
-fn docs(text: &str) -> Vec<Yaml> {
-    tollgate::inject::yaml::load(text).unwrap()
-}
-
-fn kind_named<'a>(docs: &'a [Yaml], kind: &str, name: &str) -> &'a Yaml {
-    docs.iter()
-        .find(|d| d["kind"].as_str() == Some(kind) && d["metadata"]["name"].as_str() == Some(name))
-        .unwrap_or_else(|| panic!("no {kind}/{name}"))
-}
-
-fn container<'a>(list: &'a Yaml, name: &str) -> &'a Yaml {
-    list.as_vec()
-        .unwrap()
-        .iter()
-        .find(|c| c["name"].as_str() == Some(name))
-        .unwrap_or_else(|| panic!("no container {name}"))
-}
-
-fn names(list: &Yaml) -> Vec<&str> {
-    list.as_vec()
-        .map(|l| l.iter().filter_map(|c| c["name"].as_str()).collect())
-        .unwrap_or_default()
 }
 
 /// Every ConfigMap tollgate wrote: (its name, its tollgate.toml).
