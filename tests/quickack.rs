@@ -35,7 +35,11 @@ async fn read_response(s: &mut TcpStream) -> String {
                 }
             }
             let n = s.read(&mut buf).await.unwrap();
-            assert!(n > 0, "closed before a whole response");
+            assert!(
+                n > 0,
+                "closed before a whole response: {:?}",
+                String::from_utf8_lossy(&got)
+            );
             got.extend_from_slice(&buf[..n]);
         }
     };

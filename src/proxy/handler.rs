@@ -81,6 +81,10 @@ async fn handle(
     // to carry another request: the answer must say so, or the app's next request on
     // it meets a reset (and its HTTP client may retry that behind tollgate's back).
     let unread = req.version() < Version::HTTP_2 && !req.body().is_end_stream();
+    // A small body the connection reads to its end by itself after the answer: the
+    // connection is kept whether or not the upstream read it.
+    let read_after = matches!(req.body(), AppBody::Http1(b) if b.read_after_answer());
+    let unread = unread && !read_after;
     let refuse = |metrics: Option<&UpstreamMetrics>, r: Refusal, grpc, mut entry, mut guard| {
         log_refusal(&mut entry, &mut guard, &r, grpc);
         let mut resp = local_answer(metrics, refused(&r), grpc, guard);
@@ -216,6 +220,7 @@ async fn handle(
     // A body still streaming to the upstream may yet be read to its end; one that was
     // never touched (an answer at `Expect: 100-continue`) will not.
     let close = version < Version::HTTP_2
+        && !read_after
         && answer.body != BodyRead::Whole
         && (answer.outcome != Outcome::Ok
             || answer.body == BodyRead::Untouched

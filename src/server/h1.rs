@@ -36,7 +36,7 @@ use tokio::net::TcpStream;
 
 use super::body::{AppBody, ResponseBody};
 use super::service::{AppRequest, AppResponse, Service};
-use super::socket::{CONTINUE, Http1Body, Io, close, lock};
+use super::socket::{CONTINUE, Http1Body, Io, close, discard_body, lock};
 use super::tunnel;
 use super::watchdog::ConnState;
 use crate::http::encode::{
@@ -231,6 +231,8 @@ async fn respond<S>(
         return After::Close;
     }
     let keep_alive = asked.keep_alive && !settings.state.closing();
+    // Answered before a `100 Continue` went out: the app may never send the body.
+    let awaits_continue = lock(io).continue_left > 0;
     let written = write_response(
         io,
         wbuf,
@@ -242,7 +244,7 @@ async fn respond<S>(
     let Ok(kept) = written.await else {
         return After::Close;
     };
-    let unread = !lock(io).body_done();
+    let unread = !lock(io).body_done() && (!kept || awaits_continue || !discard_body(io).await);
     if !kept || unread {
         close(io, unread).await;
         return After::Close;

@@ -30,6 +30,12 @@ const READ_AHEAD: usize = 64 * 1024;
 /// does not reset the connection under the response.
 const LINGER: Duration = Duration::from_secs(1);
 const LINGER_BYTES: usize = 1024 * 1024;
+/// After an answer that came before its request's body was read (an upstream that
+/// answers without reading it), the rest of a body this small is read and thrown away,
+/// for up to this long, so the connection carries the app's next request rather than
+/// closing under it (a pooled connection closed as the app reuses it is an error there).
+const DISCARD_BYTES: u64 = 64 * 1024;
+const DISCARD_WAIT: Duration = Duration::from_secs(1);
 
 pub(super) const CONTINUE: &[u8] = b"HTTP/1.1 100 Continue\r\n\r\n";
 
@@ -189,6 +195,17 @@ pub struct Http1Body {
     pub(super) empty: bool,
 }
 
+impl Http1Body {
+    /// Whether the connection reads what is left of this body by itself once its
+    /// answer is out, if nothing else has ([`discard_body`]): a small body of known
+    /// length, sent without waiting for `100 Continue`. Any other body an answer leaves
+    /// unread closes the connection, and the answer must say so.
+    pub fn read_after_answer(&self) -> bool {
+        let io = lock(&self.io);
+        io.continue_left == 0 && matches!(io.body, Framing::Length(n) if n <= DISCARD_BYTES)
+    }
+}
+
 impl Body for Http1Body {
     type Data = Bytes;
     type Error = BoxError;
@@ -217,6 +234,37 @@ impl Body for Http1Body {
         }
         lock(&self.io).body.size_hint()
     }
+}
+
+/// After the answer: reads and throws away the rest of a small request body of known
+/// length that was not read (up to [`DISCARD_BYTES`] within [`DISCARD_WAIT`]); `true` when the body
+/// has ended whole and the connection may carry another request.
+pub(super) async fn discard_body(io: &Mutex<Io>) -> bool {
+    if !matches!(lock(io).body, Framing::Length(left) if left <= DISCARD_BYTES) {
+        return false;
+    }
+    let mut thrown = 0u64;
+    let read = poll_fn(|cx| {
+        let mut io = lock(io);
+        loop {
+            if io.body_done() {
+                return Poll::Ready(true);
+            }
+            match ready!(io.poll_body(cx)) {
+                Some(Ok(frame)) => {
+                    thrown += frame.data_ref().map_or(0, |d| d.len() as u64);
+                    if thrown > DISCARD_BYTES {
+                        return Poll::Ready(false);
+                    }
+                }
+                Some(Err(_)) => return Poll::Ready(false),
+                None => return Poll::Ready(io.body_done()),
+            }
+        }
+    });
+    tokio::time::timeout(DISCARD_WAIT, read)
+        .await
+        .unwrap_or(false)
 }
 
 /// Ends the connection: the write side first, then, when the app may still be
