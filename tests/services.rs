@@ -18,6 +18,10 @@
 //!   5 s the names are followed at, without `max_connection_age`, and a pod removed
 //!   from it takes none after that, with no request failed.
 //!
+//! The same shapes are rows of the harm matrix (`tollgate lab --scenario harm`, in
+//! namespaces of the lab's own): the last test here runs them and holds them to their
+//! verdicts and to the figures above.
+//!
 //! Two namespaces joined by a veth pair of this test's own: the pods' (four addresses,
 //! each in a /30 of its own on the link) and the client's, where kube-proxy's rules
 //! live, as on a node; the VIP is an address of another /30 of the link that no
@@ -357,11 +361,15 @@ ratio = 0.2
 consecutive_failures = 3
 ";
 
+/// One test at a time: each is a node of its own, and the two cores are shared.
+static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 #[test]
 fn services_through_tollgate_serve_at_least_as_well_as_direct() {
     if !can_run() {
         return;
     }
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
     let mut node = Node::create();
     // Apps on every pod but the first; each pod's sidecar in front of its app.
     node.spawn_role(PODS_NS, "apps", &[]);
@@ -450,6 +458,61 @@ fn services_through_tollgate_serve_at_least_as_well_as_direct() {
         0.0,
         "the removed pod took requests more than 6.5 s after it was removed"
     );
+}
+
+/// The harm matrix's rows about Services, run by the lab in namespaces of its own.
+const HARM_ROWS: [&str; 4] = [
+    "clusterip-dead-pod",
+    "headless-dead-first",
+    "headless-scale-up",
+    "headless-scale-down",
+];
+
+#[test]
+fn the_harm_rows_about_services_do_no_harm() {
+    if !can_run() {
+        return;
+    }
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
+    let out = Command::new(common::binary())
+        .args(["lab", "--scenario", "harm", "--json", "--rows"])
+        .arg(HARM_ROWS.join(","))
+        .env("RUST_LOG", "error")
+        .output()
+        .unwrap();
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+        panic!(
+            "{e}: {}\n{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        )
+    });
+    let rows = v["rows"].as_array().unwrap();
+    let keys: Vec<&str> = rows.iter().map(|r| r["key"].as_str().unwrap()).collect();
+    assert_eq!(keys, HARM_ROWS);
+    let mut success = BTreeMap::new();
+    for row in rows {
+        let key = row["key"].as_str().unwrap();
+        assert!(row["skipped"].is_null(), "{key}: {}", row["skipped"]);
+        let columns = row["columns"].as_array().unwrap();
+        let share = |i: usize| columns[i]["success_rate"].as_f64().unwrap();
+        eprintln!(
+            "{key}: direct {:.1}%, through tollgate {:.1}%, {}",
+            100.0 * share(0),
+            100.0 * share(1),
+            row["verdict"]
+        );
+        assert_ne!(row["verdict"], "WORSE", "{key}: {row}");
+        success.insert(key, share(1));
+    }
+    assert_eq!(out.status.code(), Some(0), "no row WORSE");
+    assert!(success["clusterip-dead-pod"] >= 0.9, "{success:?}");
+    assert!(success["headless-dead-first"] >= 0.99, "{success:?}");
+    assert_eq!(
+        success["headless-scale-down"], 1.0,
+        "no request failed through tollgate while a pod left"
+    );
+    assert_eq!(success["headless-scale-up"], 1.0, "{success:?}");
 }
 
 fn write_hosts(pods: &[&str]) {

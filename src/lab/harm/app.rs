@@ -167,6 +167,18 @@ impl App {
         start: Instant,
         replicas: usize,
     ) -> std::io::Result<App> {
+        let loopback = SocketAddr::from(([127, 0, 0, 1], 0));
+        App::start_on(behaviour, seed, start, &vec![loopback; replicas.max(1)]).await
+    }
+
+    /// The same, one replica at each of `addrs` (a pod's address, in a network
+    /// namespace).
+    pub async fn start_on(
+        behaviour: Behaviour,
+        seed: u64,
+        start: Instant,
+        at: &[SocketAddr],
+    ) -> std::io::Result<App> {
         let counters = Arc::new(Counters::default());
         let state = Arc::new(State {
             behaviour,
@@ -176,8 +188,8 @@ impl App {
         });
         let mut addrs = Vec::new();
         let mut tasks = Vec::new();
-        for _ in 0..replicas.max(1) {
-            let listener = TcpListener::bind("127.0.0.1:0").await?;
+        for &addr in at {
+            let listener = TcpListener::bind(addr).await?;
             addrs.push(listener.local_addr()?);
             tasks.push(tokio::spawn(serve(listener, state.clone())));
         }

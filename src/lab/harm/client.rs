@@ -102,7 +102,7 @@ pub struct Record {
 }
 
 /// The outcomes tollgate may name, kept as static words.
-const OUTCOMES: [&str; 23] = [
+pub const OUTCOMES: [&str; 23] = [
     "attempts-exhausted",
     "budget-exhausted",
     "deadline-exceeded",
@@ -181,6 +181,9 @@ pub struct Client {
     target: Target,
     column: usize,
     pools: Vec<Pool>,
+    /// Each call on a connection of its own (`Connection: close`), as a client
+    /// without a pool.
+    per_call: bool,
 }
 
 /// One request of the plan.
@@ -197,6 +200,15 @@ impl Client {
             target,
             column,
             pools,
+            per_call: false,
+        }
+    }
+
+    /// The same client without a pool: each call on a connection of its own.
+    pub fn connection_per_call(self) -> Self {
+        Client {
+            per_call: true,
+            ..self
         }
     }
 
@@ -221,6 +233,9 @@ impl Client {
             .header(SEQ, call.seq);
         if traffic.post {
             b = b.header(http::header::CONTENT_TYPE, "application/json");
+        }
+        if self.per_call {
+            b = b.header(http::header::CONNECTION, "close");
         }
         if traffic.keyed {
             let key = call.path.trim_start_matches('/').replace('/', "-");
@@ -266,7 +281,12 @@ impl Client {
             let Some(req) = self.request(call, traffic) else {
                 return;
             };
-            let mut sender = match pool.take().await {
+            let pooled = if self.per_call {
+                None
+            } else {
+                pool.take().await
+            };
+            let mut sender = match pooled {
                 Some(s) => s,
                 None => match connect(self.target.addrs[i]).await {
                     Ok(s) => s,
@@ -303,7 +323,7 @@ impl Client {
                 .unwrap_or(0);
             let whole = resp.into_body().collect().await.is_ok();
             record.ok = whole && record.status == 200;
-            if whole {
+            if whole && !self.per_call {
                 pool.put(sender);
             }
             return;

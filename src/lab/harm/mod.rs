@@ -9,11 +9,13 @@
 //! - [`client`]: the app, the same HTTP client for every column, sending each call once
 //!   on an open-loop schedule over repeated URLs;
 //! - [`rig`]: the real tollgate proxies (outbound, inbound sidecars) of each column;
+//! - [`netns`]: the rows about Kubernetes Services, in network namespaces of their own;
 //! - [`verdict`]: the figures, the test, the budget's bound and the trades' purposes;
 //! - [`report`]: the table and the JSON.
 
 pub mod app;
 pub mod client;
+pub mod netns;
 pub mod report;
 pub mod rig;
 pub mod rows;
@@ -123,7 +125,20 @@ pub async fn run(spec: HarmSpec, progress: bool) -> Result<HarmRun, LabError> {
     }
     let mut out = Vec::new();
     let total = rows.len();
+    let namespaces = netns::can_run();
+    if namespaces.is_ok() && rows.iter().any(|r| r.service.is_some()) {
+        netns::clean_up_on_interrupt();
+    }
     for (i, row) in rows.into_iter().enumerate() {
+        if let (Some(_), Err(why)) = (row.service, &namespaces) {
+            out.push(RowResult {
+                skipped: Some(why.clone()),
+                figures: Vec::new(),
+                verdicts: Vec::new(),
+                row,
+            });
+            continue;
+        }
         let need = descriptors_needed(&row);
         if let Some(limit) = open_files.filter(|l| *l < need) {
             out.push(RowResult {
@@ -156,6 +171,9 @@ pub async fn run(spec: HarmSpec, progress: bool) -> Result<HarmRun, LabError> {
 
 /// One row: its rig, the same plan sent down every column at once, and the verdicts.
 pub async fn run_row(row: Row, seed: u64) -> Result<RowResult, LabError> {
+    if let Some(shape) = row.service {
+        return netns::run_row(row, shape, seed).await;
+    }
     // Time to start the proxies before the first call; the upstream's clock (its
     // outage) starts with the calls.
     let start = Instant::now() + Duration::from_millis(500);
@@ -199,6 +217,9 @@ pub async fn run_row(row: Row, seed: u64) -> Result<RowResult, LabError> {
 /// Runs `tollgate lab --scenario harm`; the exit code: 0 when no row is WORSE, 1 when
 /// one is (or the lab could not run), 2 for a bad flag.
 pub fn harm_main(args: &super::LabArgs) -> i32 {
+    if let Some(code) = netns::part_main() {
+        return code;
+    }
     if args.plot.is_some()
         || args.duration.is_some()
         || args.rps.is_some()

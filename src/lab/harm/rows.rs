@@ -142,6 +142,9 @@ pub struct Row {
     /// What the columns are, where it needs saying.
     pub note: Option<&'static str>,
     pub columns: Vec<Column>,
+    /// A Kubernetes Service's shape, run in network namespaces (`netns.rs`); `None`:
+    /// on loopback, in this process.
+    pub service: Option<Shape>,
 }
 
 const DIRECT: Column = Column {
@@ -258,6 +261,7 @@ fn row(key: &'static str, what: &'static str, behaviour: Behaviour, traffic: Tra
         unknown_host: false,
         note: None,
         columns: vec![DIRECT, TOLLGATE],
+        service: None,
     }
 }
 
@@ -354,6 +358,7 @@ pub fn all() -> Vec<Row> {
     rows.push(fixed_limit());
     rows.extend(throttle_rows());
     rows.push(unknown_host());
+    rows.extend(service_rows());
     rows
 }
 
@@ -571,6 +576,70 @@ fn unknown_host() -> Row {
             traffic(200.0, 5, Urls::Zipf(100)),
         )
     }
+}
+
+/// How a row's Kubernetes Service reaches its pods.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Shape {
+    /// A ClusterIP of three pods, one dead: kube-proxy picks a pod per connection.
+    ClusterIpDeadPod,
+    /// A headless name of three pods, the dead one's address first.
+    HeadlessDeadFirst,
+    /// A headless name of two pods; a third joins it under load.
+    HeadlessScaleUp,
+    /// A headless name of three pods; one leaves it under load, then stops.
+    HeadlessScaleDown,
+}
+
+const SERVICES: &str = "in network namespaces of the lab's own (root): pods each an app behind \
+     an [inbound] tollgate sidecar, the first pod's app dead (its sidecar answers 502 \
+     app-unreachable); direct: the client pod's app calls the Service itself (a headless name's \
+     addresses as resolved at the start, taken in turn, the next one on a refused connection); \
+     tollgate: the client pod's tollgate calls the Service by name. With a dead pod each call \
+     goes on a connection of its own (kube-proxy picks a pod per connection); scaling, the \
+     connections are kept alive";
+
+/// The rows about Kubernetes Services: 50 calls a second for 20 s.
+fn service_rows() -> Vec<Row> {
+    let service = |key, what, shape| Row {
+        replicas: Replicas::ThreeOneBroken(Broken::Dead),
+        note: Some(SERVICES),
+        service: Some(shape),
+        ..row(
+            key,
+            what,
+            Behaviour::HEALTHY,
+            traffic(50.0, 20, Urls::Zipf(100)),
+        )
+    };
+    vec![
+        service(
+            "clusterip-dead-pod",
+            "a ClusterIP Service (kube-proxy's iptables DNAT) of three pods, one dead; 50/s",
+            Shape::ClusterIpDeadPod,
+        ),
+        service(
+            "headless-dead-first",
+            "a headless Service of three pods, the dead one's address first; 50/s",
+            Shape::HeadlessDeadFirst,
+        ),
+        Row {
+            replicas: Replicas::Two,
+            ..service(
+                "headless-scale-up",
+                "a headless Service of two pods, a third added at 5 s; 50/s, kept alive",
+                Shape::HeadlessScaleUp,
+            )
+        },
+        Row {
+            replicas: Replicas::Two,
+            ..service(
+                "headless-scale-down",
+                "a headless Service of three pods, one removed at 5 s and stopped at 12 s; 50/s, kept alive",
+                Shape::HeadlessScaleDown,
+            )
+        },
+    ]
 }
 
 /// The rows `--short` runs (and CI), in the order they run: one per kind of harm that

@@ -1,0 +1,737 @@
+//! The harm rows about Kubernetes Services as they are, in network namespaces of the
+//! lab's own: a node's shape, with three pods (four in the scale rows) each an app behind
+//! a real tollgate `[inbound]` sidecar, and a client pod whose app calls the Service
+//! straight (direct) or through its own tollgate at its defaults (`Host: payments`).
+//!
+//! Two namespaces joined by a veth pair: the pods' (each pod an address in a /30 of its
+//! own on the link; the first pod's app is dead, so its sidecar answers `502
+//! app-unreachable`) and the client's, where kube-proxy's rules live as on a node (a
+//! ClusterIP: iptables DNAT of a virtual IP, `statistic --mode random`, one rule per pod;
+//! the VIP is in another /30 of the link that no process holds) and where the headless
+//! name resolves to the pods' addresses (the namespace's hosts file, which `ip netns
+//! exec` mounts over /etc/hosts, rewritten in place to scale).
+//!
+//! The lab stays in the namespace it was started in, so what runs inside is a process of
+//! its own, the same tollgate binary each time: the apps (the lab's [`App`], counting each
+//! column's calls, printed when the lab closes its stdin), the sidecars and the client's
+//! tollgate (`tollgate run`), and the client (the lab's [`Client`] for both columns,
+//! printing what each call got). `TOLLGATE_HARM_NETNS_PART` says which part a `tollgate
+//! lab --scenario harm` process is. The figures and the verdicts are then made as for any
+//! other row.
+//!
+//! Needs root, `ip` and `iptables`; without them the rows are skipped and say why. The
+//! namespaces (with the link and the rules), the hosts file and every process are removed
+//! when the [`Node`] is dropped, also on an error or a panic, and on Ctrl-C; a row begins
+//! by removing what a killed run may have left (the processes still in the namespaces,
+//! by their ids, then the namespaces).
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{IpAddr, SocketAddr};
+use std::path::PathBuf;
+use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
+use std::sync::mpsc::{Receiver, RecvTimeoutError, channel};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use super::RowResult;
+use super::app::App;
+use super::client::{self, Client, OUTCOMES, Record, Target};
+use super::rows::{Path, Row, Shape};
+use super::verdict::{self, Figures, Seen};
+use crate::lab::LabError;
+
+/// The client pod's namespace, with kube-proxy's rules and the headless name.
+const CLIENT_NS: &str = "tg-harm-c";
+/// The server pods' namespace.
+const PODS_NS: &str = "tg-harm-p";
+const VETH_C: &str = "tg-harm-c0";
+const VETH_P: &str = "tg-harm-p0";
+/// The link's /30s: the client's end, and the pod's.
+const LINKS: [(&str, &str); 4] = [
+    ("10.213.90.1", "10.213.90.2"),
+    ("10.213.90.5", "10.213.90.6"),
+    ("10.213.90.9", "10.213.90.10"),
+    ("10.213.90.13", "10.213.90.14"),
+];
+/// The pods, by the pod's end of each link: the first one's app is dead.
+const PODS: [&str; 4] = ["10.213.90.2", "10.213.90.6", "10.213.90.10", "10.213.90.14"];
+/// The Service's virtual IP, in a /30 of the link's own (10.213.90.16/30), held by
+/// nobody; the client's end of that /30 is where connections to it leave from.
+const VIP: &str = "10.213.90.18";
+const VIP_LINK: &str = "10.213.90.17/30";
+const VIP_NET: &str = "10.213.90.16/30";
+const VIP_PORT: u16 = 80;
+/// Each pod's sidecar (`[inbound]`), as a Service's targetPort; its app behind it.
+const SVC_PORT: u16 = 8080;
+const APP_PORT: u16 = 9090;
+const HEADLESS: &str = "payments-headless";
+/// The client's tollgate, in its namespace.
+const CALLER: &str = "127.0.0.1:15001";
+
+/// Says which part of a row a lab process is, and the row and seed it serves.
+const PART: &str = "TOLLGATE_HARM_NETNS_PART";
+const ROW: &str = "TOLLGATE_HARM_NETNS_ROW";
+const SEED: &str = "TOLLGATE_HARM_NETNS_SEED";
+
+/// When, from the first call, a pod joins the name (scale-up) or leaves it
+/// (scale-down), and when the pod that left is stopped: after the 5 s the names are
+/// followed at, and 2 s more, as a pod's grace period lets its callers see it gone.
+const SCALE_AT: Duration = Duration::from_secs(5);
+const STOP_AT: Duration = Duration::from_secs(12);
+/// From the client's `START` to its first call.
+const LEAD: Duration = Duration::from_millis(500);
+/// How long the parts may take to be ready.
+const READY_WAIT: Duration = Duration::from_secs(30);
+
+fn quiet(cmd: &mut Command) -> bool {
+    cmd.stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success())
+}
+
+/// Ok when the rows can run here; else why not.
+pub fn can_run() -> Result<(), String> {
+    let root = Command::new("id")
+        .arg("-u")
+        .output()
+        .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).trim() == "0");
+    let ip = quiet(Command::new("ip").arg("-V"));
+    let iptables = quiet(Command::new("iptables").arg("--version"));
+    if root && ip && iptables {
+        Ok(())
+    } else {
+        Err(format!(
+            "needs root, `ip` and `iptables` to make network namespaces (root: {root}, ip: {ip}, iptables: {iptables})"
+        ))
+    }
+}
+
+/// The processes of the node there is, by name: a static so that Ctrl-C reaches them.
+static CHILDREN: Mutex<Vec<(String, Child)>> = Mutex::new(Vec::new());
+
+fn children() -> std::sync::MutexGuard<'static, Vec<(String, Child)>> {
+    CHILDREN.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// On Ctrl-C, removes the node there is and exits (130), as the signal would have.
+pub fn clean_up_on_interrupt() {
+    tokio::spawn(async {
+        if tokio::signal::ctrl_c().await.is_ok() {
+            stop_children();
+            remove();
+            std::process::exit(130);
+        }
+    });
+}
+
+fn stop_children() {
+    for (_, mut c) in children().drain(..) {
+        let _ = c.kill();
+        let _ = c.wait();
+    }
+}
+
+fn hosts_dir() -> PathBuf {
+    PathBuf::from(format!("/etc/netns/{CLIENT_NS}"))
+}
+
+/// Removes the namespaces, whatever is left in them, and the hosts file. Deleting a
+/// namespace deletes its end of the link and its rules; its processes are stopped first
+/// (they would keep it alive).
+fn remove() {
+    for ns in [CLIENT_NS, PODS_NS] {
+        if let Ok(out) = Command::new("ip").args(["netns", "pids", ns]).output() {
+            for pid in String::from_utf8_lossy(&out.stdout).split_whitespace() {
+                quiet(Command::new("kill").args(["-KILL", pid]));
+            }
+        }
+        quiet(Command::new("ip").args(["netns", "del", ns]));
+    }
+    let _ = std::fs::remove_dir_all(hosts_dir());
+}
+
+fn must(cmd: &mut Command) -> Result<(), LabError> {
+    let out = cmd
+        .output()
+        .map_err(|e| LabError::Setup(format!("{cmd:?}: {e}")))?;
+    if out.status.success() {
+        Ok(())
+    } else {
+        Err(LabError::Setup(format!(
+            "{cmd:?}: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        )))
+    }
+}
+
+fn ip(args: &[&str]) -> Result<(), LabError> {
+    must(Command::new("ip").args(args))
+}
+
+/// The namespaces, the link, the rules, the hosts file and the processes of one row:
+/// all removed when dropped.
+struct Node {
+    dir: PathBuf,
+}
+
+impl Node {
+    fn create(shape: Shape) -> Result<Node, LabError> {
+        remove();
+        stop_children();
+        let dir = std::env::temp_dir().join(format!("tollgate-harm-netns-{}", std::process::id()));
+        // From here on, whatever fails is removed by the drop.
+        let node = Node { dir };
+        std::fs::create_dir_all(&node.dir).map_err(|e| LabError::Setup(e.to_string()))?;
+        for ns in [CLIENT_NS, PODS_NS] {
+            ip(&["netns", "add", ns])?;
+            ip(&["-n", ns, "link", "set", "lo", "up"])?;
+        }
+        ip(&[
+            "link", "add", VETH_C, "netns", CLIENT_NS, "type", "veth", "peer", "name", VETH_P,
+            "netns", PODS_NS,
+        ])?;
+        for (client_end, pod_end) in LINKS {
+            let c = format!("{client_end}/30");
+            let p = format!("{pod_end}/30");
+            ip(&["-n", CLIENT_NS, "addr", "add", &c, "dev", VETH_C])?;
+            ip(&["-n", PODS_NS, "addr", "add", &p, "dev", VETH_P])?;
+        }
+        ip(&["-n", CLIENT_NS, "addr", "add", VIP_LINK, "dev", VETH_C])?;
+        for (ns, dev) in [(CLIENT_NS, VETH_C), (PODS_NS, VETH_P)] {
+            ip(&["-n", ns, "link", "set", dev, "up"])?;
+        }
+        // A connection to the VIP leaves from the client's end of the VIP's /30: the
+        // pods answer it over the link.
+        ip(&["-n", PODS_NS, "route", "add", VIP_NET, "dev", VETH_P])?;
+        // kube-proxy's rules for a ClusterIP Service of the first three pods: each
+        // connection to the VIP goes to one of them at random.
+        let n = 3;
+        for (i, pod) in PODS[..n].iter().enumerate() {
+            let port = VIP_PORT.to_string();
+            let mut rule = vec![
+                "netns", "exec", CLIENT_NS, "iptables", "-t", "nat", "-A", "OUTPUT", "-d", VIP,
+                "-p", "tcp", "--dport", &port,
+            ];
+            let p = format!("{:.5}", 1.0 / (n - i) as f64);
+            if i + 1 < n {
+                rule.extend(["-m", "statistic", "--mode", "random", "--probability", &p]);
+            }
+            let to = format!("{pod}:{SVC_PORT}");
+            rule.extend(["-j", "DNAT", "--to-destination", &to]);
+            ip(&rule)?;
+        }
+        std::fs::create_dir_all(hosts_dir()).map_err(|e| LabError::Setup(e.to_string()))?;
+        let first: &[&str] = match shape {
+            Shape::HeadlessScaleUp => &PODS[1..3],
+            Shape::HeadlessScaleDown => &PODS[1..4],
+            Shape::ClusterIpDeadPod | Shape::HeadlessDeadFirst => &PODS[..3],
+        };
+        set_headless(first)?;
+        Ok(node)
+    }
+
+    /// Starts `argv` in `ns`, its stderr (and its stdout, unless piped) into a log.
+    fn spawn(
+        &self,
+        ns: &str,
+        name: &str,
+        argv: &[&str],
+        env: &[(&str, String)],
+        piped: bool,
+    ) -> Result<(Option<ChildStdin>, Option<ChildStdout>), LabError> {
+        let setup = |e: std::io::Error| LabError::Setup(format!("start {name}: {e}"));
+        let log = std::fs::File::create(self.dir.join(format!("{name}.log"))).map_err(setup)?;
+        let mut cmd = Command::new("ip");
+        cmd.args(["netns", "exec", ns]).args(argv);
+        if piped {
+            cmd.stdin(Stdio::piped()).stdout(Stdio::piped());
+        } else {
+            cmd.stdin(Stdio::null())
+                .stdout(log.try_clone().map_err(setup)?);
+        }
+        cmd.stderr(log);
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        let mut child = cmd.spawn().map_err(setup)?;
+        let pipes = (child.stdin.take(), child.stdout.take());
+        children().push((name.to_string(), child));
+        Ok(pipes)
+    }
+
+    /// A part of the row: this binary as `tollgate lab --scenario harm`.
+    fn spawn_part(
+        &self,
+        ns: &str,
+        part: &str,
+        row: &Row,
+        seed: u64,
+    ) -> Result<(ChildStdin, Receiver<String>), LabError> {
+        let exe = std::env::current_exe().map_err(|e| LabError::Setup(e.to_string()))?;
+        let exe = exe.to_string_lossy().into_owned();
+        let env = [
+            (PART, part.to_string()),
+            (ROW, row.key.to_string()),
+            (SEED, seed.to_string()),
+            ("RUST_LOG", "warn".to_string()),
+        ];
+        let argv = [exe.as_str(), "lab", "--scenario", "harm"];
+        match self.spawn(ns, part, &argv, &env, true)? {
+            (Some(stdin), Some(stdout)) => Ok((stdin, lines(stdout))),
+            _ => Err(LabError::Setup(format!("{part}: no pipes"))),
+        }
+    }
+
+    fn spawn_tollgate(&self, ns: &str, name: &str, config: &str) -> Result<(), LabError> {
+        let path = self.dir.join(format!("{name}.toml"));
+        std::fs::write(&path, config).map_err(|e| LabError::Setup(e.to_string()))?;
+        let exe = std::env::current_exe().map_err(|e| LabError::Setup(e.to_string()))?;
+        let exe = exe.to_string_lossy().into_owned();
+        let path = path.to_string_lossy().into_owned();
+        let argv = [exe.as_str(), "run", "--config", path.as_str()];
+        self.spawn(ns, name, &argv, &[("RUST_LOG", "warn".to_string())], false)?;
+        Ok(())
+    }
+
+    /// Stops one process (a pod going away).
+    fn stop(&self, name: &str) {
+        let mut all = children();
+        if let Some(i) = all.iter().position(|(n, _)| n == name) {
+            let (_, mut c) = all.remove(i);
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// What went wrong, with the end of every log.
+    fn failure(&self, what: &str) -> LabError {
+        let mut out = what.to_string();
+        let mut logs: Vec<_> = std::fs::read_dir(&self.dir)
+            .into_iter()
+            .flatten()
+            .flatten()
+            .map(|e| e.path())
+            .filter(|p| p.extension().is_some_and(|x| x == "log"))
+            .collect();
+        logs.sort();
+        for log in logs {
+            let text = std::fs::read_to_string(&log).unwrap_or_default();
+            let lines: Vec<&str> = text.lines().collect();
+            out.push_str(&format!("\n--- {}\n", log.display()));
+            out.push_str(&lines[lines.len().saturating_sub(15)..].join("\n"));
+        }
+        LabError::Setup(out)
+    }
+}
+
+impl Drop for Node {
+    fn drop(&mut self) {
+        stop_children();
+        remove();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// The headless name resolves to `pods`, in this order. Written in place: `ip netns
+/// exec` mounts this very file over /etc/hosts.
+fn set_headless(pods: &[&str]) -> Result<(), LabError> {
+    let mut text = String::from("127.0.0.1 localhost\n");
+    for p in pods {
+        text.push_str(&format!("{p} {HEADLESS}\n"));
+    }
+    std::fs::write(hosts_dir().join("hosts"), text).map_err(|e| LabError::Setup(e.to_string()))
+}
+
+/// A child's stdout, line by line, until it ends.
+fn lines(out: ChildStdout) -> Receiver<String> {
+    let (tx, rx) = channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(out).lines() {
+            let Ok(line) = line else { break };
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    rx
+}
+
+/// Waits, at most `within`, for the line `word`; the lines before it are dropped.
+fn wait_for(rx: &Receiver<String>, word: &str, within: Duration) -> bool {
+    let until = std::time::Instant::now() + within;
+    loop {
+        let left = until.saturating_duration_since(std::time::Instant::now());
+        match rx.recv_timeout(left) {
+            Ok(line) if line.trim() == word => return true,
+            Ok(_) => {}
+            Err(_) => return false,
+        }
+    }
+}
+
+fn sidecar_config(pod: &str) -> String {
+    format!(
+        "[listener]\naddr = \"{pod}:15001\"\n[admin]\naddr = \"{pod}:15090\"\n\
+         [inbound]\naddr = \"{pod}:{SVC_PORT}\"\napp = \"{pod}:{APP_PORT}\"\n"
+    )
+}
+
+/// The client's tollgate: one upstream, `payments`, at the lab's defaults (empty
+/// `[retry]` and `[budget]`), naming the Service as the app would.
+fn caller_config(shape: Shape) -> String {
+    let endpoint = match shape {
+        Shape::ClusterIpDeadPod => format!("{VIP}:{VIP_PORT}"),
+        _ => format!("{HEADLESS}:{SVC_PORT}"),
+    };
+    format!(
+        "[listener]\naddr = \"{CALLER}\"\n[admin]\naddr = \"127.0.0.1:15090\"\n\
+         [upstreams.payments]\nauthorities = [\"payments\"]\nendpoints = [\"{endpoint}\"]\n\
+         [upstreams.payments.retry]\n[upstreams.payments.budget]\n"
+    )
+}
+
+/// One row, in namespaces made for it.
+pub async fn run_row(row: Row, shape: Shape, seed: u64) -> Result<RowResult, LabError> {
+    tokio::task::spawn_blocking(move || run_blocking(row, shape, seed))
+        .await
+        .map_err(|e| LabError::Setup(format!("the row's rig: {e}")))?
+}
+
+fn run_blocking(row: Row, shape: Shape, seed: u64) -> Result<RowResult, LabError> {
+    let node = Node::create(shape)?;
+    let (apps_in, apps_out) = node.spawn_part(PODS_NS, "apps", &row, seed)?;
+    if !wait_for(&apps_out, "READY", READY_WAIT) {
+        return Err(node.failure("the apps did not start"));
+    }
+    for (i, pod) in PODS.iter().enumerate() {
+        node.spawn_tollgate(PODS_NS, &format!("sidecar-{i}"), &sidecar_config(pod))?;
+    }
+    node.spawn_tollgate(CLIENT_NS, "caller", &caller_config(shape))?;
+    // The client waits until every sidecar and the caller's tollgate listen.
+    let (_client_in, client_out) = node.spawn_part(CLIENT_NS, "client", &row, seed)?;
+    if !wait_for(&client_out, "START", READY_WAIT + Duration::from_secs(5)) {
+        return Err(node.failure("the client did not start"));
+    }
+    let start = std::time::Instant::now() + LEAD;
+    let at = |d: Duration| {
+        std::thread::sleep((start + d).saturating_duration_since(std::time::Instant::now()))
+    };
+    match shape {
+        Shape::HeadlessScaleUp => {
+            at(SCALE_AT);
+            set_headless(&PODS[1..4])?;
+        }
+        Shape::HeadlessScaleDown => {
+            at(SCALE_AT);
+            set_headless(&PODS[2..4])?;
+            at(STOP_AT);
+            node.stop("sidecar-1");
+        }
+        Shape::ClusterIpDeadPod | Shape::HeadlessDeadFirst => {}
+    }
+    // Every call has its answer within the app's patience of being sent.
+    let until = start + row.traffic.duration() + row.traffic.patience + Duration::from_secs(10);
+    let mut records: Vec<Vec<Record>> = vec![Vec::new(); row.columns.len()];
+    let mut done = false;
+    while !done {
+        let left = until.saturating_duration_since(std::time::Instant::now());
+        match client_out.recv_timeout(left) {
+            Ok(line) if line.trim() == "DONE" => done = true,
+            Ok(line) => {
+                if let Some((c, r)) = parse_record(&line)
+                    && let Some(column) = records.get_mut(c)
+                {
+                    column.push(r);
+                }
+            }
+            Err(RecvTimeoutError::Timeout) => {
+                return Err(node.failure("the client did not finish in time"));
+            }
+            Err(RecvTimeoutError::Disconnected) => {
+                return Err(node.failure("the client ended before its last call"));
+            }
+        }
+    }
+    // Its stdin closed, the apps say what they counted.
+    drop(apps_in);
+    let mut seen = vec![Seen::default(); row.columns.len()];
+    let mut counted = 0;
+    while counted < seen.len() {
+        match apps_out.recv_timeout(Duration::from_secs(10)) {
+            Ok(line) => {
+                if let Some((c, s)) = parse_count(&line)
+                    && let Some(slot) = seen.get_mut(c)
+                {
+                    *slot = s;
+                    counted += 1;
+                }
+            }
+            Err(_) => return Err(node.failure("the apps did not say what they counted")),
+        }
+    }
+    drop(node);
+    let direct = records.first().map(Vec::as_slice);
+    let figures: Vec<Figures> = row
+        .columns
+        .iter()
+        .enumerate()
+        .map(|(i, c)| {
+            let paired = if c.path == Path::Direct { None } else { direct };
+            Figures::build(&records[i], paired, c.path.hops(), seen[i])
+        })
+        .collect();
+    let verdicts = (0..row.columns.len())
+        .map(|i| verdict::judge(&row, i, &figures))
+        .collect();
+    Ok(RowResult {
+        row,
+        figures,
+        verdicts,
+        skipped: None,
+    })
+}
+
+/// `REC column seq sent_us latency_us status ok outcome attempts`.
+fn format_record(column: usize, r: &Record) -> String {
+    format!(
+        "REC {column} {} {} {} {} {} {} {}",
+        r.seq,
+        r.sent.as_micros(),
+        r.latency.as_micros(),
+        r.status,
+        u8::from(r.ok),
+        r.outcome.unwrap_or("-"),
+        r.attempts
+    )
+}
+
+fn parse_record(line: &str) -> Option<(usize, Record)> {
+    let mut f = line.strip_prefix("REC ")?.split_whitespace();
+    let column = f.next()?.parse().ok()?;
+    let seq = f.next()?.parse().ok()?;
+    let sent = Duration::from_micros(f.next()?.parse().ok()?);
+    let latency = Duration::from_micros(f.next()?.parse().ok()?);
+    let status = f.next()?.parse().ok()?;
+    let ok = f.next()? == "1";
+    let word = f.next()?;
+    let outcome = OUTCOMES.iter().find(|o| **o == word).copied();
+    let attempts = f.next()?.parse().ok()?;
+    Some((
+        column,
+        Record {
+            seq,
+            sent,
+            latency,
+            status,
+            ok,
+            outcome,
+            attempts,
+        },
+    ))
+}
+
+/// `COUNT column calls retries peak`.
+fn parse_count(line: &str) -> Option<(usize, Seen)> {
+    let mut f = line.strip_prefix("COUNT ")?.split_whitespace();
+    let column = f.next()?.parse().ok()?;
+    Some((
+        column,
+        Seen {
+            calls: f.next()?.parse().ok()?,
+            retried: f.next()?.parse().ok()?,
+            peak_waiting: f.next()?.parse().ok()?,
+        },
+    ))
+}
+
+/// In a process started as a part of a row (`TOLLGATE_HARM_NETNS_PART`): runs that part,
+/// and its exit code. `None` in the lab itself.
+pub fn part_main() -> Option<i32> {
+    let part = std::env::var(PART).ok()?;
+    let row = std::env::var(ROW)
+        .ok()
+        .and_then(|k| super::rows::all().into_iter().find(|r| r.key == k));
+    let seed = std::env::var(SEED).ok().and_then(|s| s.parse().ok());
+    let (Some(row), Some(seed), Some(shape)) = (row.clone(), seed, row.and_then(|r| r.service))
+    else {
+        eprintln!("tollgate lab: {PART} without a row of network namespaces and a seed");
+        return Some(2);
+    };
+    let rt = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("tollgate lab: {e}");
+            return Some(1);
+        }
+    };
+    let done = match part.as_str() {
+        "apps" => rt.block_on(apps(&row, seed)),
+        "client" => rt.block_on(client(row, shape, seed)),
+        other => Err(format!("no part {other}")),
+    };
+    Some(match done {
+        Ok(()) => 0,
+        Err(e) => {
+            eprintln!("tollgate lab: {part}: {e}");
+            1
+        }
+    })
+}
+
+fn say(line: &str) -> Result<(), String> {
+    let mut out = std::io::stdout().lock();
+    writeln!(out, "{line}")
+        .and_then(|()| out.flush())
+        .map_err(|e| e.to_string())
+}
+
+/// The pods' apps, every pod's but the first's, until the lab closes stdin (or has been
+/// gone long past the row): then what each column sent them.
+async fn apps(row: &Row, seed: u64) -> Result<(), String> {
+    let at: Vec<SocketAddr> = PODS[1..]
+        .iter()
+        .filter_map(|p| p.parse::<IpAddr>().ok())
+        .map(|ip| SocketAddr::new(ip, APP_PORT))
+        .collect();
+    let app = App::start_on(row.behaviour, seed, Instant::now(), &at)
+        .await
+        .map_err(|e| e.to_string())?;
+    say("READY")?;
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    std::thread::spawn(move || {
+        let _ = std::io::stdin().read_to_end(&mut Vec::new());
+        let _ = tx.send(());
+    });
+    let lifetime = row.traffic.duration() + row.traffic.patience + Duration::from_secs(120);
+    let _ = tokio::time::timeout(lifetime, rx).await;
+    for c in 0..row.columns.len() {
+        let counters = &app.counters;
+        say(&format!(
+            "COUNT {c} {} {} {}",
+            counters.calls(c),
+            counters.retries(c),
+            counters.peak(c)
+        ))?;
+    }
+    app.stop();
+    Ok(())
+}
+
+/// The client pod's app: once every sidecar and the caller's tollgate listen, the row's
+/// calls down both columns at once, then what each call got.
+async fn client(row: Row, shape: Shape, seed: u64) -> Result<(), String> {
+    let caller: SocketAddr = CALLER.parse().map_err(|_| "the caller's address")?;
+    let mut listening: Vec<SocketAddr> = PODS
+        .iter()
+        .filter_map(|p| p.parse::<IpAddr>().ok())
+        .map(|ip| SocketAddr::new(ip, SVC_PORT))
+        .collect();
+    listening.push(caller);
+    let until = Instant::now() + READY_WAIT;
+    for addr in listening {
+        loop {
+            let connect = tokio::net::TcpStream::connect(addr);
+            if let Ok(Ok(_)) = tokio::time::timeout(Duration::from_secs(1), connect).await {
+                break;
+            }
+            if Instant::now() > until {
+                return Err(format!("nothing listens at {addr}"));
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+    let direct: Vec<SocketAddr> = match shape {
+        Shape::ClusterIpDeadPod => {
+            let vip: IpAddr = VIP.parse().map_err(|_| "the VIP")?;
+            vec![SocketAddr::new(vip, VIP_PORT)]
+        }
+        _ => tokio::net::lookup_host((HEADLESS, SVC_PORT))
+            .await
+            .map_err(|e| format!("{HEADLESS}: {e}"))?
+            .collect(),
+    };
+    let target = |addrs| Target {
+        addrs,
+        host: "payments".to_string(),
+        absolute: false,
+    };
+    // A pod that fails is found by a new connection: the rows about a dead pod send
+    // each call on a connection of its own (kube-proxy picks a pod per connection).
+    let per_call = matches!(shape, Shape::ClusterIpDeadPod | Shape::HeadlessDeadFirst);
+    let clients: Vec<Arc<Client>> = [target(direct), target(vec![caller])]
+        .into_iter()
+        .enumerate()
+        .map(|(i, t)| {
+            let c = Client::new(t, i);
+            Arc::new(if per_call { c.connection_per_call() } else { c })
+        })
+        .collect();
+    say("START")?;
+    let start = Instant::now() + LEAD;
+    let plan = Arc::new(row.traffic.plan(seed));
+    let records = client::drive(clients, plan, Arc::new(row.traffic.clone()), start).await;
+    let mut out = String::new();
+    for (c, column) in records.iter().enumerate() {
+        for r in column {
+            out.push_str(&format_record(c, r));
+            out.push('\n');
+        }
+    }
+    out.push_str("DONE");
+    say(&out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_config_the_rows_run_is_valid() {
+        let shapes = [
+            Shape::ClusterIpDeadPod,
+            Shape::HeadlessDeadFirst,
+            Shape::HeadlessScaleUp,
+            Shape::HeadlessScaleDown,
+        ];
+        let mut texts: Vec<String> = shapes.iter().map(|s| caller_config(*s)).collect();
+        texts.extend(PODS.iter().map(|p| sidecar_config(p)));
+        for text in texts {
+            crate::config::parse("harm.toml", &text, std::path::Path::new("."))
+                .unwrap_or_else(|e| panic!("{e}\n{text}"));
+        }
+    }
+
+    #[test]
+    fn a_record_goes_through_its_line_whole() {
+        let r = Record {
+            seq: 41,
+            sent: Duration::from_micros(820_000),
+            latency: Duration::from_micros(1_234),
+            status: 502,
+            ok: false,
+            outcome: Some("app-unreachable"),
+            attempts: 3,
+        };
+        let (c, back) = parse_record(&format_record(1, &r)).unwrap_or_else(|| unreachable!());
+        assert_eq!(c, 1);
+        assert_eq!(
+            (back.seq, back.sent, back.latency, back.status, back.ok),
+            (r.seq, r.sent, r.latency, r.status, r.ok)
+        );
+        assert_eq!((back.outcome, back.attempts), (r.outcome, r.attempts));
+        let none = Record { outcome: None, ..r };
+        let (_, back) = parse_record(&format_record(0, &none)).unwrap_or_else(|| unreachable!());
+        assert_eq!(back.outcome, None);
+        assert_eq!(
+            parse_count("COUNT 1 1040 40 3").map(|(c, s)| (c, s.calls, s.retried)),
+            Some((1, 1040, 40))
+        );
+    }
+}
