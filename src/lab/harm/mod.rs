@@ -9,12 +9,14 @@
 //! - [`client`]: the app, the same HTTP client for every column, sending each call once
 //!   on an open-loop schedule over repeated URLs;
 //! - [`rig`]: the real tollgate proxies (outbound, inbound sidecars) of each column;
-//! - [`netns`]: the rows about Kubernetes Services, in network namespaces of their own;
+//! - [`netns`]: the rows about Kubernetes Services, in network namespaces of their own,
+//!   and [`kube`], the real API server of those with discovery;
 //! - [`verdict`]: the figures, the test, the budget's bound and the trades' purposes;
 //! - [`report`]: the table and the JSON.
 
 pub mod app;
 pub mod client;
+pub mod kube;
 pub mod netns;
 pub mod report;
 pub mod rig;
@@ -125,14 +127,16 @@ pub async fn run(spec: HarmSpec, progress: bool) -> Result<HarmRun, LabError> {
     }
     let mut out = Vec::new();
     let total = rows.len();
-    let namespaces = netns::can_run();
-    if namespaces.is_ok() && rows.iter().any(|r| r.service.is_some()) {
+    if rows
+        .iter()
+        .any(|r| r.service.is_some_and(|s| netns::can_run(s).is_ok()))
+    {
         netns::clean_up_on_interrupt();
     }
     for (i, row) in rows.into_iter().enumerate() {
-        if let (Some(_), Err(why)) = (row.service, &namespaces) {
+        if let Some(Err(why)) = row.service.map(netns::can_run) {
             out.push(RowResult {
-                skipped: Some(why.clone()),
+                skipped: Some(why),
                 figures: Vec::new(),
                 verdicts: Vec::new(),
                 row,

@@ -38,6 +38,7 @@ use tokio::time::Instant;
 use super::RowResult;
 use super::app::App;
 use super::client::{self, Client, OUTCOMES, Record, Target};
+use super::kube::{self, Api};
 use super::rows::{Path, Row, Shape};
 use super::verdict::{self, Figures, Seen};
 use crate::lab::LabError;
@@ -69,17 +70,25 @@ const APP_PORT: u16 = 9090;
 const HEADLESS: &str = "payments-headless";
 /// The client's tollgate, in its namespace.
 const CALLER: &str = "127.0.0.1:15001";
+const ADMIN: &str = "127.0.0.1:15090";
 
 /// Says which part of a row a lab process is, and the row and seed it serves.
 const PART: &str = "TOLLGATE_HARM_NETNS_PART";
 const ROW: &str = "TOLLGATE_HARM_NETNS_ROW";
 const SEED: &str = "TOLLGATE_HARM_NETNS_SEED";
+/// The row's files (the API's certificate and kubeconfig), and the API's token.
+const DIR: &str = "TOLLGATE_HARM_NETNS_DIR";
+const TOKEN: &str = "TOLLGATE_HARM_NETNS_TOKEN";
 
 /// When, from the first call, a pod joins the name (scale-up) or leaves it
 /// (scale-down), and when the pod that left is stopped: after the 5 s the names are
 /// followed at, and 2 s more, as a pod's grace period lets its callers see it gone.
 const SCALE_AT: Duration = Duration::from_secs(5);
 const STOP_AT: Duration = Duration::from_secs(12);
+/// With discovery, both in one row: a pod joins the Service at [`SCALE_AT`], one
+/// leaves it at 10 s and stops 3 s later (a change reaches tollgate within 1 s).
+const LEAVE_AT: Duration = Duration::from_secs(10);
+const DISCOVERED_STOP_AT: Duration = Duration::from_secs(13);
 /// From the client's `START` to its first call.
 const LEAD: Duration = Duration::from_millis(500);
 /// How long the parts may take to be ready.
@@ -92,8 +101,8 @@ fn quiet(cmd: &mut Command) -> bool {
         .is_ok_and(|s| s.success())
 }
 
-/// Ok when the rows can run here; else why not.
-pub fn can_run() -> Result<(), String> {
+/// Ok when a row of `shape` can run here; else why not.
+pub fn can_run(shape: Shape) -> Result<(), String> {
     let root = Command::new("id")
         .arg("-u")
         .output()
@@ -101,6 +110,9 @@ pub fn can_run() -> Result<(), String> {
     let ip = quiet(Command::new("ip").arg("-V"));
     let iptables = quiet(Command::new("iptables").arg("--version"));
     if root && ip && iptables {
+        if discovered(shape) {
+            kube::bin_dir()?;
+        }
         Ok(())
     } else {
         Err(format!(
@@ -122,6 +134,7 @@ pub fn clean_up_on_interrupt() {
         if tokio::signal::ctrl_c().await.is_ok() {
             stop_children();
             remove();
+            let _ = std::fs::remove_dir_all(node_dir());
             std::process::exit(130);
         }
     });
@@ -132,6 +145,11 @@ fn stop_children() {
         let _ = c.kill();
         let _ = c.wait();
     }
+}
+
+/// The row's files: configs, logs, the API's.
+fn node_dir() -> PathBuf {
+    std::env::temp_dir().join(format!("tollgate-harm-netns-{}", std::process::id()))
 }
 
 fn hosts_dir() -> PathBuf {
@@ -181,7 +199,7 @@ impl Node {
     fn create(shape: Shape) -> Result<Node, LabError> {
         remove();
         stop_children();
-        let dir = std::env::temp_dir().join(format!("tollgate-harm-netns-{}", std::process::id()));
+        let dir = node_dir();
         // From here on, whatever fails is removed by the drop.
         let node = Node { dir };
         std::fs::create_dir_all(&node.dir).map_err(|e| LabError::Setup(e.to_string()))?;
@@ -227,7 +245,10 @@ impl Node {
         let first: &[&str] = match shape {
             Shape::HeadlessScaleUp => &PODS[1..3],
             Shape::HeadlessScaleDown => &PODS[1..4],
-            Shape::ClusterIpDeadPod | Shape::HeadlessDeadFirst => &PODS[..3],
+            Shape::ClusterIpDeadPod
+            | Shape::HeadlessDeadFirst
+            | Shape::DiscoveredDeadPod
+            | Shape::DiscoveredScale => &PODS[..3],
         };
         set_headless(first)?;
         Ok(node)
@@ -269,6 +290,7 @@ impl Node {
         part: &str,
         row: &Row,
         seed: u64,
+        token: &str,
     ) -> Result<(ChildStdin, Receiver<String>), LabError> {
         let exe = std::env::current_exe().map_err(|e| LabError::Setup(e.to_string()))?;
         let exe = exe.to_string_lossy().into_owned();
@@ -276,6 +298,8 @@ impl Node {
             (PART, part.to_string()),
             (ROW, row.key.to_string()),
             (SEED, seed.to_string()),
+            (DIR, self.dir.to_string_lossy().into_owned()),
+            (TOKEN, token.to_string()),
             ("RUST_LOG", "warn".to_string()),
         ];
         let argv = [exe.as_str(), "lab", "--scenario", "harm"];
@@ -294,6 +318,35 @@ impl Node {
         let argv = [exe.as_str(), "run", "--config", path.as_str()];
         self.spawn(ns, name, &argv, &[("RUST_LOG", "warn".to_string())], false)?;
         Ok(())
+    }
+
+    /// etcd and kube-apiserver in the client's namespace, with the files they read;
+    /// the API's token.
+    fn start_api(&self) -> Result<String, LabError> {
+        let bin = kube::bin_dir().map_err(LabError::Setup)?;
+        let token = kube::write_files(&self.dir).map_err(LabError::Setup)?;
+        for (name, args) in [
+            ("etcd", kube::etcd_args(&self.dir)),
+            ("kube-apiserver", kube::apiserver_args(&self.dir)),
+        ] {
+            let program = bin.join(name).to_string_lossy().into_owned();
+            let mut argv = vec![program.as_str()];
+            argv.extend(args.iter().map(String::as_str));
+            self.spawn(CLIENT_NS, name, &argv, &[], false)?;
+        }
+        Ok(token)
+    }
+
+    /// Waits, at most `within`, until `file` is there.
+    fn wait_file(&self, file: &std::path::Path, within: Duration) -> bool {
+        let until = std::time::Instant::now() + within;
+        while !file.is_file() {
+            if std::time::Instant::now() > until {
+                return false;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        true
     }
 
     /// Stops one process (a pod going away).
@@ -381,16 +434,36 @@ fn sidecar_config(pod: &str) -> String {
 
 /// The client's tollgate: one upstream, `payments`, at the lab's defaults (empty
 /// `[retry]` and `[budget]`), naming the Service as the app would.
-fn caller_config(shape: Shape) -> String {
-    let endpoint = match shape {
-        Shape::ClusterIpDeadPod => format!("{VIP}:{VIP_PORT}"),
-        _ => format!("{HEADLESS}:{SVC_PORT}"),
+fn caller_config(shape: Shape, dir: &std::path::Path) -> String {
+    let endpoints = match shape {
+        Shape::ClusterIpDeadPod => format!("endpoints = [\"{VIP}:{VIP_PORT}\"]\n"),
+        Shape::HeadlessDeadFirst | Shape::HeadlessScaleUp | Shape::HeadlessScaleDown => {
+            format!("endpoints = [\"{HEADLESS}:{SVC_PORT}\"]\n")
+        }
+        Shape::DiscoveredDeadPod | Shape::DiscoveredScale => format!(
+            "discovery = \"kubernetes\"\nservice = \"{}.{}\"\nport = \"{}\"\n",
+            kube::SERVICE,
+            kube::NAMESPACE,
+            kube::PORT_NAME
+        ),
+    };
+    let kubernetes = if discovered(shape) {
+        format!(
+            "[kubernetes]\nkubeconfig = \"{}\"\n",
+            dir.join("kubeconfig").display()
+        )
+    } else {
+        String::new()
     };
     format!(
-        "[listener]\naddr = \"{CALLER}\"\n[admin]\naddr = \"127.0.0.1:15090\"\n\
-         [upstreams.payments]\nauthorities = [\"payments\"]\nendpoints = [\"{endpoint}\"]\n\
+        "[listener]\naddr = \"{CALLER}\"\n[admin]\naddr = \"{ADMIN}\"\n{kubernetes}\
+         [upstreams.payments]\nauthorities = [\"payments\"]\n{endpoints}\
          [upstreams.payments.retry]\n[upstreams.payments.budget]\n"
     )
+}
+
+fn discovered(shape: Shape) -> bool {
+    matches!(shape, Shape::DiscoveredDeadPod | Shape::DiscoveredScale)
 }
 
 /// One row, in namespaces made for it.
@@ -402,17 +475,29 @@ pub async fn run_row(row: Row, shape: Shape, seed: u64) -> Result<RowResult, Lab
 
 fn run_blocking(row: Row, shape: Shape, seed: u64) -> Result<RowResult, LabError> {
     let node = Node::create(shape)?;
-    let (apps_in, apps_out) = node.spawn_part(PODS_NS, "apps", &row, seed)?;
+    // The API server first: it takes the longest to be ready.
+    let token = if discovered(shape) {
+        node.start_api()?
+    } else {
+        String::new()
+    };
+    let (apps_in, apps_out) = node.spawn_part(PODS_NS, "apps", &row, seed, &token)?;
     if !wait_for(&apps_out, "READY", READY_WAIT) {
         return Err(node.failure("the apps did not start"));
     }
     for (i, pod) in PODS.iter().enumerate() {
         node.spawn_tollgate(PODS_NS, &format!("sidecar-{i}"), &sidecar_config(pod))?;
     }
-    node.spawn_tollgate(CLIENT_NS, "caller", &caller_config(shape))?;
-    // The client waits until every sidecar and the caller's tollgate listen.
-    let (_client_in, client_out) = node.spawn_part(CLIENT_NS, "client", &row, seed)?;
-    if !wait_for(&client_out, "START", READY_WAIT + Duration::from_secs(5)) {
+    // tollgate reads the kubeconfig's CA when it starts: the API server's own, which
+    // it writes when it starts.
+    if discovered(shape) && !node.wait_file(&kube::ca_file(&node.dir), kube::READY_WAIT) {
+        return Err(node.failure("kube-apiserver made no certificate"));
+    }
+    node.spawn_tollgate(CLIENT_NS, "caller", &caller_config(shape, &node.dir))?;
+    // The client waits until every sidecar and the caller's tollgate listen (and, with
+    // discovery, until the API is ready and tollgate has the Service's pods).
+    let (_client_in, client_out) = node.spawn_part(CLIENT_NS, "client", &row, seed, &token)?;
+    if !wait_for(&client_out, "START", 2 * READY_WAIT + kube::READY_WAIT) {
         return Err(node.failure("the client did not start"));
     }
     let start = std::time::Instant::now() + LEAD;
@@ -430,7 +515,12 @@ fn run_blocking(row: Row, shape: Shape, seed: u64) -> Result<RowResult, LabError
             at(STOP_AT);
             node.stop("sidecar-1");
         }
-        Shape::ClusterIpDeadPod | Shape::HeadlessDeadFirst => {}
+        Shape::DiscoveredScale => {
+            // The client writes the API; the pod that left is stopped here.
+            at(DISCOVERED_STOP_AT);
+            node.stop("sidecar-1");
+        }
+        Shape::ClusterIpDeadPod | Shape::HeadlessDeadFirst | Shape::DiscoveredDeadPod => {}
     }
     // Every call has its answer within the app's patience of being sent.
     let until = start + row.traffic.duration() + row.traffic.patience + Duration::from_secs(10);
@@ -624,6 +714,69 @@ async fn apps(row: &Row, seed: u64) -> Result<(), String> {
     Ok(())
 }
 
+/// The addresses of pods `n`, at their sidecars.
+fn pods(n: &[usize]) -> Result<Vec<SocketAddr>, String> {
+    n.iter()
+        .map(|&i| {
+            let ip: IpAddr = PODS
+                .get(i)
+                .and_then(|p| p.parse().ok())
+                .ok_or_else(|| format!("no pod {i}"))?;
+            Ok(SocketAddr::new(ip, SVC_PORT))
+        })
+        .collect()
+}
+
+/// The API ready, the Service made with its first pods' slices, and the caller's
+/// tollgate watching them: the API, for the changes to come.
+async fn discover(shape: Shape) -> Result<Api, String> {
+    let dir = PathBuf::from(std::env::var(DIR).map_err(|_| format!("no {DIR}"))?);
+    let token = std::env::var(TOKEN).map_err(|_| format!("no {TOKEN}"))?;
+    let api = Api::ready(&dir, token).await?;
+    api.create_service().await?;
+    let first: &[usize] = match shape {
+        Shape::DiscoveredScale => &[1, 2],
+        _ => &[0, 1, 2],
+    };
+    for (&n, addr) in first.iter().zip(pods(first)?) {
+        api.add_pod(n, addr.ip(), SVC_PORT).await?;
+    }
+    let until = Instant::now() + READY_WAIT;
+    let want = format!(
+        "tollgate_discovery_endpoints{{upstream=\"payments\"}} {}",
+        first.len()
+    );
+    loop {
+        if metrics()
+            .await
+            .is_some_and(|m| m.lines().any(|l| l.trim() == want))
+        {
+            return Ok(api);
+        }
+        if Instant::now() > until {
+            return Err(format!("the caller's tollgate never showed `{want}`"));
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// The caller's tollgate's `/metrics`.
+async fn metrics() -> Option<String> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let fetch = async {
+        let mut s = tokio::net::TcpStream::connect(ADMIN).await.ok()?;
+        let req = format!("GET /metrics HTTP/1.1\r\nHost: {ADMIN}\r\nConnection: close\r\n\r\n");
+        s.write_all(req.as_bytes()).await.ok()?;
+        let mut text = String::new();
+        s.read_to_string(&mut text).await.ok()?;
+        Some(text)
+    };
+    tokio::time::timeout(Duration::from_secs(2), fetch)
+        .await
+        .ok()
+        .flatten()
+}
+
 /// The client pod's app: once every sidecar and the caller's tollgate listen, the row's
 /// calls down both columns at once, then what each call got.
 async fn client(row: Row, shape: Shape, seed: u64) -> Result<(), String> {
@@ -647,15 +800,23 @@ async fn client(row: Row, shape: Shape, seed: u64) -> Result<(), String> {
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
     }
+    let api = if discovered(shape) {
+        Some(Arc::new(discover(shape).await?))
+    } else {
+        None
+    };
     let direct: Vec<SocketAddr> = match shape {
-        Shape::ClusterIpDeadPod => {
+        Shape::ClusterIpDeadPod | Shape::DiscoveredDeadPod => {
             let vip: IpAddr = VIP.parse().map_err(|_| "the VIP")?;
             vec![SocketAddr::new(vip, VIP_PORT)]
         }
-        _ => tokio::net::lookup_host((HEADLESS, SVC_PORT))
-            .await
-            .map_err(|e| format!("{HEADLESS}: {e}"))?
-            .collect(),
+        Shape::DiscoveredScale => pods(&[1, 2])?,
+        Shape::HeadlessDeadFirst | Shape::HeadlessScaleUp | Shape::HeadlessScaleDown => {
+            tokio::net::lookup_host((HEADLESS, SVC_PORT))
+                .await
+                .map_err(|e| format!("{HEADLESS}: {e}"))?
+                .collect()
+        }
     };
     let target = |addrs| Target {
         addrs,
@@ -664,7 +825,10 @@ async fn client(row: Row, shape: Shape, seed: u64) -> Result<(), String> {
     };
     // A pod that fails is found by a new connection: the rows about a dead pod send
     // each call on a connection of its own (kube-proxy picks a pod per connection).
-    let per_call = matches!(shape, Shape::ClusterIpDeadPod | Shape::HeadlessDeadFirst);
+    let per_call = matches!(
+        shape,
+        Shape::ClusterIpDeadPod | Shape::HeadlessDeadFirst | Shape::DiscoveredDeadPod
+    );
     let clients: Vec<Arc<Client>> = [target(direct), target(vec![caller])]
         .into_iter()
         .enumerate()
@@ -675,8 +839,23 @@ async fn client(row: Row, shape: Shape, seed: u64) -> Result<(), String> {
         .collect();
     say("START")?;
     let start = Instant::now() + LEAD;
+    // With discovery the Service changes in the API: a pod joins it, one leaves it.
+    let scaling = api.filter(|_| shape == Shape::DiscoveredScale).map(|api| {
+        tokio::spawn(async move {
+            tokio::time::sleep_until(start + SCALE_AT).await;
+            let [new] = pods(&[3])?[..] else {
+                return Err("the new pod's address".to_string());
+            };
+            api.add_pod(3, new.ip(), SVC_PORT).await?;
+            tokio::time::sleep_until(start + LEAVE_AT).await;
+            api.remove_pod(1).await
+        })
+    });
     let plan = Arc::new(row.traffic.plan(seed));
     let records = client::drive(clients, plan, Arc::new(row.traffic.clone()), start).await;
+    if let Some(scaling) = scaling {
+        scaling.await.map_err(|e| e.to_string())??;
+    }
     let mut out = String::new();
     for (c, column) in records.iter().enumerate() {
         for r in column {
@@ -699,8 +878,11 @@ mod tests {
             Shape::HeadlessDeadFirst,
             Shape::HeadlessScaleUp,
             Shape::HeadlessScaleDown,
+            Shape::DiscoveredDeadPod,
+            Shape::DiscoveredScale,
         ];
-        let mut texts: Vec<String> = shapes.iter().map(|s| caller_config(*s)).collect();
+        let dir = std::path::Path::new("/tmp");
+        let mut texts: Vec<String> = shapes.iter().map(|s| caller_config(*s, dir)).collect();
         texts.extend(PODS.iter().map(|p| sidecar_config(p)));
         for text in texts {
             crate::config::parse("harm.toml", &text, std::path::Path::new("."))

@@ -589,6 +589,11 @@ pub enum Shape {
     HeadlessScaleUp,
     /// A headless name of three pods; one leaves it under load, then stops.
     HeadlessScaleDown,
+    /// `discovery = "kubernetes"` against a real API server: three pods, one dead.
+    DiscoveredDeadPod,
+    /// The same, two pods: a third joins the Service under load, then one leaves it and
+    /// stops.
+    DiscoveredScale,
 }
 
 const SERVICES: &str = "in network namespaces of the lab's own (root): pods each an app behind \
@@ -598,6 +603,13 @@ const SERVICES: &str = "in network namespaces of the lab's own (root): pods each
      tollgate: the client pod's tollgate calls the Service by name. With a dead pod each call \
      goes on a connection of its own (kube-proxy picks a pod per connection); scaling, the \
      connections are kept alive";
+
+const DISCOVERED: &str = "as the rows before, with etcd and a real kube-apiserver in the client \
+     pod's namespace; the row writes the Service's EndpointSlices (one ready pod each) and the \
+     client pod's tollgate watches them (discovery = \"kubernetes\"); direct: the app calls \
+     the Service's VIP on a connection of its own per call (kube-proxy's rules for the same \
+     three pods) with a dead pod, and the pods the API listed at the start, in turn, kept \
+     alive, scaling";
 
 /// The rows about Kubernetes Services: 50 calls a second for 20 s.
 fn service_rows() -> Vec<Row> {
@@ -637,6 +649,23 @@ fn service_rows() -> Vec<Row> {
                 "headless-scale-down",
                 "a headless Service of three pods, one removed at 5 s and stopped at 12 s; 50/s, kept alive",
                 Shape::HeadlessScaleDown,
+            )
+        },
+        Row {
+            note: Some(DISCOVERED),
+            ..service(
+                "discovered-dead-pod",
+                "discovery = \"kubernetes\" (a real kube-apiserver): three pods, one dead; 50/s",
+                Shape::DiscoveredDeadPod,
+            )
+        },
+        Row {
+            replicas: Replicas::Two,
+            note: Some(DISCOVERED),
+            ..service(
+                "discovered-scale",
+                "discovery = \"kubernetes\": two pods, a third added at 5 s, one removed at 10 s and stopped at 13 s; 50/s, kept alive",
+                Shape::DiscoveredScale,
             )
         },
     ]
