@@ -92,6 +92,9 @@ pub struct Counters {
     pub retries: [AtomicU64; MAX_COLUMNS],
     /// How often each request of each column has arrived.
     arrivals: Mutex<HashMap<(usize, u64), u64>>,
+    /// Per replica and column: the first and the last arrival, from the app's start,
+    /// and how many (which replicas a column's calls reached, and when).
+    by_replica: Mutex<HashMap<(usize, usize), Reached>>,
     /// Waiting for their response head now, and the most ever at once.
     inflight: [AtomicU64; MAX_COLUMNS],
     peak: [AtomicU64; MAX_COLUMNS],
@@ -114,10 +117,38 @@ impl Counters {
         *n
     }
 
+    /// Per replica and column, what reached it.
+    pub fn by_replica(&self) -> Vec<((usize, usize), Reached)> {
+        let all = self.by_replica.lock().unwrap_or_else(|p| p.into_inner());
+        let mut out: Vec<_> = all.iter().map(|(k, v)| (*k, *v)).collect();
+        out.sort_by_key(|(k, _)| *k);
+        out
+    }
+
+    fn reached(&self, replica: usize, column: usize, at: Duration) {
+        let mut all = self.by_replica.lock().unwrap_or_else(|p| p.into_inner());
+        let r = all.entry((replica, column)).or_insert(Reached {
+            first: at,
+            last: at,
+            calls: 0,
+        });
+        r.last = r.last.max(at);
+        r.calls += 1;
+    }
+
     /// The most calls of `column` that waited for their response head at once.
     pub fn peak(&self, column: usize) -> u64 {
         self.peak.get(column).map_or(0, |c| c.load(Relaxed))
     }
+}
+
+/// The calls of one column that reached one replica.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Reached {
+    /// From the app's start.
+    pub first: Duration,
+    pub last: Duration,
+    pub calls: u64,
 }
 
 /// A call waiting for its response head, counted until it has one or is dropped.
@@ -191,7 +222,8 @@ impl App {
         for &addr in at {
             let listener = TcpListener::bind(addr).await?;
             addrs.push(listener.local_addr()?);
-            tasks.push(tokio::spawn(serve(listener, state.clone())));
+            let replica = tasks.len();
+            tasks.push(tokio::spawn(serve(listener, state.clone(), replica)));
         }
         Ok(App {
             addrs,
@@ -215,7 +247,7 @@ pub async fn dead() -> std::io::Result<SocketAddr> {
     listener.local_addr()
 }
 
-async fn serve(listener: TcpListener, state: Arc<State>) {
+async fn serve(listener: TcpListener, state: Arc<State>, replica: usize) {
     let mut conns = tokio::task::JoinSet::new();
     loop {
         tokio::select! {
@@ -224,7 +256,7 @@ async fn serve(listener: TcpListener, state: Arc<State>) {
                 let state = state.clone();
                 conns.spawn(serve_http1(stream, move |req| {
                     let state = state.clone();
-                    async move { handle(&state, req).await }
+                    async move { handle(&state, req, replica).await }
                 }));
             }
             // Reap finished connections so the set stays small.
@@ -262,10 +294,13 @@ fn log_normal(median: Duration, sigma: f64, rng: &mut fastrand::Rng) -> Duration
 
 type AppBody = Either<Full<Bytes>, Dribble>;
 
-async fn handle(state: &State, req: Request<Incoming>) -> Response<AppBody> {
+async fn handle(state: &State, req: Request<Incoming>, replica: usize) -> Response<AppBody> {
     let column = header_u64(&req, COLUMN).map_or(usize::MAX, |c| c as usize);
     let seq = header_u64(&req, SEQ);
     let attempt = seq.map_or(1, |seq| state.counters.arrived(column, seq));
+    state
+        .counters
+        .reached(replica, column, state.start.elapsed());
     if let Some(c) = state.counters.calls.get(column) {
         c.fetch_add(1, Relaxed);
     }

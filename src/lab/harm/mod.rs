@@ -9,8 +9,9 @@
 //! - [`client`]: the app, the same HTTP client for every column, sending each call once
 //!   on an open-loop schedule over repeated URLs;
 //! - [`rig`]: the real tollgate proxies (outbound, inbound sidecars) of each column;
-//! - [`netns`]: the rows about Kubernetes Services, in network namespaces of their own,
-//!   and [`kube`], the real API server of those with discovery;
+//! - [`netns`]: the rows about Kubernetes Services, in network namespaces of their own
+//!   ([`netns_parts`]: what runs inside them), and [`kube`], the real API server of
+//!   those with discovery;
 //! - [`verdict`]: the figures, the test, the budget's bound and the trades' purposes;
 //! - [`report`]: the table and the JSON.
 
@@ -18,6 +19,7 @@ pub mod app;
 pub mod client;
 pub mod kube;
 pub mod netns;
+pub mod netns_parts;
 pub mod report;
 pub mod rig;
 pub mod rows;
@@ -52,6 +54,8 @@ pub struct RowResult {
     pub verdicts: Vec<Verdict>,
     /// Why the row did not run.
     pub skipped: Option<String>,
+    /// What the row showed beyond the columns' figures (when a new pod took calls).
+    pub shown: Option<String>,
 }
 
 impl RowResult {
@@ -137,6 +141,7 @@ pub async fn run(spec: HarmSpec, progress: bool) -> Result<HarmRun, LabError> {
         if let Some(Err(why)) = row.service.map(netns::can_run) {
             out.push(RowResult {
                 skipped: Some(why),
+                shown: None,
                 figures: Vec::new(),
                 verdicts: Vec::new(),
                 row,
@@ -146,6 +151,7 @@ pub async fn run(spec: HarmSpec, progress: bool) -> Result<HarmRun, LabError> {
         let need = descriptors_needed(&row);
         if let Some(limit) = open_files.filter(|l| *l < need) {
             out.push(RowResult {
+                shown: None,
                 skipped: Some(format!(
                     "needs about {need} open files, the limit is {limit} (raise `ulimit -n`)"
                 )),
@@ -215,13 +221,14 @@ pub async fn run_row(row: Row, seed: u64) -> Result<RowResult, LabError> {
         figures,
         verdicts,
         skipped: None,
+        shown: None,
     })
 }
 
 /// Runs `tollgate lab --scenario harm`; the exit code: 0 when no row is WORSE, 1 when
 /// one is (or the lab could not run), 2 for a bad flag.
 pub fn harm_main(args: &super::LabArgs) -> i32 {
-    if let Some(code) = netns::part_main() {
+    if let Some(code) = netns_parts::part_main() {
         return code;
     }
     if args.plot.is_some()

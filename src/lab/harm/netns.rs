@@ -11,34 +11,36 @@
 //! name resolves to the pods' addresses (the namespace's hosts file, which `ip netns
 //! exec` mounts over /etc/hosts, rewritten in place to scale).
 //!
-//! The lab stays in the namespace it was started in, so what runs inside is a process of
-//! its own, the same tollgate binary each time: the apps (the lab's [`App`], counting each
-//! column's calls, printed when the lab closes its stdin), the sidecars and the client's
-//! tollgate (`tollgate run`), and the client (the lab's [`Client`] for both columns,
-//! printing what each call got). `TOLLGATE_HARM_NETNS_PART` says which part a `tollgate
-//! lab --scenario harm` process is. The figures and the verdicts are then made as for any
-//! other row.
+//! With discovery (`discovered-*`), etcd and a real kube-apiserver ([`super::kube`]) run
+//! in the client's namespace too, and the client pod's tollgate watches the Service's
+//! EndpointSlices there.
 //!
-//! Needs root, `ip` and `iptables`; without them the rows are skipped and say why. The
-//! namespaces (with the link and the rules), the hosts file and every process are removed
-//! when the [`Node`] is dropped, also on an error or a panic, and on Ctrl-C; a row begins
-//! by removing what a killed run may have left (the processes still in the namespaces,
-//! by their ids, then the namespaces).
+//! The lab stays in the namespace it was started in, so what runs inside is a process of
+//! its own, the same tollgate binary each time: the sidecars and the client's tollgate
+//! (`tollgate run`), etcd and kube-apiserver, and the parts of [`super::netns_parts`]
+//! (the pods' apps and the client pod's app), which print what they counted and got. The
+//! figures and the verdicts are then made here as for any other row; in a scale row,
+//! when the pod that joined took its first call and the one that left its last, per
+//! column, is said beside them.
+//!
+//! Needs root, `ip` and `iptables` (and the API server's binaries, with discovery);
+//! without them the rows are skipped and say why. The namespaces (with the link and the
+//! rules), the hosts file, the row's files and every process are removed when the row's
+//! `Node` is dropped, also on an error or a panic, and on Ctrl-C; a row begins by
+//! removing what a killed run may have left (the processes still in the namespaces, by
+//! their ids, then the namespaces).
 
-use std::io::{BufRead, BufReader, Read, Write};
-use std::net::{IpAddr, SocketAddr};
+use std::io::{BufRead, BufReader};
 use std::path::PathBuf;
 use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
+use std::sync::Mutex;
 use std::sync::mpsc::{Receiver, RecvTimeoutError, channel};
-use std::sync::{Arc, Mutex};
-use std::time::Duration;
-
-use tokio::time::Instant;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use super::RowResult;
-use super::app::App;
-use super::client::{self, Client, OUTCOMES, Record, Target};
-use super::kube::{self, Api};
+use super::app::Reached;
+use super::client::{OUTCOMES, Record};
+use super::kube;
 use super::rows::{Path, Row, Shape};
 use super::verdict::{self, Figures, Seen};
 use crate::lab::LabError;
@@ -57,42 +59,42 @@ const LINKS: [(&str, &str); 4] = [
     ("10.213.90.13", "10.213.90.14"),
 ];
 /// The pods, by the pod's end of each link: the first one's app is dead.
-const PODS: [&str; 4] = ["10.213.90.2", "10.213.90.6", "10.213.90.10", "10.213.90.14"];
+pub(super) const PODS: [&str; 4] = ["10.213.90.2", "10.213.90.6", "10.213.90.10", "10.213.90.14"];
 /// The Service's virtual IP, in a /30 of the link's own (10.213.90.16/30), held by
 /// nobody; the client's end of that /30 is where connections to it leave from.
-const VIP: &str = "10.213.90.18";
+pub(super) const VIP: &str = "10.213.90.18";
 const VIP_LINK: &str = "10.213.90.17/30";
 const VIP_NET: &str = "10.213.90.16/30";
-const VIP_PORT: u16 = 80;
+pub(super) const VIP_PORT: u16 = 80;
 /// Each pod's sidecar (`[inbound]`), as a Service's targetPort; its app behind it.
-const SVC_PORT: u16 = 8080;
-const APP_PORT: u16 = 9090;
-const HEADLESS: &str = "payments-headless";
+pub(super) const SVC_PORT: u16 = 8080;
+pub(super) const APP_PORT: u16 = 9090;
+pub(super) const HEADLESS: &str = "payments-headless";
 /// The client's tollgate, in its namespace.
-const CALLER: &str = "127.0.0.1:15001";
-const ADMIN: &str = "127.0.0.1:15090";
+pub(super) const CALLER: &str = "127.0.0.1:15001";
+pub(super) const ADMIN: &str = "127.0.0.1:15090";
 
 /// Says which part of a row a lab process is, and the row and seed it serves.
-const PART: &str = "TOLLGATE_HARM_NETNS_PART";
-const ROW: &str = "TOLLGATE_HARM_NETNS_ROW";
-const SEED: &str = "TOLLGATE_HARM_NETNS_SEED";
+pub(super) const PART: &str = "TOLLGATE_HARM_NETNS_PART";
+pub(super) const ROW: &str = "TOLLGATE_HARM_NETNS_ROW";
+pub(super) const SEED: &str = "TOLLGATE_HARM_NETNS_SEED";
 /// The row's files (the API's certificate and kubeconfig), and the API's token.
-const DIR: &str = "TOLLGATE_HARM_NETNS_DIR";
-const TOKEN: &str = "TOLLGATE_HARM_NETNS_TOKEN";
+pub(super) const DIR: &str = "TOLLGATE_HARM_NETNS_DIR";
+pub(super) const TOKEN: &str = "TOLLGATE_HARM_NETNS_TOKEN";
 
 /// When, from the first call, a pod joins the name (scale-up) or leaves it
 /// (scale-down), and when the pod that left is stopped: after the 5 s the names are
 /// followed at, and 2 s more, as a pod's grace period lets its callers see it gone.
-const SCALE_AT: Duration = Duration::from_secs(5);
+pub(super) const SCALE_AT: Duration = Duration::from_secs(5);
 const STOP_AT: Duration = Duration::from_secs(12);
 /// With discovery, both in one row: a pod joins the Service at [`SCALE_AT`], one
 /// leaves it at 10 s and stops 3 s later (a change reaches tollgate within 1 s).
-const LEAVE_AT: Duration = Duration::from_secs(10);
+pub(super) const LEAVE_AT: Duration = Duration::from_secs(10);
 const DISCOVERED_STOP_AT: Duration = Duration::from_secs(13);
 /// From the client's `START` to its first call.
-const LEAD: Duration = Duration::from_millis(500);
+pub(super) const LEAD: Duration = Duration::from_millis(500);
 /// How long the parts may take to be ready.
-const READY_WAIT: Duration = Duration::from_secs(30);
+pub(super) const READY_WAIT: Duration = Duration::from_secs(30);
 
 fn quiet(cmd: &mut Command) -> bool {
     cmd.stdout(Stdio::null())
@@ -462,7 +464,7 @@ fn caller_config(shape: Shape, dir: &std::path::Path) -> String {
     )
 }
 
-fn discovered(shape: Shape) -> bool {
+pub(super) fn discovered(shape: Shape) -> bool {
     matches!(shape, Shape::DiscoveredDeadPod | Shape::DiscoveredScale)
 }
 
@@ -501,6 +503,7 @@ fn run_blocking(row: Row, shape: Shape, seed: u64) -> Result<RowResult, LabError
         return Err(node.failure("the client did not start"));
     }
     let start = std::time::Instant::now() + LEAD;
+    let start_wall = SystemTime::now() + LEAD;
     let at = |d: Duration| {
         std::thread::sleep((start + d).saturating_duration_since(std::time::Instant::now()))
     };
@@ -549,6 +552,8 @@ fn run_blocking(row: Row, shape: Shape, seed: u64) -> Result<RowResult, LabError
     drop(apps_in);
     let mut seen = vec![Seen::default(); row.columns.len()];
     let mut counted = 0;
+    let mut apps_start = None;
+    let mut reached = Vec::new();
     while counted < seen.len() {
         match apps_out.recv_timeout(Duration::from_secs(10)) {
             Ok(line) => {
@@ -558,6 +563,10 @@ fn run_blocking(row: Row, shape: Shape, seed: u64) -> Result<RowResult, LabError
                     *slot = s;
                     counted += 1;
                 }
+                if let Some(us) = line.strip_prefix("EPOCH_US ").and_then(|t| t.parse().ok()) {
+                    apps_start = Some(UNIX_EPOCH + Duration::from_micros(us));
+                }
+                reached.extend(parse_reached(&line));
             }
             Err(_) => return Err(node.failure("the apps did not say what they counted")),
         }
@@ -576,7 +585,26 @@ fn run_blocking(row: Row, shape: Shape, seed: u64) -> Result<RowResult, LabError
     let verdicts = (0..row.columns.len())
         .map(|i| verdict::judge(&row, i, &figures))
         .collect();
+    // When the pods that came and went took calls, from the row's start.
+    let since_start = |d: Duration| {
+        let at = apps_start.map_or(start_wall, |a| a + d);
+        match at.duration_since(start_wall) {
+            Ok(after) => after.as_secs_f64(),
+            Err(before) => -before.duration().as_secs_f64(),
+        }
+    };
+    let reached: Vec<Pod> = reached
+        .into_iter()
+        .map(|((replica, column), r)| Pod {
+            replica,
+            column,
+            first: since_start(r.first),
+            last: since_start(r.last),
+            calls: r.calls,
+        })
+        .collect();
     Ok(RowResult {
+        shown: shown(shape, &reached),
         row,
         figures,
         verdicts,
@@ -584,8 +612,95 @@ fn run_blocking(row: Row, shape: Shape, seed: u64) -> Result<RowResult, LabError
     })
 }
 
+/// The calls of one column that reached one pod's app, in seconds from the row's start.
+struct Pod {
+    /// Of the apps: 0 is the second pod (the first pod's app is dead).
+    replica: usize,
+    column: usize,
+    first: f64,
+    last: f64,
+    calls: u64,
+}
+
+/// In a scale row, when the pod that joined took its first call and the one that left
+/// its last, per column.
+fn shown(shape: Shape, reached: &[Pod]) -> Option<String> {
+    let (joined, left) = match shape {
+        Shape::HeadlessScaleUp => (Some(SCALE_AT), None),
+        Shape::HeadlessScaleDown => (None, Some((SCALE_AT, STOP_AT))),
+        Shape::DiscoveredScale => (Some(SCALE_AT), Some((LEAVE_AT, DISCOVERED_STOP_AT))),
+        Shape::ClusterIpDeadPod | Shape::HeadlessDeadFirst | Shape::DiscoveredDeadPod => {
+            return None;
+        }
+    };
+    let column = |replica: usize, column: usize| {
+        reached
+            .iter()
+            .find(|p| p.replica == replica && p.column == column)
+    };
+    let name = |c: usize| if c == 0 { "direct" } else { "tollgate" };
+    let mut out = Vec::new();
+    if let Some(at) = joined {
+        // The fourth pod: the apps' third.
+        let said: Vec<String> = (0..2)
+            .map(|c| match column(2, c) {
+                Some(p) => format!(
+                    "{}: its first call {:.1} s after ({} calls)",
+                    name(c),
+                    p.first - at.as_secs_f64(),
+                    p.calls
+                ),
+                None => format!("{}: no call", name(c)),
+            })
+            .collect();
+        out.push(format!(
+            "the pod that joined at {} s: {}",
+            at.as_secs(),
+            said.join("; ")
+        ));
+    }
+    if let Some((at, stopped)) = left {
+        // The second pod: the apps' first.
+        let said: Vec<String> = (0..2)
+            .map(|c| match column(0, c) {
+                Some(p) if p.last < at.as_secs_f64() => {
+                    format!("{}: its last call before it left", name(c))
+                }
+                Some(p) => format!(
+                    "{}: its last call {:.1} s after",
+                    name(c),
+                    p.last - at.as_secs_f64()
+                ),
+                None => format!("{}: no call", name(c)),
+            })
+            .collect();
+        out.push(format!(
+            "the pod that left at {} s (stopped at {} s): {}",
+            at.as_secs(),
+            stopped.as_secs(),
+            said.join("; ")
+        ));
+    }
+    Some(out.join(". "))
+}
+
+/// `REACHED replica column first_us last_us calls`, from the apps' start.
+fn parse_reached(line: &str) -> Option<((usize, usize), Reached)> {
+    let mut f = line.strip_prefix("REACHED ")?.split_whitespace();
+    let mut next = || f.next()?.parse::<u64>().ok();
+    let (replica, column) = (next()? as usize, next()? as usize);
+    Some((
+        (replica, column),
+        Reached {
+            first: Duration::from_micros(next()?),
+            last: Duration::from_micros(next()?),
+            calls: next()?,
+        },
+    ))
+}
+
 /// `REC column seq sent_us latency_us status ok outcome attempts`.
-fn format_record(column: usize, r: &Record) -> String {
+pub(super) fn format_record(column: usize, r: &Record) -> String {
     format!(
         "REC {column} {} {} {} {} {} {} {}",
         r.seq,
@@ -635,236 +750,6 @@ fn parse_count(line: &str) -> Option<(usize, Seen)> {
             peak_waiting: f.next()?.parse().ok()?,
         },
     ))
-}
-
-/// In a process started as a part of a row (`TOLLGATE_HARM_NETNS_PART`): runs that part,
-/// and its exit code. `None` in the lab itself.
-pub fn part_main() -> Option<i32> {
-    let part = std::env::var(PART).ok()?;
-    let row = std::env::var(ROW)
-        .ok()
-        .and_then(|k| super::rows::all().into_iter().find(|r| r.key == k));
-    let seed = std::env::var(SEED).ok().and_then(|s| s.parse().ok());
-    let (Some(row), Some(seed), Some(shape)) = (row.clone(), seed, row.and_then(|r| r.service))
-    else {
-        eprintln!("tollgate lab: {PART} without a row of network namespaces and a seed");
-        return Some(2);
-    };
-    let rt = match tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-    {
-        Ok(rt) => rt,
-        Err(e) => {
-            eprintln!("tollgate lab: {e}");
-            return Some(1);
-        }
-    };
-    let done = match part.as_str() {
-        "apps" => rt.block_on(apps(&row, seed)),
-        "client" => rt.block_on(client(row, shape, seed)),
-        other => Err(format!("no part {other}")),
-    };
-    Some(match done {
-        Ok(()) => 0,
-        Err(e) => {
-            eprintln!("tollgate lab: {part}: {e}");
-            1
-        }
-    })
-}
-
-fn say(line: &str) -> Result<(), String> {
-    let mut out = std::io::stdout().lock();
-    writeln!(out, "{line}")
-        .and_then(|()| out.flush())
-        .map_err(|e| e.to_string())
-}
-
-/// The pods' apps, every pod's but the first's, until the lab closes stdin (or has been
-/// gone long past the row): then what each column sent them.
-async fn apps(row: &Row, seed: u64) -> Result<(), String> {
-    let at: Vec<SocketAddr> = PODS[1..]
-        .iter()
-        .filter_map(|p| p.parse::<IpAddr>().ok())
-        .map(|ip| SocketAddr::new(ip, APP_PORT))
-        .collect();
-    let app = App::start_on(row.behaviour, seed, Instant::now(), &at)
-        .await
-        .map_err(|e| e.to_string())?;
-    say("READY")?;
-    let (tx, rx) = tokio::sync::oneshot::channel();
-    std::thread::spawn(move || {
-        let _ = std::io::stdin().read_to_end(&mut Vec::new());
-        let _ = tx.send(());
-    });
-    let lifetime = row.traffic.duration() + row.traffic.patience + Duration::from_secs(120);
-    let _ = tokio::time::timeout(lifetime, rx).await;
-    for c in 0..row.columns.len() {
-        let counters = &app.counters;
-        say(&format!(
-            "COUNT {c} {} {} {}",
-            counters.calls(c),
-            counters.retries(c),
-            counters.peak(c)
-        ))?;
-    }
-    app.stop();
-    Ok(())
-}
-
-/// The addresses of pods `n`, at their sidecars.
-fn pods(n: &[usize]) -> Result<Vec<SocketAddr>, String> {
-    n.iter()
-        .map(|&i| {
-            let ip: IpAddr = PODS
-                .get(i)
-                .and_then(|p| p.parse().ok())
-                .ok_or_else(|| format!("no pod {i}"))?;
-            Ok(SocketAddr::new(ip, SVC_PORT))
-        })
-        .collect()
-}
-
-/// The API ready, the Service made with its first pods' slices, and the caller's
-/// tollgate watching them: the API, for the changes to come.
-async fn discover(shape: Shape) -> Result<Api, String> {
-    let dir = PathBuf::from(std::env::var(DIR).map_err(|_| format!("no {DIR}"))?);
-    let token = std::env::var(TOKEN).map_err(|_| format!("no {TOKEN}"))?;
-    let api = Api::ready(&dir, token).await?;
-    api.create_service().await?;
-    let first: &[usize] = match shape {
-        Shape::DiscoveredScale => &[1, 2],
-        _ => &[0, 1, 2],
-    };
-    for (&n, addr) in first.iter().zip(pods(first)?) {
-        api.add_pod(n, addr.ip(), SVC_PORT).await?;
-    }
-    let until = Instant::now() + READY_WAIT;
-    let want = format!(
-        "tollgate_discovery_endpoints{{upstream=\"payments\"}} {}",
-        first.len()
-    );
-    loop {
-        if metrics()
-            .await
-            .is_some_and(|m| m.lines().any(|l| l.trim() == want))
-        {
-            return Ok(api);
-        }
-        if Instant::now() > until {
-            return Err(format!("the caller's tollgate never showed `{want}`"));
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-}
-
-/// The caller's tollgate's `/metrics`.
-async fn metrics() -> Option<String> {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let fetch = async {
-        let mut s = tokio::net::TcpStream::connect(ADMIN).await.ok()?;
-        let req = format!("GET /metrics HTTP/1.1\r\nHost: {ADMIN}\r\nConnection: close\r\n\r\n");
-        s.write_all(req.as_bytes()).await.ok()?;
-        let mut text = String::new();
-        s.read_to_string(&mut text).await.ok()?;
-        Some(text)
-    };
-    tokio::time::timeout(Duration::from_secs(2), fetch)
-        .await
-        .ok()
-        .flatten()
-}
-
-/// The client pod's app: once every sidecar and the caller's tollgate listen, the row's
-/// calls down both columns at once, then what each call got.
-async fn client(row: Row, shape: Shape, seed: u64) -> Result<(), String> {
-    let caller: SocketAddr = CALLER.parse().map_err(|_| "the caller's address")?;
-    let mut listening: Vec<SocketAddr> = PODS
-        .iter()
-        .filter_map(|p| p.parse::<IpAddr>().ok())
-        .map(|ip| SocketAddr::new(ip, SVC_PORT))
-        .collect();
-    listening.push(caller);
-    let until = Instant::now() + READY_WAIT;
-    for addr in listening {
-        loop {
-            let connect = tokio::net::TcpStream::connect(addr);
-            if let Ok(Ok(_)) = tokio::time::timeout(Duration::from_secs(1), connect).await {
-                break;
-            }
-            if Instant::now() > until {
-                return Err(format!("nothing listens at {addr}"));
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-    }
-    let api = if discovered(shape) {
-        Some(Arc::new(discover(shape).await?))
-    } else {
-        None
-    };
-    let direct: Vec<SocketAddr> = match shape {
-        Shape::ClusterIpDeadPod | Shape::DiscoveredDeadPod => {
-            let vip: IpAddr = VIP.parse().map_err(|_| "the VIP")?;
-            vec![SocketAddr::new(vip, VIP_PORT)]
-        }
-        Shape::DiscoveredScale => pods(&[1, 2])?,
-        Shape::HeadlessDeadFirst | Shape::HeadlessScaleUp | Shape::HeadlessScaleDown => {
-            tokio::net::lookup_host((HEADLESS, SVC_PORT))
-                .await
-                .map_err(|e| format!("{HEADLESS}: {e}"))?
-                .collect()
-        }
-    };
-    let target = |addrs| Target {
-        addrs,
-        host: "payments".to_string(),
-        absolute: false,
-    };
-    // A pod that fails is found by a new connection: the rows about a dead pod send
-    // each call on a connection of its own (kube-proxy picks a pod per connection).
-    let per_call = matches!(
-        shape,
-        Shape::ClusterIpDeadPod | Shape::HeadlessDeadFirst | Shape::DiscoveredDeadPod
-    );
-    let clients: Vec<Arc<Client>> = [target(direct), target(vec![caller])]
-        .into_iter()
-        .enumerate()
-        .map(|(i, t)| {
-            let c = Client::new(t, i);
-            Arc::new(if per_call { c.connection_per_call() } else { c })
-        })
-        .collect();
-    say("START")?;
-    let start = Instant::now() + LEAD;
-    // With discovery the Service changes in the API: a pod joins it, one leaves it.
-    let scaling = api.filter(|_| shape == Shape::DiscoveredScale).map(|api| {
-        tokio::spawn(async move {
-            tokio::time::sleep_until(start + SCALE_AT).await;
-            let [new] = pods(&[3])?[..] else {
-                return Err("the new pod's address".to_string());
-            };
-            api.add_pod(3, new.ip(), SVC_PORT).await?;
-            tokio::time::sleep_until(start + LEAVE_AT).await;
-            api.remove_pod(1).await
-        })
-    });
-    let plan = Arc::new(row.traffic.plan(seed));
-    let records = client::drive(clients, plan, Arc::new(row.traffic.clone()), start).await;
-    if let Some(scaling) = scaling {
-        scaling.await.map_err(|e| e.to_string())??;
-    }
-    let mut out = String::new();
-    for (c, column) in records.iter().enumerate() {
-        for r in column {
-            out.push_str(&format_record(c, r));
-            out.push('\n');
-        }
-    }
-    out.push_str("DONE");
-    say(&out)
 }
 
 #[cfg(test)]

@@ -115,6 +115,9 @@ fn row_block(out: &mut String, n: usize, r: &RowResult) {
             out.push_str(&format!("           failed: {}\n", failures(f, 3)));
         }
     }
+    if let Some(shown) = &r.shown {
+        out.push_str(&wrap(shown, "       ", 100));
+    }
     out.push('\n');
 }
 
@@ -252,6 +255,7 @@ fn row_json(r: &RowResult) -> Value {
         "note": r.row.note,
         "verdict": r.verdict_word(),
         "skipped": r.skipped,
+        "shown": r.shown,
         "traffic": {
             "requests": t.requests(),
             "steps": t.steps.iter().map(|(rps, d)| json!({ "rps": rps, "seconds": d.as_secs_f64() })).collect::<Vec<_>>(),
