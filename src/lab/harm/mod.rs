@@ -9,9 +9,9 @@
 //! - [`client`]: the app, the same HTTP client for every column, sending each call once
 //!   on an open-loop schedule over repeated URLs;
 //! - [`rig`]: the real tollgate proxies (outbound, inbound sidecars) of each column;
-//! - [`netns`]: the rows about Kubernetes Services, in network namespaces of their own
-//!   ([`netns_parts`]: what runs inside them), and [`kube`], the real API server of
-//!   those with discovery;
+//! - [`netns`]: the node of the rows about Kubernetes Services, network namespaces of
+//!   their own; [`netns_row`]: one such row on it; [`netns_parts`]: what runs inside the
+//!   namespaces; [`kube`]: the real API server of those with discovery;
 //! - [`verdict`]: the figures, the test, the budget's bound and the trades' purposes;
 //! - [`report`]: the table and the JSON.
 
@@ -20,6 +20,7 @@ pub mod client;
 pub mod kube;
 pub mod netns;
 pub mod netns_parts;
+pub mod netns_row;
 pub mod report;
 pub mod rig;
 pub mod rows;
@@ -182,7 +183,7 @@ pub async fn run(spec: HarmSpec, progress: bool) -> Result<HarmRun, LabError> {
 /// One row: its rig, the same plan sent down every column at once, and the verdicts.
 pub async fn run_row(row: Row, seed: u64) -> Result<RowResult, LabError> {
     if let Some(shape) = row.service {
-        return netns::run_row(row, shape, seed).await;
+        return netns_row::run_row(row, shape, seed).await;
     }
     // Time to start the proxies before the first call; the upstream's clock (its
     // outage) starts with the calls.

@@ -1,5 +1,5 @@
 //! The parts of a harm row about Services that run inside its network namespaces, each
-//! a process of its own started by the lab ([`super::netns`]) as `tollgate lab --scenario
+//! a process of its own started by the lab ([`super::netns_row`]) as `tollgate lab --scenario
 //! harm` with `TOLLGATE_HARM_NETNS_PART` set: the pods' apps (the lab's [`App`], which
 //! counts what each column sent each pod, printed when the lab closes its stdin) and the
 //! client pod's app (the lab's [`Client`] for both columns, which writes the Service in
@@ -17,9 +17,10 @@ use super::app::App;
 use super::client::{self, Client, Target};
 use super::kube::Api;
 use super::netns::{
-    ADMIN, APP_PORT, CALLER, DIR, HEADLESS, LEAD, LEAVE_AT, PART, PODS, READY_WAIT, ROW, SCALE_AT,
-    SEED, SVC_PORT, TOKEN, VIP, VIP_PORT, discovered, format_record,
+    ADMIN, APP_PORT, CALLER, DIR, HEADLESS, PART, PODS, READY_WAIT, ROW, SEED, SVC_PORT, TOKEN,
+    VIP, VIP_PORT, discovered,
 };
+use super::netns_row::{LEAD, LEAVE_AT, SCALE_AT, format_record};
 use super::rows::{Row, Shape};
 
 /// In a process started as a part of a row (`TOLLGATE_HARM_NETNS_PART`): runs that part,

@@ -604,8 +604,8 @@ const SERVICES: &str = "in network namespaces of the lab's own (root): pods each
      goes on a connection of its own (kube-proxy picks a pod per connection); scaling, the \
      connections are kept alive";
 
-const DISCOVERED: &str = "as the rows before, with etcd and a real kube-apiserver in the client \
-     pod's namespace; the row writes the Service's EndpointSlices (one ready pod each) and the \
+const DISCOVERED: &str = "the node of the other Service rows, with etcd and a real kube-apiserver \
+     in the client pod's namespace; the row writes the Service's EndpointSlices (one ready pod each) and the \
      client pod's tollgate watches them (discovery = \"kubernetes\"); direct: the app calls \
      the Service's VIP on a connection of its own per call (kube-proxy's rules for the same \
      three pods) with a dead pod, and the pods the API listed at the start, in turn, kept \
