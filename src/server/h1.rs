@@ -231,8 +231,6 @@ async fn respond<S>(
         return After::Close;
     }
     let keep_alive = asked.keep_alive && !settings.state.closing();
-    // Answered before a `100 Continue` went out: the app may never send the body.
-    let awaits_continue = lock(io).continue_left > 0;
     let written = write_response(
         io,
         wbuf,
@@ -244,7 +242,7 @@ async fn respond<S>(
     let Ok(kept) = written.await else {
         return After::Close;
     };
-    let unread = !lock(io).body_done() && (!kept || awaits_continue || !discard_body(io).await);
+    let unread = !lock(io).body_done() && (!kept || !discard_body(io).await);
     if !kept || unread {
         close(io, unread).await;
         return After::Close;
@@ -342,8 +340,13 @@ async fn write_response(
     keep_alive: bool,
 ) -> io::Result<bool> {
     // The answer is final: no `100 Continue` may follow it, whoever reads the body
-    // later (an HTTP/2 upstream's connection reads it on a task of its own).
-    lock(io).continue_left = 0;
+    // later (an HTTP/2 upstream's connection reads it on a task of its own). Given
+    // before the `100 Continue` went out, with the body unread, it ends the connection:
+    // the app may never send that body.
+    let before_continue = {
+        let mut io = lock(io);
+        std::mem::take(&mut io.continue_left) > 0 && !io.body_done()
+    };
     wbuf.clear();
     let (framing, keep_alive) =
         write_head(wbuf.bytes_mut(), &resp, version, head_request, keep_alive);
@@ -401,7 +404,7 @@ async fn write_response(
         }
     })
     .await?;
-    Ok(keep_alive && !encoder.broken() && !encoder.to_close())
+    Ok(keep_alive && !before_continue && !encoder.broken() && !encoder.to_close())
 }
 
 /// Writes the response head: the response's own fields (hop-by-hop ones dropped), the
