@@ -47,7 +47,7 @@ use crate::http::framing::Framing;
 use crate::http::read::release;
 use crate::http::request::parse_request_head;
 use crate::http::write::WriteBuf;
-use crate::http::{KEEP_WRITE, WRITE_BATCH};
+use crate::http::{KEEP_WRITE, WRITE_BATCH, set_new_headers, set_new_uri};
 
 /// What one client connection needs to answer its requests.
 pub struct Settings<S> {
@@ -285,9 +285,9 @@ fn poll_head<S>(
                         empty,
                     })));
                     *req.method_mut() = head.method;
-                    *req.uri_mut() = head.uri;
+                    set_new_uri(req.uri_mut(), head.uri);
                     *req.version_mut() = head.version;
-                    *req.headers_mut() = head.headers;
+                    set_new_headers(req.headers_mut(), head.headers);
                     return Poll::Ready(Next::Request(Incoming {
                         req,
                         keep_alive: head.keep_alive,
@@ -422,15 +422,20 @@ fn write_head(
     let code = status.as_u16();
     let bodiless = head_request || status.is_informational() || code == 204 || code == 304;
     let lengthless = status.is_informational() || code == 204;
-    wbuf.extend_from_slice(if version == Version::HTTP_10 {
-        b"HTTP/1.0 "
+    if code == 200 && version != Version::HTTP_10 {
+        // Nearly every answer: the line whole, with no status formatted or looked up.
+        wbuf.extend_from_slice(b"HTTP/1.1 200 OK\r\n");
     } else {
-        b"HTTP/1.1 "
-    });
-    wbuf.extend_from_slice(&status_digits(code));
-    wbuf.push(b' ');
-    wbuf.extend_from_slice(status.canonical_reason().unwrap_or("").as_bytes());
-    wbuf.extend_from_slice(b"\r\n");
+        wbuf.extend_from_slice(if version == Version::HTTP_10 {
+            b"HTTP/1.0 "
+        } else {
+            b"HTTP/1.1 "
+        });
+        wbuf.extend_from_slice(&status_digits(code));
+        wbuf.push(b' ');
+        wbuf.extend_from_slice(status.canonical_reason().unwrap_or("").as_bytes());
+        wbuf.extend_from_slice(b"\r\n");
+    }
     let added = body.added_fields();
     let mut length = None;
     let mut dated = false;
