@@ -140,15 +140,12 @@ fn tollgate_does_no_harm_to_the_clients_teams_run() {
     let grpcio = clients::grpcio();
     let _one = ONE_RUN.lock().unwrap_or_else(|p| p.into_inner());
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_tollgate"));
-    // The lab finds undici where NODE_PATH says, and grpcio in the python3 on PATH.
+    // The lab finds undici where NODE_PATH says, and grpcio where PYTHONPATH says.
     if let Some(dir) = &undici {
         cmd.env("NODE_PATH", dir.join("node_modules"));
     }
-    if let Some(bin) = &grpcio {
-        let path = std::env::var_os("PATH").unwrap_or_default();
-        let mut dirs = vec![bin.clone()];
-        dirs.extend(std::env::split_paths(&path));
-        cmd.env("PATH", std::env::join_paths(dirs).unwrap());
+    if let Some(dir) = &grpcio {
+        cmd.env("PYTHONPATH", dir);
     }
     let rows = CLIENT_ROWS.join(",");
     let out = lab_with(&["--scenario", "harm", "--rows", &rows, "--json"], cmd);

@@ -40,34 +40,35 @@ pub fn undici() -> Option<PathBuf> {
     }
 }
 
-/// The `bin` directory of a venv with grpcio (`python3 -m venv`, then `pip install
-/// grpcio`), or `None` when it could not be made.
+/// A directory with grpcio in it (`pip install --target`, so no venv and no system
+/// install), for `PYTHONPATH`; or `None` when it could not be installed.
 pub fn grpcio() -> Option<PathBuf> {
-    let venv = Path::new(env!("CARGO_TARGET_TMPDIR")).join("grpcio-venv");
-    let bin = venv.join("bin");
-    let python = bin.join("python3");
-    let has_grpc = |python: &Path| {
-        Command::new(python)
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("grpcio");
+    let has_grpc = || {
+        Command::new("python3")
             .args(["-c", "import grpc"])
+            .env("PYTHONPATH", &dir)
+            .stderr(std::process::Stdio::null())
             .status()
             .is_ok_and(|s| s.success())
     };
-    if has_grpc(&python) {
-        return Some(bin);
+    if has_grpc() {
+        return Some(dir);
     }
-    let made = Command::new("python3")
-        .args(["-m", "venv"])
-        .arg(&venv)
-        .status();
-    if !made.as_ref().is_ok_and(|s| s.success()) {
-        missing("a python3 venv (python3 -m venv)", &format!("{made:?}"));
-        return None;
-    }
-    let installed = Command::new(&python)
-        .args(["-m", "pip", "install", "--quiet", "grpcio"])
+    let installed = Command::new("python3")
+        .args([
+            "-m",
+            "pip",
+            "install",
+            "--quiet",
+            "--disable-pip-version-check",
+        ])
+        .args(["--upgrade", "--target"])
+        .arg(&dir)
+        .arg("grpcio")
         .status();
     match installed {
-        Ok(s) if s.success() && has_grpc(&python) => Some(bin),
+        Ok(s) if s.success() && has_grpc() => Some(dir),
         other => {
             missing("grpcio (pip install grpcio)", &format!("{other:?}"));
             None

@@ -7,8 +7,8 @@
 //! as the column's records.
 //!
 //! The programs are not part of tollgate: a row whose program cannot run here (no
-//! `node` with undici on `NODE_PATH`, no `python3` on `PATH` with grpcio) is skipped
-//! and says how to install it.
+//! `node` that finds undici, through `NODE_PATH`; no `python3` that finds grpcio,
+//! through `PYTHONPATH` or a venv) is skipped and says how to install it.
 
 use std::process::Stdio;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -84,7 +84,8 @@ impl Program {
                 "`npm install undici@6` from the npm registry and set NODE_PATH to its node_modules"
             }
             Program::Grpc => {
-                "`pip install grpcio` from the Python package index, in a venv whose bin comes first on PATH"
+                "`python3 -m pip install --target DIR grpcio` from the Python package index and \
+                 set PYTHONPATH to DIR (or a venv with grpcio first on PATH)"
             }
         }
     }
