@@ -5,19 +5,12 @@
 //! full-jitter backoff, inside the caller's deadline, honouring Retry-After, and marks
 //! every failure it gave up on so that no other layer retries it again.
 //!
-//! Layers import downwards only (docs/architecture.md). From the bottom: [`config`],
-//! [`metrics`], [`deadline`], [`descriptors`], [`fault`] (why a request failed, and
-//! what that means to each layer), [`worker`], [`trace`] (the spans and their export)
-//! and the wire, [`http`]; [`discovery`] (a Service's pods, watched in the Kubernetes
-//! API); [`upstream`] (the endpoints, generic over the
-//! body it sends); [`retry`] (deciding and looping, generic
-//! over the app's body); [`server`] (the app-facing connections and their codecs) and
-//! [`listen`] (the listeners both sides are served on, and their drain); the two sides,
-//! peers that never name each other: [`proxy`] (the outbound service, the app's calls
-//! to its upstreams) and [`inbound`] (the service in front of the app); [`sides`] (both
-//! on their listeners, wired together); [`run`], [`reload`], [`admin`];
-//! and the tools on top: [`check`], [`calc`], [`lab`] and [`capture`] (`tollgate
-//! iptables`), which print through [`print`].
+//! Layers import downwards only. Which module sits on which floor is one table,
+//! `FLOORS` in build/layering.rs, which the build enforces; docs/architecture.md shows
+//! it (generated from it, and its paragraph per floor checked against it by
+//! tests/layering.rs), from the wire ([`http`]) at the bottom, through [`upstream`],
+//! [`retry`] and [`server`], to the two sides ([`proxy`], [`inbound`]) and the tools on
+//! top ([`check`], [`calc`], [`lab`], [`inject`], [`capture`]).
 
 #![forbid(unsafe_code)]
 

@@ -8,6 +8,8 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+#[path = "common/clients.rs"]
+mod clients;
 mod common;
 
 use std::net::SocketAddr;
@@ -165,36 +167,9 @@ async fn refusing_a_connect_to_an_unknown_authority_is_404_no_route() {
     tg.stop().await;
 }
 
-/// Where `npm install undici` put it, or why it could not (skipped loudly; a failure
-/// in CI).
-fn undici() -> Option<std::path::PathBuf> {
-    let dir = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("undici");
-    if dir.join("node_modules/undici/package.json").exists() {
-        return Some(dir);
-    }
-    std::fs::create_dir_all(&dir).unwrap();
-    let installed = std::process::Command::new("npm")
-        .args(["install", "--no-audit", "--no-fund", "--silent", "undici@6"])
-        .current_dir(&dir)
-        .status();
-    match installed {
-        Ok(s) if s.success() => Some(dir),
-        other => {
-            assert!(
-                std::env::var_os("CI").is_none(),
-                "npm install undici failed in CI: {other:?}"
-            );
-            eprintln!(
-                "SKIPPED: npm install undici failed ({other:?}); the undici test did not run"
-            );
-            None
-        }
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn undici_env_http_proxy_agent_calls_through_connect() {
-    let Some(dir) = tokio::task::spawn_blocking(undici).await.unwrap() else {
+    let Some(dir) = tokio::task::spawn_blocking(clients::undici).await.unwrap() else {
         return;
     };
     let up = flaky().await;

@@ -2,22 +2,46 @@
 //! calls at the same time straight to an upstream and through tollgate at its
 //! defaults, at least a thousand a side, judged by a one-sided z-test at 99 %. The
 //! promise is that no row is WORSE: an app that sends each call once gets through
-//! tollgate at least what it gets calling the upstream directly.
+//! tollgate at least what it gets calling the upstream directly. And the rows of the
+//! clients teams run: Node's undici and Python's grpcio through `http_proxy` (as
+//! installed from their registries), a client that half-closes, a full accept queue,
+//! a name whose first address refuses.
 
 #![allow(clippy::unwrap_used)]
 
+#[path = "common/clients.rs"]
+mod clients;
+
 use std::process::Command;
+use std::sync::Mutex;
 
 use serde_json::Value;
 use tollgate::lab::harm::rows::SHORT;
 
+/// One harm run at a time: each measures on the machine's shared cores.
+static ONE_RUN: Mutex<()> = Mutex::new(());
+
 fn lab(args: &[&str]) -> std::process::Output {
-    Command::new(env!("CARGO_BIN_EXE_tollgate"))
-        .arg("lab")
+    lab_with(args, Command::new(env!("CARGO_BIN_EXE_tollgate")))
+}
+
+fn lab_with(args: &[&str], mut cmd: Command) -> std::process::Output {
+    cmd.arg("lab")
         .args(args)
         .env("RUST_LOG", "error")
         .output()
         .unwrap()
+}
+
+/// A run's JSON, or a failure that shows what the lab printed.
+fn parse(out: &std::process::Output) -> Value {
+    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+        panic!(
+            "{e}: {}\n{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        )
+    })
 }
 
 /// Each row in a line: its verdict and every column's success, and why a column is
@@ -43,14 +67,9 @@ fn summary(v: &Value) -> String {
 
 #[test]
 fn tollgate_does_no_harm_in_the_short_harm_run() {
+    let _one = ONE_RUN.lock().unwrap_or_else(|p| p.into_inner());
     let out = lab(&["--scenario", "harm", "--short", "--json"]);
-    let v: Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
-        panic!(
-            "{e}: {}\n{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        )
-    });
+    let v = parse(&out);
     println!("{}", summary(&v));
     assert_eq!(v["scenario"], "harm");
     assert_eq!(v["short"], true);
@@ -104,4 +123,78 @@ fn the_lab_names_the_harm_scenario_and_refuses_what_it_does_not_take() {
         assert_eq!(out.status.code(), Some(2), "{args:?}");
         assert!(!out.stderr.is_empty(), "{args:?} says why");
     }
+}
+
+/// The rows of the clients teams run, in the order they run.
+const CLIENT_ROWS: [&str; 5] = [
+    "undici-proxy",
+    "grpc-proxy",
+    "half-close",
+    "accept-queue-full",
+    "dual-stack",
+];
+
+#[test]
+fn tollgate_does_no_harm_to_the_clients_teams_run() {
+    let undici = clients::undici();
+    let grpcio = clients::grpcio();
+    let _one = ONE_RUN.lock().unwrap_or_else(|p| p.into_inner());
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_tollgate"));
+    // The lab finds undici where NODE_PATH says, and grpcio where PYTHONPATH says.
+    if let Some(dir) = &undici {
+        cmd.env("NODE_PATH", dir.join("node_modules"));
+    }
+    if let Some(dir) = &grpcio {
+        cmd.env("PYTHONPATH", dir);
+    }
+    let rows = CLIENT_ROWS.join(",");
+    let out = lab_with(&["--scenario", "harm", "--rows", &rows, "--json"], cmd);
+    let v = parse(&out);
+    println!("{}", summary(&v));
+    let rows = v["rows"].as_array().unwrap();
+    let keys: Vec<&str> = rows.iter().map(|r| r["key"].as_str().unwrap()).collect();
+    assert_eq!(keys, CLIENT_ROWS);
+    for row in rows {
+        let key = row["key"].as_str().unwrap();
+        // Skipped only when its client program could not be installed here.
+        let installed = match key {
+            "undici-proxy" => undici.is_some(),
+            "grpc-proxy" => grpcio.is_some(),
+            _ => true,
+        };
+        if !installed {
+            assert!(!row["skipped"].is_null(), "{key} ran without its client");
+            eprintln!("SKIPPED: {key}: {}", row["skipped"]);
+            continue;
+        }
+        assert!(row["skipped"].is_null(), "{key}: {}", row["skipped"]);
+        let columns = row["columns"].as_array().unwrap();
+        assert_eq!(columns.len(), 2, "{key}");
+        assert_eq!(columns[0]["key"], "direct");
+        for c in columns {
+            assert!(
+                c["requests"].as_u64().unwrap() >= 1_000,
+                "{key} {}: too few calls for the test",
+                c["key"]
+            );
+        }
+        // The direct column served its calls: each row is a working client, not a
+        // broken one that tollgate merely matches.
+        assert!(
+            columns[0]["success_rate"].as_f64().unwrap() > 0.9,
+            "{key}: direct served too few:\n{}",
+            summary(&v)
+        );
+        assert!(!columns[1]["verdict"].is_null(), "{key}");
+    }
+    let worse = v["worse"].as_array().unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(if worse.is_empty() { 0 } else { 1 })
+    );
+    assert!(
+        worse.is_empty(),
+        "tollgate did harm in {worse:?}:\n{}",
+        summary(&v)
+    );
 }

@@ -257,6 +257,34 @@ async fn heedless_app(peak: &Arc<AtomicUsize>, done: &Arc<AtomicUsize>) -> Socke
     addr
 }
 
+/// Waits (bounded) until every request tollgate read is settled, answered by the app
+/// or shed, then checks the app never had more than `max_inflight = 2` at once.
+async fn settled_within_the_limit(tg: &Tollgate, peak: &AtomicUsize, done: &AtomicUsize) {
+    let settled = |m: &str| {
+        let served = metric(m, "tollgate_inbound_inflight").unwrap_or(1.0) == 0.0;
+        let shed = metric(m, "tollgate_inbound_denied_total{reason=\"overloaded\"}").unwrap_or(0.0);
+        served && shed + done.load(SeqCst) as f64 >= 2.0
+    };
+    let until = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let m = tg.metrics().await;
+        if settled(&m) {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < until,
+            "not settled in 10 s:\n{m}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let held = peak.load(SeqCst);
+    assert!(held >= 1, "no request reached the app");
+    assert!(
+        held <= 2,
+        "the app was given {held} requests at once with max_inflight = 2"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn callers_that_send_and_hang_up_free_no_place_while_the_app_works() {
     let _alone = ONE_AT_A_TIME.lock().await;
@@ -284,29 +312,28 @@ async fn callers_that_send_and_hang_up_free_no_place_while_the_app_works() {
     for c in callers {
         c.await.unwrap();
     }
-    // Every request tollgate read is settled: answered by the app or shed.
-    let settled = |m: &str| {
-        let served = metric(m, "tollgate_inbound_inflight").unwrap_or(1.0) == 0.0;
-        let shed = metric(m, "tollgate_inbound_denied_total{reason=\"overloaded\"}").unwrap_or(0.0);
-        served && shed + done.load(SeqCst) as f64 >= 2.0
-    };
-    let until = tokio::time::Instant::now() + Duration::from_secs(10);
-    loop {
-        let m = tg.metrics().await;
-        if settled(&m) {
-            break;
-        }
-        assert!(
-            tokio::time::Instant::now() < until,
-            "not settled in 10 s:\n{m}"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
+    settled_within_the_limit(&tg, &peak, &done).await;
+    tg.stop().await;
+}
+
+/// The same over HTTP/2: callers that reset their stream once their request is out (a
+/// gRPC client's cancel, 50 ms into the app's 300 ms) free no place while the app works
+/// on it, however many come after them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn http2_callers_that_reset_their_streams_free_no_place_while_the_app_works() {
+    let _alone = ONE_AT_A_TIME.lock().await;
+    let (peak, done) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+    let app = heedless_app(&peak, &done).await;
+    let tg = Tollgate::start(&Config::new().inbound(app, |i| i.max_inflight(2)).to_toml()).await;
+    let (mut sender, conn) = h2_client(tg.inbound()).await;
+    // One caller after another, each giving up after 50 ms: the response future
+    // dropped resets the stream. Six come and go while the app works on the first.
+    for _ in 0..20 {
+        let req = http::Request::get("http://app/work").body(empty()).unwrap();
+        let answer = tokio::time::timeout(Duration::from_millis(50), sender.send_request(req));
+        let _ = answer.await;
     }
-    let held = peak.load(SeqCst);
-    assert!(held >= 1, "no request reached the app");
-    assert!(
-        held <= 2,
-        "the app was given {held} requests at once with max_inflight = 2"
-    );
+    settled_within_the_limit(&tg, &peak, &done).await;
+    conn.abort();
     tg.stop().await;
 }

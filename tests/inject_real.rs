@@ -578,6 +578,81 @@ fn a_pod_that_says_its_namespace_carries_the_rbac_gets_kubernetes_discovery() {
     );
 }
 
+/// A workload shipped with the RBAC discovery needs (deploy/kubernetes/rbac.yaml: a
+/// Role that lists and watches EndpointSlices and gets Services, bound to the
+/// `checkout` service account) gets `discovery = "kubernetes"` for the upstreams in the
+/// namespace the RBAC covers, and DNS for the others; without that RBAC in the input
+/// (another account, no token, or `tollgate.io/discovery: dns`) it keeps DNS, which
+/// needs none: an upstream never waits on a watch the API would refuse.
+#[test]
+fn the_inputs_rbac_chooses_kubernetes_discovery_where_it_lets_the_pod_watch() {
+    let rbac = Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/kubernetes/rbac.yaml");
+    let rbac = rbac.to_str().unwrap();
+    let workload = |extra_spec: &str, annotations: &str| {
+        format!(
+            "apiVersion: apps/v1\nkind: Deployment\nmetadata:\n  name: checkout\nspec:\n  \
+             selector:\n    matchLabels: {{app: checkout}}\n  template:\n    metadata:\n      \
+             labels: {{app: checkout}}\n      annotations: {{{annotations}}}\n    spec:\n      \
+             {extra_spec}containers:\n      - name: app\n        image: checkout:1\n        env:\n        \
+             - {{name: PAYMENTS, value: \"http://payments:8080\"}}\n        \
+             - {{name: LEDGER, value: \"http://ledger.finance.svc:9000\"}}\n"
+        )
+    };
+    let config_of = |manifest: &str| {
+        let (out, err) = inject_ok(&[rbac, "-"], Some(manifest));
+        let got = docs(&out);
+        let config = kind_named(&got, "ConfigMap", "checkout-tollgate")["data"]["tollgate.toml"]
+            .as_str()
+            .unwrap()
+            .to_string();
+        (config, err)
+    };
+    let watched = "discovery = \"kubernetes\"\nservice = \"payments\"\nport = \"8080\"";
+    let dns_payments = "endpoints = [\"payments:8080\"]";
+    let dns_ledger = "endpoints = [\"ledger.finance.svc:9000\"]";
+
+    let (config, err) = config_of(&workload("serviceAccountName: checkout\n      ", ""));
+    assert!(config.contains(watched), "{config}");
+    // The Role is in the pod's namespace only: the ledger's is not watched.
+    assert!(config.contains(dns_ledger), "{config}");
+    assert!(
+        err.contains("discovery from the Kubernetes API for payments"),
+        "{err}"
+    );
+    check_strict("rbac", &config);
+
+    for (spec, annotations, why) in [
+        ("", "", "the default service account is not bound"),
+        (
+            "serviceAccountName: checkout\n      automountServiceAccountToken: false\n      ",
+            "",
+            "no token to call the API with",
+        ),
+        (
+            "serviceAccountName: checkout\n      ",
+            "tollgate.io/discovery: dns",
+            "the annotation says dns",
+        ),
+    ] {
+        let (config, err) = config_of(&workload(spec, annotations));
+        assert!(
+            config.contains(dns_payments) && config.contains(dns_ledger),
+            "{why}:\n{config}"
+        );
+        assert!(!config.contains("discovery = "), "{why}:\n{config}");
+        assert!(!err.contains("discovery from"), "{why}: {err}");
+    }
+    // Without the RBAC in the input, the same workload keeps DNS.
+    let (out, _) = inject_ok(
+        &["-"],
+        Some(&workload("serviceAccountName: checkout\n      ", "")),
+    );
+    assert!(
+        out.contains(dns_payments) && !out.contains("discovery = "),
+        "{out}"
+    );
+}
+
 /// The frontend's generated config made runnable here: on loopback ports of its own,
 /// without the pod's inbound side and admin port, `productcatalogservice` at `at`.
 fn on_loopback(config: &str, at: std::net::SocketAddr) -> String {

@@ -1,7 +1,9 @@
 //! The layering of the library: the build keeps it (build.rs runs build/layering.rs, which
 //! holds the FLOORS table and says what is read and how), and these tests run the same
 //! reader, so a violation also fails `cargo test` with the same words, and test the
-//! reader itself on sources written for it.
+//! reader itself on sources written for it. docs/architecture.md is held to the same
+//! table: its table of floors is generated from it (`TOLLGATE_UPDATE_DOCS=1 cargo test
+//! --test layering` rewrites it), and its layers are described in the table's order.
 
 #[path = "../build/layering.rs"]
 mod layering;
@@ -135,4 +137,151 @@ fn the_check_names_the_file_line_import_and_floors() {
         ),
         "{said}"
     );
+}
+
+const DOC: &str = "docs/architecture.md";
+
+/// How docs/architecture.md shows a top-level module: its file, its folder, or both
+/// (`metrics.rs` with `metrics/`).
+fn shown(top: &str) -> Option<String> {
+    let src = root().join("src");
+    let file = src.join(format!("{top}.rs")).is_file();
+    let dir = src.join(top).is_dir();
+    match (file, dir) {
+        (true, true) => Some(format!("`{top}.rs` with `{top}/`")),
+        (true, false) => Some(format!("`{top}.rs`")),
+        (false, true) => Some(format!("`{top}/`")),
+        (false, false) => None,
+    }
+}
+
+/// The table of floors as docs/architecture.md shows it, from the bottom.
+fn floors_table() -> String {
+    let mut out = String::from("| floor | modules |\n|---|---|\n");
+    for (i, floor) in layering::FLOORS.iter().enumerate() {
+        let modules: Vec<String> = floor
+            .iter()
+            .map(|m| shown(m).unwrap_or_else(|| panic!("FLOORS names `{m}`, which src/ has not")))
+            .collect();
+        out.push_str(&format!("| {} | {} |\n", i + 1, modules.join(", ")));
+    }
+    out
+}
+
+/// The table of floors in docs/architecture.md is FLOORS: rewritten with
+/// `TOLLGATE_UPDATE_DOCS=1`, else checked.
+#[test]
+fn the_docs_table_of_floors_is_the_floor_table() {
+    const BEGIN: &str = "<!-- floors:begin -->\n";
+    const END: &str = "<!-- floors:end -->";
+    let path = root().join(DOC);
+    let text = std::fs::read_to_string(&path).expect("docs/architecture.md is readable");
+    let (Some(b), Some(e)) = (text.find(BEGIN), text.find(END)) else {
+        panic!("{DOC} has no {BEGIN:?} … {END:?}");
+    };
+    let table = floors_table();
+    if text[b + BEGIN.len()..e] == table {
+        return;
+    }
+    if std::env::var_os("TOLLGATE_UPDATE_DOCS").is_some() {
+        let updated = format!("{}{BEGIN}{table}{}", &text[..b], &text[e..]);
+        std::fs::write(&path, updated).expect("docs/architecture.md is writable");
+        return;
+    }
+    panic!(
+        "the table of floors in {DOC} is not FLOORS (build/layering.rs): run \
+         TOLLGATE_UPDATE_DOCS=1 cargo test --test layering\n\nit should read:\n{table}"
+    );
+}
+
+/// The headings of the paragraphs of `## The layers` (the bold text each opens with),
+/// in order, each with the line it is on.
+fn layer_headings(text: &str) -> Vec<(usize, String)> {
+    let mut headings = Vec::new();
+    let mut inside = false;
+    let mut lines = text.lines().enumerate().peekable();
+    while let Some((i, line)) = lines.next() {
+        if line.starts_with("## ") {
+            inside = line == "## The layers";
+            continue;
+        }
+        let Some(rest) = line.strip_prefix("**").filter(|_| inside) else {
+            continue;
+        };
+        // A heading may run onto the paragraph's next lines.
+        let mut heading = rest.to_string();
+        while !heading.contains("**") {
+            match lines.next_if(|(_, l)| !l.is_empty()) {
+                Some((_, l)) => {
+                    heading.push(' ');
+                    heading.push_str(l);
+                }
+                None => break,
+            }
+        }
+        let end = heading.find("**").unwrap_or(heading.len());
+        heading.truncate(end);
+        headings.push((i + 1, heading));
+    }
+    headings
+}
+
+/// The top-level module a name in backticks stands for (`retry/`, `fault.rs`, `check`).
+fn module_named(span: &str) -> &str {
+    let span = span.strip_suffix('/').unwrap_or(span);
+    span.strip_suffix(".rs").unwrap_or(span)
+}
+
+/// The layers of docs/architecture.md are the floors: each paragraph of `## The layers`
+/// opens with the modules it describes, every top-level module is named so, and they
+/// are named from the bottom floor up, so none is named after a module of a higher
+/// floor (a module in the wrong paragraph, or a paragraph in the wrong place).
+#[test]
+fn the_docs_describe_the_layers_in_the_order_of_the_floors() {
+    let text = std::fs::read_to_string(root().join(DOC)).expect("docs/architecture.md is readable");
+    let headings = layer_headings(&text);
+    assert!(
+        !headings.is_empty(),
+        "{DOC} has no paragraphs under `## The layers`"
+    );
+    let mut problems = Vec::new();
+    let mut named = std::collections::BTreeSet::new();
+    // The highest floor named so far, with the module and the line of its heading.
+    let mut highest: Option<(usize, &str, usize)> = None;
+    for (line, heading) in &headings {
+        for span in heading.split('`').skip(1).step_by(2) {
+            let module = module_named(span);
+            if module == "main" {
+                continue; // the binary, on top of everything
+            }
+            let Some(floor) = layering::floor_of(module) else {
+                problems.push(format!(
+                    "{DOC}:{line}: `{span}` is no top-level module of src/ (FLOORS in \
+                     build/layering.rs)"
+                ));
+                continue;
+            };
+            named.insert(module);
+            match highest {
+                Some((top, by, at)) if floor < top => problems.push(format!(
+                    "{DOC}:{line}: `{module}` is on floor {floor}, below `{by}` (floor {top}, \
+                     line {at}), which comes first; the layers run from the bottom floor up, \
+                     as the table of floors does"
+                )),
+                Some((top, ..)) if floor == top => {}
+                _ => highest = Some((floor, module, *line)),
+            }
+        }
+    }
+    for (i, floor) in layering::FLOORS.iter().enumerate() {
+        for module in *floor {
+            if !named.contains(module) {
+                problems.push(format!(
+                    "{DOC}: `{module}` (floor {}) opens no paragraph of `## The layers`",
+                    i + 1
+                ));
+            }
+        }
+    }
+    assert!(problems.is_empty(), "\n  {}", problems.join("\n  "));
 }

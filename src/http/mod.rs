@@ -115,6 +115,23 @@ pub(crate) fn bad(what: &'static str) -> std::io::Error {
 }
 
 /// Test helpers for the readers of both sides: input cut into pieces, chunked bodies.
+/// Puts `headers` where [`http::Request::new`] (or `Response::new`) left an empty map,
+/// without running that map's destructor: it owns nothing ([`HeaderMap::new`] does not
+/// allocate), yet dropping it costs some sixty instructions a request for nothing.
+#[inline]
+pub fn set_new_headers(slot: &mut http::HeaderMap, headers: http::HeaderMap) {
+    debug_assert!(slot.is_empty() && slot.capacity() == 0);
+    std::mem::forget(std::mem::replace(slot, headers));
+}
+
+/// Puts `uri` where [`http::Request::new`] left its `/`, static bytes that own nothing,
+/// without running their destructor (as [`set_new_headers`]).
+#[inline]
+pub fn set_new_uri(slot: &mut http::Uri, uri: http::Uri) {
+    debug_assert!(slot == "/");
+    std::mem::forget(std::mem::replace(slot, uri));
+}
+
 #[cfg(test)]
 pub(crate) mod testing {
     #![allow(clippy::unwrap_used)]

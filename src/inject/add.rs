@@ -9,6 +9,7 @@ use yaml_rust2::Yaml;
 use super::configmap::{self, Called};
 use super::pod::{Owner, position, with_parts};
 use super::probes::{self, ADMIN_PORT, Probes};
+use super::rbac::Watchers;
 use super::record::{ANNOTATION, Record};
 use super::sidecar::{self, CONTAINER, DRAIN_SECONDS, Mode, PLAIN_PRE_STOP_SECONDS, UID};
 use super::yaml::{get, get_mut, items, list_at, map_at, s, str_at};
@@ -21,6 +22,9 @@ pub struct Options {
     pub image: String,
     pub iptables_image: String,
     pub delivery: Delivery,
+    /// Who the input's RBAC lets watch EndpointSlices: their pods' upstreams in the
+    /// namespaces they may watch get `discovery = "kubernetes"`.
+    pub watchers: std::sync::Arc<Watchers>,
 }
 
 /// How the config reaches the sidecar.
@@ -184,14 +188,15 @@ fn inject_parts(
     } else {
         add_proxy_env(spec, &mut record, &mut warnings);
     }
-    let config = configmap::config_text(
-        owner,
-        &called,
-        &found,
-        app_port,
-        opts.capture,
-        ann.discovery,
-    );
+    let account = spec_account(spec).map(str::to_string);
+    let discovery = |c: &Called| match ann.discovery {
+        Some(d) => d,
+        None if may_watch(account.as_deref(), owner, &opts.watchers, c) => {
+            configmap::Discovery::Kubernetes
+        }
+        None => configmap::Discovery::Dns,
+    };
+    let config = configmap::config_text(owner, &called, &found, app_port, opts.capture, &discovery);
     let volume = match (opts.delivery, &ann.config_map) {
         (Delivery::ConfigMap, _) => sidecar::volume(&configmap::name_for(owner))?,
         (Delivery::Annotation, Some(name)) => sidecar::volume(name)?,
@@ -235,7 +240,7 @@ fn inject_parts(
     let config_map = configmap::document(owner, &config)?;
     Ok(Injected::Done {
         config_map,
-        summary: summary(owner, opts, &found, &called),
+        summary: summary(owner, opts, &found, &called, &discovery),
         warnings,
     })
 }
@@ -336,9 +341,9 @@ pub fn check_ports(spec: &Yaml) -> Result<(), String> {
 pub struct Annotations {
     /// `tollgate.io/config-map`: the ConfigMap to mount (the webhook).
     pub config_map: Option<String>,
-    /// `tollgate.io/discovery: kubernetes`: the namespace carries the RBAC to watch
-    /// EndpointSlices.
-    pub discovery: configmap::Discovery,
+    /// `tollgate.io/discovery`: `kubernetes` (the namespace carries the RBAC to watch
+    /// EndpointSlices) or `dns`, for every upstream; unset, the input's RBAC decides.
+    pub discovery: Option<configmap::Discovery>,
     /// `tollgate.io/mode: native|plain`, over `--plain`.
     pub mode: Option<Mode>,
     /// `tollgate.io/proxy-cpu` and `tollgate.io/proxy-memory`: the sidecar's requests
@@ -391,8 +396,9 @@ impl Annotations {
         }
         let text = |key: &str| ann.and_then(|a| str_at(a, key)).map(str::trim);
         let discovery = match text(DISCOVERY) {
-            None | Some("dns") => configmap::Discovery::Dns,
-            Some("kubernetes") => configmap::Discovery::Kubernetes,
+            None => None,
+            Some("dns") => Some(configmap::Discovery::Dns),
+            Some("kubernetes") => Some(configmap::Discovery::Kubernetes),
             Some(other) => {
                 return Err(format!(
                     "annotation {DISCOVERY}: `{other}` is neither dns nor kubernetes"
@@ -444,7 +450,38 @@ impl Annotations {
     }
 }
 
-fn summary(owner: &Owner, opts: &Options, found: &Probes, called: &[Called]) -> String {
+/// The pod's service account, when it has a token to call the API with: none when
+/// `automountServiceAccountToken: false`.
+fn spec_account(spec: &Yaml) -> Option<&str> {
+    if get(spec, "automountServiceAccountToken").and_then(Yaml::as_bool) == Some(false) {
+        return None;
+    }
+    Some(
+        str_at(spec, "serviceAccountName")
+            .or_else(|| str_at(spec, "serviceAccount"))
+            .unwrap_or("default"),
+    )
+}
+
+/// Whether the input's RBAC lets the pod's service account watch the EndpointSlices of
+/// the namespace `c` is called in.
+fn may_watch(account: Option<&str>, owner: &Owner, watchers: &Watchers, c: &Called) -> bool {
+    account.is_some_and(|account| {
+        watchers.may_watch(
+            owner.namespace.as_deref(),
+            account,
+            configmap::namespace_named(&c.host),
+        )
+    })
+}
+
+fn summary(
+    owner: &Owner,
+    opts: &Options,
+    found: &Probes,
+    called: &[Called],
+    discovery: &dyn Fn(&Called) -> configmap::Discovery,
+) -> String {
     let mut parts = vec![match opts.mode {
         Mode::Native => "native sidecar".to_string(),
         Mode::Plain => "plain sidecar".to_string(),
@@ -456,6 +493,17 @@ fn summary(owner: &Owner, opts: &Options, found: &Probes, called: &[Called]) -> 
         parts.push(format!(
             "probes moved to the admin port: {}",
             found.moved.join(", ")
+        ));
+    }
+    let watched: Vec<&str> = called
+        .iter()
+        .filter(|c| discovery(c) == configmap::Discovery::Kubernetes)
+        .map(|c| c.service.as_str())
+        .collect();
+    if !watched.is_empty() {
+        parts.push(format!(
+            "discovery from the Kubernetes API for {}",
+            watched.join(", ")
         ));
     }
     let upstreams: Vec<&str> = called.iter().map(|c| c.service.as_str()).collect();

@@ -43,6 +43,12 @@ pub enum Discovery {
     Kubernetes,
 }
 
+/// The namespace a host names (`ledger.finance`, `ledger.finance.svc...`: `finance`);
+/// `None` for a bare name, resolved in the pod's own.
+pub fn namespace_named(host: &str) -> Option<&str> {
+    host.split('.').nth(1)
+}
+
 /// The ConfigMap's name for a workload.
 pub fn name_for(owner: &Owner) -> String {
     format!("{}-tollgate", owner.name)
@@ -175,7 +181,7 @@ pub fn config_text(
     probes: &Probes,
     app_port: Option<u16>,
     capture: bool,
-    discovery: Discovery,
+    discovery: &dyn Fn(&Called) -> Discovery,
 ) -> String {
     let mut t = String::new();
     let _ = writeln!(
@@ -226,7 +232,7 @@ pub fn config_text(
         t.push_str("]\n");
     }
     for c in called {
-        upstream(&mut t, c, discovery);
+        upstream(&mut t, c, discovery(c));
     }
     if let Some(port) = app_port {
         inbound(&mut t, port, probes, capture);

@@ -17,6 +17,7 @@ mod diff;
 pub mod patch;
 mod pod;
 mod probes;
+mod rbac;
 mod record;
 mod remove;
 pub mod review;
@@ -145,6 +146,7 @@ fn options(args: &InjectArgs, delivery: Delivery) -> Options {
         image: args.image.clone(),
         iptables_image: args.iptables_image.clone(),
         delivery,
+        watchers: Default::default(),
     }
 }
 
@@ -269,6 +271,15 @@ pub fn transform(inputs: &[Input], action: &Action) -> Result<Output, String> {
         .filter(|d| yaml::str_at(d, "kind") == Some("ConfigMap"))
         .filter_map(|d| Some(yaml::str_at(yaml::get(d, "metadata")?, "name")?.to_string()))
         .collect();
+    // The input's RBAC: which pods may watch EndpointSlices.
+    let rbac = rbac::Watchers::read(parsed.iter().filter_map(|(_, _, d)| d.as_ref()));
+    let action = &match action {
+        Action::Inject(opts) => Action::Inject(Options {
+            watchers: std::sync::Arc::new(rbac),
+            ..opts.clone()
+        }),
+        Action::Uninject => Action::Uninject,
+    };
     let mut out = Output::default();
     for (source, chunk, doc) in parsed {
         let Some(doc) = doc else {

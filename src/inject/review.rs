@@ -164,6 +164,7 @@ mod tests {
             image: "tollgate:test".into(),
             iptables_image: "tollgate-iptables:test".into(),
             delivery: Delivery::Annotation,
+            watchers: Default::default(),
         }
     }
 

@@ -173,6 +173,7 @@ impl Families {
             attempts_per_request: self.attempts_per_request.with_label_values(l),
             request_duration: self.request_duration.with_label_values(l),
             attempt_duration: self.attempt_duration.with_label_values(l),
+            ok: OnceLock::new(),
             by_code: Default::default(),
             named: named.clone(),
             exhausted: self.exhausted.clone(),
@@ -404,6 +405,8 @@ pub struct UpstreamMetrics {
     pub attempts_per_request: Histogram,
     pub request_duration: Histogram,
     pub attempt_duration: Histogram,
+    /// `200` with outcome `ok`, nearly every request: one lookup instead of three.
+    ok: OnceLock<IntCounter>,
     /// `[outcome]` → `[status / 100 - 1]` → `[status % 100]`, filled on first use of
     /// each: a class is a hundred handles, made when its first code is seen.
     by_code: [OnceLock<Box<[Codes; 5]>>; Outcome::ALL.len()],
@@ -459,6 +462,9 @@ impl UpstreamMetrics {
     }
 
     fn request_counter(&self, status: u16, outcome: Outcome) -> &IntCounter {
+        if status == 200 && outcome == Outcome::Ok {
+            return self.ok.get_or_init(|| self.named.code(200, Outcome::Ok));
+        }
         let status = status.clamp(100, 599);
         let class = self.by_code[outcome.index()].get_or_init(Default::default);
         let codes = class[usize::from(status / 100 - 1)]

@@ -35,7 +35,7 @@ use tokio::time::{Instant, sleep_until, timeout_at};
 
 use super::body::{AppBody, ResponseBody};
 use super::h1::{self, Settings};
-use super::service::Service;
+use super::service::{AppResponse, Service};
 use super::watchdog::{ConnState, Verdict, verdict};
 use crate::config::ListenerConfig;
 use crate::http::fields::{host_problem, target_problem};
@@ -251,6 +251,26 @@ async fn drive<C: Future + ?Sized>(
     }
 }
 
+/// An HTTP/2 stream's answer. hyper drops a stream's future when its caller resets the
+/// stream; a service whose work outlives its caller ([`Service::OUTLIVES_CALLER`]: the
+/// inbound side, whose place in `max_inflight` must stay taken while its app works)
+/// runs on a task of its own instead, to its answer, which nobody reads then, as an
+/// HTTP/1.1 connection's loop runs it.
+async fn outliving<S: Service, F>(call: F) -> AppResponse
+where
+    F: Future<Output = AppResponse> + Send + 'static,
+{
+    if !S::OUTLIVES_CALLER {
+        return call.await;
+    }
+    match tokio::spawn(call).await {
+        Ok(answer) => answer,
+        Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
+        // Cancelled: only as the runtime shuts down, when nothing waits for an answer.
+        Err(_) => std::future::pending().await,
+    }
+}
+
 /// Serves one accepted connection from `peer` until it closes, times out or is drained.
 pub async fn serve<S: Service>(
     stream: TcpStream,
@@ -307,7 +327,9 @@ pub async fn serve_after<S: Service>(
                     // into the stream's task (and tokio once more as the task ends), and
                     // a request's future is kilobytes: one allocation costs far less than
                     // copying it each time. HTTP/1.1 pins it in place and needs no box.
-                    None => Ok(Box::pin(service.call(Box::new(req), &state))),
+                    None => Ok(Box::pin(outliving::<S, _>(
+                        service.call(Box::new(req), &state),
+                    ))),
                 };
                 async move {
                     Ok::<_, Infallible>(match answer {

@@ -47,7 +47,7 @@ use crate::http::framing::Framing;
 use crate::http::read::release;
 use crate::http::request::parse_request_head;
 use crate::http::write::WriteBuf;
-use crate::http::{KEEP_WRITE, WRITE_BATCH};
+use crate::http::{KEEP_WRITE, WRITE_BATCH, set_new_headers, set_new_uri};
 
 /// What one client connection needs to answer its requests.
 pub struct Settings<S> {
@@ -231,8 +231,6 @@ async fn respond<S>(
         return After::Close;
     }
     let keep_alive = asked.keep_alive && !settings.state.closing();
-    // Answered before a `100 Continue` went out: the app may never send the body.
-    let awaits_continue = lock(io).continue_left > 0;
     let written = write_response(
         io,
         wbuf,
@@ -244,7 +242,7 @@ async fn respond<S>(
     let Ok(kept) = written.await else {
         return After::Close;
     };
-    let unread = !lock(io).body_done() && (!kept || awaits_continue || !discard_body(io).await);
+    let unread = !lock(io).body_done() && (!kept || !discard_body(io).await);
     if !kept || unread {
         close(io, unread).await;
         return After::Close;
@@ -287,9 +285,9 @@ fn poll_head<S>(
                         empty,
                     })));
                     *req.method_mut() = head.method;
-                    *req.uri_mut() = head.uri;
+                    set_new_uri(req.uri_mut(), head.uri);
                     *req.version_mut() = head.version;
-                    *req.headers_mut() = head.headers;
+                    set_new_headers(req.headers_mut(), head.headers);
                     return Poll::Ready(Next::Request(Incoming {
                         req,
                         keep_alive: head.keep_alive,
@@ -342,8 +340,13 @@ async fn write_response(
     keep_alive: bool,
 ) -> io::Result<bool> {
     // The answer is final: no `100 Continue` may follow it, whoever reads the body
-    // later (an HTTP/2 upstream's connection reads it on a task of its own).
-    lock(io).continue_left = 0;
+    // later (an HTTP/2 upstream's connection reads it on a task of its own). Given
+    // before the `100 Continue` went out, with the body unread, it ends the connection:
+    // the app may never send that body.
+    let before_continue = {
+        let mut io = lock(io);
+        std::mem::take(&mut io.continue_left) > 0 && !io.body_done()
+    };
     wbuf.clear();
     let (framing, keep_alive) =
         write_head(wbuf.bytes_mut(), &resp, version, head_request, keep_alive);
@@ -401,7 +404,7 @@ async fn write_response(
         }
     })
     .await?;
-    Ok(keep_alive && !encoder.broken() && !encoder.to_close())
+    Ok(keep_alive && !before_continue && !encoder.broken() && !encoder.to_close())
 }
 
 /// Writes the response head: the response's own fields (hop-by-hop ones dropped), the
@@ -419,15 +422,20 @@ fn write_head(
     let code = status.as_u16();
     let bodiless = head_request || status.is_informational() || code == 204 || code == 304;
     let lengthless = status.is_informational() || code == 204;
-    wbuf.extend_from_slice(if version == Version::HTTP_10 {
-        b"HTTP/1.0 "
+    if code == 200 && version != Version::HTTP_10 {
+        // Nearly every answer: the line whole, with no status formatted or looked up.
+        wbuf.extend_from_slice(b"HTTP/1.1 200 OK\r\n");
     } else {
-        b"HTTP/1.1 "
-    });
-    wbuf.extend_from_slice(&status_digits(code));
-    wbuf.push(b' ');
-    wbuf.extend_from_slice(status.canonical_reason().unwrap_or("").as_bytes());
-    wbuf.extend_from_slice(b"\r\n");
+        wbuf.extend_from_slice(if version == Version::HTTP_10 {
+            b"HTTP/1.0 "
+        } else {
+            b"HTTP/1.1 "
+        });
+        wbuf.extend_from_slice(&status_digits(code));
+        wbuf.push(b' ');
+        wbuf.extend_from_slice(status.canonical_reason().unwrap_or("").as_bytes());
+        wbuf.extend_from_slice(b"\r\n");
+    }
     let added = body.added_fields();
     let mut length = None;
     let mut dated = false;

@@ -110,7 +110,7 @@ impl<'a> RequestHead<'a> {
         let mut req = Request::new(body);
         *req.method_mut() = self.method.clone();
         *req.version_mut() = Version::HTTP_2;
-        *req.uri_mut() = self.h2_uri();
+        crate::http::set_new_uri(req.uri_mut(), self.h2_uri());
         let added = self.fields.iter().count() + self.rare_fields().count();
         let mut headers = HeaderMap::with_capacity(self.headers.keys_len() + added + 1);
         for (name, value) in self.headers {
@@ -121,7 +121,7 @@ impl<'a> RequestHead<'a> {
         for (name, value) in self.added() {
             headers.append(name.clone(), value.clone());
         }
-        *req.headers_mut() = headers;
+        crate::http::set_new_headers(req.headers_mut(), headers);
         req
     }
 

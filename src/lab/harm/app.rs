@@ -29,11 +29,10 @@ use http::{Request, Response, StatusCode};
 use http_body::{Body, Frame};
 use http_body_util::{BodyExt, Either, Full};
 use hyper::body::Incoming;
-use tokio::net::TcpListener;
+use hyper_util::rt::TokioIo;
+use tokio::net::{TcpListener, TcpStream};
 use tokio::task::JoinHandle;
 use tokio::time::{Instant, Sleep};
-
-use crate::lab::backend::serve_http1;
 
 /// The most columns a row has.
 pub const MAX_COLUMNS: usize = 4;
@@ -69,6 +68,13 @@ pub struct Behaviour {
     /// From..to since the start of the row: every request answered 503 at once (the
     /// service gone behind its load balancer).
     pub outage: Option<(Duration, Duration)>,
+    /// Every answer closes its connection (`Connection: close`), so every call
+    /// connects anew: what a row about connecting needs.
+    pub close: bool,
+    /// Every `.0` from the start of the row, the upstream stops accepting for `.1`
+    /// (a busy accept loop) with an accept queue of [`ACCEPT_QUEUE`]: the SYNs that
+    /// find the queue full are dropped, and the kernel sends them again a second later.
+    pub accept_pauses: Option<(Duration, Duration)>,
 }
 
 impl Behaviour {
@@ -77,8 +83,14 @@ impl Behaviour {
         failures: None,
         stream: None,
         outage: None,
+        close: false,
+        accept_pauses: None,
     };
 }
+
+/// The accept queue of an upstream that pauses its accepting: room for the calls of
+/// a moment (a short wait for the accept loop is no overflow), not for a pause's.
+pub const ACCEPT_QUEUE: i32 = 32;
 
 /// Pieces of a streamed body.
 pub const STREAM_PIECES: u32 = 16;
@@ -220,7 +232,11 @@ impl App {
         let mut addrs = Vec::new();
         let mut tasks = Vec::new();
         for &addr in at {
-            let listener = TcpListener::bind(addr).await?;
+            let listener = if behaviour.accept_pauses.is_some() {
+                small_queue(addr)?
+            } else {
+                TcpListener::bind(addr).await?
+            };
             addrs.push(listener.local_addr()?);
             let replica = tasks.len();
             tasks.push(tokio::spawn(serve(listener, state.clone(), replica)));
@@ -247,21 +263,96 @@ pub async fn dead() -> std::io::Result<SocketAddr> {
     listener.local_addr()
 }
 
+/// A listener at `addr` whose accept queue holds [`ACCEPT_QUEUE`] connections.
+fn small_queue(addr: SocketAddr) -> std::io::Result<TcpListener> {
+    let domain = socket2::Domain::for_address(addr);
+    let sock = socket2::Socket::new(domain, socket2::Type::STREAM, None)?;
+    sock.bind(&addr.into())?;
+    sock.listen(ACCEPT_QUEUE)?;
+    sock.set_nonblocking(true)?;
+    TcpListener::from_std(sock.into())
+}
+
+/// Whether the upstream accepts `t` after the start of the row: `Err(until)` while it
+/// pauses, `Ok(until)` while it accepts (`None`: always); `until` from the start too.
+fn accepting(
+    pauses: Option<(Duration, Duration)>,
+    t: Duration,
+) -> Result<Option<Duration>, Duration> {
+    let Some((every, length)) = pauses.filter(|(every, _)| !every.is_zero()) else {
+        return Ok(None);
+    };
+    let k = (t.as_nanos() / every.as_nanos()) as u32;
+    let from = every * k;
+    // The first pause comes a period in, after the first calls.
+    if k >= 1 && t < from + length {
+        Err(from + length)
+    } else {
+        Ok(Some(from + every))
+    }
+}
+
 async fn serve(listener: TcpListener, state: Arc<State>, replica: usize) {
     let mut conns = tokio::task::JoinSet::new();
     loop {
+        let start = state.start;
+        let until = match accepting(state.behaviour.accept_pauses, start.elapsed()) {
+            Ok(until) => until.map(|u| start + u),
+            Err(resume) => {
+                tokio::time::sleep_until(start + resume).await;
+                continue;
+            }
+        };
         tokio::select! {
             r = listener.accept() => {
                 let Ok((stream, _)) = r else { continue };
                 let state = state.clone();
-                conns.spawn(serve_http1(stream, move |req| {
-                    let state = state.clone();
-                    async move { handle(&state, req, replica).await }
-                }));
+                conns.spawn(serve_conn(stream, state, replica));
             }
             // Reap finished connections so the set stays small.
             Some(_) = conns.join_next(), if !conns.is_empty() => {}
+            // A pause begins.
+            () = tokio::time::sleep_until(until.unwrap_or_else(Instant::now)), if until.is_some() => {}
         }
+    }
+}
+
+/// Spawns the tasks of an HTTP/2 connection on the runtime.
+#[derive(Clone, Copy)]
+struct Spawn;
+
+impl<F> hyper::rt::Executor<F> for Spawn
+where
+    F: std::future::Future + Send + 'static,
+    F::Output: Send + 'static,
+{
+    fn execute(&self, fut: F) {
+        tokio::spawn(fut);
+    }
+}
+
+/// One connection: HTTP/2 when it opens with the preface (prior knowledge, as gRPC
+/// clients speak cleartext), else HTTP/1.1. A client that half-closes its connection
+/// after its request still gets its answer, as from most servers (hyper's own default
+/// takes the end of input for a client gone).
+async fn serve_conn(stream: TcpStream, state: Arc<State>, replica: usize) {
+    let mut first = [0u8; 3];
+    let h2 = matches!(stream.peek(&mut first).await, Ok(3)) && &first == b"PRI";
+    let _ = stream.set_nodelay(true);
+    let svc = hyper::service::service_fn(move |req| {
+        let state = state.clone();
+        async move { Ok::<_, Infallible>(handle(&state, req, replica).await) }
+    });
+    let io = TokioIo::new(stream);
+    if h2 {
+        let _ = hyper::server::conn::http2::Builder::new(Spawn)
+            .serve_connection(io, svc)
+            .await;
+    } else {
+        let _ = hyper::server::conn::http1::Builder::new()
+            .half_close(true)
+            .serve_connection(io, svc)
+            .await;
     }
 }
 
@@ -292,9 +383,34 @@ fn log_normal(median: Duration, sigma: f64, rng: &mut fastrand::Rng) -> Duration
     )
 }
 
-type AppBody = Either<Full<Bytes>, Dribble>;
+type AppBody = Either<Either<Full<Bytes>, Dribble>, GrpcAnswer>;
+
+/// Whether a request is a gRPC call (`content-type: application/grpc…`).
+fn is_grpc(req: &Request<Incoming>) -> bool {
+    req.headers()
+        .get(http::header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.starts_with("application/grpc"))
+}
 
 async fn handle(state: &State, req: Request<Incoming>, replica: usize) -> Response<AppBody> {
+    let grpc = is_grpc(&req);
+    let close = state.behaviour.close && req.version() == http::Version::HTTP_11;
+    let mut resp = fate(state, req, replica).await;
+    if grpc {
+        resp = as_grpc(resp.status());
+    }
+    if close {
+        resp.headers_mut().insert(
+            http::header::CONNECTION,
+            http::HeaderValue::from_static("close"),
+        );
+    }
+    resp
+}
+
+/// The answer the row's upstream draws for a request.
+async fn fate(state: &State, req: Request<Incoming>, replica: usize) -> Response<AppBody> {
     let column = header_u64(&req, COLUMN).map_or(usize::MAX, |c| c as usize);
     let seq = header_u64(&req, SEQ);
     let attempt = seq.map_or(1, |seq| state.counters.arrived(column, seq));
@@ -340,12 +456,85 @@ async fn handle(state: &State, req: Request<Incoming>, replica: usize) -> Respon
 
 fn answer(status: StatusCode, stream: Option<Duration>) -> Response<AppBody> {
     let body = match stream {
-        Some(over) => Either::Right(Dribble::new(over)),
-        None => Either::Left(Full::new(Bytes::from_static(b"done"))),
+        Some(over) => Either::Left(Either::Right(Dribble::new(over))),
+        None => Either::Left(Either::Left(Full::new(Bytes::from_static(b"done")))),
     };
     let mut resp = Response::new(body);
     *resp.status_mut() = status;
     resp
+}
+
+/// The same fate as a gRPC server says it: a `200` with one message (`done`) and
+/// `grpc-status: 0` in the trailers; a failure as trailers-only, `UNAVAILABLE` (14)
+/// for a 503 and `INTERNAL` (13) for anything else.
+fn as_grpc(status: StatusCode) -> Response<AppBody> {
+    let grpc_status = match status {
+        StatusCode::OK => None,
+        StatusCode::SERVICE_UNAVAILABLE => Some("14"),
+        _ => Some("13"),
+    };
+    let body = match grpc_status {
+        None => GrpcAnswer::message(b"done"),
+        Some(_) => GrpcAnswer::empty(),
+    };
+    let mut resp = Response::new(Either::Right(body));
+    let h = resp.headers_mut();
+    h.insert(
+        http::header::CONTENT_TYPE,
+        http::HeaderValue::from_static("application/grpc"),
+    );
+    if let Some(code) = grpc_status {
+        h.insert("grpc-status", http::HeaderValue::from_static(code));
+    }
+    resp
+}
+
+/// A gRPC answer's body: one length-prefixed message, then `grpc-status: 0` in the
+/// trailers; or nothing at all (trailers-only: the status is in the head).
+pub struct GrpcAnswer {
+    message: Option<Bytes>,
+    trailers: Option<http::HeaderMap>,
+}
+
+impl GrpcAnswer {
+    fn message(payload: &[u8]) -> Self {
+        let mut framed = Vec::with_capacity(5 + payload.len());
+        framed.push(0);
+        framed.extend_from_slice(&(payload.len() as u32).to_be_bytes());
+        framed.extend_from_slice(payload);
+        let mut trailers = http::HeaderMap::new();
+        trailers.insert("grpc-status", http::HeaderValue::from_static("0"));
+        GrpcAnswer {
+            message: Some(Bytes::from(framed)),
+            trailers: Some(trailers),
+        }
+    }
+
+    fn empty() -> Self {
+        GrpcAnswer {
+            message: None,
+            trailers: None,
+        }
+    }
+}
+
+impl Body for GrpcAnswer {
+    type Data = Bytes;
+    type Error = Infallible;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        _cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
+        if let Some(m) = self.message.take() {
+            return Poll::Ready(Some(Ok(Frame::data(m))));
+        }
+        Poll::Ready(self.trailers.take().map(|t| Ok(Frame::trailers(t))))
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.message.is_none() && self.trailers.is_none()
+    }
 }
 
 /// A body that sends [`STREAM_PIECES`] pieces, evenly over its duration.
@@ -406,6 +595,17 @@ mod tests {
             .filter(|&s| draws(1, s, 1).f64() < 0.3)
             .count();
         assert!((2_800..3_200).contains(&failed), "{failed}");
+    }
+
+    #[test]
+    fn an_upstream_that_pauses_accepts_between_its_pauses() {
+        let ms = Duration::from_millis;
+        let p = Some((ms(1700), ms(400)));
+        assert_eq!(accepting(p, ms(500)), Ok(Some(ms(1700))));
+        assert_eq!(accepting(p, ms(1800)), Err(ms(2100)));
+        assert_eq!(accepting(p, ms(2100)), Ok(Some(ms(3400))));
+        assert_eq!(accepting(p, ms(3500)), Err(ms(3800)));
+        assert_eq!(accepting(None, ms(1800)), Ok(None));
     }
 
     #[test]

@@ -12,6 +12,10 @@
 //! is refused it dials the next one, as a client given a name with several addresses
 //! does; it never sends a request twice (a request canceled on a pooled connection
 //! before any byte left is sent on a new one, as hyper's pool does).
+//!
+//! A row may ask for another caller instead: one that writes its request and then
+//! half-closes its connection, as `nc -N` and some scripts do, or a real client
+//! program ([`super::program`]) run once per column on the same schedule.
 
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
@@ -22,6 +26,7 @@ use http::{HeaderValue, Method, Request};
 use http_body_util::{BodyExt, Full};
 use hyper::client::conn::http1::SendRequest;
 use hyper_util::rt::TokioIo;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::time::Instant;
 
@@ -71,6 +76,27 @@ impl Traffic {
         let paths = self.urls.paths("/item", at.len(), seed);
         at.into_iter().zip(paths).collect()
     }
+}
+
+/// The app's client in a row.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Caller {
+    /// The lab's own HTTP/1.1 client, keeping its connections alive.
+    Lab,
+    /// A connection a call: the request written, then the write side shut down (a FIN
+    /// while the answer is awaited), the answer read to its end.
+    HalfClose,
+    /// A real client program, one process a column ([`super::program`] runs it).
+    Program(Program),
+}
+
+/// A real client program.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Program {
+    /// Node with undici: `EnvHttpProxyAgent` through tollgate, an `Agent` direct.
+    Undici,
+    /// Python with grpcio: unary calls on an insecure channel.
+    Grpc,
 }
 
 /// Where one column sends.
@@ -129,10 +155,14 @@ pub const OUTCOMES: [&str; 23] = [
 ];
 
 fn outcome(v: &HeaderValue) -> &'static str {
-    let text = v.to_str().unwrap_or("other");
+    outcome_word(v.to_str().unwrap_or("other"))
+}
+
+/// An outcome tollgate named, as one of its static words (`other` when unknown).
+pub fn outcome_word(text: &str) -> &'static str {
     OUTCOMES
         .iter()
-        .find(|o| **o == text)
+        .find(|o| **o == text.trim())
         .copied()
         .unwrap_or("other")
 }
@@ -181,6 +211,7 @@ pub struct Client {
     target: Target,
     column: usize,
     pools: Vec<Pool>,
+    half_close: bool,
     /// Each call on a connection of its own (`Connection: close`), as a client
     /// without a pool.
     per_call: bool,
@@ -194,12 +225,13 @@ pub struct Call<'a> {
 }
 
 impl Client {
-    pub fn new(target: Target, column: usize) -> Self {
+    pub fn new(target: Target, column: usize, caller: Caller) -> Self {
         let pools = target.addrs.iter().map(|_| Pool::default()).collect();
         Client {
             target,
             column,
             pools,
+            half_close: caller == Caller::HalfClose,
             per_call: false,
         }
     }
@@ -262,8 +294,13 @@ impl Client {
             outcome: None,
             attempts: 0,
         };
-        let exchange = self.exchange(&call, traffic, &mut record);
-        let _ = tokio::time::timeout(traffic.patience, exchange).await;
+        if self.half_close {
+            let exchange = self.half_closing(&call, traffic, &mut record);
+            let _ = tokio::time::timeout(traffic.patience, exchange).await;
+        } else {
+            let exchange = self.exchange(&call, traffic, &mut record);
+            let _ = tokio::time::timeout(traffic.patience, exchange).await;
+        }
         record.latency = began.elapsed().min(traffic.patience);
         record
     }
@@ -327,6 +364,123 @@ impl Client {
                 pool.put(sender);
             }
             return;
+        }
+    }
+}
+
+impl Client {
+    /// One call on a connection of its own: the request written whole, the write side
+    /// shut down, the answer read. In turn over the addresses, and on a refused
+    /// connection the next one, as [`Client::exchange`].
+    async fn half_closing(&self, call: &Call<'_>, traffic: &Traffic, record: &mut Record) {
+        let Some(req) = self.request(call, traffic) else {
+            return;
+        };
+        let (parts, body) = req.into_parts();
+        let Ok(body) = body.collect().await.map(|b| b.to_bytes());
+        let mut wire = format!("{} {} HTTP/1.1\r\n", parts.method, parts.uri).into_bytes();
+        for (name, value) in &parts.headers {
+            wire.extend_from_slice(name.as_str().as_bytes());
+            wire.extend_from_slice(b": ");
+            wire.extend_from_slice(value.as_bytes());
+            wire.extend_from_slice(b"\r\n");
+        }
+        if !body.is_empty() {
+            wire.extend_from_slice(format!("content-length: {}\r\n", body.len()).as_bytes());
+        }
+        wire.extend_from_slice(b"\r\n");
+        wire.extend_from_slice(&body);
+        let n = self.target.addrs.len();
+        let first = call.seq as usize % n.max(1);
+        for k in 0..n {
+            let addr = self.target.addrs[(first + k) % n];
+            let Ok(mut stream) = TcpStream::connect(addr).await else {
+                continue;
+            };
+            if stream.write_all(&wire).await.is_err() || stream.shutdown().await.is_err() {
+                return;
+            }
+            if let Some(answer) = read_answer(&mut stream).await {
+                record.status = answer.status;
+                record.outcome = answer.outcome;
+                record.attempts = answer.attempts;
+                record.ok = answer.whole && answer.status == 200;
+            }
+            return;
+        }
+    }
+}
+
+/// An answer read off a connection the client has half-closed.
+struct RawAnswer {
+    status: u16,
+    outcome: Option<&'static str>,
+    attempts: u8,
+    /// Its body came to the end its head announced.
+    whole: bool,
+}
+
+/// The most an answer may take of memory here: the lab's are a few bytes.
+const RAW_MAX: usize = 1 << 20;
+
+/// Reads one HTTP/1.1 answer: its head, then its body by `Content-Length`, by chunks
+/// (to the last one) or to the end of the connection. `None`: no head came.
+async fn read_answer(stream: &mut TcpStream) -> Option<RawAnswer> {
+    let mut buf = Vec::with_capacity(1024);
+    let mut chunk = [0u8; 4096];
+    let mut eof = false;
+    loop {
+        let mut fields = [httparse::EMPTY_HEADER; 32];
+        let mut head = httparse::Response::new(&mut fields);
+        if let Ok(httparse::Status::Complete(len)) = head.parse(&buf) {
+            let status = head.code.unwrap_or(0);
+            let field = |name: &str| {
+                head.headers
+                    .iter()
+                    .find(|h| h.name.eq_ignore_ascii_case(name))
+                    .and_then(|h| std::str::from_utf8(h.value).ok())
+            };
+            let outcome = field("x-tollgate-outcome").map(outcome_word);
+            let attempts = field("x-tollgate-attempts")
+                .and_then(|v| v.trim().parse().ok())
+                .unwrap_or(0);
+            let length: Option<usize> = field("content-length").and_then(|v| v.trim().parse().ok());
+            let chunked = field("transfer-encoding")
+                .is_some_and(|v| v.to_ascii_lowercase().contains("chunked"));
+            let mut body = buf.split_off(len);
+            let whole = loop {
+                let done = match (length, chunked) {
+                    (Some(n), _) => body.len() >= n,
+                    (None, true) => body.ends_with(b"0\r\n\r\n"),
+                    // Delimited by the close.
+                    (None, false) => eof,
+                };
+                if done {
+                    break true;
+                }
+                if eof || body.len() > RAW_MAX {
+                    break false;
+                }
+                match stream.read(&mut chunk).await {
+                    Ok(0) => eof = true,
+                    Ok(n) => body.extend_from_slice(&chunk[..n]),
+                    Err(_) => break false,
+                }
+            };
+            return Some(RawAnswer {
+                status,
+                outcome,
+                attempts,
+                whole,
+            });
+        }
+        if eof || buf.len() > RAW_MAX {
+            return None;
+        }
+        match stream.read(&mut chunk).await {
+            Ok(0) => eof = true,
+            Ok(n) => buf.extend_from_slice(&chunk[..n]),
+            Err(_) => return None,
         }
     }
 }

@@ -8,6 +8,8 @@
 //!   fate from the call's number so that every column meets the same luck;
 //! - [`client`]: the app, the same HTTP client for every column, sending each call once
 //!   on an open-loop schedule over repeated URLs;
+//! - [`program`]: real client programs (Node's undici, Python's grpcio) as the app of
+//!   a row, one process a column on the same schedule;
 //! - [`rig`]: the real tollgate proxies (outbound, inbound sidecars) of each column;
 //! - [`netns`]: the node of the rows about Kubernetes Services, network namespaces of
 //!   their own; [`netns_row`]: one such row on it; [`netns_parts`]: what runs inside the
@@ -21,6 +23,7 @@ pub mod kube;
 pub mod netns;
 pub mod netns_parts;
 pub mod netns_row;
+pub mod program;
 pub mod report;
 pub mod rig;
 pub mod rows;
@@ -33,7 +36,7 @@ use tokio::time::Instant;
 
 use super::LabError;
 use app::Latency;
-use client::Client;
+use client::{Caller, Client};
 use rows::{Path, Row};
 use verdict::{Figures, Seen, Verdict};
 
@@ -185,18 +188,46 @@ pub async fn run_row(row: Row, seed: u64) -> Result<RowResult, LabError> {
     if let Some(shape) = row.service {
         return netns_row::run_row(row, shape, seed).await;
     }
-    // Time to start the proxies before the first call; the upstream's clock (its
-    // outage) starts with the calls.
-    let start = Instant::now() + Duration::from_millis(500);
+    // Time to start the proxies (and a row's client programs) before the first call;
+    // the upstream's clock (its outage) starts with the calls.
+    let lead = match row.caller {
+        Caller::Program(p) => {
+            if let Err(why) = p.available().await {
+                return Ok(RowResult {
+                    row,
+                    figures: Vec::new(),
+                    verdicts: Vec::new(),
+                    skipped: Some(why),
+                    shown: None,
+                });
+            }
+            program::LEAD
+        }
+        Caller::Lab | Caller::HalfClose => Duration::from_millis(500),
+    };
+    let start = Instant::now() + lead;
     let rig = rig::Rig::build(&row, seed, start).await?;
-    let clients: Vec<Arc<Client>> = rig
-        .targets
-        .iter()
-        .enumerate()
-        .map(|(i, t)| Arc::new(Client::new(t.clone(), i)))
-        .collect();
     let plan = Arc::new(row.traffic.plan(seed));
-    let records = client::drive(clients, plan, Arc::new(row.traffic.clone()), start).await;
+    let records = match row.caller {
+        Caller::Program(p) => {
+            match program::drive(p, &rig.targets, &plan, &row.traffic, start).await {
+                Ok(r) => r,
+                Err(e) => {
+                    rig.stop().await;
+                    return Err(e);
+                }
+            }
+        }
+        Caller::Lab | Caller::HalfClose => {
+            let clients: Vec<Arc<Client>> = rig
+                .targets
+                .iter()
+                .enumerate()
+                .map(|(i, t)| Arc::new(Client::new(t.clone(), i, row.caller)))
+                .collect();
+            client::drive(clients, plan, Arc::new(row.traffic.clone()), start).await
+        }
+    };
     let counters = &rig.app.counters;
     let direct = records.first().map(Vec::as_slice);
     let figures: Vec<Figures> = row

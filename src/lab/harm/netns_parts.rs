@@ -14,7 +14,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use tokio::time::Instant;
 
 use super::app::App;
-use super::client::{self, Client, Target};
+use super::client::{self, Caller, Client, Target};
 use super::kube::Api;
 use super::netns::{
     ADMIN, APP_PORT, CALLER, DIR, HEADLESS, PART, PODS, READY_WAIT, ROW, SEED, SVC_PORT, TOKEN,
@@ -231,7 +231,7 @@ async fn client(row: Row, shape: Shape, seed: u64) -> Result<(), String> {
         .into_iter()
         .enumerate()
         .map(|(i, t)| {
-            let c = Client::new(t, i);
+            let c = Client::new(t, i, Caller::Lab);
             Arc::new(if per_call { c.connection_per_call() } else { c })
         })
         .collect();

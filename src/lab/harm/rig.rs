@@ -8,7 +8,7 @@ use std::path::Path as FsPath;
 use tokio::time::Instant;
 
 use super::app::{self, App};
-use super::client::Target;
+use super::client::{Caller, Target};
 use super::rows::{Broken, Column, FIXED_LIMIT, Feature, Path, Replicas, Row};
 use crate::lab::LabError;
 use crate::lab::backend::Silent;
@@ -83,7 +83,7 @@ impl Rig {
     pub async fn build(row: &Row, seed: u64, start: Instant) -> Result<Rig, LabError> {
         let setup = |e: std::io::Error| LabError::Setup(e.to_string());
         let answering = match row.replicas {
-            Replicas::One => 1,
+            Replicas::One | Replicas::DualStack => 1,
             Replicas::Two | Replicas::ThreeOneBroken(_) => 2,
         };
         let app = App::start(row.behaviour, seed, start, answering)
@@ -103,6 +103,11 @@ impl Rig {
             };
             // The broken one first: the rotation of every client starts there.
             replicas.insert(0, addr);
+        }
+        if row.replicas == Replicas::DualStack {
+            // The same port on IPv6 loopback, where nothing listens, named first.
+            let port = replicas.first().map_or(0, SocketAddr::port);
+            replicas.insert(0, SocketAddr::from((std::net::Ipv6Addr::LOCALHOST, port)));
         }
         let mut rig = Rig {
             app,
@@ -154,7 +159,9 @@ impl Rig {
                 .await?;
                 let addr = proxy.server.local_addr();
                 self.proxies.push(proxy);
-                Ok(target(vec![addr], row.unknown_host))
+                // A real client program reaches tollgate as its `http_proxy`.
+                let proxied = matches!(row.caller, Caller::Program(_));
+                Ok(target(vec![addr], row.unknown_host || proxied))
             }
             Path::Sidecars => {
                 let mut sidecars = Vec::new();

@@ -8,7 +8,7 @@
 use std::time::Duration;
 
 use super::app::{Behaviour, Latency};
-use super::client::{Traffic, Urls};
+use super::client::{Caller, Program, Traffic, Urls};
 
 /// The replicas behind the service a row calls.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -19,6 +19,9 @@ pub enum Replicas {
     Two,
     /// Three, one of which is broken.
     ThreeOneBroken(Broken),
+    /// One, on IPv4 only, named by two addresses: `::1` (where nothing listens) first,
+    /// then `127.0.0.1`, as a pod's `localhost` resolves.
+    DualStack,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -139,6 +142,8 @@ pub struct Row {
     pub replicas: Replicas,
     /// The app calls, through `http_proxy`, a host no upstream of tollgate lists.
     pub unknown_host: bool,
+    /// The app's client.
+    pub caller: Caller,
     /// What the columns are, where it needs saying.
     pub note: Option<&'static str>,
     pub columns: Vec<Column>,
@@ -259,6 +264,7 @@ fn row(key: &'static str, what: &'static str, behaviour: Behaviour, traffic: Tra
         traffic,
         replicas: Replicas::One,
         unknown_host: false,
+        caller: Caller::Lab,
         note: None,
         columns: vec![DIRECT, TOLLGATE],
         service: None,
@@ -358,6 +364,7 @@ pub fn all() -> Vec<Row> {
     rows.push(fixed_limit());
     rows.extend(throttle_rows());
     rows.push(unknown_host());
+    rows.extend(client_rows());
     rows.extend(service_rows());
     rows
 }
@@ -576,6 +583,78 @@ fn unknown_host() -> Row {
             traffic(200.0, 5, Urls::Zipf(100)),
         )
     }
+}
+
+/// The clients teams run and the networks they run on: real client programs that
+/// reach tollgate through `http_proxy` with `CONNECT`, a client that half-closes, a
+/// slow connect, a name with an address that refuses.
+fn client_rows() -> Vec<Row> {
+    let program = |key, what, program, note| Row {
+        caller: Caller::Program(program),
+        note: Some(note),
+        ..row(
+            key,
+            what,
+            Behaviour::HEALTHY,
+            traffic(200.0, 5, Urls::Zipf(100)),
+        )
+    };
+    let connecting = Behaviour {
+        close: true,
+        ..Behaviour::HEALTHY
+    };
+    vec![
+        program(
+            "undici-proxy",
+            "Node's undici through http_proxy (EnvHttpProxyAgent: CONNECT app:80, then HTTP inside); Zipf over 100 URLs, 200/s",
+            Program::Undici,
+            "direct: the same node script with undici's Agent to the upstream's address; tollgate:              EnvHttpProxyAgent with http_proxy at tollgate, calling http://app/...",
+        ),
+        program(
+            "grpc-proxy",
+            "Python's grpcio through http_proxy (its C core sends CONNECT app:80, then HTTP/2); unary calls, 200/s",
+            Program::Grpc,
+            "direct: the same python script's channel to the upstream's address; tollgate:              http_proxy at tollgate, the channel's target app:80; the upstream answers gRPC              over h2c",
+        ),
+        Row {
+            caller: Caller::HalfClose,
+            note: Some(
+                "each call on a connection of its own: the request written, the write side shut                  down (nc -N), the answer read",
+            ),
+            ..row(
+                "half-close",
+                "a client that half-closes after its request; answers after 50 ms; Zipf over 100 URLs, 200/s",
+                waits(Latency::Fixed(ms(50))),
+                traffic(200.0, 5, Urls::Zipf(100)),
+            )
+        },
+        Row {
+            note: Some(
+                "every answer closes its connection, so every call connects anew; a SYN that finds                  the queue full is dropped and sent again a second later, past the 200 ms                  connect_timeout",
+            ),
+            ..row(
+                "accept-queue-full",
+                "the upstream stops accepting for 400 ms every 1.7 s, its accept queue (32) full; Zipf over 100 URLs, 200/s",
+                Behaviour {
+                    accept_pauses: Some((ms(1700), ms(400))),
+                    ..connecting
+                },
+                traffic(200.0, 5, Urls::Zipf(100)),
+            )
+        },
+        Row {
+            replicas: Replicas::DualStack,
+            note: Some(
+                "the endpoints [::1]:PORT then 127.0.0.1:PORT, nothing listening on ::1; every                  answer closes its connection; direct: the same client takes the two in turn                  and dials the other when a connection is refused",
+            ),
+            ..row(
+                "dual-stack",
+                "a name resolving to ::1 then 127.0.0.1, the upstream on IPv4 only; Zipf over 100 URLs, 200/s",
+                connecting,
+                traffic(200.0, 5, Urls::Zipf(100)),
+            )
+        },
+    ]
 }
 
 /// How a row's Kubernetes Service reaches its pods.

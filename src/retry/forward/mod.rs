@@ -413,6 +413,7 @@ impl<'a, A: AppBody> Call<'a, A> {
 
     /// An endpoint for the next attempt: round-robin, away from `avoid` and from any
     /// whose TLS failed for this request.
+    #[inline]
     fn pick(&self, avoid: Option<usize>) -> Option<Arc<Endpoint<ReplayBody<A>>>> {
         if let Some((endpoint, _)) = self.stuck {
             // Gone (the pod was removed): nowhere the key is known.
