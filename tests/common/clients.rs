@@ -1,6 +1,6 @@
 //! The real client programs some tests run, installed from their registries into the
 //! tests' own directory once and reused: Node's undici from the npm registry, Python's
-//! grpcio from the Python package index. A client that cannot be installed (no `npm`,
+//! grpcio and requests from the Python package index. A client that cannot be installed (no `npm`,
 //! no network) skips the test that needs it, loudly; under `CI` it fails the test.
 //! Included by the test files that need it (`#[path]`), not by every test binary; each
 //! uses the clients it needs.
@@ -43,16 +43,33 @@ pub fn undici() -> Option<PathBuf> {
 /// A directory with grpcio in it (`pip install --target`, so no venv and no system
 /// install), for `PYTHONPATH`; or `None` when it could not be installed.
 pub fn grpcio() -> Option<PathBuf> {
-    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("grpcio");
-    let has_grpc = || {
+    pip_target("grpcio", "grpc")
+}
+
+/// A directory with requests (and its urllib3) in it, as [`grpcio`]; or `None` when
+/// it could not be installed.
+pub fn requests() -> Option<PathBuf> {
+    pip_target("requests", "requests")
+}
+
+/// `package`, installed with `pip install --target` into a directory of the tests'
+/// own, once: the directory, where `import module` finds it (not a copy installed
+/// elsewhere), or `None` when it could not be installed.
+fn pip_target(package: &str, module: &str) -> Option<PathBuf> {
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join(package);
+    let found_there = || {
+        let probe = format!(
+            "import sys, {module}; sys.exit(0 if {module}.__file__.startswith(sys.argv[1]) else 1)"
+        );
         Command::new("python3")
-            .args(["-c", "import grpc"])
+            .args(["-c", &probe])
+            .arg(&dir)
             .env("PYTHONPATH", &dir)
             .stderr(std::process::Stdio::null())
             .status()
             .is_ok_and(|s| s.success())
     };
-    if has_grpc() {
+    if found_there() {
         return Some(dir);
     }
     let installed = Command::new("python3")
@@ -65,12 +82,17 @@ pub fn grpcio() -> Option<PathBuf> {
         ])
         .args(["--upgrade", "--target"])
         .arg(&dir)
-        .arg("grpcio")
+        .arg(package)
+        // The tests run as root in CI: pip's warning about that is noise in their log.
+        .env("PIP_ROOT_USER_ACTION", "ignore")
         .status();
     match installed {
-        Ok(s) if s.success() && has_grpc() => Some(dir),
+        Ok(s) if s.success() && found_there() => Some(dir),
         other => {
-            missing("grpcio (pip install grpcio)", &format!("{other:?}"));
+            missing(
+                &format!("{package} (pip install {package})"),
+                &format!("{other:?}"),
+            );
             None
         }
     }

@@ -75,6 +75,9 @@ pub struct Behaviour {
     /// (a busy accept loop) with an accept queue of [`ACCEPT_QUEUE`]: the SYNs that
     /// find the queue full are dropped, and the kernel sends them again a second later.
     pub accept_pauses: Option<(Duration, Duration)>,
+    /// Header fields every answer carries besides its own (`x-field-N: N`): a head
+    /// with more fields than a parser makes room for by default.
+    pub fields: u16,
 }
 
 impl Behaviour {
@@ -85,6 +88,7 @@ impl Behaviour {
         outage: None,
         close: false,
         accept_pauses: None,
+        fields: 0,
     };
 }
 
@@ -193,6 +197,8 @@ struct State {
     seed: u64,
     start: Instant,
     counters: Arc<Counters>,
+    /// The behaviour's extra header fields.
+    fields: http::HeaderMap,
 }
 
 /// The app: one process listening on one address per replica, all alike.
@@ -228,6 +234,7 @@ impl App {
             seed,
             start,
             counters: counters.clone(),
+            fields: extra_fields(behaviour.fields),
         });
         let mut addrs = Vec::new();
         let mut tasks = Vec::new();
@@ -406,7 +413,22 @@ async fn handle(state: &State, req: Request<Incoming>, replica: usize) -> Respon
             http::HeaderValue::from_static("close"),
         );
     }
+    let headers = resp.headers_mut();
+    for (name, value) in &state.fields {
+        headers.append(name.clone(), value.clone());
+    }
     resp
+}
+
+/// `x-field-N: N` for N below `n`, made once for every answer.
+fn extra_fields(n: u16) -> http::HeaderMap {
+    let mut fields = http::HeaderMap::new();
+    for i in 0..n {
+        if let Ok(name) = http::HeaderName::try_from(format!("x-field-{i}")) {
+            fields.insert(name, http::HeaderValue::from(i));
+        }
+    }
+    fields
 }
 
 /// The answer the row's upstream draws for a request.
@@ -606,6 +628,18 @@ mod tests {
         assert_eq!(accepting(p, ms(2100)), Ok(Some(ms(3400))));
         assert_eq!(accepting(p, ms(3500)), Err(ms(3800)));
         assert_eq!(accepting(None, ms(1800)), Ok(None));
+    }
+
+    #[test]
+    fn many_fields_are_as_many_distinct_fields() {
+        let fields = extra_fields(130);
+        assert_eq!(fields.len(), 130);
+        assert_eq!(fields.keys_len(), 130);
+        assert_eq!(
+            fields.get("x-field-129").and_then(|v| v.to_str().ok()),
+            Some("129")
+        );
+        assert!(extra_fields(0).is_empty());
     }
 
     #[test]

@@ -97,6 +97,8 @@ pub enum Program {
     Undici,
     /// Python with grpcio: unary calls on an insecure channel.
     Grpc,
+    /// Python with requests: small POSTs, through `http_proxy` when it is set.
+    Requests,
 }
 
 /// Where one column sends.
@@ -196,10 +198,16 @@ impl Pool {
     }
 }
 
+/// The most header fields the client takes in an answer: room for any the rows send
+/// (hyper's own default, 100, would fail the many-fields row on both sides alike).
+const MAX_FIELDS: usize = 512;
+
 async fn connect(addr: SocketAddr) -> std::io::Result<Sender> {
     let stream = TcpStream::connect(addr).await?;
     let _ = stream.set_nodelay(true);
-    let (sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+    let (sender, conn) = hyper::client::conn::http1::Builder::new()
+        .max_headers(MAX_FIELDS)
+        .handshake(TokioIo::new(stream))
         .await
         .map_err(std::io::Error::other)?;
     tokio::spawn(conn);

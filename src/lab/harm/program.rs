@@ -1,14 +1,15 @@
-//! Real client programs as the app of a harm row: Node's undici and Python's grpcio,
-//! the clients teams run, which reach tollgate through `http_proxy` by sending
-//! `CONNECT host:80` even for plain `http://`. The lab's own client cannot show what
-//! they do, so each column runs the program itself: the same script, the same plan
-//! (its calls' instants and paths on stdin), the same start on the wall clock, with
-//! `http_proxy` pointing at tollgate or unset; it prints one line a call, read back
-//! as the column's records.
+//! Real client programs as the app of a harm row: Node's undici, Python's grpcio and
+//! Python's requests, the clients teams run, which reach tollgate through `http_proxy`:
+//! undici and grpcio by sending `CONNECT host:80` even for plain `http://`, requests
+//! with the request in absolute form on a connection that leaves Nagle's algorithm on.
+//! The lab's own client cannot show what they do, so each column runs the program
+//! itself: the same script, the same plan (its calls' instants and paths on stdin), the
+//! same start on the wall clock, with `http_proxy` pointing at tollgate or unset; it
+//! prints one line a call, read back as the column's records.
 //!
 //! The programs are not part of tollgate: a row whose program cannot run here (no
-//! `node` that finds undici, through `NODE_PATH`; no `python3` that finds grpcio,
-//! through `PYTHONPATH` or a venv) is skipped and says how to install it.
+//! `node` that finds undici, through `NODE_PATH`; no `python3` that finds grpcio or
+//! requests, through `PYTHONPATH` or a venv) is skipped and says how to install it.
 
 use std::process::Stdio;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -43,13 +44,14 @@ impl Program {
         match self {
             Program::Undici => "node with undici",
             Program::Grpc => "python3 with grpcio",
+            Program::Requests => "python3 with requests",
         }
     }
 
     fn interpreter(self) -> &'static str {
         match self {
             Program::Undici => "node",
-            Program::Grpc => "python3",
+            Program::Grpc | Program::Requests => "python3",
         }
     }
 
@@ -57,7 +59,7 @@ impl Program {
     fn inline(self) -> &'static str {
         match self {
             Program::Undici => "-e",
-            Program::Grpc => "-c",
+            Program::Grpc | Program::Requests => "-c",
         }
     }
 
@@ -65,6 +67,7 @@ impl Program {
         match self {
             Program::Undici => include_str!("programs/undici.js"),
             Program::Grpc => include_str!("programs/grpc_client.py"),
+            Program::Requests => include_str!("programs/requests_post.py"),
         }
     }
 
@@ -75,6 +78,7 @@ impl Program {
                 "if (typeof require('undici').EnvHttpProxyAgent !== 'function') process.exit(1)"
             }
             Program::Grpc => "import grpc",
+            Program::Requests => "import requests",
         }
     }
 
@@ -86,6 +90,10 @@ impl Program {
             Program::Grpc => {
                 "`python3 -m pip install --target DIR grpcio` from the Python package index and \
                  set PYTHONPATH to DIR (or a venv with grpcio first on PATH)"
+            }
+            Program::Requests => {
+                "`python3 -m pip install --target DIR requests` from the Python package index \
+                 and set PYTHONPATH to DIR (or a venv with requests first on PATH)"
             }
         }
     }

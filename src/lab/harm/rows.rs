@@ -586,8 +586,9 @@ fn unknown_host() -> Row {
 }
 
 /// The clients teams run and the networks they run on: real client programs that
-/// reach tollgate through `http_proxy` with `CONNECT`, a client that half-closes, a
-/// slow connect, a name with an address that refuses.
+/// reach tollgate through `http_proxy` (with `CONNECT`, or with Nagle's algorithm on),
+/// a client that half-closes, a slow connect, a name with an address that refuses,
+/// and an upstream whose answers carry many header fields.
 fn client_rows() -> Vec<Row> {
     let program = |key, what, program, note| Row {
         caller: Caller::Program(program),
@@ -616,6 +617,21 @@ fn client_rows() -> Vec<Row> {
             Program::Grpc,
             "direct: the same python script's channel to the upstream's address; tollgate:              http_proxy at tollgate, the channel's target app:80; the upstream answers gRPC              over h2c",
         ),
+        Row {
+            traffic: Traffic {
+                post: true,
+                ..traffic(100.0, 10, Urls::Zipf(100))
+            },
+            ..program(
+                "requests-post",
+                "Python's requests POSTing a small JSON body through http_proxy (absolute form, Nagle on); Zipf over 100 URLs, 100/s",
+                Program::Requests,
+                "direct: the same python script straight to the upstream's address (urllib3 turns \
+                 Nagle off there); tollgate: http_proxy at tollgate, calling http://app/..., on \
+                 connections where urllib3 leaves Nagle on, so each body waits for its head's \
+                 ACK; +p50/hop shows a delayed ACK (40 ms) if tollgate holds one back",
+            )
+        },
         Row {
             caller: Caller::HalfClose,
             note: Some(
@@ -654,6 +670,15 @@ fn client_rows() -> Vec<Row> {
                 traffic(200.0, 5, Urls::Zipf(100)),
             )
         },
+        row(
+            "many-fields",
+            "every answer carries 130 header fields besides its own; Zipf over 100 URLs, 250/s",
+            Behaviour {
+                fields: 130,
+                ..Behaviour::HEALTHY
+            },
+            traffic(250.0, 4, Urls::Zipf(100)),
+        ),
     ]
 }
 
