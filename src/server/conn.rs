@@ -251,23 +251,26 @@ async fn drive<C: Future + ?Sized>(
     }
 }
 
-/// An HTTP/2 stream's answer. hyper drops a stream's future when its caller resets the
-/// stream; a service whose work outlives its caller ([`Service::OUTLIVES_CALLER`]: the
-/// inbound side, whose place in `max_inflight` must stay taken while its app works)
-/// runs on a task of its own instead, to its answer, which nobody reads then, as an
-/// HTTP/1.1 connection's loop runs it.
-async fn outliving<S: Service, F>(call: F) -> AppResponse
+/// An HTTP/2 stream's answer, as hyper polls it.
+type Answering = Pin<Box<dyn Future<Output = AppResponse> + Send>>;
+
+/// An HTTP/2 stream's answer from a service whose work outlives its caller
+/// ([`Service::OUTLIVES_CALLER`]: the inbound side, whose place in `max_inflight` must
+/// stay taken while its app works). hyper drops a stream's future when its caller resets
+/// the stream, so the work runs on a task of its own, to its answer, which nobody reads
+/// then, as an HTTP/1.1 connection's loop runs it.
+fn outliving<F>(call: F) -> impl Future<Output = AppResponse> + Send
 where
     F: Future<Output = AppResponse> + Send + 'static,
 {
-    if !S::OUTLIVES_CALLER {
-        return call.await;
-    }
-    match tokio::spawn(call).await {
-        Ok(answer) => answer,
-        Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
-        // Cancelled: only as the runtime shuts down, when nothing waits for an answer.
-        Err(_) => std::future::pending().await,
+    let work = tokio::spawn(call);
+    async move {
+        match work.await {
+            Ok(answer) => answer,
+            Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
+            // Cancelled: only as the runtime shuts down, when nothing waits for an answer.
+            Err(_) => std::future::pending().await,
+        }
     }
 }
 
@@ -327,9 +330,15 @@ pub async fn serve_after<S: Service>(
                     // into the stream's task (and tokio once more as the task ends), and
                     // a request's future is kilobytes: one allocation costs far less than
                     // copying it each time. HTTP/1.1 pins it in place and needs no box.
-                    None => Ok(Box::pin(outliving::<S, _>(
-                        service.call(Box::new(req), &state),
-                    ))),
+                    None => {
+                        let call = service.call(Box::new(req), &state);
+                        let answering: Answering = if S::OUTLIVES_CALLER {
+                            Box::pin(outliving(call))
+                        } else {
+                            Box::pin(call)
+                        };
+                        Ok(answering)
+                    }
                 };
                 async move {
                     Ok::<_, Infallible>(match answer {
