@@ -821,36 +821,6 @@ async fn connections_beyond_max_connections_are_closed_at_once() {
     tg.stop().await;
 }
 
-/// Reads one response with a `Content-Length` body off `s` (bounded), leaving the
-/// connection open.
-async fn read_one(s: &mut TcpStream) -> String {
-    let mut got = Vec::new();
-    let mut buf = [0u8; 4096];
-    let limit = Instant::now() + Duration::from_secs(10);
-    loop {
-        if let Some(end) = got.windows(4).position(|w| w == b"\r\n\r\n") {
-            let head = String::from_utf8_lossy(&got[..end]).to_ascii_lowercase();
-            let len: usize = head
-                .lines()
-                .find_map(|l| l.strip_prefix("content-length:"))
-                .map_or(0, |v| v.trim().parse().unwrap());
-            if got.len() >= end + 4 + len {
-                return String::from_utf8_lossy(&got).into_owned();
-            }
-        }
-        let n = tokio::time::timeout_at(limit, s.read(&mut buf))
-            .await
-            .expect("no whole response in 10 s")
-            .unwrap();
-        assert!(
-            n > 0,
-            "closed before a whole response: {:?}",
-            String::from_utf8_lossy(&got)
-        );
-        got.extend_from_slice(&buf[..n]);
-    }
-}
-
 /// An answer that comes before the app has sent its small body (an upstream that
 /// answers without reading it, a refusal) keeps the connection, as nginx does: the
 /// body is read and thrown away when it comes, and the app's next request on the
@@ -868,7 +838,7 @@ async fn an_early_answer_to_a_small_body_keeps_the_connection() {
         .await
         .unwrap();
         // The answer comes before the body is sent.
-        let first = read_one(&mut s).await;
+        let first = read_one_response(&mut s).await;
         assert_eq!(statuses(&first), vec![status], "{host}: {first}");
         assert!(
             !first.to_ascii_lowercase().contains("connection: close"),

@@ -10,44 +10,11 @@
 
 mod common;
 
-use std::time::Duration;
-
 use common::config::Config;
 use common::*;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
 use tollgate::server::socket::quick_acks;
-
-/// Reads one response with a `Content-Length` body off `s`.
-async fn read_response(s: &mut TcpStream) -> String {
-    let mut got = Vec::new();
-    let mut buf = [0u8; 4096];
-    let read = async {
-        loop {
-            if let Some(end) = got.windows(4).position(|w| w == b"\r\n\r\n") {
-                let head = String::from_utf8_lossy(&got[..end]).to_ascii_lowercase();
-                let len: usize = head
-                    .lines()
-                    .find_map(|l| l.strip_prefix("content-length:"))
-                    .map_or(0, |v| v.trim().parse().unwrap());
-                if got.len() >= end + 4 + len {
-                    return;
-                }
-            }
-            let n = s.read(&mut buf).await.unwrap();
-            assert!(
-                n > 0,
-                "closed before a whole response: {:?}",
-                String::from_utf8_lossy(&got)
-            );
-            got.extend_from_slice(&buf[..n]);
-        }
-    };
-    tokio::time::timeout(Duration::from_secs(10), read)
-        .await
-        .expect("no response in 10 s");
-    String::from_utf8_lossy(&got).into_owned()
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn only_a_head_without_its_body_is_acknowledged_at_once() {
@@ -62,14 +29,14 @@ async fn only_a_head_without_its_body_is_acknowledged_at_once() {
     s.write_all(b"GET / HTTP/1.1\r\nHost: app\r\n\r\n")
         .await
         .unwrap();
-    assert!(read_response(&mut s).await.starts_with("HTTP/1.1 200"));
+    assert!(read_one_response(&mut s).await.starts_with("HTTP/1.1 200"));
     assert_eq!(quick_acks(), before, "a GET without a body made the call");
 
     // A POST whose body comes with its head: no call.
     s.write_all(b"POST / HTTP/1.1\r\nHost: app\r\nContent-Length: 5\r\n\r\nhello")
         .await
         .unwrap();
-    assert!(read_response(&mut s).await.starts_with("HTTP/1.1 200"));
+    assert!(read_one_response(&mut s).await.starts_with("HTTP/1.1 200"));
     assert_eq!(quick_acks(), before, "a head with its body made the call");
 
     // Head, then body, in two writes with Nagle on: the head is acknowledged at once.
@@ -80,7 +47,7 @@ async fn only_a_head_without_its_body_is_acknowledged_at_once() {
             .await
             .unwrap();
         s.write_all(b"hello").await.unwrap();
-        assert!(read_response(&mut s).await.starts_with("HTTP/1.1 200"));
+        assert!(read_one_response(&mut s).await.starts_with("HTTP/1.1 200"));
     }
     let acked = quick_acks() - before;
     assert!(

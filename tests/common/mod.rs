@@ -835,3 +835,33 @@ pub async fn read_until_close(s: &mut TcpStream) -> String {
     }
     String::from_utf8_lossy(&out).into_owned()
 }
+
+/// Reads one response with a `Content-Length` body off `s` (bounded: 10 s), leaving the
+/// connection open; panics, with what came, if it closes first.
+pub async fn read_one_response(s: &mut TcpStream) -> String {
+    let mut got = Vec::new();
+    let mut buf = [0u8; 4096];
+    let limit = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        if let Some(end) = got.windows(4).position(|w| w == b"\r\n\r\n") {
+            let head = String::from_utf8_lossy(&got[..end]).to_ascii_lowercase();
+            let len: usize = head
+                .lines()
+                .find_map(|l| l.strip_prefix("content-length:"))
+                .map_or(0, |v| v.trim().parse().unwrap());
+            if got.len() >= end + 4 + len {
+                return String::from_utf8_lossy(&got).into_owned();
+            }
+        }
+        let n = tokio::time::timeout_at(limit, s.read(&mut buf))
+            .await
+            .expect("no whole response in 10 s")
+            .unwrap();
+        assert!(
+            n > 0,
+            "closed before a whole response: {:?}",
+            String::from_utf8_lossy(&got)
+        );
+        got.extend_from_slice(&buf[..n]);
+    }
+}
