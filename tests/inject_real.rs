@@ -63,21 +63,8 @@ fn settings(config: &str) -> Vec<&str> {
 
 /// The config passes `tollgate check --strict`.
 fn check_strict(name: &str, config: &str) {
-    let dir = TempDir::new("inject-real-check");
-    let path = dir.path().join("tollgate.toml");
-    std::fs::write(&path, config).unwrap();
-    let out = Command::new(common::binary())
-        .args(["check", "--strict", "--config"])
-        .arg(&path)
-        .output()
-        .unwrap();
-    assert_eq!(
-        out.status.code(),
-        Some(0),
-        "{name}: check --strict:\n{}{}\n{config}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let (code, text) = manifests::check_strict(config);
+    assert_eq!(code, Some(0), "{name}: check --strict:\n{text}\n{config}");
 }
 
 /// `kubernetes-validate --strict` against Kubernetes 1.29 (the first with native

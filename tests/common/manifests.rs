@@ -28,6 +28,22 @@ pub fn inject(args: &[&str], stdin: Option<&str>) -> (i32, String, String) {
     )
 }
 
+/// `tollgate check --strict` on `config` written to a file of its own: (exit code, what
+/// it printed on stdout and stderr).
+pub fn check_strict(config: &str) -> (Option<i32>, String) {
+    let dir = crate::common::tempdir::TempDir::new("inject-check");
+    let path = dir.path().join("tollgate.toml");
+    std::fs::write(&path, config).unwrap();
+    let out = Command::new(crate::common::binary())
+        .args(["check", "--strict", "--config"])
+        .arg(&path)
+        .output()
+        .unwrap();
+    let text =
+        String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
+    (out.status.code(), text)
+}
+
 /// The documents, read as Kubernetes reads them (YAML 1.1: `0440` is octal).
 pub fn docs(text: &str) -> Vec<Yaml> {
     tollgate::inject::yaml::load(text).unwrap()
