@@ -194,14 +194,23 @@ impl Cluster {
         };
         cluster.wait_etcd(&etcd_url).await?;
         cluster.run_apiserver().await?;
-        // The namespace the API server's own controller makes after it is up.
+        // The namespace the API server's own controller makes after it is up, and the
+        // `kubernetes` Service it makes once its ClusterIP allocator serves: a Service
+        // posted before that is refused with 500 "range is full".
         let deadline = Instant::now() + READY_WAIT;
         loop {
-            if cluster.get("/api/v1/namespaces/default").await.0 == 200 {
+            if cluster.get("/api/v1/namespaces/default").await.0 == 200
+                && cluster
+                    .get("/api/v1/namespaces/default/services/kubernetes")
+                    .await
+                    .0
+                    == 200
+            {
                 break;
             }
             if Instant::now() > deadline {
-                return Err(cluster.failure("the default namespace did not appear"));
+                return Err(cluster
+                    .failure("the default namespace and its kubernetes Service did not appear"));
             }
             tokio::time::sleep(Duration::from_millis(100)).await;
         }

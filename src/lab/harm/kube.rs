@@ -35,6 +35,9 @@ const ETCD_PEER: &str = "http://127.0.0.1:2380";
 pub const SERVICE: &str = "payments";
 pub const NAMESPACE: &str = "default";
 pub const PORT_NAME: &str = "http";
+/// The Service the API server makes for itself once it can allocate ClusterIPs.
+const KUBERNETES_SERVICE: &str = "/api/v1/namespaces/default/services/kubernetes";
+
 /// How long the API may take to be ready.
 pub const READY_WAIT: Duration = Duration::from_secs(90);
 
@@ -170,8 +173,10 @@ pub struct Api {
 }
 
 impl Api {
-    /// Once the API server has made its certificate and is ready, and the `default`
-    /// namespace exists (its own controller makes it).
+    /// Once the API server has made its certificate and is ready: the `default` namespace
+    /// exists and so does its `kubernetes` Service. Its own controllers make both, the
+    /// Service only once the ClusterIP allocator serves; a Service posted before that is
+    /// refused with 500 "range is full".
     pub async fn ready(dir: &Path, token: String) -> Result<Api, String> {
         let until = Instant::now() + READY_WAIT;
         let ca = ca_file(dir);
@@ -187,7 +192,9 @@ impl Api {
         let api = Api { tls, token };
         let ns = format!("/api/v1/namespaces/{NAMESPACE}");
         loop {
-            if api.send(Method::GET, &ns, None).await.0 == 200 {
+            if api.send(Method::GET, &ns, None).await.0 == 200
+                && api.send(Method::GET, KUBERNETES_SERVICE, None).await.0 == 200
+            {
                 return Ok(api);
             }
             if Instant::now() > until {
