@@ -82,8 +82,8 @@ pub fn check(root: &Path) -> Result<Vec<String>, String> {
     Ok(found)
 }
 
-/// Reads `src/` of the crate at `root` (the binary's `main.rs` aside: it uses the
-/// library).
+/// Reads `src/` of the crate at `root` (the binaries aside, `main.rs` and `bin/`: they use
+/// the library).
 pub fn read(root: &Path) -> Result<Graph, String> {
     let mut files = BTreeMap::new();
     collect(root, Path::new("src"), &[], &mut files)?;
@@ -126,6 +126,9 @@ fn collect(
     for name in names {
         let path = dir.join(&name);
         if root.join(&path).is_dir() {
+            if module.is_empty() && name == "bin" {
+                continue; // the other binaries: they use the library
+            }
             let mut sub = module.to_vec();
             sub.push(name);
             collect(root, &path, &sub, files)?;

@@ -115,7 +115,8 @@ hadolint deploy/Dockerfile || fail "hadolint found problems in deploy/Dockerfile
 final_stage=$(awk '/^FROM /{buf=""} {buf=buf $0 "\n"} END{printf "%s", buf}' deploy/Dockerfile)
 for want in 'USER 65532:65532' 'EXPOSE 15001 15006 15090' 'ENTRYPOINT ["tollgate", "run"]' \
   'TOLLGATE_CONFIG=/etc/tollgate/tollgate.toml' 'COPY --from=binary /usr/bin/sleep /bin/sleep' \
-  'COPY --from=binary /out/tollgate /usr/local/bin/tollgate' 'FROM ${RUNTIME_BASE} AS runtime'; do
+  'COPY --from=binary /out/tollgate /usr/local/bin/tollgate' 'FROM ${RUNTIME_BASE} AS runtime' \
+  'COPY --from=binary /out/tollgate-proxy /usr/local/bin/tollgate-proxy'; do
   grep -qF -- "$want" <<<"$final_stage" || fail "deploy/Dockerfile final stage lacks: $want"
 done
 grep -q 'cargo build --release --locked' deploy/Dockerfile || fail "deploy/Dockerfile must build with --locked"

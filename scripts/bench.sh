@@ -266,7 +266,7 @@ fi
 
 if [ -z "$TOLLGATE_BIN" ]; then
   TOLLGATE_BIN="$(cd "$ROOT" && readlink -m "${CARGO_TARGET_DIR:-target}")/release/tollgate"
-  if [ ! -x "$TOLLGATE_BIN" ]; then
+  if [ ! -x "$TOLLGATE_BIN" ] || [ ! -x "$(dirname "$TOLLGATE_BIN")/tollgate-proxy" ]; then
     log "building tollgate (cargo build --release) ..."
     (cd "$ROOT" && cargo build --release >&2) || die "cargo build --release failed"
   fi
@@ -306,14 +306,20 @@ trap cleanup EXIT
 trap 'exit 130' INT
 trap 'exit 143' TERM
 
-# A stable copy: the binary in target/ may be rebuilt while this runs.
-cp "$TOLLGATE_BIN" "$WORK/tollgate"
-TG="$WORK/tollgate"
+# A stable copy: the binary in target/ may be rebuilt while this runs. With it the
+# server alone, tollgate-proxy, when it is beside it: `tollgate run` hands over to it, as
+# it does where both are installed (a build from before the split has none).
+copy_tollgate() { # BIN DIR: copies BIN (and its tollgate-proxy) into DIR, prints the copy
+  mkdir -p "$2"
+  cp "$1" "$2/tollgate"
+  if [ -x "$(dirname "$1")/tollgate-proxy" ]; then cp "$(dirname "$1")/tollgate-proxy" "$2/"; fi
+  echo "$2/tollgate"
+}
+TG="$(copy_tollgate "$TOLLGATE_BIN" "$WORK/a")"
 TG_B=""
 if [ -n "$COMPARE_BIN" ]; then
   [ -x "$COMPARE_BIN" ] || die "--compare: no executable at $COMPARE_BIN"
-  cp "$COMPARE_BIN" "$WORK/tollgate-b"
-  TG_B="$WORK/tollgate-b"
+  TG_B="$(copy_tollgate "$COMPARE_BIN" "$WORK/b")"
 fi
 # What was measured: the version, and for the in-tree binary the commit it was built
 # from (+dirty when src/ or Cargo.* differ from it).

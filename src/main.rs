@@ -1,9 +1,9 @@
 //! The `tollgate` command: parse the command line, set up logging, hand over to the
-//! library, exit with its code.
+//! library, exit with its code. `run` is served by `tollgate-proxy` when it is installed
+//! beside this binary (see [`tollgate::run`]), else here.
 
-use std::path::PathBuf;
-
-use clap::{Parser, Subcommand, ValueEnum};
+use clap::{Parser, Subcommand};
+use tollgate::run::{LogArgs, RunArgs};
 
 #[derive(Parser)]
 #[command(
@@ -12,27 +12,16 @@ use clap::{Parser, Subcommand, ValueEnum};
     about = "A sidecar proxy that owns every retry between a service and its upstreams"
 )]
 struct Cli {
-    /// Log format on stderr (level from RUST_LOG, default info).
-    #[arg(long, value_enum, global = true, default_value = "text")]
-    log_format: LogFormat,
+    #[command(flatten)]
+    log: LogArgs,
     #[command(subcommand)]
     command: Command,
-}
-
-#[derive(Clone, Copy, ValueEnum)]
-enum LogFormat {
-    Text,
-    Json,
 }
 
 #[derive(Subcommand)]
 enum Command {
     /// Serve: listeners, admin endpoint, hot reload.
-    Run {
-        /// Config file [default: $TOLLGATE_CONFIG, then config/tollgate.toml].
-        #[arg(long)]
-        config: Option<PathBuf>,
-    },
+    Run(RunArgs),
     /// Validate a config (or a chain of them); print amplification and patience; lint.
     Check(tollgate::check::CheckArgs),
     /// The amplification calculator: worst case, expected, budget-capped, sensitivity.
@@ -48,35 +37,19 @@ enum Command {
     Inject(tollgate::inject::InjectArgs),
 }
 
-fn init_logging(format: LogFormat) {
-    use tracing_subscriber::filter::Targets;
-    use tracing_subscriber::prelude::*;
-    let filter: Targets = std::env::var("RUST_LOG")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or_else(|| Targets::new().with_default(tracing::Level::INFO));
-    use std::io::IsTerminal;
-    let fmt = tracing_subscriber::fmt::layer()
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::stderr().is_terminal());
-    match format {
-        LogFormat::Json => tracing_subscriber::registry()
-            .with(fmt.json().with_filter(filter))
-            .init(),
-        LogFormat::Text => tracing_subscriber::registry()
-            .with(fmt.with_filter(filter))
-            .init(),
-    }
-}
-
 fn main() {
     let cli = Cli::parse();
-    init_logging(cli.log_format);
-    if matches!(cli.log_format, LogFormat::Json) {
-        tollgate::access_log::logs_are_json();
+    // Before any thread or log: the process becomes `tollgate-proxy`, or stays this.
+    let not_handed_over = match cli.command {
+        Command::Run(_) => tollgate::run::hand_over(),
+        _ => None,
+    };
+    cli.log.init();
+    if let Some(kept) = not_handed_over {
+        tracing::warn!("{kept}");
     }
     let code = match cli.command {
-        Command::Run { config } => tollgate::run::run(tollgate::config::resolve_path(config)),
+        Command::Run(args) => tollgate::run::run(tollgate::config::resolve_path(args.config)),
         Command::Check(args) => tollgate::check::main(args),
         Command::Calc(args) => tollgate::calc::main(args),
         Command::Lab(args) => tollgate::lab::lab_main(args),

@@ -229,3 +229,56 @@ async fn a_connection_that_never_spoke_does_not_hold_the_drain() {
     conn.abort();
     tg.stop().await;
 }
+
+/// The path of the program a process runs now (`/proc/PID/exe`).
+fn program(p: &Process) -> std::path::PathBuf {
+    std::fs::read_link(format!("/proc/{}/exe", p.pid())).unwrap()
+}
+
+/// Serves one request through `p` and drains it with SIGTERM: exit 0.
+async fn serves_and_drains(mut p: Process) {
+    let got = get(p.addr, "/", "app").await;
+    assert_eq!(got.status, 200);
+    assert_eq!(&got.body[..], b"served");
+    p.signal("TERM");
+    assert_eq!(p.wait_exit(Duration::from_secs(15)).await, Some(0));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tollgate_run_hands_over_to_the_server_beside_it_and_serves_alone_without_it() {
+    let up = Upstream::start(|_req| async { respond(200, "served") }).await;
+    let upstreams = Config::new()
+        .upstream("app", |u| u.authorities(["app"]).endpoint(up.addr))
+        .to_toml_for_process();
+
+    // Built beside it, as `cargo build --release` and the image put them: the process
+    // `tollgate run` started is now the server alone, the tools' pages not mapped.
+    let proxy = std::path::PathBuf::from(env!("CARGO_BIN_EXE_tollgate-proxy"));
+    assert_eq!(proxy.parent(), binary().parent());
+    let p = Process::start(&upstreams).await;
+    assert_eq!(program(&p), proxy.canonicalize().unwrap());
+    let cmdline = std::fs::read(format!("/proc/{}/cmdline", p.pid())).unwrap();
+    assert!(
+        cmdline.starts_with(binary().as_os_str().as_encoded_bytes()),
+        "ps shows the command that was started"
+    );
+    serves_and_drains(p).await;
+
+    // `tollgate` alone (copied without its neighbour): it serves by itself.
+    let alone = common::tempdir::TempDir::new("alone");
+    let copy = alone.path().join("tollgate");
+    if std::fs::hard_link(binary(), &copy).is_err() {
+        std::fs::copy(binary(), &copy).unwrap();
+    }
+    let p = Process::start_binary(&copy, &upstreams, &[]).await;
+    assert_eq!(program(&p), copy.canonicalize().unwrap());
+    serves_and_drains(p).await;
+
+    // Handed over by a `tollgate` of another build (as `cargo run` leaves the one beside
+    // it): it hands the process back, and that `tollgate` serves, saying why.
+    let other_build = format!("0123456789abcdef {}", binary().display());
+    let p = Process::start_binary(&proxy, &upstreams, &[("TOLLGATE_HANDOVER", &other_build)]).await;
+    assert_eq!(program(&p), binary().canonicalize().unwrap());
+    assert!(p.log().contains("is from another build"), "{}", p.log());
+    serves_and_drains(p).await;
+}

@@ -53,10 +53,12 @@ if [ -n "${TOLLGATE_BINARY:-}" ]; then
 else
   BIN=$(readlink -m "${CARGO_TARGET_DIR:-target}")/release/tollgate
   start=$SECONDS
-  cargo build --release --locked --quiet --bin tollgate || fail "cargo build --release failed"
+  cargo build --release --locked --quiet --bin tollgate --bin tollgate-proxy || fail "cargo build --release failed"
   [ "$((SECONDS - start))" -lt 5 ] || echo "built $BIN in $((SECONDS - start)) s"
 fi
+PROXY_BIN=$(dirname "$BIN")/tollgate-proxy
 "$BIN" --version >/dev/null || fail "$BIN does not run"
+"$PROXY_BIN" --version >/dev/null || fail "$PROXY_BIN does not run (it is built with tollgate)"
 
 start=$SECONDS
 debian_base "$WORK" || fail "could not make the Debian base $DEBIAN_BASE"
@@ -69,6 +71,7 @@ mkdir -p "$CTX/config"
 # Without its line tables (kept in the build for profiles; a backtrace still names
 # functions): a fifth of the size.
 strip --strip-debug -o "$CTX/tollgate" "$BIN" || fail "strip --strip-debug $BIN failed"
+strip --strip-debug -o "$CTX/tollgate-proxy" "$PROXY_BIN" || fail "strip --strip-debug $PROXY_BIN failed"
 cp config/tollgate.toml "$CTX/config/"
 build() { # TARGET TAG
   podman build --quiet -f deploy/Dockerfile --target "$1" \
@@ -108,6 +111,9 @@ for _ in $(seq 1 80); do
   sleep 0.25
 done
 [ -n "$ok" ] || { podman logs "$cid" >&2; fail "the image did not become ready (/readyz) within 20 s"; }
+# `tollgate run` handed the process over to the server alone, beside it in the image.
+exe=$(readlink "/proc/$pid/exe")
+[ "$exe" = /usr/local/bin/tollgate-proxy ] || fail "the image's tollgate run is $exe, not /usr/local/bin/tollgate-proxy"
 podman stop -t 20 "$cid" >/dev/null
 code=$(podman inspect --format '{{.State.ExitCode}}' "$cid")
 [ "$code" = 0 ] || fail "tollgate in the image exited $code on SIGTERM, not 0"

@@ -425,6 +425,16 @@ impl Process {
         Self::spawn("", upstreams, None, false, &[]).await
     }
 
+    /// As [`Process::start_logged`], `bin run` rather than the tests' `tollgate run`, with
+    /// `env` set for it.
+    pub async fn start_binary(
+        bin: &std::path::Path,
+        upstreams: &str,
+        env: &[(&str, &str)],
+    ) -> Self {
+        Self::spawn_binary(bin, "", upstreams, None, true, env).await
+    }
+
     /// As [`Process::start`], with `env` set for the process (as a pod's downward API
     /// sets `POD_NAMESPACE`).
     pub async fn start_with_env(upstreams: &str, env: &[(&str, &str)]) -> Self {
@@ -460,6 +470,17 @@ impl Process {
         logged: bool,
         env: &[(&str, &str)],
     ) -> Self {
+        Self::spawn_binary(&binary(), listener, upstreams, nofile, logged, env).await
+    }
+
+    async fn spawn_binary(
+        bin: &std::path::Path,
+        listener: &str,
+        upstreams: &str,
+        nofile: Option<u64>,
+        logged: bool,
+        env: &[(&str, &str)],
+    ) -> Self {
         let dir = tempdir::TempDir::new("proc");
         let port = free_port();
         let admin_port = free_port();
@@ -469,14 +490,14 @@ impl Process {
         let path = dir.path().join("tollgate.toml");
         std::fs::write(&path, text).unwrap();
         let mut cmd = match nofile {
-            None => Command::new(binary()),
+            None => Command::new(bin),
             Some(n) => {
                 // The shell sets the limit and becomes tollgate (`exec`), so the pid
                 // and the signals are tollgate's.
                 let mut c = Command::new("bash");
                 c.arg("-c")
                     .arg(format!("ulimit -n {n} && exec \"$0\" \"$@\""))
-                    .arg(binary());
+                    .arg(bin);
                 c
             }
         };

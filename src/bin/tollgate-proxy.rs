@@ -1,0 +1,39 @@
+//! `tollgate-proxy`: `tollgate run` alone, the sidecar's server without the tools, so a
+//! sidecar maps only the pages of what it runs. `tollgate run` hands over to it when it
+//! is installed beside `tollgate` (see [`tollgate::run`]); its command line is `run`'s.
+
+use clap::{Parser, Subcommand};
+use tollgate::run::{LogArgs, RunArgs};
+
+#[derive(Parser)]
+#[command(
+    name = "tollgate",
+    version,
+    about = "tollgate's server alone: `tollgate run` runs it when it is installed beside tollgate"
+)]
+struct Cli {
+    #[command(flatten)]
+    log: LogArgs,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Serve: listeners, admin endpoint, hot reload.
+    Run(RunArgs),
+}
+
+fn main() {
+    let cli = Cli::parse();
+    // Before any thread or log: back to a `tollgate` of another build, which serves.
+    let not_handed_back = tollgate::run::taken_over();
+    cli.log.init();
+    if let Some(error) = not_handed_back {
+        tracing::warn!("could not hand back to the tollgate of another build: {error}");
+    }
+    let Command::Run(args) = cli.command;
+    std::process::exit(tollgate::run::run(tollgate::config::resolve_path(
+        args.config,
+    )));
+}
