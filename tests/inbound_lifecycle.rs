@@ -1,7 +1,8 @@
 //! The inbound side over its life: a reload changes what can change live (the app, the
 //! limit, the timeout, the fleet budget) and reports an address change as waiting for
 //! a restart; SIGTERM drains it like the outbound listener (new connections refused,
-//! the request in flight finished, exit 0).
+//! the request in flight finished, exit 0). An app bound to its pod's address is reached
+//! there.
 
 #![allow(clippy::unwrap_used)]
 
@@ -127,4 +128,65 @@ async fn sigterm_drains_the_inbound_side_and_exits_0() {
         (200, &b"finished"[..])
     );
     assert_eq!(p.wait_exit(Duration::from_secs(10)).await, Some(0));
+}
+
+/// An app bound to its pod's address rather than loopback: `[inbound] app =
+/// "127.0.0.1:P"` is refused, and the inbound side reaches the app at the same port of
+/// `POD_IP` (as inject sets it), where its callers' Service and the kubelet's probes reach
+/// it. The pod's address here is 127.0.0.2. Side by side, the same tollgate without
+/// `POD_IP` answers `502 app-unreachable`: the fallback is what serves.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_app_bound_to_its_pod_address_is_reached_there_when_loopback_refuses() {
+    // A port the app has on 127.0.0.2 while nothing has it on 127.0.0.1 (bounded tries).
+    let mut tries = 0;
+    let listener = loop {
+        let l = tokio::net::TcpListener::bind("127.0.0.2:0").await.unwrap();
+        let port = l.local_addr().unwrap().port();
+        if tokio::net::TcpStream::connect(("127.0.0.1", port))
+            .await
+            .is_err()
+        {
+            break l;
+        }
+        tries += 1;
+        assert!(tries < 20, "no port free on both addresses");
+    };
+    let pod = listener.local_addr().unwrap();
+    let app = Upstream::serve(listener, |_req| async { respond(200, "the app") });
+    let configured = std::net::SocketAddr::from(([127, 0, 0, 1], pod.port()));
+
+    // Direct, as the Service routes a caller: the pod's address answers.
+    assert_eq!(get(pod, "/", "app").await.status, 200);
+
+    for (env, status) in [(&[][..], 502), (&[("POD_IP", "127.0.0.2")][..], 200)] {
+        let port = free_port();
+        let p = Process::start_with_env(
+            &Config::new()
+                .inbound(configured, |i| i.addr(format!("127.0.0.1:{port}")))
+                .to_toml_for_process(),
+            env,
+        )
+        .await;
+        let inbound = std::net::SocketAddr::from(([127, 0, 0, 1], port));
+        for _ in 0..3 {
+            let r = get(inbound, "/", "app").await;
+            assert_eq!(
+                r.status,
+                status,
+                "POD_IP {env:?}: {:?}",
+                r.header("x-tollgate-outcome")
+            );
+            if status == 502 {
+                assert_eq!(r.outcome(), Some("app-unreachable"));
+            } else {
+                assert_eq!(&r.body[..], b"the app");
+            }
+        }
+        drop(p);
+    }
+    assert_eq!(
+        app.hits(),
+        1 + 3,
+        "the direct call and the three through POD_IP"
+    );
 }

@@ -144,17 +144,10 @@ fn unreachable_answer() -> Answer {
     answer(StatusCode::SERVICE_UNAVAILABLE, "no answer\n")
 }
 
-/// The pod's own address, as inject sets it from the downward API (`POD_IP`).
-fn pod_ip() -> Option<IpAddr> {
-    std::env::var("POD_IP")
-        .ok()
-        .and_then(|ip| ip.trim().parse::<IpAddr>().ok())
-}
-
 /// The probe, sent to the app: at `127.0.0.1:PORT`, or at the pod's own address
 /// (`POD_IP`) when loopback is refused.
 async fn forward(probe: &Probe, headers: &HeaderMap) -> Answer {
-    forward_to(probe, headers, pod_ip()).await
+    forward_to(probe, headers, crate::inbound::app::pod_ip()).await
 }
 
 async fn forward_to(probe: &Probe, headers: &HeaderMap, pod_ip: Option<IpAddr>) -> Answer {

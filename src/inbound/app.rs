@@ -5,16 +5,25 @@
 //! is passed over for another without resending anything (the request never left).
 //! When no head comes, the [`Fault`] says why, as the outbound side's attempts say it
 //! (the inbound side's refusal for it: [`super::answer::refusal`]).
+//!
+//! The app is at `[inbound] app`, or, when that is loopback and refuses, at the same port
+//! of the pod's own address (`POD_IP`, which inject sets from the downward API): an app
+//! bound to its pod IP is reached as the kubelet reaches it ([`App`]).
 
+use std::net::IpAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use http::HeaderName;
 use prometheus::IntCounter;
 use tokio::time::Instant;
 
+use crate::config::EndpointAddr;
 use crate::deadline::{self, Deadline};
 use crate::fault::Fault;
 use crate::upstream::OutgoingBody;
+use crate::upstream::connect::ConnectError;
 use crate::upstream::exchange::{self, Failed, Reach, Wire};
 use crate::upstream::pool::{Endpoint, Want};
 use crate::upstream::request::{AttemptFields, RequestHead};
@@ -57,12 +66,81 @@ impl<'a> DeadlineFields<'a> {
     }
 }
 
+/// The pod's own address, as inject sets it from the downward API (`POD_IP`).
+pub fn pod_ip() -> Option<IpAddr> {
+    std::env::var("POD_IP")
+        .ok()
+        .and_then(|ip| ip.trim().parse::<IpAddr>().ok())
+}
+
+/// The app's connections: at its configured address, and at the pod's own address when
+/// that is loopback and the app refuses it there.
+pub struct App<B> {
+    /// At `[inbound] app`.
+    configured: Endpoint<B>,
+    /// At the same port of `POD_IP`, when `[inbound] app` is a loopback address.
+    pod: Option<Endpoint<B>>,
+    /// The pod's address answered where the configured one refused: it goes first.
+    at_pod: AtomicBool,
+}
+
+impl<B: OutgoingBody> App<B> {
+    /// The app at `addr` (its connections counted in `open`), with its fallback at the
+    /// pod's address `pod_ip` when `addr` is loopback.
+    pub fn new(
+        addr: EndpointAddr,
+        pod_ip: Option<IpAddr>,
+        open: &Arc<AtomicUsize>,
+        workers: usize,
+    ) -> Self {
+        let endpoint = |addr| Endpoint::new("inbound".into(), addr, open.clone(), workers, None);
+        let pod = addr
+            .ip()
+            .filter(|a| a.ip().is_loopback())
+            .zip(pod_ip)
+            .filter(|(a, ip)| *ip != a.ip() && !ip.is_unspecified())
+            .map(|(a, ip)| {
+                endpoint(EndpointAddr {
+                    host: ip.to_string(),
+                    port: a.port(),
+                })
+            });
+        App {
+            configured: endpoint(addr),
+            pod,
+            at_pod: AtomicBool::new(false),
+        }
+    }
+
+    /// Closes the idle connections the app has closed.
+    pub fn sweep(&self) {
+        self.configured.sweep();
+        if let Some(pod) = &self.pod {
+            pod.sweep();
+        }
+    }
+
+    /// The address tried first, and the other one.
+    fn order(&self) -> (&Endpoint<B>, Option<&Endpoint<B>>) {
+        match &self.pod {
+            Some(pod) if self.at_pod.load(Ordering::Relaxed) => (pod, Some(&self.configured)),
+            pod => (&self.configured, pod.as_ref()),
+        }
+    }
+}
+
+/// Whether no connection could be opened because the address refused it.
+fn refused(failed: &Failed) -> bool {
+    matches!(failed, Failed::Connect(ConnectError::Connect { source, .. })
+        if source.kind() == std::io::ErrorKind::ConnectionRefused)
+}
+
 /// Sends the request to `app` and waits for its response head until the deadline. No
 /// head is a [`Fault::ConnectFailure`] (no connection to it), a [`Fault::Timeout`]
 /// (the deadline passed first), a [`Fault::Reset`] (it broke the connection after the
 /// request went out) or [`Fault::NoDescriptors`].
 pub async fn send<'a, B: OutgoingBody>(
-    app: &Endpoint<B>,
+    app: &App<B>,
     want: Want,
     head: &RequestHead<'a>,
     body: B,
@@ -84,7 +162,21 @@ pub async fn send<'a, B: OutgoingBody>(
         continue_wait: exchange::continue_wait(fields.deadline.remaining(now)),
         ..*head
     };
-    let failed = match exchange::send(app, reach, at, &mut Some(body)).await {
+    let mut body = Some(body);
+    let (mut tried, other) = app.order();
+    let mut sent = exchange::send(tried, reach, &at, &mut body).await;
+    // Refused there, nothing sent: the other address of the same app.
+    if let (Err(failed), Some(other)) = (&sent, other)
+        && refused(failed)
+    {
+        tried = other;
+        sent = exchange::send(other, reach, &at, &mut body).await;
+        if sent.is_ok() {
+            let at_pod = app.pod.as_ref().is_some_and(|pod| std::ptr::eq(pod, other));
+            app.at_pod.store(at_pod, Ordering::Relaxed);
+        }
+    }
+    let failed = match sent {
         Ok(resp) => return Ok(resp),
         Err(failed) => failed,
     };
@@ -98,7 +190,7 @@ pub async fn send<'a, B: OutgoingBody>(
     match fault {
         Fault::NoDescriptors => exhausted.inc(),
         Fault::Timeout => {}
-        _ => tracing::debug!(app = %app.addr, error = %failed, "the app gave no answer"),
+        _ => tracing::debug!(app = %tried.addr, error = %failed, "the app gave no answer"),
     }
     Err(fault)
 }

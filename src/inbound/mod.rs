@@ -54,7 +54,7 @@ use crate::retry::budget::RetryBudget;
 use crate::server::AppBody;
 use crate::trace::Tracer;
 use crate::upstream::OutgoingBody;
-use crate::upstream::pool::Endpoint;
+use app::App;
 use dedupe::{Dedupe, Hashed};
 use fair::FairShare;
 use limit::Limit;
@@ -81,7 +81,7 @@ pub struct State {
     /// `[access_log]`, which covers the inbound side too.
     pub access_log: AccessLogConfig,
     pub deadline: DeadlineConfig,
-    pub app: Arc<Endpoint<AppBody>>,
+    pub app: Arc<App<AppBody>>,
     pub budget: Arc<RetryBudget>,
     /// The callers' shares of the budget (`per_caller = "fair"` with a budget).
     pub fair: Option<Arc<FairShare>>,
@@ -94,7 +94,7 @@ pub struct State {
 }
 
 /// The app, as keyed first arrivals reach it: their bodies hashed on the way.
-pub type KeyedApp = Endpoint<Hashed<AppBody>>;
+pub type KeyedApp = App<Hashed<AppBody>>;
 
 /// What the inbound side shares with the rest of the config: `[deadline]`,
 /// `[access_log]` and the running `[tracing]`.
@@ -196,20 +196,13 @@ impl OutboundAnswers for Inbound {
     }
 }
 
-/// A new endpoint for the app, its connections counted in `open`.
+/// New connections to the app, counted in `open`.
 fn to_app<B: OutgoingBody>(
     config: &InboundConfig,
     open: &Arc<AtomicUsize>,
     workers: usize,
-) -> Arc<Endpoint<B>> {
-    let addr = config.app.clone();
-    Arc::new(Endpoint::new(
-        "inbound".into(),
-        addr,
-        open.clone(),
-        workers,
-        None,
-    ))
+) -> Arc<App<B>> {
+    Arc::new(App::new(config.app.clone(), app::pod_ip(), open, workers))
 }
 
 impl State {
