@@ -596,3 +596,78 @@ async fn a_stream_the_app_refused_never_ran_and_frees_its_key() {
     assert_eq!(streams.load(Ordering::SeqCst), 2);
     tg.stop().await;
 }
+
+/// An app whose accept queue is full (a `listen(0)` socket, its one place taken, nobody
+/// accepting): a connect to it hangs while the kernel drops its SYNs. Served by
+/// `serve` once the queue empties.
+struct CloggedApp {
+    listener: Option<std::net::TcpListener>,
+    filler: Option<std::net::TcpStream>,
+    addr: std::net::SocketAddr,
+}
+
+impl CloggedApp {
+    fn new() -> Self {
+        let sock =
+            socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
+        sock.bind(
+            &"127.0.0.1:0"
+                .parse::<std::net::SocketAddr>()
+                .unwrap()
+                .into(),
+        )
+        .unwrap();
+        sock.listen(0).unwrap();
+        sock.set_nonblocking(true).unwrap();
+        let listener: std::net::TcpListener = sock.into();
+        let addr = listener.local_addr().unwrap();
+        let filler = std::net::TcpStream::connect(addr).unwrap();
+        CloggedApp {
+            listener: Some(listener),
+            filler: Some(filler),
+            addr,
+        }
+    }
+
+    /// Accepts again, the queue's place given back: `orders_app`'s handler.
+    fn serve(&mut self) -> (Upstream, Arc<AtomicUsize>) {
+        let listener = tokio::net::TcpListener::from_std(self.listener.take().unwrap()).unwrap();
+        let executed = Arc::new(AtomicUsize::new(0));
+        let counter = executed.clone();
+        let app = Upstream::serve(listener, move |_req| {
+            let n = counter.fetch_add(1, Ordering::SeqCst) + 1;
+            async move { respond(201, format!("order {n}")) }
+        });
+        self.filler = None;
+        (app, executed)
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_keyed_request_whose_deadline_passed_while_connecting_never_ran_and_frees_its_key() {
+    let mut clogged = CloggedApp::new();
+    let tg = Tollgate::start(&Config::new().inbound(clogged.addr, deduping).to_toml()).await;
+    // The caller's deadline passes while tollgate still waits for the app's connection:
+    // the request never left. Its body is empty, so nothing unread tells that it did not.
+    let impatient = request("POST", "/orders", "app")
+        .header("idempotency-key", "\"k\"")
+        .header("x-timeout-ms", "300");
+    let first = send(tg.inbound(), impatient.body(full("")).unwrap()).await;
+    assert_eq!(first.status, 504);
+    assert_eq!(first.outcome(), Some("app-timeout"));
+
+    // The app accepts again. The caller's retry with the same key runs (it is not held
+    // as "may have run"), once, and is then the key's answer.
+    let (_app, executed) = clogged.serve();
+    let retried = send(tg.inbound(), post(Some("\"k\""), "")).await;
+    assert_eq!(
+        (retried.status.as_u16(), &retried.body[..]),
+        (201, &b"order 1"[..]),
+        "{:?}",
+        retried.outcome()
+    );
+    let again = send(tg.inbound(), post(Some("\"k\""), "")).await;
+    assert_eq!(again.header("idempotent-replayed"), Some("true"));
+    assert_eq!(executed.load(Ordering::SeqCst), 1);
+    tg.stop().await;
+}

@@ -135,6 +135,16 @@ fn refused(failed: &Failed) -> bool {
         if source.kind() == std::io::ErrorKind::ConnectionRefused)
 }
 
+/// The app gave no answer: why, and whether it may have had the request.
+#[derive(Clone, Copy, Debug)]
+pub struct NoAnswer {
+    pub fault: Fault,
+    /// The request went out to it (and then its connection broke, or the deadline
+    /// passed): it may have run. Not when no connection was made before the deadline,
+    /// nor for a stream it refused.
+    pub sent: bool,
+}
+
 /// Sends the request to `app` and waits for its response head until the deadline. No
 /// head is a [`Fault::ConnectFailure`] (no connection to it), a [`Fault::Timeout`]
 /// (the deadline passed first), a [`Fault::Reset`] (it broke the connection after the
@@ -146,7 +156,7 @@ pub async fn send<'a, B: OutgoingBody>(
     body: B,
     fields: &DeadlineFields<'a>,
     exhausted: &IntCounter,
-) -> Result<UpstreamResponse, Fault> {
+) -> Result<UpstreamResponse, NoAnswer> {
     let reach = Reach {
         want,
         tls: None,
@@ -183,16 +193,16 @@ pub async fn send<'a, B: OutgoingBody>(
     // The app is reached without TLS: no reason to tell. A stream it refused never
     // left tollgate as far as the app is concerned (RFC 9113 section 8.7: nothing of
     // it was processed): as a refused connection, it did not run.
-    let fault = match &failed {
-        Failed::Broken { error, .. } if refused_stream(&**error) => Fault::ConnectFailure,
-        _ => failed.fault(Wire::Plain, &mut None),
+    let (fault, sent) = match &failed {
+        Failed::Broken { error, .. } if refused_stream(&**error) => (Fault::ConnectFailure, false),
+        _ => (failed.fault(Wire::Plain, &mut None), failed.sent()),
     };
     match fault {
         Fault::NoDescriptors => exhausted.inc(),
         Fault::Timeout => {}
         _ => tracing::debug!(app = %tried.addr, error = %failed, "the app gave no answer"),
     }
-    Err(fault)
+    Err(NoAnswer { fault, sent })
 }
 
 /// Whether an HTTP/2 stream was refused by the app (`REFUSED_STREAM` from its side).

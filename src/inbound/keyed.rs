@@ -147,11 +147,11 @@ async fn drive(
     let body = claim.body(body, Fingerprinter::of_request(&x.headers));
     let resp = match app::send(&app, x.want, &head, body, &fields, &exhausted).await {
         Ok(resp) => resp,
-        Err(fault) => {
-            let _ = head_tx.send(Err(fault));
-            // Never connected: the app never had it. Otherwise it may have run, if it
-            // had all of the request.
-            if fault.maybe_sent() {
+        Err(no) => {
+            let _ = head_tx.send(Err(no.fault));
+            // Never sent (no connection before the deadline, a stream it refused): the
+            // app never had it. Otherwise it may have run, if it had all of the request.
+            if no.sent {
                 claim.failed().await;
             } else {
                 claim.release().await;

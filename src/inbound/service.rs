@@ -307,7 +307,9 @@ async fn answer_request(
             // app works on it, so an id two requests carry at once marks neither.
             let marking = (state.config.owned_failures == OwnedFailures::Mark)
                 .then(|| inbound.owned.arrive(&headers, start));
-            let result = app::send(&state.app, want, &request, body, &fields, exhausted).await;
+            let result = app::send(&state.app, want, &request, body, &fields, exhausted)
+                .await
+                .map_err(|no| no.fault);
             let mark = marking.is_some_and(|carrying| {
                 result.as_ref().is_ok_and(|resp| {
                     owned::retryable_failure(resp.status(), Fields::of(resp), facts.grpc)

@@ -61,9 +61,12 @@ pub enum Failed {
     /// descriptor shortage: [`ConnectError`] says which).
     #[error("{0}")]
     Connect(ConnectError),
-    /// No connection within the connect timeout, or before the deadline.
+    /// No connection within the connect timeout.
     #[error("connect timed out")]
     ConnectTimeout,
+    /// The deadline passed while connecting: a timeout, and nothing was sent.
+    #[error("no connection before the deadline")]
+    DeadlineConnecting,
     /// The deadline passed before the response head.
     #[error("no response head in time")]
     Timeout,
@@ -91,6 +94,13 @@ pub enum Wire {
 }
 
 impl Failed {
+    /// Whether the request may have reached the peer: it went out on a connection (a
+    /// timeout after that, or a break). A connect that failed or outlasted the deadline,
+    /// or connections that closed before it left, sent nothing.
+    pub fn sent(&self) -> bool {
+        matches!(self, Failed::Timeout | Failed::Broken { .. })
+    }
+
     /// The fault this failure is: the one reading of an exchange's failure, for both
     /// sides. A TLS failure's reason, worth telling the app, goes to `tls_reason`.
     ///
@@ -106,7 +116,7 @@ impl Failed {
             Failed::Connect(e) if e.out_of_descriptors() => return Fault::NoDescriptors,
             Failed::Connect(e) => e.tls_reason(client_cert),
             Failed::ConnectTimeout => None,
-            Failed::Timeout => return Fault::Timeout,
+            Failed::Timeout | Failed::DeadlineConnecting => return Fault::Timeout,
             Failed::Stale { closed } => closed
                 .as_ref()
                 .filter(|_| tls)
@@ -195,7 +205,7 @@ async fn connect<B: OutgoingBody>(
         })
     };
     let timed_out = || match reach.by {
-        Some(by) if Instant::now() >= by => Failed::Timeout,
+        Some(by) if Instant::now() >= by => Failed::DeadlineConnecting,
         _ => Failed::ConnectTimeout,
     };
     let now = Instant::now();
