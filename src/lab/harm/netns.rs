@@ -64,6 +64,10 @@ pub(super) const VIP_PORT: u16 = 80;
 pub(super) const SVC_PORT: u16 = 8080;
 pub(super) const APP_PORT: u16 = 9090;
 pub(super) const HEADLESS: &str = "payments-headless";
+/// A name of the dual-stack row: `::1` first, where nothing listens, then a pod's IPv4
+/// address (the hosts file of the client's namespace, as a pod's `localhost` of both
+/// families names its own loopback).
+pub(super) const DUAL: &str = "payments-dual";
 /// The client's tollgate, in its namespace.
 pub(super) const CALLER: &str = "127.0.0.1:15001";
 pub(super) const ADMIN: &str = "127.0.0.1:15090";
@@ -233,7 +237,8 @@ impl Node {
             Shape::ClusterIpDeadPod
             | Shape::HeadlessDeadFirst
             | Shape::DiscoveredDeadPod
-            | Shape::DiscoveredScale => &PODS[..3],
+            | Shape::DiscoveredScale
+            | Shape::DualStackName => &PODS[..3],
         };
         set_headless(first)?;
         Ok(node)
@@ -385,6 +390,7 @@ pub(super) fn set_headless(pods: &[&str]) -> Result<(), LabError> {
     for p in pods {
         text.push_str(&format!("{p} {HEADLESS}\n"));
     }
+    text.push_str(&format!("::1 {DUAL}\n{} {DUAL}\n", PODS[1]));
     std::fs::write(hosts_dir().join("hosts"), text).map_err(|e| LabError::Setup(e.to_string()))
 }
 
@@ -430,6 +436,7 @@ pub(super) fn caller_config(shape: Shape, dir: &std::path::Path) -> String {
         Shape::HeadlessDeadFirst | Shape::HeadlessScaleUp | Shape::HeadlessScaleDown => {
             format!("endpoints = [\"{HEADLESS}:{SVC_PORT}\"]\n")
         }
+        Shape::DualStackName => format!("endpoints = [\"{DUAL}:{APP_PORT}\"]\n"),
         Shape::DiscoveredDeadPod | Shape::DiscoveredScale => format!(
             "discovery = \"kubernetes\"\nservice = \"{}.{}\"\nport = \"{}\"\n",
             kube::SERVICE,
@@ -469,6 +476,7 @@ mod tests {
             Shape::HeadlessScaleDown,
             Shape::DiscoveredDeadPod,
             Shape::DiscoveredScale,
+            Shape::DualStackName,
         ];
         let dir = std::path::Path::new("/tmp");
         let mut texts: Vec<String> = shapes.iter().map(|s| caller_config(*s, dir)).collect();

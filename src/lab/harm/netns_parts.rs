@@ -17,8 +17,8 @@ use super::app::App;
 use super::client::{self, Caller, Client, Target};
 use super::kube::Api;
 use super::netns::{
-    ADMIN, APP_PORT, CALLER, DIR, HEADLESS, PART, PODS, READY_WAIT, ROW, SEED, SVC_PORT, TOKEN,
-    VIP, VIP_PORT, discovered,
+    ADMIN, APP_PORT, CALLER, DIR, DUAL, HEADLESS, PART, PODS, READY_WAIT, ROW, SEED, SVC_PORT,
+    TOKEN, VIP, VIP_PORT, discovered,
 };
 use super::netns_row::{LEAD, LEAVE_AT, SCALE_AT, format_record};
 use super::rows::{Row, Shape};
@@ -215,6 +215,16 @@ async fn client(row: Row, shape: Shape, seed: u64) -> Result<(), String> {
                 .map_err(|e| format!("{HEADLESS}: {e}"))?
                 .collect()
         }
+        Shape::DualStackName => {
+            let addrs: Vec<SocketAddr> = tokio::net::lookup_host((DUAL, APP_PORT))
+                .await
+                .map_err(|e| format!("{DUAL}: {e}"))?
+                .collect();
+            if addrs.first().is_none_or(|a| !a.is_ipv6()) || addrs.len() != 2 {
+                return Err(format!("{DUAL} resolves to {addrs:?}, not ::1 then IPv4"));
+            }
+            addrs
+        }
     };
     let target = |addrs| Target {
         addrs,
@@ -225,7 +235,10 @@ async fn client(row: Row, shape: Shape, seed: u64) -> Result<(), String> {
     // each call on a connection of its own (kube-proxy picks a pod per connection).
     let per_call = matches!(
         shape,
-        Shape::ClusterIpDeadPod | Shape::HeadlessDeadFirst | Shape::DiscoveredDeadPod
+        Shape::ClusterIpDeadPod
+            | Shape::HeadlessDeadFirst
+            | Shape::DiscoveredDeadPod
+            | Shape::DualStackName
     );
     let clients: Vec<Arc<Client>> = [target(direct), target(vec![caller])]
         .into_iter()

@@ -87,7 +87,10 @@ fn run_blocking(row: Row, shape: Shape, seed: u64) -> Result<RowResult, LabError
             at(DISCOVERED_STOP_AT);
             node.stop("sidecar-1");
         }
-        Shape::ClusterIpDeadPod | Shape::HeadlessDeadFirst | Shape::DiscoveredDeadPod => {}
+        Shape::ClusterIpDeadPod
+        | Shape::HeadlessDeadFirst
+        | Shape::DiscoveredDeadPod
+        | Shape::DualStackName => {}
     }
     // Every call has its answer within the app's patience of being sent.
     let until = start + row.traffic.duration() + row.traffic.patience + Duration::from_secs(10);
@@ -193,7 +196,10 @@ fn shown(shape: Shape, reached: &[Pod]) -> Option<String> {
         Shape::HeadlessScaleUp => (Some(SCALE_AT), None),
         Shape::HeadlessScaleDown => (None, Some((SCALE_AT, STOP_AT))),
         Shape::DiscoveredScale => (Some(SCALE_AT), Some((LEAVE_AT, DISCOVERED_STOP_AT))),
-        Shape::ClusterIpDeadPod | Shape::HeadlessDeadFirst | Shape::DiscoveredDeadPod => {
+        Shape::ClusterIpDeadPod
+        | Shape::HeadlessDeadFirst
+        | Shape::DiscoveredDeadPod
+        | Shape::DualStackName => {
             return None;
         }
     };

@@ -698,6 +698,9 @@ pub enum Shape {
     /// The same, two pods: a third joins the Service under load, then one leaves it and
     /// stops.
     DiscoveredScale,
+    /// A name resolving to `::1`, where nothing listens, then one pod's IPv4 address; its
+    /// app (no sidecar in the way) closes every connection after its answer.
+    DualStackName,
 }
 
 const SERVICES: &str = "in network namespaces of the lab's own (root): pods each an app behind \
@@ -714,6 +717,13 @@ const DISCOVERED: &str = "the node of the other Service rows, with etcd and a re
      the Service's VIP on a connection of its own per call (kube-proxy's rules for the same \
      three pods) with a dead pod, and the pods the API listed at the start, in turn, kept \
      alive, scaling";
+
+const DUAL_STACK: &str = "the node of the other Service rows; the client pod's hosts file \
+     names `payments-dual` twice, ::1 first (nothing listens there), then the second pod's \
+     address, whose app (no sidecar) answers and closes every connection; direct: the client \
+     pod's app resolves the name at the start and takes the addresses in turn, dialling the \
+     other one when a connection is refused; tollgate: the client pod's tollgate at its \
+     defaults calls the name";
 
 /// The rows about Kubernetes Services: 50 calls a second for 20 s.
 fn service_rows() -> Vec<Row> {
@@ -770,6 +780,20 @@ fn service_rows() -> Vec<Row> {
                 "discovered-scale",
                 "discovery = \"kubernetes\": two pods, a third added at 5 s, one removed at 10 s and stopped at 13 s; 50/s, kept alive",
                 Shape::DiscoveredScale,
+            )
+        },
+        Row {
+            replicas: Replicas::One,
+            note: Some(DUAL_STACK),
+            behaviour: Behaviour {
+                close: true,
+                ..Behaviour::HEALTHY
+            },
+            traffic: traffic(100.0, 10, Urls::Zipf(100)),
+            ..service(
+                "dual-stack-name",
+                "a name resolving to ::1 then a pod's IPv4 address, the app on IPv4 only, every answer closing its connection; 100/s",
+                Shape::DualStackName,
             )
         },
     ]
