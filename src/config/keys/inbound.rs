@@ -10,7 +10,7 @@ keys! {
     section "inbound" of InboundConfig = Some(InboundConfig::default);
     addr: "address", model, Restart, "where callers reach the app",
         |c| json!(c.addr.to_string());
-    app: "host:port", required, Applied, "the app's address, normally on loopback",
+    app: "host:port", required, Applied, "the app's address, normally on loopback (`POD_IP`'s when loopback is refused)",
         |c| json!(c.app.to_string());
     max_inflight: "integer or `\"adaptive\"`", model, Applied, "requests the app is given at once; more get `503 overloaded`",
         |c| match c.max_inflight {
