@@ -24,18 +24,20 @@ use std::sync::Arc;
 use http::{HeaderMap, HeaderName, Method, StatusCode, Uri};
 use tokio::time::Instant;
 
-use super::headers::{ATTEMPT_HEADER, Callee, HEDGE_HEADER, HEDGE_VALUE, count_value};
 use super::replay::{AppBody, ReplayBody};
 use super::upstream::Upstream;
+use crate::contract::headers::{ATTEMPT_HEADER, HEDGE_HEADER, HEDGE_VALUE, count_value};
+use crate::contract::outcome::Callee;
 use crate::deadline;
 use crate::fault::Fault;
+use crate::http::response::Fields;
 use crate::metrics::AttemptResult;
 use crate::trace::TRACEPARENT;
 use crate::upstream::exchange;
 use crate::upstream::outlier::Verdict;
 use crate::upstream::pool::{Endpoint, Want};
 use crate::upstream::request::{AttemptFields, RareFields, RequestHead};
-use crate::upstream::response::{Fields, UpstreamResponse};
+use crate::upstream::response::UpstreamResponse;
 
 /// The names of the per-attempt fields, borrowed by every attempt.
 static ATTEMPT_NAME: HeaderName = ATTEMPT_HEADER;

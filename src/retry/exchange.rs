@@ -5,7 +5,7 @@ use http::{HeaderValue, StatusCode, Version};
 use tokio::time::Instant;
 
 use super::attempt::Head;
-use super::headers::Callee;
+use crate::contract::outcome::Callee;
 use crate::deadline::Deadline;
 use crate::fault::Fault;
 use crate::metrics::{Denied, Outcome};

@@ -28,12 +28,13 @@ use http::StatusCode;
 use http::header::RETRY_AFTER;
 use tokio::time::Instant;
 
-use super::headers::{Callee, GRPC_PUSHBACK, GRPC_STATUS, OUTCOME_HEADER};
 use super::retry_after::{Pushback, parse_pushback_ms};
 use super::upstream::Upstream;
+use crate::contract::headers::{GRPC_PUSHBACK, GRPC_STATUS, OUTCOME_HEADER};
+use crate::contract::outcome::Callee;
 use crate::fault::Fault;
+use crate::http::response::Fields;
 use crate::metrics::Outcome;
-use crate::upstream::response::Fields;
 
 /// One attempt's result, as the learning parts see it.
 pub(crate) struct Seen<'a> {

@@ -9,7 +9,7 @@
 //! The caller also learns from its upstream: the budget's share adapts ([`adaptive`]),
 //! first attempts are throttled when most are rejected ([`throttle`]), both fed by
 //! what each attempt showed ([`learn`]); and it sees the app's own retries, by the
-//! counts its client puts on them ([`markers`]) and by the failures it owned lately
+//! counts its client puts on them ([`crate::contract::markers`]) and by the failures it owned lately
 //! ([`recent`]).
 //!
 //! Generic over the app's body `A`: this layer records and replays it, and does not
@@ -23,11 +23,9 @@ mod exchange;
 mod forward;
 #[cfg(test)]
 mod forward_tests;
-pub mod headers;
 pub mod hedge;
 pub mod keys;
 pub mod learn;
-pub mod markers;
 pub mod policy;
 pub mod quantile;
 mod race;

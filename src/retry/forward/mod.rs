@@ -44,7 +44,6 @@ use super::attempt::Transport;
 use super::attempt::{Attempt, Head, Ran, TRACEPARENT_NAME};
 use super::backoff::Backoff;
 use super::exchange::{Answer, Exchange, HedgeState, Reply, Trail};
-use super::headers::{Callee, DEDUPE_STORE_HEADER, DedupeScope, StoreId, refused_as_retry};
 use super::keys;
 use super::learn::{self, Seen};
 use super::policy::{self, Policy, Situation, Stop};
@@ -53,12 +52,16 @@ use super::rejected::{self, Previous};
 use super::replay::{AppBody, BodySource, ReplayBody};
 use super::traced::{Starting, Traced};
 use super::upstream::Upstream;
+use crate::contract::dedupe::{DedupeScope, StoreId};
+use crate::contract::headers::DEDUPE_STORE_HEADER;
+use crate::contract::outcome::{Callee, refused_as_retry};
 use crate::deadline::Deadline;
 use crate::fault::Fault;
+use crate::http::response::Fields;
 use crate::metrics::{Denied, HedgeResult, Outcome};
 use crate::upstream::pool::{Endpoint, Want};
 use crate::upstream::request::RareFields;
-use crate::upstream::response::{Fields, UpstreamResponse};
+use crate::upstream::response::UpstreamResponse;
 use crate::upstream::want;
 
 /// `x-tollgate-dedupe-store`, borrowed by the attempts that carry it.
