@@ -27,7 +27,6 @@ pub const DEDUPE_HEADER: HeaderName = HeaderName::from_static("x-tollgate-dedupe
 pub const DEDUPE_STORE_HEADER: HeaderName = HeaderName::from_static("x-tollgate-dedupe-store");
 /// `true` on an answer a callee's dedupe replayed from its store.
 pub const REPLAYED_HEADER: HeaderName = HeaderName::from_static("idempotent-replayed");
-pub use crate::http::grpc::{GRPC_PUSHBACK, GRPC_STATUS};
 
 /// Counts up to 10, as header values, so no attempt formats its number.
 static COUNT_VALUES: [HeaderValue; 10] = [

@@ -35,7 +35,7 @@
 //! status a marker's retry is refused with). A success of an app's retry forgets them.
 //! A request with none of this costs one atomic load: whether anything was remembered
 //! in the last 2 s. The memory itself, its bound and its cost are
-//! [`crate::retry::recent`]'s.
+//! [`crate::retry::evidence::recent`]'s.
 
 use std::cell::Cell;
 
@@ -49,7 +49,7 @@ use crate::config::AppRetries;
 use crate::http::grpc::{GRPC_STATUS, is_grpc_answer};
 use crate::http::response::Fields;
 use crate::metrics::{Denied, Evidence, Outcome};
-use crate::retry::recent::Remembered;
+use crate::retry::evidence::recent::Remembered;
 use crate::retry::{Answer, Head, Reply};
 use crate::server::ResponseBody;
 

@@ -243,10 +243,10 @@ fn mint_key(up: &Upstream, head: &Head) -> Option<HeaderValue> {
     }
     let name = retry.idempotency_header.as_ref()?;
     // An empty key is no key: the minted one replaces it.
-    if crate::retry::keys::carries_key(&head.headers, name) {
+    if crate::retry::evidence::keys::carries_key(&head.headers, name) {
         return None;
     }
-    let key = crate::retry::keys::mint()?;
+    let key = crate::retry::evidence::keys::mint()?;
     if let Some(c) = up.keys_minted() {
         c.inc();
     }

@@ -11,14 +11,14 @@ use http::HeaderValue;
 use http::header::RETRY_AFTER;
 use tokio::time::Instant;
 
-use super::attempt::Ran;
-use super::replay::ReplayBody;
-use super::upstream::Upstream;
 use crate::deadline::Deadline;
 use crate::fault::Fault;
 use crate::http::grpc::GRPC_PUSHBACK;
 use crate::http::response::Fields;
 use crate::metrics::{Denied, Outcome};
+use crate::retry::forward::attempt::Ran;
+use crate::retry::forward::replay::ReplayBody;
+use crate::retry::upstream::Upstream;
 use crate::trace::{AfterFailure, AttemptEnd, AttemptId, AttemptStart, RequestTrace};
 use crate::upstream::pool::Endpoint;
 use crate::upstream::response::UpstreamResponse;
