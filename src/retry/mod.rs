@@ -4,7 +4,7 @@
 //!   many retries the upstream can afford ([`decide::budget`]), how long to wait
 //!   ([`decide::backoff`], [`decide::retry_after`]), and when a slow attempt gets a hedge
 //!   beside it ([`decide::hedge`]).
-//! - [`forward`]: the attempt loop that puts them together, one attempt at a time
+//! - [`forward`](mod@forward): the attempt loop that puts them together, one attempt at a time
 //!   ([`forward::attempt`]), or two with a hedge, sending the app's body again
 //!   ([`forward::replay`]) and writing what each attempt did into a traced request's
 //!   spans.

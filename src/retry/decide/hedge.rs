@@ -10,7 +10,7 @@
 //! ([`RetryBudget`]) with `ratio = max_extra` and `min_per_sec = 0`, on the retry
 //! budget's window; a hedge is charged there only, never to the retry budget.
 //!
-//! This file decides *when* and *whether*; the attempt loop ([`crate::retry::forward`]) runs
+//! This file decides *when* and *whether*; the attempt loop ([`forward`](mod@crate::retry::forward)) runs
 //! the two attempts side by side and picks the winner.
 
 use std::time::Duration;

@@ -50,7 +50,7 @@ pub(super) static TRACEPARENT_NAME: HeaderName = TRACEPARENT;
 const DEADLINE_SLACK: std::time::Duration = std::time::Duration::from_millis(10);
 
 /// The seam under the retry loop: carries one attempt to one endpoint and waits for its
-/// response head. The loop ([`crate::retry::forward`]) decides which attempt goes where and
+/// response head. The loop ([`forward`](mod@crate::retry::forward)) decides which attempt goes where and
 /// when; a transport carries it. The real one is the upstream's endpoints
 /// ([`crate::retry::forward::transport`]); tests drive the loop with a scripted one and paused time, so
 /// every way a request can end is tried without a socket.

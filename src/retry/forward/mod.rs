@@ -24,14 +24,13 @@
 //! attempt left to ask for), nearly every attempt, is simply awaited in this future.
 //!
 //! What each attempt showed goes to the parts that learn from the upstream
-//! ([`learn`](crate::retry::learn)) and, for a traced request, to its spans
-//! ([`traced`]); the failure a retry retries is kept while it runs, in case the callee
-//! refuses the retry ([`rejected`]).
+//! ([`learn`]) and, for a traced request, to its spans (`traced.rs`); the failure a retry
+//! retries is kept while it runs, in case the callee refuses the retry (`rejected.rs`).
 //!
 //! Beside the loop, in this folder: what it takes and gives back ([`handoff`]), the
-//! answers it makes ([`answers`]), one attempt ([`attempt`]) on a [`Transport`], the
+//! answers it makes (`answers.rs`), one attempt ([`attempt`]) on a [`Transport`], the
 //! real one ([`transport`]) or, in the loop's tests, a script, the app's body sent
-//! again ([`replay`]), and the race of two attempts in flight ([`race`]).
+//! again ([`replay`]), and the race of two attempts in flight (`race.rs`).
 //!
 //! [`Hedging`]: crate::retry::decide::hedge::Hedging
 
