@@ -15,11 +15,11 @@ use tollgate::config::{BudgetConfig, HedgeAfter, HedgeConfig, ThrottleConfig};
 use tollgate::deadline;
 use tollgate::http::NoBody;
 use tollgate::proxy::route::Routes;
-use tollgate::retry::backoff::Backoff;
-use tollgate::retry::budget::RetryBudget;
-use tollgate::retry::hedge::Hedging;
-use tollgate::retry::recent::{RecentFailures, Remembered};
-use tollgate::retry::throttle::Throttle;
+use tollgate::retry::decide::backoff::Backoff;
+use tollgate::retry::decide::budget::RetryBudget;
+use tollgate::retry::decide::hedge::Hedging;
+use tollgate::retry::evidence::recent::{RecentFailures, Remembered};
+use tollgate::retry::learn::throttle::Throttle;
 use tollgate::upstream::Endpoints;
 use tollgate::upstream::outlier::Verdict;
 

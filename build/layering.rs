@@ -21,7 +21,9 @@ use std::path::{Path, PathBuf};
 pub const FLOORS: &[&[&str]] = &[
     // Ground: plain data and the bytes on the wire, knowing nothing of requests.
     &["print", "loops", "http", "metrics"],
-    &["config", "deadline", "descriptors", "fault"],
+    // What every layer reads: the config, deadlines, faults, and the contract tollgates
+    // speak to each other (their own headers and words), with no retry engine behind it.
+    &["config", "deadline", "descriptors", "fault", "contract"],
     // Traces: spans recorded in place and their export, below everything that records.
     &["trace"],
     &["worker"],

@@ -16,10 +16,10 @@ use bytes::Bytes;
 use http::header::{CONNECTION, CONTENT_TYPE, RETRY_AFTER};
 use http::{HeaderMap, HeaderValue, Response, StatusCode};
 
+use crate::contract::headers::{ATTEMPTS_HEADER, OUTCOME_HEADER, count_value};
 use crate::fault::Fault;
 use crate::http::grpc::{Code, GRPC_PUSHBACK, trailers_only};
 use crate::metrics::Outcome;
-use crate::retry::headers::{ATTEMPTS_HEADER, OUTCOME_HEADER, count_value};
 use crate::server::{RequestGuard, ResponseBody};
 
 /// `grpc-retry-pushback-ms: -1`: the client must not retry.

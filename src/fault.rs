@@ -3,13 +3,13 @@
 //! meanings is written down.
 //!
 //! A [`Fault`] is made where a failure is seen (an exchange that broke, in
-//! `upstream::exchange`; a response head `retry.on` lists, in `retry::policy`) and read
-//! everywhere after: the retry policy asks whether `retry.on` lists it and whether the
-//! request may have run, the attempt records its metric label and the endpoint's
-//! health, a traced attempt its `error.type`, and tollgate's own answer its status and
-//! gRPC code (the inbound side's refusal for it is `inbound::answer::refusal`). Why
-//! retrying stopped is not a fault but a decision (`retry::policy::Stop`): it takes
-//! the fault it gave up on.
+//! `upstream::exchange`; a response head `retry.on` lists, in `retry::decide::policy`)
+//! and read everywhere after: the retry policy asks whether `retry.on` lists it and
+//! whether the request may have run, the attempt records its metric label and the
+//! endpoint's health, a traced attempt its `error.type`, and tollgate's own answer its
+//! status and gRPC code (the inbound side's refusal for it is
+//! `inbound::answer::refusal`). Why retrying stopped is not a fault but a decision
+//! (`retry::decide::policy::Stop`): it takes the fault it gave up on.
 //!
 //! Whose a fault is decides what it may do: a peer's (the upstream's, or on the inbound
 //! side the app's) may be retried and is held against its endpoint; the caller's own

@@ -21,6 +21,7 @@ pub mod calc;
 pub mod capture;
 pub mod check;
 pub mod config;
+pub mod contract;
 pub mod deadline;
 pub mod descriptors;
 pub mod discovery;

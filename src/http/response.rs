@@ -182,6 +182,39 @@ impl RawFields {
     }
 }
 
+/// The fields of a response head, wherever they are kept: an HTTP/1.1 response's in
+/// its head as they came ([`RawFields`]), an HTTP/2 one's in its map. Fields in the
+/// map come first.
+#[derive(Clone, Copy, Debug)]
+pub struct Fields<'a> {
+    map: &'a HeaderMap,
+    raw: Option<&'a RawFields>,
+}
+
+impl<'a> Fields<'a> {
+    /// The fields in `map`, then those in `raw`.
+    pub fn new(map: &'a HeaderMap, raw: Option<&'a RawFields>) -> Self {
+        Fields { map, raw }
+    }
+
+    pub fn get(&self, name: &HeaderName) -> Option<&'a [u8]> {
+        if let Some(v) = self.map.get(name) {
+            return Some(v.as_bytes());
+        }
+        self.raw?.get(name.as_str())
+    }
+
+    pub fn contains(&self, name: &HeaderName) -> bool {
+        self.get(name).is_some()
+    }
+}
+
+impl<'a> From<&'a HeaderMap> for Fields<'a> {
+    fn from(map: &'a HeaderMap) -> Self {
+        Fields { map, raw: None }
+    }
+}
+
 /// What a response field is to the reader of the head.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum FieldKind {

@@ -17,9 +17,9 @@ use http::{HeaderMap, Method};
 
 use crate::server::Admission;
 
-use crate::retry::headers::ATTEMPT_HEADER;
+use crate::contract::headers::ATTEMPT_HEADER;
 
-pub use crate::retry::markers::{ENVOY_ATTEMPT_COUNT, GRPC_PREVIOUS_ATTEMPTS, parse_count};
+pub use crate::contract::markers::{ENVOY_ATTEMPT_COUNT, GRPC_PREVIOUS_ATTEMPTS, parse_count};
 
 /// The first value of each header that makes a request a retry.
 const RETRY_FROM: [(HeaderName, u32); 3] = [

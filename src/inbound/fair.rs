@@ -37,7 +37,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::retry::budget::RetryBudget;
+use crate::retry::decide::budget::RetryBudget;
 
 /// The most callers that asked for retries known at once.
 pub const CALLERS: usize = 256;

@@ -28,17 +28,18 @@ use super::KeyedApp;
 use super::answer::{self, Refusal};
 use super::app::{self, DeadlineFields};
 use super::dedupe::{Answer, Claim, Fingerprinter, Kept};
+use crate::contract::outcome::outcome_of;
 use crate::deadline::Deadline;
 use crate::fault::Fault;
 use crate::http::BoxError;
+use crate::http::response::Fields;
 use crate::metrics::Outcome;
-use crate::retry::headers::outcome_of;
 use crate::server::{AppBody, RequestGuard, ResponseBody};
 use crate::upstream::pool::Want;
 use crate::upstream::request::{ContinueWait, RequestHead};
-use crate::upstream::response::{Fields, relayed};
+use crate::upstream::response::relayed;
 
-pub use crate::retry::headers::{DEDUPE_HEADER, REPLAYED_HEADER as REPLAYED};
+pub use crate::contract::headers::{DEDUPE_HEADER, REPLAYED_HEADER as REPLAYED};
 
 /// Once its caller has gone, how long the task waits for each further piece of the
 /// app's answer before it gives the answer up (the key is then not replayable).

@@ -50,7 +50,7 @@ use tokio::time::Instant;
 use crate::answer::OutboundAnswers;
 use crate::config::{AccessLogConfig, DeadlineConfig, InboundConfig, OwnedFailures, PerCaller};
 use crate::metrics::{Metrics, Outcome, amplification};
-use crate::retry::budget::RetryBudget;
+use crate::retry::decide::budget::RetryBudget;
 use crate::server::AppBody;
 use crate::trace::Tracer;
 use crate::upstream::OutgoingBody;

@@ -32,11 +32,11 @@ use std::time::Duration;
 use http::{HeaderMap, HeaderName, StatusCode};
 use tokio::time::Instant;
 
+use crate::contract::headers::OUTCOME_HEADER;
 use crate::http::grpc::{GRPC_STATUS, is_grpc_answer};
+use crate::http::response::Fields;
 use crate::metrics::Outcome;
-use crate::retry::headers::OUTCOME_HEADER;
 use crate::trace::{TRACEPARENT, TraceParent};
-use crate::upstream::response::Fields;
 
 /// Keys remembered at most.
 pub const CAPACITY: usize = 4096;

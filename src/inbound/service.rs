@@ -28,14 +28,16 @@ use crate::access_log::{Direction, Entry};
 use crate::answer::{NO_RETRY, NO_RETRY_LINE};
 use crate::config::AccessLogConfig;
 use crate::config::OwnedFailures;
+use crate::contract::headers::{OUTCOME_HEADER, outcome_line};
+use crate::contract::outcome::outcome_of;
 use crate::deadline::Deadline;
 use crate::http::fields::authority_of;
 use crate::http::grpc::GRPC_PUSHBACK;
 use crate::http::grpc::is_grpc;
+use crate::http::response::Fields;
 use crate::listen::Captures;
 use crate::metrics::Outcome;
 use crate::metrics::inbound::{InboundDenied, InboundMetrics, Kind};
-use crate::retry::headers::{OUTCOME_HEADER, outcome_line, outcome_of};
 use crate::server::headers::prepare_request;
 use crate::server::service::{AppRequest, AppResponse};
 use crate::server::{
@@ -44,7 +46,7 @@ use crate::server::{
 use crate::trace::{Arrival, Fleet, RequestTrace, Side, Tracer};
 use crate::upstream::pool::Want;
 use crate::upstream::request::{ContinueWait, RequestHead};
-use crate::upstream::response::{Fields, UpstreamResponse, relayed};
+use crate::upstream::response::{UpstreamResponse, relayed};
 
 /// The callers' requests to the app.
 #[derive(Clone)]

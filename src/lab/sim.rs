@@ -10,9 +10,9 @@
 //! "Recovery" is the ticks after the dip until the offered load first fits capacity.
 //!
 //! Beside the published five, two policies of tollgate's own: the budget's share
-//! adapting up to 30 % ([`crate::retry::adaptive`]; the model's instant rejections are
+//! adapting up to 30 % ([`crate::retry::learn::adaptive`]; the model's instant rejections are
 //! a load shedder saying "overloaded", so they hold it at 10 % during the dip), and the
-//! same with client-side throttling of first attempts ([`crate::retry::throttle`], k =
+//! same with client-side throttling of first attempts ([`crate::retry::learn::throttle`], k =
 //! 2 over 5 s), which rejects nothing in a dip as short as this one.
 
 use std::time::Duration;
@@ -21,9 +21,9 @@ use serde_json::{Value, json};
 use tokio::time::Instant;
 
 use crate::config::{BudgetConfig, ThrottleConfig};
-use crate::retry::backoff::{Backoff, Jitter};
-use crate::retry::budget::RetryBudget;
-use crate::retry::throttle::Throttle;
+use crate::retry::decide::backoff::{Backoff, Jitter};
+use crate::retry::decide::budget::RetryBudget;
+use crate::retry::learn::throttle::Throttle;
 
 pub const TICK: Duration = Duration::from_millis(100);
 const TICKS: usize = 400;

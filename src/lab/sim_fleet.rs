@@ -19,8 +19,8 @@ use super::fleet::{
     CALLER_FLOOR, CALLER_RATIO, INBOUND_FLOOR, INBOUND_RATIO, MAX_ATTEMPTS, WINDOW,
 };
 use crate::config::BudgetConfig;
-use crate::retry::backoff::Backoff;
-use crate::retry::budget::RetryBudget;
+use crate::retry::decide::backoff::Backoff;
+use crate::retry::decide::budget::RetryBudget;
 
 /// The clock's resolution.
 const TICK: Duration = Duration::from_millis(5);

@@ -5,7 +5,7 @@
 //!
 //! The evidence, in the order it is looked for:
 //!
-//! - **marker**: its HTTP client counts it as a retry ([`crate::retry::markers`]:
+//! - **marker**: its HTTP client counts it as a retry ([`crate::contract::markers`]:
 //!   `grpc-previous-rpc-attempts` >= 1, `x-envoy-attempt-count` >= 2,
 //!   `amz-sdk-request: attempt=N` with N >= 2, `retry-attempt` >= 1);
 //! - **key**: the same per-call identity (the idempotency header as the app sent it,
@@ -35,7 +35,7 @@
 //! status a marker's retry is refused with). A success of an app's retry forgets them.
 //! A request with none of this costs one atomic load: whether anything was remembered
 //! in the last 2 s. The memory itself, its bound and its cost are
-//! [`crate::retry::recent`]'s.
+//! [`crate::retry::evidence::recent`]'s.
 
 use std::cell::Cell;
 
@@ -47,11 +47,11 @@ use super::Upstream;
 use crate::answer as grpc;
 use crate::config::AppRetries;
 use crate::http::grpc::{GRPC_STATUS, is_grpc_answer};
+use crate::http::response::Fields;
 use crate::metrics::{Denied, Evidence, Outcome};
-use crate::retry::recent::Remembered;
+use crate::retry::evidence::recent::Remembered;
 use crate::retry::{Answer, Head, Reply};
 use crate::server::ResponseBody;
-use crate::upstream::response::Fields;
 
 /// The AWS SDKs' identity of one call, the same on each of its attempts.
 const AMZ_INVOCATION_ID: HeaderName = HeaderName::from_static("amz-sdk-invocation-id");

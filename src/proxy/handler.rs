@@ -22,15 +22,15 @@ use super::{Shared, Upstream, unrouted};
 use crate::access_log::{Direction, Entry};
 use crate::answer::{self as grpc, Local};
 use crate::config::{AccessLogConfig, UnknownAuthorities};
+use crate::contract::headers::{
+    ATTEMPTS_HEADER, OUTCOME_HEADER, OUTCOME_REMOVED_LINE, attempts_line, count_value, outcome_line,
+};
+use crate::contract::outcome::Callee;
 use crate::deadline::Deadline;
 use crate::http::fields::authority_of;
 use crate::http::grpc::{GRPC_PUSHBACK, GRPC_STATUS, is_grpc, is_grpc_answer};
 use crate::http::spare;
 use crate::metrics::{Denied, Outcome, UpstreamMetrics};
-use crate::retry::headers::{
-    ATTEMPTS_HEADER, Callee, OUTCOME_HEADER, OUTCOME_REMOVED_LINE, attempts_line, count_value,
-    outcome_line,
-};
 use crate::retry::{self, Answer, BodyRead, Exchange, Head, Reply, learn};
 use crate::server::headers::prepare_request;
 use crate::server::service::{AppRequest, AppResponse};
@@ -243,10 +243,10 @@ fn mint_key(up: &Upstream, head: &Head) -> Option<HeaderValue> {
     }
     let name = retry.idempotency_header.as_ref()?;
     // An empty key is no key: the minted one replaces it.
-    if crate::retry::keys::carries_key(&head.headers, name) {
+    if crate::retry::evidence::keys::carries_key(&head.headers, name) {
         return None;
     }
-    let key = crate::retry::keys::mint()?;
+    let key = crate::retry::evidence::keys::mint()?;
     if let Some(c) = up.keys_minted() {
         c.inc();
     }
@@ -647,7 +647,7 @@ fn answer_app(
 
 /// Whether an upstream's response head is a gRPC answer.
 fn is_grpc_answer_head(resp: &Response<crate::upstream::response::UpstreamBody>) -> bool {
-    let fields = crate::upstream::response::Fields::of(resp);
+    let fields = crate::http::response::Fields::of(resp);
     is_grpc_answer(
         resp.status(),
         fields.get(&CONTENT_TYPE),

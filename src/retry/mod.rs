@@ -1,51 +1,33 @@
-//! Retrying on the app's behalf: what may be retried ([`policy`]), how many retries the
-//! upstream can afford ([`budget`]), how long to wait ([`backoff`], [`retry_after`]),
-//! how the app's body is sent again ([`replay`]), when a slow attempt gets a hedge
-//! beside it ([`hedge`], with the latency percentile of [`quantile`]), and the attempt
-//! loop that puts them together ([`forward`], one [`attempt`] at a time, or two with a
-//! hedge), with what each attempt did written into a traced request's spans
-//! ([`traced`]).
+//! Retrying on the app's behalf, in four parts, one concern each:
 //!
-//! The caller also learns from its upstream: the budget's share adapts ([`adaptive`]),
-//! first attempts are throttled when most are rejected ([`throttle`]), both fed by
-//! what each attempt showed ([`learn`]); and it sees the app's own retries, by the
-//! counts its client puts on them ([`markers`]) and by the failures it owned lately
-//! ([`recent`]).
+//! - [`decide`]: whether and when a failed attempt is retried ([`decide::policy`]), how
+//!   many retries the upstream can afford ([`decide::budget`]), how long to wait
+//!   ([`decide::backoff`], [`decide::retry_after`]), and when a slow attempt gets a hedge
+//!   beside it ([`decide::hedge`]).
+//! - [`forward`](mod@forward): the attempt loop that puts them together, one attempt at a time
+//!   ([`forward::attempt`]), or two with a hedge, sending the app's body again
+//!   ([`forward::replay`]) and writing what each attempt did into a traced request's
+//!   spans.
+//! - [`learn`]: what the caller learns from its upstream's answers: the budget's share
+//!   adapts ([`learn::adaptive`]), first attempts are throttled when most are rejected
+//!   ([`learn::throttle`]), and the recent attempt latency ([`learn::quantile`]).
+//! - [`evidence`]: what a request is judged by beyond its own attempts: the failures
+//!   owned lately, to see the app's own retries ([`evidence::recent`]; the counts its
+//!   client puts on them are the contract's, [`crate::contract::markers`]), and the
+//!   idempotency keys and what callees say of them ([`evidence::keys`]).
 //!
-//! Generic over the app's body `A`: this layer records and replays it, and does not
-//! care which protocol brought it.
+//! An upstream as the engine drives all four is [`Upstream`]. Generic over the app's
+//! body `A`: this layer records and replays it, and does not care which protocol
+//! brought it.
 
-pub mod adaptive;
-pub mod attempt;
-pub mod backoff;
-pub mod budget;
-mod exchange;
-mod forward;
-#[cfg(test)]
-mod forward_tests;
-pub mod headers;
-pub mod hedge;
-pub mod keys;
+pub mod decide;
+pub mod evidence;
+pub mod forward;
 pub mod learn;
-pub mod markers;
-pub mod policy;
-pub mod quantile;
-mod race;
-pub mod recent;
-mod rejected;
-pub mod replay;
-pub mod retry_after;
-#[cfg(test)]
-mod script;
-mod slots;
-pub mod throttle;
-mod traced;
-pub mod transport;
 mod upstream;
 
-pub use attempt::Transport;
-pub use attempt::{Attempt, Head};
-pub use exchange::{Answer, BodyRead, Exchange, HedgeState, Reply, Trail};
+pub use forward::attempt::{Attempt, Head, Transport};
+pub use forward::handoff::{Answer, BodyRead, Exchange, HedgeState, Reply, Trail};
+pub use forward::replay::{AppBody, ReplayBody};
 pub use forward::{forward, forward_on};
-pub use replay::{AppBody, ReplayBody};
 pub use upstream::Upstream;

@@ -19,15 +19,15 @@ use prometheus::IntCounter;
 
 use tokio::time::Instant;
 
-use super::budget::RetryBudget;
-use super::hedge::Hedging;
-use super::keys::Dedupes;
-use super::quantile::RecentQuantile;
-use super::recent::RecentFailures;
-use super::replay::{AppBody, ReplayBody};
-use super::throttle::Throttle;
 use crate::config::{DeadlineConfig, KubernetesConfig, UpstreamConfig};
 use crate::metrics::{Ejections, Metrics, UpstreamMetrics, UpstreamSeries};
+use crate::retry::decide::budget::RetryBudget;
+use crate::retry::decide::hedge::Hedging;
+use crate::retry::evidence::keys::Dedupes;
+use crate::retry::evidence::recent::RecentFailures;
+use crate::retry::forward::replay::{AppBody, ReplayBody};
+use crate::retry::learn::quantile::RecentQuantile;
+use crate::retry::learn::throttle::Throttle;
 use crate::upstream::Endpoints;
 use crate::upstream::tls::TlsClient;
 

@@ -15,9 +15,10 @@ use std::time::Duration;
 use http::HeaderValue;
 use http::header::{self, HeaderMap, HeaderName};
 
+use crate::contract::dedupe::StoreId;
+use crate::contract::headers::DEDUPE_STORE_HEADER;
+use crate::contract::markers::marks_retry;
 use crate::http::fields::{has_token, is_hop_by_hop, strip_hop_by_hop};
-use crate::retry::headers::{DEDUPE_STORE_HEADER, StoreId};
-use crate::retry::markers::marks_retry;
 
 /// What a request's headers say, read in one pass.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -28,7 +29,7 @@ pub struct RequestFacts {
     pub grpc: bool,
     /// An HTTP/1.1 upgrade: `Connection: upgrade` and `Upgrade` were kept.
     pub upgrade: bool,
-    /// Its HTTP client counts it as a retry ([`crate::retry::markers`]).
+    /// Its HTTP client counts it as a retry ([`crate::contract::markers`]).
     pub retry_marker: bool,
     /// The dedupe store a caller's retry is meant for (`x-tollgate-dedupe-store`), read
     /// before tollgate's own headers go.

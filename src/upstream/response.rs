@@ -2,12 +2,12 @@
 //! its head's fields, wherever they are kept.
 
 use http::response::Parts;
-use http::{HeaderMap, HeaderName, Response, Version};
+use http::{Response, Version};
 
 use super::h1::Http1Response;
 use crate::http::ByProtocol;
 use crate::http::fields::strip;
-use crate::http::response::RawFields;
+use crate::http::response::{Fields, RawFields};
 
 /// A response body from an endpoint, whichever HTTP carried it.
 pub type UpstreamBody = ByProtocol<Http1Response>;
@@ -45,37 +45,9 @@ pub fn relayed(resp: UpstreamResponse, version: Version) -> (Parts, UpstreamBody
     (parts, body)
 }
 
-/// The fields of a response head, wherever they are kept: an HTTP/1.1 response's in
-/// its head as they came ([`RawFields`]), an HTTP/2 one's in its map. Fields in the
-/// map come first.
-#[derive(Clone, Copy, Debug)]
-pub struct Fields<'a> {
-    map: &'a HeaderMap,
-    raw: Option<&'a RawFields>,
-}
-
+/// The fields of an endpoint's response head, wherever they are kept ([`Fields`]).
 impl<'a> Fields<'a> {
     pub fn of(resp: &'a Response<UpstreamBody>) -> Self {
-        Fields {
-            map: resp.headers(),
-            raw: resp.body().raw_fields(),
-        }
-    }
-
-    pub fn get(&self, name: &HeaderName) -> Option<&'a [u8]> {
-        if let Some(v) = self.map.get(name) {
-            return Some(v.as_bytes());
-        }
-        self.raw?.get(name.as_str())
-    }
-
-    pub fn contains(&self, name: &HeaderName) -> bool {
-        self.get(name).is_some()
-    }
-}
-
-impl<'a> From<&'a HeaderMap> for Fields<'a> {
-    fn from(map: &'a HeaderMap) -> Self {
-        Fields { map, raw: None }
+        Fields::new(resp.headers(), resp.body().raw_fields())
     }
 }

@@ -23,8 +23,8 @@ use tokio::time::Instant;
 
 use super::scope::{Fingerprint, Scope};
 use super::store::{Ending, Found, Store, StoreError, Token};
+use crate::contract::dedupe::StoreId;
 use crate::inbound::dedupe::kept::Kept;
-use crate::retry::headers::StoreId;
 
 /// The memory store.
 pub struct MemoryStore {

@@ -80,9 +80,10 @@ pub use kept::{Keeper, Kept};
 pub use scope::{Fingerprint, Fingerprinter, KeyFields, Scope};
 
 use crate::config::{DedupeConfig, DedupeStore, OnStoreError};
+use crate::contract::dedupe::{DedupeAdvert, DedupeScope, StoreId};
+use crate::contract::headers::DEDUPE_HEADER;
 use crate::metrics::Metrics;
 use crate::metrics::dedupe::{DedupeMetrics, DedupeResult};
-use crate::retry::headers::{DEDUPE_HEADER, DedupeAdvert, DedupeScope, StoreId};
 use memory::MemoryStore;
 use redis::{LEASE, RENEW_EVERY, RedisStore};
 use store::{Ending, Found, Store, StoreError, Token};

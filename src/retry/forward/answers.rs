@@ -5,14 +5,15 @@
 use http::StatusCode;
 
 use super::{Call, discard};
+use crate::contract::outcome::Callee;
 use crate::fault::Fault;
+use crate::http::response::Fields;
 use crate::metrics::{Denied, Outcome};
-use crate::retry::exchange::{Answer, BodyRead, Reply};
-use crate::retry::headers::Callee;
-use crate::retry::policy::Stop;
-use crate::retry::rejected::Previous;
-use crate::retry::replay::AppBody;
-use crate::upstream::response::{Fields, UpstreamResponse};
+use crate::retry::decide::policy::Stop;
+use crate::retry::forward::handoff::{Answer, BodyRead, Reply};
+use crate::retry::forward::rejected::Previous;
+use crate::retry::forward::replay::AppBody;
+use crate::upstream::response::UpstreamResponse;
 
 impl<'a, A: AppBody> Call<'a, A> {
     /// The callee refused this retry: no further attempt, and the app gets the failure

@@ -24,13 +24,28 @@
 //! attempt left to ask for), nearly every attempt, is simply awaited in this future.
 //!
 //! What each attempt showed goes to the parts that learn from the upstream
-//! ([`learn`](super::learn)) and, for a traced request, to its spans
-//! ([`traced`](super::traced)); the failure a retry retries is kept while it runs, in case
-//! the callee refuses the retry ([`rejected`](super::rejected)).
+//! ([`learn`]) and, for a traced request, to its spans (`traced.rs`); the failure a retry
+//! retries is kept while it runs, in case the callee refuses the retry (`rejected.rs`).
 //!
-//! [`Hedging`]: super::hedge::Hedging
+//! Beside the loop, in this folder: what it takes and gives back ([`handoff`]), the
+//! answers it makes (`answers.rs`), one attempt ([`attempt`]) on a [`Transport`], the
+//! real one ([`transport`]) or, in the loop's tests, a script, the app's body sent
+//! again ([`replay`]), and the race of two attempts in flight (`race.rs`).
+//!
+//! [`Hedging`]: crate::retry::decide::hedge::Hedging
 
 mod answers;
+pub mod attempt;
+pub mod handoff;
+mod race;
+mod rejected;
+pub mod replay;
+#[cfg(test)]
+mod script;
+#[cfg(test)]
+mod tests;
+mod traced;
+pub mod transport;
 
 use std::pin::pin;
 use std::sync::Arc;
@@ -40,26 +55,29 @@ use http::{HeaderName, HeaderValue, StatusCode};
 use http_body::Body;
 use tokio::time::{Instant, Sleep};
 
-use super::attempt::Transport;
-use super::attempt::{Attempt, Head, Ran, TRACEPARENT_NAME};
-use super::backoff::Backoff;
-use super::exchange::{Answer, Exchange, HedgeState, Reply, Trail};
-use super::headers::{Callee, DEDUPE_STORE_HEADER, DedupeScope, StoreId, refused_as_retry};
-use super::keys;
-use super::learn::{self, Seen};
-use super::policy::{self, Policy, Situation, Stop};
-use super::race::{Beside, Event, Second, race};
-use super::rejected::{self, Previous};
-use super::replay::{AppBody, BodySource, ReplayBody};
-use super::traced::{Starting, Traced};
-use super::upstream::Upstream;
+use crate::contract::dedupe::{DedupeScope, StoreId};
+use crate::contract::headers::DEDUPE_STORE_HEADER;
+use crate::contract::outcome::{Callee, refused_as_retry};
 use crate::deadline::Deadline;
 use crate::fault::Fault;
+use crate::http::response::Fields;
 use crate::metrics::{Denied, HedgeResult, Outcome};
+use crate::retry::decide::backoff::Backoff;
+use crate::retry::decide::policy::{self, Policy, Situation, Stop};
+use crate::retry::evidence::keys;
+use crate::retry::learn::{self, Seen};
+use crate::retry::upstream::Upstream;
 use crate::upstream::pool::{Endpoint, Want};
 use crate::upstream::request::RareFields;
-use crate::upstream::response::{Fields, UpstreamResponse};
+use crate::upstream::response::UpstreamResponse;
 use crate::upstream::want;
+use attempt::Transport;
+use attempt::{Attempt, Head, Ran, TRACEPARENT_NAME};
+use handoff::{Answer, Exchange, HedgeState, Reply, Trail};
+use race::{Beside, Event, Second, race};
+use rejected::Previous;
+use replay::{AppBody, BodySource, ReplayBody};
+use traced::{Starting, Traced};
 
 /// `x-tollgate-dedupe-store`, borrowed by the attempts that carry it.
 static DEDUPE_STORE_NAME: HeaderName = DEDUPE_STORE_HEADER;

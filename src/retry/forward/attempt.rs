@@ -24,18 +24,20 @@ use std::sync::Arc;
 use http::{HeaderMap, HeaderName, Method, StatusCode, Uri};
 use tokio::time::Instant;
 
-use super::headers::{ATTEMPT_HEADER, Callee, HEDGE_HEADER, HEDGE_VALUE, count_value};
-use super::replay::{AppBody, ReplayBody};
-use super::upstream::Upstream;
+use crate::contract::headers::{ATTEMPT_HEADER, HEDGE_HEADER, HEDGE_VALUE, count_value};
+use crate::contract::outcome::Callee;
 use crate::deadline;
 use crate::fault::Fault;
+use crate::http::response::Fields;
 use crate::metrics::AttemptResult;
+use crate::retry::forward::replay::{AppBody, ReplayBody};
+use crate::retry::upstream::Upstream;
 use crate::trace::TRACEPARENT;
 use crate::upstream::exchange;
 use crate::upstream::outlier::Verdict;
 use crate::upstream::pool::{Endpoint, Want};
 use crate::upstream::request::{AttemptFields, RareFields, RequestHead};
-use crate::upstream::response::{Fields, UpstreamResponse};
+use crate::upstream::response::UpstreamResponse;
 
 /// The names of the per-attempt fields, borrowed by every attempt.
 static ATTEMPT_NAME: HeaderName = ATTEMPT_HEADER;
@@ -48,9 +50,9 @@ pub(super) static TRACEPARENT_NAME: HeaderName = TRACEPARENT;
 const DEADLINE_SLACK: std::time::Duration = std::time::Duration::from_millis(10);
 
 /// The seam under the retry loop: carries one attempt to one endpoint and waits for its
-/// response head. The loop ([`super::forward`]) decides which attempt goes where and
+/// response head. The loop ([`forward`](mod@crate::retry::forward)) decides which attempt goes where and
 /// when; a transport carries it. The real one is the upstream's endpoints
-/// ([`super::transport`]); tests drive the loop with a scripted one and paused time, so
+/// ([`crate::retry::forward::transport`]); tests drive the loop with a scripted one and paused time, so
 /// every way a request can end is tried without a socket.
 pub trait Transport<A>: Sync {
     /// Sends `attempt` (its head, with the attempt's own fields as of the moment it goes

@@ -4,11 +4,11 @@
 use http::{HeaderValue, StatusCode, Version};
 use tokio::time::Instant;
 
-use super::attempt::Head;
-use super::headers::Callee;
+use crate::contract::outcome::Callee;
 use crate::deadline::Deadline;
 use crate::fault::Fault;
 use crate::metrics::{Denied, Outcome};
+use crate::retry::forward::attempt::Head;
 use crate::upstream::response::UpstreamResponse;
 
 /// A request ready to forward.

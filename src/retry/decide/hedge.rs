@@ -10,16 +10,16 @@
 //! ([`RetryBudget`]) with `ratio = max_extra` and `min_per_sec = 0`, on the retry
 //! budget's window; a hedge is charged there only, never to the retry budget.
 //!
-//! This file decides *when* and *whether*; the attempt loop ([`super::forward`]) runs
+//! This file decides *when* and *whether*; the attempt loop ([`forward`](mod@crate::retry::forward)) runs
 //! the two attempts side by side and picks the winner.
 
 use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::budget::RetryBudget;
-use super::quantile::RecentQuantile;
 use crate::config::{BudgetConfig, HedgeAfter, HedgeConfig};
+use crate::retry::decide::budget::RetryBudget;
+use crate::retry::learn::quantile::RecentQuantile;
 
 /// The window of the hedge budget when the upstream has no retry budget.
 const DEFAULT_WINDOW: Duration = Duration::from_secs(10);
@@ -115,7 +115,7 @@ mod tests {
         assert_eq!(fixed.delay(), Some(Duration::from_millis(50)));
         let (p95, _) = hedging(HedgeAfter::Percentile(0.95), 0.05, DEFAULT_WINDOW);
         assert_eq!(p95.delay(), None);
-        for _ in 0..super::super::quantile::WARM_UP {
+        for _ in 0..crate::retry::learn::quantile::WARM_UP {
             p95.observe(Duration::from_millis(20));
         }
         assert_eq!(p95.delay(), Some(Duration::from_millis(20)));

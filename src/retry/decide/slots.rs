@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-pub(super) struct SlotClock {
+pub(in crate::retry) struct SlotClock {
     origin: Instant,
     slot_nanos: u64,
     /// The newest slot the window has been moved to.
@@ -22,7 +22,7 @@ pub(super) struct SlotClock {
 
 impl SlotClock {
     /// A window of `window` cut into `slots` slots, starting at `now`.
-    pub(super) fn new(window: Duration, slots: u64, now: Instant) -> Self {
+    pub(in crate::retry) fn new(window: Duration, slots: u64, now: Instant) -> Self {
         let nanos = u64::try_from(window.as_nanos()).unwrap_or(u64::MAX);
         SlotClock {
             origin: now,
@@ -41,7 +41,7 @@ impl SlotClock {
     /// Moves the window to `now`; returns the current slot. When that is a new one,
     /// `retire(head, slot)` runs first, under the lock, to empty what the slots
     /// `head + 1 ..= slot` push out of the window.
-    pub(super) fn advance(&self, now: Instant, retire: impl FnOnce(u64, u64)) -> u64 {
+    pub(in crate::retry) fn advance(&self, now: Instant, retire: impl FnOnce(u64, u64)) -> u64 {
         let slot = self.slot_of(now);
         let head = self.head.load(Acquire);
         if slot <= head {
@@ -59,7 +59,7 @@ impl SlotClock {
 
     /// Runs `f` under the lock that retiring slots takes, with the current slot (which
     /// cannot move while `f` runs). The window must already be at `now`.
-    pub(super) fn exclusive<T>(&self, f: impl FnOnce(u64) -> T) -> T {
+    pub(in crate::retry) fn exclusive<T>(&self, f: impl FnOnce(u64) -> T) -> T {
         let _guard = self.rotate.lock().unwrap_or_else(|p| p.into_inner());
         f(self.head.load(Acquire))
     }

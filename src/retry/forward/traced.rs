@@ -11,16 +11,17 @@ use http::HeaderValue;
 use http::header::RETRY_AFTER;
 use tokio::time::Instant;
 
-use super::attempt::Ran;
-use super::replay::ReplayBody;
-use super::upstream::Upstream;
 use crate::deadline::Deadline;
 use crate::fault::Fault;
 use crate::http::grpc::GRPC_PUSHBACK;
+use crate::http::response::Fields;
 use crate::metrics::{Denied, Outcome};
+use crate::retry::forward::attempt::Ran;
+use crate::retry::forward::replay::ReplayBody;
+use crate::retry::upstream::Upstream;
 use crate::trace::{AfterFailure, AttemptEnd, AttemptId, AttemptStart, RequestTrace};
 use crate::upstream::pool::Endpoint;
-use crate::upstream::response::{Fields, UpstreamResponse};
+use crate::upstream::response::UpstreamResponse;
 
 /// A request's trace, as the loop fills it in: boxed, so that a request that is not
 /// traced (nearly every one) carries a word for it.
@@ -98,7 +99,7 @@ impl<'t> Traced<'t> {
         let (status, fault, callee_outcome) = match &ran.result {
             Ok(resp) => {
                 let status = resp.status();
-                let outcome = super::headers::outcome_of(status, Fields::of(resp));
+                let outcome = crate::contract::outcome::outcome_of(status, Fields::of(resp));
                 (
                     Some(status.as_u16()),
                     None,

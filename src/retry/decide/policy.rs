@@ -13,15 +13,16 @@ use http::StatusCode;
 
 use tokio::time::Instant;
 
-use super::backoff::Backoff;
-use super::budget::RetryBudget;
-use super::headers::{Callee, GRPC_PUSHBACK, GRPC_STATUS};
-use super::retry_after::{Pushback, parse_pushback_ms, parse_retry_after};
 use crate::config::{Ownership, RetryAfterMode, RetryConfig, RetryOn};
+use crate::contract::outcome::Callee;
 use crate::deadline::Deadline;
 use crate::fault::Fault;
+use crate::http::grpc::{GRPC_PUSHBACK, GRPC_STATUS};
+use crate::http::response::Fields;
 use crate::metrics::{Denied, Outcome};
-use crate::upstream::response::Fields;
+use crate::retry::decide::backoff::Backoff;
+use crate::retry::decide::budget::RetryBudget;
+use crate::retry::decide::retry_after::{Pushback, parse_pushback_ms, parse_retry_after};
 
 /// gRPC UNAVAILABLE.
 const GRPC_UNAVAILABLE: &[u8] = b"14";
@@ -278,7 +279,7 @@ pub fn pushback(headers: Fields<'_>) -> Option<Pushback> {
 mod tests {
     use super::*;
     use crate::config::BudgetConfig;
-    use crate::retry::headers::OUTCOME_HEADER;
+    use crate::contract::headers::OUTCOME_HEADER;
     use http::{HeaderMap, HeaderValue};
 
     /// A body whose readiness is given.

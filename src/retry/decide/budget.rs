@@ -34,7 +34,7 @@
 //!
 //! With `max_ratio`, `ratio` in the rule is replaced by a share that moves between
 //! `ratio / 10` and `max_ratio` as the upstream shows how well retries go, and the floor
-//! may be suspended while they keep failing ([`super::adaptive`]). The share never
+//! may be suspended while they keep failing ([`crate::retry::learn::adaptive`]). The share never
 //! leaves that range, so the rule with `max_ratio` in place of `ratio` is never
 //! exceeded.
 //!
@@ -50,9 +50,9 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::adaptive::AdaptiveShare;
-use super::slots::SlotClock;
 use crate::config::BudgetConfig;
+use crate::retry::decide::slots::SlotClock;
+use crate::retry::learn::adaptive::AdaptiveShare;
 
 /// Slots per window: the window's resolution is `window / SLOTS`.
 const SLOTS: u64 = 20;

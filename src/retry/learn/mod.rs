@@ -23,17 +23,27 @@
 //! window late at each. So the throttle counts neither it nor the request it answers;
 //! an outcome that says the callee itself is overloaded (`overloaded`,
 //! `retry-rejected`) counts as the failure it is.
+//!
+//! The parts that learn, in this folder: the budget's adaptive share ([`adaptive`]), the
+//! throttle of first attempts ([`throttle`]), and the recent attempt latency, a
+//! percentile for hedging and the median a retry must have time for ([`quantile`]).
+
+pub mod adaptive;
+pub mod quantile;
+pub mod throttle;
 
 use http::StatusCode;
 use http::header::RETRY_AFTER;
 use tokio::time::Instant;
 
-use super::headers::{Callee, GRPC_PUSHBACK, GRPC_STATUS, OUTCOME_HEADER};
-use super::retry_after::{Pushback, parse_pushback_ms};
-use super::upstream::Upstream;
+use crate::contract::headers::OUTCOME_HEADER;
+use crate::contract::outcome::Callee;
 use crate::fault::Fault;
+use crate::http::grpc::{GRPC_PUSHBACK, GRPC_STATUS};
+use crate::http::response::Fields;
 use crate::metrics::Outcome;
-use crate::upstream::response::Fields;
+use crate::retry::decide::retry_after::{Pushback, parse_pushback_ms};
+use crate::retry::upstream::Upstream;
 
 /// One attempt's result, as the learning parts see it.
 pub(crate) struct Seen<'a> {

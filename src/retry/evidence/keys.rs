@@ -20,8 +20,9 @@ use http::{HeaderName, HeaderValue, Method};
 use ring::rand::{SecureRandom, SystemRandom};
 use tokio::time::Instant;
 
-use super::headers::{DEDUPE_HEADER, DedupeAdvert, DedupeScope};
-use crate::upstream::response::Fields;
+use crate::contract::dedupe::{DedupeAdvert, DedupeScope};
+use crate::contract::headers::DEDUPE_HEADER;
+use crate::http::response::Fields;
 
 /// How long an answer saying `x-tollgate-dedupe: on` is believed.
 pub const BELIEVED: Duration = Duration::from_secs(60);

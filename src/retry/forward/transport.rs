@@ -5,12 +5,12 @@
 //! descriptor shortage counted, a TLS failure of one endpoint warned about and named
 //! for the app).
 
-use super::attempt::{Attempt, Transport};
-use super::replay::{AppBody, ReplayBody};
-use super::upstream::Upstream;
 use crate::descriptors::Throttled;
 use crate::fault::Fault;
 use crate::http::response::is_head_too_large;
+use crate::retry::forward::attempt::{Attempt, Transport};
+use crate::retry::forward::replay::{AppBody, ReplayBody};
+use crate::retry::upstream::Upstream;
 use crate::upstream::exchange::{self, Reach, Wire};
 use crate::upstream::pool::{Endpoint, clock_ms};
 use crate::upstream::response::UpstreamResponse;

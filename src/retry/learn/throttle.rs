@@ -13,7 +13,7 @@
 //!
 //! Over a sliding `window`: `requests` is every request the app sent (those rejected
 //! here included), `accepts` the attempts not rejected for overload (what counts as
-//! that is [`super::learn`]'s: a `429` or `503`, Retry-After, a refused connect, a
+//! that is [`crate::retry::learn`]'s: a `429` or `503`, Retry-After, a refused connect, a
 //! timeout; a `500` is an answer).
 //! A first attempt is rejected locally (503, outcome `throttled`, no upstream call)
 //! with probability `p = max(0, (requests - k × accepts) / (requests + 1))`. While the
@@ -41,8 +41,8 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering::*};
 
 use tokio::time::Instant;
 
-use super::slots::SlotClock;
 use crate::config::ThrottleConfig;
+use crate::retry::decide::slots::SlotClock;
 
 /// Slots per window.
 const SLOTS: u64 = 20;

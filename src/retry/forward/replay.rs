@@ -21,8 +21,8 @@ use bytes::Bytes;
 use http::HeaderMap;
 use http_body::{Body, Frame, SizeHint};
 
-use super::policy::{BodyState, Replayable};
 use crate::http::BoxError;
+use crate::retry::decide::policy::{BodyState, Replayable};
 
 /// What an attempt sends upstream, the app's body being `A`.
 pub enum ReplayBody<A> {

@@ -11,10 +11,10 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::attempt::Attempt;
-use super::attempt::Transport;
-use super::replay::{AppBody, ReplayBody};
 use crate::fault::Fault;
+use crate::retry::forward::attempt::Attempt;
+use crate::retry::forward::attempt::Transport;
+use crate::retry::forward::replay::{AppBody, ReplayBody};
 use crate::upstream::response::UpstreamResponse;
 use crate::upstream::scripted;
 
