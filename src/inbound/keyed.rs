@@ -25,9 +25,9 @@ use prometheus::IntCounter;
 use tokio::sync::{Notify, mpsc, oneshot};
 
 use super::KeyedApp;
-use super::answer::{self, Refusal};
 use super::app::{self, DeadlineFields};
 use super::dedupe::{Answer, Claim, Fingerprinter, Kept};
+use crate::answer::{self, Refusal};
 use crate::contract::outcome::outcome_of;
 use crate::deadline::Deadline;
 use crate::fault::Fault;
