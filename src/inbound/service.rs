@@ -95,7 +95,7 @@ impl Service for InboundService {
 }
 
 /// What the request is, for the metrics, the access log and the answers.
-struct Call<'a> {
+struct InboundCall<'a> {
     metrics: &'a InboundMetrics,
     kind: Kind,
     grpc: bool,
@@ -108,7 +108,7 @@ struct Call<'a> {
     trace: Option<RequestTrace>,
 }
 
-impl Call<'_> {
+impl InboundCall<'_> {
     fn refuse(&mut self, r: &Refusal, mut guard: RequestGuard) -> Response<ResponseBody> {
         let status = r.status(self.grpc).as_u16();
         self.metrics.request(self.kind, status, r.outcome);
@@ -166,7 +166,7 @@ async fn answer_request(
         &state.config.probe_paths,
     );
     let retry = is_retry(req.headers());
-    let mut call = Call {
+    let mut call = InboundCall {
         metrics: inbound.metrics.inbound(),
         kind: if retry { Kind::Retry } else { Kind::First },
         grpc: is_grpc(req.headers()),
@@ -280,7 +280,7 @@ async fn answer_request(
     let traceparent = call.trace.as_ref().map(RequestTrace::traceparent);
     let (result, mark) = match (claim, &state.dedupe) {
         (Some(claim), Some((_, keyed_app))) => {
-            let exchange = keyed::Exchange {
+            let exchange = keyed::HeadForApp {
                 method: parts.method,
                 uri,
                 headers,
@@ -401,7 +401,7 @@ fn admit(
 
 /// A duplicate's answer: the kept one, or dedupe's own.
 fn duplicate(
-    call: &mut Call<'_>,
+    call: &mut InboundCall<'_>,
     settled: Answer,
     version: Version,
     mut guard: RequestGuard,
@@ -458,7 +458,7 @@ fn log_entry(
 /// nothing of tollgate's added, unless it is to be marked (`mark`) `downstream-owned`
 /// with `grpc-retry-pushback-ms: -1` (ownership through the app).
 fn relay(
-    call: &mut Call<'_>,
+    call: &mut InboundCall<'_>,
     resp: UpstreamResponse,
     (version, mark): (Version, bool),
     mut guard: RequestGuard,
@@ -494,7 +494,7 @@ fn relay(
 
 /// The app's answer to a keyed first arrival, as the task that keeps it relays it.
 fn relay_keyed(
-    call: &mut Call<'_>,
+    call: &mut InboundCall<'_>,
     head: keyed::Head,
     version: Version,
     mut guard: RequestGuard,

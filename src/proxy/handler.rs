@@ -16,7 +16,7 @@ use http::{HeaderValue, Method, Request, Response, StatusCode, Uri, Version};
 use http_body::Body;
 use tokio::time::Instant;
 
-use super::app_retries::{self, AppRetry, Sameness, Verdict};
+use super::app_retries::{self, AppRetry, RequestEnd, Sameness};
 use super::local::{announce_close, local_answer};
 use super::{Shared, Upstream, unrouted};
 use crate::access_log::{Direction, Entry};
@@ -147,8 +147,8 @@ async fn handle(
     let called = called.as_ref().map(Called::as_str);
     let same = Sameness::new(&up, &head, called, facts.retry_marker);
     let refused = |r: &Refusal| {
-        let verdict = Verdict::refused(r.status, r.outcome, grpc);
-        app_retries::remember(&up, &same, verdict, start);
+        let end = RequestEnd::refused(r.status, r.outcome, grpc);
+        app_retries::remember(&up, &same, end, start);
     };
     if !admit(&up, &mut guard) {
         refused(&UPSTREAM_OVERLOADED);
@@ -444,10 +444,10 @@ fn learn_from(up: &Upstream, same: &Sameness<'_>, answer: &Answer, grpc: bool, a
     {
         t.answered(Instant::now());
     }
-    let verdict = Verdict::of(answer, grpc, again);
+    let end = RequestEnd::of(answer, grpc, again);
     let refuse = up.config().app_retries == crate::config::AppRetries::Refuse;
-    if refuse || !matches!(verdict, Verdict::Succeeded { again: false }) {
-        app_retries::remember(up, same, verdict, Instant::now());
+    if refuse || !matches!(end, RequestEnd::Succeeded { again: false }) {
+        app_retries::remember(up, same, end, Instant::now());
     }
 }
 

@@ -198,7 +198,7 @@ impl Drop for Attempt<'_> {
 }
 
 /// What the answer must know of the request.
-struct Call<'a> {
+struct PassCall<'a> {
     passing: &'a Passing,
     grpc: bool,
     /// An HTTP/1.x body not read to its end.
@@ -207,7 +207,7 @@ struct Call<'a> {
     start: Instant,
 }
 
-impl Call<'_> {
+impl PassCall<'_> {
     /// Counts the answer and finishes its access log line.
     fn answered(&mut self, guard: &mut RequestGuard, status: u16, attempts: u32, outcome: Outcome) {
         self.passing
@@ -257,7 +257,7 @@ pub(super) async fn pass(
     let passing = shared.passing.clone();
     passing.inflight.fetch_add(1, AcqRel);
     guard.admitted(passing.clone());
-    let call = Call {
+    let call = PassCall {
         passing: &passing,
         grpc: is_grpc(req.headers()),
         unread: req.version() < Version::HTTP_2 && !req.body().is_end_stream(),
@@ -428,7 +428,7 @@ fn failed_connect(e: &ConnectError) -> Unpassed {
 async fn forward(
     to: &To<'_>,
     req: Request<AppBody>,
-    mut call: Call<'_>,
+    mut call: PassCall<'_>,
     mut guard: RequestGuard,
 ) -> AppResponse {
     let (parts, body) = req.into_parts();
@@ -498,7 +498,7 @@ async fn send(
 async fn tunnel(
     to: &To<'_>,
     mut req: AppRequest,
-    mut call: Call<'_>,
+    mut call: PassCall<'_>,
     mut guard: RequestGuard,
 ) -> AppResponse {
     let attempt = Attempt::start(call.passing.metrics.get());
