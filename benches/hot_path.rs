@@ -21,7 +21,7 @@ use tollgate::retry::decide::hedge::Hedging;
 use tollgate::retry::evidence::recent::{RecentFailures, Remembered};
 use tollgate::retry::learn::throttle::Throttle;
 use tollgate::upstream::Endpoints;
-use tollgate::upstream::outlier::Verdict;
+use tollgate::upstream::outlier::EndpointReport;
 
 fn budget(c: &mut Criterion) {
     let cfg = BudgetConfig {
@@ -193,12 +193,12 @@ fn endpoint_choice(c: &mut Criterion) {
     });
     let ejecting = endpoints("[upstreams.u.outlier]\nconsecutive_failures = 1\n");
     let now = ejecting.now();
-    ejecting.report(&now[1], Verdict::Failure);
+    ejecting.report(&now[1], EndpointReport::Failure);
     c.bench_function("endpoints: pick, one of three ejected", |bench| {
         bench.iter(|| black_box(ejecting.pick(black_box(Some(0)))))
     });
     c.bench_function("endpoints: report a success", |bench| {
-        bench.iter(|| ejecting.report(black_box(&now[2]), Verdict::Success))
+        bench.iter(|| ejecting.report(black_box(&now[2]), EndpointReport::Success))
     });
 }
 

@@ -124,6 +124,187 @@ impl Local<'_> {
     }
 }
 
+/// An answer tollgate makes itself in the place of an upstream's or an app's, and why:
+/// one of the named refusals below. Each side says how many attempts it took.
+#[derive(Clone, Debug)]
+pub struct Refusal {
+    pub status: StatusCode,
+    pub outcome: Outcome,
+    pub text: &'static str,
+    pub retry_after: Option<HeaderValue>,
+}
+
+impl Refusal {
+    /// The answer, with the attempts it took said (`Some`, outbound) or not (`None`).
+    pub fn local(&self, attempts: Option<u32>) -> Local<'static> {
+        Local {
+            status: self.status,
+            outcome: self.outcome,
+            attempts,
+            failure: None,
+            text: self.text,
+            retry_after: self.retry_after.clone(),
+        }
+    }
+
+    /// The HTTP status the answer goes out with: 200 for a gRPC call.
+    pub fn status(&self, grpc: bool) -> StatusCode {
+        if grpc { StatusCode::OK } else { self.status }
+    }
+}
+
+// Either side's.
+
+pub static EXPIRED: Refusal = Refusal {
+    status: StatusCode::GATEWAY_TIMEOUT,
+    outcome: Outcome::DeadlineExceeded,
+    text: "the deadline had expired on arrival\n",
+    retry_after: None,
+};
+
+/// This process is out of file descriptors (inbound, and a pass-through's connect).
+pub static NO_DESCRIPTORS: Refusal = Refusal {
+    status: StatusCode::SERVICE_UNAVAILABLE,
+    outcome: Outcome::Overloaded,
+    text: "tollgate is out of file descriptors; try again shortly\n",
+    retry_after: Some(HeaderValue::from_static("1")),
+};
+
+// The outbound side's, before any upstream call.
+
+/// No upstream for the authority; a pass-through's request that names no usable
+/// destination is answered with its status and outcome, in its own words.
+pub static NO_ROUTE: Refusal = Refusal {
+    status: StatusCode::NOT_FOUND,
+    outcome: Outcome::NoRoute,
+    text: "no upstream is configured for this authority\n",
+    retry_after: None,
+};
+
+/// Tunnels would carry anything anywhere; tollgate originates TLS itself.
+pub static OUTBOUND_CONNECT: Refusal = Refusal {
+    status: StatusCode::METHOD_NOT_ALLOWED,
+    outcome: Outcome::NotRetryable,
+    text: "CONNECT is not supported: send plain HTTP, tollgate speaks TLS upstream\n",
+    retry_after: None,
+};
+
+pub static UPSTREAM_OVERLOADED: Refusal = Refusal {
+    status: StatusCode::SERVICE_UNAVAILABLE,
+    outcome: Outcome::Overloaded,
+    text: "too many requests in flight to this upstream\n",
+    retry_after: Some(HeaderValue::from_static("1")),
+};
+
+pub static THROTTLED: Refusal = Refusal {
+    status: StatusCode::SERVICE_UNAVAILABLE,
+    outcome: Outcome::Throttled,
+    text: "throttled: the upstream has lately been rejecting most requests, so some are \
+           not sent\n",
+    retry_after: None,
+};
+
+// The outbound side's when it passes a request through: one attempt, never retried.
+
+/// The destination is one of tollgate's own listeners.
+pub static PASS_LOOP: Refusal = Refusal {
+    status: StatusCode::LOOP_DETECTED,
+    outcome: Outcome::Loop,
+    text: "the destination is tollgate's own listener: passing the request on would loop\n",
+    retry_after: None,
+};
+
+/// No connection to the destination (refused, no answer in time, name unknown).
+pub static PASS_UNREACHABLE: Refusal = Refusal {
+    status: StatusCode::BAD_GATEWAY,
+    outcome: Outcome::UpstreamUnreachable,
+    text: "the destination could not be reached\n",
+    retry_after: None,
+};
+
+/// The connection broke before the destination answered.
+pub static PASS_RESET: Refusal = Refusal {
+    status: StatusCode::BAD_GATEWAY,
+    outcome: Outcome::AttemptsExhausted,
+    text: "the destination broke the connection before it answered\n",
+    retry_after: None,
+};
+
+// The inbound side's, before or instead of the app's answer.
+
+pub static RETRY_REJECTED: Refusal = Refusal {
+    status: StatusCode::SERVICE_UNAVAILABLE,
+    outcome: Outcome::RetryRejected,
+    text: "the app's retry budget for all its callers is spent: this retry was not sent\n",
+    retry_after: None,
+};
+
+pub static APP_OVERLOADED: Refusal = Refusal {
+    status: StatusCode::SERVICE_UNAVAILABLE,
+    outcome: Outcome::Overloaded,
+    text: "the app is at its concurrency limit\n",
+    retry_after: Some(HeaderValue::from_static("1")),
+};
+
+pub static APP_TIMED_OUT: Refusal = Refusal {
+    status: StatusCode::GATEWAY_TIMEOUT,
+    outcome: Outcome::AppTimeout,
+    text: "no response from the app in time\n",
+    retry_after: None,
+};
+
+pub static APP_UNREACHABLE: Refusal = Refusal {
+    status: StatusCode::BAD_GATEWAY,
+    outcome: Outcome::AppUnreachable,
+    text: "the app could not be reached\n",
+    retry_after: None,
+};
+
+/// The app took the request and broke the connection before answering.
+pub static APP_RESET: Refusal = Refusal {
+    status: StatusCode::BAD_GATEWAY,
+    outcome: Outcome::AppUnreachable,
+    text: "the app closed the connection without an answer\n",
+    retry_after: None,
+};
+
+/// A duplicate of a keyed request still running when its deadline came (the draft's
+/// answer).
+pub static IN_PROGRESS: Refusal = Refusal {
+    status: StatusCode::CONFLICT,
+    outcome: Outcome::InProgress,
+    text: "a request with this idempotency key is still running: retry later\n",
+    retry_after: Some(HeaderValue::from_static("1")),
+};
+
+pub static KEY_MISMATCH: Refusal = Refusal {
+    status: StatusCode::UNPROCESSABLE_ENTITY,
+    outcome: Outcome::KeyMismatch,
+    text: "this idempotency key was used for another request body\n",
+    retry_after: None,
+};
+
+pub static NOT_REPLAYABLE: Refusal = Refusal {
+    status: StatusCode::INTERNAL_SERVER_ERROR,
+    outcome: Outcome::NotReplayable,
+    text: "the request with this idempotency key may have run, and its answer was not kept\n",
+    retry_after: None,
+};
+
+pub static DEDUPE_UNAVAILABLE: Refusal = Refusal {
+    status: StatusCode::SERVICE_UNAVAILABLE,
+    outcome: Outcome::DedupeUnavailable,
+    text: "the dedupe store is unavailable: a keyed request cannot be made safe now\n",
+    retry_after: Some(HeaderValue::from_static("1")),
+};
+
+pub static INBOUND_CONNECT: Refusal = Refusal {
+    status: StatusCode::METHOD_NOT_ALLOWED,
+    outcome: Outcome::NotRetryable,
+    text: "CONNECT is not supported\n",
+    retry_after: None,
+};
+
 #[cfg(test)]
 mod tests {
     use super::*;

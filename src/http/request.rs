@@ -24,9 +24,9 @@ use super::spare;
 pub const MOST_HEADERS: usize = 1000;
 
 /// Why a request head is refused: the status to answer with, and the reason as its body.
-pub type Refusal = (StatusCode, &'static str);
+pub type HeadRefusal = (StatusCode, &'static str);
 
-fn malformed(why: &'static str) -> Refusal {
+fn malformed(why: &'static str) -> HeadRefusal {
     (StatusCode::BAD_REQUEST, why)
 }
 
@@ -50,7 +50,7 @@ pub fn parse_request_head(
     rbuf: &mut BytesMut,
     max_header_bytes: usize,
     max_headers: usize,
-) -> Result<Option<ParsedHead>, Refusal> {
+) -> Result<Option<ParsedHead>, HeadRefusal> {
     // Uninitialised: clearing room for every allowed field on each request would cost
     // more than parsing the ones there are.
     let mut fields = [const { MaybeUninit::<httparse::Header<'_>>::uninit() }; MOST_HEADERS];
@@ -149,7 +149,11 @@ struct RequestFields {
 /// Reads the fields of a request head into a header map (values as slices of the
 /// head), refusing framing that could be read two ways and a `Host` that could route
 /// two ways.
-fn read_fields(head: &Bytes, spans: &[Span], version: Version) -> Result<RequestFields, Refusal> {
+fn read_fields(
+    head: &Bytes,
+    spans: &[Span],
+    version: Version,
+) -> Result<RequestFields, HeadRefusal> {
     let mut read = RequestFields {
         headers: spare::header_map(spans.len() + 3),
         length: None,

@@ -25,9 +25,9 @@ use prometheus::IntCounter;
 use tokio::sync::{Notify, mpsc, oneshot};
 
 use super::KeyedApp;
-use super::answer::{self, Refusal};
 use super::app::{self, DeadlineFields};
 use super::dedupe::{Answer, Claim, Fingerprinter, Kept};
+use crate::answer::{self, Refusal};
 use crate::contract::outcome::outcome_of;
 use crate::deadline::Deadline;
 use crate::fault::Fault;
@@ -46,7 +46,7 @@ pub use crate::contract::headers::{DEDUPE_HEADER, REPLAYED_HEADER as REPLAYED};
 const ORPHAN_IDLE: Duration = Duration::from_secs(30);
 
 /// What the task sends the app: the request's head, owned.
-pub(super) struct Exchange {
+pub(super) struct HeadForApp {
     pub method: Method,
     pub uri: Uri,
     pub headers: HeaderMap,
@@ -116,7 +116,7 @@ impl Exchanges {
 pub(super) async fn run(
     claim: Claim,
     app: Arc<KeyedApp>,
-    (exchange, exchanges): (Exchange, &Arc<Exchanges>),
+    (exchange, exchanges): (HeadForApp, &Arc<Exchanges>),
     body: AppBody,
     exhausted: IntCounter,
 ) -> Result<Head, Fault> {
@@ -133,7 +133,7 @@ pub(super) async fn run(
 async fn drive(
     claim: Claim,
     app: Arc<KeyedApp>,
-    x: Exchange,
+    x: HeadForApp,
     body: AppBody,
     exhausted: IntCounter,
     head_tx: oneshot::Sender<Result<Head, Fault>>,

@@ -17,7 +17,7 @@ use http_body::Body;
 use http_body_util::BodyExt;
 use tokio::time::Instant;
 
-use super::answer::{self, Refusal};
+use super::answer;
 use super::app::{self, DeadlineFields};
 use super::attempts::{is_kube_probe, is_retry};
 use super::dedupe::{Answer, Begin, Fingerprinter};
@@ -25,7 +25,7 @@ use super::limit::Admitted;
 use super::owned;
 use super::{Inbound, State, keyed};
 use crate::access_log::{Direction, Entry};
-use crate::answer::{NO_RETRY, NO_RETRY_LINE};
+use crate::answer::{self as table, NO_RETRY, NO_RETRY_LINE, Refusal};
 use crate::config::AccessLogConfig;
 use crate::config::OwnedFailures;
 use crate::contract::headers::{OUTCOME_HEADER, outcome_line};
@@ -95,7 +95,7 @@ impl Service for InboundService {
 }
 
 /// What the request is, for the metrics, the access log and the answers.
-struct Call<'a> {
+struct InboundCall<'a> {
     metrics: &'a InboundMetrics,
     kind: Kind,
     grpc: bool,
@@ -108,12 +108,12 @@ struct Call<'a> {
     trace: Option<RequestTrace>,
 }
 
-impl Call<'_> {
+impl InboundCall<'_> {
     fn refuse(&mut self, r: &Refusal, mut guard: RequestGuard) -> Response<ResponseBody> {
         let status = r.status(self.grpc).as_u16();
         self.metrics.request(self.kind, status, r.outcome);
         self.logged(&mut guard, status, r.outcome, None);
-        r.answer(self.grpc, self.unread, guard)
+        answer::answer(r, self.grpc, self.unread, guard)
     }
 
     fn deny(
@@ -166,7 +166,7 @@ async fn answer_request(
         &state.config.probe_paths,
     );
     let retry = is_retry(req.headers());
-    let mut call = Call {
+    let mut call = InboundCall {
         metrics: inbound.metrics.inbound(),
         kind: if retry { Kind::Retry } else { Kind::First },
         grpc: is_grpc(req.headers()),
@@ -184,7 +184,7 @@ async fn answer_request(
         e.trace_id = Some(t.trace_id());
     }
     if req.method() == Method::CONNECT {
-        return call.refuse(&answer::CONNECT, guard);
+        return call.refuse(&table::INBOUND_CONNECT, guard);
     }
     // Every caller's request is what the fleet sends; a first attempt also earns the
     // retries the budget allows.
@@ -204,7 +204,7 @@ async fn answer_request(
     );
     // A probe is spared the deadline and the budget no more than any request.
     if facts.caller_timeout.is_some_and(|t| t.is_zero()) {
-        return call.deny(InboundDenied::Deadline, &answer::EXPIRED, guard);
+        return call.deny(InboundDenied::Deadline, &table::EXPIRED, guard);
     }
     let deadline = Deadline::new(start, facts.caller_timeout, state.config.request_timeout);
     // Dedupe first: a replay or a join costs the app nothing, and spends no place in
@@ -223,7 +223,7 @@ async fn answer_request(
         && let Some((dedupe, _)) = &state.dedupe
         && dedupe.foreign_store(facts.dedupe_store)
     {
-        return call.refuse(&answer::NOT_REPLAYABLE, guard);
+        return call.refuse(&table::NOT_REPLAYABLE, guard);
     }
     let claim = match scope {
         None => None,
@@ -238,7 +238,7 @@ async fn answer_request(
                     let settled = Box::pin(dup.settle_body(body, hasher, deadline.at())).await;
                     return duplicate(&mut call, settled, parts.version, guard);
                 }
-                Begin::Unavailable => return call.refuse(&answer::DEDUPE_UNAVAILABLE, guard),
+                Begin::Unavailable => return call.refuse(&table::DEDUPE_UNAVAILABLE, guard),
             },
         },
     };
@@ -280,7 +280,7 @@ async fn answer_request(
     let traceparent = call.trace.as_ref().map(RequestTrace::traceparent);
     let (result, mark) = match (claim, &state.dedupe) {
         (Some(claim), Some((_, keyed_app))) => {
-            let exchange = keyed::Exchange {
+            let exchange = keyed::HeadForApp {
                 method: parts.method,
                 uri,
                 headers,
@@ -366,7 +366,7 @@ fn admit(
     } else {
         match state.limit.try_enter() {
             Some(a) => Some(a),
-            None => return Err((InboundDenied::Overloaded, &answer::OVERLOADED)),
+            None => return Err((InboundDenied::Overloaded, &table::APP_OVERLOADED)),
         }
     };
     if retry {
@@ -393,7 +393,7 @@ fn admit(
             } else {
                 state.limit.leave();
             }
-            return Err((InboundDenied::RetryBudget, &answer::RETRY_REJECTED));
+            return Err((InboundDenied::RetryBudget, &table::RETRY_REJECTED));
         }
     }
     Ok(admitted)
@@ -401,7 +401,7 @@ fn admit(
 
 /// A duplicate's answer: the kept one, or dedupe's own.
 fn duplicate(
-    call: &mut Call<'_>,
+    call: &mut InboundCall<'_>,
     settled: Answer,
     version: Version,
     mut guard: RequestGuard,
@@ -416,7 +416,7 @@ fn duplicate(
         other => {
             // Its body was read to its end, but when the deadline came first.
             call.unread &= matches!(other, Answer::InProgress | Answer::BodyError);
-            let refusal = keyed::refusal(other).unwrap_or(&answer::RESET);
+            let refusal = keyed::refusal(other).unwrap_or(&table::APP_RESET);
             call.refuse(refusal, guard)
         }
     }
@@ -458,7 +458,7 @@ fn log_entry(
 /// nothing of tollgate's added, unless it is to be marked (`mark`) `downstream-owned`
 /// with `grpc-retry-pushback-ms: -1` (ownership through the app).
 fn relay(
-    call: &mut Call<'_>,
+    call: &mut InboundCall<'_>,
     resp: UpstreamResponse,
     (version, mark): (Version, bool),
     mut guard: RequestGuard,
@@ -494,7 +494,7 @@ fn relay(
 
 /// The app's answer to a keyed first arrival, as the task that keeps it relays it.
 fn relay_keyed(
-    call: &mut Call<'_>,
+    call: &mut InboundCall<'_>,
     head: keyed::Head,
     version: Version,
     mut guard: RequestGuard,

@@ -32,7 +32,7 @@ const METHOD_MAX: usize = 24;
 
 /// What the bytes seen so far say.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Verdict {
+enum Guess {
     Http,
     Not,
     /// A prefix of a request line: more bytes tell.
@@ -59,10 +59,10 @@ pub async fn speaks_http(stream: &TcpStream) -> bool {
             return false;
         }
         match request_line(&buf[..n]) {
-            Verdict::Http => return true,
-            Verdict::Not => return false,
-            Verdict::Unsure if n == LOOK => return true,
-            Verdict::Unsure => {}
+            Guess::Http => return true,
+            Guess::Not => return false,
+            Guess::Unsure if n == LOOK => return true,
+            Guess::Unsure => {}
         }
         seen = n;
         // The bytes there are still there: wait a little for more before looking again.
@@ -75,33 +75,33 @@ pub async fn speaks_http(stream: &TcpStream) -> bool {
 }
 
 /// Whether `b` begins `METHOD SP target SP HTTP/`.
-fn request_line(b: &[u8]) -> Verdict {
+fn request_line(b: &[u8]) -> Guess {
     let method = b.iter().take_while(|&&c| is_tchar(c)).count();
     if method > METHOD_MAX {
-        return Verdict::Not;
+        return Guess::Not;
     }
     let Some(&after) = b.get(method) else {
-        return Verdict::Unsure;
+        return Guess::Unsure;
     };
     if method == 0 || after != b' ' {
-        return Verdict::Not;
+        return Guess::Not;
     }
     let rest = &b[method + 1..];
     let target = rest.iter().take_while(|&&c| c > b' ' && c != 0x7f).count();
     let Some(&after) = rest.get(target) else {
-        return Verdict::Unsure;
+        return Guess::Unsure;
     };
     if target == 0 || after != b' ' {
-        return Verdict::Not;
+        return Guess::Not;
     }
     let version = &rest[target + 1..];
     let n = version.len().min(5);
     if version[..n] != b"HTTP/"[..n] {
-        Verdict::Not
+        Guess::Not
     } else if n == 5 {
-        Verdict::Http
+        Guess::Http
     } else {
-        Verdict::Unsure
+        Guess::Unsure
     }
 }
 
@@ -123,7 +123,7 @@ mod tests {
             b"CONNECT db:5432 HTTP/1.1\r\n",
             b"GET /x HTTP/",
         ] {
-            assert_eq!(request_line(http), Verdict::Http, "{http:?}");
+            assert_eq!(request_line(http), Guess::Http, "{http:?}");
         }
         for other in [
             // Redis (RESP), also its inline form, which looks like a request line at first.
@@ -139,7 +139,7 @@ mod tests {
             b"GET  / HTTP/1.1\r\n",
             b" GET / HTTP/1.1\r\n",
         ] {
-            assert_eq!(request_line(other), Verdict::Not, "{other:?}");
+            assert_eq!(request_line(other), Guess::Not, "{other:?}");
         }
         for prefix in [
             &b"G"[..],
@@ -149,8 +149,8 @@ mod tests {
             b"GET /a ",
             b"GET /a HT",
         ] {
-            assert_eq!(request_line(prefix), Verdict::Unsure, "{prefix:?}");
+            assert_eq!(request_line(prefix), Guess::Unsure, "{prefix:?}");
         }
-        assert_eq!(request_line(&[b'A'; 40]), Verdict::Not);
+        assert_eq!(request_line(&[b'A'; 40]), Guess::Not);
     }
 }

@@ -303,14 +303,14 @@ pub(super) fn with_grpc_status(
 /// called for a refusal of an app retry. With `"refuse"`, a success forgets the last
 /// failure of its method, authority and target, which a marker's retry would be
 /// refused with; otherwise a success that was not an app's retry touches nothing.
-pub(super) fn remember(up: &Upstream, same: &Sameness<'_>, verdict: Verdict, now: Instant) {
+pub(super) fn remember(up: &Upstream, same: &Sameness<'_>, end: RequestEnd, now: Instant) {
     let refuse = match up.config().app_retries {
         AppRetries::Ignore => return,
         mode => mode == AppRetries::Refuse,
     };
     let recent = up.recent_failures();
-    match verdict {
-        Verdict::Failed(answer) => {
+    match end {
+        RequestEnd::Failed(answer) => {
             for fp in [same.key(), same.trace(), refuse.then(|| same.plain())]
                 .into_iter()
                 .flatten()
@@ -318,7 +318,7 @@ pub(super) fn remember(up: &Upstream, same: &Sameness<'_>, verdict: Verdict, now
                 recent.record(fp, answer, now);
             }
         }
-        Verdict::Succeeded { again: true } => {
+        RequestEnd::Succeeded { again: true } => {
             for fp in [same.key(), same.trace(), Some(same.plain())]
                 .into_iter()
                 .flatten()
@@ -326,7 +326,7 @@ pub(super) fn remember(up: &Upstream, same: &Sameness<'_>, verdict: Verdict, now
                 recent.forget(fp);
             }
         }
-        Verdict::Succeeded { again: false } => {
+        RequestEnd::Succeeded { again: false } => {
             if refuse && recent.active(now) {
                 recent.forget(same.plain());
             }
@@ -335,18 +335,18 @@ pub(super) fn remember(up: &Upstream, same: &Sameness<'_>, verdict: Verdict, now
 }
 
 /// How a request ended, for the memory of failures.
-pub(super) enum Verdict {
+pub(super) enum RequestEnd {
     /// With an outcome: what the app was answered.
     Failed(Remembered),
     /// Without one; `again`: it was taken for the app's own retry.
     Succeeded { again: bool },
 }
 
-impl Verdict {
+impl RequestEnd {
     /// What the app is about to be answered.
-    pub(super) fn of(answer: &Answer, grpc: bool, again: bool) -> Verdict {
+    pub(super) fn of(answer: &Answer, grpc: bool, again: bool) -> RequestEnd {
         if answer.outcome == Outcome::Ok {
-            return Verdict::Succeeded { again };
+            return RequestEnd::Succeeded { again };
         }
         let code =
             |status: StatusCode| Some(grpc::code(answer.outcome, answer.failure, status) as u8);
@@ -376,13 +376,13 @@ impl Verdict {
                 grpc: None,
             },
         };
-        Verdict::Failed(remembered)
+        RequestEnd::Failed(remembered)
     }
 
     /// A refusal tollgate made before any upstream call (overloaded, throttled, a
     /// deadline already spent).
-    pub(super) fn refused(status: StatusCode, outcome: Outcome, grpc: bool) -> Verdict {
-        Verdict::Failed(if grpc {
+    pub(super) fn refused(status: StatusCode, outcome: Outcome, grpc: bool) -> RequestEnd {
+        RequestEnd::Failed(if grpc {
             Remembered {
                 status: 200,
                 grpc: Some(grpc::code(outcome, None, status) as u8),

@@ -16,11 +16,14 @@ use http::{HeaderValue, Method, Request, Response, StatusCode, Uri, Version};
 use http_body::Body;
 use tokio::time::Instant;
 
-use super::app_retries::{self, AppRetry, Sameness, Verdict};
+use super::app_retries::{self, AppRetry, RequestEnd, Sameness};
 use super::local::{announce_close, local_answer};
 use super::{Shared, Upstream, unrouted};
 use crate::access_log::{Direction, Entry};
-use crate::answer::{self as grpc, Local};
+use crate::answer::{
+    self as grpc, EXPIRED, Local, NO_DESCRIPTORS, NO_ROUTE, OUTBOUND_CONNECT, Refusal, THROTTLED,
+    UPSTREAM_OVERLOADED,
+};
 use crate::config::{AccessLogConfig, UnknownAuthorities};
 use crate::contract::headers::{
     ATTEMPTS_HEADER, OUTCOME_HEADER, OUTCOME_REMOVED_LINE, attempts_line, count_value, outcome_line,
@@ -85,9 +88,9 @@ async fn handle(
     // connection is kept whether or not the upstream read it.
     let read_after = matches!(req.body(), AppBody::Http1(b) if b.read_after_answer());
     let unread = unread && !read_after;
-    let refuse = |metrics: Option<&UpstreamMetrics>, r: Refusal, grpc, mut entry, mut guard| {
-        log_refusal(&mut entry, &mut guard, &r, grpc);
-        let mut resp = local_answer(metrics, refused(&r), grpc, guard);
+    let refuse = |metrics: Option<&UpstreamMetrics>, r: &Refusal, grpc, mut entry, mut guard| {
+        log_refusal(&mut entry, &mut guard, r, grpc);
+        let mut resp = local_answer(metrics, r.local(Some(0)), grpc, guard);
         if unread {
             announce_close(&mut resp);
         }
@@ -124,7 +127,7 @@ async fn handle(
             return super::connect::serve_connect(shared, inside, &req, peer, guard);
         }
         let grpc = is_grpc(req.headers());
-        return refuse(Some(up.metrics()), CONNECT, grpc, entry, guard);
+        return refuse(Some(up.metrics()), &OUTBOUND_CONNECT, grpc, entry, guard);
     }
     let (parts, body) = (*req).into_parts();
     let mut headers = parts.headers;
@@ -144,12 +147,12 @@ async fn handle(
     let called = called.as_ref().map(Called::as_str);
     let same = Sameness::new(&up, &head, called, facts.retry_marker);
     let refused = |r: &Refusal| {
-        let verdict = Verdict::refused(r.status, r.outcome, grpc);
-        app_retries::remember(&up, &same, verdict, start);
+        let end = RequestEnd::refused(r.status, r.outcome, grpc);
+        app_retries::remember(&up, &same, end, start);
     };
     if !admit(&up, &mut guard) {
-        refused(&OVERLOADED);
-        return refuse(Some(up.metrics()), OVERLOADED, grpc, entry, guard);
+        refused(&UPSTREAM_OVERLOADED);
+        return refuse(Some(up.metrics()), &UPSTREAM_OVERLOADED, grpc, entry, guard);
     }
     if let Some(e) = entry.as_mut() {
         e.deadline = facts.caller_timeout;
@@ -160,7 +163,7 @@ async fn handle(
             e.denied = Some(crate::metrics::Denied::Deadline.as_str());
         }
         refused(&EXPIRED);
-        return refuse(Some(up.metrics()), EXPIRED, grpc, entry, guard);
+        return refuse(Some(up.metrics()), &EXPIRED, grpc, entry, guard);
     }
     let again = app_retries::recall(&up, &same, start);
     if let (Some(a), Some(e)) = (&again, entry.as_mut()) {
@@ -184,7 +187,7 @@ async fn handle(
         && !t.admit(start, &mut fastrand::Rng::new())
     {
         refused(&THROTTLED);
-        return refuse(Some(up.metrics()), THROTTLED, grpc, entry, guard);
+        return refuse(Some(up.metrics()), &THROTTLED, grpc, entry, guard);
     }
     let minted = mint_key(&up, &head);
     let mut trace = tracer.and_then(|t| begin_trace(&t, &up, &head, start));
@@ -328,7 +331,7 @@ fn no_route(
     };
     let local = Local {
         text: &text,
-        ..refused(&NO_ROUTE)
+        ..NO_ROUTE.local(Some(0))
     };
     local_answer(None, local, grpc, guard)
 }
@@ -441,57 +444,12 @@ fn learn_from(up: &Upstream, same: &Sameness<'_>, answer: &Answer, grpc: bool, a
     {
         t.answered(Instant::now());
     }
-    let verdict = Verdict::of(answer, grpc, again);
+    let end = RequestEnd::of(answer, grpc, again);
     let refuse = up.config().app_retries == crate::config::AppRetries::Refuse;
-    if refuse || !matches!(verdict, Verdict::Succeeded { again: false }) {
-        app_retries::remember(up, same, verdict, Instant::now());
+    if refuse || !matches!(end, RequestEnd::Succeeded { again: false }) {
+        app_retries::remember(up, same, end, Instant::now());
     }
 }
-
-/// An answer tollgate gives before any upstream call.
-struct Refusal {
-    status: StatusCode,
-    outcome: Outcome,
-    text: &'static str,
-    retry_after: Option<HeaderValue>,
-}
-
-const NO_ROUTE: Refusal = Refusal {
-    status: StatusCode::NOT_FOUND,
-    outcome: Outcome::NoRoute,
-    text: "no upstream is configured for this authority\n",
-    retry_after: None,
-};
-
-/// Tunnels would carry anything anywhere; tollgate originates TLS itself.
-const CONNECT: Refusal = Refusal {
-    status: StatusCode::METHOD_NOT_ALLOWED,
-    outcome: Outcome::NotRetryable,
-    text: "CONNECT is not supported: send plain HTTP, tollgate speaks TLS upstream\n",
-    retry_after: None,
-};
-
-const OVERLOADED: Refusal = Refusal {
-    status: StatusCode::SERVICE_UNAVAILABLE,
-    outcome: Outcome::Overloaded,
-    text: "too many requests in flight to this upstream\n",
-    retry_after: Some(HeaderValue::from_static("1")),
-};
-
-const THROTTLED: Refusal = Refusal {
-    status: StatusCode::SERVICE_UNAVAILABLE,
-    outcome: Outcome::Throttled,
-    text: "throttled: the upstream has lately been rejecting most requests, so some are \
-           not sent\n",
-    retry_after: None,
-};
-
-const EXPIRED: Refusal = Refusal {
-    status: StatusCode::GATEWAY_TIMEOUT,
-    outcome: Outcome::DeadlineExceeded,
-    text: "the deadline had expired on arrival\n",
-    retry_after: None,
-};
 
 /// The Host sent upstream: the configured one, else the authority the app called,
 /// which for an origin-form HTTP/1.1 request is already the Host header. Returns the
@@ -574,10 +532,9 @@ fn answer_app(
                 (None, StatusCode::BAD_REQUEST) => {
                     ("the request body is malformed or broke off\n", None)
                 }
-                (None, StatusCode::SERVICE_UNAVAILABLE) => (
-                    "tollgate is out of file descriptors; try again shortly\n",
-                    OVERLOADED.retry_after,
-                ),
+                (None, StatusCode::SERVICE_UNAVAILABLE) => {
+                    (NO_DESCRIPTORS.text, NO_DESCRIPTORS.retry_after.clone())
+                }
                 (None, _) => ("the upstream could not be reached\n", None),
             };
             let local = Local {
@@ -653,16 +610,4 @@ fn is_grpc_answer_head(resp: &Response<crate::upstream::response::UpstreamBody>)
         fields.get(&CONTENT_TYPE),
         fields.contains(&GRPC_STATUS),
     )
-}
-
-/// The answer to a request refused before any upstream call.
-fn refused(r: &Refusal) -> Local<'static> {
-    Local {
-        status: r.status,
-        outcome: r.outcome,
-        attempts: Some(0),
-        failure: None,
-        text: r.text,
-        retry_after: r.retry_after.clone(),
-    }
 }

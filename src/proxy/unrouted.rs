@@ -33,7 +33,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use http::header::HOST;
 use http::uri::Authority;
-use http::{HeaderValue, Method, Request, Response, StatusCode, Version};
+use http::{HeaderValue, Method, Request, Response, Version};
 use http_body::Body;
 use hyper_util::rt::TokioIo;
 use tokio::net::TcpStream;
@@ -43,7 +43,7 @@ use super::Shared;
 use super::local::{announce_close, local_answer};
 use super::origins::{Origin, Origins};
 use crate::access_log::Entry;
-use crate::answer::Local;
+use crate::answer::{Local, NO_DESCRIPTORS, NO_ROUTE, PASS_LOOP, PASS_RESET, PASS_UNREACHABLE};
 use crate::config::{EndpointAddr, PASSTHROUGH, parse_endpoint};
 use crate::http::fields::authority_of;
 use crate::http::grpc::is_grpc;
@@ -130,42 +130,22 @@ enum Unpassed {
 }
 
 impl Unpassed {
+    /// Its answer, from the table of refusals ([`crate::answer`]); a request that names
+    /// no usable destination is told why in its own words.
     fn local(self) -> Local<'static> {
-        let (status, outcome, attempts, text) = match self {
-            Unpassed::NoTarget(why) => (StatusCode::NOT_FOUND, Outcome::NoRoute, 0, why),
-            Unpassed::Loop => (
-                StatusCode::LOOP_DETECTED,
-                Outcome::Loop,
-                0,
-                "the destination is tollgate's own listener: passing the request on would loop\n",
-            ),
-            Unpassed::Unreachable => (
-                StatusCode::BAD_GATEWAY,
-                Outcome::UpstreamUnreachable,
-                1,
-                "the destination could not be reached\n",
-            ),
-            Unpassed::Reset => (
-                StatusCode::BAD_GATEWAY,
-                Outcome::AttemptsExhausted,
-                1,
-                "the destination broke the connection before it answered\n",
-            ),
-            Unpassed::NoDescriptors => (
-                StatusCode::SERVICE_UNAVAILABLE,
-                Outcome::Overloaded,
-                0,
-                "tollgate is out of file descriptors; try again shortly\n",
-            ),
+        let r = match self {
+            Unpassed::NoTarget(why) => {
+                return Local {
+                    text: why,
+                    ..NO_ROUTE.local(Some(0))
+                };
+            }
+            Unpassed::Loop => &PASS_LOOP,
+            Unpassed::Unreachable => &PASS_UNREACHABLE,
+            Unpassed::Reset => &PASS_RESET,
+            Unpassed::NoDescriptors => &NO_DESCRIPTORS,
         };
-        Local {
-            status,
-            outcome,
-            attempts: Some(attempts),
-            failure: None,
-            text,
-            retry_after: (self == Unpassed::NoDescriptors).then(|| HeaderValue::from_static("1")),
-        }
+        r.local(Some(u32::from(self.attempt().is_some())))
     }
 
     /// The attempt it counts as, if one was made.
@@ -218,7 +198,7 @@ impl Drop for Attempt<'_> {
 }
 
 /// What the answer must know of the request.
-struct Call<'a> {
+struct PassCall<'a> {
     passing: &'a Passing,
     grpc: bool,
     /// An HTTP/1.x body not read to its end.
@@ -227,7 +207,7 @@ struct Call<'a> {
     start: Instant,
 }
 
-impl Call<'_> {
+impl PassCall<'_> {
     /// Counts the answer and finishes its access log line.
     fn answered(&mut self, guard: &mut RequestGuard, status: u16, attempts: u32, outcome: Outcome) {
         self.passing
@@ -277,7 +257,7 @@ pub(super) async fn pass(
     let passing = shared.passing.clone();
     passing.inflight.fetch_add(1, AcqRel);
     guard.admitted(passing.clone());
-    let call = Call {
+    let call = PassCall {
         passing: &passing,
         grpc: is_grpc(req.headers()),
         unread: req.version() < Version::HTTP_2 && !req.body().is_end_stream(),
@@ -448,7 +428,7 @@ fn failed_connect(e: &ConnectError) -> Unpassed {
 async fn forward(
     to: &To<'_>,
     req: Request<AppBody>,
-    mut call: Call<'_>,
+    mut call: PassCall<'_>,
     mut guard: RequestGuard,
 ) -> AppResponse {
     let (parts, body) = req.into_parts();
@@ -518,7 +498,7 @@ async fn send(
 async fn tunnel(
     to: &To<'_>,
     mut req: AppRequest,
-    mut call: Call<'_>,
+    mut call: PassCall<'_>,
     mut guard: RequestGuard,
 ) -> AppResponse {
     let attempt = Attempt::start(call.passing.metrics.get());

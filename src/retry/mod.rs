@@ -28,6 +28,6 @@ mod upstream;
 
 pub use forward::attempt::{Attempt, Head, Transport};
 pub use forward::handoff::{Answer, BodyRead, Exchange, HedgeState, Reply, Trail};
-pub use forward::replay::{AppBody, ReplayBody};
+pub use forward::replay::{ReplayBody, RetriedBody};
 pub use forward::{forward, forward_on};
 pub use upstream::Upstream;

@@ -25,7 +25,7 @@ use crate::retry::decide::budget::RetryBudget;
 use crate::retry::decide::hedge::Hedging;
 use crate::retry::evidence::keys::Dedupes;
 use crate::retry::evidence::recent::RecentFailures;
-use crate::retry::forward::replay::{AppBody, ReplayBody};
+use crate::retry::forward::replay::{ReplayBody, RetriedBody};
 use crate::retry::learn::quantile::RecentQuantile;
 use crate::retry::learn::throttle::Throttle;
 use crate::upstream::Endpoints;
@@ -58,7 +58,7 @@ pub struct Upstream<A> {
     pub(super) dedupes: Arc<Dedupes>,
 }
 
-impl<A: AppBody> Upstream<A> {
+impl<A: RetriedBody> Upstream<A> {
     /// Builds the running upstream, reusing what `previous` (the same name in the config
     /// being replaced) can hand over.
     pub fn build(

@@ -36,7 +36,7 @@ use tokio::time::{Instant, sleep_until, timeout_at};
 use super::body::{AppBody, ResponseBody};
 use super::h1::{self, Settings};
 use super::service::{AppResponse, Service};
-use super::watchdog::{ConnState, Verdict, verdict};
+use super::watchdog::{ConnState, Finding, inspect};
 use crate::config::ListenerConfig;
 use crate::http::fields::{host_problem, target_problem};
 use crate::http::read::hand_on_ahead;
@@ -201,14 +201,14 @@ async fn drive<C: Future + ?Sized>(
     let side_waker = Waker::from(state.clone());
     let mut task_waker = Waker::noop().clone();
     loop {
-        let wake = match verdict(state, settings) {
-            Verdict::Fine(at) => at,
-            Verdict::HeadTimeout => {
+        let wake = match inspect(state, settings) {
+            Finding::Fine(at) => at,
+            Finding::HeadTimeout => {
                 tracing::debug!("request head not received in time; closing");
                 return;
             }
-            Verdict::Idle if draining => return,
-            Verdict::Idle => {
+            Finding::Idle if draining => return,
+            Finding::Idle => {
                 draining = true;
                 finish(conn.as_mut());
                 Instant::now() + Duration::from_secs(1)

@@ -2,8 +2,8 @@
 //! server cannot tell apart on its own: a request head must arrive whole within
 //! `header_read_timeout` of its first byte (slowloris), while a keep-alive connection
 //! with nothing in flight may stay open for `idle_timeout`. Reads and requests update
-//! the state with atomics; the connection's task asks for a verdict when its timer
-//! fires.
+//! the state with atomics; the connection's task asks what the watchdog finds when its
+//! timer fires.
 //!
 //! The same allocation carries what the connection's task shares with its drain and its
 //! timer: whether it is asked to close, and the waker of its timer and shutdown signal
@@ -151,31 +151,31 @@ impl Wake for ConnState {
     }
 }
 
-pub(super) enum Verdict {
+pub(super) enum Finding {
     /// Nothing to do before this instant.
     Fine(Instant),
     HeadTimeout,
     Idle,
 }
 
-pub(super) fn verdict(state: &ConnState, settings: &ListenerConfig) -> Verdict {
+pub(super) fn inspect(state: &ConnState, settings: &ListenerConfig) -> Finding {
     let now = Instant::now();
     let head = state.head_started.load(Acquire);
     if head != 0 {
         let by = state.at(head - 1) + settings.header_read_timeout;
         return if now >= by {
-            Verdict::HeadTimeout
+            Finding::HeadTimeout
         } else {
-            Verdict::Fine(by)
+            Finding::Fine(by)
         };
     }
     if state.inflight.load(Acquire) == 0 {
         let by = state.at(state.idle_since.load(Acquire)) + settings.idle_timeout;
         return if now >= by {
-            Verdict::Idle
+            Finding::Idle
         } else {
-            Verdict::Fine(by)
+            Finding::Fine(by)
         };
     }
-    Verdict::Fine(now + settings.idle_timeout)
+    Finding::Fine(now + settings.idle_timeout)
 }

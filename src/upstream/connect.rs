@@ -98,8 +98,8 @@ impl Drop for OpenGuard {
     }
 }
 
-/// A transport after TCP (and TLS) is up: which protocol it will carry.
-pub enum Transport {
+/// The byte stream to an endpoint once TCP (and TLS) is up: which protocol it will carry.
+pub enum EndpointStream {
     Plain(TcpStream),
     Tls(Box<tokio_rustls::client::TlsStream<TcpStream>>),
     /// An in-memory pipe to a scripted endpoint, for the tests of the layers above.
@@ -107,44 +107,44 @@ pub enum Transport {
     Memory(tokio::io::DuplexStream),
 }
 
-impl Transport {
+impl EndpointStream {
     /// Whether ALPN settled on HTTP/2.
     pub fn alpn_h2(&self) -> bool {
         match self {
-            Transport::Plain(_) => false,
-            Transport::Tls(s) => s.get_ref().1.alpn_protocol() == Some(b"h2"),
+            EndpointStream::Plain(_) => false,
+            EndpointStream::Tls(s) => s.get_ref().1.alpn_protocol() == Some(b"h2"),
             #[cfg(test)]
-            Transport::Memory(_) => false,
+            EndpointStream::Memory(_) => false,
         }
     }
 }
 
-impl AsyncRead for Transport {
+impl AsyncRead for EndpointStream {
     fn poll_read(
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
         match self.get_mut() {
-            Transport::Plain(s) => Pin::new(s).poll_read(cx, buf),
-            Transport::Tls(s) => Pin::new(s).poll_read(cx, buf),
+            EndpointStream::Plain(s) => Pin::new(s).poll_read(cx, buf),
+            EndpointStream::Tls(s) => Pin::new(s).poll_read(cx, buf),
             #[cfg(test)]
-            Transport::Memory(s) => Pin::new(s).poll_read(cx, buf),
+            EndpointStream::Memory(s) => Pin::new(s).poll_read(cx, buf),
         }
     }
 }
 
-impl AsyncWrite for Transport {
+impl AsyncWrite for EndpointStream {
     fn poll_write(
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
         match self.get_mut() {
-            Transport::Plain(s) => Pin::new(s).poll_write(cx, buf),
-            Transport::Tls(s) => Pin::new(s).poll_write(cx, buf),
+            EndpointStream::Plain(s) => Pin::new(s).poll_write(cx, buf),
+            EndpointStream::Tls(s) => Pin::new(s).poll_write(cx, buf),
             #[cfg(test)]
-            Transport::Memory(s) => Pin::new(s).poll_write(cx, buf),
+            EndpointStream::Memory(s) => Pin::new(s).poll_write(cx, buf),
         }
     }
 
@@ -154,37 +154,37 @@ impl AsyncWrite for Transport {
         bufs: &[io::IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
         match self.get_mut() {
-            Transport::Plain(s) => Pin::new(s).poll_write_vectored(cx, bufs),
-            Transport::Tls(s) => Pin::new(s).poll_write_vectored(cx, bufs),
+            EndpointStream::Plain(s) => Pin::new(s).poll_write_vectored(cx, bufs),
+            EndpointStream::Tls(s) => Pin::new(s).poll_write_vectored(cx, bufs),
             #[cfg(test)]
-            Transport::Memory(s) => Pin::new(s).poll_write_vectored(cx, bufs),
+            EndpointStream::Memory(s) => Pin::new(s).poll_write_vectored(cx, bufs),
         }
     }
 
     fn is_write_vectored(&self) -> bool {
         match self {
-            Transport::Plain(s) => s.is_write_vectored(),
-            Transport::Tls(s) => s.is_write_vectored(),
+            EndpointStream::Plain(s) => s.is_write_vectored(),
+            EndpointStream::Tls(s) => s.is_write_vectored(),
             #[cfg(test)]
-            Transport::Memory(s) => s.is_write_vectored(),
+            EndpointStream::Memory(s) => s.is_write_vectored(),
         }
     }
 
     fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         match self.get_mut() {
-            Transport::Plain(s) => Pin::new(s).poll_flush(cx),
-            Transport::Tls(s) => Pin::new(s).poll_flush(cx),
+            EndpointStream::Plain(s) => Pin::new(s).poll_flush(cx),
+            EndpointStream::Tls(s) => Pin::new(s).poll_flush(cx),
             #[cfg(test)]
-            Transport::Memory(s) => Pin::new(s).poll_flush(cx),
+            EndpointStream::Memory(s) => Pin::new(s).poll_flush(cx),
         }
     }
 
     fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         match self.get_mut() {
-            Transport::Plain(s) => Pin::new(s).poll_shutdown(cx),
-            Transport::Tls(s) => Pin::new(s).poll_shutdown(cx),
+            EndpointStream::Plain(s) => Pin::new(s).poll_shutdown(cx),
+            EndpointStream::Tls(s) => Pin::new(s).poll_shutdown(cx),
             #[cfg(test)]
-            Transport::Memory(s) => Pin::new(s).poll_shutdown(cx),
+            EndpointStream::Memory(s) => Pin::new(s).poll_shutdown(cx),
         }
     }
 }
@@ -194,7 +194,7 @@ pub async fn open(
     addr: SocketAddr,
     tls: Option<&TlsClient>,
     timeout: Duration,
-) -> Result<Transport, ConnectError> {
+) -> Result<EndpointStream, ConnectError> {
     let work = async {
         let tcp = TcpStream::connect(addr)
             .await
@@ -202,13 +202,13 @@ pub async fn open(
         crate::loops::outgoing(&tcp);
         let _ = tcp.set_nodelay(true);
         match tls {
-            None => Ok(Transport::Plain(tcp)),
+            None => Ok(EndpointStream::Plain(tcp)),
             Some(t) => {
                 let stream = t
                     .connect(tcp)
                     .await
                     .map_err(|source| ConnectError::Tls { addr, source })?;
-                Ok(Transport::Tls(Box::new(stream)))
+                Ok(EndpointStream::Tls(Box::new(stream)))
             }
         }
     };
@@ -344,7 +344,7 @@ impl<T: AsyncRead + AsyncWrite + Unpin> AsyncWrite for Sniffed<T> {
 /// yet) the connection is handed out only once the endpoint's first bytes are in:
 /// [`ConnectError::SpeaksHttp1`] when they are an HTTP/1.1 status line.
 pub async fn handshake_h2<B>(
-    transport: Transport,
+    transport: EndpointStream,
     addr: SocketAddr,
     open: &Arc<AtomicUsize>,
     sniff: bool,
@@ -369,7 +369,7 @@ where
         }};
     }
     match transport {
-        Transport::Plain(s) if sniff => {
+        EndpointStream::Plain(s) if sniff => {
             let first = Arc::new(FirstBytes::default());
             let (sender, task) = go!(Sniffed {
                 inner: s,
@@ -383,9 +383,9 @@ where
             }
             Ok((sender, task))
         }
-        Transport::Plain(s) => Ok(go!(s)),
-        Transport::Tls(s) => Ok(go!(*s)),
+        EndpointStream::Plain(s) => Ok(go!(s)),
+        EndpointStream::Tls(s) => Ok(go!(*s)),
         #[cfg(test)]
-        Transport::Memory(s) => Ok(go!(s)),
+        EndpointStream::Memory(s) => Ok(go!(s)),
     }
 }

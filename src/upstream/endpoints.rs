@@ -21,7 +21,7 @@ use arc_swap::ArcSwap;
 
 use super::OutgoingBody;
 use super::dns::{self, Resolver};
-use super::outlier::{Room, Share, Standing, Verdict, clearly_worse};
+use super::outlier::{EndpointReport, Room, Share, Standing, clearly_worse};
 use super::pool::{self, Endpoint};
 use crate::config::units::format_duration;
 use crate::config::{
@@ -546,27 +546,27 @@ impl<B> Endpoints<B> {
 
     /// What an attempt on endpoint `e` said about it: counted in its tally, and a
     /// success costs a load or two more.
-    pub fn report(&self, e: &Endpoint<B>, verdict: Verdict) {
-        if verdict != Verdict::Neutral && self.outlier.is_some() {
-            self.report_at(e, verdict, pool::clock_ms());
+    pub fn report(&self, e: &Endpoint<B>, report: EndpointReport) {
+        if report != EndpointReport::Neutral && self.outlier.is_some() {
+            self.report_at(e, report, pool::clock_ms());
         }
     }
 
     /// [`Endpoints::report`] at `now_ms` on [`pool::clock_ms`].
-    pub fn report_at(&self, e: &Endpoint<B>, verdict: Verdict, now_ms: u64) {
+    pub fn report_at(&self, e: &Endpoint<B>, report: EndpointReport, now_ms: u64) {
         let Some(o) = &self.outlier else {
             return;
         };
-        match verdict {
-            Verdict::Neutral => {}
-            Verdict::Success => {
+        match report {
+            EndpointReport::Neutral => {}
+            EndpointReport::Success => {
                 e.health.tally.record(false, now_ms);
                 if e.health.succeeded() {
                     // Its probe answered: back in the rotation, its place freed.
                     self.shared.room.release();
                 }
             }
-            Verdict::Failure => {
+            EndpointReport::Failure => {
                 e.health.tally.record(true, now_ms);
                 if let Some(from) = e.health.failed(o.config.consecutive_failures) {
                     self.eject(o, e, from, now_ms);
@@ -683,9 +683,9 @@ impl<B> Endpoints<B> {
 
     /// [`Endpoints::report_at`] of the endpoint at `i` in the set now.
     #[cfg(test)]
-    fn report_nth(&self, i: usize, verdict: Verdict, now_ms: u64) {
+    fn report_nth(&self, i: usize, report: EndpointReport, now_ms: u64) {
         let e = self.nth(i);
-        self.report_at(&e, verdict, now_ms);
+        self.report_at(&e, report, now_ms);
     }
 
     /// The endpoint numbered `id`, while it is one of the endpoints.
@@ -781,10 +781,10 @@ mod tests {
     fn an_endpoint_failing_in_a_row_is_ejected_then_readmitted_on_probation() {
         let e = endpoints(3, OUTLIER);
         for _ in 0..2 {
-            e.report_nth(1, Verdict::Failure, 0);
+            e.report_nth(1, EndpointReport::Failure, 0);
         }
         assert_eq!(chosen(&e, 0, 9), [0, 1, 2]);
-        e.report_nth(1, Verdict::Failure, 0);
+        e.report_nth(1, EndpointReport::Failure, 0);
         assert_eq!(chosen(&e, 1, 9), [0, 2], "out after the third in a row");
         assert_eq!(e.shared.room.out(), 1);
         assert_eq!(chosen(&e, 9_999, 9), [0, 2]);
@@ -799,7 +799,7 @@ mod tests {
             "one request at a time on probation"
         );
         assert_eq!(e.shared.room.out(), 1, "on probation, it keeps its place");
-        e.report_nth(1, Verdict::Failure, 10_000);
+        e.report_nth(1, EndpointReport::Failure, 10_000);
         assert_eq!(chosen(&e, 29_999, 9), [0, 2], "out again at once, for 20 s");
         assert_eq!(chosen(&e, 30_000, 9), [0, 1, 2]);
         assert_eq!(
@@ -807,9 +807,9 @@ mod tests {
             [0, 1, 2],
             "a probe that never answered frees the place for another after the attempt's time"
         );
-        e.report_nth(1, Verdict::Success, 30_600);
+        e.report_nth(1, EndpointReport::Success, 30_600);
         assert_eq!(e.shared.room.out(), 0, "a success ends the probation");
-        e.report_nth(1, Verdict::Failure, 30_600);
+        e.report_nth(1, EndpointReport::Failure, 30_600);
         assert_eq!(chosen(&e, 30_600, 9), [0, 1, 2]);
         assert_eq!(chosen(&e, 30_600, 9), [0, 1, 2], "and it takes a run again");
     }
@@ -818,17 +818,17 @@ mod tests {
     fn neutral_results_and_other_endpoints_break_no_run() {
         let e = endpoints(3, OUTLIER);
         for _ in 0..10 {
-            e.report_nth(0, Verdict::Failure, 0);
-            e.report_nth(0, Verdict::Success, 0);
-            e.report_nth(2, Verdict::Neutral, 0);
+            e.report_nth(0, EndpointReport::Failure, 0);
+            e.report_nth(0, EndpointReport::Success, 0);
+            e.report_nth(2, EndpointReport::Neutral, 0);
         }
         assert_eq!(e.shared.room.out(), 0);
         for _ in 0..2 {
-            e.report_nth(2, Verdict::Failure, 0);
-            e.report_nth(2, Verdict::Neutral, 0);
-            e.report_nth(1, Verdict::Success, 0);
+            e.report_nth(2, EndpointReport::Failure, 0);
+            e.report_nth(2, EndpointReport::Neutral, 0);
+            e.report_nth(1, EndpointReport::Success, 0);
         }
-        e.report_nth(2, Verdict::Failure, 0);
+        e.report_nth(2, EndpointReport::Failure, 0);
         assert_eq!(chosen(&e, 0, 9), [0, 1]);
     }
 
@@ -840,9 +840,9 @@ mod tests {
             for i in 0..3 {
                 let failed = round % 10 < 3;
                 let v = if failed {
-                    Verdict::Failure
+                    EndpointReport::Failure
                 } else {
-                    Verdict::Success
+                    EndpointReport::Success
                 };
                 e.report_nth(i, v, 100 * round as u64);
             }
@@ -851,9 +851,9 @@ mod tests {
         // One of them now fails alone: out once its share (7 in 14) is more than twice
         // the others' (6 in 28).
         for _ in 0..4 {
-            e.report_nth(2, Verdict::Failure, 1_000);
-            e.report_nth(0, Verdict::Success, 1_000);
-            e.report_nth(1, Verdict::Success, 1_000);
+            e.report_nth(2, EndpointReport::Failure, 1_000);
+            e.report_nth(0, EndpointReport::Success, 1_000);
+            e.report_nth(1, EndpointReport::Success, 1_000);
         }
         assert_eq!(e.shared.room.out(), 1);
         assert_eq!(chosen(&e, 1_000, 9), [0, 1]);
@@ -863,17 +863,17 @@ mod tests {
     fn a_probe_failing_with_everyone_else_puts_its_endpoint_back() {
         let e = endpoints(2, OUTLIER);
         for _ in 0..3 {
-            e.report_nth(1, Verdict::Failure, 0);
-            e.report_nth(0, Verdict::Success, 0);
+            e.report_nth(1, EndpointReport::Failure, 0);
+            e.report_nth(0, EndpointReport::Success, 0);
         }
         assert_eq!(e.shared.room.out(), 1);
         // Ten seconds on, the whole upstream fails: its probe fails, and so does the
         // other endpoint, as much.
         for _ in 0..20 {
-            e.report_nth(0, Verdict::Failure, 10_000);
+            e.report_nth(0, EndpointReport::Failure, 10_000);
         }
         assert_eq!(chosen(&e, 10_000, 4), [0, 1], "its probe");
-        e.report_nth(1, Verdict::Failure, 10_000);
+        e.report_nth(1, EndpointReport::Failure, 10_000);
         assert_eq!(e.shared.room.out(), 0, "no worse than the other: back in");
         assert_eq!(chosen(&e, 10_001, 4), [0, 1]);
     }
@@ -882,12 +882,12 @@ mod tests {
     fn one_endpoint_is_never_ejected_and_without_rules_none_is() {
         let one = endpoints(1, OUTLIER);
         for _ in 0..10 {
-            one.report_nth(0, Verdict::Failure, 0);
+            one.report_nth(0, EndpointReport::Failure, 0);
         }
         assert_eq!(one.shared.room.out(), 0);
         let none = endpoints(3, "");
         for _ in 0..10 {
-            none.report_nth(0, Verdict::Failure, 0);
+            none.report_nth(0, EndpointReport::Failure, 0);
         }
         assert_eq!(chosen(&none, 0, 9), [0, 1, 2]);
     }
@@ -896,7 +896,7 @@ mod tests {
     fn removing_the_rules_on_reload_brings_every_endpoint_back() {
         let e = endpoints(3, OUTLIER);
         for _ in 0..3 {
-            e.report_nth(2, Verdict::Failure, pool::clock_ms());
+            e.report_nth(2, EndpointReport::Failure, pool::clock_ms());
         }
         assert_eq!(e.readmit_due(), 1);
         let counter = Ejections::detached();
@@ -917,16 +917,16 @@ mod tests {
         // 50% of 4: two may be out. One refuses connections, so one more may go.
         e.nth(0).skip_until(1_000);
         for _ in 0..20 {
-            e.report_nth(3, Verdict::Success, 0);
+            e.report_nth(3, EndpointReport::Success, 0);
         }
         for _ in 0..3 {
-            e.report_nth(1, Verdict::Failure, 0);
-            e.report_nth(2, Verdict::Failure, 0);
+            e.report_nth(1, EndpointReport::Failure, 0);
+            e.report_nth(2, EndpointReport::Failure, 0);
         }
         assert_eq!(e.shared.room.out(), 1);
         assert_eq!(chosen(&e, 0, 12).len(), 2, "two of four in the rotation");
         // The refusals stop: the second failing endpoint's next failure ejects it.
-        e.report_nth(2, Verdict::Failure, 1_000);
+        e.report_nth(2, EndpointReport::Failure, 1_000);
         assert_eq!(e.shared.room.out(), 2);
     }
 
@@ -986,9 +986,9 @@ mod tests {
             .unwrap_or_else(|| unreachable!());
         let now = pool::clock_ms();
         for _ in 0..3 {
-            e.report_at(&one, Verdict::Failure, now);
+            e.report_at(&one, EndpointReport::Failure, now);
             for other in e.now().iter().filter(|x| x.id != one.id) {
-                e.report_at(other, Verdict::Success, now);
+                e.report_at(other, EndpointReport::Success, now);
             }
         }
         assert_eq!(e.readmit_due(), 1, "the failing pod is out");
@@ -1062,8 +1062,8 @@ mod tests {
                         let others_refusing = (0..n)
                             .filter(|j| *j != i && !e.nth(*j).health.is_out() && e.nth(*j).skipped(now))
                             .count();
-                        let verdict = if failed { Verdict::Failure } else { Verdict::Success };
-                        e.report_nth(i, verdict, now);
+                        let report = if failed { EndpointReport::Failure } else { EndpointReport::Success };
+                        e.report_nth(i, report, now);
                         if e.shared.room.out() > was_out {
                             prop_assert!(was_out + others_refusing < max_out,
                                 "ejected with {was_out} out and {others_refusing} refusing, max {max_out}");

@@ -41,7 +41,7 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, ReadBuf};
 use tokio::time::Instant;
 
 use super::OutgoingBody;
-use super::connect::{OpenGuard, Transport};
+use super::connect::{EndpointStream, OpenGuard};
 use super::request::{RequestHead, encode_h1};
 use super::upgraded::Upgraded;
 use crate::http::ByProtocol;
@@ -54,7 +54,7 @@ use crate::http::{BoxError, KEEP_WRITE, READ_CHUNK, WRITE_BATCH};
 
 /// One HTTP/1.1 connection to an endpoint, idle or carrying one exchange.
 pub struct Connection {
-    io: Transport,
+    io: EndpointStream,
     rbuf: BytesMut,
     wbuf: WriteBuf,
     /// The endpoint answered `100 Continue` to the request in flight.
@@ -65,7 +65,7 @@ pub struct Connection {
 }
 
 impl Connection {
-    pub fn new(io: Transport, open: &Arc<AtomicUsize>) -> Self {
+    pub fn new(io: EndpointStream, open: &Arc<AtomicUsize>) -> Self {
         Connection {
             io,
             rbuf: BytesMut::new(),

@@ -36,7 +36,7 @@ use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering::*};
 
 /// What an attempt's result says about the endpoint it went to.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Verdict {
+pub enum EndpointReport {
     /// The endpoint answered as a healthy one does.
     Success,
     /// The endpoint failed: no connection, a reset, no answer in time, a 5xx of its own.

@@ -180,7 +180,7 @@ impl<B: OutgoingBody> Endpoint<B> {
     }
 
     /// A new HTTP/1.1 connection, on loan from the start.
-    fn http1(&self, transport: connect::Transport) -> Conn<B> {
+    fn http1(&self, transport: connect::EndpointStream) -> Conn<B> {
         let conn = Connection::new(transport, &self.open);
         Conn::Http1(Lease::new(conn, &self.idle, self.worker()))
     }

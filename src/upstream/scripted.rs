@@ -9,7 +9,7 @@ use std::sync::atomic::AtomicUsize;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use super::OutgoingBody;
-use super::connect::Transport;
+use super::connect::EndpointStream;
 use super::h1::{self, Connection, IdleQueues, Lease};
 use super::request::RequestHead;
 use super::response::UpstreamResponse;
@@ -25,7 +25,11 @@ pub async fn answer<B: OutgoingBody>(
     let (client, mut server) = tokio::io::duplex(64 * 1024);
     let open = Arc::new(AtomicUsize::new(0));
     let idle = Arc::new(IdleQueues::new(1, None));
-    let lease = Lease::new(Connection::new(Transport::Memory(client), &open), &idle, 0);
+    let lease = Lease::new(
+        Connection::new(EndpointStream::Memory(client), &open),
+        &idle,
+        0,
+    );
     tokio::spawn(async move {
         let mut buf = vec![0u8; 64 * 1024];
         let mut got = Vec::new();

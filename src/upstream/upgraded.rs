@@ -13,12 +13,12 @@ use bytes::BytesMut;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
 
-use super::connect::{OpenGuard, Transport};
+use super::connect::{EndpointStream, OpenGuard};
 use crate::http::read::hand_on_ahead;
 
 /// The endpoint's side of a tunnel.
 pub struct Upgraded {
-    io: Transport,
+    io: EndpointStream,
     /// Read with the `101` head, not yet handed on.
     ahead: BytesMut,
     /// Still an open connection to the upstream, counted as one.
@@ -26,7 +26,7 @@ pub struct Upgraded {
 }
 
 impl Upgraded {
-    pub(super) fn new(io: Transport, ahead: BytesMut, open: OpenGuard) -> Self {
+    pub(super) fn new(io: EndpointStream, ahead: BytesMut, open: OpenGuard) -> Self {
         Upgraded {
             io,
             ahead,
@@ -37,7 +37,11 @@ impl Upgraded {
     /// A plain TCP connection to tunnel from the start (after a `CONNECT`), counted in
     /// `open`.
     pub fn plain(tcp: TcpStream, open: &Arc<AtomicUsize>) -> Self {
-        Upgraded::new(Transport::Plain(tcp), BytesMut::new(), OpenGuard::new(open))
+        Upgraded::new(
+            EndpointStream::Plain(tcp),
+            BytesMut::new(),
+            OpenGuard::new(open),
+        )
     }
 }
 

@@ -390,7 +390,7 @@ fn log_normal(median: Duration, sigma: f64, rng: &mut fastrand::Rng) -> Duration
     )
 }
 
-type AppBody = Either<Either<Full<Bytes>, Dribble>, GrpcAnswer>;
+type AnswerBody = Either<Either<Full<Bytes>, Dribble>, GrpcAnswer>;
 
 /// Whether a request is a gRPC call (`content-type: application/grpc…`).
 fn is_grpc(req: &Request<Incoming>) -> bool {
@@ -400,7 +400,7 @@ fn is_grpc(req: &Request<Incoming>) -> bool {
         .is_some_and(|v| v.starts_with("application/grpc"))
 }
 
-async fn handle(state: &State, req: Request<Incoming>, replica: usize) -> Response<AppBody> {
+async fn handle(state: &State, req: Request<Incoming>, replica: usize) -> Response<AnswerBody> {
     let grpc = is_grpc(&req);
     let close = state.behaviour.close && req.version() == http::Version::HTTP_11;
     let mut resp = fate(state, req, replica).await;
@@ -432,7 +432,7 @@ fn extra_fields(n: u16) -> http::HeaderMap {
 }
 
 /// The answer the row's upstream draws for a request.
-async fn fate(state: &State, req: Request<Incoming>, replica: usize) -> Response<AppBody> {
+async fn fate(state: &State, req: Request<Incoming>, replica: usize) -> Response<AnswerBody> {
     let column = header_u64(&req, COLUMN).map_or(usize::MAX, |c| c as usize);
     let seq = header_u64(&req, SEQ);
     let attempt = seq.map_or(1, |seq| state.counters.arrived(column, seq));
@@ -476,7 +476,7 @@ async fn fate(state: &State, req: Request<Incoming>, replica: usize) -> Response
     answer(status, b.stream.filter(|_| status == StatusCode::OK))
 }
 
-fn answer(status: StatusCode, stream: Option<Duration>) -> Response<AppBody> {
+fn answer(status: StatusCode, stream: Option<Duration>) -> Response<AnswerBody> {
     let body = match stream {
         Some(over) => Either::Left(Either::Right(Dribble::new(over))),
         None => Either::Left(Either::Left(Full::new(Bytes::from_static(b"done")))),
@@ -489,7 +489,7 @@ fn answer(status: StatusCode, stream: Option<Duration>) -> Response<AppBody> {
 /// The same fate as a gRPC server says it: a `200` with one message (`done`) and
 /// `grpc-status: 0` in the trailers; a failure as trailers-only, `UNAVAILABLE` (14)
 /// for a 503 and `INTERNAL` (13) for anything else.
-fn as_grpc(status: StatusCode) -> Response<AppBody> {
+fn as_grpc(status: StatusCode) -> Response<AnswerBody> {
     let grpc_status = match status {
         StatusCode::OK => None,
         StatusCode::SERVICE_UNAVAILABLE => Some("14"),

@@ -1,10 +1,10 @@
 //! The answers the loop gives: the upstream's, the one that ends the request when a
-//! retry is refused or there is none left, and tollgate's own. `Call::finish` is the
-//! one way an [`Answer`] is made.
+//! retry is refused or there is none left, and tollgate's own. `Forwarding::finish` is
+//! the one way an [`Answer`] is made.
 
 use http::StatusCode;
 
-use super::{Call, discard};
+use super::{Forwarding, discard};
 use crate::contract::outcome::Callee;
 use crate::fault::Fault;
 use crate::http::response::Fields;
@@ -12,10 +12,10 @@ use crate::metrics::{Denied, Outcome};
 use crate::retry::decide::policy::Stop;
 use crate::retry::forward::handoff::{Answer, BodyRead, Reply};
 use crate::retry::forward::rejected::Previous;
-use crate::retry::forward::replay::AppBody;
+use crate::retry::forward::replay::RetriedBody;
 use crate::upstream::response::UpstreamResponse;
 
-impl<'a, A: AppBody> Call<'a, A> {
+impl<'a, A: RetriedBody> Forwarding<'a, A> {
     /// The callee refused this retry: no further attempt, and the app gets the failure
     /// the retry retried, with outcome `retry-rejected`.
     pub(super) fn rejected(&mut self, refusal: UpstreamResponse) -> Answer {

@@ -30,11 +30,11 @@ use crate::deadline;
 use crate::fault::Fault;
 use crate::http::response::Fields;
 use crate::metrics::AttemptResult;
-use crate::retry::forward::replay::{AppBody, ReplayBody};
+use crate::retry::forward::replay::{ReplayBody, RetriedBody};
 use crate::retry::upstream::Upstream;
 use crate::trace::TRACEPARENT;
 use crate::upstream::exchange;
-use crate::upstream::outlier::Verdict;
+use crate::upstream::outlier::EndpointReport;
 use crate::upstream::pool::{Endpoint, Want};
 use crate::upstream::request::{AttemptFields, RareFields, RequestHead};
 use crate::upstream::response::UpstreamResponse;
@@ -129,7 +129,7 @@ pub(super) struct Ran<A> {
     pub ejected: bool,
 }
 
-impl<'a, A: AppBody> Attempt<'a, A> {
+impl<'a, A: RetriedBody> Attempt<'a, A> {
     /// Runs the attempt on `wire`: the head goes out with this attempt's fields, then
     /// the body (which comes back in [`Ran::unsent`] when it never left).
     pub(super) async fn run<T: Transport<A>>(mut self, wire: &T) -> Ran<A> {
@@ -200,11 +200,11 @@ impl<'a, A: AppBody> Attempt<'a, A> {
         };
         let mut ejected = false;
         if self.up.endpoints.ejects() {
-            let verdict = self.verdict(&result);
+            let report = self.endpoint_report(&result);
             // Only a failure puts an endpoint out: its state is read around that alone.
             let health = || &self.peer.health;
-            let was_in = verdict == Verdict::Failure && !health().is_out();
-            self.up.endpoints.report(&self.peer, verdict);
+            let was_in = report == EndpointReport::Failure && !health().is_out();
+            self.up.endpoints.report(&self.peer, report);
             ejected = was_in && health().is_out();
         }
         record.finish(&result, r);
@@ -218,7 +218,7 @@ impl<'a, A: AppBody> Attempt<'a, A> {
     }
 
     /// What the result says about the endpoint.
-    fn verdict(&self, result: &Result<UpstreamResponse, Fault>) -> Verdict {
+    fn endpoint_report(&self, result: &Result<UpstreamResponse, Fault>) -> EndpointReport {
         match result {
             Ok(resp) => match Callee::of(resp.status(), Fields::of(resp)) {
                 // The callee's inbound side ran out of the time this attempt gave it (the
@@ -230,16 +230,16 @@ impl<'a, A: AppBody> Attempt<'a, A> {
                             .by
                             .is_some_and(|by| Instant::now() + DEADLINE_SLACK >= by) =>
                 {
-                    Verdict::Neutral
+                    EndpointReport::Neutral
                 }
-                callee if callee.endpoint_failed(resp.status()) => Verdict::Failure,
-                _ => Verdict::Success,
+                callee if callee.endpoint_failed(resp.status()) => EndpointReport::Failure,
+                _ => EndpointReport::Success,
             },
             // Cut short by the deadline before its attempt timeout, the attempt did not
             // have the time an endpoint is judged by.
-            Err(Fault::Timeout) if self.cut_short() => Verdict::Neutral,
-            Err(f) if f.is_peers() => Verdict::Failure,
-            Err(_) => Verdict::Neutral,
+            Err(Fault::Timeout) if self.cut_short() => EndpointReport::Neutral,
+            Err(f) if f.is_peers() => EndpointReport::Failure,
+            Err(_) => EndpointReport::Neutral,
         }
     }
 
@@ -331,7 +331,9 @@ impl<A> Drop for Record<'_, A> {
             // Abandoned for being slow: another attempt answered first, or the app left.
             self.up.metrics().attempt(AttemptResult::Timeout);
             if self.up.endpoints.ejects() {
-                self.up.endpoints.report(self.endpoint, Verdict::Failure);
+                self.up
+                    .endpoints
+                    .report(self.endpoint, EndpointReport::Failure);
             }
         } else {
             self.up.metrics().attempt(AttemptResult::Cancelled);

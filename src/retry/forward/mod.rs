@@ -76,7 +76,7 @@ use attempt::{Attempt, Head, Ran, TRACEPARENT_NAME};
 use handoff::{Answer, Exchange, HedgeState, Reply, Trail};
 use race::{Beside, Event, Second, race};
 use rejected::Previous;
-use replay::{AppBody, BodySource, ReplayBody};
+use replay::{BodySource, ReplayBody, RetriedBody};
 use traced::{Starting, Traced};
 
 /// `x-tollgate-dedupe-store`, borrowed by the attempts that carry it.
@@ -91,7 +91,7 @@ const BODY_GRACE: Duration = Duration::from_millis(50);
 const EXPECT_GRACE: Duration = Duration::from_secs(1);
 
 /// One request on its way through its attempts.
-struct Call<'a, A> {
+struct Forwarding<'a, A> {
     up: &'a Upstream<A>,
     deadline: Deadline,
     grpc: bool,
@@ -135,25 +135,25 @@ struct Call<'a, A> {
     /// attempt still ran: no attempt follows that one.
     refused: bool,
     /// The endpoint the attempt in flight moves to after a refused connect, and how
-    /// many endpoints it has moved past ([`Call::walk`]).
+    /// many endpoints it has moved past ([`Forwarding::walk`]).
     walk_to: Option<Arc<Endpoint<ReplayBody<A>>>>,
     walked: u8,
     traced: Traced<'a>,
 }
 
 /// Forwards `ex` to `up`, retrying and hedging as the policy allows.
-pub async fn forward<'a, A: AppBody>(up: &'a Upstream<A>, ex: Exchange<'a, A>) -> Answer {
+pub async fn forward<'a, A: RetriedBody>(up: &'a Upstream<A>, ex: Exchange<'a, A>) -> Answer {
     forward_on(up, up, ex).await
 }
 
 /// [`forward`], each attempt carried by `wire` (the upstream's endpoints, or a script).
-pub async fn forward_on<'a, A: AppBody, T: Transport<A>>(
+pub async fn forward_on<'a, A: RetriedBody, T: Transport<A>>(
     up: &'a Upstream<A>,
     wire: &T,
     ex: Exchange<'a, A>,
 ) -> Answer {
     let head = ex.head;
-    let mut call = Call::new(up, ex);
+    let mut call = Forwarding::new(up, ex);
     if let Some(h) = &up.hedge {
         h.record_request(call.arrived);
     }
@@ -303,7 +303,7 @@ enum Step {
     Failed(Fault, Option<UpstreamResponse>, usize),
 }
 
-impl<'a, A: AppBody> Call<'a, A> {
+impl<'a, A: RetriedBody> Forwarding<'a, A> {
     fn new(up: &'a Upstream<A>, ex: Exchange<'a, A>) -> Self {
         let retry = &up.config.retry;
         // An upgrade changes the connection for good once it is answered: never sent
@@ -323,7 +323,7 @@ impl<'a, A: AppBody> Call<'a, A> {
         if keyed_once {
             up.dedupes.want();
         }
-        Call {
+        Forwarding {
             keyed_once,
             needs_dedupe: keyed_once && !listed,
             minted: ex.minted,

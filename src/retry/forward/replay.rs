@@ -36,7 +36,7 @@ pub enum ReplayBody<A> {
     Replay(Box<Replay>),
 }
 
-impl<A: AppBody> ReplayBody<A> {
+impl<A: RetriedBody> ReplayBody<A> {
     /// A way to tell, once this body has gone out, whether the app's body broke as it
     /// was sent.
     pub fn watch(&self) -> BodyWatch<A> {
@@ -70,7 +70,7 @@ impl<A> std::fmt::Debug for ReplayBody<A> {
     }
 }
 
-impl<A: AppBody> Body for ReplayBody<A> {
+impl<A: RetriedBody> Body for ReplayBody<A> {
     type Data = Bytes;
     type Error = BoxError;
 
@@ -118,7 +118,7 @@ struct Tape<A> {
     started: bool,
 }
 
-impl<A: AppBody> Tape<A> {
+impl<A: RetriedBody> Tape<A> {
     /// Polls the app's body once and records what it yields.
     fn poll(&mut self, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
         let Some(body) = self.body.as_mut() else {
@@ -160,7 +160,7 @@ struct TapeHandle<A> {
     tape: Arc<Mutex<Tape<A>>>,
 }
 
-impl<A: AppBody> TapeHandle<A> {
+impl<A: RetriedBody> TapeHandle<A> {
     /// Whether the app's body has been read to its end.
     fn complete(&self) -> bool {
         let tape = self.tape.lock().unwrap_or_else(|p| p.into_inner());
@@ -230,7 +230,7 @@ pub struct Recording<A> {
     tape: Arc<Mutex<Tape<A>>>,
 }
 
-impl<A: AppBody> Recording<A> {
+impl<A: RetriedBody> Recording<A> {
     /// Starts recording `body`, keeping at most `cap` bytes.
     fn new(body: A, cap: usize) -> (Self, TapeHandle<A>) {
         let tape = Arc::new(Mutex::new(Tape {
@@ -291,10 +291,10 @@ impl Replay {
     }
 }
 
-/// What the retry engine asks of the app's body.
-pub trait AppBody: Body<Data = Bytes, Error = BoxError> + Unpin + Send + 'static {}
+/// What the retry engine asks of the app's body: one it sends, records, and may send again.
+pub trait RetriedBody: Body<Data = Bytes, Error = BoxError> + Unpin + Send + 'static {}
 
-impl<T> AppBody for T where T: Body<Data = Bytes, Error = BoxError> + Unpin + Send + 'static {}
+impl<T> RetriedBody for T where T: Body<Data = Bytes, Error = BoxError> + Unpin + Send + 'static {}
 
 /// What the next attempt sends.
 enum Next<A> {
@@ -318,7 +318,7 @@ pub struct BodySource<A> {
     tape: Option<TapeHandle<A>>,
 }
 
-impl<A: AppBody> BodySource<A> {
+impl<A: RetriedBody> BodySource<A> {
     pub fn new(body: A) -> Self {
         BodySource {
             next: if body.is_end_stream() {
@@ -398,7 +398,7 @@ impl<A: AppBody> BodySource<A> {
     }
 }
 
-impl<A: AppBody> Replayable for BodySource<A> {
+impl<A: RetriedBody> Replayable for BodySource<A> {
     fn ready_for_retry(&mut self) -> Result<(), BodyState> {
         let Some(tape) = &self.tape else {
             return Ok(());

@@ -14,7 +14,7 @@ use tokio::time::Instant;
 use crate::fault::Fault;
 use crate::retry::forward::attempt::Attempt;
 use crate::retry::forward::attempt::Transport;
-use crate::retry::forward::replay::{AppBody, ReplayBody};
+use crate::retry::forward::replay::{ReplayBody, RetriedBody};
 use crate::upstream::response::UpstreamResponse;
 use crate::upstream::scripted;
 
@@ -78,7 +78,7 @@ impl Script {
     }
 }
 
-impl<A: AppBody> Transport<A> for Script {
+impl<A: RetriedBody> Transport<A> for Script {
     async fn exchange(
         &self,
         a: &Attempt<'_, A>,

@@ -9,7 +9,7 @@ use crate::descriptors::Throttled;
 use crate::fault::Fault;
 use crate::http::response::is_head_too_large;
 use crate::retry::forward::attempt::{Attempt, Transport};
-use crate::retry::forward::replay::{AppBody, ReplayBody};
+use crate::retry::forward::replay::{ReplayBody, RetriedBody};
 use crate::retry::upstream::Upstream;
 use crate::upstream::exchange::{self, Reach, Wire};
 use crate::upstream::pool::{Endpoint, clock_ms};
@@ -19,7 +19,7 @@ use crate::upstream::response::UpstreamResponse;
 static OUT_OF_DESCRIPTORS: Throttled = Throttled::new();
 
 /// The real transport: the upstream's own endpoints.
-impl<A: AppBody> Transport<A> for Upstream<A> {
+impl<A: RetriedBody> Transport<A> for Upstream<A> {
     async fn exchange(
         &self,
         a: &Attempt<'_, A>,
