@@ -16,7 +16,9 @@
 //! ejection.
 //!
 //! A run of failures ejects only an endpoint that fails clearly more than its peers:
-//! their failure share over the last 10 s ([`Tally`]) under half of its own. Errors
+//! their failure share over the last 10 s ([`Tally`]) under half of its own, and by
+//! more than chance when they fail too (a one-sided two-proportion test at 99%: with
+//! few results, a run alone makes any endpoint's share look high). Errors
 //! every endpoint shares are the dependency's (a database behind them all, a bad
 //! deploy): ejecting for them moves the load onto fewer replicas and helps nobody. So
 //! each endpoint also counts its results in two time buckets, a couple of atomic adds
@@ -110,13 +112,38 @@ impl Share {
     }
 }
 
+/// A one-sided two-proportion z-test at 99%: a difference of shares this large comes by
+/// chance about once in a hundred between endpoints that fail alike.
+const Z_99: f64 = 2.33;
+
 /// Whether an endpoint that failed `own` fails clearly more than its peers, who
-/// together failed `others`: their share under half of its own.
+/// together failed `others`: their share under half of its own, and, when they fail
+/// too, by more than chance. With few results a run of failures alone makes any
+/// endpoint's share look high (6 of 8 against a peer's 2 of 9, where both fail 30% of
+/// the time), and the errors every endpoint shares would eject one of them. Peers that
+/// did not fail share nothing: the run is the endpoint's own.
 pub fn clearly_worse(own: Share, others: Share) -> bool {
     // It has just failed a run: with no results counted (the window turned), its own
     // share is all failures.
-    let mine = if own.results > 0.0 { own.ratio() } else { 1.0 };
-    others.ratio() < mine / 2.0
+    let own = if own.results > 0.0 {
+        own
+    } else {
+        Share {
+            failures: 1.0,
+            results: 1.0,
+        }
+    };
+    let (mine, theirs) = (own.ratio(), others.ratio());
+    if theirs >= mine / 2.0 {
+        return false;
+    }
+    // No peer answered lately, or none failed: nothing is shared, the run is its own.
+    if others.results <= 0.0 || others.failures <= 0.0 {
+        return true;
+    }
+    let pooled = (own.failures + others.failures) / (own.results + others.results);
+    let se = (pooled * (1.0 - pooled) * (1.0 / own.results + 1.0 / others.results)).sqrt();
+    se <= 0.0 || (mine - theirs) / se > Z_99
 }
 
 impl Tally {
@@ -418,6 +445,16 @@ mod tests {
         assert!(clearly_worse(Share::default(), Share::default()));
         // Peers that fail everything: none is worse.
         assert!(!clearly_worse(share(5.0, 5.0), share(50.0, 50.0)));
+        // Few results: a run early in the window is chance, not a worse endpoint (both
+        // fail 30% of the time here)...
+        assert!(!clearly_worse(share(9.0, 20.0), share(4.0, 20.0)));
+        assert!(!clearly_worse(share(6.0, 8.0), share(2.0, 9.0)));
+        // ... while a dead one stands out at once, and one failing beside peers that
+        // fail too, once its share is more than chance.
+        assert!(clearly_worse(share(5.0, 5.0), share(0.0, 3.0)));
+        assert!(clearly_worse(share(2.0, 2.0), share(0.0, 2.0)));
+        assert!(clearly_worse(share(5.0, 5.0), share(9.0, 30.0)));
+        assert!(!clearly_worse(share(5.0, 5.0), share(1.0, 3.0)));
     }
 
     #[test]
