@@ -61,7 +61,11 @@ pub struct OwnedCalls {
 #[derive(Default)]
 struct Carried {
     inflight: u32,
-    /// When a second request in flight carried the key, last.
+    /// The latest arrival among the requests that carried the key while it was kept.
+    latest: Option<Instant>,
+    /// When a second request in flight carried the key, last: never before the arrival
+    /// of any request then in flight, so each of them sees it, whatever order their
+    /// arrival moments (taken before the lock) reached the lock in.
     shared_at: Option<Instant>,
 }
 
@@ -207,8 +211,10 @@ impl OwnedCalls {
             for k in keys.iter().flatten() {
                 let c = carried.entry(*k).or_default();
                 c.inflight += 1;
+                let latest = c.latest.map_or(now, |l| l.max(now));
+                c.latest = Some(latest);
                 if c.inflight >= 2 {
-                    c.shared_at = Some(now);
+                    c.shared_at = Some(latest);
                 }
             }
         }
@@ -294,6 +300,22 @@ mod tests {
         drop(alone);
         let none = owned.arrive(&HeaderMap::new(), Instant::now());
         assert!(!none.marks(), "no guessing");
+    }
+
+    /// Two requests' arrival moments are taken before the lock: the later moment can
+    /// reach it first. Both are still ambiguous.
+    #[tokio::test(start_paused = true)]
+    async fn an_id_shared_by_requests_whose_arrivals_reach_the_lock_out_of_order_marks_neither() {
+        let owned = OwnedCalls::default();
+        let id = headers(&[("x-request-id", "shared")]);
+        let earlier = Instant::now();
+        tokio::time::advance(Duration::from_millis(5)).await;
+        let later = owned.arrive(&id, Instant::now());
+        let first = owned.arrive(&id, earlier);
+        tokio::time::advance(Duration::from_millis(5)).await;
+        owned.gave_up(&id, Instant::now());
+        assert!(!later.marks(), "the later arrival shared its id");
+        assert!(!first.marks(), "the earlier arrival shared its id");
     }
 
     #[tokio::test(start_paused = true)]
