@@ -37,6 +37,8 @@ pub const FLOORS: &[&[&str]] = &[
     &["server"],
     // What both sides write: their own answers, the access log.
     &["answer", "access_log"],
+    // A request's edge: the one way in and the two ways out, on either side.
+    &["served"],
     // The listeners both sides are served on: binding, accepting, capture, the drain.
     &["listen"],
     // The two sides, peers: neither names the other.

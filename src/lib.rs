@@ -38,6 +38,7 @@ pub mod proxy;
 pub mod reload;
 pub mod retry;
 pub mod run;
+pub mod served;
 pub mod server;
 pub mod sides;
 pub mod trace;

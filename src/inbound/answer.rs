@@ -8,13 +8,9 @@
 //! side's answers to its app are ([`crate::answer`]), from the one table of refusals
 //! there.
 
-use http::header::CONNECTION;
-use http::{HeaderValue, Response};
-
 use crate::answer::{APP_RESET, APP_TIMED_OUT, APP_UNREACHABLE, NO_DESCRIPTORS, Refusal};
 use crate::fault::Fault;
 use crate::metrics::Outcome;
-use crate::server::{RequestGuard, ResponseBody};
 
 /// The answer for a [`Fault`] of the exchange with the app: the fault's own status
 /// ([`Fault::status`]) and gRPC code, with the app's outcome (`app-timeout`,
@@ -35,19 +31,11 @@ pub fn refusal(fault: Fault) -> &'static Refusal {
     }
 }
 
-/// The answer ([`crate::answer`]). `close` adds `Connection: close` (an HTTP/1.x body
-/// was left unread).
-pub fn answer(r: &Refusal, grpc: bool, close: bool, guard: RequestGuard) -> Response<ResponseBody> {
-    let mut resp = r.local(None).answer(grpc, guard);
-    // The app's failure is this endpoint's: a caller behind a Service's virtual IP
-    // that keeps this connection comes back to the same pod; on a new one,
-    // kube-proxy picks again.
-    let about_the_app = matches!(r.outcome, Outcome::AppUnreachable | Outcome::AppTimeout);
-    if close || about_the_app {
-        resp.headers_mut()
-            .insert(CONNECTION, HeaderValue::from_static("close"));
-    }
-    resp
+/// Whether `r` says the app failed: the app's failure is this endpoint's, and a caller
+/// behind a Service's virtual IP that keeps this connection comes back to the same pod;
+/// on a new one, kube-proxy picks again. Its answer closes the connection.
+pub fn about_the_app(r: &Refusal) -> bool {
+    matches!(r.outcome, Outcome::AppUnreachable | Outcome::AppTimeout)
 }
 
 #[cfg(test)]

@@ -13,13 +13,13 @@ use std::sync::Arc;
 
 use http::header::HOST;
 use http::{HeaderValue, Method, Request, Response, Version};
-use http_body::Body;
 use http_body_util::BodyExt;
 use tokio::time::Instant;
 
 use super::answer;
 use super::app::{self, DeadlineFields};
 use super::attempts::{is_kube_probe, is_retry};
+use super::dedupe::claim::Claim;
 use super::dedupe::{Answer, Begin, Fingerprinter};
 use super::limit::Admitted;
 use super::owned;
@@ -31,18 +31,17 @@ use crate::config::OwnedFailures;
 use crate::contract::headers::{OUTCOME_HEADER, outcome_line};
 use crate::contract::outcome::outcome_of;
 use crate::deadline::Deadline;
+use crate::fault::Fault;
 use crate::http::fields::authority_of;
 use crate::http::grpc::GRPC_PUSHBACK;
-use crate::http::grpc::is_grpc;
 use crate::http::response::Fields;
 use crate::listen::Captures;
 use crate::metrics::Outcome;
 use crate::metrics::inbound::{InboundDenied, InboundMetrics, Kind};
-use crate::server::headers::prepare_request;
+use crate::served::{Served, Tally};
+use crate::server::headers::{RequestFacts, prepare_request};
 use crate::server::service::{AppRequest, AppResponse};
-use crate::server::{
-    AddedFields, Admission, AppBody, ConnState, RequestGuard, ResponseBody, Service,
-};
+use crate::server::{AddedFields, Admission, AppBody, ConnState, ResponseBody, Service};
 use crate::trace::{Arrival, Fleet, RequestTrace, Side, Tracer};
 use crate::upstream::pool::Want;
 use crate::upstream::request::{ContinueWait, RequestHead};
@@ -78,7 +77,7 @@ impl Service for InboundService {
         async move {
             let state = inbound.state.load_full();
             let h1 = req.version() < Version::HTTP_2;
-            let mut resp = Box::new(answer_request(&inbound, &state, conn, *req).await);
+            let mut resp = answer_request(&inbound, &state, conn, *req).await;
             // Every answer says the callee deduplicates while it does, which header it
             // reads and where it keeps keys: to an HTTP/1.1 caller in a line written
             // straight into the head.
@@ -94,60 +93,40 @@ impl Service for InboundService {
     }
 }
 
-/// What the request is, for the metrics, the access log and the answers.
-struct InboundCall<'a> {
+/// Where the inbound side counts its answers: by kind, first attempt or retry.
+struct InboundTally<'a> {
     metrics: &'a InboundMetrics,
     kind: Kind,
-    grpc: bool,
-    /// An HTTP/1.x body not read to its end: the connection cannot carry another
-    /// request after an answer made without reading it.
-    unread: bool,
-    /// The access log's line, when it is on.
-    log: Option<Box<Entry>>,
-    /// The request's SERVER span, when it is traced.
-    trace: Option<RequestTrace>,
 }
 
-impl InboundCall<'_> {
-    fn refuse(&mut self, r: &Refusal, mut guard: RequestGuard) -> Response<ResponseBody> {
-        let status = r.status(self.grpc).as_u16();
-        self.metrics.request(self.kind, status, r.outcome);
-        self.logged(&mut guard, status, r.outcome, None);
-        answer::answer(r, self.grpc, self.unread, guard)
+impl Tally for InboundTally<'_> {
+    #[inline]
+    fn answered(&self, status: u16, outcome: Outcome, _attempts: u32) {
+        self.metrics.request(self.kind, status, outcome);
     }
+}
 
-    fn deny(
-        &mut self,
-        why: InboundDenied,
-        r: &Refusal,
-        guard: RequestGuard,
-    ) -> Response<ResponseBody> {
-        self.metrics.denied(why);
-        if let Some(e) = self.log.as_mut() {
-            e.denied = Some(why.as_str());
-        }
-        self.refuse(r, guard)
+/// The inbound side's refusal ([`answer`]): a failure of the app's is its endpoint's,
+/// and the caller's next request should find another pod.
+fn refuse(mut served: Served, r: &Refusal, tally: &InboundTally<'_>) -> AppResponse {
+    if answer::about_the_app(r) {
+        served.close_connection();
     }
+    served.refuse(r, None, tally)
+}
 
-    /// Finishes the access log's line, if any: it is written when the answer has gone.
-    fn logged(
-        &mut self,
-        guard: &mut RequestGuard,
-        status: u16,
-        outcome: Outcome,
-        app: Option<std::time::Duration>,
-    ) {
-        if let Some(t) = self.trace.take() {
-            t.finish(status, outcome, Instant::now());
-        }
-        if let Some(mut e) = self.log.take() {
-            e.status = status;
-            e.outcome = outcome;
-            e.attempts = u32::from(app.is_some());
-            e.upstream_time = app;
-            guard.on_finish(e);
-        }
+/// A refusal counted as a denial, and logged as one.
+fn deny(
+    mut served: Served,
+    why: InboundDenied,
+    r: &Refusal,
+    tally: &InboundTally<'_>,
+) -> AppResponse {
+    tally.metrics.denied(why);
+    if let Some(e) = served.log() {
+        e.denied = Some(why.as_str());
     }
+    refuse(served, r, tally)
 }
 
 async fn answer_request(
@@ -155,187 +134,274 @@ async fn answer_request(
     state: &State,
     conn: Arc<ConnState>,
     req: Request<AppBody>,
-) -> Response<ResponseBody> {
-    let start = Instant::now();
-    let caller = conn.peer();
-    let mut guard = RequestGuard::new(conn, start);
-    let probe = is_kube_probe(
-        req.method(),
-        req.uri().path(),
-        req.headers(),
-        &state.config.probe_paths,
-    );
-    let retry = is_retry(req.headers());
-    let mut call = InboundCall {
-        metrics: inbound.metrics.inbound(),
-        kind: if retry { Kind::Retry } else { Kind::First },
-        grpc: is_grpc(req.headers()),
-        unread: req.version() < Version::HTTP_2 && !req.body().is_end_stream(),
-        log: state
-            .access_log
-            .enabled
-            .then(|| log_entry(&req, state.access_log, caller, retry)),
-        trace: state
-            .tracer
-            .as_ref()
-            .and_then(|t| begin_trace(t, &req, start)),
-    };
-    if let (Some(t), Some(e)) = (&call.trace, call.log.as_mut()) {
-        e.trace_id = Some(t.trace_id());
-    }
+) -> AppResponse {
+    let (mut served, caller, tally) = arrive(inbound, state, conn, &req);
+    let start = served.start();
     if req.method() == Method::CONNECT {
-        return call.refuse(&table::INBOUND_CONNECT, guard);
+        return refuse(served, &table::INBOUND_CONNECT, &tally);
     }
-    // Every caller's request is what the fleet sends; a first attempt also earns the
-    // retries the budget allows.
-    if let Some(fair) = &state.fair {
-        fair.see(caller, start);
-    }
-    state.budget.record_attempt(start);
-    if !retry {
-        state.budget.record_request(start);
-    }
-    let (parts, body) = req.into_parts();
-    let mut headers = parts.headers;
-    let facts = prepare_request(
-        &mut headers,
-        &state.deadline.accept,
-        parts.version == Version::HTTP_11,
-    );
+    count_in_fleet(state, &caller, start);
+    let (mut parts, body) = req.into_parts();
+    let http1 = parts.version == Version::HTTP_11;
+    let facts = prepare_request(&mut parts.headers, &state.deadline.accept, http1);
     // A probe is spared the deadline and the budget no more than any request.
     if facts.caller_timeout.is_some_and(|t| t.is_zero()) {
-        return call.deny(InboundDenied::Deadline, &table::EXPIRED, guard);
+        return deny(served, InboundDenied::Deadline, &table::EXPIRED, &tally);
     }
     let deadline = Deadline::new(start, facts.caller_timeout, state.config.request_timeout);
     // Dedupe first: a replay or a join costs the app nothing, and spends no place in
     // the limit and no retry of the budget.
-    let scope = match &state.dedupe {
-        Some((dedupe, _)) if !facts.upgrade => dedupe.scope(&parts.method, &parts.uri, &headers),
-        _ => None,
+    let (claim, body) = match dedupe(state, &parts, facts, (body, deadline), &mut served).await {
+        Ok(run) => run,
+        Err(Early::Refused(r)) => return refuse(served, r, &tally),
+        Err(Early::Duplicate(settled)) => {
+            return duplicate(served, &settled, parts.version, &tally);
+        }
     };
-    if let (Some(_), Some(e), Some((dedupe, _))) = (&scope, call.log.as_mut(), &state.dedupe) {
-        e.idempotency_key = headers
+    // A refusal below drops the claim, which frees the key: the app never had it.
+    let trace = served.trace();
+    let admitted = match admit(inbound, state, &caller, start, facts.upgrade, trace) {
+        Ok(admitted) => admitted,
+        Err((why, refusal)) => return deny(served, why, refusal, &tally),
+    };
+    hold_place(inbound, state, admitted.is_none(), &mut served, &tally);
+    let to = ToApp {
+        inbound,
+        state,
+        facts,
+        deadline,
+        traceparent: served.trace().map(|t| t.traceparent()),
+        start,
+        admitted,
+    };
+    to.answer(parts, (claim, body), served, &tally).await
+}
+
+/// Who sent a request, and as what.
+struct Caller {
+    addr: std::net::IpAddr,
+    /// Its HTTP client or tollgate says it is a retry.
+    retry: bool,
+    /// A kubelet's probe.
+    probe: bool,
+}
+
+/// The request's edge, its access log line and span begun, and who sent it.
+fn arrive<'a>(
+    inbound: &'a Inbound,
+    state: &State,
+    conn: Arc<ConnState>,
+    req: &Request<AppBody>,
+) -> (Served, Caller, InboundTally<'a>) {
+    let addr = conn.peer();
+    let mut served = Served::arrive(conn, Instant::now(), req);
+    let start = served.start();
+    let (method, path, headers) = (req.method(), req.uri().path(), req.headers());
+    let caller = Caller {
+        addr,
+        retry: is_retry(headers),
+        probe: is_kube_probe(method, path, headers, &state.config.probe_paths),
+    };
+    let tally = InboundTally {
+        metrics: inbound.metrics.inbound(),
+        kind: if caller.retry {
+            Kind::Retry
+        } else {
+            Kind::First
+        },
+    };
+    let log = state.access_log;
+    served.begin_log(log.enabled.then(|| log_entry(req, log, addr, caller.retry)));
+    let tracer = state.tracer.as_ref();
+    served.begin_trace(tracer.and_then(|t| begin_trace(t, req, start)));
+    (served, caller, tally)
+}
+
+/// Every caller's request is what the fleet sends; a first attempt also earns the
+/// retries the budget allows.
+fn count_in_fleet(state: &State, caller: &Caller, start: Instant) {
+    if let Some(fair) = &state.fair {
+        fair.see(caller.addr, start);
+    }
+    state.budget.record_attempt(start);
+    if !caller.retry {
+        state.budget.record_request(start);
+    }
+}
+
+/// Why a request ends before the app is called.
+enum Early {
+    Refused(&'static Refusal),
+    /// A duplicate of a keyed request, settled.
+    Duplicate(Answer),
+}
+
+/// Dedupe, for a keyed request while `[inbound.dedupe]` is on: the request runs
+/// (`Ok`, with its claim on the key when it has one), or it is a duplicate, settled
+/// here, or it is refused. Everything else runs without a claim.
+async fn dedupe(
+    state: &State,
+    parts: &http::request::Parts,
+    facts: RequestFacts,
+    (body, deadline): (AppBody, Deadline),
+    served: &mut Served,
+) -> Result<(Option<Claim>, AppBody), Early> {
+    let Some((dedupe, _)) = state.dedupe.as_ref().filter(|_| !facts.upgrade) else {
+        return Ok((None, body));
+    };
+    let Some(scope) = dedupe.scope(&parts.method, &parts.uri, &parts.headers) else {
+        return Ok((None, body));
+    };
+    if let Some(e) = served.log() {
+        e.idempotency_key = parts
+            .headers
             .get(dedupe.header())
             .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned());
     }
     // A retry meant for another replica's keys never runs here.
-    if scope.is_some()
-        && let Some((dedupe, _)) = &state.dedupe
-        && dedupe.foreign_store(facts.dedupe_store)
-    {
-        return call.refuse(&table::NOT_REPLAYABLE, guard);
+    if dedupe.foreign_store(facts.dedupe_store) {
+        return Err(Early::Refused(&table::NOT_REPLAYABLE));
     }
-    let claim = match scope {
-        None => None,
-        Some(scope) => match state.dedupe.as_ref().map(|(d, _)| d.begin(scope)) {
-            None => None,
-            // Boxed, as every await of a keyed request's: the future of a request
-            // without a key keeps no room for them, and is moved cheaper.
-            Some(begin) => match Box::pin(begin).await {
-                Begin::Run(claim) => Some(claim),
-                Begin::Duplicate(dup) => {
-                    let hasher = Fingerprinter::of_request(&headers);
-                    let settled = Box::pin(dup.settle_body(body, hasher, deadline.at())).await;
-                    return duplicate(&mut call, settled, parts.version, guard);
-                }
-                Begin::Unavailable => return call.refuse(&table::DEDUPE_UNAVAILABLE, guard),
-            },
-        },
-    };
-    // A refusal below drops the claim, which frees the key: the app never had it.
-    let admitted = match admit(
-        inbound,
-        state,
-        (caller, start),
-        (probe, retry),
-        facts.upgrade,
-        call.trace.as_mut(),
-    ) {
-        Ok(admitted) => admitted,
-        Err((why, refusal)) => return call.deny(why, refusal, guard),
-    };
-    if admitted.is_none() {
-        call.metrics.probes_exempt.inc();
-        if let Some(e) = call.log.as_mut() {
+    // Boxed, as every await of a keyed request's: the future of a request without a
+    // key keeps no room for them, and is moved cheaper.
+    match Box::pin(dedupe.begin(scope)).await {
+        Begin::Run(claim) => Ok((Some(claim), body)),
+        Begin::Duplicate(dup) => {
+            let hasher = Fingerprinter::of_request(&parts.headers);
+            let settled = Box::pin(dup.settle_body(body, hasher, deadline.at())).await;
+            Err(Early::Duplicate(settled))
+        }
+        Begin::Unavailable => Err(Early::Refused(&table::DEDUPE_UNAVAILABLE)),
+    }
+}
+
+/// The admitted request holds its place until its answer's head: a probe exempt from
+/// shedding holds the probes' place, any other a place in the limit.
+fn hold_place(
+    inbound: &Inbound,
+    state: &State,
+    exempt: bool,
+    served: &mut Served,
+    tally: &InboundTally<'_>,
+) {
+    if exempt {
+        tally.metrics.probes_exempt.inc();
+        if let Some(e) = served.log() {
             e.kind = Some("probe");
         }
-        guard.admitted(inbound.probes.clone());
+        served.guard().admitted(inbound.probes.clone());
     } else {
-        guard.admitted(state.limit.clone());
+        served.guard().admitted(state.limit.clone());
     }
-    if !headers.contains_key(HOST)
-        && let Some(a) = parts.uri.authority()
-        && let Ok(v) = HeaderValue::from_str(a.as_str())
-    {
-        headers.insert(HOST, v);
+}
+
+/// What the exchange with the app needs of the request, beyond its head and body.
+struct ToApp<'a> {
+    inbound: &'a Inbound,
+    state: &'a State,
+    facts: RequestFacts,
+    deadline: Deadline,
+    /// The request's SERVER span, the parent of what the app does.
+    traceparent: Option<HeaderValue>,
+    start: Instant,
+    /// Its place in the limit (`None`: a probe exempt from shedding).
+    admitted: Option<Admitted>,
+}
+
+impl ToApp<'_> {
+    /// The app's answer, relayed to the caller; or the inbound side's own when the
+    /// exchange with the app failed. The limit learns the app's latency from it.
+    async fn answer(
+        self,
+        parts: http::request::Parts,
+        (claim, body): (Option<Claim>, AppBody),
+        served: Served,
+        tally: &InboundTally<'_>,
+    ) -> AppResponse {
+        let (state, start, admitted) = (self.state, self.start, self.admitted);
+        let version = parts.version;
+        let sent = Instant::now();
+        let (result, mark) = self.send(parts, claim, body).await;
+        let now = Instant::now();
+        // A request that never reached the app says nothing of its latency.
+        if let Some(admitted) = admitted
+            && result.as_ref().err().is_none_or(|f| f.maybe_sent())
+        {
+            state.limit.sample(admitted, now - sent, now);
+        }
+        match result {
+            Ok(Answered::Plain(resp)) => relay(served, resp, (version, mark), tally, now - start),
+            Ok(Answered::Keyed(head)) => relay_keyed(served, head, version, tally, now - start),
+            Err(fault) => refuse(served, answer::refusal(fault), tally),
+        }
     }
-    let uri = crate::http::request::origin_form(parts.uri);
-    let want = match parts.version {
-        _ if facts.upgrade => Want::Http1,
-        Version::HTTP_2 => Want::PreferHttp2,
-        _ => Want::Http1,
-    };
-    let sent = Instant::now();
-    let exhausted = inbound.metrics.exhausted(crate::metrics::Shortage::Connect);
-    let traceparent = call.trace.as_ref().map(RequestTrace::traceparent);
-    let (result, mark) = match (claim, &state.dedupe) {
-        (Some(claim), Some((_, keyed_app))) => {
+
+    /// The request goes to the app: a keyed one through the task that keeps its
+    /// answer, any other as it is. With whether the app's failure is to be marked
+    /// `downstream-owned` (ownership through the app).
+    async fn send(
+        self,
+        parts: http::request::Parts,
+        claim: Option<Claim>,
+        body: AppBody,
+    ) -> (Result<Answered, Fault>, bool) {
+        let (state, facts) = (self.state, self.facts);
+        let mut headers = parts.headers;
+        if !headers.contains_key(HOST)
+            && let Some(a) = parts.uri.authority()
+            && let Ok(v) = HeaderValue::from_str(a.as_str())
+        {
+            headers.insert(HOST, v);
+        }
+        let uri = crate::http::request::origin_form(parts.uri);
+        let want = match parts.version {
+            _ if facts.upgrade => Want::Http1,
+            Version::HTTP_2 => Want::PreferHttp2,
+            _ => Want::Http1,
+        };
+        let exhausted = self
+            .inbound
+            .metrics
+            .exhausted(crate::metrics::Shortage::Connect);
+        if let (Some(claim), Some((_, keyed_app))) = (claim, &state.dedupe) {
             let exchange = keyed::HeadForApp {
                 method: parts.method,
                 uri,
                 headers,
                 want,
-                deadline,
+                deadline: self.deadline,
                 header: state.deadline.header.clone(),
                 grpc: facts.grpc,
-                traceparent,
+                traceparent: self.traceparent,
             };
             // Boxed, as every await of a keyed request's: the future of a request
             // without a key keeps no room for them.
-            let exchange = (exchange, &inbound.exchanges);
+            let exchange = (exchange, &self.inbound.exchanges);
             let run = keyed::run(claim, keyed_app.clone(), exchange, body, exhausted.clone());
-            (Box::pin(run).await.map(Answered::Keyed), false)
+            return (Box::pin(run).await.map(Answered::Keyed), false);
         }
-        _ => {
-            // A request without a claimed key goes to the app as it is.
-            let request = RequestHead::as_is(&parts.method, &uri, &headers, ContinueWait::ZERO);
-            let fields = DeadlineFields {
-                deadline,
-                header: &state.deadline.header,
-                grpc: facts.grpc,
-                traceparent,
-            };
-            // Ownership through the app: the request is counted under its ids while the
-            // app works on it, so an id two requests carry at once marks neither.
-            let marking = (state.config.owned_failures == OwnedFailures::Mark)
-                .then(|| inbound.owned.arrive(&headers, start));
-            let result = app::send(&state.app, want, &request, body, &fields, exhausted)
-                .await
-                .map_err(|no| no.fault);
-            let mark = marking.is_some_and(|carrying| {
-                result.as_ref().is_ok_and(|resp| {
-                    owned::retryable_failure(resp.status(), Fields::of(resp), facts.grpc)
-                        && carrying.marks()
-                })
-            });
-            (result.map(Answered::Plain), mark)
-        }
-    };
-    let now = Instant::now();
-    // A request that never reached the app says nothing of its latency.
-    if let Some(admitted) = admitted
-        && result.as_ref().err().is_none_or(|f| f.maybe_sent())
-    {
-        state.limit.sample(admitted, now - sent, now);
-    }
-    match result {
-        Ok(Answered::Plain(resp)) => {
-            relay(&mut call, resp, (parts.version, mark), guard, now - start)
-        }
-        Ok(Answered::Keyed(head)) => {
-            relay_keyed(&mut call, head, parts.version, guard, now - start)
-        }
-        Err(fault) => call.refuse(answer::refusal(fault), guard),
+        // A request without a claimed key goes to the app as it is.
+        let request = RequestHead::as_is(&parts.method, &uri, &headers, ContinueWait::ZERO);
+        let fields = DeadlineFields {
+            deadline: self.deadline,
+            header: &state.deadline.header,
+            grpc: facts.grpc,
+            traceparent: self.traceparent,
+        };
+        // Ownership through the app: the request is counted under its ids while the app
+        // works on it, so an id two requests carry at once marks neither.
+        let marking = (state.config.owned_failures == OwnedFailures::Mark)
+            .then(|| self.inbound.owned.arrive(&headers, self.start));
+        let result = app::send(&state.app, want, &request, body, &fields, exhausted)
+            .await
+            .map_err(|no| no.fault);
+        let mark = marking.is_some_and(|carrying| {
+            result.as_ref().is_ok_and(|resp| {
+                owned::retryable_failure(resp.status(), Fields::of(resp), facts.grpc)
+                    && carrying.marks()
+            })
+        });
+        (result.map(Answered::Plain), mark)
     }
 }
 
@@ -350,11 +416,12 @@ enum Answered {
 fn admit(
     inbound: &Inbound,
     state: &State,
-    (caller, start): (std::net::IpAddr, Instant),
-    (probe, retry): (bool, bool),
+    caller: &Caller,
+    start: Instant,
     upgrade: bool,
     trace: Option<&mut RequestTrace>,
 ) -> Result<Option<Admitted>, (InboundDenied, &'static Refusal)> {
+    let (probe, retry) = (caller.probe, caller.retry);
     // A probe may be exempt from shedding, without a place in the limit; an upgrade
     // becomes a tunnel for as long as it lasts: not a request the limit can learn from
     // or should refuse.
@@ -371,7 +438,7 @@ fn admit(
     };
     if retry {
         let granted = match &state.fair {
-            Some(fair) => fair.try_retry(caller, &state.budget, start).is_ok(),
+            Some(fair) => fair.try_retry(caller.addr, &state.budget, start).is_ok(),
             None => state.budget.try_retry(start),
         };
         if let Some(t) = trace {
@@ -401,23 +468,23 @@ fn admit(
 
 /// A duplicate's answer: the kept one, or dedupe's own.
 fn duplicate(
-    call: &mut InboundCall<'_>,
-    settled: Answer,
+    mut served: Served,
+    settled: &Answer,
     version: Version,
-    mut guard: RequestGuard,
-) -> Response<ResponseBody> {
-    match &settled {
+    tally: &InboundTally<'_>,
+) -> AppResponse {
+    match settled {
         Answer::Replay(kept) => {
-            let status = kept.status.as_u16();
-            call.metrics.request(call.kind, status, Outcome::Ok);
-            call.logged(&mut guard, status, Outcome::Ok, None);
-            keyed::replay(kept, version, guard)
+            let guard = served.answered((kept.status.as_u16(), Outcome::Ok, 0), tally);
+            Box::new(keyed::replay(kept, version, guard))
         }
         other => {
             // Its body was read to its end, but when the deadline came first.
-            call.unread &= matches!(other, Answer::InProgress | Answer::BodyError);
+            if !matches!(other, Answer::InProgress | Answer::BodyError) {
+                served.keep_connection();
+            }
             let refusal = keyed::refusal(other).unwrap_or(&table::APP_RESET);
-            call.refuse(refusal, guard)
+            refuse(served, refusal, tally)
         }
     }
 }
@@ -458,22 +525,23 @@ fn log_entry(
 /// nothing of tollgate's added, unless it is to be marked (`mark`) `downstream-owned`
 /// with `grpc-retry-pushback-ms: -1` (ownership through the app).
 fn relay(
-    call: &mut InboundCall<'_>,
+    mut served: Served,
     resp: UpstreamResponse,
     (version, mark): (Version, bool),
-    mut guard: RequestGuard,
+    tally: &InboundTally<'_>,
     app: std::time::Duration,
-) -> Response<ResponseBody> {
+) -> AppResponse {
     // `ok`, or another tollgate's verdict the app passed on.
     let outcome = if mark {
-        call.metrics.owned_failures.inc();
+        tally.metrics.owned_failures.inc();
         Outcome::DownstreamOwned
     } else {
         outcome_of(resp.status(), Fields::of(&resp))
     };
-    let status = resp.status().as_u16();
-    call.metrics.request(call.kind, status, outcome);
-    call.logged(&mut guard, status, outcome, Some(app));
+    if let Some(e) = served.log() {
+        e.upstream_time = Some(app);
+    }
+    let guard = served.answered((resp.status().as_u16(), outcome, 1), tally);
     let (mut parts, body) = relayed(resp, version);
     let mut added = AddedFields::default();
     if mark && version < Version::HTTP_2 {
@@ -489,21 +557,28 @@ fn relay(
             .insert(OUTCOME_HEADER, Outcome::DownstreamOwned.header_value());
         parts.headers.insert(GRPC_PUSHBACK, NO_RETRY);
     }
-    Response::from_parts(parts, ResponseBody::upstream(body, guard, added))
+    Box::new(Response::from_parts(
+        parts,
+        ResponseBody::upstream(body, guard, added),
+    ))
 }
 
 /// The app's answer to a keyed first arrival, as the task that keeps it relays it.
 fn relay_keyed(
-    call: &mut InboundCall<'_>,
+    mut served: Served,
     head: keyed::Head,
     version: Version,
-    mut guard: RequestGuard,
+    tally: &InboundTally<'_>,
     app: std::time::Duration,
-) -> Response<ResponseBody> {
-    let status = head.parts.status.as_u16();
-    call.metrics.request(call.kind, status, head.outcome);
-    call.logged(&mut guard, status, head.outcome, Some(app));
+) -> AppResponse {
+    if let Some(e) = served.log() {
+        e.upstream_time = Some(app);
+    }
+    let guard = served.answered((head.parts.status.as_u16(), head.outcome, 1), tally);
     let mut parts = head.parts;
     parts.version = version;
-    Response::from_parts(parts, ResponseBody::boxed(head.body.boxed(), guard))
+    Box::new(Response::from_parts(
+        parts,
+        ResponseBody::boxed(head.body.boxed(), guard),
+    ))
 }

@@ -285,17 +285,13 @@ pub(super) fn stop(up: &Upstream, again: &AppRetry, now: Instant) -> Option<Stop
 }
 
 /// A gRPC answer made for a stopped app retry says the status the failure had.
-pub(super) fn with_grpc_status(
-    mut resp: http::Response<ResponseBody>,
-    code: Option<u8>,
-) -> http::Response<ResponseBody> {
+pub(super) fn with_grpc_status(resp: &mut http::Response<ResponseBody>, code: Option<u8>) {
     if let Some(c) = code
         && resp.headers().contains_key(GRPC_STATUS)
     {
         resp.headers_mut()
             .insert(GRPC_STATUS, HeaderValue::from(u16::from(c)));
     }
-    resp
 }
 
 /// Remembers a failure tollgate owned (an answer with an outcome) by the identities

@@ -13,16 +13,14 @@ use std::sync::atomic::Ordering::AcqRel;
 use http::header::{CONTENT_TYPE, HOST};
 use http::uri::Authority;
 use http::{HeaderValue, Method, Request, Response, StatusCode, Uri, Version};
-use http_body::Body;
 use tokio::time::Instant;
 
 use super::app_retries::{self, AppRetry, RequestEnd, Sameness};
-use super::local::{announce_close, local_answer};
 use super::{Shared, Upstream, unrouted};
 use crate::access_log::{Direction, Entry};
 use crate::answer::{
     self as grpc, EXPIRED, Local, NO_DESCRIPTORS, NO_ROUTE, OUTBOUND_CONNECT, Refusal, THROTTLED,
-    UPSTREAM_OVERLOADED,
+    UPSTREAM_OVERLOADED, announce_close,
 };
 use crate::config::{AccessLogConfig, UnknownAuthorities};
 use crate::contract::headers::{
@@ -31,11 +29,12 @@ use crate::contract::headers::{
 use crate::contract::outcome::Callee;
 use crate::deadline::Deadline;
 use crate::http::fields::authority_of;
-use crate::http::grpc::{GRPC_PUSHBACK, GRPC_STATUS, is_grpc, is_grpc_answer};
+use crate::http::grpc::{GRPC_PUSHBACK, GRPC_STATUS, is_grpc_answer};
 use crate::http::spare;
-use crate::metrics::{Denied, Outcome, UpstreamMetrics};
+use crate::metrics::{Denied, Outcome};
 use crate::retry::{self, Answer, BodyRead, Exchange, Head, Reply, learn};
-use crate::server::headers::prepare_request;
+use crate::served::{Served, Uncounted};
+use crate::server::headers::{RequestFacts, prepare_request};
 use crate::server::service::{AppRequest, AppResponse};
 use crate::server::{
     AddedFields, Admission, AppBody, ConnState, RequestGuard, ResponseBody, Service,
@@ -77,163 +76,215 @@ async fn handle(
     conn: Arc<ConnState>,
     req: AppRequest,
 ) -> AppResponse {
-    let start = Instant::now();
     let peer = conn.peer();
-    let mut guard = RequestGuard::new(conn, start);
-    // An HTTP/1.x body tollgate does not read to its end leaves the connection unable
-    // to carry another request: the answer must say so, or the app's next request on
-    // it meets a reset (and its HTTP client may retry that behind tollgate's back).
-    let unread = req.version() < Version::HTTP_2 && !req.body().is_end_stream();
-    // A small body the connection reads to its end by itself after the answer: the
-    // connection is kept whether or not the upstream read it.
-    let read_after = matches!(req.body(), AppBody::Http1(b) if b.read_after_answer());
-    let unread = unread && !read_after;
-    let refuse = |metrics: Option<&UpstreamMetrics>, r: &Refusal, grpc, mut entry, mut guard| {
-        log_refusal(&mut entry, &mut guard, r, grpc);
-        let mut resp = local_answer(metrics, r.local(Some(0)), grpc, guard);
-        if unread {
-            announce_close(&mut resp);
-        }
-        Box::new(resp)
-    };
-
+    let mut served = Served::arrive(conn, Instant::now(), &req);
     let (upstream, log, unknown, tracer) = route(&shared, dedicated.as_deref(), &req);
     // The access log's line, begun when it is on: the request is taken apart below.
-    let mut entry = log
-        .enabled
-        .then(|| access_log_entry(&req, log, upstream.as_deref()));
+    served.begin_log(
+        log.enabled
+            .then(|| access_log_entry(&req, log, upstream.as_deref())),
+    );
     let Some(up) = upstream else {
         // A dedicated port is one upstream's: what it no longer has is not passed on.
         if unknown == UnknownAuthorities::Pass && (dedicated.is_none() || captured.is_some()) {
-            return unrouted::pass(shared, captured, req, guard, entry).await;
+            return unrouted::pass(shared, captured, req, served).await;
         }
-        let grpc = is_grpc(req.headers());
-        shared.unrouted[usize::from(grpc)].inc();
-        log_refusal(&mut entry, &mut guard, &NO_ROUTE, grpc);
-        let mut resp = no_route(dedicated.as_deref(), &req, grpc, guard);
-        if unread {
-            announce_close(&mut resp);
-        }
-        return Box::new(resp);
+        return no_route(&shared, dedicated.as_deref(), &req, served);
     };
     if req.method() == Method::CONNECT {
-        if req.version() == Version::HTTP_11 {
-            // Served as HTTP from here on, every request in it this upstream's.
-            let inside = Outbound {
-                shared: shared.clone(),
-                dedicated: Some(Arc::from(up.name())),
-                captured: None,
-            };
-            return super::connect::serve_connect(shared, inside, &req, peer, guard);
-        }
-        let grpc = is_grpc(req.headers());
-        return refuse(Some(up.metrics()), &OUTBOUND_CONNECT, grpc, entry, guard);
+        return connect(shared, &up, &req, peer, served);
     }
     let (parts, body) = (*req).into_parts();
-    let mut headers = parts.headers;
-    let facts = prepare_request(
-        &mut headers,
-        &up.deadline().accept,
-        parts.version == Version::HTTP_11,
-    );
-    let called = set_upstream_host(&up, &parts.uri, &mut headers);
-    let version = parts.version;
-    let grpc = facts.grpc;
-    let head = Head {
-        method: parts.method,
-        uri: crate::http::request::origin_form(parts.uri),
-        headers,
-    };
+    let (head, facts, called) =
+        outbound_head(&up, (parts.method, parts.uri, parts.version), parts.headers);
     let called = called.as_ref().map(Called::as_str);
     let same = Sameness::new(&up, &head, called, facts.retry_marker);
-    let refused = |r: &Refusal| {
-        let end = RequestEnd::refused(r.status, r.outcome, grpc);
-        app_retries::remember(&up, &same, end, start);
+    let again = match admit(&up, &same, facts.caller_timeout, &mut served) {
+        Ok(again) => again,
+        Err(stop) => return stopped(&up, &same, stop, served),
     };
-    if !admit(&up, &mut guard) {
-        refused(&UPSTREAM_OVERLOADED);
-        return refuse(Some(up.metrics()), &UPSTREAM_OVERLOADED, grpc, entry, guard);
-    }
-    if let Some(e) = entry.as_mut() {
-        e.deadline = facts.caller_timeout;
-    }
-    if facts.caller_timeout.is_some_and(|c| c.is_zero()) {
-        up.metrics().denied(crate::metrics::Denied::Deadline);
-        if let Some(e) = entry.as_mut() {
-            e.denied = Some(crate::metrics::Denied::Deadline.as_str());
-        }
-        refused(&EXPIRED);
-        return refuse(Some(up.metrics()), &EXPIRED, grpc, entry, guard);
-    }
-    let again = app_retries::recall(&up, &same, start);
-    if let (Some(a), Some(e)) = (&again, entry.as_mut()) {
-        e.app_retry = Some(a.evidence);
-    }
-    if let Some(stop) = again
-        .as_ref()
-        .and_then(|a| app_retries::stop(&up, a, start))
-    {
-        return Box::new(app_retry_stopped(
-            up.metrics(),
-            stop,
-            (grpc, unread),
-            entry,
-            guard,
-        ));
-    }
-    // An app's retry is a retry: the throttle is for first attempts.
-    let app_retry = AppRetry::charged(again.as_ref());
-    if let Some(t) = up.throttle().filter(|_| !app_retry)
-        && !t.admit(start, &mut fastrand::Rng::new())
-    {
-        refused(&THROTTLED);
-        return refuse(Some(up.metrics()), &THROTTLED, grpc, entry, guard);
-    }
     let minted = mint_key(&up, &head);
-    let mut trace = tracer.and_then(|t| begin_trace(&t, &up, &head, start));
-    if let Some(e) = entry.as_mut() {
-        e.idempotency_key = idempotency_key(&up, &head, minted.as_ref());
-        e.trace_id = trace.as_ref().map(|t| t.trace_id());
+    served.begin_trace(tracer.and_then(|t| begin_trace(&t, &up, &head, served.start())));
+    let admitted = Admitted {
+        up: &up,
+        head: &head,
+        same,
+        facts,
+        version: parts.version,
+        again,
+    };
+    let resp = forward(&shared, admitted, (body, minted), served).await;
+    spare::give_header_map(head.headers);
+    resp
+}
+
+/// A request admitted to its upstream, its head ready.
+struct Admitted<'a> {
+    up: &'a Arc<Upstream>,
+    head: &'a Head,
+    same: Sameness<'a>,
+    facts: RequestFacts,
+    version: Version,
+    /// The app's own retry, if it is one.
+    again: Option<AppRetry>,
+}
+
+/// The request goes to the retry engine (with the idempotency key minted for it, if
+/// any), and the engine's answer back to the app, after the upstream's state and the
+/// inbound side (ownership through the app) have learnt from it.
+async fn forward(
+    shared: &Shared,
+    a: Admitted<'_>,
+    (body, minted): (AppBody, Option<HeaderValue>),
+    mut served: Served,
+) -> AppResponse {
+    let (up, head, facts) = (a.up, a.head, a.facts);
+    if let Some(e) = served.log() {
+        e.idempotency_key = idempotency_key(up, head, minted.as_ref());
     }
+    let start = served.start();
     let exchange = Exchange {
         minted: minted.map(Box::new),
-        head: &head,
-        version,
+        head,
+        version: a.version,
         body,
         deadline: Deadline::new(start, facts.caller_timeout, up.config().request_timeout),
         arrived: start,
         grpc: facts.grpc,
         upgrade: facts.upgrade,
-        app_retry,
-        trace: trace.as_mut(),
+        app_retry: AppRetry::charged(a.again.as_ref()),
+        trace: served.trace(),
     };
-    let answer = retry::forward(&up, exchange).await;
+    let answer = retry::forward(up, exchange).await;
     if answer.outcome != Outcome::Ok
         && let Some(told) = &shared.answers
     {
         told.outbound_answered(answer.outcome, &head.headers);
     }
-    if let Some(t) = trace {
-        t.finish(app_status(&answer, grpc), answer.outcome, Instant::now());
+    learn_from(up, &a.same, &answer, facts.grpc, a.again.is_some());
+    answer_app(up, answer, a.version, served)
+}
+
+/// The head the upstream gets: its headers cleaned (what they said kept as
+/// [`RequestFacts`]), its target in origin-form, its Host the upstream's; with the
+/// authority the app called when that Host replaced it.
+#[inline]
+fn outbound_head(
+    up: &Upstream,
+    (method, uri, version): (Method, Uri, Version),
+    mut headers: http::HeaderMap,
+) -> (Head, RequestFacts, Option<Called>) {
+    let facts = prepare_request(
+        &mut headers,
+        &up.deadline().accept,
+        version == Version::HTTP_11,
+    );
+    let called = set_upstream_host(up, &uri, &mut headers);
+    let head = Head {
+        method,
+        uri: crate::http::request::origin_form(uri),
+        headers,
+    };
+    (head, facts, called)
+}
+
+/// Why a request goes no further than tollgate.
+enum Stop {
+    /// One of the refusals of the table ([`crate::answer`]).
+    Refused(&'static Refusal),
+    /// An app's own retry, refused or with no room in the budget.
+    AppRetry(app_retries::Stopped),
+}
+
+/// The request's admission, in the order that spends least on what will not go: a
+/// place in `max_inflight`, a deadline not already spent, the app's own retry (its
+/// evidence logged), and for a first attempt the throttle. `Ok`: the app's retry, if
+/// it is one.
+#[inline]
+fn admit(
+    up: &Arc<Upstream>,
+    same: &Sameness<'_>,
+    caller_timeout: Option<std::time::Duration>,
+    served: &mut Served,
+) -> Result<Option<AppRetry>, Stop> {
+    let start = served.start();
+    if !take_place(up, served.guard()) {
+        return Err(Stop::Refused(&UPSTREAM_OVERLOADED));
     }
-    learn_from(&up, &same, &answer, grpc, again.is_some());
-    if let Some(e) = entry {
-        log_answer(e, &up, &answer, grpc, start, &mut guard);
+    if let Some(e) = served.log() {
+        e.deadline = caller_timeout;
     }
-    // A body still streaming to the upstream may yet be read to its end; one that was
-    // never touched (an answer at `Expect: 100-continue`) will not.
-    let close = version < Version::HTTP_2
-        && !read_after
-        && answer.body != BodyRead::Whole
-        && (answer.outcome != Outcome::Ok
-            || answer.body == BodyRead::Untouched
-            || matches!(answer.reply, Reply::Local(_)));
-    let mut resp = answer_app(up.metrics(), answer, version, grpc, guard);
-    if close {
-        announce_close(&mut resp);
+    if caller_timeout.is_some_and(|c| c.is_zero()) {
+        up.metrics().denied(Denied::Deadline);
+        if let Some(e) = served.log() {
+            e.denied = Some(Denied::Deadline.as_str());
+        }
+        return Err(Stop::Refused(&EXPIRED));
     }
-    spare::give_header_map(head.headers);
-    resp
+    let again = app_retries::recall(up, same, start);
+    if let (Some(a), Some(e)) = (&again, served.log()) {
+        e.app_retry = Some(a.evidence);
+    }
+    if let Some(stop) = again.as_ref().and_then(|a| app_retries::stop(up, a, start)) {
+        return Err(Stop::AppRetry(stop));
+    }
+    // An app's retry is a retry: the throttle is for first attempts.
+    if let Some(t) = up.throttle().filter(|_| !AppRetry::charged(again.as_ref()))
+        && !t.admit(start, &mut fastrand::Rng::new())
+    {
+        return Err(Stop::Refused(&THROTTLED));
+    }
+    Ok(again)
+}
+
+/// The answer to a request that goes no further: a refusal is remembered as the
+/// request's end (an app's retry of it is its retry); an app's retry that is stopped is
+/// not.
+fn stopped(up: &Upstream, same: &Sameness<'_>, stop: Stop, mut served: Served) -> AppResponse {
+    match stop {
+        Stop::Refused(r) => {
+            let end = RequestEnd::refused(r.status, r.outcome, served.grpc());
+            app_retries::remember(up, same, end, served.start());
+            served.refuse(r, Some(0), up.metrics())
+        }
+        Stop::AppRetry(stop) => {
+            if let Some(e) = served.log() {
+                e.denied =
+                    (stop.outcome == Outcome::BudgetExhausted).then_some(Denied::Budget.as_str());
+            }
+            let local = Local {
+                status: stop.status,
+                outcome: stop.outcome,
+                attempts: Some(0),
+                failure: None,
+                text: stop.text,
+                retry_after: None,
+            };
+            let mut resp = served.answer(local, up.metrics());
+            app_retries::with_grpc_status(&mut resp, stop.grpc);
+            resp
+        }
+    }
+}
+
+/// A `CONNECT` to an upstream's authority: an HTTP/1.1 tunnel whose requests are
+/// served as this upstream's, one by one; over HTTP/2 it is refused.
+fn connect(
+    shared: Arc<Shared>,
+    up: &Upstream,
+    req: &Request<AppBody>,
+    peer: std::net::IpAddr,
+    served: Served,
+) -> AppResponse {
+    if req.version() != Version::HTTP_11 {
+        return served.refuse(&OUTBOUND_CONNECT, Some(0), up.metrics());
+    }
+    let inside = Outbound {
+        shared: shared.clone(),
+        dedicated: Some(Arc::from(up.name())),
+        captured: None,
+    };
+    super::connect::serve_connect(shared, inside, req, peer, served.tunnel())
 }
 
 /// A key for a request of a method in `mint_idempotency_key` that came without one.
@@ -317,11 +368,12 @@ fn begin_trace(
 /// The answer to a request for which no upstream is configured: named, so a typo in
 /// the app's Host or a missing authority shows at once.
 fn no_route(
+    shared: &Shared,
     dedicated: Option<&str>,
     req: &Request<AppBody>,
-    grpc: bool,
-    guard: RequestGuard,
-) -> Response<ResponseBody> {
+    served: Served,
+) -> AppResponse {
+    shared.unrouted[usize::from(served.grpc())].inc();
     let text = match dedicated {
         Some(name) => format!("upstream {name} is not in the config any more\n"),
         None => match authority_of(req) {
@@ -333,7 +385,7 @@ fn no_route(
         text: &text,
         ..NO_ROUTE.local(Some(0))
     };
-    local_answer(None, local, grpc, guard)
+    served.answer(local, &Uncounted)
 }
 
 /// The access log's line for `req`, before it is answered.
@@ -347,18 +399,9 @@ fn access_log_entry(
     e
 }
 
-/// Finishes the access log's line of a request the retry engine answered.
-fn log_answer(
-    mut e: Box<Entry>,
-    up: &Upstream,
-    answer: &Answer,
-    grpc: bool,
-    start: Instant,
-    guard: &mut RequestGuard,
-) {
-    e.status = app_status(answer, grpc);
-    e.attempts = answer.attempts;
-    e.outcome = answer.outcome;
+/// What the access log's line of a request the retry engine answered says beyond its
+/// status, outcome and attempts.
+fn log_answer(e: &mut Entry, up: &Upstream, answer: &Answer, start: Instant) {
     e.retries = answer.trail.retries().collect();
     if answer.attempts > 0 {
         let endpoints = up.endpoints();
@@ -370,68 +413,6 @@ fn log_answer(
     }
     e.denied = answer.trail.denied.map(Denied::as_str);
     e.upstream_time = Some(start.elapsed());
-    guard.on_finish(e);
-}
-
-/// Finishes the access log's line of a request refused before any upstream call.
-fn log_refusal(entry: &mut Option<Box<Entry>>, guard: &mut RequestGuard, r: &Refusal, grpc: bool) {
-    if let Some(mut e) = entry.take() {
-        e.status = if grpc { 200 } else { r.status.as_u16() };
-        e.outcome = r.outcome;
-        guard.on_finish(e);
-    }
-}
-
-/// The HTTP status the app gets for `answer`, as [`answer_app`] will make it: a gRPC
-/// call gets its failures as HTTP 200 with a `grpc-status`.
-fn app_status(answer: &Answer, grpc: bool) -> u16 {
-    match &answer.reply {
-        Reply::Local(status) => {
-            if grpc {
-                200
-            } else {
-                status.as_u16()
-            }
-        }
-        Reply::Upstream(resp) => {
-            let given_up = answer.outcome != Outcome::Ok && !answer.owned_elsewhere();
-            if grpc && given_up && !is_grpc_answer_head(resp) {
-                200
-            } else {
-                resp.status().as_u16()
-            }
-        }
-    }
-}
-
-/// An app's own retry that goes no further: refused, or no room in the budget.
-fn app_retry_stopped(
-    metrics: &UpstreamMetrics,
-    stop: app_retries::Stopped,
-    (grpc, unread): (bool, bool),
-    entry: Option<Box<Entry>>,
-    mut guard: RequestGuard,
-) -> Response<ResponseBody> {
-    if let Some(mut e) = entry {
-        e.status = if grpc { 200 } else { stop.status.as_u16() };
-        e.outcome = stop.outcome;
-        e.denied = (stop.outcome == Outcome::BudgetExhausted).then_some(Denied::Budget.as_str());
-        guard.on_finish(e);
-    }
-    let local = Local {
-        status: stop.status,
-        outcome: stop.outcome,
-        attempts: Some(0),
-        failure: None,
-        text: stop.text,
-        retry_after: None,
-    };
-    let mut resp =
-        app_retries::with_grpc_status(local_answer(Some(metrics), local, grpc, guard), stop.grpc);
-    if unread {
-        announce_close(&mut resp);
-    }
-    resp
 }
 
 /// What an answer teaches: the throttle counts the request as answered (unless
@@ -491,7 +472,7 @@ impl Called {
 
 /// Counts the request against the upstream's `max_inflight`; `false` (and nothing
 /// counted) when it is full.
-fn admit(up: &Arc<Upstream>, guard: &mut RequestGuard) -> bool {
+fn take_place(up: &Arc<Upstream>, guard: &mut RequestGuard) -> bool {
     let before = up.inflight().fetch_add(1, AcqRel);
     if before >= up.config().max_inflight {
         up.inflight().fetch_sub(1, AcqRel);
@@ -513,14 +494,26 @@ impl Admission for Upstream {
     }
 }
 
-/// The answer as it goes back to the app, with this hop's fields.
-fn answer_app(
-    metrics: &UpstreamMetrics,
-    answer: Answer,
-    version: http::Version,
-    grpc: bool,
-    guard: RequestGuard,
-) -> AppResponse {
+/// The answer as it goes back to the app, with this hop's fields, through the request's
+/// one way out.
+fn answer_app(up: &Upstream, answer: Answer, version: Version, mut served: Served) -> AppResponse {
+    // A body still streaming to the upstream may yet be read to its end; one that was
+    // never touched (an answer at `Expect: 100-continue`) will not.
+    if served.unread_closes()
+        && answer.body != BodyRead::Whole
+        && (answer.outcome != Outcome::Ok
+            || answer.body == BodyRead::Untouched
+            || matches!(answer.reply, Reply::Local(_)))
+    {
+        served.close_connection();
+    } else {
+        served.keep_connection();
+    }
+    let grpc = served.grpc();
+    let start = served.start();
+    if let Some(e) = served.log() {
+        log_answer(e, up, &answer, start);
+    }
     let resp = match answer.reply {
         Reply::Upstream(resp) => resp,
         Reply::Local(status) => {
@@ -545,7 +538,7 @@ fn answer_app(
                 text,
                 retry_after,
             };
-            return Box::new(local_answer(Some(metrics), local, grpc, guard));
+            return served.answer(local, up.metrics());
         }
     };
     // Given up on: a failure listed in `retry.on` that no other tollgate owned.
@@ -566,12 +559,16 @@ fn answer_app(
             text: &text,
             retry_after: None,
         };
-        return Box::new(local_answer(Some(metrics), local, grpc, guard));
+        return served.answer(local, up.metrics());
     }
     let pushback = grpc && outcome.is_some();
     let (mut parts, body) = relayed(resp, version);
-    metrics.request(parts.status.as_u16(), answer.outcome, answer.attempts);
-    if let (true, Some(attempts)) = (version < Version::HTTP_2, attempts_line(answer.attempts)) {
+    let close = served.closes();
+    let said = (parts.status.as_u16(), answer.outcome, answer.attempts);
+    let guard = served.answered(said, up.metrics());
+    let mut resp = if let (true, Some(attempts)) =
+        (version < Version::HTTP_2, attempts_line(answer.attempts))
+    {
         // Written straight into the head by the HTTP/1.1 writer, in place of an
         // upstream's own fields of the same names.
         let added = AddedFields([
@@ -582,24 +579,29 @@ fn answer_app(
             },
             pushback.then_some(grpc::NO_RETRY_LINE),
         ]);
-        return Box::new(Response::from_parts(
+        Box::new(Response::from_parts(
             parts,
             ResponseBody::upstream(body, guard, added),
-        ));
+        ))
+    } else {
+        let body = ResponseBody::upstream(body, guard, AddedFields::default());
+        parts
+            .headers
+            .insert(ATTEMPTS_HEADER, count_value(answer.attempts));
+        if let Some(o) = outcome {
+            parts.headers.insert(OUTCOME_HEADER, o.header_value());
+        } else if answer.callee == Callee::Stray {
+            parts.headers.remove(OUTCOME_HEADER);
+        }
+        if pushback {
+            parts.headers.insert(GRPC_PUSHBACK, grpc::NO_RETRY);
+        }
+        Box::new(Response::from_parts(parts, body))
+    };
+    if close {
+        announce_close(&mut resp);
     }
-    let body = ResponseBody::upstream(body, guard, AddedFields::default());
-    parts
-        .headers
-        .insert(ATTEMPTS_HEADER, count_value(answer.attempts));
-    if let Some(o) = outcome {
-        parts.headers.insert(OUTCOME_HEADER, o.header_value());
-    } else if answer.callee == Callee::Stray {
-        parts.headers.remove(OUTCOME_HEADER);
-    }
-    if pushback {
-        parts.headers.insert(GRPC_PUSHBACK, grpc::NO_RETRY);
-    }
-    Box::new(Response::from_parts(parts, body))
+    resp
 }
 
 /// Whether an upstream's response head is a gRPC answer.

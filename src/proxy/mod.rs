@@ -17,7 +17,6 @@ mod app_retries;
 mod connect;
 pub mod destinations;
 pub mod handler;
-mod local;
 pub mod origins;
 pub mod route;
 pub mod snapshot;

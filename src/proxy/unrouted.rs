@@ -34,22 +34,19 @@ use bytes::Bytes;
 use http::header::HOST;
 use http::uri::Authority;
 use http::{HeaderValue, Method, Request, Response, Version};
-use http_body::Body;
 use hyper_util::rt::TokioIo;
 use tokio::net::TcpStream;
 use tokio::time::Instant;
 
 use super::Shared;
-use super::local::{announce_close, local_answer};
 use super::origins::{Origin, Origins};
-use crate::access_log::Entry;
 use crate::answer::{Local, NO_DESCRIPTORS, NO_ROUTE, PASS_LOOP, PASS_RESET, PASS_UNREACHABLE};
 use crate::config::{EndpointAddr, PASSTHROUGH, parse_endpoint};
 use crate::http::fields::authority_of;
-use crate::http::grpc::is_grpc;
 use crate::http::request::origin_form;
 use crate::listen::passthrough;
 use crate::metrics::{AttemptResult, Metrics, Outcome, UpstreamMetrics, UpstreamSeries};
+use crate::served::Served;
 use crate::server::headers::strip_for_passing;
 use crate::server::service::{AppRequest, AppResponse};
 use crate::server::{AddedFields, Admission, AppBody, RequestGuard, ResponseBody};
@@ -197,76 +194,23 @@ impl Drop for Attempt<'_> {
     }
 }
 
-/// What the answer must know of the request.
-struct PassCall<'a> {
-    passing: &'a Passing,
-    grpc: bool,
-    /// An HTTP/1.x body not read to its end.
-    unread: bool,
-    entry: Option<Box<Entry>>,
-    start: Instant,
-}
-
-impl PassCall<'_> {
-    /// Counts the answer and finishes its access log line.
-    fn answered(&mut self, guard: &mut RequestGuard, status: u16, attempts: u32, outcome: Outcome) {
-        self.passing
-            .metrics
-            .get()
-            .request(status, outcome, attempts);
-        if let Some(mut e) = self.entry.take() {
-            e.upstream = Some(PASSTHROUGH.to_string());
-            e.status = status;
-            e.attempts = attempts;
-            e.outcome = outcome;
-            e.upstream_time = Some(self.start.elapsed());
-            guard.on_finish(e);
-        }
-    }
-
-    fn refuse(mut self, u: Unpassed, mut guard: RequestGuard) -> AppResponse {
-        let local = u.local();
-        if let Some(mut e) = self.entry.take() {
-            e.upstream = Some(PASSTHROUGH.to_string());
-            e.status = if self.grpc {
-                200
-            } else {
-                local.status.as_u16()
-            };
-            e.attempts = local.attempts.unwrap_or(0);
-            e.outcome = local.outcome;
-            guard.on_finish(e);
-        }
-        let mut resp = local_answer(Some(self.passing.metrics.get()), local, self.grpc, guard);
-        if self.unread {
-            announce_close(&mut resp);
-        }
-        Box::new(resp)
-    }
-}
-
 /// Passes `req` through: to `captured`, the original destination of its connection,
 /// or else to the authority it names.
 pub(super) async fn pass(
     shared: Arc<Shared>,
     captured: Option<SocketAddr>,
     req: AppRequest,
-    mut guard: RequestGuard,
-    entry: Option<Box<Entry>>,
+    mut served: Served,
 ) -> AppResponse {
     let passing = shared.passing.clone();
     passing.inflight.fetch_add(1, AcqRel);
-    guard.admitted(passing.clone());
-    let call = PassCall {
-        passing: &passing,
-        grpc: is_grpc(req.headers()),
-        unread: req.version() < Version::HTTP_2 && !req.body().is_end_stream(),
-        entry,
-        start: Instant::now(),
-    };
+    served.guard().admitted(passing.clone());
+    if let Some(e) = served.log() {
+        e.upstream = Some(PASSTHROUGH.to_string());
+    }
     let target = match destination(&req, captured) {
         Ok(t) => t,
-        Err(why) => return call.refuse(Unpassed::NoTarget(why), guard),
+        Err(why) => return refuse(served, &passing, Unpassed::NoTarget(why)),
     };
     let origin = passing.origins.get(&target);
     let timeout = shared
@@ -281,9 +225,24 @@ pub(super) async fn pass(
         timeout,
     };
     if req.method() == Method::CONNECT {
-        return tunnel(&to, req, call, guard).await;
+        return tunnel(&to, req, served).await;
     }
-    forward(&to, *req, call, guard).await
+    forward(&to, *req, served).await
+}
+
+/// Tollgate answers in the place of the destination's answer.
+fn refuse(served: Served, passing: &Passing, u: Unpassed) -> AppResponse {
+    served.answer(u.local(), passing.metrics.get())
+}
+
+/// The destination's answer goes back with `status`, counted and logged: the
+/// request's guard goes on to the body that carries it.
+fn answered(mut served: Served, passing: &Passing, status: u16) -> RequestGuard {
+    let start = served.start();
+    if let Some(e) = served.log() {
+        e.upstream_time = Some(start.elapsed());
+    }
+    served.answered((status, Outcome::Ok, 1), passing.metrics.get())
 }
 
 /// A TCP connection of its own to what a `CONNECT` names (`host:port`), within
@@ -425,12 +384,7 @@ fn failed_connect(e: &ConnectError) -> Unpassed {
 }
 
 /// An HTTP request, sent once; the destination's answer goes back as it came.
-async fn forward(
-    to: &To<'_>,
-    req: Request<AppBody>,
-    mut call: PassCall<'_>,
-    mut guard: RequestGuard,
-) -> AppResponse {
+async fn forward(to: &To<'_>, req: Request<AppBody>, served: Served) -> AppResponse {
     let (parts, body) = req.into_parts();
     let version = parts.version;
     let mut headers = parts.headers;
@@ -450,20 +404,21 @@ async fn forward(
         ContinueWait::of(CONTINUE_WAIT),
     );
     let want = match version {
-        Version::HTTP_2 if call.grpc && !upgrade => Want::PreferHttp2,
+        Version::HTTP_2 if served.grpc() && !upgrade => Want::PreferHttp2,
         _ => Want::Http1,
     };
-    let attempt = Attempt::start(call.passing.metrics.get());
+    let passing = &to.shared.passing;
+    let attempt = Attempt::start(passing.metrics.get());
     let resp = match send(to, want, &head, body).await {
         Ok(resp) => resp,
         Err(u) => {
             attempt.end(u.attempt());
-            return call.refuse(u, guard);
+            return refuse(served, passing, u);
         }
     };
     let status = resp.status().as_u16();
     attempt.end(Some(AttemptResult::of_status(status)));
-    call.answered(&mut guard, status, 1, Outcome::Ok);
+    let guard = answered(served, passing, status);
     let (parts, body) = relayed(resp, version);
     Box::new(Response::from_parts(
         parts,
@@ -495,22 +450,18 @@ async fn send(
 }
 
 /// A `CONNECT`: answered `200` once its authority is connected, then a tunnel.
-async fn tunnel(
-    to: &To<'_>,
-    mut req: AppRequest,
-    mut call: PassCall<'_>,
-    mut guard: RequestGuard,
-) -> AppResponse {
-    let attempt = Attempt::start(call.passing.metrics.get());
+async fn tunnel(to: &To<'_>, mut req: AppRequest, served: Served) -> AppResponse {
+    let passing = &to.shared.passing;
+    let attempt = Attempt::start(passing.metrics.get());
     let stream = match to.stream().await {
         Ok(s) => s,
         Err(u) => {
             attempt.end(u.attempt());
-            return call.refuse(u, guard);
+            return refuse(served, passing, u);
         }
     };
     attempt.end(Some(AttemptResult::Success));
-    call.answered(&mut guard, 200, 1, Outcome::Ok);
+    let guard = answered(served, passing, 200);
     let upgraded = Upgraded::plain(stream, &to.origin_open());
     if req.version() == Version::HTTP_2 {
         // HTTP/2 (RFC 9113 section 8.5): the stream is the tunnel once the answer is
