@@ -127,6 +127,7 @@ impl Captures for Outbound {
             shared: self.shared.clone(),
             dedicated: Some(snap.upstreams[i].name().into()),
             captured: Some(original),
+            wire: super::handler::Endpoints,
         })
     }
 }

@@ -43,36 +43,64 @@ use crate::trace::{Arrival, RequestTrace, Side, Tracer};
 use crate::upstream::response::relayed;
 
 /// The app's outbound requests, routed to upstreams by authority, or all to one
-/// upstream on its dedicated `listen` port.
+/// upstream on its dedicated `listen` port; each upstream's attempts carried by `wire`.
 #[derive(Clone)]
-pub struct Outbound {
+pub struct Outbound<W = Endpoints> {
     pub shared: Arc<Shared>,
     /// The upstream of a dedicated listener.
     pub dedicated: Option<Arc<str>>,
     /// Where a redirected connection was going (its requests go there when its
     /// upstream has gone from the config and unknown authorities are passed).
     pub captured: Option<SocketAddr>,
+    pub wire: W,
 }
 
-impl Service for Outbound {
+/// What carries an upstream's attempts: its endpoints, or, in the tests of this
+/// service, a script ([`crate::retry::Transport`] is the seam).
+pub trait Wire: Clone + Send + Sync + 'static {
+    fn forward<'a>(
+        &'a self,
+        up: &'a Upstream,
+        ex: Exchange<'a, AppBody>,
+    ) -> impl Future<Output = Answer> + Send + 'a;
+}
+
+/// The upstream's own endpoints: connections, pools, health.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Endpoints;
+
+impl Wire for Endpoints {
+    #[inline]
+    fn forward<'a>(
+        &'a self,
+        up: &'a Upstream,
+        ex: Exchange<'a, AppBody>,
+    ) -> impl Future<Output = Answer> + Send + 'a {
+        retry::forward(up, ex)
+    }
+}
+
+impl<W: Wire> Service for Outbound<W> {
     #[inline]
     fn call(
         &self,
         req: AppRequest,
         conn: &Arc<ConnState>,
-    ) -> impl Future<Output = AppResponse> + Send + use<> {
+    ) -> impl Future<Output = AppResponse> + Send + use<W> {
         handle(
             self.shared.clone(),
             (self.dedicated.clone(), self.captured),
+            self.wire.clone(),
             conn.clone(),
             req,
         )
     }
 }
 
-async fn handle(
+async fn handle<W: Wire>(
     shared: Arc<Shared>,
     (dedicated, captured): (Option<Arc<str>>, Option<SocketAddr>),
+    wire: W,
     conn: Arc<ConnState>,
     req: AppRequest,
 ) -> AppResponse {
@@ -92,7 +120,7 @@ async fn handle(
         return no_route(&shared, dedicated.as_deref(), &req, served);
     };
     if req.method() == Method::CONNECT {
-        return connect(shared, &up, &req, peer, served);
+        return connect((shared, wire), &up, &req, peer, served);
     }
     let (parts, body) = (*req).into_parts();
     let (head, facts, called) =
@@ -113,7 +141,7 @@ async fn handle(
         version: parts.version,
         again,
     };
-    let resp = forward(&shared, admitted, (body, minted), served).await;
+    let resp = forward((&shared, &wire), admitted, (body, minted), served).await;
     spare::give_header_map(head.headers);
     resp
 }
@@ -132,8 +160,8 @@ struct Admitted<'a> {
 /// The request goes to the retry engine (with the idempotency key minted for it, if
 /// any), and the engine's answer back to the app, after the upstream's state and the
 /// inbound side (ownership through the app) have learnt from it.
-async fn forward(
-    shared: &Shared,
+async fn forward<W: Wire>(
+    (shared, wire): (&Shared, &W),
     a: Admitted<'_>,
     (body, minted): (AppBody, Option<HeaderValue>),
     mut served: Served,
@@ -155,7 +183,7 @@ async fn forward(
         app_retry: AppRetry::charged(a.again.as_ref()),
         trace: served.trace(),
     };
-    let answer = retry::forward(up, exchange).await;
+    let answer = wire.forward(up, exchange).await;
     if answer.outcome != Outcome::Ok
         && let Some(told) = &shared.answers
     {
@@ -269,8 +297,8 @@ fn stopped(up: &Upstream, same: &Sameness<'_>, stop: Stop, mut served: Served) -
 
 /// A `CONNECT` to an upstream's authority: an HTTP/1.1 tunnel whose requests are
 /// served as this upstream's, one by one; over HTTP/2 it is refused.
-fn connect(
-    shared: Arc<Shared>,
+fn connect<W: Wire>(
+    (shared, wire): (Arc<Shared>, W),
     up: &Upstream,
     req: &Request<AppBody>,
     peer: std::net::IpAddr,
@@ -283,6 +311,7 @@ fn connect(
         shared: shared.clone(),
         dedicated: Some(Arc::from(up.name())),
         captured: None,
+        wire,
     };
     super::connect::serve_connect(shared, inside, req, peer, served.tunnel())
 }

@@ -104,6 +104,7 @@ impl Shared {
             shared: self.clone(),
             dedicated,
             captured: None,
+            wire: handler::Endpoints,
         }
     }
 
@@ -141,3 +142,6 @@ impl Own for Shared {
 fn is_local(ip: std::net::IpAddr) -> bool {
     ip.is_loopback() || std::net::UdpSocket::bind((ip, 0)).is_ok()
 }
+
+#[cfg(test)]
+mod tests;

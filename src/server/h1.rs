@@ -36,7 +36,7 @@ use tokio::net::TcpStream;
 
 use super::body::{AppBody, ResponseBody};
 use super::service::{AppRequest, AppResponse, Service};
-use super::socket::{CONTINUE, Http1Body, Io, close, discard_body, lock};
+use super::socket::{AppStream, CONTINUE, Http1Body, Io, close, discard_body, lock};
 use super::tunnel;
 use super::watchdog::ConnState;
 use crate::http::encode::{
@@ -64,6 +64,15 @@ pub struct Settings<S> {
 /// after the response in flight, or at once when idle.
 pub fn connection<S: Service>(
     stream: TcpStream,
+    prefix: &[u8],
+    settings: Settings<S>,
+) -> impl Future<Output = ()> + Send + use<S> {
+    serve(AppStream::Tcp(stream), prefix, settings)
+}
+
+/// [`connection`], on a socket or a pipe.
+fn serve<S: Service>(
+    stream: AppStream,
     prefix: &[u8],
     settings: Settings<S>,
 ) -> impl Future<Output = ()> + Send + use<S> {
@@ -190,7 +199,9 @@ async fn serve_inside(
         return;
     };
     let io = io.into_inner().unwrap_or_else(|p| p.into_inner());
-    inside(io.stream, io.rbuf.freeze()).await;
+    if let Some(stream) = io.stream.into_tcp() {
+        inside(stream, io.rbuf.freeze()).await;
+    }
     drop(guard);
 }
 
@@ -520,3 +531,7 @@ async fn refuse(io: &Mutex<Io>, wbuf: &mut WriteBuf, status: StatusCode, why: &'
         close(io, true).await;
     }
 }
+
+#[cfg(test)]
+#[path = "h1_tests.rs"]
+mod tests;

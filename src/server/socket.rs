@@ -49,6 +49,103 @@ pub fn quick_acks() -> u64 {
     QUICK_ACKS.load(Relaxed)
 }
 
+/// The app's connection: its socket, or, in the tests of the HTTP/1.1 driver, an
+/// in-memory pipe whose other end the test writes and reads.
+pub enum AppStream {
+    Tcp(TcpStream),
+    #[cfg(test)]
+    Memory(tokio::io::DuplexStream),
+}
+
+impl AppStream {
+    /// The socket; `None` for a pipe.
+    #[cfg(target_os = "linux")]
+    fn tcp(&self) -> Option<&TcpStream> {
+        match self {
+            AppStream::Tcp(s) => Some(s),
+            #[cfg(test)]
+            AppStream::Memory(_) => None,
+        }
+    }
+
+    /// The socket, to be handed on whole (a `CONNECT`'s inside); `None` for a pipe.
+    pub(super) fn into_tcp(self) -> Option<TcpStream> {
+        match self {
+            AppStream::Tcp(s) => Some(s),
+            #[cfg(test)]
+            AppStream::Memory(_) => None,
+        }
+    }
+}
+
+impl tokio::io::AsyncRead for AppStream {
+    #[inline]
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            AppStream::Tcp(s) => Pin::new(s).poll_read(cx, buf),
+            #[cfg(test)]
+            AppStream::Memory(s) => Pin::new(s).poll_read(cx, buf),
+        }
+    }
+}
+
+impl AsyncWrite for AppStream {
+    #[inline]
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        match self.get_mut() {
+            AppStream::Tcp(s) => Pin::new(s).poll_write(cx, buf),
+            #[cfg(test)]
+            AppStream::Memory(s) => Pin::new(s).poll_write(cx, buf),
+        }
+    }
+
+    #[inline]
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        match self.get_mut() {
+            AppStream::Tcp(s) => Pin::new(s).poll_write_vectored(cx, bufs),
+            #[cfg(test)]
+            AppStream::Memory(s) => Pin::new(s).poll_write_vectored(cx, bufs),
+        }
+    }
+
+    #[inline]
+    fn is_write_vectored(&self) -> bool {
+        match self {
+            AppStream::Tcp(s) => s.is_write_vectored(),
+            #[cfg(test)]
+            AppStream::Memory(s) => s.is_write_vectored(),
+        }
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            AppStream::Tcp(s) => Pin::new(s).poll_flush(cx),
+            #[cfg(test)]
+            AppStream::Memory(s) => Pin::new(s).poll_flush(cx),
+        }
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            AppStream::Tcp(s) => Pin::new(s).poll_shutdown(cx),
+            #[cfg(test)]
+            AppStream::Memory(s) => Pin::new(s).poll_shutdown(cx),
+        }
+    }
+}
+
 pub(super) fn lock(io: &Mutex<Io>) -> MutexGuard<'_, Io> {
     io.lock().unwrap_or_else(|p| p.into_inner())
 }
@@ -56,7 +153,7 @@ pub(super) fn lock(io: &Mutex<Io>) -> MutexGuard<'_, Io> {
 /// The socket and what has been read from it. Shared between the connection and the
 /// body of the request being read; both run on the connection's task, one at a time.
 pub(super) struct Io {
-    pub(super) stream: TcpStream,
+    pub(super) stream: AppStream,
     pub(super) rbuf: BytesMut,
     /// What is left of the current request's body (`Length(0)`: none, or all read).
     pub(super) body: Framing,
@@ -116,7 +213,9 @@ impl Io {
     pub(super) fn quick_ack(&self) {
         QUICK_ACKS.fetch_add(1, Relaxed);
         #[cfg(target_os = "linux")]
-        let _ = socket2::SockRef::from(&self.stream).set_tcp_quickack(true);
+        if let Some(s) = self.stream.tcp() {
+            let _ = socket2::SockRef::from(s).set_tcp_quickack(true);
+        }
     }
 
     pub(super) fn body_done(&self) -> bool {
@@ -196,6 +295,25 @@ pub struct Http1Body {
 }
 
 impl Http1Body {
+    /// A request body of `bytes`, all of it already read into its connection's buffer,
+    /// and the app gone after it: for the tests of the services, with no socket.
+    #[cfg(test)]
+    pub fn read_ahead(bytes: &[u8]) -> Http1Body {
+        let (ours, _app) = tokio::io::duplex(64);
+        Http1Body {
+            io: Arc::new(Mutex::new(Io {
+                stream: AppStream::Memory(ours),
+                rbuf: BytesMut::from(bytes),
+                body: Framing::Length(bytes.len() as u64),
+                body_failed: false,
+                continue_left: 0,
+                eof: true,
+                reset: false,
+            })),
+            empty: bytes.is_empty(),
+        }
+    }
+
     /// Whether the connection reads what is left of this body by itself once its
     /// answer is out, if nothing else has ([`discard_body`]): a small body of known
     /// length, sent without waiting for `100 Continue`. Any other body an answer leaves

@@ -46,6 +46,12 @@ impl ConnState {
         self.peer
     }
 
+    /// A connection from `peer`, for the tests of the services.
+    #[cfg(test)]
+    pub fn for_tests(peer: std::net::IpAddr) -> Self {
+        ConnState::new(false, Instant::now(), peer)
+    }
+
     pub(super) fn new(track_heads: bool, epoch: Instant, peer: std::net::IpAddr) -> Self {
         ConnState {
             epoch,

@@ -41,7 +41,7 @@ mod race;
 mod rejected;
 pub mod replay;
 #[cfg(test)]
-mod script;
+pub mod script;
 #[cfg(test)]
 mod tests;
 mod traced;
