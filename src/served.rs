@@ -20,7 +20,6 @@ use tokio::time::Instant;
 
 use crate::access_log::Entry;
 use crate::answer::{Local, Refusal, announce_close};
-use crate::http::grpc::is_grpc;
 use crate::metrics::{Outcome, UpstreamMetrics};
 use crate::server::service::AppResponse;
 use crate::server::{AppBody, ConnState, RequestGuard};
@@ -63,7 +62,7 @@ pub struct Served {
 
 impl Served {
     /// `req` arrived at `start` on `conn`.
-    #[inline]
+    #[inline(always)]
     pub fn arrive(conn: Arc<ConnState>, start: Instant, req: &Request<AppBody>) -> Served {
         // A small body the connection reads to its end by itself after the answer: the
         // connection is kept whether or not the answer read it. Any other HTTP/1.x body
@@ -75,7 +74,7 @@ impl Served {
         Served {
             guard: RequestGuard::new(conn, start),
             start,
-            grpc: is_grpc(req.headers()),
+            grpc: false,
             h1_closes,
             close: h1_closes && !req.body().is_end_stream(),
             log: None,
@@ -87,6 +86,14 @@ impl Served {
     #[inline]
     pub fn start(&self) -> Instant {
         self.start
+    }
+
+    /// It is a gRPC call (`true`), or not: tollgate's own answers to a gRPC call are
+    /// gRPC answers. Read from the request's headers by the side, where it reads them
+    /// anyway; until then it is not one.
+    #[inline]
+    pub fn grpc_call(&mut self, grpc: bool) {
+        self.grpc = grpc;
     }
 
     /// Whether it is a gRPC call: tollgate's own answers to it are gRPC answers.

@@ -33,7 +33,7 @@ use crate::contract::outcome::outcome_of;
 use crate::deadline::Deadline;
 use crate::fault::Fault;
 use crate::http::fields::authority_of;
-use crate::http::grpc::GRPC_PUSHBACK;
+use crate::http::grpc::{GRPC_PUSHBACK, is_grpc};
 use crate::http::response::Fields;
 use crate::listen::Captures;
 use crate::metrics::Outcome;
@@ -195,6 +195,7 @@ fn arrive<'a>(
 ) -> (Served, Caller, InboundTally<'a>) {
     let addr = conn.peer();
     let mut served = Served::arrive(conn, Instant::now(), req);
+    served.grpc_call(is_grpc(req.headers()));
     let start = served.start();
     let (method, path, headers) = (req.method(), req.uri().path(), req.headers());
     let caller = Caller {

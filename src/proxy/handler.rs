@@ -29,7 +29,7 @@ use crate::contract::headers::{
 use crate::contract::outcome::Callee;
 use crate::deadline::Deadline;
 use crate::http::fields::authority_of;
-use crate::http::grpc::{GRPC_PUSHBACK, GRPC_STATUS, is_grpc_answer};
+use crate::http::grpc::{GRPC_PUSHBACK, GRPC_STATUS, is_grpc, is_grpc_answer};
 use crate::http::spare;
 use crate::metrics::{Denied, Outcome};
 use crate::retry::{self, Answer, BodyRead, Exchange, Head, Reply, learn};
@@ -117,100 +117,102 @@ async fn handle<W: Wire>(
         if unknown == UnknownAuthorities::Pass && (dedicated.is_none() || captured.is_some()) {
             return unrouted::pass(shared, captured, req, served).await;
         }
+        served.grpc_call(is_grpc(req.headers()));
         return no_route(&shared, dedicated.as_deref(), &req, served);
     };
     if req.method() == Method::CONNECT {
+        served.grpc_call(is_grpc(req.headers()));
         return connect((shared, wire), &up, &req, peer, served);
     }
     let (parts, body) = (*req).into_parts();
-    let (head, facts, called) =
-        outbound_head(&up, (parts.method, parts.uri, parts.version), parts.headers);
+    let version = parts.version;
+    let (head, facts, called) = outbound_head(&up, parts, &mut served);
     let called = called.as_ref().map(Called::as_str);
     let same = Sameness::new(&up, &head, called, facts.retry_marker);
     let again = match admit(&up, &same, facts.caller_timeout, &mut served) {
         Ok(again) => again,
         Err(stop) => return stopped(&up, &same, stop, served),
     };
-    let minted = mint_key(&up, &head);
     served.begin_trace(tracer.and_then(|t| begin_trace(&t, &up, &head, served.start())));
-    let admitted = Admitted {
-        up: &up,
-        head: &head,
-        same,
-        facts,
-        version: parts.version,
-        again,
-    };
-    let resp = forward((&shared, &wire), admitted, (body, minted), served).await;
+    let request = (&head, body, version);
+    let exchange = exchange(&up, request, (facts, again.as_ref()), &mut served);
+    let answer = wire.forward(&up, exchange).await;
+    let resp = answered(
+        &shared,
+        (&up, &same, &head),
+        (answer, again),
+        version,
+        served,
+    );
     spare::give_header_map(head.headers);
     resp
 }
 
-/// A request admitted to its upstream, its head ready.
-struct Admitted<'a> {
-    up: &'a Arc<Upstream>,
-    head: &'a Head,
-    same: Sameness<'a>,
-    facts: RequestFacts,
-    version: Version,
-    /// The app's own retry, if it is one.
-    again: Option<AppRetry>,
-}
-
-/// The request goes to the retry engine (with the idempotency key minted for it, if
-/// any), and the engine's answer back to the app, after the upstream's state and the
-/// inbound side (ownership through the app) have learnt from it.
-async fn forward<W: Wire>(
-    (shared, wire): (&Shared, &W),
-    a: Admitted<'_>,
-    (body, minted): (AppBody, Option<HeaderValue>),
-    mut served: Served,
-) -> AppResponse {
-    let (up, head, facts) = (a.up, a.head, a.facts);
+/// What the retry engine is handed: the request, its deadline, whether it is the app's
+/// own retry, and the idempotency key minted for it, if any (logged, with the app's).
+#[inline]
+fn exchange<'a>(
+    up: &Upstream,
+    (head, body, version): (&'a Head, AppBody, Version),
+    (facts, again): (RequestFacts, Option<&AppRetry>),
+    served: &'a mut Served,
+) -> Exchange<'a, AppBody> {
+    let minted = mint_key(up, head);
     if let Some(e) = served.log() {
         e.idempotency_key = idempotency_key(up, head, minted.as_ref());
     }
     let start = served.start();
-    let exchange = Exchange {
+    Exchange {
         minted: minted.map(Box::new),
         head,
-        version: a.version,
+        version,
         body,
         deadline: Deadline::new(start, facts.caller_timeout, up.config().request_timeout),
         arrived: start,
         grpc: facts.grpc,
         upgrade: facts.upgrade,
-        app_retry: AppRetry::charged(a.again.as_ref()),
+        app_retry: AppRetry::charged(again),
         trace: served.trace(),
-    };
-    let answer = wire.forward(up, exchange).await;
+    }
+}
+
+/// The retry engine's answer goes back to the app, after the upstream's state and the
+/// inbound side (ownership through the app) have learnt from it.
+#[inline]
+fn answered(
+    shared: &Shared,
+    (up, same, head): (&Upstream, &Sameness<'_>, &Head),
+    (answer, again): (Answer, Option<AppRetry>),
+    version: Version,
+    served: Served,
+) -> AppResponse {
     if answer.outcome != Outcome::Ok
         && let Some(told) = &shared.answers
     {
         told.outbound_answered(answer.outcome, &head.headers);
     }
-    learn_from(up, &a.same, &answer, facts.grpc, a.again.is_some());
-    answer_app(up, answer, a.version, served)
+    learn_from(up, same, &answer, served.grpc(), again.is_some());
+    answer_app(up, answer, version, served)
 }
 
 /// The head the upstream gets: its headers cleaned (what they said kept as
 /// [`RequestFacts`]), its target in origin-form, its Host the upstream's; with the
-/// authority the app called when that Host replaced it.
+/// authority the app called when that Host replaced it. The request is a gRPC call
+/// when its headers say so.
 #[inline]
 fn outbound_head(
     up: &Upstream,
-    (method, uri, version): (Method, Uri, Version),
-    mut headers: http::HeaderMap,
+    parts: http::request::Parts,
+    served: &mut Served,
 ) -> (Head, RequestFacts, Option<Called>) {
-    let facts = prepare_request(
-        &mut headers,
-        &up.deadline().accept,
-        version == Version::HTTP_11,
-    );
-    let called = set_upstream_host(up, &uri, &mut headers);
+    let mut headers = parts.headers;
+    let http1 = parts.version == Version::HTTP_11;
+    let facts = prepare_request(&mut headers, &up.deadline().accept, http1);
+    served.grpc_call(facts.grpc);
+    let called = set_upstream_host(up, &parts.uri, &mut headers);
     let head = Head {
-        method,
-        uri: crate::http::request::origin_form(uri),
+        method: parts.method,
+        uri: crate::http::request::origin_form(parts.uri),
         headers,
     };
     (head, facts, called)

@@ -43,6 +43,7 @@ use super::origins::{Origin, Origins};
 use crate::answer::{Local, NO_DESCRIPTORS, NO_ROUTE, PASS_LOOP, PASS_RESET, PASS_UNREACHABLE};
 use crate::config::{EndpointAddr, PASSTHROUGH, parse_endpoint};
 use crate::http::fields::authority_of;
+use crate::http::grpc::is_grpc;
 use crate::http::request::origin_form;
 use crate::listen::passthrough;
 use crate::metrics::{AttemptResult, Metrics, Outcome, UpstreamMetrics, UpstreamSeries};
@@ -202,6 +203,7 @@ pub(super) async fn pass(
     req: AppRequest,
     mut served: Served,
 ) -> AppResponse {
+    served.grpc_call(is_grpc(req.headers()));
     let passing = shared.passing.clone();
     passing.inflight.fetch_add(1, AcqRel);
     served.guard().admitted(passing.clone());
