@@ -49,7 +49,6 @@ impl Tally for Uncounted {
 /// One request's edge, from its arrival to the one answer it gets.
 pub struct Served {
     guard: RequestGuard,
-    start: Instant,
     grpc: bool,
     /// HTTP/1.x: the connection cannot read a body the answer leaves unread by itself.
     h1_closes: bool,
@@ -73,7 +72,6 @@ impl Served {
             && !matches!(req.body(), AppBody::Http1(b) if b.read_after_answer());
         Served {
             guard: RequestGuard::new(conn, start),
-            start,
             grpc: false,
             h1_closes,
             close: h1_closes && !req.body().is_end_stream(),
@@ -85,7 +83,7 @@ impl Served {
     /// When the request arrived.
     #[inline]
     pub fn start(&self) -> Instant {
-        self.start
+        self.guard.start()
     }
 
     /// It is a gRPC call (`true`), or not: tollgate's own answers to a gRPC call are
@@ -182,7 +180,7 @@ impl Served {
     /// counted and logged (what only the side knows it wrote into [`Self::log`]
     /// before). The guard goes on to the body that carries the answer, which says
     /// `Connection: close` when [`Self::closes`].
-    #[inline]
+    #[inline(always)]
     pub fn answered(
         mut self,
         (status, outcome, attempts): (u16, Outcome, u32),
@@ -201,6 +199,7 @@ impl Served {
     }
 
     /// Ends the span and the log line, which is written once the answer has gone.
+    #[inline(always)]
     fn end(&mut self, status: u16, outcome: Outcome, attempts: u32) {
         if let Some(t) = self.trace.take() {
             t.finish(status, outcome, Instant::now());

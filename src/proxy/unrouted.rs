@@ -42,6 +42,7 @@ use super::Shared;
 use super::origins::{Origin, Origins};
 use crate::answer::{Local, NO_DESCRIPTORS, NO_ROUTE, PASS_LOOP, PASS_RESET, PASS_UNREACHABLE};
 use crate::config::{EndpointAddr, PASSTHROUGH, parse_endpoint};
+use crate::fault::Fault;
 use crate::http::fields::authority_of;
 use crate::http::grpc::is_grpc;
 use crate::http::request::origin_form;
@@ -52,16 +53,11 @@ use crate::server::headers::strip_for_passing;
 use crate::server::service::{AppRequest, AppResponse};
 use crate::server::{AddedFields, Admission, AppBody, RequestGuard, ResponseBody};
 use crate::upstream::connect::ConnectError;
-use crate::upstream::pool::{Conn, SendError, Want};
-use crate::upstream::request::{ContinueWait, RequestHead};
+use crate::upstream::exchange::{self, Reach};
+use crate::upstream::pool::Want;
+use crate::upstream::request::{AttemptFields, ContinueWait, RequestHead};
 use crate::upstream::response::{UpstreamResponse, relayed};
 use crate::upstream::upgraded::Upgraded;
-
-/// Closed pooled connections passed over before the destination counts as unreachable
-/// (the request never left on them: no retry).
-const MAX_STALE: u32 = 3;
-/// How long a body behind `Expect: 100-continue` waits for `100 Continue` at most.
-const CONTINUE_WAIT: Duration = Duration::from_secs(1);
 
 /// The requests passed through, counted and pooled together.
 pub struct Passing {
@@ -332,29 +328,6 @@ impl To<'_> {
         resolver.resolve().await.map_err(|_| Unpassed::Unreachable)
     }
 
-    /// A pooled connection, or a new one within the connect timeout.
-    async fn connection(&self, want: Want) -> Result<Conn<AppBody>, Unpassed> {
-        if let Some(c) = self.origin.pooled(want, Instant::now()) {
-            return Ok(c);
-        }
-        let opening = async {
-            self.address().await?;
-            match self.origin.checkout(want, None, self.timeout).await {
-                Ok((c, _)) => Ok(c),
-                Err(e) => {
-                    tracing::debug!(error = %e, "cannot connect to pass a request through");
-                    Err(failed_connect(&e))
-                }
-            }
-        };
-        // Boxed: a connect is a large future, and inline it would make every
-        // request's future that large.
-        match tokio::time::timeout(self.timeout, Box::pin(opening)).await {
-            Ok(r) => r,
-            Err(_) => Err(Unpassed::Unreachable),
-        }
-    }
-
     /// A TCP connection of its own, for a tunnel.
     async fn stream(&self) -> Result<TcpStream, Unpassed> {
         let until = Instant::now() + self.timeout;
@@ -403,7 +376,7 @@ async fn forward(to: &To<'_>, req: Request<AppBody>, served: Served) -> AppRespo
         &parts.method,
         &uri,
         &headers,
-        ContinueWait::of(CONTINUE_WAIT),
+        ContinueWait::of(exchange::CONTINUE_WAIT),
     );
     let want = match version {
         Version::HTTP_2 if served.grpc() && !upgrade => Want::PreferHttp2,
@@ -428,27 +401,50 @@ async fn forward(to: &To<'_>, req: Request<AppBody>, served: Served) -> AppRespo
     ))
 }
 
-/// Sends the request on a connection to the destination and waits for the answer's
-/// head, for as long as the app does.
+/// Sends the request to the destination, as every exchange is sent
+/// ([`crate::upstream::exchange`]: a pooled connection, else a new one within the
+/// connect timeout, a closed pooled one passed over), and waits for the answer's head
+/// for as long as the app does. A destination that would loop back into tollgate is
+/// never connected to.
 async fn send(
     to: &To<'_>,
     want: Want,
     head: &RequestHead<'_>,
-    mut body: AppBody,
+    body: AppBody,
 ) -> Result<UpstreamResponse, Unpassed> {
-    for _ in 0..=MAX_STALE {
-        let conn = to.connection(want).await?;
-        match conn.send(head, body).await {
-            Ok(resp) => return Ok(resp),
-            // Closed before the request left: it goes on another, unsent.
-            Err(SendError::NotSent(unsent, _)) => body = unsent,
-            Err(SendError::Failed(e)) => {
-                tracing::debug!(error = %e, "a request passed through broke off");
-                return Err(Unpassed::Reset);
-            }
+    // The name's lookup is part of the connect, and timed with it.
+    let started = Instant::now();
+    match tokio::time::timeout(to.timeout, to.address()).await {
+        Ok(address) => address?,
+        Err(_) => return Err(Unpassed::Unreachable),
+    };
+    let reach = Reach {
+        want,
+        tls: None,
+        connect_timeout: to.timeout.saturating_sub(started.elapsed()),
+        started,
+        by: None,
+        own_connection: false,
+        alone: None,
+    };
+    let at = |_| RequestHead {
+        fields: AttemptFields::default(),
+        ..*head
+    };
+    let failed = match exchange::send(to.origin, reach, at, &mut Some(body)).await {
+        Ok(resp) => return Ok(resp),
+        Err(failed) => failed,
+    };
+    tracing::debug!(error = %failed, "a request passed through got no answer");
+    Err(match failed.fault(exchange::Wire::Plain, &mut None) {
+        Fault::NoDescriptors => Unpassed::NoDescriptors,
+        // Sent, and broken off (no deadline: no timeout after it went).
+        f if failed.sent() => {
+            debug_assert_eq!(f, Fault::Reset);
+            Unpassed::Reset
         }
-    }
-    Err(Unpassed::Unreachable)
+        _ => Unpassed::Unreachable,
+    })
 }
 
 /// A `CONNECT`: answered `200` once its authority is connected, then a tunnel.

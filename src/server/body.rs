@@ -110,6 +110,12 @@ impl RequestGuard {
         }
     }
 
+    /// When the request arrived.
+    #[inline]
+    pub fn start(&self) -> Instant {
+        self.start
+    }
+
     /// Holds a place in `admission` until the response head is ready, and tells it when
     /// the request has been answered.
     pub fn admitted(&mut self, admission: Arc<dyn Admission>) {
