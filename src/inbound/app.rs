@@ -195,7 +195,7 @@ pub async fn send<'a, B: OutgoingBody>(
     // it was processed): as a refused connection, it did not run.
     let (fault, sent) = match &failed {
         Failed::Broken { error, .. } if refused_stream(&**error) => (Fault::ConnectFailure, false),
-        _ => (failed.fault(Wire::Plain, &mut None), failed.sent()),
+        _ => (failed.fault(Wire::Plain), failed.sent()),
     };
     match fault {
         Fault::NoDescriptors => exhausted.inc(),

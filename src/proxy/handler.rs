@@ -548,19 +548,7 @@ fn answer_app(up: &Upstream, answer: Answer, version: Version, mut served: Serve
     let resp = match answer.reply {
         Reply::Upstream(resp) => resp,
         Reply::Local(status) => {
-            let (text, retry_after) = match (&answer.detail, status) {
-                (Some(d), _) => (d.as_str(), None),
-                (None, StatusCode::GATEWAY_TIMEOUT) => {
-                    ("no response from the upstream in time\n", None)
-                }
-                (None, StatusCode::BAD_REQUEST) => {
-                    ("the request body is malformed or broke off\n", None)
-                }
-                (None, StatusCode::SERVICE_UNAVAILABLE) => {
-                    (NO_DESCRIPTORS.text, NO_DESCRIPTORS.retry_after.clone())
-                }
-                (None, _) => ("the upstream could not be reached\n", None),
-            };
+            let (text, retry_after) = local_words(answer.detail.as_deref(), status);
             let local = Local {
                 status,
                 outcome: answer.outcome,
@@ -633,6 +621,20 @@ fn answer_app(up: &Upstream, answer: Answer, version: Version, mut served: Serve
         announce_close(&mut resp);
     }
     resp
+}
+
+/// What tollgate says when no upstream answered: the detail worth telling (a TLS
+/// failure's reason), else words for the status it answers with.
+fn local_words(detail: Option<&str>, status: StatusCode) -> (&str, Option<HeaderValue>) {
+    match (detail, status) {
+        (Some(d), _) => (d, None),
+        (None, StatusCode::GATEWAY_TIMEOUT) => ("no response from the upstream in time\n", None),
+        (None, StatusCode::BAD_REQUEST) => ("the request body is malformed or broke off\n", None),
+        (None, StatusCode::SERVICE_UNAVAILABLE) => {
+            (NO_DESCRIPTORS.text, NO_DESCRIPTORS.retry_after.clone())
+        }
+        (None, _) => ("the upstream could not be reached\n", None),
+    }
 }
 
 /// Whether an upstream's response head is a gRPC answer.

@@ -436,7 +436,7 @@ async fn send(
         Err(failed) => failed,
     };
     tracing::debug!(error = %failed, "a request passed through got no answer");
-    Err(match failed.fault(exchange::Wire::Plain, &mut None) {
+    Err(match failed.fault(exchange::Wire::Plain) {
         Fault::NoDescriptors => Unpassed::NoDescriptors,
         // Sent, and broken off (no deadline: no timeout after it went).
         f if failed.sent() => {

@@ -102,21 +102,33 @@ impl Failed {
     }
 
     /// The fault this failure is: the one reading of an exchange's failure, for both
-    /// sides. A TLS failure's reason, worth telling the app, goes to `tls_reason`.
+    /// sides.
     ///
     /// Over TLS, a server that refuses the connection (tollgate's client certificate,
     /// say) may say so only once the handshake seemed done: a new connection that
     /// closes before the request leaves, or breaks on its first exchange, with a TLS
     /// alert or right away with a client certificate presented, is a TLS fault, not a
-    /// connect failure or a reset.
-    pub fn fault(&self, wire: Wire, tls_reason: &mut Option<String>) -> Fault {
+    /// connect failure or a reset ([`Self::tls_refusal`] says why).
+    pub fn fault(&self, wire: Wire) -> Fault {
+        match self {
+            Failed::Connect(e) if e.out_of_descriptors() => Fault::NoDescriptors,
+            Failed::Timeout | Failed::DeadlineConnecting => Fault::Timeout,
+            _ if self.tls_refusal(wire).is_some() => Fault::Tls,
+            Failed::Broken { .. } => Fault::Reset,
+            // The request never left.
+            _ => Fault::ConnectFailure,
+        }
+    }
+
+    /// Why the TLS handshake failed or the server refused the connection, when that is
+    /// what this failure is: worth telling the app.
+    pub fn tls_refusal(&self, wire: Wire) -> Option<String> {
         let tls = matches!(wire, Wire::Tls { .. });
         let client_cert = wire == Wire::Tls { client_cert: true };
-        let refused = match self {
-            Failed::Connect(e) if e.out_of_descriptors() => return Fault::NoDescriptors,
+        match self {
+            Failed::Connect(e) if e.out_of_descriptors() => None,
             Failed::Connect(e) => e.tls_reason(client_cert),
-            Failed::ConnectTimeout => None,
-            Failed::Timeout | Failed::DeadlineConnecting => return Fault::Timeout,
+            Failed::ConnectTimeout | Failed::Timeout | Failed::DeadlineConnecting => None,
             Failed::Stale { closed } => closed
                 .as_ref()
                 .filter(|_| tls)
@@ -124,15 +136,6 @@ impl Failed {
             Failed::Broken { error, fresh } => Some(error)
                 .filter(|_| tls && *fresh)
                 .and_then(|e| tls_failure::rejection(&**e, client_cert)),
-        };
-        match (refused, self) {
-            (Some(reason), _) => {
-                *tls_reason = Some(reason);
-                Fault::Tls
-            }
-            (None, Failed::Broken { .. }) => Fault::Reset,
-            // The request never left.
-            (None, _) => Fault::ConnectFailure,
         }
     }
 }

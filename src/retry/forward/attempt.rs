@@ -58,14 +58,30 @@ pub trait Transport<A>: Sync {
     /// Sends `attempt` (its head, with the attempt's own fields as of the moment it goes
     /// out, and the body in `body`) to endpoint `attempt.endpoint`, and waits for the
     /// response head until `attempt.by`. The body comes back in `body` when it never
-    /// left; `detail` gets what is worth telling the app about a failure (a TLS one's
-    /// reason).
+    /// left.
     fn exchange<'s>(
         &'s self,
         attempt: &'s Attempt<'_, A>,
         body: &'s mut Option<ReplayBody<A>>,
-        detail: &'s mut Option<String>,
-    ) -> impl Future<Output = Result<UpstreamResponse, Fault>> + Send + 's;
+    ) -> impl Future<Output = Result<UpstreamResponse, NoHead>> + Send + 's;
+}
+
+/// Why a transport got no response head: the fault, and what is worth telling the app
+/// of it (a TLS failure's reason), as Pingora's errors carry their context.
+#[derive(Debug)]
+pub struct NoHead {
+    pub fault: Fault,
+    pub detail: Option<String>,
+}
+
+impl From<Fault> for NoHead {
+    #[inline]
+    fn from(fault: Fault) -> Self {
+        NoHead {
+            fault,
+            detail: None,
+        }
+    }
 }
 
 /// One attempt, before it runs.
@@ -145,7 +161,10 @@ impl<'a, A: RetriedBody> Attempt<'a, A> {
         let mut detail = None;
         // In place, not matched into a new binding: a response is a few hundred bytes,
         // and every move of it is a copy.
-        let mut result = wire.exchange(&self, &mut body, &mut detail).await;
+        let mut result = wire.exchange(&self, &mut body).await.map_err(|f| {
+            detail = f.detail;
+            f.fault
+        });
         if result.as_ref().is_err_and(Fault::is_peers) && watch.app_failed() {
             // Whatever the exchange then failed with, the app's body broke first.
             result = Err(Fault::CallerBody);

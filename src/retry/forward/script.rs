@@ -13,7 +13,7 @@ use tokio::time::Instant;
 
 use crate::fault::Fault;
 use crate::retry::forward::attempt::Attempt;
-use crate::retry::forward::attempt::Transport;
+use crate::retry::forward::attempt::{NoHead, Transport};
 use crate::retry::forward::replay::{ReplayBody, RetriedBody};
 use crate::upstream::response::UpstreamResponse;
 use crate::upstream::scripted;
@@ -83,7 +83,17 @@ impl<A: RetriedBody> Transport<A> for Script {
         &self,
         a: &Attempt<'_, A>,
         body: &mut Option<ReplayBody<A>>,
-        _detail: &mut Option<String>,
+    ) -> Result<UpstreamResponse, NoHead> {
+        self.play(a, body).await.map_err(NoHead::from)
+    }
+}
+
+impl Script {
+    /// The next step, played for attempt `a`.
+    async fn play<A: RetriedBody>(
+        &self,
+        a: &Attempt<'_, A>,
+        body: &mut Option<ReplayBody<A>>,
     ) -> Result<UpstreamResponse, Fault> {
         let now = Instant::now();
         let head = a.head_at(now);

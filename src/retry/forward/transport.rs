@@ -5,6 +5,7 @@
 //! descriptor shortage counted, a TLS failure of one endpoint warned about and named
 //! for the app).
 
+use super::attempt::NoHead;
 use crate::descriptors::Throttled;
 use crate::fault::Fault;
 use crate::http::response::is_head_too_large;
@@ -24,8 +25,7 @@ impl<A: RetriedBody> Transport<A> for Upstream<A> {
         &self,
         a: &Attempt<'_, A>,
         body: &mut Option<ReplayBody<A>>,
-        detail: &mut Option<String>,
-    ) -> Result<UpstreamResponse, Fault> {
+    ) -> Result<UpstreamResponse, NoHead> {
         let cfg = &self.config;
         let endpoint = &*a.peer;
         let reach = Reach {
@@ -47,13 +47,12 @@ impl<A: RetriedBody> Transport<A> for Upstream<A> {
             },
             None => Wire::Plain,
         };
-        let mut tls_reason = None;
         let fault = match &failed {
             // An answer too large to pass on: the same request would get it again.
             exchange::Failed::Broken { error, .. } if is_head_too_large(&**error) => {
                 Fault::HeadTooLarge
             }
-            _ => failed.fault(wire, &mut tls_reason),
+            _ => failed.fault(wire),
         };
         match fault {
             Fault::NoDescriptors => {
@@ -62,25 +61,27 @@ impl<A: RetriedBody> Transport<A> for Upstream<A> {
                     tracing::warn!(upstream = %cfg.name, count = n, error = %failed, "out of file descriptors: requests answered 503 overloaded (raise the open-file limit)");
                 }
             }
-            Fault::Tls => self.tls_failed(endpoint, tls_reason.unwrap_or_default(), detail),
+            Fault::Tls => {
+                let reason = failed.tls_refusal(wire).unwrap_or_default();
+                let detail = self.tls_failed(endpoint, &reason);
+                return Err(NoHead {
+                    fault,
+                    detail: Some(detail),
+                });
+            }
             Fault::Timeout => {}
             _ => {
                 tracing::debug!(upstream = %cfg.name, endpoint = %endpoint.addr, error = %failed, "attempt failed");
             }
         }
-        Err(fault)
+        Err(fault.into())
     }
 }
 
 impl<A> Upstream<A> {
-    /// A TLS failure on endpoint `i`: warned about (at most once every few seconds per
-    /// endpoint) and named for the app.
-    fn tls_failed(
-        &self,
-        endpoint: &Endpoint<ReplayBody<A>>,
-        reason: String,
-        detail: &mut Option<String>,
-    ) {
+    /// A TLS failure on `endpoint`: warned about (at most once every few seconds per
+    /// endpoint), and what the app is told of it.
+    fn tls_failed(&self, endpoint: &Endpoint<ReplayBody<A>>, reason: &str) -> String {
         let text = format!("TLS handshake with {} failed: {reason}", endpoint.addr);
         if let Some(suppressed) = endpoint.tls_warn.allow(clock_ms()) {
             tracing::warn!(
@@ -90,6 +91,6 @@ impl<A> Upstream<A> {
                 "{text}"
             );
         }
-        *detail = Some(text);
+        text
     }
 }
