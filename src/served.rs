@@ -50,7 +50,8 @@ impl Tally for Uncounted {
 pub struct Served {
     guard: RequestGuard,
     grpc: bool,
-    /// HTTP/1.x: the connection cannot read a body the answer leaves unread by itself.
+    /// HTTP/1.x, with a body the connection cannot read by itself if the answer leaves
+    /// it unread.
     h1_closes: bool,
     /// The answer says `Connection: close`: an HTTP/1.x body is not read to its end
     /// (or the side wants a new connection for the caller's next request).
@@ -68,13 +69,16 @@ impl Served {
         // left unread leaves the connection unable to carry another request: the answer
         // must say so, or the next request on it meets a reset (and its HTTP client may
         // retry that behind tollgate's back).
+        // A request without a body (most of them) is known so without a look at its
+        // connection.
         let h1_closes = req.version() < Version::HTTP_2
+            && !req.body().is_end_stream()
             && !matches!(req.body(), AppBody::Http1(b) if b.read_after_answer());
         Served {
             guard: RequestGuard::new(conn, start),
             grpc: false,
             h1_closes,
-            close: h1_closes && !req.body().is_end_stream(),
+            close: h1_closes,
             log: None,
             trace: None,
         }
@@ -100,8 +104,9 @@ impl Served {
         self.grpc
     }
 
-    /// Whether a body the answer leaves unread closes the connection: HTTP/1.x, and not
-    /// a small body the connection reads by itself.
+    /// Whether a body the answer leaves unread closes the connection: HTTP/1.x, a body
+    /// not already at its end on arrival, and not a small one the connection reads by
+    /// itself.
     #[inline]
     pub fn unread_closes(&self) -> bool {
         self.h1_closes
