@@ -36,13 +36,14 @@ use tokio::sync::watch;
 use std::sync::Arc;
 
 use super::{ConnCount, Serving, passthrough, sniff};
-use crate::answer::{Local, announce_close};
+use crate::answer::Local;
 use crate::config::ListenerConfig;
 use crate::descriptors::Throttled;
 use crate::metrics::Outcome;
 use crate::metrics::passthrough::{Direction, PassFailure};
+use crate::served::{Served, Uncounted};
 use crate::server::service::{AppRequest, AppResponse};
-use crate::server::{self, ConnState, RequestGuard, Service};
+use crate::server::{self, ConnState, Service};
 
 /// A service whose listener may receive redirected connections.
 pub trait Captures: Service {
@@ -171,10 +172,11 @@ struct Looped;
 impl Service for Looped {
     fn call(
         &self,
-        _req: AppRequest,
+        req: AppRequest,
         conn: &Arc<ConnState>,
     ) -> impl Future<Output = AppResponse> + Send + use<> {
-        let guard = RequestGuard::new(conn.clone(), tokio::time::Instant::now());
+        let mut served = Served::arrive(conn.clone(), tokio::time::Instant::now(), &req);
+        served.close_connection();
         let local = Local {
             status: http::StatusCode::LOOP_DETECTED,
             outcome: Outcome::Loop,
@@ -184,9 +186,7 @@ impl Service for Looped {
                    they must spare the UID tollgate runs as\n",
             retry_after: None,
         };
-        let mut resp = local.answer(false, guard);
-        announce_close(&mut resp);
-        std::future::ready(Box::new(resp))
+        std::future::ready(served.answer(local, &Uncounted))
     }
 }
 
