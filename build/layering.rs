@@ -3,7 +3,7 @@
 //! says what each floor is for); and no file imports, through any chain, a file that
 //! imports it. `build.rs` runs this reader on every build whose `src/` changed and fails
 //! the build with the file, the line, the import and the floors of each violation;
-//! `tests/layering.rs` runs it too, and tests the reader itself. A new top-level module
+//! `tests/it/layering.rs` runs it too, and tests the reader itself. A new top-level module
 //! fails the build until it is given its floor in [`FLOORS`].
 //!
 //! The imports are read from the source text as the compiler resolves them: every path

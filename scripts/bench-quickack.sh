@@ -11,7 +11,7 @@
 # of each. With the head acknowledged at once (`TCP_QUICKACK`) the two are within a
 # fraction of a millisecond; without it the split POST waits for the kernel's delayed
 # ACK, about 40 ms each. Timing only shows this, so it is a bench, not a test
-# (tests/quickack.rs counts the calls instead).
+# (tests/it/quickack.rs counts the calls instead).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROUNDS=${1:-50}

@@ -3,7 +3,7 @@
 # does to the traffic it captures.
 #
 # Two network namespaces joined by a veth pair on a private /30 (10.213.78.0/30), as in
-# tests/pods.rs: the client pod (wrk, and tollgate running as uid 2201) and the server
+# tests/it/pods.rs: the client pod (wrk, and tollgate running as uid 2201) and the server
 # pod (nginx answering a 3-byte body on 10.213.78.2:8080). The same GET is measured
 #
 #   direct    wrk -> 10.213.78.2:8080, no rules in the client pod

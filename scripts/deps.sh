@@ -100,12 +100,12 @@ need_tool haproxy haproxy "interop, differential"
 need_tool prometheus prometheus "the deployment checks: a real Prometheus end to end"
 need_tool promtool prometheus "the deployment checks: config, rules and metrics"
 need_tool python3 python3 "the test upstreams and the deployment checks"
-need_tool ip iproute2 "tests/capture.rs and tests/pods.rs (network namespaces)"
-need_tool iptables iptables "tests/capture.rs and tests/pods.rs"
-need_tool setpriv util-linux "tests/pods.rs, and tollgate as the pod's user in the deployment checks"
+need_tool ip iproute2 "tests/it/capture.rs and tests/it/pods.rs (network namespaces)"
+need_tool iptables iptables "tests/it/capture.rs and tests/it/pods.rs"
+need_tool setpriv util-linux "tests/it/pods.rs, and tollgate as the pod's user in the deployment checks"
 need_tool kill procps "the integration tests signal tollgate with kill"
 need_tool redis-server redis-server "the exactly-once tests: the fleet's dedupe store"
-need_tool npm npm "tests/connect.rs and tests/harm.rs install Node's undici with it, to call through tollgate as Node apps do"
+need_tool npm npm "tests/it/connect.rs and tests/it/harm.rs install Node's undici with it, to call through tollgate as Node apps do"
 if [ ! -s /etc/ssl/certs/ca-certificates.crt ]; then
   apt_missing+=(ca-certificates)
   missing_lines+=("  the CA certificates (Debian package ca-certificates): cargo and pip download over TLS")

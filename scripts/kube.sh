@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Builds a real Kubernetes API server (kube-apiserver) and etcd from their Go modules, for
-# the integration tests that talk to the Kubernetes API (tests/kube/mod.rs): discovery =
+# the integration tests that talk to the Kubernetes API (tests/it/kube/mod.rs): discovery =
 # "kubernetes" is tested against the real API, never a stand-in for it. No binary is
 # downloaded: both are compiled from source fetched through the Go module proxy, with the
 # local Go toolchain only (GOTOOLCHAIN=local; Kubernetes 1.37 needs Go >= 1.26.0).

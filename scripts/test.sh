@@ -37,13 +37,13 @@ if [ -z "$h2spec" ] && [ -x ../shared/tools/h2spec ]; then h2spec=../shared/tool
 if [ -z "$h2spec" ] || [ ! -x "$h2spec" ]; then
   skip "h2spec not found (no package registry has it; set H2SPEC=/path/to/h2spec or put it in ../shared/tools/h2spec): HTTP/2 conformance of the h2c listener will NOT be checked"
 fi
-# tests/capture.rs and tests/pods.rs: root and a network namespace of their own.
+# tests/it/capture.rs and tests/it/pods.rs: root and a network namespace of their own.
 netns=tollgate-test-$$
 if [ "$(id -u)" != 0 ]; then
-  skip "not root: tests/capture.rs and tests/pods.rs (transparent capture in network namespaces) will pass without checking anything"
+  skip "not root: tests/it/capture.rs, tests/it/pods.rs and tests/it/services.rs (network namespaces) will pass without checking anything (under CI=true they fail)"
   skip "not root: deploy/podman/play.sh (the image built by podman, its pods played) will NOT run"
 else
-  # As root, tests/capture.rs and tests/pods.rs run and would fail at their first
+  # As root, tests/it/capture.rs and tests/it/pods.rs run and would fail at their first
   # namespace: try what they do (add one, run a command in it), and say which fails.
   why=
   if ! out=$(ip netns add "$netns" 2>&1); then
@@ -53,7 +53,7 @@ else
   fi
   ip netns del "$netns" >/dev/null 2>&1 || true
   if [ -n "$why" ]; then
-    echo "scripts/test.sh: as root, tests/capture.rs and tests/pods.rs need network namespaces, and $why; run in a VM or a privileged container, or as another user to skip those two. Nothing has been run." >&2
+    echo "scripts/test.sh: as root, tests/it/capture.rs and tests/it/pods.rs need network namespaces, and $why; run in a VM or a privileged container, or as another user to skip those two. Nothing has been run." >&2
     exit 1
   fi
 fi

@@ -8,7 +8,7 @@
 //! Layers import downwards only. Which module sits on which floor is one table,
 //! `FLOORS` in build/layering.rs, which the build enforces; docs/architecture.md shows
 //! it (generated from it, and its paragraph per floor checked against it by
-//! tests/layering.rs), from the wire ([`http`]) at the bottom, through [`upstream`],
+//! tests/it/layering.rs), from the wire ([`http`]) at the bottom, through [`upstream`],
 //! [`retry`] and [`server`], to the two sides ([`proxy`], [`inbound`]) and the tools on
 //! top ([`check`], [`calc`], [`lab`], [`inject`], [`capture`]).
 
