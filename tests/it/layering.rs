@@ -5,27 +5,28 @@
 //! table: its table of floors is generated from it (`TOLLGATE_UPDATE_DOCS=1 cargo test
 //! --test it layering::` rewrites it), and its layers are described in the table's order.
 
+/// The build's reader of the imports, build/layering.rs.
 #[path = "../../build/layering.rs"]
-mod layering;
+mod reader;
 
 use std::path::Path;
 
-use layering::{Import, imports};
+use reader::{Import, imports};
 
 fn root() -> &'static Path {
     Path::new(env!("CARGO_MANIFEST_DIR"))
 }
 
-fn read() -> layering::Graph {
-    layering::read(root()).unwrap_or_else(|e| panic!("{e}"))
+fn read() -> reader::Graph {
+    reader::read(root()).unwrap_or_else(|e| panic!("{e}"))
 }
 
 #[test]
 fn every_module_names_only_the_floors_below_its_own() {
     let g = read();
-    let unplaced = layering::unplaced(&g);
+    let unplaced = reader::unplaced(&g);
     assert!(unplaced.is_empty(), "\n  {}", unplaced.join("\n  "));
-    let upward = layering::upward(&g);
+    let upward = reader::upward(&g);
     assert!(upward.is_empty(), "\n  {}", upward.join("\n  "));
     // The reading itself: the lowest floors name nothing, and the proxy is seen
     // importing the retry engine (an empty graph would pass every check above).
@@ -40,7 +41,7 @@ fn every_module_names_only_the_floors_below_its_own() {
 
 #[test]
 fn no_file_imports_a_file_that_imports_it() {
-    let circles = layering::circles(&read());
+    let circles = reader::circles(&read());
     assert!(circles.is_empty(), "\n  {}", circles.join("\n  "));
 }
 
@@ -119,7 +120,7 @@ fn the_check_names_the_file_line_import_and_floors() {
         }
         std::fs::write(&path, text).expect("the test's own file");
     }
-    let found = layering::check(&root).unwrap_or_else(|e| panic!("{e}"));
+    let found = reader::check(&root).unwrap_or_else(|e| panic!("{e}"));
     let said = found.join("\n");
     assert_eq!(found.len(), 3, "{said}");
     assert!(found[0].starts_with("src/nowhere.rs: the top-level module `nowhere` has no floor"));
@@ -158,7 +159,7 @@ fn shown(top: &str) -> Option<String> {
 /// The table of floors as docs/architecture.md shows it, from the bottom.
 fn floors_table() -> String {
     let mut out = String::from("| floor | modules |\n|---|---|\n");
-    for (i, floor) in layering::FLOORS.iter().enumerate() {
+    for (i, floor) in reader::FLOORS.iter().enumerate() {
         let modules: Vec<String> = floor
             .iter()
             .map(|m| shown(m).unwrap_or_else(|| panic!("FLOORS names `{m}`, which src/ has not")))
@@ -254,7 +255,7 @@ fn the_docs_describe_the_layers_in_the_order_of_the_floors() {
             if module == "main" {
                 continue; // the binary, on top of everything
             }
-            let Some(floor) = layering::floor_of(module) else {
+            let Some(floor) = reader::floor_of(module) else {
                 problems.push(format!(
                     "{DOC}:{line}: `{span}` is no top-level module of src/ (FLOORS in \
                      build/layering.rs)"
@@ -273,7 +274,7 @@ fn the_docs_describe_the_layers_in_the_order_of_the_floors() {
             }
         }
     }
-    for (i, floor) in layering::FLOORS.iter().enumerate() {
+    for (i, floor) in reader::FLOORS.iter().enumerate() {
         for module in *floor {
             if !named.contains(module) {
                 problems.push(format!(
