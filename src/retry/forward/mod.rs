@@ -90,6 +90,24 @@ const BODY_GRACE: Duration = Duration::from_millis(50);
 /// may take to arrive, once tollgate asks the app for it to retry.
 const EXPECT_GRACE: Duration = Duration::from_secs(1);
 
+/// Whether, and how, a request may be sent again.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Resend {
+    /// Never: one attempt allowed, an upgrade, or a method neither listed nor keyed.
+    Never,
+    /// A listed method, or a keyed idempotent one: retried and hedged as the policy
+    /// allows.
+    Freely,
+    /// Keyed, of a listed method that is not idempotent: never hedged, and no retry
+    /// beside it (at a callee that deduplicates, a second copy would only join the
+    /// first).
+    KeyedOnce,
+    /// Keyed, of a method neither idempotent nor listed: as [`Resend::KeyedOnce`], and
+    /// after a failure that may have run, sent again only to an upstream whose answers
+    /// say it deduplicates.
+    WhereDeduped,
+}
+
 /// One request on its way through its attempts.
 struct Forwarding<'a, A> {
     up: &'a Upstream<A>,
@@ -97,14 +115,7 @@ struct Forwarding<'a, A> {
     grpc: bool,
     upgrade: bool,
     want: Want,
-    /// A listed method or an idempotency key: the request may be sent again.
-    retryable: bool,
-    /// Keyed, of a method that is not idempotent: never hedged, and no retry beside it
-    /// (at a callee that deduplicates, a second copy would only join the first).
-    keyed_once: bool,
-    /// ... and of a method not listed: after a failure that may have run, sent again
-    /// only to an upstream whose answers say it deduplicates.
-    needs_dedupe: bool,
+    resend: Resend,
     minted: Option<Box<HeaderValue>>,
     /// After a failure that may have run on an endpoint whose dedupe is its replica's
     /// own: that endpoint and its store, where every later attempt goes (and names the
@@ -182,7 +193,7 @@ pub async fn forward_on<'a, A: RetriedBody, T: Transport<A>>(
         };
         call.attempts += 1;
         let endpoint_id = endpoint.id;
-        let keep = if call.retryable && call.attempts < call.limit() {
+        let keep = if call.resend != Resend::Never && call.attempts < call.limit() {
             up.config.retry.max_body
         } else {
             0
@@ -318,14 +329,21 @@ impl<'a, A: RetriedBody> Forwarding<'a, A> {
                     .idempotency_header
                     .as_ref()
                     .is_some_and(|h| keys::carries_key(&ex.head.headers, h)));
-        let retryable = retry.max_attempts > 1 && !ex.upgrade && (listed || keyed);
         let keyed_once = keyed && !idempotent;
         if keyed_once {
             up.dedupes.want();
         }
-        Forwarding {
+        let resend = match (
+            retry.max_attempts > 1 && !ex.upgrade && (listed || keyed),
             keyed_once,
-            needs_dedupe: keyed_once && !listed,
+        ) {
+            (false, _) => Resend::Never,
+            (true, false) => Resend::Freely,
+            (true, true) if listed => Resend::KeyedOnce,
+            (true, true) => Resend::WhereDeduped,
+        };
+        Forwarding {
+            resend,
             minted: ex.minted,
             stuck: None,
             up,
@@ -337,7 +355,6 @@ impl<'a, A: RetriedBody> Forwarding<'a, A> {
             deadline: ex.deadline,
             grpc: ex.grpc,
             upgrade: ex.upgrade,
-            retryable,
             body: BodySource::new(ex.body),
             attempts: 0,
             arrived: ex.arrived,
@@ -531,7 +548,7 @@ impl<'a, A: RetriedBody> Forwarding<'a, A> {
     /// Whether another attempt may ever run beside this one: the request may be sent
     /// again and has an attempt left.
     fn may_add(&self) -> bool {
-        self.retryable && !self.keyed_once && self.attempts < self.limit()
+        self.resend == Resend::Freely && self.attempts < self.limit()
     }
 
     /// Whether the request may be sent again after `failure` on `endpoint`: a keyed
@@ -542,11 +559,11 @@ impl<'a, A: RetriedBody> Forwarding<'a, A> {
     /// every later attempt; an upstream of one address (a Service VIP: the next
     /// connection may reach another pod) is never sent it.
     fn may_resend(&mut self, failure: Fault, endpoint: usize, now: Instant) -> bool {
-        if !self.retryable {
-            return false;
-        }
-        if !self.needs_dedupe || failure.did_not_run() {
-            return true;
+        match self.resend {
+            Resend::Never => return false,
+            Resend::Freely | Resend::KeyedOnce => return true,
+            Resend::WhereDeduped if failure.did_not_run() => return true,
+            Resend::WhereDeduped => {}
         }
         if self.stuck.is_some_and(|(e, _)| e != endpoint) {
             return false;
@@ -633,7 +650,7 @@ impl<'a, A: RetriedBody> Forwarding<'a, A> {
                     response: None,
                     owned: false,
                     attempts: self.attempts_used(),
-                    request_retryable: self.retryable,
+                    request_retryable: self.resend != Resend::Never,
                     deadline: self.deadline,
                     now,
                 };
@@ -729,7 +746,7 @@ impl<'a, A: RetriedBody> Forwarding<'a, A> {
         // backoff before the retry, at least `BODY_GRACE`), so it can be replayed.
         if self.body.recorded()
             && failure.maybe_sent()
-            && self.retryable
+            && self.resend != Resend::Never
             && self.attempts < self.limit()
         {
             let grace = if self.body.started() {
