@@ -336,9 +336,7 @@ fn every_real_manifest_injects_twice_to_the_same_and_validates() {
             for (name, config) in configs(&docs(&once)) {
                 check_strict(&format!("{file}: {name}"), &config);
             }
-            if !file.starts_with("argo-cd") {
-                validate(&format!("{file} {flags:?}"), &once);
-            }
+            validate(&format!("{file} {flags:?}"), &once);
         }
     }
 }
