@@ -5,9 +5,11 @@
 //!
 //! Why a client of our own: a watch needs three requests of the API, list and watch of
 //! EndpointSlices in one namespace and get of one Service, over HTTPS with a bearer
-//! token or a client certificate. `kube` with `k8s-openapi` does that and much more,
-//! and costs a build the 2-core CI cannot afford for it; this is hyper's HTTP/1.1
-//! client and tokio-rustls, both already here, and serde for the three objects.
+//! token or a client certificate. `kube` (client and runtime) with `k8s-openapi` does
+//! that and much more: 69 crates beyond the sidecar's own tree (tower, tower-http,
+//! pest, regex, jiff, jsonpath, a second YAML parser, ...), about a minute of CPU more
+//! for a clean debug build here (docs/benchmarks.md). This is hyper's HTTP/1.1 client
+//! and tokio-rustls, both already here, and serde for the three objects.
 //!
 //! The files: [`credentials`] (the service account or a kubeconfig, read by
 //! [`kubeconfig`] with the [`base64`] its `*-data` fields are in), [`client`] (one
