@@ -155,6 +155,13 @@ async fn until_answering(tg: &Tollgate, want: &[u8], within: Duration, what: &st
     panic!("{what}: not within {within:?}; answering {last:?}, want {want:?}");
 }
 
+/// The Service's one slice (`payments-a`, port `http` = `port`) set to `endpoints`.
+async fn set_pods(cluster: &Cluster, port: u16, endpoints: &[(IpAddr, bool, bool)]) {
+    cluster
+        .put_endpoint_slice(NS, "payments-a", "payments", "http", port, endpoints)
+        .await;
+}
+
 fn ready(pods: &[u8]) -> Vec<(IpAddr, bool, bool)> {
     pods.iter().map(|i| (pod(*i), true, false)).collect()
 }
@@ -172,16 +179,7 @@ async fn each_pod_a_service_has_is_an_endpoint_as_the_api_says() {
     cluster
         .create_service(NS, "payments", "http", 80, false)
         .await;
-    cluster
-        .put_endpoint_slice(
-            NS,
-            "payments-a",
-            "payments",
-            "http",
-            port,
-            &ready(&[2, 3, 4]),
-        )
-        .await;
+    set_pods(&cluster, port, &ready(&[2, 3, 4])).await;
     let config = format!(
         "[kubernetes]\nkubeconfig = \"{}\"\n\n\
          [upstreams.payments]\nauthorities = [\"payments\"]\ndiscovery = \"kubernetes\"\n\
@@ -202,31 +200,18 @@ async fn each_pod_a_service_has_is_an_endpoint_as_the_api_says() {
     );
 
     // Scale to five.
-    cluster
-        .put_endpoint_slice(
-            NS,
-            "payments-a",
-            "payments",
-            "http",
-            port,
-            &ready(&[2, 3, 4, 5, 6]),
-        )
-        .await;
+    set_pods(&cluster, port, &ready(&[2, 3, 4, 5, 6])).await;
     until_answering(&tg, &[2, 3, 4, 5, 6], CHANGE, "scaled to five").await;
 
     // One not ready, one terminating: neither takes a new call.
     let mut five = ready(&[2, 3, 4, 5, 6]);
     five[1].1 = false;
     five[4] = (pod(6), false, true);
-    cluster
-        .put_endpoint_slice(NS, "payments-a", "payments", "http", port, &five)
-        .await;
+    set_pods(&cluster, port, &five).await;
     until_answering(&tg, &[2, 4, 5], CHANGE, "one not ready, one terminating").await;
 
     // One deleted.
-    cluster
-        .put_endpoint_slice(NS, "payments-a", "payments", "http", port, &ready(&[2, 4]))
-        .await;
+    set_pods(&cluster, port, &ready(&[2, 4])).await;
     until_answering(&tg, &[2, 4], CHANGE, "one deleted").await;
     let (_, failed) = answering(&tg, 20).await;
     assert_eq!(failed, 0, "pods going took no call down with them");
@@ -244,16 +229,7 @@ async fn each_pod_a_service_has_is_an_endpoint_as_the_api_says() {
                 .unwrap()
         },
     );
-    cluster
-        .put_endpoint_slice(
-            NS,
-            "payments-a",
-            "payments",
-            "http",
-            port,
-            &ready(&[2, 4, 7]),
-        )
-        .await;
+    set_pods(&cluster, port, &ready(&[2, 4, 7])).await;
     let started = Instant::now();
     while dead.hits() == 0 {
         assert!(started.elapsed() < CHANGE, "the dead pod never took a call");
@@ -274,9 +250,7 @@ async fn each_pod_a_service_has_is_an_endpoint_as_the_api_says() {
         "the dead pod was not put aside: {} of about 90 calls reached it",
         dead.hits()
     );
-    cluster
-        .put_endpoint_slice(NS, "payments-a", "payments", "http", port, &ready(&[2, 4]))
-        .await;
+    set_pods(&cluster, port, &ready(&[2, 4])).await;
     drop(dead);
 
     // The API server down for 10 s: the last known pods keep serving.
@@ -291,16 +265,7 @@ async fn each_pod_a_service_has_is_an_endpoint_as_the_api_says() {
     cluster.start_apiserver().await;
 
     // Back: the watch resumes, and the next change comes through.
-    cluster
-        .put_endpoint_slice(
-            NS,
-            "payments-a",
-            "payments",
-            "http",
-            port,
-            &ready(&[3, 5, 6]),
-        )
-        .await;
+    set_pods(&cluster, port, &ready(&[3, 5, 6])).await;
     until_answering(&tg, &[3, 5, 6], AFTER_RESTART, "after the restart").await;
     let m = tg.metrics().await;
     assert!(
@@ -314,9 +279,7 @@ async fn each_pod_a_service_has_is_an_endpoint_as_the_api_says() {
     );
 
     // No ready pod: a 502, as a direct call to a Service without endpoints fails.
-    cluster
-        .put_endpoint_slice(NS, "payments-a", "payments", "http", port, &[])
-        .await;
+    set_pods(&cluster, port, &[]).await;
     let started = Instant::now();
     loop {
         let r = get(tg.addr, "/pay", "payments").await;
