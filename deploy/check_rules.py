@@ -22,7 +22,7 @@ from pathlib import Path
 import yaml
 
 REQUIRED = ("summary", "description", "runbook_url")
-PATH = re.compile(r"\b(?:docs|deploy|config|scripts|src|tests)/[\w./-]*\w")
+PATH = re.compile(r"\b(?:docs|deploy|config|scripts|crates|src|tests)/[\w./-]*\w")
 NAME = re.compile(r"(?<![\w./-])[\w-]+\.(?:md|ya?ml|toml|sh|py|rs)\b")
 
 

@@ -327,7 +327,7 @@ TOLLGATE_REV="$("$TG" --version 2>/dev/null | awk '{ print $NF }')"
 [ -n "$TOLLGATE_REV" ] || TOLLGATE_REV=unknown
 if [ "$(readlink -f "$TOLLGATE_BIN")" = "$(cd "$ROOT" && readlink -f "${CARGO_TARGET_DIR:-target}/release/tollgate")" ] &&
   rev="$(cd "$ROOT" && git rev-parse --short HEAD 2>/dev/null)"; then
-  [ -z "$(cd "$ROOT" && git status --porcelain -- src Cargo.toml Cargo.lock 2>/dev/null)" ] || rev="$rev+dirty"
+  [ -z "$(cd "$ROOT" && git status --porcelain -- src crates Cargo.toml Cargo.lock 2>/dev/null)" ] || rev="$rev+dirty"
   TOLLGATE_REV="$TOLLGATE_REV ($rev)"
 else
   TOLLGATE_REV="$TOLLGATE_REV ($TOLLGATE_BIN)"

@@ -14,16 +14,16 @@ fuzz_target!(|data: &[u8]| {
     let Ok(text) = std::str::from_utf8(data) else {
         return;
     };
-    match tollgate::config::parse("fuzz.toml", text, Path::new("/nonexistent")) {
+    match tollgate_core::config::parse("fuzz.toml", text, Path::new("/nonexistent")) {
         Ok(config) => {
             let _ = config.to_json().to_string();
-            for d in tollgate::check::lint(&config) {
+            for d in tollgate_check::lint(&config) {
                 assert!(d.line >= 1 && d.column >= 1, "{d}");
             }
-            let _ = tollgate::check::check_chain(&[(&config, None)]);
+            let _ = tollgate_check::check_chain(&[(&config, None)]);
             for up in &config.upstreams {
                 let _ = up.total_patience();
-                let _ = tollgate::check::budget_cap(up);
+                let _ = tollgate_check::budget_cap(up);
             }
         }
         Err(errors) => {

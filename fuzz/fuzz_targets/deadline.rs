@@ -8,7 +8,7 @@
 use std::time::Duration;
 
 use libfuzzer_sys::fuzz_target;
-use tollgate::deadline::{format_grpc_timeout, format_millis, parse_grpc_timeout, parse_millis};
+use tollgate_core::deadline::{format_grpc_timeout, format_millis, parse_grpc_timeout, parse_millis};
 
 /// The longest caller deadline tollgate takes at face value (it caps longer ones).
 const CENTURY: Duration = Duration::from_secs(100 * 365 * 24 * 3600);

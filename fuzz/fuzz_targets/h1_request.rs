@@ -6,7 +6,7 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use tollgate::http::request::parse_requests;
+use tollgate_core::http::request::parse_requests;
 
 fuzz_target!(|data: &[u8]| {
     // First byte: where to cut the rest into reads, and a small head limit or not.

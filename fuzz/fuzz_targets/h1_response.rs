@@ -6,7 +6,7 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use tollgate::http::response::parse_response;
+use tollgate_core::http::response::parse_response;
 
 fuzz_target!(|data: &[u8]| {
     // First byte: HEAD or not, and where to cut the rest into reads.

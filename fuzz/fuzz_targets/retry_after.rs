@@ -7,7 +7,7 @@
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use libfuzzer_sys::fuzz_target;
-use tollgate::retry::decide::retry_after::{
+use tollgate_core::retry::decide::retry_after::{
     DAYS, LONG_DAYS, MONTHS, Pushback, parse_http_date, parse_pushback_ms, parse_retry_after,
 };
 

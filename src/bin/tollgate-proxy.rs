@@ -1,9 +1,9 @@
 //! `tollgate-proxy`: `tollgate run` alone, the sidecar's server without the tools, so a
 //! sidecar maps only the pages of what it runs. `tollgate run` hands over to it when it
-//! is installed beside `tollgate` (see [`tollgate::run`]); its command line is `run`'s.
+//! is installed beside `tollgate` (see [`tollgate_core::run`]); its command line is `run`'s.
 
 use clap::{Parser, Subcommand};
-use tollgate::run::{LogArgs, RunArgs};
+use tollgate_core::run::{LogArgs, RunArgs};
 
 #[derive(Parser)]
 #[command(
@@ -27,13 +27,13 @@ enum Command {
 fn main() {
     let cli = Cli::parse();
     // Before any thread or log: back to a `tollgate` of another build, which serves.
-    let not_handed_back = tollgate::run::taken_over();
+    let not_handed_back = tollgate_core::run::taken_over();
     cli.log.init();
     if let Some(error) = not_handed_back {
         tracing::warn!("could not hand back to the tollgate of another build: {error}");
     }
     let Command::Run(args) = cli.command;
-    std::process::exit(tollgate::run::run(tollgate::config::resolve_path(
-        args.config,
-    )));
+    std::process::exit(tollgate_core::run::run(
+        tollgate_core::config::resolve_path(args.config),
+    ));
 }

@@ -17,7 +17,7 @@ use http::Response;
 
 #[test]
 fn admin_and_listener_default_to_loopback() {
-    let cfg = tollgate::config::parse(
+    let cfg = tollgate_core::config::parse(
         "min.toml",
         "[upstreams.a]\nauthorities = [\"a\"]\nendpoints = [\"127.0.0.1:1\"]\n",
         Path::new("."),

@@ -5,7 +5,7 @@
 
 use std::path::Path;
 
-use tollgate::config::{self, Protocol};
+use tollgate_core::config::{self, Protocol};
 
 /// Asserts that `line` starts with `prefix`.
 fn starts(line: &str, prefix: &str) {

@@ -10,7 +10,7 @@ mod generate;
 use std::path::Path;
 use std::time::Duration;
 
-use tollgate::config;
+use tollgate_core::config;
 
 /// Files checked against the recorded outputs.
 const FILES: u64 = 3000;
@@ -105,7 +105,7 @@ fn the_builder_writes_what_the_parser_reads() {
             i.max_inflight("adaptive").dedupe(|d| d.ttl("1h"))
         })
         .to_toml();
-    let c = tollgate::config::parse("t.toml", &text, std::path::Path::new("."))
+    let c = tollgate_core::config::parse("t.toml", &text, std::path::Path::new("."))
         .unwrap_or_else(|e| panic!("{text}\n{e}"));
     let u = c.upstream("api").unwrap();
     assert_eq!(u.endpoints.len(), 2);
@@ -113,12 +113,15 @@ fn the_builder_writes_what_the_parser_reads() {
     assert_eq!(u.request_timeout, Some(Duration::from_secs(2)));
     assert_eq!(u.budget, Some(Default::default()));
     let i = c.inbound.unwrap();
-    assert_eq!(i.max_inflight, tollgate::config::InflightLimit::Adaptive);
+    assert_eq!(
+        i.max_inflight,
+        tollgate_core::config::InflightLimit::Adaptive
+    );
     assert_eq!(i.dedupe.unwrap().ttl, Duration::from_secs(3600));
     assert_eq!(c.listener.addr.port(), 0);
     assert_eq!(
         c.listener.unknown_authorities,
-        tollgate::config::UnknownAuthorities::Refuse
+        tollgate_core::config::UnknownAuthorities::Refuse
     );
 }
 
@@ -127,7 +130,7 @@ fn the_builder_writes_what_the_parser_reads() {
 #[test]
 fn the_builder_has_a_setter_for_every_declared_key() {
     use builder::*;
-    use tollgate::config::keys;
+    use tollgate_core::config::keys;
     let sections: [(&[&str], &[&str], &[&str]); 17] = [
         (Runtime::KEYS, keys::runtime::NAMES, &[]),
         (Listener::KEYS, keys::listener::NAMES, &[]),

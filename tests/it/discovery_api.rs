@@ -14,10 +14,10 @@ use std::time::Duration;
 use kube::Cluster;
 use tokio::sync::watch::Receiver;
 use tokio::time::Instant;
-use tollgate::config::{KubernetesConfig, ServicePort, ServiceRef};
-use tollgate::discovery::{self, Found};
-use tollgate::metrics::Metrics;
-use tollgate::metrics::discovery::Reason;
+use tollgate_core::config::{KubernetesConfig, ServicePort, ServiceRef};
+use tollgate_core::discovery::{self, Found};
+use tollgate_core::metrics::Metrics;
+use tollgate_core::metrics::discovery::Reason;
 
 /// How soon a change stored in the API must be published.
 const CHANGE: Duration = Duration::from_secs(1);

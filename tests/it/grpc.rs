@@ -93,7 +93,7 @@ async fn a_client_deadline_arrives_as_the_calls_time_left_uncapped() {
         .unary(Ask::default(), Some(Duration::from_secs(10)))
         .await
         .unwrap();
-    let d = tollgate::deadline::parse_grpc_timeout(item.note.as_bytes())
+    let d = tollgate_core::deadline::parse_grpc_timeout(item.note.as_bytes())
         .unwrap_or_else(|| panic!("the server saw grpc-timeout {:?}", item.note));
     assert!(
         d <= Duration::from_secs(10) && d > Duration::from_millis(9_500),

@@ -16,7 +16,7 @@ use std::process::Command;
 use std::sync::Mutex;
 
 use serde_json::Value;
-use tollgate::lab::harm::rows::SHORT;
+use tollgate_lab::harm::rows::SHORT;
 
 /// One harm run at a time: each measures on the machine's shared cores.
 static ONE_RUN: Mutex<()> = Mutex::new(());

@@ -6,7 +6,7 @@
 
 use std::time::Duration;
 
-use tollgate::lab::scenario::{Chain, Overrides, scenario};
+use tollgate_lab::scenario::{Chain, Overrides, scenario};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn owned_retries_beat_naive_retries_in_a_short_storm() {
@@ -18,7 +18,7 @@ async fn owned_retries_beat_naive_retries_in_a_short_storm() {
         },
     )
     .unwrap();
-    let run = tollgate::lab::run(s, false).await.unwrap();
+    let run = tollgate_lab::run(s, false).await.unwrap();
     let (naive, owned) = (run.chain("naive").unwrap(), run.chain("owned").unwrap());
     println!(
         "naive: {:.2}x {:.1}% ok; owned: {:.2}x {:.1}% ok",
@@ -56,7 +56,7 @@ async fn against_a_dead_dependency_the_adaptive_share_falls_and_the_throttle_she
     )
     .unwrap();
     let chains = [Chain::Owned, Chain::Adaptive, Chain::Throttled];
-    let run = tollgate::lab::run_chains(s, &chains, false).await.unwrap();
+    let run = tollgate_lab::run_chains(s, &chains, false).await.unwrap();
     let episode = |c: &str| run.chain(c).unwrap().episode.unwrap();
     let (owned, adaptive, throttled) =
         (episode("owned"), episode("adaptive"), episode("throttled"));
@@ -192,7 +192,7 @@ fn the_endpoint_scenarios_run_and_report_their_figures() {
 /// lone quiet caller still gets its retries.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_inbound_budget_caps_what_a_fleet_of_callers_retries() {
-    use tollgate::lab::fleet::{FleetSpec, run};
+    use tollgate_lab::fleet::{FleetSpec, run};
     let spec = FleetSpec {
         callers: vec![100],
         measure: Duration::from_secs(2),
@@ -249,12 +249,12 @@ async fn payments_retries_book_twice_without_dedupe_and_once_with_it() {
         );
         return;
     }
-    let spec = tollgate::lab::payments::PaymentsSpec {
+    let spec = tollgate_lab::payments::PaymentsSpec {
         orders: 300,
         ..Default::default()
     };
-    let r = tollgate::lab::payments::run(spec, false).await.unwrap();
-    println!("{}", tollgate::lab::payments::table(&r));
+    let r = tollgate_lab::payments::run(spec, false).await.unwrap();
+    println!("{}", tollgate_lab::payments::table(&r));
     let [plain, blind, keyed] = &r.runs[..] else {
         panic!("three runs");
     };
@@ -271,7 +271,7 @@ async fn payments_retries_book_twice_without_dedupe_and_once_with_it() {
 /// `downstream-owned` keeps db at one layer's attempts; without, the layers multiply.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_app_between_two_tollgates_costs_db_one_layer_when_its_failure_is_marked() {
-    use tollgate::lab::apps::{AppsSpec, run, table};
+    use tollgate_lab::apps::{AppsSpec, run, table};
     let r = run(AppsSpec { requests: 5 }, false).await.unwrap();
     println!("{}", table(&r));
     assert_eq!((r.off.app_calls, r.off.db_calls, r.off.owned), (15, 45, 0));

@@ -1,24 +1,31 @@
-//! The layering of the library: the build keeps it (build.rs runs build/layering.rs, which
+//! The layering of the request path's crate (crates/core): its build keeps it (its build.rs
+//! runs build/layering.rs, which
 //! holds the FLOORS table and says what is read and how), and these tests run the same
 //! reader, so a violation also fails `cargo test` with the same words, and test the
 //! reader itself on sources written for it. docs/architecture.md is held to the same
 //! table: its table of floors is generated from it (`TOLLGATE_UPDATE_DOCS=1 cargo test
 //! --test it layering::` rewrites it), and its layers are described in the table's order.
 
-/// The build's reader of the imports, build/layering.rs.
-#[path = "../../build/layering.rs"]
+/// The build's reader of the imports, crates/core/build/layering.rs.
+#[path = "../../crates/core/build/layering.rs"]
 mod reader;
 
 use std::path::Path;
 
 use reader::{Import, imports};
 
+/// The repository: its docs.
 fn root() -> &'static Path {
     Path::new(env!("CARGO_MANIFEST_DIR"))
 }
 
+/// The request path's crate, whose floors are kept.
+fn core() -> std::path::PathBuf {
+    root().join("crates/core")
+}
+
 fn read() -> reader::Graph {
-    reader::read(root()).unwrap_or_else(|e| panic!("{e}"))
+    reader::read(&core()).unwrap_or_else(|e| panic!("{e}"))
 }
 
 #[test]
@@ -145,7 +152,7 @@ const DOC: &str = "docs/architecture.md";
 /// How docs/architecture.md shows a top-level module: its file, its folder, or both
 /// (`metrics.rs` with `metrics/`).
 fn shown(top: &str) -> Option<String> {
-    let src = root().join("src");
+    let src = core().join("src");
     let file = src.join(format!("{top}.rs")).is_file();
     let dir = src.join(top).is_dir();
     match (file, dir) {
@@ -162,7 +169,10 @@ fn floors_table() -> String {
     for (i, floor) in reader::FLOORS.iter().enumerate() {
         let modules: Vec<String> = floor
             .iter()
-            .map(|m| shown(m).unwrap_or_else(|| panic!("FLOORS names `{m}`, which src/ has not")))
+            .map(|m| {
+                shown(m)
+                    .unwrap_or_else(|| panic!("FLOORS names `{m}`, which crates/core/src/ has not"))
+            })
             .collect();
         out.push_str(&format!("| {} | {} |\n", i + 1, modules.join(", ")));
     }
@@ -190,7 +200,7 @@ fn the_docs_table_of_floors_is_the_floor_table() {
         return;
     }
     panic!(
-        "the table of floors in {DOC} is not FLOORS (build/layering.rs): run \
+        "the table of floors in {DOC} is not FLOORS (crates/core/build/layering.rs): run \
          TOLLGATE_UPDATE_DOCS=1 cargo test --test it layering::\n\nit should read:\n{table}"
     );
 }
@@ -257,8 +267,8 @@ fn the_docs_describe_the_layers_in_the_order_of_the_floors() {
             }
             let Some(floor) = reader::floor_of(module) else {
                 problems.push(format!(
-                    "{DOC}:{line}: `{span}` is no top-level module of src/ (FLOORS in \
-                     build/layering.rs)"
+                    "{DOC}:{line}: `{span}` is no top-level module of crates/core/src/ \
+                     (FLOORS in crates/core/build/layering.rs)"
                 ));
                 continue;
             };

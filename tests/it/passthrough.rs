@@ -541,17 +541,17 @@ async fn a_captured_connection_whose_destination_is_silent_is_reset_at_the_timeo
         .await
         .unwrap();
     let (accepted, _) = front.accept().await.unwrap();
-    let metrics = tollgate::metrics::Metrics::new();
-    let settings = tollgate::config::ListenerConfig {
+    let metrics = tollgate_core::metrics::Metrics::new();
+    let settings = tollgate_core::config::ListenerConfig {
         passthrough_connect_timeout: Duration::from_millis(300),
         ..Default::default()
     };
     let (_drain, shutdown) = tokio::sync::watch::channel(false);
     let began = tokio::time::Instant::now();
-    tollgate::listen::passthrough::relay(
+    tollgate_core::listen::passthrough::relay(
         accepted,
         silent,
-        tollgate::metrics::passthrough::Direction::Outbound,
+        tollgate_core::metrics::passthrough::Direction::Outbound,
         &metrics,
         shutdown,
         &settings,
@@ -632,7 +632,7 @@ async fn a_listener_that_asks_to_pass_is_a_forward_proxy_without_upstreams() {
     // Left empty, a file is refused; `unknown_authorities = "pass"` written out is
     // the intent to forward and nothing else.
     let empty = "[listener]\naddr = \"127.0.0.1:0\"\n";
-    assert!(tollgate::config::load_text("t.toml", empty, std::path::Path::new(".")).is_err());
+    assert!(tollgate_core::config::load_text("t.toml", empty, std::path::Path::new(".")).is_err());
     let origin = echo_server().await;
     let tg = Tollgate::start(&format!(
         "{empty}unknown_authorities = \"pass\"\n[admin]\naddr = \"127.0.0.1:0\"\n"

@@ -2,7 +2,7 @@
 //! (`TCP_QUICKACK`), so an app whose Nagle holds the body back until the head is
 //! acknowledged (Python `requests` through `http_proxy`: head and body in two writes)
 //! waits for no delayed ACK; a head that comes with its body, or has none (the small
-//! GET), makes no such call. Counted by `tollgate::server::socket::quick_acks`, which is
+//! GET), makes no such call. Counted by `tollgate_core::server::socket::quick_acks`, which is
 //! process-wide: this file holds one test. The delay itself is timed by
 //! `scripts/bench-quickack.sh`.
 
@@ -14,7 +14,7 @@ use common::config::Config;
 use common::*;
 use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
-use tollgate::server::socket::quick_acks;
+use tollgate_core::server::socket::quick_acks;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn only_a_head_without_its_body_is_acknowledged_at_once() {

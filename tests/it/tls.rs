@@ -239,7 +239,7 @@ fn unreadable_or_invalid_certificate_files_are_config_errors() {
             "[upstreams.secure]\nauthorities = [\"secure\"]\nendpoints = [\"127.0.0.1:1\"]\n\
              [upstreams.secure.tls]\n{tls}"
         );
-        match tollgate::config::load_text("tls.toml", &text, Path::new("/nonexistent")) {
+        match tollgate_core::config::load_text("tls.toml", &text, Path::new("/nonexistent")) {
             Ok(_) => panic!("accepted:\n{text}"),
             Err(e) => e.to_string(),
         }
@@ -353,7 +353,7 @@ fn unreadable_or_invalid_certificate_files_are_config_errors() {
          [upstreams.secure.tls]\n\
          server_name = \"{NAME}\"\nca_file = \"ca.pem\"\nclient_cert = \"client.crt\"\nclient_key = \"client.key\"\n"
     );
-    let cfg = tollgate::config::load_text("tls.toml", &text, d).unwrap();
+    let cfg = tollgate_core::config::load_text("tls.toml", &text, d).unwrap();
     let tls = cfg.upstreams[0].tls.as_ref().unwrap();
     assert_eq!(
         tls.ca_file.as_ref().map(|f| f.path.as_path()),

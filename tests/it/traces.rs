@@ -16,12 +16,12 @@ use http::{HeaderMap, HeaderValue, Method, Response};
 use opentelemetry_proto::tonic::common::v1::any_value::Value;
 use otlp::{PARENT, attr, receiver};
 use tokio::time::Instant;
-use tollgate::config::{OtlpAddr, TracingConfig};
-use tollgate::fault::Fault;
-use tollgate::metrics::Metrics;
-use tollgate::metrics::trace::SpanDrop;
-use tollgate::metrics::{Denied, Outcome};
-use tollgate::trace::{
+use tollgate_core::config::{OtlpAddr, TracingConfig};
+use tollgate_core::fault::Fault;
+use tollgate_core::metrics::Metrics;
+use tollgate_core::metrics::trace::SpanDrop;
+use tollgate_core::metrics::{Denied, Outcome};
+use tollgate_core::trace::{
     AfterFailure, Arrival, AttemptEnd, AttemptStart, Side, TRACEPARENT, TraceParent, Tracer,
 };
 

@@ -19,7 +19,7 @@ use opentelemetry_proto::tonic::common::v1::any_value::Value;
 use opentelemetry_proto::tonic::trace::v1::Span;
 use opentelemetry_proto::tonic::trace::v1::span::SpanKind;
 use otlp::{PARENT, attr, double_attr, int_attr, kind, receiver, render, string_attr};
-use tollgate::trace::TraceParent;
+use tollgate_core::trace::TraceParent;
 
 /// `[tracing]` for a tollgate exporting to `collector`, sending at once.
 /// `config` with spans sent to `collector`, `sample` of the traces a caller did not

@@ -228,10 +228,10 @@ fn deployed() -> Vec<Value> {
     let path =
         std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/kubernetes/webhook.yaml");
     let text = std::fs::read_to_string(path).unwrap();
-    tollgate::inject::yaml::load(&text)
+    tollgate_inject::yaml::load(&text)
         .unwrap()
         .iter()
-        .map(tollgate::inject::yaml::to_json)
+        .map(tollgate_inject::yaml::to_json)
         .collect()
 }
 
@@ -357,7 +357,7 @@ async fn the_api_server_injects_pods_through_the_webhook_and_never_waits_on_it()
         .await;
     // The configuration as deployed, with the test's CA.
     config["webhooks"][0]["clientConfig"]["caBundle"] =
-        json!(tollgate::discovery::base64::encode(ca.as_bytes()));
+        json!(tollgate_core::discovery::base64::encode(ca.as_bytes()));
     let (status, body) = cluster
         .post(
             "/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations",

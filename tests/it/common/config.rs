@@ -1,5 +1,5 @@
 //! A typed config for tests, written out as TOML from the keys tollgate declares
-//! (`tollgate::config::keys`): a setter exists for each declared key and is named after
+//! (`tollgate_core::config::keys`): a setter exists for each declared key and is named after
 //! it, so a key renamed or removed is a compile error here, never a test that quietly
 //! tests something else.
 //!
@@ -20,7 +20,7 @@ use std::fmt::Write as _;
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use tollgate::config::keys;
+use tollgate_core::config::keys;
 
 /// A value as TOML writes it.
 pub trait Toml {

@@ -62,7 +62,7 @@ pub type Seen = Arc<Mutex<Vec<Option<String>>>>;
 /// When the call must end, by its `grpc-timeout`.
 fn deadline<T>(req: &Request<T>) -> Option<Instant> {
     let v = req.metadata().get("grpc-timeout")?.to_str().ok()?;
-    let d = tollgate::deadline::parse_grpc_timeout(v.as_bytes())?;
+    let d = tollgate_core::deadline::parse_grpc_timeout(v.as_bytes())?;
     Some(Instant::now() + d)
 }
 

@@ -45,7 +45,7 @@ pub fn check_strict(config: &str) -> (Option<i32>, String) {
 
 /// The documents, read as Kubernetes reads them (YAML 1.1: `0440` is octal).
 pub fn docs(text: &str) -> Vec<Yaml> {
-    tollgate::inject::yaml::load(text).unwrap()
+    tollgate_inject::yaml::load(text).unwrap()
 }
 
 pub fn kind_named<'a>(docs: &'a [Yaml], kind: &str, name: &str) -> &'a Yaml {

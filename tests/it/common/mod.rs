@@ -152,16 +152,16 @@ pub fn inbound_config(app: SocketAddr, extra: &str) -> String {
 
 /// tollgate running in this process.
 pub struct Tollgate {
-    pub running: Option<tollgate::run::Running>,
+    pub running: Option<tollgate_core::run::Running>,
     pub addr: SocketAddr,
     pub admin: SocketAddr,
 }
 
 impl Tollgate {
     pub async fn start(toml: &str) -> Self {
-        let cfg = tollgate::config::load_text("test.toml", toml, std::path::Path::new("."))
+        let cfg = tollgate_core::config::load_text("test.toml", toml, std::path::Path::new("."))
             .unwrap_or_else(|e| panic!("test config invalid:\n{e}"));
-        let running = tollgate::run::Running::start(cfg, None).await.unwrap();
+        let running = tollgate_core::run::Running::start(cfg, None).await.unwrap();
         let addr = running.server.local_addr();
         let admin = running.admin.local_addr();
         Tollgate {
@@ -173,9 +173,9 @@ impl Tollgate {
 
     /// Starts from a config file, watching it for changes as `tollgate run` does.
     pub async fn start_file(path: &std::path::Path) -> Self {
-        let cfg =
-            tollgate::config::load(path).unwrap_or_else(|e| panic!("test config invalid:\n{e}"));
-        let running = tollgate::run::Running::start(cfg, Some(path.to_path_buf()))
+        let cfg = tollgate_core::config::load(path)
+            .unwrap_or_else(|e| panic!("test config invalid:\n{e}"));
+        let running = tollgate_core::run::Running::start(cfg, Some(path.to_path_buf()))
             .await
             .unwrap();
         let addr = running.server.local_addr();
@@ -210,7 +210,7 @@ impl Tollgate {
         }
     }
 
-    pub fn server(&self) -> &tollgate::sides::Server {
+    pub fn server(&self) -> &tollgate_core::sides::Server {
         &self.running.as_ref().unwrap().server
     }
 

@@ -51,9 +51,9 @@ pub fn post(key: Option<&str>, body: &str) -> http::Request<BoxBody> {
 }
 
 /// A TCP relay that loses responses after the request ran: the lab's link
-/// ([`tollgate::lab::payments::Lossy`]). `lose_next` loses that many pieces of answers
+/// ([`tollgate_lab::payments::Lossy`]). `lose_next` loses that many pieces of answers
 /// for certain; `lose_percent` loses that share of them at random.
-pub use tollgate::lab::payments::Lossy;
+pub use tollgate_lab::payments::Lossy;
 
 pub async fn lossy(to: std::net::SocketAddr, lose_percent: u32, seed: u64) -> Lossy {
     Lossy::start(to, f64::from(lose_percent) / 100.0, seed)

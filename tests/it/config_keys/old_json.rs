@@ -2,8 +2,8 @@
 //! the declarations must keep showing.
 
 use serde_json::{Value, json};
-use tollgate::config::units::{format_duration, format_size};
-use tollgate::config::*;
+use tollgate_core::config::units::{format_duration, format_size};
+use tollgate_core::config::*;
 
 pub fn config(c: &Config) -> Value {
     {
