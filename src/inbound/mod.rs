@@ -40,6 +40,8 @@ pub mod limit;
 pub mod owned;
 pub mod samples;
 pub mod service;
+#[cfg(test)]
+mod tests;
 
 use std::sync::Arc;
 use std::sync::atomic::AtomicUsize;
