@@ -9,6 +9,9 @@
 //! The app is at `[inbound] app`, or, when that is loopback and refuses, at the same port
 //! of the pod's own address (`POD_IP`, which inject sets from the downward API): an app
 //! bound to its pod IP is reached as the kubelet reaches it ([`App`]).
+//!
+//! The inbound service reaches the app through [`AppWire`]: in production its pooled
+//! connections ([`Connections`], which is [`send`]), in the service's tests a script.
 
 use std::net::IpAddr;
 use std::sync::Arc;
@@ -49,7 +52,7 @@ static TRACEPARENT_NAME: HeaderName = crate::trace::TRACEPARENT;
 impl<'a> DeadlineFields<'a> {
     /// The fields for a request sent now: the deadline header only when there is a
     /// deadline.
-    fn at(&self, now: Instant) -> AttemptFields<'a> {
+    pub(super) fn at(&self, now: Instant) -> AttemptFields<'a> {
         let left = self.deadline.remaining(now);
         AttemptFields([
             left.map(|left| (self.header, deadline::format_millis(left))),
@@ -126,6 +129,40 @@ impl<B: OutgoingBody> App<B> {
             Some(pod) if self.at_pod.load(Ordering::Relaxed) => (pod, Some(&self.configured)),
             pod => (&self.configured, pod.as_ref()),
         }
+    }
+}
+
+/// What carries a request to the app: its pooled connections ([`Connections`]), or, in
+/// the tests of the inbound service, a script. [`send`] is what it does.
+pub trait AppWire: Clone + Send + Sync + 'static {
+    /// Sends the request to `app` and waits for its response head, as [`send`] does.
+    fn send<'a, B: OutgoingBody>(
+        &'a self,
+        app: &'a App<B>,
+        want: Want,
+        head: &'a RequestHead<'a>,
+        body: B,
+        fields: &'a DeadlineFields<'a>,
+        exhausted: &'a IntCounter,
+    ) -> impl Future<Output = Result<UpstreamResponse, NoAnswer>> + Send + 'a;
+}
+
+/// The app's own connections, pooled: how requests reach it in production.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Connections;
+
+impl AppWire for Connections {
+    #[inline]
+    fn send<'a, B: OutgoingBody>(
+        &'a self,
+        app: &'a App<B>,
+        want: Want,
+        head: &'a RequestHead<'a>,
+        body: B,
+        fields: &'a DeadlineFields<'a>,
+        exhausted: &'a IntCounter,
+    ) -> impl Future<Output = Result<UpstreamResponse, NoAnswer>> + Send + 'a {
+        send(app, want, head, body, fields, exhausted)
     }
 }
 

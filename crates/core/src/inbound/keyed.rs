@@ -25,7 +25,7 @@ use prometheus::IntCounter;
 use tokio::sync::{Notify, mpsc, oneshot};
 
 use super::KeyedApp;
-use super::app::{self, DeadlineFields};
+use super::app::{AppWire, DeadlineFields};
 use super::dedupe::{Answer, Claim, Fingerprinter, Kept};
 use crate::answer::{self, Refusal};
 use crate::contract::outcome::outcome_of;
@@ -111,11 +111,12 @@ impl Exchanges {
     }
 }
 
-/// Runs a first arrival's exchange with the app in a task of its own (counted in
-/// `exchanges`), and hands back the head of its answer (or why there is none).
-pub(super) async fn run(
+/// Runs a first arrival's exchange with the app (carried by `wire`) in a task of its
+/// own (counted in `exchanges`), and hands back the head of its answer (or why there is
+/// none).
+pub(super) async fn run<W: AppWire>(
     claim: Claim,
-    app: Arc<KeyedApp>,
+    app: (Arc<KeyedApp>, W),
     (exchange, exchanges): (HeadForApp, &Arc<Exchanges>),
     body: AppBody,
     exhausted: IntCounter,
@@ -130,9 +131,9 @@ pub(super) async fn run(
     rx.await.unwrap_or(Err(Fault::Reset))
 }
 
-async fn drive(
+async fn drive<W: AppWire>(
     claim: Claim,
-    app: Arc<KeyedApp>,
+    (app, wire): (Arc<KeyedApp>, W),
     x: HeadForApp,
     body: AppBody,
     exhausted: IntCounter,
@@ -146,7 +147,8 @@ async fn drive(
         traceparent: x.traceparent.clone(),
     };
     let body = claim.body(body, Fingerprinter::of_request(&x.headers));
-    let resp = match app::send(&app, x.want, &head, body, &fields, &exhausted).await {
+    let sent = wire.send(&app, x.want, &head, body, &fields, &exhausted);
+    let resp = match sent.await {
         Ok(resp) => resp,
         Err(no) => {
             let _ = head_tx.send(Err(no.fault));

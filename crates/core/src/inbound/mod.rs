@@ -40,6 +40,8 @@ pub mod limit;
 pub mod owned;
 pub mod samples;
 pub mod service;
+#[cfg(test)]
+mod tests;
 
 use std::sync::Arc;
 use std::sync::atomic::AtomicUsize;
@@ -145,8 +147,17 @@ impl Inbound {
         self.state.store(Arc::new(next));
     }
 
+    /// The service that answers the callers, reaching the app on its own connections.
     pub fn service(self: &Arc<Self>) -> InboundService {
-        InboundService(self.clone())
+        self.service_on(app::Connections)
+    }
+
+    /// The service that answers the callers, reaching the app by `wire`.
+    pub fn service_on<W: app::AppWire>(self: &Arc<Self>, wire: W) -> InboundService<W> {
+        InboundService {
+            inbound: self.clone(),
+            wire,
+        }
     }
 
     /// The settings in force.

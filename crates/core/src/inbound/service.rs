@@ -17,7 +17,7 @@ use http_body_util::BodyExt;
 use tokio::time::Instant;
 
 use super::answer;
-use super::app::{self, DeadlineFields};
+use super::app::{AppWire, Connections, DeadlineFields};
 use super::attempts::{is_kube_probe, is_retry};
 use super::dedupe::claim::Claim;
 use super::dedupe::{Answer, Begin, Fingerprinter};
@@ -47,19 +47,23 @@ use crate::upstream::pool::Want;
 use crate::upstream::request::{ContinueWait, RequestHead};
 use crate::upstream::response::{UpstreamResponse, relayed};
 
-/// The callers' requests to the app.
+/// The callers' requests to the app, carried to it by `wire`: the app's own
+/// connections, or, in this service's tests, a script.
 #[derive(Clone)]
-pub struct InboundService(pub Arc<Inbound>);
+pub struct InboundService<W = Connections> {
+    pub(super) inbound: Arc<Inbound>,
+    pub(super) wire: W,
+}
 
 /// A connection redirected to the inbound listener is a caller's HTTP to the app when
 /// it was going to the app's port (or the inbound port itself: not redirected).
-impl Captures for InboundService {
+impl<W: AppWire> Captures for InboundService<W> {
     async fn redirected(&self, original: std::net::SocketAddr) -> Option<Self> {
-        (original.port() == self.0.state().config.app.port).then(|| self.clone())
+        (original.port() == self.inbound.state().config.app.port).then(|| self.clone())
     }
 }
 
-impl Service for InboundService {
+impl<W: AppWire> Service for InboundService<W> {
     /// A request holds its place in `max_inflight` until the app's exchange ends, not
     /// until its caller goes away: one that sends and hangs up frees no place while the
     /// app works on it.
@@ -69,15 +73,16 @@ impl Service for InboundService {
         &self,
         req: AppRequest,
         conn: &Arc<ConnState>,
-    ) -> impl Future<Output = AppResponse> + Send + use<> {
-        let inbound = self.0.clone();
+    ) -> impl Future<Output = AppResponse> + Send + use<W> {
+        let inbound = self.inbound.clone();
+        let wire = self.wire.clone();
         let conn = conn.clone();
         // The answer is boxed where it is made: an answer is a few hundred bytes, and
         // each function it is returned through copies it.
         async move {
             let state = inbound.state.load_full();
             let h1 = req.version() < Version::HTTP_2;
-            let mut resp = answer_request(&inbound, &state, conn, *req).await;
+            let mut resp = answer_request((&inbound, wire), &state, conn, *req).await;
             // Every answer says the callee deduplicates while it does, which header it
             // reads and where it keeps keys: to an HTTP/1.1 caller in a line written
             // straight into the head.
@@ -129,8 +134,8 @@ fn deny(
     refuse(served, r, tally)
 }
 
-async fn answer_request(
-    inbound: &Arc<Inbound>,
+async fn answer_request<W: AppWire>(
+    (inbound, wire): (&Arc<Inbound>, W),
     state: &State,
     conn: Arc<ConnState>,
     req: Request<AppBody>,
@@ -167,6 +172,7 @@ async fn answer_request(
     hold_place(inbound, state, admitted.is_none(), &mut served, &tally);
     let to = ToApp {
         inbound,
+        wire,
         state,
         facts,
         deadline,
@@ -297,8 +303,10 @@ fn hold_place(
 }
 
 /// What the exchange with the app needs of the request, beyond its head and body.
-struct ToApp<'a> {
+struct ToApp<'a, W> {
     inbound: &'a Inbound,
+    /// What carries the request to the app.
+    wire: W,
     state: &'a State,
     facts: RequestFacts,
     deadline: Deadline,
@@ -309,7 +317,7 @@ struct ToApp<'a> {
     admitted: Option<Admitted>,
 }
 
-impl ToApp<'_> {
+impl<W: AppWire> ToApp<'_, W> {
     /// The app's answer, relayed to the caller; or the inbound side's own when the
     /// exchange with the app failed. The limit learns the app's latency from it.
     async fn answer(
@@ -378,7 +386,8 @@ impl ToApp<'_> {
             // Boxed, as every await of a keyed request's: the future of a request
             // without a key keeps no room for them.
             let exchange = (exchange, &self.inbound.exchanges);
-            let run = keyed::run(claim, keyed_app.clone(), exchange, body, exhausted.clone());
+            let app = (keyed_app.clone(), self.wire);
+            let run = keyed::run(claim, app, exchange, body, exhausted.clone());
             return (Box::pin(run).await.map(Answered::Keyed), false);
         }
         // A request without a claimed key goes to the app as it is.
@@ -393,7 +402,9 @@ impl ToApp<'_> {
         // works on it, so an id two requests carry at once marks neither.
         let marking = (state.config.owned_failures == OwnedFailures::Mark)
             .then(|| self.inbound.owned.arrive(&headers, self.start));
-        let result = app::send(&state.app, want, &request, body, &fields, exhausted)
+        let result = self
+            .wire
+            .send(&state.app, want, &request, body, &fields, exhausted)
             .await
             .map_err(|no| no.fault);
         let mark = marking.is_some_and(|carrying| {
