@@ -581,7 +581,11 @@ async fn a_stream_the_app_refused_never_ran_and_frees_its_key() {
     let tg = Tollgate::start(&Config::new().inbound(addr, deduping).to_toml()).await;
     let first = send_h2(tg.inbound(), post(Some("\"k\""), "x")).await;
     assert_eq!(first.status, 502);
-    assert_eq!(first.outcome(), Some("app-unreachable"));
+    assert_eq!(
+        first.outcome(),
+        Some("app-unreachable; ran=no"),
+        "a refused stream never ran"
+    );
     // It never ran: the retry runs, and is the key's.
     let retried = send_h2(tg.inbound(), post(Some("\"k\""), "x")).await;
     assert_eq!(

@@ -584,7 +584,7 @@ async fn an_app_that_is_not_there_is_a_502_that_callers_retry_elsewhere() {
     let tg = Tollgate::start(&in_front_of(dead_port().await, |i| i)).await;
     let r = send(tg.inbound(), get_with("app", &[])).await;
     assert_eq!(r.status, 502);
-    assert_eq!(r.outcome(), Some("app-unreachable"));
+    assert_eq!(r.outcome(), Some("app-unreachable; ran=no"));
     assert_eq!(
         r.header("connection"),
         Some("close"),
@@ -599,7 +599,7 @@ async fn an_app_that_is_not_there_is_a_502_that_callers_retry_elsewhere() {
         .unwrap();
     let r = send_h2(tg.inbound(), call).await;
     assert_eq!(r.header("grpc-status"), Some("14"));
-    assert_eq!(r.outcome(), Some("app-unreachable"));
+    assert_eq!(r.outcome(), Some("app-unreachable; ran=no"));
     assert_eq!(r.header("grpc-retry-pushback-ms"), None);
     tg.stop().await;
 }

@@ -177,7 +177,7 @@ async fn an_app_bound_to_its_pod_address_is_reached_there_when_loopback_refuses(
                 r.header("x-tollgate-outcome")
             );
             if status == 502 {
-                assert_eq!(r.outcome(), Some("app-unreachable"));
+                assert_eq!(r.outcome(), Some("app-unreachable; ran=no"));
             } else {
                 assert_eq!(&r.body[..], b"the app");
             }

@@ -9,6 +9,9 @@
 
 use crate::common;
 
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
 use common::config::{Config, Inbound, Retry};
 use common::*;
 
@@ -219,6 +222,141 @@ async fn a_dead_replica_behind_its_sidecar_is_skipped_as_a_refusing_one_is() {
     assert!(
         failed <= direct_failed + 2,
         "{failed} of {REQUESTS} failed behind sidecars, {direct_failed} without"
+    );
+    tg.stop().await;
+    for s in sidecars {
+        s.stop().await;
+    }
+}
+
+/// `[upstreams.app]` on `endpoints`, minting a key for each POST (a method it does not
+/// list, so the key alone lets it go again, and only where it did not run).
+fn keyed_posts(endpoints: &[std::net::SocketAddr]) -> String {
+    Config::new()
+        .upstream("app", |u| {
+            endpoints
+                .iter()
+                .fold(u.authorities(["app"]), |u, e| u.endpoint(e))
+                .retry(|r| {
+                    r.mint_idempotency_key(["POST"])
+                        .backoff_base("1ms")
+                        .backoff_max("2ms")
+                })
+                .budget(|b| b.ratio(10.0).min_per_sec(1000))
+        })
+        .to_toml()
+}
+
+/// Sends `n` POSTs one after another; the status of each.
+async fn posts(addr: std::net::SocketAddr, n: usize) -> Vec<Got> {
+    let mut got = Vec::new();
+    for i in 0..n {
+        let req = request("POST", &format!("/orders/{i}"), "app")
+            .body(full("one coffee"))
+            .unwrap();
+        got.push(send(addr, req).await);
+    }
+    got
+}
+
+/// A keyed POST is sent again only where it did not run. A dead replica refuses the
+/// connection when called directly; behind its sidecar it is `502 app-unreachable;
+/// ran=no`: both say it did not run, so the POST goes to another replica, and as many
+/// are answered through sidecars as directly. A replica whose app takes the request and
+/// then closes the connection answers `ran=maybe`: it may have run, so that POST is
+/// never sent to another replica (nothing said this upstream deduplicates).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_keyed_post_a_dead_replica_never_ran_goes_to_another_and_one_that_may_have_run_does_not()
+{
+    let orders = Arc::new(AtomicUsize::new(0));
+    let live = {
+        let orders = orders.clone();
+        Upstream::start(move |_req| {
+            orders.fetch_add(1, Ordering::SeqCst);
+            async { respond(201, "made") }
+        })
+        .await
+    };
+    let dead = dead_port().await;
+    const REQUESTS: usize = 30;
+    let made = |got: &[Got]| got.iter().filter(|r| r.status == 201).count();
+
+    let direct = Tollgate::start(&keyed_posts(&[live.addr, dead])).await;
+    let direct_made = made(&posts(direct.addr, REQUESTS).await);
+    direct.stop().await;
+    assert_eq!(
+        direct_made, REQUESTS,
+        "a refused connection never ran: sent again"
+    );
+
+    let sidecars = [
+        Tollgate::start(&sidecar(live.addr, |i| i)).await,
+        Tollgate::start(&sidecar(dead, |i| i)).await,
+    ];
+    let tg = Tollgate::start(&keyed_posts(&[
+        sidecars[0].inbound(),
+        sidecars[1].inbound(),
+    ]))
+    .await;
+    let got = posts(tg.addr, REQUESTS).await;
+    assert_eq!(
+        made(&got),
+        direct_made,
+        "as many made through sidecars as directly: {:?}",
+        got.iter()
+            .map(|r| (r.status, r.outcome()))
+            .collect::<Vec<_>>()
+    );
+    let dead_side = sidecars[1].metrics().await;
+    assert!(
+        metric(
+            &dead_side,
+            "tollgate_inbound_requests_total{code=\"502\",kind=\"first\",outcome=\"app-unreachable\"}"
+        )
+        .is_some_and(|n| n >= 1.0),
+        "the dead replica's sidecar was asked, and said it did not run\n{dead_side}"
+    );
+    tg.stop().await;
+    for s in sidecars {
+        s.stop().await;
+    }
+
+    // An app that reads the request and closes the connection: it may have run.
+    let closing = Scripted::start(|mut s, _| async move {
+        read_head(&mut s).await;
+    })
+    .await;
+    let sidecars = [
+        Tollgate::start(&sidecar(live.addr, |i| i)).await,
+        Tollgate::start(&sidecar(closing.addr, |i| i)).await,
+    ];
+    let tg = Tollgate::start(&keyed_posts(&[
+        sidecars[0].inbound(),
+        sidecars[1].inbound(),
+    ]))
+    .await;
+    let before = orders.load(Ordering::SeqCst);
+    let got = posts(tg.addr, REQUESTS).await;
+    let failed: Vec<_> = got.iter().filter(|r| r.status != 201).collect();
+    assert!(
+        closing.accepted() >= 1,
+        "the closing replica was asked at least once in {REQUESTS}"
+    );
+    for r in &failed {
+        assert_eq!(
+            (r.status, r.outcome()),
+            (http::StatusCode::BAD_GATEWAY, Some("not-retryable")),
+            "what may have run is answered, not sent again"
+        );
+    }
+    assert_eq!(
+        orders.load(Ordering::SeqCst) - before + failed.len(),
+        REQUESTS,
+        "each POST reached one replica: none that may have run was sent to the other"
+    );
+    assert!(
+        !failed.is_empty(),
+        "the POSTs the closing replica took failed"
     );
     tg.stop().await;
     for s in sidecars {

@@ -17,6 +17,7 @@ use http::header::{CONNECTION, CONTENT_TYPE, RETRY_AFTER};
 use http::{HeaderMap, HeaderValue, Response, StatusCode};
 
 use crate::contract::headers::{ATTEMPTS_HEADER, OUTCOME_HEADER, count_value};
+use crate::contract::outcome::{Ran, outcome_value};
 use crate::fault::Fault;
 use crate::http::grpc::{Code, GRPC_PUSHBACK, trailers_only};
 use crate::metrics::Outcome;
@@ -51,6 +52,8 @@ pub struct Local<'a> {
     pub failure: Option<Fault>,
     pub text: &'a str,
     pub retry_after: Option<HeaderValue>,
+    /// Whether the app ran the request (`; ran=no`, `; ran=maybe` after the outcome).
+    pub ran: Option<Ran>,
 }
 
 /// The gRPC status of an answer tollgate makes itself: by the reason it stopped, else
@@ -75,13 +78,19 @@ pub fn owned(outcome: Outcome) -> bool {
 }
 
 /// The head of tollgate's own answer to a gRPC call (its HTTP status is 200).
-pub fn grpc_head(code: Code, message: &str, outcome: Outcome, attempts: Option<u32>) -> HeaderMap {
+pub fn grpc_head(
+    code: Code,
+    message: &str,
+    outcome: Outcome,
+    attempts: Option<u32>,
+    ran: Option<Ran>,
+) -> HeaderMap {
     let mut h = trailers_only(code, message);
     if let Some(n) = attempts {
         h.insert(ATTEMPTS_HEADER, count_value(n));
     }
     if outcome != Outcome::Ok {
-        h.insert(OUTCOME_HEADER, outcome.header_value());
+        h.insert(OUTCOME_HEADER, outcome_value(outcome, ran));
     }
     if owned(outcome) {
         h.insert(GRPC_PUSHBACK, NO_RETRY);
@@ -100,7 +109,7 @@ impl Local<'_> {
         if grpc {
             let code = code(self.outcome, self.failure, self.status);
             let mut resp = Response::new(ResponseBody::full(Bytes::new(), Some(guard)));
-            *resp.headers_mut() = grpc_head(code, self.text, self.outcome, self.attempts);
+            *resp.headers_mut() = grpc_head(code, self.text, self.outcome, self.attempts, self.ran);
             return resp;
         }
         let text = Bytes::copy_from_slice(self.text.as_bytes());
@@ -115,7 +124,7 @@ impl Local<'_> {
             h.insert(ATTEMPTS_HEADER, count_value(n));
         }
         if self.outcome != Outcome::Ok {
-            h.insert(OUTCOME_HEADER, self.outcome.header_value());
+            h.insert(OUTCOME_HEADER, outcome_value(self.outcome, self.ran));
         }
         if let Some(ra) = self.retry_after {
             h.insert(RETRY_AFTER, ra);
@@ -132,6 +141,8 @@ pub struct Refusal {
     pub outcome: Outcome,
     pub text: &'static str,
     pub retry_after: Option<HeaderValue>,
+    /// Whether the app ran the request, said after an inbound side's `app-unreachable`.
+    pub ran: Option<Ran>,
 }
 
 impl Refusal {
@@ -144,6 +155,7 @@ impl Refusal {
             failure: None,
             text: self.text,
             retry_after: self.retry_after.clone(),
+            ran: self.ran,
         }
     }
 
@@ -160,6 +172,7 @@ pub static EXPIRED: Refusal = Refusal {
     outcome: Outcome::DeadlineExceeded,
     text: "the deadline had expired on arrival\n",
     retry_after: None,
+    ran: None,
 };
 
 /// This process is out of file descriptors (inbound, and a pass-through's connect).
@@ -168,6 +181,7 @@ pub static NO_DESCRIPTORS: Refusal = Refusal {
     outcome: Outcome::Overloaded,
     text: "tollgate is out of file descriptors; try again shortly\n",
     retry_after: Some(HeaderValue::from_static("1")),
+    ran: None,
 };
 
 // The outbound side's, before any upstream call.
@@ -179,6 +193,7 @@ pub static NO_ROUTE: Refusal = Refusal {
     outcome: Outcome::NoRoute,
     text: "no upstream is configured for this authority\n",
     retry_after: None,
+    ran: None,
 };
 
 /// Tunnels would carry anything anywhere; tollgate originates TLS itself.
@@ -187,6 +202,7 @@ pub static OUTBOUND_CONNECT: Refusal = Refusal {
     outcome: Outcome::NotRetryable,
     text: "CONNECT is not supported: send plain HTTP, tollgate speaks TLS upstream\n",
     retry_after: None,
+    ran: None,
 };
 
 pub static UPSTREAM_OVERLOADED: Refusal = Refusal {
@@ -194,6 +210,7 @@ pub static UPSTREAM_OVERLOADED: Refusal = Refusal {
     outcome: Outcome::Overloaded,
     text: "too many requests in flight to this upstream\n",
     retry_after: Some(HeaderValue::from_static("1")),
+    ran: None,
 };
 
 pub static THROTTLED: Refusal = Refusal {
@@ -202,6 +219,7 @@ pub static THROTTLED: Refusal = Refusal {
     text: "throttled: the upstream has lately been rejecting most requests, so some are \
            not sent\n",
     retry_after: None,
+    ran: None,
 };
 
 // The outbound side's when it passes a request through: one attempt, never retried.
@@ -212,6 +230,7 @@ pub static PASS_LOOP: Refusal = Refusal {
     outcome: Outcome::Loop,
     text: "the destination is tollgate's own listener: passing the request on would loop\n",
     retry_after: None,
+    ran: None,
 };
 
 /// No connection to the destination (refused, no answer in time, name unknown).
@@ -220,6 +239,7 @@ pub static PASS_UNREACHABLE: Refusal = Refusal {
     outcome: Outcome::UpstreamUnreachable,
     text: "the destination could not be reached\n",
     retry_after: None,
+    ran: None,
 };
 
 /// The connection broke before the destination answered.
@@ -228,6 +248,7 @@ pub static PASS_RESET: Refusal = Refusal {
     outcome: Outcome::AttemptsExhausted,
     text: "the destination broke the connection before it answered\n",
     retry_after: None,
+    ran: None,
 };
 
 // The inbound side's, before or instead of the app's answer.
@@ -237,6 +258,7 @@ pub static RETRY_REJECTED: Refusal = Refusal {
     outcome: Outcome::RetryRejected,
     text: "the app's retry budget for all its callers is spent: this retry was not sent\n",
     retry_after: None,
+    ran: None,
 };
 
 pub static APP_OVERLOADED: Refusal = Refusal {
@@ -244,6 +266,7 @@ pub static APP_OVERLOADED: Refusal = Refusal {
     outcome: Outcome::Overloaded,
     text: "the app is at its concurrency limit\n",
     retry_after: Some(HeaderValue::from_static("1")),
+    ran: None,
 };
 
 pub static APP_TIMED_OUT: Refusal = Refusal {
@@ -251,6 +274,7 @@ pub static APP_TIMED_OUT: Refusal = Refusal {
     outcome: Outcome::AppTimeout,
     text: "no response from the app in time\n",
     retry_after: None,
+    ran: None,
 };
 
 pub static APP_UNREACHABLE: Refusal = Refusal {
@@ -258,6 +282,7 @@ pub static APP_UNREACHABLE: Refusal = Refusal {
     outcome: Outcome::AppUnreachable,
     text: "the app could not be reached\n",
     retry_after: None,
+    ran: Some(Ran::No),
 };
 
 /// The app took the request and broke the connection before answering.
@@ -266,6 +291,7 @@ pub static APP_RESET: Refusal = Refusal {
     outcome: Outcome::AppUnreachable,
     text: "the app closed the connection without an answer\n",
     retry_after: None,
+    ran: Some(Ran::Maybe),
 };
 
 /// A duplicate of a keyed request still running when its deadline came (the draft's
@@ -275,6 +301,7 @@ pub static IN_PROGRESS: Refusal = Refusal {
     outcome: Outcome::InProgress,
     text: "a request with this idempotency key is still running: retry later\n",
     retry_after: Some(HeaderValue::from_static("1")),
+    ran: None,
 };
 
 pub static KEY_MISMATCH: Refusal = Refusal {
@@ -282,6 +309,7 @@ pub static KEY_MISMATCH: Refusal = Refusal {
     outcome: Outcome::KeyMismatch,
     text: "this idempotency key was used for another request body\n",
     retry_after: None,
+    ran: None,
 };
 
 pub static NOT_REPLAYABLE: Refusal = Refusal {
@@ -289,6 +317,7 @@ pub static NOT_REPLAYABLE: Refusal = Refusal {
     outcome: Outcome::NotReplayable,
     text: "the request with this idempotency key may have run, and its answer was not kept\n",
     retry_after: None,
+    ran: None,
 };
 
 pub static DEDUPE_UNAVAILABLE: Refusal = Refusal {
@@ -296,6 +325,7 @@ pub static DEDUPE_UNAVAILABLE: Refusal = Refusal {
     outcome: Outcome::DedupeUnavailable,
     text: "the dedupe store is unavailable: a keyed request cannot be made safe now\n",
     retry_after: Some(HeaderValue::from_static("1")),
+    ran: None,
 };
 
 pub static INBOUND_CONNECT: Refusal = Refusal {
@@ -303,6 +333,7 @@ pub static INBOUND_CONNECT: Refusal = Refusal {
     outcome: Outcome::NotRetryable,
     text: "CONNECT is not supported\n",
     retry_after: None,
+    ran: None,
 };
 
 #[cfg(test)]
@@ -365,16 +396,24 @@ mod tests {
             "down",
             Outcome::AttemptsExhausted,
             Some(3),
+            None,
         );
         assert_eq!(h["grpc-status"], "14");
         assert_eq!(h["grpc-retry-pushback-ms"], "-1");
         assert_eq!(h["x-tollgate-outcome"], "attempts-exhausted");
         assert_eq!(h["x-tollgate-attempts"], "3");
-        let h = grpc_head(Code::Unavailable, "app down", Outcome::AppUnreachable, None);
+        let h = grpc_head(
+            Code::Unavailable,
+            "app down",
+            Outcome::AppUnreachable,
+            None,
+            Some(Ran::No),
+        );
         assert!(
             h.get("grpc-retry-pushback-ms").is_none(),
             "not owned: retried elsewhere"
         );
+        assert_eq!(h["x-tollgate-outcome"], "app-unreachable; ran=no");
         assert!(h.get("x-tollgate-attempts").is_none());
         assert_eq!(
             code(Outcome::AppTimeout, None, StatusCode::GATEWAY_TIMEOUT),

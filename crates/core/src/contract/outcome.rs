@@ -2,7 +2,7 @@
 //! ownership rule (a failure another tollgate owned passes straight back) and its
 //! closed list of exceptions, and the outcome read for this one's own metrics.
 
-use http::StatusCode;
+use http::{HeaderValue, StatusCode};
 
 use super::headers::OUTCOME_HEADER;
 use crate::http::grpc::GRPC_STATUS;
@@ -23,14 +23,53 @@ pub enum Callee {
     /// `ok` in the metrics.
     Owned(Outcome),
     /// A callee's inbound side could not reach its app (`app-unreachable`): that
-    /// endpoint's connect failure or reset.
-    AppUnreachable,
+    /// endpoint's connect failure or reset, and whether the app may have run it.
+    AppUnreachable(Ran),
     /// A callee's inbound side waited for its app until the deadline (`app-timeout`):
     /// that endpoint's timeout.
     AppTimeout,
     /// A callee's dedupe still runs the same keyed request (`in-progress`): a retry
     /// joins it, so it is retried like a `503`.
     InProgress,
+}
+
+/// Whether the app behind a callee's inbound side ran a request it could not answer, as
+/// its `app-unreachable` says: `; ran=no` when the app refused the connection, `; ran=maybe`
+/// when it reset or closed after the request reached it. Without the parameter (an older
+/// callee) it may have run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Ran {
+    No,
+    Maybe,
+}
+
+impl Ran {
+    /// The parameter as it follows the outcome in `x-tollgate-outcome`.
+    pub const fn param(self) -> &'static str {
+        match self {
+            Ran::No => "ran=no",
+            Ran::Maybe => "ran=maybe",
+        }
+    }
+
+    /// `ran=no` among an outcome's parameters (`; ran=no`, spaces allowed): anything
+    /// else may have run.
+    fn of(params: &[u8]) -> Ran {
+        let no = params
+            .split(|b| *b == b';')
+            .any(|p| p.trim_ascii() == Ran::No.param().as_bytes());
+        if no { Ran::No } else { Ran::Maybe }
+    }
+}
+
+/// The value of `x-tollgate-outcome` for `o`, with `ran` after it when said
+/// (`app-unreachable; ran=no`).
+pub fn outcome_value(o: Outcome, ran: Option<Ran>) -> HeaderValue {
+    let Some(ran) = ran else {
+        return o.header_value();
+    };
+    HeaderValue::try_from(format!("{}; {}", o.as_str(), ran.param()))
+        .unwrap_or_else(|_| o.header_value())
 }
 
 impl Callee {
@@ -44,8 +83,13 @@ impl Callee {
         if status.as_u16() < 400 && !fields.contains(&GRPC_STATUS) {
             return Callee::Stray;
         }
-        match known(v) {
-            Some(Outcome::AppUnreachable) => Callee::AppUnreachable,
+        // The outcome, then its parameters (only `app-unreachable` has one today).
+        let (word, params) = match v.iter().position(|b| *b == b';') {
+            Some(i) => (v[..i].trim_ascii(), &v[i + 1..]),
+            None => (v, &[][..]),
+        };
+        match known(word) {
+            Some(Outcome::AppUnreachable) => Callee::AppUnreachable(Ran::of(params)),
             Some(Outcome::AppTimeout) => Callee::AppTimeout,
             Some(Outcome::InProgress) => Callee::InProgress,
             o => Callee::Owned(o.unwrap_or(Outcome::Ok)),
@@ -63,7 +107,7 @@ impl Callee {
         match self {
             Callee::Silent | Callee::Stray => Outcome::Ok,
             Callee::Owned(o) => o,
-            Callee::AppUnreachable => Outcome::AppUnreachable,
+            Callee::AppUnreachable(_) => Outcome::AppUnreachable,
             Callee::AppTimeout => Outcome::AppTimeout,
             Callee::InProgress => Outcome::InProgress,
         }
@@ -77,9 +121,16 @@ impl Callee {
         match self {
             Callee::Silent => status.is_server_error(),
             Callee::Owned(o) => o == Outcome::Overloaded,
-            Callee::AppUnreachable | Callee::AppTimeout => true,
+            Callee::AppUnreachable(_) | Callee::AppTimeout => true,
             Callee::Stray | Callee::InProgress => false,
         }
+    }
+
+    /// Whether the callee says the request did not run: its app refused the connection
+    /// (`app-unreachable; ran=no`), so a keyed request may go again where it would
+    /// otherwise need a callee that deduplicates.
+    pub fn did_not_run(self) -> bool {
+        self == Callee::AppUnreachable(Ran::No)
     }
 }
 
@@ -136,7 +187,8 @@ mod tests {
         );
         assert_eq!(
             callee(502, &outcome("app-unreachable")),
-            Callee::AppUnreachable
+            Callee::AppUnreachable(Ran::Maybe),
+            "an older callee says nothing of its app: it may have run"
         );
         assert_eq!(callee(504, &outcome("app-timeout")), Callee::AppTimeout);
         assert_eq!(callee(409, &outcome("in-progress")), Callee::InProgress);
@@ -152,7 +204,7 @@ mod tests {
                     ("x-tollgate-outcome", "app-unreachable")
                 ]
             ),
-            Callee::AppUnreachable
+            Callee::AppUnreachable(Ran::Maybe)
         );
         assert_eq!(
             callee(
@@ -168,5 +220,31 @@ mod tests {
                 .endpoint_failed(StatusCode::SERVICE_UNAVAILABLE)
         );
         assert!(!callee(409, &outcome("in-progress")).endpoint_failed(StatusCode::CONFLICT));
+    }
+
+    #[test]
+    fn an_app_that_refused_the_connection_did_not_run_and_one_that_broke_it_may_have() {
+        let outcome = |v| [("x-tollgate-outcome", v)];
+        for (value, ran) in [
+            ("app-unreachable; ran=no", Ran::No),
+            ("app-unreachable;ran=no", Ran::No),
+            ("app-unreachable ; ran=no ", Ran::No),
+            ("app-unreachable; ran=maybe", Ran::Maybe),
+            ("app-unreachable; ran=perhaps", Ran::Maybe),
+            ("app-unreachable; x=1; ran=no", Ran::No),
+        ] {
+            let c = callee(502, &outcome(value));
+            assert_eq!(c, Callee::AppUnreachable(ran), "{value}");
+            assert_eq!(c.did_not_run(), ran == Ran::No, "{value}");
+            assert!(!c.owned(), "{value}");
+            assert_eq!(c.outcome(), Outcome::AppUnreachable, "{value}");
+        }
+        // Parameters on another outcome change nothing: still owned, still that outcome.
+        assert_eq!(
+            callee(503, &outcome("budget-exhausted; ran=no")),
+            Callee::Owned(Outcome::BudgetExhausted)
+        );
+        assert!(!callee(503, &outcome("budget-exhausted; ran=no")).did_not_run());
+        assert!(!callee(504, &outcome("app-timeout")).did_not_run());
     }
 }

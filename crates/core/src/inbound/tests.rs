@@ -298,7 +298,11 @@ async fn an_app_that_refuses_is_a_502_that_closes_the_connection_for_the_caller_
     *req.version_mut() = Version::HTTP_11;
     let got = s.call(req).await;
     assert_eq!(got.status, StatusCode::BAD_GATEWAY);
-    assert_eq!(got.outcome(), Some("app-unreachable"));
+    assert_eq!(
+        got.outcome(),
+        Some("app-unreachable; ran=no"),
+        "it did not run"
+    );
     assert_eq!(
         got.header("connection"),
         Some("close"),
@@ -323,7 +327,11 @@ async fn a_grpc_call_to_an_app_that_refuses_gets_unavailable_which_its_caller_ma
         "gRPC's failures travel in grpc-status"
     );
     assert_eq!(got.header("grpc-status"), Some("14"), "UNAVAILABLE");
-    assert_eq!(got.outcome(), Some("app-unreachable"));
+    assert_eq!(
+        got.outcome(),
+        Some("app-unreachable; ran=no"),
+        "it did not run"
+    );
     assert_eq!(got.header("grpc-retry-pushback-ms"), None, "not owned");
 }
 
@@ -332,7 +340,11 @@ async fn an_app_that_breaks_the_connection_is_a_502_and_one_that_is_too_slow_a_5
     let s = side("", [Step::Reset(MS), Step::Hang]);
     let reset = s.get(&[]).await;
     assert_eq!(reset.status, StatusCode::BAD_GATEWAY);
-    assert_eq!(reset.outcome(), Some("app-unreachable"));
+    assert_eq!(
+        reset.outcome(),
+        Some("app-unreachable; ran=maybe"),
+        "it may have run"
+    );
     assert_eq!(reset.header("connection"), Some("close"));
     assert_eq!(
         reset.body,
@@ -454,7 +466,7 @@ async fn a_keyed_request_the_app_never_got_frees_its_key_and_one_it_may_have_run
     let key = [("idempotency-key", "\"k-3\"")];
     let refused = s.call(request(Method::POST, &key, "coffee")).await;
     assert_eq!(refused.status, StatusCode::BAD_GATEWAY);
-    assert_eq!(refused.outcome(), Some("app-unreachable"));
+    assert_eq!(refused.outcome(), Some("app-unreachable; ran=no"));
 
     // It never ran: the same request runs now, and the app breaks the connection once
     // it has it.

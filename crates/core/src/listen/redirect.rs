@@ -185,6 +185,7 @@ impl Service for Looped {
             text: "this is tollgate's own connection come back through the capture rules: \
                    they must spare the UID tollgate runs as\n",
             retry_after: None,
+            ran: None,
         };
         std::future::ready(served.answer(local, &Uncounted))
     }

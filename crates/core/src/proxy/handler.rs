@@ -291,6 +291,7 @@ fn stopped(up: &Upstream, same: &Sameness<'_>, stop: Stop, mut served: Served) -
                 failure: None,
                 text: stop.text,
                 retry_after: None,
+                ran: None,
             };
             let mut resp = served.answer(local, up.metrics());
             app_retries::with_grpc_status(&mut resp, stop.grpc);
@@ -558,6 +559,7 @@ fn answer_app(up: &Upstream, answer: Answer, version: Version, mut served: Serve
                 failure: answer.failure,
                 text,
                 retry_after,
+                ran: None,
             };
             return served.answer(local, up.metrics());
         }
@@ -579,6 +581,7 @@ fn answer_app(up: &Upstream, answer: Answer, version: Version, mut served: Serve
             failure: answer.failure,
             text: &text,
             retry_after: None,
+            ran: None,
         };
         return served.answer(local, up.metrics());
     }

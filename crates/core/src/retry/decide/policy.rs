@@ -31,8 +31,9 @@ const GRPC_UNAVAILABLE: &[u8] = b"14";
 /// not a failure `retry.on` names.
 ///
 /// A callee's inbound side speaks for its app: `app-unreachable` is that endpoint's
-/// `reset` (the app refused, reset or closed; which one, the caller cannot tell, so a
-/// request that may not be sent twice is not) and `app-timeout` its `timeout`. A
+/// `reset` (the app refused, reset or closed: a retry is a retry, charged to the budget;
+/// whether a keyed request may go again is its `ran=` parameter's, read by the loop) and
+/// `app-timeout` its `timeout`. A
 /// callee's `in-progress` is retried as a `503` would be: the request still runs there
 /// and a retry only joins it.
 #[inline]
@@ -43,7 +44,7 @@ pub fn classify_response(
     on: &RetryOn,
 ) -> Option<Fault> {
     match callee {
-        Callee::AppUnreachable => return on.reset.then_some(Fault::Reset),
+        Callee::AppUnreachable(_) => return on.reset.then_some(Fault::Reset),
         Callee::AppTimeout => return on.timeout.then_some(Fault::Timeout),
         Callee::InProgress => {
             let like = StatusCode::SERVICE_UNAVAILABLE;

@@ -187,7 +187,7 @@ impl<'a, A: RetriedBody> Attempt<'a, A> {
             {
                 let endpoint = &self.peer;
                 match Callee::of(resp.status(), Fields::of(resp)) {
-                    Callee::AppUnreachable if resp.status() == StatusCode::BAD_GATEWAY => {
+                    Callee::AppUnreachable(_) if resp.status() == StatusCode::BAD_GATEWAY => {
                         endpoint.unreachable_behind();
                         // No new stream on the connection that carried it: behind a
                         // virtual IP another connection may reach another pod.

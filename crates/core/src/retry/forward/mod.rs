@@ -106,6 +106,17 @@ enum Resend {
     /// after a failure that may have run, sent again only to an upstream whose answers
     /// say it deduplicates.
     WhereDeduped,
+    /// Whatever it was: the callee refused a retry of it (`retry-rejected`) while another
+    /// attempt still ran, so no attempt follows that one, and if it fails, the request
+    /// ends with the refusal's failure.
+    Refused,
+}
+
+impl Resend {
+    /// Whether the request may, at least in some cases, be sent again.
+    fn ever(self) -> bool {
+        !matches!(self, Resend::Never | Resend::Refused)
+    }
 }
 
 /// One request on its way through its attempts.
@@ -142,9 +153,6 @@ struct Forwarding<'a, A> {
     app_retry: bool,
     /// The failure the attempt in flight retries.
     previous: Option<Previous>,
-    /// The callee refused a retry of this request (`retry-rejected`) while another
-    /// attempt still ran: no attempt follows that one.
-    refused: bool,
     /// The endpoint the attempt in flight moves to after a refused connect, and how
     /// many endpoints it has moved past ([`Forwarding::walk`]).
     walk_to: Option<Arc<Endpoint<ReplayBody<A>>>>,
@@ -193,7 +201,7 @@ pub async fn forward_on<'a, A: RetriedBody, T: Transport<A>>(
         };
         call.attempts += 1;
         let endpoint_id = endpoint.id;
-        let keep = if call.resend != Resend::Never && call.attempts < call.limit() {
+        let keep = if call.resend.ever() && call.attempts < call.limit() {
             up.config.retry.max_body
         } else {
             0
@@ -267,7 +275,7 @@ pub async fn forward_on<'a, A: RetriedBody, T: Transport<A>>(
         };
         // Every attempt in flight has ended: what was due for them is not.
         timer.set(None);
-        if call.refused {
+        if call.resend == Resend::Refused {
             return call.give_up(Stop::Rejected, failure, response);
         }
         if failure == Fault::ConnectFailure && call.walk(failed_on) {
@@ -366,7 +374,6 @@ impl<'a, A: RetriedBody> Forwarding<'a, A> {
             hedge: HedgeState::NotAsked,
             app_retry: ex.app_retry,
             previous: None,
-            refused: false,
             walk_to: None,
             walked: 0,
             traced: Traced::new(ex.trace),
@@ -551,18 +558,19 @@ impl<'a, A: RetriedBody> Forwarding<'a, A> {
         self.resend == Resend::Freely && self.attempts < self.limit()
     }
 
-    /// Whether the request may be sent again after `failure` on `endpoint`: a keyed
-    /// request of a method neither idempotent nor listed, after a failure that may have
-    /// run, only when that endpoint deduplicates its key (its answers said so within
+    /// Whether the request may be sent again after a failure on `endpoint` that may
+    /// have run it (`maybe_ran`) or showed it did not: a keyed request of a method
+    /// neither idempotent nor listed, after a failure that may have run, only when that
+    /// endpoint deduplicates its key (its answers said so within
     /// the last minute, naming this caller's idempotency header). Where it keeps its keys
     /// in its own memory (`scope=replica`), only back to that endpoint, which then takes
     /// every later attempt; an upstream of one address (a Service VIP: the next
     /// connection may reach another pod) is never sent it.
-    fn may_resend(&mut self, failure: Fault, endpoint: usize, now: Instant) -> bool {
+    fn may_resend(&mut self, maybe_ran: bool, endpoint: usize, now: Instant) -> bool {
         match self.resend {
-            Resend::Never => return false,
+            Resend::Never | Resend::Refused => return false,
             Resend::Freely | Resend::KeyedOnce => return true,
-            Resend::WhereDeduped if failure.did_not_run() => return true,
+            Resend::WhereDeduped if !maybe_ran => return true,
             Resend::WhereDeduped => {}
         }
         if self.stuck.is_some_and(|(e, _)| e != endpoint) {
@@ -650,7 +658,7 @@ impl<'a, A: RetriedBody> Forwarding<'a, A> {
                     response: None,
                     owned: false,
                     attempts: self.attempts_used(),
-                    request_retryable: self.resend != Resend::Never,
+                    request_retryable: self.resend.ever(),
                     deadline: self.deadline,
                     now,
                 };
@@ -698,7 +706,7 @@ impl<'a, A: RetriedBody> Forwarding<'a, A> {
                     if others {
                         // Put aside; but the callee will take no more retries of this
                         // request, so if the other attempt fails, that is the end.
-                        self.refused = true;
+                        self.resend = Resend::Refused;
                         discard(resp);
                         return Step::Wait;
                     }
@@ -746,7 +754,7 @@ impl<'a, A: RetriedBody> Forwarding<'a, A> {
         // backoff before the retry, at least `BODY_GRACE`), so it can be replayed.
         if self.body.recorded()
             && failure.maybe_sent()
-            && self.resend != Resend::Never
+            && self.resend.ever()
             && self.attempts < self.limit()
         {
             let grace = if self.body.started() {
@@ -766,12 +774,15 @@ impl<'a, A: RetriedBody> Forwarding<'a, A> {
             return Err(Stop::Deadline);
         }
         let policy = self.policy();
+        let callee = response.map(|r| Callee::of(r.status(), Fields::of(r)));
+        // A callee's app that refused the connection did not run it (`ran=no`).
+        let maybe_ran = !failure.did_not_run() && !callee.is_some_and(Callee::did_not_run);
         let situation = Situation {
             failure,
             response: response.map(|r| Fields::of(r)),
-            owned: response.is_some_and(|r| Callee::of(r.status(), Fields::of(r)).owned()),
+            owned: callee.is_some_and(Callee::owned),
             attempts: self.attempts_used(),
-            request_retryable: self.may_resend(failure, failed_on, now),
+            request_retryable: self.may_resend(maybe_ran, failed_on, now),
             deadline: self.deadline,
             now,
         };

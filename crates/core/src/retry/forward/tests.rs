@@ -30,6 +30,10 @@ const LATER: &str =
 const REJECTED: &str = "HTTP/1.1 503 Service Unavailable\r\nx-tollgate-outcome: retry-rejected\r\ncontent-length: 0\r\n\r\n";
 const APP_UNREACHABLE: &str =
     "HTTP/1.1 502 Bad Gateway\r\nx-tollgate-outcome: app-unreachable\r\ncontent-length: 0\r\n\r\n";
+/// A callee's app refused the connection: the request did not run there.
+const APP_REFUSED: &str = "HTTP/1.1 502 Bad Gateway\r\nx-tollgate-outcome: app-unreachable; ran=no\r\ncontent-length: 0\r\n\r\n";
+/// A callee's app took the request and broke the connection: it may have run.
+const APP_BROKE: &str = "HTTP/1.1 502 Bad Gateway\r\nx-tollgate-outcome: app-unreachable; ran=maybe\r\ncontent-length: 0\r\n\r\n";
 
 /// An upstream of three endpoints with `extra` TOML in its table: retries on, a
 /// roomy budget, a tiny backoff.
@@ -521,6 +525,32 @@ async fn a_keyed_post_that_may_have_run_is_sent_again_only_where_answers_said_de
         (502, 1),
         "a minute later it is not"
     );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_keyed_post_a_callees_app_refused_is_sent_again_and_one_it_may_have_run_is_not() {
+    let up = upstream("");
+    // `ran=no`: the app behind that endpoint never got it; no dedupe needed to go again.
+    let script = Script::new([Step::Answer(MS, APP_REFUSED), Step::Answer(MS, OK)]);
+    let a = call(&up, &script, &keyed(Method::POST), None).await;
+    assert_eq!((status(&a), a.outcome, a.attempts), (200, Outcome::Ok, 2));
+    assert_eq!(script.sent().len(), 2);
+    // `ran=maybe`, or an older callee that says nothing: it may have run, and nothing
+    // said this upstream deduplicates: the app gets the failure, and it is not sent twice.
+    for answer in [APP_BROKE, APP_UNREACHABLE] {
+        let script = Script::new([Step::Answer(MS, answer), Step::Answer(MS, OK)]);
+        let a = call(&up, &script, &keyed(Method::POST), None).await;
+        assert_eq!(
+            (status(&a), a.outcome, a.attempts),
+            (502, Outcome::NotRetryable, 1),
+            "{answer}"
+        );
+        assert_eq!(script.sent().len(), 1, "{answer}");
+    }
+    // A POST without a key is never sent twice, whatever the callee says.
+    let script = Script::new([Step::Answer(MS, APP_REFUSED), Step::Answer(MS, OK)]);
+    let a = call(&up, &script, &head(Method::POST), None).await;
+    assert_eq!((status(&a), a.attempts), (502, 1));
 }
 
 #[tokio::test(start_paused = true)]

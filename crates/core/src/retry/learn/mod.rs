@@ -111,7 +111,7 @@ fn rejected(
     let Some((status, fields)) = response else {
         return false;
     };
-    if matches!(callee, Some(Callee::AppUnreachable | Callee::AppTimeout)) {
+    if matches!(callee, Some(Callee::AppUnreachable(_) | Callee::AppTimeout)) {
         return true;
     }
     status == StatusCode::TOO_MANY_REQUESTS
