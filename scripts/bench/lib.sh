@@ -121,6 +121,23 @@ cpu_ticks() {
   echo "$total"
 }
 
+# stime alone in clock ticks, summed as cpu_ticks does: the kernel's share (system calls,
+# and the softirq work for packets that lands on the proxy's own time).
+sys_ticks() {
+  local total=0 p root line rest
+  local -a f
+  for root in "$@"; do
+    for p in $(proc_tree "$root"); do
+      [ -r "/proc/$p/stat" ] || continue
+      read -r line < "/proc/$p/stat" || continue
+      rest="${line##*) }"
+      read -r -a f <<<"$rest"
+      total=$(( total + f[12] ))
+    done
+  done
+  echo "$total"
+}
+
 status_kb() { awk -v k="$2:" '$1 == k { print $2 }' "/proc/$1/status" 2>/dev/null; }
 
 # VmRSS in KiB, summed over process trees.

@@ -4,6 +4,7 @@
 #   rate-cells.tsv:  cell title offered rate rounds rate_duration sat_duration targets conns seconds
 #   rate-rounds.tsv: cell target round offered achieved p50_ms p99_ms requests non2xx errors
 #                    cpu_us_per_req cpu_percent csw_per_req backend_us_per_req noisy
+#                    sys_us_per_req
 #   rounds.tsv:      the matrix's runs at saturation (see matrix.sh); empty with --no-saturation
 # (-1: no proxy, for direct). Variables (-v): the run's settings.
 
@@ -51,6 +52,7 @@ FILENAME ~ /rate-rounds\.tsv$/ {
   add(c SUBSEP t SUBSEP "ach", $5 + 0); add(c SUBSEP t SUBSEP "p50", $6 + 0); add(c SUBSEP t SUBSEP "p99", $7 + 0)
   add(c SUBSEP t SUBSEP "cpu", $11 + 0); add(c SUBSEP t SUBSEP "util", $12 + 0)
   add(c SUBSEP t SUBSEP "csw", $13 + 0); add(c SUBSEP t SUBSEP "back", $14 + 0)
+  if ($16 != "") add(c SUBSEP t SUBSEP "sys", $16 + 0)
   cpu[c, t, r] = $11 + 0
   non2xx[c, t] += $9; errs[c, t] += $10; reqs[c, t] += $8
   if ($15 == 1) noisy++
@@ -71,7 +73,7 @@ END {
     c = cells[ci]
     for (i = 1; i <= ntg[c]; i++) {
       t = ctg[c, i]
-      split("ach p50 p99 cpu util csw back sat satutil satcpu", mm, " ")
+      split("ach p50 p99 cpu sys util csw back sat satutil satcpu", mm, " ")
       for (m in mm) med[c, t, mm[m]] = median(c SUBSEP t SUBSEP mm[m])
     }
   }
@@ -90,6 +92,7 @@ END {
   printf "pinning:  the proxy on CPU %s alone; h2load, the backend and this script on CPU %s\n", proxy_cpu, load_cpu
   printf "method:   each target offered the same open-loop rate (h2load --rps, per-client timers);\n"
   printf "          proxy CPU = utime+stime of all its processes and threads (/proc/PID/stat)\n"
+  printf "          (sys us/req in each cell: the stime part, the kernel's work for the proxy)\n"
   printf "          over the run, divided by the requests completed; medians over the rounds,\n"
   printf "          ratios paired by round%s\n", (sat == 1 ? "; req/s at saturation: the matrix's closed-loop run, same rounds" : "")
   printf "\nproxy CPU per request at a fixed rate, us (median)\n"
@@ -131,21 +134,22 @@ END {
     printf "offered %d req/s%s, %d round(s) of %d s%s; %d s\n", rate[c],
       (rate[c] != offered[c] ? sprintf(" (lowered from %d: a target fell short in its warm-up)", offered[c]) : ""),
       rounds[c], rdur[c], (sat == 1 ? sprintf(", then %d s at saturation", sdur[c]) : ""), secs[c]
-    printf "%-17s %9s %6s %8s %8s %8s %7s %10s %6s %8s %10s", "target", "achieved", "% off", "p50 ms", "p99 ms", "non-2xx", "errors", "CPU us/req", "CPU %", "csw/req", "backend us"
+    printf "%-17s %9s %6s %8s %8s %8s %7s %10s %10s %6s %8s %10s", "target", "achieved", "% off", "p50 ms", "p99 ms", "non-2xx", "errors", "CPU us/req", "sys us/req", "CPU %", "csw/req", "backend us"
     if (sat == 1) printf " | %9s %6s %10s", "sat req/s", "CPU %", "CPU us/req"
     printf "\n"
     for (i = 1; i <= ntg[c]; i++) {
       t = ctg[c, i]
-      printf "%-17s %9s %6s %8s %8s %8d %7d %10s %6s %8s %10s", t, fmt(med[c, t, "ach"], "%.0f"),
+      printf "%-17s %9s %6s %8s %8s %8d %7d %10s %10s %6s %8s %10s", t, fmt(med[c, t, "ach"], "%.0f"),
         (med[c, t, "ach"] >= 0 ? sprintf("%.1f", med[c, t, "ach"] / rate[c] * 100) : "-"),
         fmt(med[c, t, "p50"], "%.3f"), fmt(med[c, t, "p99"], "%.3f"), non2xx[c, t], errs[c, t],
-        fmt(med[c, t, "cpu"], "%.2f"), fmt(med[c, t, "util"], "%.1f"), fmt(med[c, t, "csw"], "%.3f"), fmt(med[c, t, "back"], "%.2f")
+        fmt(med[c, t, "cpu"], "%.2f"), fmt(med[c, t, "sys"], "%.2f"), fmt(med[c, t, "util"], "%.1f"), fmt(med[c, t, "csw"], "%.3f"), fmt(med[c, t, "back"], "%.2f")
       if (sat == 1) printf " | %9s %6s %10s", fmt(med[c, t, "sat"], "%.0f"), fmt(med[c, t, "satutil"], "%.1f"), fmt(med[c, t, "satcpu"], "%.2f")
       printf "\n"
     }
   }
   printf "\n(achieved: req/s the load completed, %% of the offered rate; non-2xx and errors: totals\n"
-  printf " over the runs (h2load's errored and timed-out requests); csw/req: voluntary and\n"
+  printf " over the runs (h2load's errored and timed-out requests); sys us/req: the part of CPU\n"
+  printf " us/req the kernel spent for the proxy (stime); csw/req: voluntary and\n"
   printf " involuntary context switches of the proxy's threads per request; backend us: the\n"
   printf " backend's CPU per request, the same for every target when all is well)\n"
   if (noisy > 0) printf "NOTE: a compiler was running during %d of %d fixed-rate runs: those figures are noisy\n", noisy, runs

@@ -91,21 +91,21 @@ start_rate_load() {
 rate_run() {
   local cell="$1" t="$2" r="$3" out="$WORK/rate-$1-$2-$3.txt" has="" noisy=0
   local -a pids
-  local c0=0 c1=0 s0=0 s1=0 b0 b1 t0 t1 rps p50 p99 reqs non2xx errs cpu_us util csw back_us
+  local c0=0 c1=0 s0=0 s1=0 k0=0 k1=0 b0 b1 t0 t1 rps p50 p99 reqs non2xx errs cpu_us util csw back_us sys_us
   wait_quiet
   ensure_backend
   [ "$t" = direct ] || ensure_target "$cell" "$t"
   compiler_running && noisy=1
   read -r -a pids <<<"${T_PIDS[$t]}"
   [ "${#pids[@]}" -eq 0 ] || has=1
-  if [ -n "$has" ]; then c0="$(cpu_ticks "${pids[@]}")"; s0="$(ctxsw_tree "${pids[@]}")"; fi
+  if [ -n "$has" ]; then c0="$(cpu_ticks "${pids[@]}")"; k0="$(sys_ticks "${pids[@]}")"; s0="$(ctxsw_tree "${pids[@]}")"; fi
   b0="$(cpu_ticks "$BACKEND_PID" "$H2_BACKEND_PID")"
   t0="$(date +%s%N)"
   start_rate_load "$C_LOAD" "${T_PORT[$t]}" "$C_CONNS" "$C_RATE" "$RATE_DURATION" "$out"
   wait "$LOAD_PID" || true
   t1="$(date +%s%N)"
   b1="$(cpu_ticks "$BACKEND_PID" "$H2_BACKEND_PID")"
-  if [ -n "$has" ]; then c1="$(cpu_ticks "${pids[@]}")"; s1="$(ctxsw_tree "${pids[@]}")"; fi
+  if [ -n "$has" ]; then c1="$(cpu_ticks "${pids[@]}")"; k1="$(sys_ticks "${pids[@]}")"; s1="$(ctxsw_tree "${pids[@]}")"; fi
   compiler_running && noisy=1
   read -r rps p50 p99 reqs non2xx errs < <(parse_h2load "$out")
   grep -q '^finished in' "$out" || reqs=0
@@ -115,13 +115,13 @@ rate_run() {
     RESTARTS="${RESTARTS:+$RESTARTS, }$cell-$t (no request completed at the fixed rate in round $r)"
     return 0
   fi
-  read -r cpu_us util csw back_us < <(awk -v c="$(( c1 - c0 ))" -v s="$(( s1 - s0 ))" -v b="$(( b1 - b0 ))" \
-    -v hz="$CLK_TCK" -v n="$reqs" -v wall="$(( t1 - t0 ))" -v has="$has" 'BEGIN {
-      cpu = c / hz * 1e6 / n; util = c / hz / (wall / 1e9) * 100; csw = s / n
-      if (has != 1) { cpu = -1; util = -1; csw = -1 }
-      printf "%.2f %.1f %.3f %.2f\n", cpu, util, csw, b / hz * 1e6 / n }')
-  printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' \
-    "$cell" "$t" "$r" "$C_RATE" "$rps" "$p50" "$p99" "$reqs" "$non2xx" "$errs" "$cpu_us" "$util" "$csw" "$back_us" "$noisy" >> "$RATE_RAW"
+  read -r cpu_us util csw back_us sys_us < <(awk -v c="$(( c1 - c0 ))" -v s="$(( s1 - s0 ))" -v b="$(( b1 - b0 ))" \
+    -v k="$(( k1 - k0 ))" -v hz="$CLK_TCK" -v n="$reqs" -v wall="$(( t1 - t0 ))" -v has="$has" 'BEGIN {
+      cpu = c / hz * 1e6 / n; util = c / hz / (wall / 1e9) * 100; csw = s / n; sys = k / hz * 1e6 / n
+      if (has != 1) { cpu = -1; util = -1; csw = -1; sys = -1 }
+      printf "%.2f %.1f %.3f %.2f %.2f\n", cpu, util, csw, b / hz * 1e6 / n, sys }')
+  printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' \
+    "$cell" "$t" "$r" "$C_RATE" "$rps" "$p50" "$p99" "$reqs" "$non2xx" "$errs" "$cpu_us" "$util" "$csw" "$back_us" "$noisy" "$sys_us" >> "$RATE_RAW"
   log "$(printf '  %-17s %6s req/s offered, %9.0f achieved  p50 %7.3f ms  p99 %7.3f ms  CPU %7s us/req %6s  csw/req %6s  non-2xx %s  errors %s%s' \
     "$t" "$C_RATE" "$rps" "$p50" "$p99" "$( [ -n "$has" ] && echo "$cpu_us" || echo -)" \
     "$( [ -n "$has" ] && echo "$util%" || echo -)" "$( [ -n "$has" ] && echo "$csw" || echo -)" "$non2xx" "$errs" \
