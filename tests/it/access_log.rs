@@ -185,6 +185,11 @@ async fn json_lines_carry_the_same_fields() {
     assert_eq!(v["attempts"], 1);
     assert_eq!(v["outcome"], "ok");
     assert_eq!(v["retries"], serde_json::json!([]));
+    assert_eq!(
+        v["peer"],
+        serde_json::json!([ok.addr.to_string()]),
+        "the endpoint each attempt went to, named `peer` as in the text line"
+    );
     assert!(v["denied"].is_null());
     assert!(v["app_retry"].is_null());
     assert!(v["duration_ms"].as_f64().unwrap() >= 0.0);

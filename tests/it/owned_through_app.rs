@@ -41,8 +41,19 @@ async fn pod(owned_failures: &str) -> Pod {
                         call = call.header(name, v);
                     }
                 }
+                // `x-spent: yes`: the app passes on a deadline already spent, which its
+                // tollgate refuses before any attempt (owned all the same).
+                let spent = req.headers().get("x-spent").is_some();
+                if spent {
+                    call = call.header("x-timeout-ms", "0");
+                }
                 let got = send(*to.get().unwrap(), call.body(empty()).unwrap()).await;
-                assert_eq!(got.outcome(), Some("attempts-exhausted"));
+                let want = if spent {
+                    "deadline-exceeded"
+                } else {
+                    "attempts-exhausted"
+                };
+                assert_eq!(got.outcome(), Some(want));
             }
             if req.headers().get("x-hold").is_some() {
                 tokio::time::sleep(std::time::Duration::from_millis(300)).await;
@@ -98,6 +109,16 @@ async fn the_apps_failure_after_its_own_call_was_given_up_on_is_marked_owned() {
     assert_eq!(untied.outcome(), None, "no guessing");
     assert_eq!(untied.header("grpc-retry-pushback-ms"), None);
 
+    // Its call was refused before any attempt (a deadline already spent): given up on,
+    // owned, all the same.
+    let refused = call(
+        inbound,
+        "payments",
+        &[("x-request-id", "r-3"), ("x-spent", "yes")],
+    )
+    .await;
+    assert_eq!(refused.outcome(), Some("downstream-owned"));
+
     // The app failed without a call that was given up on: its own failure, retryable.
     let own = call(
         inbound,
@@ -110,14 +131,14 @@ async fn the_apps_failure_after_its_own_call_was_given_up_on_is_marked_owned() {
     let text = p.tollgate.metrics().await;
     assert_eq!(
         metric(&text, "tollgate_inbound_owned_failures_total"),
-        Some(2.0)
+        Some(3.0)
     );
     assert_eq!(
         metric(
             &text,
             "tollgate_inbound_requests_total{code=\"503\",kind=\"first\",outcome=\"downstream-owned\"}"
         ),
-        Some(2.0)
+        Some(3.0)
     );
     p.tollgate.stop().await;
 }

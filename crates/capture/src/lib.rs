@@ -17,11 +17,18 @@
 
 use std::process::Command;
 
+/// The UID the sidecar runs as, which the capture rules spare: tollgate's own, as
+/// `tollgate inject` and the manifests in deploy/ set it, never a common image default
+/// (65532 is distroless's "nonroot": an app running as it would not be captured).
+pub const SIDECAR_UID: u32 = 15000;
+
 /// Arguments of `tollgate iptables`.
 #[derive(clap::Args, Debug, Clone)]
 pub struct IptablesArgs {
-    /// The UID tollgate runs as: its own connections are not redirected.
-    #[arg(long, default_value_t = 65532)]
+    /// The UID tollgate runs as: its own connections are not redirected. By default
+    /// tollgate's own, 15000, as `tollgate inject` runs it (never an image's default user,
+    /// which apps run as too).
+    #[arg(long, default_value_t = SIDECAR_UID)]
     pub uid: u32,
     /// The outbound listener's port (`[listener].addr`).
     #[arg(long, default_value_t = 15001)]
@@ -311,6 +318,24 @@ mod tests {
         Cli::try_parse_from(v)
             .map(|c| c.a)
             .unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    #[test]
+    fn by_default_the_uid_spared_is_the_sidecars_own_not_an_images_default() {
+        let a = parse(&[]);
+        let text: Vec<String> = install(&a, "127.0.0.0/8")
+            .iter()
+            .map(|s| describe("iptables", s))
+            .collect();
+        let text = text.join("\n");
+        assert!(
+            text.contains("-A TOLLGATE_OUTPUT -m owner --uid-owner 15000 -j RETURN"),
+            "{text}"
+        );
+        assert!(
+            !text.contains("65532"),
+            "distroless's nonroot is spared: {text}"
+        );
     }
 
     #[test]

@@ -195,7 +195,7 @@ impl Entry {
                 }
                 push_json(&mut l, f.condition());
             }
-            l.push_str("],\"peers\":[");
+            l.push_str("],\"peer\":[");
             for (i, p) in self.peers.iter().enumerate() {
                 if i > 0 {
                     l.push(',');

@@ -10,10 +10,9 @@ use yaml_rust2::Yaml;
 use super::configmap::json;
 use super::yaml::one;
 
-/// The sidecar's UID; the capture rules spare its own connections by it. Its own, never
-/// a common image default (65532 is distroless's "nonroot": an app running as it would
-/// not be captured).
-pub const UID: u32 = 15000;
+/// The sidecar's UID; the capture rules spare its own connections by it (the default of
+/// `tollgate iptables --uid`).
+pub const UID: u32 = tollgate_capture::SIDECAR_UID;
 pub const CONTAINER: &str = "tollgate";
 pub const IPTABLES: &str = "tollgate-iptables";
 pub const VOLUME: &str = "tollgate-config";

@@ -131,7 +131,7 @@ async fn handle<W: Wire>(
     let same = Sameness::new(&up, &head, called, facts.retry_marker);
     let again = match admit(&up, &same, facts.caller_timeout, &mut served) {
         Ok(again) => again,
-        Err(stop) => return stopped(&up, &same, stop, served),
+        Err(stop) => return stopped(&shared, (&up, &same, &head), stop, served),
     };
     served.begin_trace(tracer.and_then(|t| begin_trace(&t, &up, &head, served.start())));
     let request = (&head, body, version);
@@ -272,7 +272,20 @@ fn admit(
 /// The answer to a request that goes no further: a refusal is remembered as the
 /// request's end (an app's retry of it is its retry); an app's retry that is stopped is
 /// not.
-fn stopped(up: &Upstream, same: &Sameness<'_>, stop: Stop, mut served: Served) -> AppResponse {
+fn stopped(
+    shared: &Shared,
+    (up, same, head): (&Upstream, &Sameness<'_>, &Head),
+    stop: Stop,
+    mut served: Served,
+) -> AppResponse {
+    // Refused before any attempt is a give-up too: owned, the inbound side learns of it.
+    if let Some(told) = &shared.answers {
+        let outcome = match &stop {
+            Stop::Refused(r) => r.outcome,
+            Stop::AppRetry(s) => s.outcome,
+        };
+        told.outbound_answered(outcome, &head.headers);
+    }
     match stop {
         Stop::Refused(r) => {
             let end = RequestEnd::refused(r.status, r.outcome, served.grpc());
