@@ -98,13 +98,11 @@ enum Resend {
     /// A listed method, or a keyed idempotent one: retried and hedged as the policy
     /// allows.
     Freely,
-    /// Keyed, of a listed method that is not idempotent: never hedged, and no retry
-    /// beside it (at a callee that deduplicates, a second copy would only join the
-    /// first).
-    KeyedOnce,
-    /// Keyed, of a method neither idempotent nor listed: as [`Resend::KeyedOnce`], and
-    /// after a failure that may have run, sent again only to an upstream whose answers
-    /// say it deduplicates.
+    /// Keyed, of a method that is not idempotent (listed in `methods` or not: nothing
+    /// is taken on trust from the config alone): never hedged, no retry beside it (at a
+    /// callee that deduplicates, a second copy would only join the first), and after a
+    /// failure that may have run, sent again only to an upstream whose answers say it
+    /// deduplicates.
     WhereDeduped,
     /// Whatever it was: the callee refused a retry of it (`retry-rejected`) while another
     /// attempt still ran, so no attempt follows that one, and if it fails, the request
@@ -347,7 +345,6 @@ impl<'a, A: RetriedBody> Forwarding<'a, A> {
         ) {
             (false, _) => Resend::Never,
             (true, false) => Resend::Freely,
-            (true, true) if listed => Resend::KeyedOnce,
             (true, true) => Resend::WhereDeduped,
         };
         Forwarding {
@@ -559,8 +556,8 @@ impl<'a, A: RetriedBody> Forwarding<'a, A> {
     }
 
     /// Whether the request may be sent again after a failure on `endpoint` that may
-    /// have run it (`maybe_ran`) or showed it did not: a keyed request of a method
-    /// neither idempotent nor listed, after a failure that may have run, only when that
+    /// have run it (`maybe_ran`) or showed it did not: a keyed request of a method that
+    /// is not idempotent, after a failure that may have run, only when that
     /// endpoint deduplicates its key (its answers said so within
     /// the last minute, naming this caller's idempotency header). Where it keeps its keys
     /// in its own memory (`scope=replica`), only back to that endpoint, which then takes
@@ -569,7 +566,7 @@ impl<'a, A: RetriedBody> Forwarding<'a, A> {
     fn may_resend(&mut self, maybe_ran: bool, endpoint: usize, now: Instant) -> bool {
         match self.resend {
             Resend::Never | Resend::Refused => return false,
-            Resend::Freely | Resend::KeyedOnce => return true,
+            Resend::Freely => return true,
             Resend::WhereDeduped if !maybe_ran => return true,
             Resend::WhereDeduped => {}
         }

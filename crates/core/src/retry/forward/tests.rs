@@ -38,10 +38,15 @@ const APP_BROKE: &str = "HTTP/1.1 502 Bad Gateway\r\nx-tollgate-outcome: app-unr
 /// An upstream of three endpoints with `extra` TOML in its table: retries on, a
 /// roomy budget, a tiny backoff.
 fn upstream(extra: &str) -> Upstream<TestBody> {
+    upstream_retrying(extra, "")
+}
+
+/// As [`upstream`], with `retry` TOML in its `[upstreams.u.retry]` table too.
+fn upstream_retrying(extra: &str, retry: &str) -> Upstream<TestBody> {
     let text = format!(
         "[upstreams.u]\nauthorities = [\"u\"]\n\
          endpoints = [\"127.0.0.1:1\", \"127.0.0.1:2\", \"127.0.0.1:3\"]\n{extra}\n\
-         [upstreams.u.retry]\nmax_attempts = 3\nbackoff_base = \"1ms\"\nbackoff_max = \"2ms\"\n\
+         [upstreams.u.retry]\nmax_attempts = 3\nbackoff_base = \"1ms\"\nbackoff_max = \"2ms\"\n{retry}\n\
          on = [\"connect-failure\", \"reset\", \"timeout\", \"502\", \"503\", \"504\"]\n\
          [upstreams.u.budget]\nratio = 1.0\nmin_per_sec = 100\n"
     );
@@ -551,6 +556,27 @@ async fn a_keyed_post_a_callees_app_refused_is_sent_again_and_one_it_may_have_ru
     let script = Script::new([Step::Answer(MS, APP_REFUSED), Step::Answer(MS, OK)]);
     let a = call(&up, &script, &head(Method::POST), None).await;
     assert_eq!((status(&a), a.attempts), (502, 1));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_keyed_post_listed_in_methods_is_still_sent_again_only_where_answers_said_dedupe() {
+    let up = upstream_retrying("", "methods = [\"GET\", \"POST\"]");
+    // Listed, but keyed: the key says it must run once, and nothing is taken on trust
+    // from the config alone.
+    let script = Script::new([Step::Reset(MS), Step::Answer(MS, OK)]);
+    let a = call(&up, &script, &keyed(Method::POST), None).await;
+    assert_eq!(
+        (status(&a), a.outcome, a.attempts),
+        (502, Outcome::NotRetryable, 1)
+    );
+    every_endpoint_says(&up, DEDUPES).await;
+    let script = Script::new([Step::Reset(MS), Step::Answer(MS, OK)]);
+    let a = call(&up, &script, &keyed(Method::POST), None).await;
+    assert_eq!((status(&a), a.attempts), (200, 2));
+    // Without a key the user's listing is what decides: sent again after a reset.
+    let script = Script::new([Step::Reset(MS), Step::Answer(MS, OK)]);
+    let a = call(&up, &script, &head(Method::POST), None).await;
+    assert_eq!((status(&a), a.attempts), (200, 2));
 }
 
 #[tokio::test(start_paused = true)]
