@@ -105,38 +105,31 @@ proc_tree() {
   for c in $(cat "/proc/$pid/task/"*/children 2>/dev/null); do proc_tree "$c"; done
 }
 
-# utime + stime in clock ticks, summed over process trees (all threads included).
-cpu_ticks() {
-  local total=0 p root line rest
+# Clock ticks summed over process trees (all threads included): utime + stime
+# (`cpu_ticks`), or stime alone (`sys_ticks`: the kernel's share, its system calls and the
+# softirq work for packets that lands on the process's own time). $1: 1 for stime alone.
+tree_ticks() {
+  local kernel="$1" total=0 p root line rest
   local -a f
+  shift
   for root in "$@"; do
     for p in $(proc_tree "$root"); do
       [ -r "/proc/$p/stat" ] || continue
       read -r line < "/proc/$p/stat" || continue
       rest="${line##*) }"
       read -r -a f <<<"$rest"
-      total=$(( total + f[11] + f[12] ))
+      if [ "$kernel" = 1 ]; then
+        total=$(( total + f[12] ))
+      else
+        total=$(( total + f[11] + f[12] ))
+      fi
     done
   done
   echo "$total"
 }
 
-# stime alone in clock ticks, summed as cpu_ticks does: the kernel's share (system calls,
-# and the softirq work for packets that lands on the proxy's own time).
-sys_ticks() {
-  local total=0 p root line rest
-  local -a f
-  for root in "$@"; do
-    for p in $(proc_tree "$root"); do
-      [ -r "/proc/$p/stat" ] || continue
-      read -r line < "/proc/$p/stat" || continue
-      rest="${line##*) }"
-      read -r -a f <<<"$rest"
-      total=$(( total + f[12] ))
-    done
-  done
-  echo "$total"
-}
+cpu_ticks() { tree_ticks 0 "$@"; }
+sys_ticks() { tree_ticks 1 "$@"; }
 
 status_kb() { awk -v k="$2:" '$1 == k { print $2 }' "/proc/$1/status" 2>/dev/null; }
 

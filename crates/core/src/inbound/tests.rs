@@ -23,6 +23,7 @@ use crate::answer::OutboundAnswers;
 use crate::fault::Fault;
 use crate::metrics::{Metrics, Outcome};
 use crate::retry::forward::script::Step;
+use crate::server::got::Got;
 use crate::server::socket::Http1Body;
 use crate::server::watchdog::ConnState;
 use crate::server::{AppBody, Service};
@@ -216,38 +217,9 @@ fn request(method: Method, headers: &[(&str, &str)], body: &str) -> Request<AppB
         .unwrap()
 }
 
-/// What the caller got.
-#[derive(Debug)]
-struct Got {
-    status: StatusCode,
-    headers: HeaderMap,
-    body: String,
-}
-
-impl Got {
-    fn header(&self, name: &str) -> Option<&str> {
-        self.headers.get(name).and_then(|v| v.to_str().ok())
-    }
-
-    fn outcome(&self) -> Option<&str> {
-        self.header("x-tollgate-outcome")
-    }
-}
-
 impl Side {
     async fn call(&self, req: Request<AppBody>) -> Got {
-        let resp = self.service.call(Box::new(req), &self.conn).await;
-        let (parts, body) = resp.into_parts();
-        let body = body
-            .collect()
-            .await
-            .map(|c| c.to_bytes())
-            .unwrap_or_default();
-        Got {
-            status: parts.status,
-            headers: parts.headers,
-            body: String::from_utf8_lossy(&body).into_owned(),
-        }
+        Got::of(self.service.call(Box::new(req), &self.conn).await).await
     }
 
     async fn get(&self, headers: &[(&str, &str)]) -> Got {

@@ -9,8 +9,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use http::{HeaderMap, Method, Request, StatusCode};
-use http_body_util::BodyExt;
+use http::{Method, Request, StatusCode};
 use tokio::time::Instant;
 
 use super::handler::{Outbound, Wire};
@@ -19,6 +18,7 @@ use crate::listen::Listeners;
 use crate::metrics::Metrics;
 use crate::retry::forward::script::{Script, Step};
 use crate::retry::{Answer, Exchange};
+use crate::server::got::Got;
 use crate::server::socket::Http1Body;
 use crate::server::watchdog::ConnState;
 use crate::server::{AppBody, Service};
@@ -82,28 +82,6 @@ fn side(extra: &str, budget: &str, steps: impl IntoIterator<Item = Step>) -> Sid
 
 const ROOMY: &str = "ratio = 1.0\nmin_per_sec = 100";
 
-/// What the app got.
-#[derive(Debug)]
-struct Got {
-    status: StatusCode,
-    headers: HeaderMap,
-    body: String,
-}
-
-impl Got {
-    fn header(&self, name: &str) -> Option<&str> {
-        self.headers.get(name).and_then(|v| v.to_str().ok())
-    }
-
-    fn outcome(&self) -> Option<&str> {
-        self.header("x-tollgate-outcome")
-    }
-
-    fn attempts(&self) -> Option<&str> {
-        self.header("x-tollgate-attempts")
-    }
-}
-
 impl Side {
     /// The app's request to `host`, with `headers`, over HTTP/2 (its answer's fields
     /// are then in its head, where the test reads them).
@@ -118,18 +96,7 @@ impl Side {
         let req = req
             .body(AppBody::Http1(Http1Body::read_ahead(b"")))
             .unwrap();
-        let resp = self.outbound.call(Box::new(req), &self.conn).await;
-        let (parts, body) = resp.into_parts();
-        let body = body
-            .collect()
-            .await
-            .map(|c| c.to_bytes())
-            .unwrap_or_default();
-        Got {
-            status: parts.status,
-            headers: parts.headers,
-            body: String::from_utf8_lossy(&body).into_owned(),
-        }
+        Got::of(self.outbound.call(Box::new(req), &self.conn).await).await
     }
 }
 

@@ -12,6 +12,8 @@
 
 pub mod body;
 pub mod conn;
+#[cfg(test)]
+pub mod got;
 pub mod h1;
 pub mod headers;
 pub mod service;
