@@ -355,6 +355,25 @@ fn a_warning_is_shown_beside_an_error_not_after_it_is_fixed() {
     run.says("invalid: 3 errors, 0 warnings");
 }
 
+/// Without `--config`, the file `$TOLLGATE_CONFIG` names is checked, and without that the
+/// shipped `config/tollgate.toml`: what `tollgate run` would serve.
+#[test]
+fn without_a_path_it_checks_what_tollgate_config_names_else_the_default() {
+    let named = Command::new(env!("CARGO_BIN_EXE_tollgate"))
+        .arg("check")
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .env("TOLLGATE_CONFIG", fixture("three-mistakes.toml"))
+        .output()
+        .unwrap();
+    let out = String::from_utf8(named.stdout).unwrap();
+    assert_ne!(named.status.code(), Some(0), "{out}");
+    assert!(out.contains("three-mistakes.toml"), "{out}");
+    assert!(out.contains("invalid: 3 errors"), "{out}");
+    let default = check(&[]);
+    assert_eq!(default.code, 0, "{}", default.out);
+    default.says("config/tollgate.toml");
+}
+
 #[test]
 fn patience_that_grows_with_depth_is_flagged_naming_both_files() {
     let layers = chain(&["stagefront-api.toml", "stagefront-checkout.toml"]);

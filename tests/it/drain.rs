@@ -12,6 +12,18 @@ use common::*;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_drains_in_flight_requests_and_refuses_new_connections() {
+    drains_on("TERM").await;
+}
+
+/// Ctrl-C in a terminal drains as a pod's termination does.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigint_drains_as_sigterm_does() {
+    drains_on("INT").await;
+}
+
+/// Signal `sig` with a request in flight: the listener closes, the request finishes,
+/// the process exits 0.
+async fn drains_on(sig: &str) {
     let up = Upstream::start(|_req| async {
         tokio::time::sleep(Duration::from_millis(1500)).await;
         respond(200, "finished")
@@ -32,7 +44,7 @@ async fn sigterm_drains_in_flight_requests_and_refuses_new_connections() {
     let in_flight = tokio::spawn(async move { get(addr, "/", "slow").await });
     assert!(wait_until(Duration::from_secs(5), || up.hits() == 1).await);
 
-    p.signal("TERM");
+    p.signal(sig);
     // The listener closes: new connections are refused while the old one finishes.
     let refused = {
         let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
@@ -46,7 +58,10 @@ async fn sigterm_drains_in_flight_requests_and_refuses_new_connections() {
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
     };
-    assert!(refused, "new connections were still accepted after SIGTERM");
+    assert!(
+        refused,
+        "new connections were still accepted after SIG{sig}"
+    );
 
     let r = in_flight.await.unwrap();
     assert_eq!(r.status, 200);
