@@ -471,6 +471,11 @@ async fn while_redis_is_down_keyed_requests_fail_closed_or_open_and_others_pass(
         201
     );
     redis.kill();
+    // The store is not the app: both stay ready, or every pod would leave its Service
+    // at once whenever Redis does.
+    for tg in [&closed, &open] {
+        assert_eq!(get(tg.admin, "/readyz", "admin").await.status, 200);
+    }
     let refused = send(closed.inbound(), post(Some("\"b\""), "x")).await;
     assert_eq!(refused.status, 503);
     assert_eq!(refused.outcome(), Some("dedupe-unavailable"));
@@ -484,6 +489,8 @@ async fn while_redis_is_down_keyed_requests_fail_closed_or_open_and_others_pass(
     assert_eq!(again.header("idempotent-replayed"), Some("true"));
     let m = closed.metrics().await;
     assert!(metric(&m, "tollgate_inbound_dedupe_total{result=\"store-error\"}").unwrap() >= 1.0);
+    // Still ready once the store's failures are known.
+    assert_eq!(get(closed.admin, "/readyz", "admin").await.status, 200);
     // Back: keyed requests are made safe again, the key kept there before is gone with it.
     redis.restart();
     let mut back = None;
