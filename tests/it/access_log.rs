@@ -11,7 +11,8 @@ use common::config::Config;
 use common::*;
 
 /// One upstream that answers 200, one that always fails with 503 (retried within a
-/// budget that allows no retry at all but the first: `min_per_sec` floor 0.1/s).
+/// budget that allows no retry at all but the first: strictly below a `min_per_sec` floor
+/// of 0.15/s over 10 s, 1.5).
 async fn upstreams() -> (Upstream, Upstream) {
     let ok = Upstream::start(|_req| async { respond(200, "ok") }).await;
     let down = Upstream::start(|_req| async { respond(503, "down") }).await;
@@ -26,7 +27,7 @@ fn sections(ok: &Upstream, down: &Upstream) -> Config {
             u.authorities(["down"])
                 .endpoint(down.addr)
                 .retry(|r| r.max_attempts(3).backoff_base("1ms").backoff_max("2ms"))
-                .budget(|b| b.ratio(0.0).min_per_sec(0.1).window("10s"))
+                .budget(|b| b.ratio(0.0).min_per_sec(0.15).window("10s"))
         })
 }
 

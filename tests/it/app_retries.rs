@@ -371,11 +371,11 @@ async fn a_success_ends_the_memory_of_the_failure() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_app_retry_needs_room_in_the_budget() {
     let (up, _) = recording(failing).await;
-    // One retry in the window at most (0.1/s × 10 s), and tollgate itself retries
-    // nothing.
+    // One retry in the window at most (strictly below 0.15/s × 10 s = 1.5), and
+    // tollgate itself retries nothing.
     let tg = Tollgate::start(&api(up.addr, |u| {
         u.retry(|r| retrying(r).max_attempts(1))
-            .budget(|b| b.ratio(0.0).min_per_sec(0.1))
+            .budget(|b| b.ratio(0.0).min_per_sec(0.15))
     }))
     .await;
     assert_eq!(send(tg.addr, keyed("/y", "k")).await.attempts(), 1);

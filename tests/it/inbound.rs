@@ -160,12 +160,13 @@ async fn send_from(from: [u8; 4], to: std::net::SocketAddr, req: http::Request<B
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_noisy_caller_cannot_spend_another_callers_share_of_the_fleet_budget() {
     let (app, _) = recording_app().await;
-    // Four retries in 10 s for the whole fleet, one per half second at most.
+    // Four retries in 10 s for the whole fleet (strictly below 0.45/s × 10 s = 4.5), one
+    // per half second at most.
     let budget = |per_caller: &'static str| {
         move |i: Inbound| {
             i.max_inflight(100).retries(|r| {
                 r.ratio(0.0)
-                    .min_per_sec(0.4)
+                    .min_per_sec(0.45)
                     .window("10s")
                     .per_caller(per_caller)
             })
@@ -216,14 +217,14 @@ async fn a_noisy_caller_cannot_spend_another_callers_share_of_the_fleet_budget()
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn retries_within_the_fleet_budget_reach_the_app_and_the_next_is_rejected() {
     let (app, _) = recording_app().await;
-    // 30 first attempts allow 0.1 × 30 = 3 retries in the window (at most one per
-    // half-second slot: the budget paces its grants).
+    // 35 first attempts allow 3 retries in the window, strictly below 0.1 × 35 = 3.5 (at
+    // most one per half-second slot: the budget paces its grants).
     let tg = Tollgate::start(&in_front_of(app.addr, |i| {
         i.max_inflight(100)
             .retries(|r| r.ratio(0.1).min_per_sec(0).window("10s"))
     }))
     .await;
-    for _ in 0..30 {
+    for _ in 0..35 {
         assert_eq!(send(tg.inbound(), get_with("app", &[])).await.status, 200);
     }
     let retry = || get_with("app", &[("x-tollgate-attempt", "2")]);
@@ -233,9 +234,9 @@ async fn retries_within_the_fleet_budget_reach_the_app_and_the_next_is_rejected(
         tokio::time::sleep(Duration::from_millis(550)).await;
     }
     let r = send(tg.inbound(), retry()).await;
-    assert_eq!(r.status, 503, "the fourth is beyond 0.1 × 30");
+    assert_eq!(r.status, 503, "the fourth would reach 0.1 × 35");
     assert_eq!(r.outcome(), Some("retry-rejected"));
-    assert_eq!(app.hits(), 33);
+    assert_eq!(app.hits(), 38);
     tg.stop().await;
 }
 

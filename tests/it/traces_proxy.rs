@@ -68,7 +68,8 @@ async fn app(status: u16, delay: Duration) -> (Upstream, Seen) {
 
 /// checkout's tollgate calls payments through payments' own tollgate (its inbound
 /// side); payments answers 503, slowly enough that each retry decision falls in a slot
-/// of its own of the retry budget (which allows two retries in its window); the fourth
+/// of its own of the retry budget (which allows two retries in its window, strictly below
+/// 0.25/s × 10 s); the fourth
 /// attempt is refused by that budget.
 #[tokio::test]
 async fn a_request_retried_through_two_tollgates_is_one_trace() {
@@ -91,7 +92,7 @@ async fn a_request_retried_through_two_tollgates_is_one_trace() {
                 u.authorities(["payments"])
                     .endpoint(callee.inbound())
                     .retry(|r| r.max_attempts(4))
-                    .budget(|b| b.ratio(0.0).min_per_sec(0.2).window("10s"))
+                    .budget(|b| b.ratio(0.0).min_per_sec(0.25).window("10s"))
             }),
             collector.addr,
             0.0,

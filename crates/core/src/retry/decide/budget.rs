@@ -15,11 +15,12 @@
 //! # The rule and the guarantee
 //!
 //! Before every retry: grant it only if, counting it, the retries sent in the window stay
-//! within `ratio * requests_received + min_per_sec * window_seconds`. Time is cut into
+//! below `ratio * requests_received + min_per_sec * window_seconds` (strictly: a bound of
+//! exactly 10 grants 9). Time is cut into
 //! `SLOTS` slots per window. Retries are counted over one slot *more* than the window and
 //! requests over the slots that lie wholly inside it, so the decision is never more
 //! generous than the exact sliding window: whenever a retry is granted at instant `t`,
-//! the retries granted in `(t - window, t]` do not exceed the bound computed from the
+//! the retries granted in `(t - window, t]` stay below the bound computed from the
 //! requests received in that same interval (a property test checks this).
 //!
 //! # Pacing
@@ -89,6 +90,40 @@ pub struct RetryBudget {
     retries: AtomicU64,
     /// The share that replaces `ratio` when the budget has a `max_ratio`.
     adaptive: Option<AdaptiveShare>,
+    rule: Rule,
+}
+
+/// How the retries sent (the one asked for among them) stand against the window's bound.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Rule {
+    /// SPEC's retry budget: `retries_sent < bound` (a bound of exactly 10 grants 9).
+    Below,
+    /// A hedge's `max_extra`: hedges "may add at most this share", `hedges <= bound`.
+    AtMost,
+}
+
+/// How far from a whole number a bound may be and still count as that number: `0.1 *
+/// 30` is `3.0000000000000004` in binary fractions, and a rule strictly below 3 grants 2
+/// however the product rounds.
+const WHOLE: f64 = 1e-9;
+
+impl Rule {
+    /// The most retries it grants in all under `bound`.
+    fn most(self, bound: f64) -> f64 {
+        match self {
+            Rule::Below => (bound - WHOLE).ceil() - 1.0,
+            Rule::AtMost => (bound + WHOLE).floor(),
+        }
+    }
+
+    fn grants(self, sent: u64, bound: f64) -> bool {
+        sent as f64 <= self.most(bound)
+    }
+
+    /// How many more it grants after `sent`.
+    fn left(self, bound: f64, sent: u64) -> f64 {
+        (self.most(bound) - sent as f64).max(0.0)
+    }
 }
 
 impl std::fmt::Debug for RetryBudget {
@@ -112,6 +147,15 @@ pub struct WindowStats {
 impl RetryBudget {
     /// `None`: retries are not limited, but the window is still kept for the gauges.
     pub fn new(limit: Option<&BudgetConfig>, now: Instant) -> Self {
+        Self::with_rule(limit, now, Rule::Below)
+    }
+
+    /// A budget that may reach its bound: a hedge's `max_extra` (at most that share).
+    pub fn at_most(limit: &BudgetConfig, now: Instant) -> Self {
+        Self::with_rule(Some(limit), now, Rule::AtMost)
+    }
+
+    fn with_rule(limit: Option<&BudgetConfig>, now: Instant, rule: Rule) -> Self {
         let window = limit.map_or(UNBUDGETED_WINDOW, |b| b.window);
         RetryBudget {
             limit: limit.cloned(),
@@ -122,6 +166,7 @@ impl RetryBudget {
             attempts: AtomicU64::new(0),
             retries: AtomicU64::new(0),
             adaptive: limit.and_then(|l| AdaptiveShare::new(l, now)),
+            rule,
         }
     }
 
@@ -241,7 +286,7 @@ impl RetryBudget {
             }
             let granted = self.retries.fetch_update(AcqRel, Acquire, |sent| {
                 let bound = self.bound(limit, self.requests.load(Acquire));
-                ((sent + 1) as f64 <= bound).then_some(sent + 1)
+                self.rule.grants(sent + 1, bound).then_some(sent + 1)
             });
             if granted.is_err() {
                 return false;
@@ -265,7 +310,7 @@ impl RetryBudget {
             None => f64::INFINITY,
             Some(limit) => {
                 let bound = self.bound(limit, self.requests.load(Acquire));
-                let left = (bound - self.retries.load(Acquire) as f64).max(0.0).floor();
+                let left = self.rule.left(bound, self.retries.load(Acquire));
                 left.min(self.slot_allowance(slot, bound) as f64)
             }
         }
@@ -279,7 +324,7 @@ impl RetryBudget {
             None => f64::INFINITY,
             Some(limit) => {
                 let bound = self.bound(limit, self.requests.load(Acquire));
-                (bound - self.retries.load(Acquire) as f64).max(0.0).floor()
+                self.rule.left(bound, self.retries.load(Acquire))
             }
         }
     }
@@ -328,16 +373,42 @@ mod tests {
         for _ in 0..100 {
             b.record_request(t0);
         }
+        // 0.1 * 100 = 10, and the rule is strict: nine retries stay below it, a
+        // tenth would reach it.
         let t9 = t0 + Duration::from_secs(9);
-        assert_eq!(ask(&b, t0, t9, Duration::from_millis(100), 5), 10);
+        assert_eq!(ask(&b, t0, t9, Duration::from_millis(100), 5), 9);
         assert_eq!(b.available(t9), 0.0);
+    }
+
+    #[test]
+    fn a_bound_binary_fractions_put_past_a_whole_number_counts_as_that_number() {
+        // 0.1 * 30 is 3.0000000000000004 in f64: strictly below 3 is 2 retries, and a
+        // hedge's "at most" 3 is 3.
+        let (b, t0) = budget(0.1, 0.0, 10);
+        let limit = BudgetConfig {
+            ratio: 0.1,
+            min_per_sec: 0.0,
+            window: Duration::from_secs(10),
+            max_ratio: None,
+        };
+        let hedges = RetryBudget::at_most(&limit, t0);
+        for _ in 0..30 {
+            b.record_request(t0);
+            hedges.record_request(t0);
+        }
+        assert_eq!(b.available(t0), 1.0, "a slot's pacing: one now");
+        assert_eq!(b.window_left(t0), 2.0);
+        assert_eq!(hedges.window_left(t0), 3.0);
+        let t9 = t0 + Duration::from_secs(9);
+        assert_eq!(ask(&b, t0, t9, Duration::from_millis(100), 5), 2);
+        assert_eq!(ask(&hedges, t0, t9, Duration::from_millis(100), 5), 3);
     }
 
     #[test]
     fn the_floor_lets_a_quiet_upstream_retry() {
         let (b, t0) = budget(0.1, 1.0, 10);
         b.record_request(t0);
-        // 0.1 * 1 + 1/s * 10 s = 10.1: ten retries fit, the eleventh would exceed it.
+        // 0.1 * 1 + 1/s * 10 s = 10.1: ten retries stay below it, the eleventh would not.
         let t9 = t0 + Duration::from_secs(9);
         assert_eq!(ask(&b, t0, t9, Duration::from_millis(100), 5), 10);
     }
@@ -362,15 +433,16 @@ mod tests {
     #[test]
     fn a_burst_is_paced_over_the_window() {
         let (b, t0) = budget(0.0, 10.0, 10);
-        // 100 retries allowed in the window, but at most 2 x 100 / 20 = 10 per slot.
+        // 99 retries allowed in the window (strictly below 100), but at most
+        // 2 x 100 / 20 = 10 per slot.
         assert_eq!((0..100).filter(|_| b.try_retry(t0)).count(), 10);
         let later = t0 + Duration::from_millis(500);
         assert_eq!((0..100).filter(|_| b.try_retry(later)).count(), 10);
         let t9 = t0 + Duration::from_secs(9);
         assert_eq!(
             ask(&b, t0, t9, Duration::from_millis(100), 100),
-            80,
-            "the rest of the window's 100"
+            79,
+            "the rest of the window's 99"
         );
     }
 
@@ -385,7 +457,7 @@ mod tests {
                 Duration::from_millis(500),
                 5
             ),
-            10
+            9
         );
         assert!(!b.try_retry(t0 + Duration::from_secs(9)));
         // Retries are counted one slot (0.5 s) beyond the window, to stay conservative:
@@ -400,7 +472,7 @@ mod tests {
         for _ in 0..10 {
             b.record_request(t0);
         }
-        assert_eq!(b.window_left(t0), 5.0);
+        assert_eq!(b.window_left(t0), 4.0, "strictly below 0.5 * 10");
         assert_eq!(b.window_left(t0 + Duration::from_secs(11)), 0.0);
         assert_eq!(b.stats(t0 + Duration::from_secs(11)).requests, 0);
     }
@@ -439,12 +511,16 @@ mod tests {
         for _ in 0..20 {
             b.record_request(Instant::now());
         }
-        assert_eq!(b.window_left(Instant::now()), 10.0);
+        assert_eq!(
+            b.window_left(Instant::now()),
+            9.0,
+            "strictly below 0.5 * 20"
+        );
         assert!(b.try_retry(Instant::now()));
         tokio::time::advance(Duration::from_secs(5)).await;
         assert_eq!(
             b.window_left(Instant::now()),
-            9.0,
+            8.0,
             "still inside the window"
         );
         tokio::time::advance(Duration::from_secs(6)).await;
@@ -486,7 +562,7 @@ mod tests {
     }
 
     /// Drives `b` with `events`; whenever a retry is granted at t, checks that the
-    /// retries granted in (t - window, t] stay within
+    /// retries granted in (t - window, t] stay below
     /// `ratio * (requests in that interval) + min_per_sec * window`.
     fn never_above_the_rule(
         b: &RetryBudget,
@@ -518,7 +594,7 @@ mod tests {
                         let g = grants.iter().filter(inside).count() as f64;
                         let bound = ratio * r + min_per_sec * window.as_secs_f64();
                         prop_assert!(
-                            g <= bound + 1e-9,
+                            g < bound,
                             "{g} retries granted in a window whose bound is {bound}"
                         );
                     }
@@ -539,7 +615,7 @@ mod tests {
 
     proptest! {
         /// For any sequence of requests and retry attempts at any instants, whenever a
-        /// retry is granted at t, the retries granted in (t - window, t] stay within
+        /// retry is granted at t, the retries granted in (t - window, t] stay below
         /// ratio * (requests in that interval) + min_per_sec * window.
         #[test]
         fn granted_retries_never_exceed_the_bound(

@@ -6,9 +6,11 @@
 //!
 //! Hedges add load by design, so they have a budget of their own: over a sliding
 //! window, hedges sent stay within `max_extra` of the requests received, with no floor
-//! (a quiet upstream gets no free hedges). It is the retry budget's rule and machinery
-//! ([`RetryBudget`]) with `ratio = max_extra` and `min_per_sec = 0`, on the retry
-//! budget's window; a hedge is charged there only, never to the retry budget.
+//! (a quiet upstream gets no free hedges). It is the retry budget's machinery
+//! ([`RetryBudget::at_most`]) with `ratio = max_extra` and `min_per_sec = 0`, on the retry
+//! budget's window, save that hedges may reach their bound ("at most" `max_extra`, where
+//! retries stay strictly below theirs); a hedge is charged there only, never to the
+//! retry budget.
 //!
 //! This file decides *when* and *whether*; the attempt loop ([`forward`](mod@crate::retry::forward)) runs
 //! the two attempts side by side and picks the winner.
@@ -44,7 +46,7 @@ impl Hedging {
             max_ratio: None,
         };
         Hedging {
-            budget: RetryBudget::new(Some(&limit), now),
+            budget: RetryBudget::at_most(&limit, now),
             latency: match config.after {
                 HedgeAfter::Percentile(q) => Some(RecentQuantile::new(q)),
                 HedgeAfter::Fixed(_) => None,

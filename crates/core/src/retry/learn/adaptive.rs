@@ -33,7 +33,7 @@
 //! Every value the share takes is clamped to `[min, max_ratio]`, and the floor is
 //! either `min_per_sec × window` or less, so the budget's bound is never above the
 //! fixed rule with `max_ratio` in place of `ratio`: over any window,
-//! `retries ≤ max_ratio × requests + min_per_sec × window_seconds`, whatever the order
+//! `retries < max_ratio × requests + min_per_sec × window_seconds`, whatever the order
 //! of events (a property test in `budget.rs` drives it with arbitrary sequences).
 //!
 //! # Cost
