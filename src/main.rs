@@ -37,6 +37,11 @@ enum Command {
     Inject(tollgate_inject::InjectArgs),
 }
 
+/// mimalloc: a request's few allocations and frees, on one thread, at about half what
+/// glibc's cost (Cargo.toml says why, docs/benchmarks.md "The allocator" what it measured).
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 fn main() {
     let cli = Cli::parse();
     // Before any thread or log: the process becomes `tollgate-proxy`, or stays this.

@@ -24,6 +24,11 @@ enum Command {
     Run(RunArgs),
 }
 
+/// mimalloc: a request's few allocations and frees, on one thread, at about half what
+/// glibc's cost (Cargo.toml says why, docs/benchmarks.md "The allocator" what it measured).
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 fn main() {
     let cli = Cli::parse();
     // Before any thread or log: back to a `tollgate` of another build, which serves.
