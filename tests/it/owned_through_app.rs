@@ -11,6 +11,8 @@ use crate::common;
 use std::net::SocketAddr;
 use std::sync::{Arc, OnceLock};
 
+use http_body_util::BodyExt;
+
 use common::config::Config;
 use common::*;
 
@@ -57,6 +59,26 @@ async fn pod(owned_failures: &str) -> Pod {
             }
             if req.headers().get("x-hold").is_some() {
                 tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+            }
+            if req
+                .headers()
+                .get("content-type")
+                .is_some_and(|v| v == "application/grpc")
+            {
+                // A gRPC answer whose status comes last, in its trailers (a stream that
+                // failed after its head).
+                let mut trailers = http::HeaderMap::new();
+                trailers.insert("grpc-status", http::HeaderValue::from_static("14"));
+                return http::Response::builder()
+                    .header("content-type", "application/grpc")
+                    .body(
+                        WithTrailers {
+                            data: Some(bytes::Bytes::from_static(b"\0\0\0\0\0")),
+                            trailers: Some(trailers),
+                        }
+                        .boxed(),
+                    )
+                    .unwrap();
             }
             respond(503, "the app could not serve it")
         }
@@ -201,6 +223,42 @@ async fn a_callers_tollgate_does_not_retry_a_failure_owned_below_the_app() {
     let untied = call(caller.addr, "payments", &[]).await;
     assert_eq!(untied.attempts(), 3);
     caller.stop().await;
+    p.tollgate.stop().await;
+}
+
+/// A gRPC status in the trailers is marked there: a caller's gRPC client reads
+/// `grpc-retry-pushback-ms: -1` where the status is, and does not retry.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_grpc_unavailable_in_the_trailers_is_marked_in_the_trailers() {
+    let p = pod("mark").await;
+    let grpc = |id: Option<&str>| {
+        let mut req = request("POST", "/pay.Payments/Charge", "payments")
+            .header("content-type", "application/grpc")
+            .header("te", "trailers");
+        if let Some(id) = id {
+            req = req.header("x-request-id", id);
+        }
+        req.body(full(&b"\0\0\0\0\0"[..])).unwrap()
+    };
+    let marked = send_h2(p.tollgate.inbound(), grpc(Some("g-1"))).await;
+    assert_eq!(marked.status, 200);
+    let trailers = marked.trailers.expect("the app's trailers come through");
+    assert_eq!(trailers["grpc-status"], "14");
+    assert_eq!(trailers["x-tollgate-outcome"], "downstream-owned");
+    assert_eq!(trailers["grpc-retry-pushback-ms"], "-1");
+    assert!(marked.headers.get("x-tollgate-outcome").is_none());
+
+    // Untied to the call that was given up on: the caller may retry it.
+    let untied = send_h2(p.tollgate.inbound(), grpc(None)).await;
+    let trailers = untied.trailers.expect("the app's trailers come through");
+    assert_eq!(trailers["grpc-status"], "14");
+    assert!(trailers.get("x-tollgate-outcome").is_none());
+    assert!(trailers.get("grpc-retry-pushback-ms").is_none());
+    let text = p.tollgate.metrics().await;
+    assert_eq!(
+        metric(&text, "tollgate_inbound_owned_failures_total"),
+        Some(1.0)
+    );
     p.tollgate.stop().await;
 }
 

@@ -72,7 +72,7 @@ pub struct Inbound {
     /// Open connections to the app.
     connections: Arc<AtomicUsize>,
     /// The calls this pod's outbound side gave up on, owned (outlives a reload).
-    owned: owned::OwnedCalls,
+    owned: Arc<owned::OwnedCalls>,
     /// Keyed first arrivals' exchanges with the app still running (outlives a reload).
     exchanges: Arc<keyed::Exchanges>,
 }
@@ -128,7 +128,7 @@ impl Inbound {
             metrics,
             workers,
             connections,
-            owned: owned::OwnedCalls::default(),
+            owned: Arc::default(),
             exchanges: Arc::default(),
         })
     }

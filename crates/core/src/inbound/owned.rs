@@ -10,7 +10,8 @@
 //! that moment falls within its own request's lifetime.
 //!
 //! Bounded: at most [`CAPACITY`] keys (16 bytes each, hashed) in one small map behind
-//! a lock taken only on a give-up and on an app's 502/503/504, never on a success. A
+//! a lock taken only on a give-up and on an app's 502/503/504 (or gRPC `UNAVAILABLE`,
+//! in its head or its trailers), never on a success. A
 //! full map first forgets the keys older than [`KEEP`], then, if still full, all of
 //! them: a forgotten key costs one failure left unmarked (its callers may retry it),
 //! never a wrong mark.
@@ -26,14 +27,19 @@
 
 use std::collections::HashMap;
 use std::hash::{BuildHasher, RandomState};
-use std::sync::Mutex;
+use std::mem::ManuallyDrop;
+use std::ops::Deref;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll, ready};
 use std::time::Duration;
 
 use http::{HeaderMap, HeaderName, StatusCode};
 use tokio::time::Instant;
 
+use crate::answer::NO_RETRY;
 use crate::contract::headers::OUTCOME_HEADER;
-use crate::http::grpc::{GRPC_STATUS, is_grpc_answer};
+use crate::http::grpc::{GRPC_PUSHBACK, GRPC_STATUS, is_grpc_answer};
 use crate::http::response::Fields;
 use crate::metrics::Outcome;
 use crate::trace::{TRACEPARENT, TraceParent};
@@ -79,14 +85,36 @@ impl Default for OwnedCalls {
     }
 }
 
-/// An inbound request in flight, counted under its keys until it is dropped.
-pub struct Carrying<'a> {
-    owned: &'a OwnedCalls,
+/// An inbound request in flight, counted under its keys until it is dropped: by
+/// reference while the app works on it, or (`Arc`) kept by an answer's body whose
+/// gRPC status comes in its trailers.
+pub struct Carrying<O: Deref<Target = OwnedCalls>> {
+    owned: O,
     keys: Keys,
     since: Instant,
 }
 
-impl Carrying<'_> {
+impl Carrying<&OwnedCalls> {
+    /// The same request, kept past the app's head by the body that will read its
+    /// trailers: `owned` is the map this one counts in.
+    pub fn kept(self, owned: Arc<OwnedCalls>) -> Carrying<Arc<OwnedCalls>> {
+        debug_assert!(std::ptr::eq(self.owned, &*owned));
+        // Counted once: what this one would undo as it drops, the kept one undoes.
+        let this = ManuallyDrop::new(self);
+        Carrying {
+            owned,
+            keys: this.keys,
+            since: this.since,
+        }
+    }
+
+    /// Whether it carries a key at all: without one nothing is ever marked.
+    pub fn keyed(&self) -> bool {
+        self.keys.iter().any(Option::is_some)
+    }
+}
+
+impl<O: Deref<Target = OwnedCalls>> Carrying<O> {
     /// Whether the app's failure for this request is marked `downstream-owned`: a call
     /// made for it was given up on, owned, since it arrived, and no other request in
     /// flight carried its keys meanwhile.
@@ -110,7 +138,7 @@ impl Carrying<'_> {
     }
 }
 
-impl Drop for Carrying<'_> {
+impl<O: Deref<Target = OwnedCalls>> Drop for Carrying<O> {
     fn drop(&mut self) {
         if self.keys.iter().all(Option::is_none) {
             return;
@@ -148,7 +176,8 @@ pub fn owned(outcome: Outcome) -> bool {
 
 /// Whether the app's answer to a call (`grpc`: a gRPC call) is a failure its callers
 /// would retry: `502`, `503`, `504`, or a gRPC `UNAVAILABLE` in the head (a
-/// trailers-only answer). An answer that already says who owns it is left as it is.
+/// trailers-only answer; one in the trailers is [`MarkTrailers`]'s). An answer that
+/// already says who owns it is left as it is.
 /// The status is looked at first: a good answer's fields are never searched.
 #[inline]
 pub fn retryable_failure(status: StatusCode, fields: Fields<'_>, grpc: bool) -> bool {
@@ -164,6 +193,90 @@ pub fn retryable_failure(status: StatusCode, fields: Fields<'_>, grpc: bool) -> 
         _ => false,
     };
     failed && !fields.contains(&OUTCOME_HEADER)
+}
+
+/// Whether the app's answer to a gRPC call says its status only in its trailers: a gRPC
+/// head without `grpc-status`, and without a verdict of its own. Its trailers are where
+/// a failure is marked ([`MarkTrailers`]).
+pub fn status_in_trailers(status: StatusCode, fields: Fields<'_>, grpc: bool) -> bool {
+    grpc && status == StatusCode::OK
+        && !fields.contains(&GRPC_STATUS)
+        && is_grpc_answer(status, fields.get(&http::header::CONTENT_TYPE), false)
+        && !fields.contains(&OUTCOME_HEADER)
+}
+
+/// An answer's body whose gRPC status comes in its trailers, on its way to the caller:
+/// trailers of `UNAVAILABLE` for a request whose call this pod's outbound side gave up
+/// on, owned, are marked `downstream-owned` with `grpc-retry-pushback-ms: -1`, as a head
+/// would be. The request is counted under its keys until the body ends.
+pub struct MarkTrailers<B> {
+    inner: B,
+    carrying: Option<Carrying<Arc<OwnedCalls>>>,
+    marked: prometheus::IntCounter,
+}
+
+impl<B> MarkTrailers<B> {
+    /// `marked` counts the answers marked (`tollgate_inbound_owned_failures_total`).
+    pub fn new(
+        inner: B,
+        carrying: Carrying<Arc<OwnedCalls>>,
+        marked: prometheus::IntCounter,
+    ) -> Self {
+        MarkTrailers {
+            inner,
+            carrying: Some(carrying),
+            marked,
+        }
+    }
+
+    fn mark(&mut self, trailers: &mut HeaderMap) {
+        let Some(carrying) = self.carrying.take() else {
+            return;
+        };
+        let unavailable = trailers.get(GRPC_STATUS).map(|v| v.as_bytes()) == Some(&b"14"[..]);
+        if unavailable && !trailers.contains_key(OUTCOME_HEADER) && carrying.marks() {
+            trailers.insert(OUTCOME_HEADER, Outcome::DownstreamOwned.header_value());
+            trailers.insert(GRPC_PUSHBACK, NO_RETRY);
+            self.marked.inc();
+        }
+    }
+}
+
+impl<B> http_body::Body for MarkTrailers<B>
+where
+    B: http_body::Body<Data = bytes::Bytes> + Unpin,
+{
+    type Data = bytes::Bytes;
+    type Error = B::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<http_body::Frame<bytes::Bytes>, B::Error>>> {
+        let frame = ready!(Pin::new(&mut self.inner).poll_frame(cx));
+        match frame {
+            Some(Ok(frame)) => match frame.into_trailers() {
+                Ok(mut trailers) => {
+                    self.mark(&mut trailers);
+                    Poll::Ready(Some(Ok(http_body::Frame::trailers(trailers))))
+                }
+                Err(frame) => Poll::Ready(Some(Ok(frame))),
+            },
+            other => {
+                // The end, or a break: no trailers will come, and the request leaves.
+                self.carrying = None;
+                Poll::Ready(other)
+            }
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.inner.size_hint()
+    }
 }
 
 impl OwnedCalls {
@@ -204,7 +317,7 @@ impl OwnedCalls {
 
     /// An inbound request with these header fields arrived at `now`: counted under its
     /// keys while the returned value lives.
-    pub fn arrive(&self, headers: &HeaderMap, now: Instant) -> Carrying<'_> {
+    pub fn arrive(&self, headers: &HeaderMap, now: Instant) -> Carrying<&OwnedCalls> {
         let keys = self.keys(headers);
         if keys.iter().any(Option::is_some) {
             let mut carried = self.carried.lock().unwrap_or_else(|p| p.into_inner());

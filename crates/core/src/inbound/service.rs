@@ -22,7 +22,7 @@ use super::attempts::{is_kube_probe, is_retry};
 use super::dedupe::claim::Claim;
 use super::dedupe::{Answer, Begin, Fingerprinter};
 use super::limit::Admitted;
-use super::owned;
+use super::owned::{self, Carrying, MarkTrailers, OwnedCalls};
 use super::{Inbound, State, keyed};
 use crate::access_log::{Direction, Entry};
 use crate::answer::{self as table, NO_RETRY, NO_RETRY_LINE, Refusal};
@@ -353,7 +353,7 @@ impl<W: AppWire> ToApp<'_, W> {
         parts: http::request::Parts,
         claim: Option<Claim>,
         body: AppBody,
-    ) -> (Result<Answered, Fault>, bool) {
+    ) -> (Result<Answered, Fault>, Mark) {
         let (state, facts) = (self.state, self.facts);
         let mut headers = parts.headers;
         if !headers.contains_key(HOST)
@@ -388,7 +388,7 @@ impl<W: AppWire> ToApp<'_, W> {
             let exchange = (exchange, &self.inbound.exchanges);
             let app = (keyed_app.clone(), self.wire);
             let run = keyed::run(claim, app, exchange, body, exhausted.clone());
-            return (Box::pin(run).await.map(Answered::Keyed), false);
+            return (Box::pin(run).await.map(Answered::Keyed), Mark::No);
         }
         // A request without a claimed key goes to the app as it is.
         let request = RequestHead::as_is(&parts.method, &uri, &headers, ContinueWait::ZERO);
@@ -407,12 +407,27 @@ impl<W: AppWire> ToApp<'_, W> {
             .send(&state.app, want, &request, body, &fields, exhausted)
             .await
             .map_err(|no| no.fault);
-        let mark = marking.is_some_and(|carrying| {
-            result.as_ref().is_ok_and(|resp| {
-                owned::retryable_failure(resp.status(), Fields::of(resp), facts.grpc)
-                    && carrying.marks()
-            })
-        });
+        let mark = match (marking, &result) {
+            (Some(carrying), Ok(resp)) if carrying.keyed() => {
+                let (status, fields) = (resp.status(), Fields::of(resp));
+                if owned::retryable_failure(status, fields, facts.grpc) {
+                    if carrying.marks() {
+                        Mark::Head
+                    } else {
+                        Mark::No
+                    }
+                } else if parts.version == Version::HTTP_2
+                    && owned::status_in_trailers(status, fields, facts.grpc)
+                {
+                    // Its status comes in its trailers: the request stays counted under
+                    // its keys until they come.
+                    Mark::Trailers(carrying.kept(self.inbound.owned.clone()))
+                } else {
+                    Mark::No
+                }
+            }
+            _ => Mark::No,
+        };
         (result.map(Answered::Plain), mark)
     }
 }
@@ -533,18 +548,29 @@ fn log_entry(
     e
 }
 
+/// Whether the app's answer is marked `downstream-owned` with `grpc-retry-pushback-ms:
+/// -1` (ownership through the app), and where.
+enum Mark {
+    No,
+    /// In its head: a 502, 503 or 504, or a trailers-only gRPC `UNAVAILABLE`.
+    Head,
+    /// In its trailers if they say `UNAVAILABLE`: a gRPC answer whose status comes last,
+    /// with the request it answers, counted under its keys until then.
+    Trailers(Carrying<Arc<OwnedCalls>>),
+}
+
 /// The app's answer, as it goes back to the caller: its hop-by-hop fields dropped, and
-/// nothing of tollgate's added, unless it is to be marked (`mark`) `downstream-owned`
-/// with `grpc-retry-pushback-ms: -1` (ownership through the app).
+/// nothing of tollgate's added, unless it is to be marked (`mark`).
 fn relay(
     mut served: Served,
     resp: UpstreamResponse,
-    (version, mark): (Version, bool),
+    (version, mark): (Version, Mark),
     tally: &InboundTally<'_>,
     app: std::time::Duration,
 ) -> AppResponse {
+    let head = matches!(mark, Mark::Head);
     // `ok`, or another tollgate's verdict the app passed on.
-    let outcome = if mark {
+    let outcome = if head {
         tally.metrics.owned_failures.inc();
         Outcome::DownstreamOwned
     } else {
@@ -555,15 +581,22 @@ fn relay(
     }
     let guard = served.answered((resp.status().as_u16(), outcome, 1), tally);
     let (mut parts, body) = relayed(resp, version);
+    if let Mark::Trailers(carrying) = mark {
+        let marked = MarkTrailers::new(body, carrying, tally.metrics.owned_failures.clone());
+        return Box::new(Response::from_parts(
+            parts,
+            ResponseBody::boxed(marked.boxed(), guard),
+        ));
+    }
     let mut added = AddedFields::default();
-    if mark && version < Version::HTTP_2 {
+    if head && version < Version::HTTP_2 {
         // Written straight into the head by the HTTP/1.1 writer.
         added = AddedFields([
             Some(outcome_line(Outcome::DownstreamOwned)),
             Some(NO_RETRY_LINE),
             None,
         ]);
-    } else if mark {
+    } else if head {
         parts
             .headers
             .insert(OUTCOME_HEADER, Outcome::DownstreamOwned.header_value());

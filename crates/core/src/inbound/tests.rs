@@ -38,6 +38,13 @@ const MS: Duration = Duration::from_millis(1);
 const OK: &str = "HTTP/1.1 200 OK\r\ncontent-length: 8\r\n\r\nfrom app";
 const CREATED: &str = "HTTP/1.1 201 Created\r\nx-order: 1\r\ncontent-length: 7\r\n\r\norder 1";
 const S503: &str = "HTTP/1.1 503 Service Unavailable\r\ncontent-length: 4\r\n\r\nbusy";
+/// A gRPC answer whose status, `UNAVAILABLE`, comes in its trailers.
+const GRPC_UNAVAILABLE: &str = "HTTP/1.1 200 OK\r\ncontent-type: application/grpc\r\n\
+    transfer-encoding: chunked\r\n\r\n5\r\n\0\0\0\0\0\r\n0\r\ngrpc-status: 14\r\n\
+    grpc-message: down\r\n\r\n";
+/// The same with `OK` in its trailers.
+const GRPC_OK: &str = "HTTP/1.1 200 OK\r\ncontent-type: application/grpc\r\n\
+    transfer-encoding: chunked\r\n\r\n5\r\n\0\0\0\0\0\r\n0\r\ngrpc-status: 0\r\n\r\n";
 
 /// What the app received of one request: its head, with the fields the inbound side
 /// added (the deadline's time left, `traceparent`).
@@ -531,6 +538,71 @@ async fn the_apps_failure_after_its_own_call_was_given_up_on_is_marked_owned() {
     assert_eq!(plain.status, StatusCode::SERVICE_UNAVAILABLE);
     assert_eq!(plain.body, "busy");
     assert_eq!(plain.outcome(), None, "its callers may retry it");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_grpc_unavailable_in_the_trailers_after_its_own_call_was_given_up_on_is_marked_there() {
+    let s = side(
+        "",
+        [
+            Step::Answer(10 * MS, GRPC_UNAVAILABLE),
+            Step::Answer(10 * MS, GRPC_UNAVAILABLE),
+            Step::Answer(10 * MS, GRPC_OK),
+        ],
+    );
+    let grpc = |id: &'static str| {
+        request(
+            Method::POST,
+            &[
+                ("content-type", "application/grpc"),
+                ("te", "trailers"),
+                ("x-request-id", id),
+            ],
+            "\0\0\0\0\0",
+        )
+    };
+    let given_up = |id: &'static str| {
+        let mut call = HeaderMap::new();
+        call.insert("x-request-id", http::HeaderValue::from_static(id));
+        s.inbound
+            .outbound_answered(Outcome::AttemptsExhausted, &call);
+    };
+    let in_flight = |id: &'static str| {
+        let (service, conn) = (s.service.clone(), s.conn.clone());
+        tokio::spawn(async move { Got::of(service.call(Box::new(grpc(id)), &conn).await).await })
+    };
+
+    // The pod's outbound side gives up, owned, on a call made for the request in flight.
+    let marked = in_flight("g-1");
+    s.until_the_app_has(1).await;
+    given_up("g-1");
+    let marked = marked.await.unwrap();
+    assert_eq!(marked.status, StatusCode::OK);
+    assert_eq!(marked.outcome(), None, "the head said nothing yet");
+    assert_eq!(marked.trailer("grpc-status"), Some("14"));
+    assert_eq!(
+        marked.trailer("x-tollgate-outcome"),
+        Some("downstream-owned")
+    );
+    assert_eq!(marked.trailer("grpc-retry-pushback-ms"), Some("-1"));
+
+    // Another call's UNAVAILABLE, with no give-up made for it, goes back as it came.
+    let plain = s.call(grpc("g-2")).await;
+    assert_eq!(plain.trailer("grpc-status"), Some("14"));
+    assert_eq!(
+        plain.trailer("x-tollgate-outcome"),
+        None,
+        "its callers may retry it"
+    );
+    assert_eq!(plain.trailer("grpc-retry-pushback-ms"), None);
+
+    // A success after a give-up is not a failure to mark.
+    let ok = in_flight("g-3");
+    s.until_the_app_has(3).await;
+    given_up("g-3");
+    let ok = ok.await.unwrap();
+    assert_eq!(ok.trailer("grpc-status"), Some("0"));
+    assert_eq!(ok.trailer("x-tollgate-outcome"), None);
 }
 
 #[tokio::test(start_paused = true)]

@@ -12,26 +12,32 @@ pub struct Got {
     pub status: StatusCode,
     pub headers: HeaderMap,
     pub body: String,
+    /// The trailers the body ended with, if any.
+    pub trailers: Option<HeaderMap>,
 }
 
 impl Got {
     /// Reads `resp` whole (a body that breaks reads as what came before it).
     pub async fn of(resp: AppResponse) -> Got {
         let (parts, body) = resp.into_parts();
-        let body = body
-            .collect()
-            .await
-            .map(|c| c.to_bytes())
-            .unwrap_or_default();
+        let collected = body.collect().await.ok();
+        let trailers = collected.as_ref().and_then(|c| c.trailers().cloned());
+        let body = collected.map(|c| c.to_bytes()).unwrap_or_default();
         Got {
             status: parts.status,
             headers: parts.headers,
             body: String::from_utf8_lossy(&body).into_owned(),
+            trailers,
         }
     }
 
     pub fn header(&self, name: &str) -> Option<&str> {
         self.headers.get(name).and_then(|v| v.to_str().ok())
+    }
+
+    /// A field of the trailers.
+    pub fn trailer(&self, name: &str) -> Option<&str> {
+        self.trailers.as_ref()?.get(name)?.to_str().ok()
     }
 
     pub fn outcome(&self) -> Option<&str> {
