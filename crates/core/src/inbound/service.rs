@@ -408,23 +408,9 @@ impl<W: AppWire> ToApp<'_, W> {
             .await
             .map_err(|no| no.fault);
         let mark = match (marking, &result) {
-            (Some(carrying), Ok(resp)) if carrying.keyed() => {
-                let (status, fields) = (resp.status(), Fields::of(resp));
-                if owned::retryable_failure(status, fields, facts.grpc) {
-                    if carrying.marks() {
-                        Mark::Head
-                    } else {
-                        Mark::No
-                    }
-                } else if parts.version == Version::HTTP_2
-                    && owned::status_in_trailers(status, fields, facts.grpc)
-                {
-                    // Its status comes in its trailers: the request stays counted under
-                    // its keys until they come.
-                    Mark::Trailers(carrying.kept(self.inbound.owned.clone()))
-                } else {
-                    Mark::No
-                }
+            (Some(carrying), Ok(resp)) => {
+                let owned = &self.inbound.owned;
+                Mark::of((carrying, owned), resp, facts.grpc, parts.version)
             }
             _ => Mark::No,
         };
@@ -557,6 +543,35 @@ enum Mark {
     /// In its trailers if they say `UNAVAILABLE`: a gRPC answer whose status comes last,
     /// with the request it answers, counted under its keys until then.
     Trailers(Carrying<Arc<OwnedCalls>>),
+}
+
+impl Mark {
+    /// Where the app's answer `resp` to the request `carrying` counts in `owned` (a gRPC
+    /// call when `grpc`, answered to its caller in `version`) is marked, if it is.
+    fn of(
+        (carrying, owned): (Carrying<&OwnedCalls>, &Arc<OwnedCalls>),
+        resp: &UpstreamResponse,
+        grpc: bool,
+        version: Version,
+    ) -> Mark {
+        if !carrying.keyed() {
+            return Mark::No;
+        }
+        let (status, fields) = (resp.status(), Fields::of(resp));
+        if owned::retryable_failure(status, fields, grpc) {
+            return if carrying.marks() {
+                Mark::Head
+            } else {
+                Mark::No
+            };
+        }
+        if version == Version::HTTP_2 && owned::status_in_trailers(status, fields, grpc) {
+            // Its status comes in its trailers: the request stays counted under its keys
+            // until they come.
+            return Mark::Trailers(carrying.kept(owned.clone()));
+        }
+        Mark::No
+    }
 }
 
 /// The app's answer, as it goes back to the caller: its hop-by-hop fields dropped, and
