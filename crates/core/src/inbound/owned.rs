@@ -199,8 +199,7 @@ pub fn retryable_failure(status: StatusCode, fields: Fields<'_>, grpc: bool) -> 
 /// head without `grpc-status`, and without a verdict of its own. Its trailers are where
 /// a failure is marked ([`MarkTrailers`]).
 pub fn status_in_trailers(status: StatusCode, fields: Fields<'_>, grpc: bool) -> bool {
-    grpc && status == StatusCode::OK
-        && !fields.contains(&GRPC_STATUS)
+    grpc && !fields.contains(&GRPC_STATUS)
         && is_grpc_answer(status, fields.get(&http::header::CONTENT_TYPE), false)
         && !fields.contains(&OUTCOME_HEADER)
 }

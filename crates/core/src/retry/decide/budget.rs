@@ -16,9 +16,9 @@
 //!
 //! Before every retry: grant it only if, counting it, the retries sent in the window stay
 //! below `ratio * requests_received + min_per_sec * window_seconds` (strictly: a bound of
-//! exactly 10 grants 9). Time is cut into
-//! `SLOTS` slots per window. Retries are counted over one slot *more* than the window and
-//! requests over the slots that lie wholly inside it, so the decision is never more
+//! exactly 10 grants 9). Time is cut into `SLOTS` slots per window. Retries are counted
+//! over one slot *more* than the window and requests over the slots that lie wholly
+//! inside it, so the decision is never more
 //! generous than the exact sliding window: whenever a retry is granted at instant `t`,
 //! the retries granted in `(t - window, t]` stay below the bound computed from the
 //! requests received in that same interval (a property test checks this).
