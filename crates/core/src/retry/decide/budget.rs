@@ -415,8 +415,8 @@ mod tests {
 
     #[test]
     fn the_gauge_says_what_the_next_retries_would_get() {
-        // ratio 0.1, floor 1/s over 10 s, 40 requests: the window allows
-        // 0.1 * 40 + 1 * 10 = 14, a slot (0.5 s) at most ceil(2 * 14 / 20) = 2.
+        // ratio 0.1, floor 1/s over 10 s, 40 requests: the bound is
+        // 0.1 * 40 + 1 * 10 = 14 (13 below it), a slot (0.5 s) at most ceil(2 * 14 / 20) = 2.
         let (b, t0) = budget(0.1, 1.0, 10);
         for _ in 0..40 {
             b.record_request(t0);
