@@ -1,7 +1,7 @@
 //! Upstream faults: resets mid-response, hangs after the head, garbage instead of HTTP,
 //! a close right after the head, a slow body, a name that does not resolve, a full
-//! accept queue (a connect slower than `connect_timeout`), an address that refuses
-//! beside one that answers. After
+//! accept queue (a connect slower than `connect_timeout`, with one endpoint and with
+//! several), an address that refuses beside one that answers. After
 //! each, nothing leaks (the upstream's connection and in-flight gauges return to their
 //! baseline) and a healthy upstream behind the same tollgate still answers.
 
@@ -600,6 +600,170 @@ async fn a_connect_slower_than_connect_timeout_is_waited_for_as_a_direct_call_wa
         "{m}"
     );
     drop(server);
+    tg.stop().await;
+}
+
+/// A listener on loopback whose accept queue is full (`listen(0)`, its one place taken
+/// by the connection returned with it): the kernel drops the SYNs of every other
+/// connect until the queue has room.
+fn full_accept_queue() -> (std::net::TcpListener, std::net::TcpStream) {
+    let sock = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
+    sock.bind(&"127.0.0.1:0".parse::<SocketAddr>().unwrap().into())
+        .unwrap();
+    sock.listen(0).unwrap();
+    sock.set_nonblocking(true).unwrap();
+    let listener: std::net::TcpListener = sock.into();
+    let filler = std::net::TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+    (listener, filler)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_connect_races_one_to_another_endpoint_and_is_no_failure() {
+    // Two pods, one of them dropping SYNs (its accept queue full, as under a load step
+    // or behind a dead node): a connect to it is slow, not failed. At `connect_timeout`
+    // a connect to the other pod starts beside it and carries the request: one attempt,
+    // no retry (the budget allows none), no connect failure, nothing ejected, and the
+    // access log names the pod that answered.
+    let (stuck, _filler) = full_accept_queue();
+    let stuck_addr = stuck.local_addr().unwrap();
+    let ok = Upstream::start(|req| async move { respond(200, format!("ok {}", req.uri().path())) })
+        .await;
+    let p = Process::start_logged(
+        &Config::new()
+            .upstream("pods", |u| {
+                u.authorities(["pods"])
+                    .endpoint(stuck_addr)
+                    .endpoint(ok.addr)
+                    .connect_timeout("200ms")
+                    .retry(|r| r.max_attempts(3).backoff_base("1ms"))
+                    .budget(|b| b.ratio(0.0).min_per_sec(0.0))
+                    .outlier(|o| o.consecutive_failures(1))
+            })
+            .access_log(|a| a.enabled(true))
+            .to_toml_for_process(),
+    )
+    .await;
+    let dropped = listen_overflows();
+    for i in 0..6 {
+        let r = timeout(
+            Duration::from_secs(10),
+            get(p.addr, &format!("/{i}"), "pods"),
+        )
+        .await
+        .expect("a slow connect must not hold the request past the race");
+        assert_eq!(
+            (r.status.as_u16(), &r.body[..], r.attempts()),
+            (200, format!("ok /{i}").as_bytes(), 1),
+            "request {i}: {:?}",
+            r.outcome()
+        );
+    }
+    assert!(
+        listen_overflows() > dropped,
+        "no request went to the pod whose accept queue is full"
+    );
+    let m = get(p.admin, "/metrics", "admin").await;
+    let m = String::from_utf8_lossy(&m.body);
+    for (series, want) in [
+        (
+            "tollgate_attempts_total{result=\"connect-failure\",upstream=\"pods\"}",
+            0.0,
+        ),
+        (
+            "tollgate_attempts_total{result=\"2xx\",upstream=\"pods\"}",
+            6.0,
+        ),
+        ("tollgate_ejections_total{upstream=\"pods\"}", 0.0),
+    ] {
+        assert_eq!(metric(&m, series), Some(want), "{series}\n{m}");
+    }
+    let access = |log: &str| {
+        log.lines()
+            .filter(|l| l.contains(" access direction="))
+            .map(str::to_string)
+            .collect::<Vec<_>>()
+    };
+    let written = wait_until(Duration::from_secs(10), || access(&p.log()).len() >= 6).await;
+    let lines = access(&p.log());
+    assert!(written, "{} access lines, not 6:\n{}", lines.len(), p.log());
+    for line in &lines {
+        assert!(
+            line.contains(&format!("attempts=1 peer={} ", ok.addr)),
+            "the pod that answered is named, not the one that was slow: {line}"
+        );
+    }
+    drop(stuck);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_pod_slow_to_accept_is_waited_for_as_a_direct_call_waits() {
+    // Both pods' accept queues full: tollgate's connect to the first is slow, the one
+    // raced beside it to the second is slow too, and whichever is made first (once the
+    // queues have room and the kernel sends a SYN again) carries the request, as a
+    // direct call connects late. Each slow connect used to be a connect failure, and
+    // the request's attempts ran out before the queues had room.
+    let (a, a_filler) = full_accept_queue();
+    let (b, b_filler) = full_accept_queue();
+    let (a_addr, b_addr) = (a.local_addr().unwrap(), b.local_addr().unwrap());
+    let ok = healthy().await;
+    let tg = Tollgate::start(
+        &Config::new()
+            .upstream("pods", |u| {
+                u.authorities(["pods"])
+                    .endpoint(a_addr)
+                    .endpoint(b_addr)
+                    .connect_timeout("200ms")
+                    .retry(|r| r.max_attempts(3).backoff_base("1ms"))
+            })
+            .upstream("healthy", |u| u.authorities(["healthy"]).endpoint(ok.addr))
+            .to_toml(),
+    )
+    .await;
+    let dropped = listen_overflows();
+    let through = tokio::spawn(async move {
+        let r = get(tg.addr, "/late", "pods").await;
+        (r, tg)
+    });
+    let direct = tokio::spawn(async move { get(a_addr, "/late", "pods").await });
+    // tollgate's connect to one pod, the direct call's, and tollgate's second connect
+    // beside its first (or SYNs sent again): past the connect timeout, both pods slow.
+    let overflowed = wait_until(Duration::from_secs(10), || {
+        listen_overflows() >= dropped + 3
+    })
+    .await;
+    assert!(overflowed, "the accept queues never overflowed");
+    let serve = |l: std::net::TcpListener| {
+        let l = tokio::net::TcpListener::from_std(l).unwrap();
+        Upstream::serve(l, |req| async move {
+            respond(200, format!("served {}", req.uri().path()))
+        })
+    };
+    let servers = (serve(a), serve(b));
+    drop((a_filler, b_filler));
+    let direct = timeout(Duration::from_secs(15), direct)
+        .await
+        .unwrap()
+        .unwrap();
+    let (r, tg) = timeout(Duration::from_secs(15), through)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(direct.status, 200, "direct");
+    assert_eq!(
+        (r.status.as_u16(), &r.body[..], r.attempts()),
+        (200, &b"served /late"[..], 1),
+        "through tollgate, as directly: one attempt, connected late"
+    );
+    let m = tg.metrics().await;
+    assert_eq!(
+        metric(
+            &m,
+            "tollgate_attempts_total{result=\"connect-failure\",upstream=\"pods\"}"
+        ),
+        Some(0.0),
+        "{m}"
+    );
+    drop(servers);
     tg.stop().await;
 }
 

@@ -201,7 +201,7 @@ pub async fn send<'a, B: OutgoingBody>(
         started: Instant::now(),
         by: fields.deadline.at(),
         own_connection: false,
-        alone: None,
+        beside: None,
     };
     let at = |now| RequestHead {
         fields: fields.at(now),
@@ -211,13 +211,13 @@ pub async fn send<'a, B: OutgoingBody>(
     };
     let mut body = Some(body);
     let (mut tried, other) = app.order();
-    let mut sent = exchange::send(tried, reach, &at, &mut body).await;
+    let mut sent = exchange::send(tried, reach, &at, &mut body, &mut None).await;
     // Refused there, nothing sent: the other address of the same app.
     if let (Err(failed), Some(other)) = (&sent, other)
         && refused(failed)
     {
         tried = other;
-        sent = exchange::send(other, reach, &at, &mut body).await;
+        sent = exchange::send(other, reach, &at, &mut body, &mut None).await;
         if sent.is_ok() {
             let at_pod = app.pod.as_ref().is_some_and(|pod| std::ptr::eq(pod, other));
             app.at_pod.store(at_pod, Ordering::Relaxed);

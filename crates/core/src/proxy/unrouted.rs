@@ -425,13 +425,13 @@ async fn send(
         started,
         by: None,
         own_connection: false,
-        alone: None,
+        beside: None,
     };
     let at = |_| RequestHead {
         fields: AttemptFields::default(),
         ..*head
     };
-    let failed = match exchange::send(to.origin, reach, at, &mut Some(body)).await {
+    let failed = match exchange::send(to.origin, reach, at, &mut Some(body), &mut None).await {
         Ok(resp) => return Ok(resp),
         Err(failed) => failed,
     };

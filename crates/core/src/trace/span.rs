@@ -341,6 +341,14 @@ impl RequestTrace {
         }
     }
 
+    /// The attempt was carried by the endpoint at `endpoint` rather than the one it
+    /// started on (its connect was slow, and one raced beside it was made first).
+    pub fn attempt_moved(&mut self, id: AttemptId, endpoint: Option<SocketAddr>) {
+        if let Some(a) = self.spans().attempts.get_mut(usize::from(id.0)) {
+            a.started.endpoint = endpoint;
+        }
+    }
+
     /// The request has its answer at `now`: an attempt still in flight beside the one
     /// that answered (a hedge's loser) is cancelled then.
     pub fn cancel_open(&mut self, now: Instant) {

@@ -9,6 +9,7 @@
 //! the one [`Fault`] it is ([`Failed::fault`]); what each side then does with it is its
 //! own.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::time::{Instant, timeout_at};
@@ -34,8 +35,7 @@ pub const CONNECT_MAX: Duration = Duration::from_secs(10);
 pub const CONTINUE_WAIT: Duration = Duration::from_secs(1);
 
 /// How to reach the endpoint.
-#[derive(Clone, Copy)]
-pub struct Reach<'a> {
+pub struct Reach<'a, B> {
     pub want: Want,
     pub tls: Option<&'a TlsClient>,
     pub connect_timeout: Duration,
@@ -47,12 +47,20 @@ pub struct Reach<'a> {
     /// failed the request (behind a Service's virtual IP a new connection may reach
     /// another pod; the pooled one reaches the same).
     pub own_connection: bool,
-    /// Whether a connect past `connect_timeout` is raced rather than given up, asked
-    /// only when a connection is opened: when the endpoint is the only one (`None`:
-    /// never). Where there are others, a slow connect is a connect failure and the
-    /// attempt moves on to another endpoint.
-    pub alone: Option<&'a (dyn Fn() -> bool + Sync)>,
+    /// Where a second connect goes when the first is still not made at
+    /// `connect_timeout`: another endpoint, or none (`None` from it: the same endpoint
+    /// again, on a connection of its own). Asked only then. Without it (`None`), a
+    /// connect not made within `connect_timeout` fails.
+    pub beside: Option<&'a (dyn Fn() -> Option<Arc<Endpoint<B>>> + Sync)>,
 }
+
+impl<B> Clone for Reach<'_, B> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+
+impl<B> Copy for Reach<'_, B> {}
 
 /// Why no response head came, with what is worth logging of it.
 #[derive(Debug, thiserror::Error)]
@@ -142,22 +150,32 @@ impl Failed {
 
 /// Sends the request on `endpoint`: `head(now, fresh)` makes its head as it goes out
 /// (`fresh`: on a connection opened for it). The body comes back in `body` when it never
-/// left.
+/// left. `carried` is set to the endpoint that carried the request when that is not
+/// `endpoint`: its connect was slow, and another endpoint's connect, raced beside it,
+/// was made first.
 pub async fn send<'h, B: OutgoingBody>(
     endpoint: &Endpoint<B>,
-    reach: Reach<'_>,
+    reach: Reach<'_, B>,
     head: impl Fn(Instant) -> RequestHead<'h>,
     body: &mut Option<B>,
+    carried: &mut Option<Arc<Endpoint<B>>>,
 ) -> Result<UpstreamResponse, Failed> {
     let mut closed = None;
     for turn in 0..=MAX_STALE {
+        let on = carried.as_deref().unwrap_or(endpoint);
         let pooled = match reach.own_connection && turn == 0 {
             true => None,
-            false => endpoint.pooled(reach.want, reach.started),
+            false => on.pooled(reach.want, reach.started),
         };
         let (conn, fresh) = match pooled {
             Some(c) => (c, false),
-            None => connect(endpoint, reach, reach.own_connection && turn == 0).await?,
+            None => {
+                let (conn, moved) = connect(on, reach, reach.own_connection && turn == 0).await?;
+                if moved.is_some() {
+                    *carried = moved;
+                }
+                conn
+            }
         };
         // A pooled connection is taken at once: the exchange's start is still now.
         let now = if fresh { Instant::now() } else { reach.started };
@@ -182,68 +200,104 @@ pub async fn send<'h, B: OutgoingBody>(
     Err(Failed::Stale { closed })
 }
 
-/// A new connection to `endpoint` (`own`: never a pooled one), `true` with it.
+/// A connection to `on`: a pooled one when one is ready (unless `own`), else a new one,
+/// `true` with a new one; given up after `timeout`.
+async fn open<B: OutgoingBody>(
+    on: &Endpoint<B>,
+    reach: Reach<'_, B>,
+    own: bool,
+    timeout: Duration,
+) -> Result<(Conn<B>, bool), ConnectError> {
+    if own {
+        on.open_new(reach.want, reach.tls, timeout).await
+    } else {
+        on.checkout(reach.want, reach.tls, timeout).await
+    }
+}
+
+/// A new connection to `endpoint` (`own`: never a pooled one), `true` with it, or one
+/// to the endpoint a connect raced beside it went to (returned with it).
 ///
-/// Within `connect_timeout`, or else: where the endpoint is not the only one, that is a
-/// connect failure (the attempt moves on to another); where it is ([`Reach::alone`]),
-/// another connect starts beside the slow one (a full accept queue drops SYNs and the
-/// kernel resends them only after a second; behind a Service's virtual IP a new
-/// connection may reach another pod), and the first connection made carries the
-/// exchange, the other is closed. Given up at the deadline, or after [`CONNECT_MAX`]
-/// without one.
+/// A connect not made within `connect_timeout` is not a failure: where the exchange may
+/// race ([`Reach::beside`]), another connect starts beside the slow one, to another
+/// endpoint when there is one, else to the same on a connection of its own (a full
+/// accept queue drops SYNs and the kernel resends them only after a second; behind a
+/// Service's virtual IP a new connection may reach another pod). The first connection
+/// made carries the exchange, the other connect is dropped, and one of the two that is
+/// refused leaves the other to finish. An endpoint outraced by another is passed over
+/// for a while ([`Endpoint::outraced`]). Given up at the deadline, or after
+/// [`CONNECT_MAX`] without one. Without a race, a connect not made within
+/// `connect_timeout` fails.
 async fn connect<B: OutgoingBody>(
     endpoint: &Endpoint<B>,
-    reach: Reach<'_>,
+    reach: Reach<'_, B>,
     own: bool,
-) -> Result<(Conn<B>, bool), Failed> {
-    // Boxed: connecting (TLS included) is a large future, and inline it would make every
-    // request's future that large to move.
-    let open = |own: bool, timeout: Duration| {
-        Box::pin(async move {
-            if own {
-                endpoint.open_new(reach.want, reach.tls, timeout).await
-            } else {
-                endpoint.checkout(reach.want, reach.tls, timeout).await
-            }
-        })
-    };
+) -> Result<((Conn<B>, bool), Option<Arc<Endpoint<B>>>), Failed> {
     let timed_out = || match reach.by {
         Some(by) if Instant::now() >= by => Failed::DeadlineConnecting,
         _ => Failed::ConnectTimeout,
     };
     let now = Instant::now();
     let slow_at = now + reach.connect_timeout;
-    if !reach.alone.is_some_and(|alone| alone()) {
+    let Some(beside) = reach.beside else {
         let by = reach.by.map_or(slow_at, |by| slow_at.min(by));
-        return match timeout_at(by, open(own, reach.connect_timeout)).await {
-            Ok(r) => r.map_err(Failed::Connect),
+        // Boxed: connecting (TLS included) is a large future, and inline it would make
+        // every request's future that large to move.
+        return match timeout_at(
+            by,
+            Box::pin(open(endpoint, reach, own, reach.connect_timeout)),
+        )
+        .await
+        {
+            Ok(r) => r.map(|c| (c, None)).map_err(Failed::Connect),
             Err(_) => Err(timed_out()),
         };
-    }
+    };
     let give_up = reach
         .by
         .map_or(now + CONNECT_MAX, |by| by.min(now + CONNECT_MAX));
-    let mut first = open(own, give_up.saturating_duration_since(now));
+    let mut first = Box::pin(open(
+        endpoint,
+        reach,
+        own,
+        give_up.saturating_duration_since(now),
+    ));
     match timeout_at(slow_at.min(give_up), &mut first).await {
-        Ok(r) => return r.map_err(Failed::Connect),
+        Ok(r) => return r.map(|c| (c, None)).map_err(Failed::Connect),
         Err(_) if Instant::now() >= give_up => return Err(timed_out()),
         Err(_) => {}
     }
-    let mut second = open(true, give_up.saturating_duration_since(Instant::now()));
+    let other = beside().filter(|o| o.id != endpoint.id);
+    let (second_on, second_own) = match &other {
+        Some(o) => (&**o, false),
+        None => (endpoint, true),
+    };
+    let left = give_up.saturating_duration_since(Instant::now());
+    let mut second = Box::pin(open(second_on, reach, second_own, left));
+    // Which connect carries the exchange (`true`: the first), and whether the first
+    // was still not made when the second was.
     let raced = async {
         let (done, first_done) = tokio::select! {
             r = &mut first => (r, true),
             r = &mut second => (r, false),
         };
         match (done, first_done) {
-            (Ok(c), _) => Ok(c),
+            (Ok(c), true) => Ok((c, true, false)),
+            (Ok(c), false) => Ok((c, false, true)),
             // One failed: the other may still connect.
-            (Err(_), true) => second.await,
-            (Err(_), false) => first.await,
+            (Err(_), true) => second.await.map(|c| (c, false, false)),
+            (Err(_), false) => first.await.map(|c| (c, true, false)),
         }
     };
     match timeout_at(give_up, raced).await {
-        Ok(r) => r.map_err(Failed::Connect),
+        Ok(Ok((c, true, _))) => Ok((c, None)),
+        Ok(Ok((c, false, outraced))) => {
+            if outraced && other.is_some() {
+                endpoint.outraced();
+            }
+            Ok((c, other.clone()))
+        }
+        Ok(Err(e)) => Err(Failed::Connect(e)),
         Err(_) => Err(timed_out()),
     }
 }

@@ -172,6 +172,14 @@ impl<B: OutgoingBody> Endpoint<B> {
         self.skip_until.store(clock_ms() + pause, Relaxed);
     }
 
+    /// A connect to it was still not made when one raced beside it to another endpoint
+    /// was. Not a failure (a full accept queue is slow, not dead; its health is not
+    /// told), but new requests go to the others for a while, as after a refused connect,
+    /// so that an endpoint that drops SYNs costs a request `connect_timeout` seldom.
+    pub fn outraced(&self) {
+        self.connect_failed();
+    }
+
     fn connect_succeeded(&self) {
         if self.failures.load(Relaxed) != 0 {
             self.failures.store(0, Relaxed);

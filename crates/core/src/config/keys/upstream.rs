@@ -28,7 +28,7 @@ keys! {
         |c| json!(c.host.as_ref().and_then(|h| h.to_str().ok()));
     protocol: "`\"http1\"`, `\"h2c\"` or `\"auto\"`", model, Applied, "the HTTP it is spoken to in",
         |c| json!(c.protocol.as_str());
-    connect_timeout: "duration", model, Applied, "how long a connect may take before another starts beside it (the only endpoint) or the attempt moves to another endpoint",
+    connect_timeout: "duration", model, Applied, "how long a connect may take before another starts beside it (to another endpoint, or the same when it is the only one)",
         |c| json!(format_duration(c.connect_timeout));
     request_timeout: "duration", model, Applied, "the deadline when the caller sends none, and a cap on a longer one",
         |c| json!(c.request_timeout.map(format_duration));

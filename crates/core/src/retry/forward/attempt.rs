@@ -58,11 +58,13 @@ pub trait Transport<A>: Sync {
     /// Sends `attempt` (its head, with the attempt's own fields as of the moment it goes
     /// out, and the body in `body`) to endpoint `attempt.endpoint`, and waits for the
     /// response head until `attempt.by`. The body comes back in `body` when it never
-    /// left.
+    /// left. `carried` is set to the endpoint that carried the attempt instead, when
+    /// its connect was slow and one raced beside it to another endpoint was made first.
     fn exchange<'s>(
         &'s self,
         attempt: &'s Attempt<'_, A>,
         body: &'s mut Option<ReplayBody<A>>,
+        carried: &'s mut Option<Arc<Endpoint<ReplayBody<A>>>>,
     ) -> impl Future<Output = Result<UpstreamResponse, NoHead>> + Send + 's;
 }
 
@@ -94,6 +96,9 @@ pub struct Attempt<'a, A> {
     /// On a connection of its own, not a pooled one (a retry back to the endpoint that
     /// just failed the request).
     pub own_connection: bool,
+    /// Held to its endpoint: a slow connect races no other endpoint's (the request's
+    /// key is known only there).
+    pub held: bool,
     /// 1 for the first try.
     pub number: u32,
     /// Sent beside another attempt still running (`x-tollgate-hedge: 1`).
@@ -138,7 +143,11 @@ pub(super) struct Ran<A> {
     pub unsent: Option<ReplayBody<A>>,
     /// What went wrong, when it is worth telling the app (a TLS failure's reason).
     pub detail: Option<String>,
+    /// The endpoint that carried it.
     pub endpoint: usize,
+    /// The endpoint it started on, when another carried it (its connect was slow, and
+    /// one raced beside it to that other was made first).
+    pub moved_from: Option<usize>,
     /// The attempt's number as sent (`x-tollgate-attempt`).
     pub number: u32,
     /// Its failure ejected its endpoint.
@@ -152,6 +161,7 @@ impl<'a, A: RetriedBody> Attempt<'a, A> {
         let mut record = Record {
             up: self.up,
             endpoint: &self.peer,
+            carried: None,
             started: self.started,
             slow_after: self.slow_after,
             done: false,
@@ -161,10 +171,18 @@ impl<'a, A: RetriedBody> Attempt<'a, A> {
         let mut detail = None;
         // In place, not matched into a new binding: a response is a few hundred bytes,
         // and every move of it is a copy.
-        let mut result = wire.exchange(&self, &mut body).await.map_err(|f| {
-            detail = f.detail;
-            f.fault
-        });
+        let mut result = wire
+            .exchange(&self, &mut body, &mut record.carried)
+            .await
+            .map_err(|f| {
+                detail = f.detail;
+                f.fault
+            });
+        // The endpoint that carried the attempt: another than its own only when its
+        // connect was slow and one raced beside it was made first.
+        let carried = record.carried.clone();
+        let peer = carried.as_deref().unwrap_or(&self.peer);
+        let moved_from = carried.as_ref().map(|_| self.endpoint);
         if result.as_ref().is_err_and(Fault::is_peers) && watch.app_failed() {
             // Whatever the exchange then failed with, the app's body broke first.
             result = Err(Fault::CallerBody);
@@ -173,7 +191,8 @@ impl<'a, A: RetriedBody> Attempt<'a, A> {
             result,
             unsent: body,
             detail,
-            endpoint: self.endpoint,
+            endpoint: peer.id,
+            moved_from,
             number: self.number,
             ejected,
         };
@@ -185,7 +204,7 @@ impl<'a, A: RetriedBody> Attempt<'a, A> {
                     StatusCode::BAD_GATEWAY | StatusCode::GATEWAY_TIMEOUT
                 ) =>
             {
-                let endpoint = &self.peer;
+                let endpoint = peer;
                 match Callee::of(resp.status(), Fields::of(resp)) {
                     Callee::AppUnreachable(_) if resp.status() == StatusCode::BAD_GATEWAY => {
                         endpoint.unreachable_behind();
@@ -200,8 +219,8 @@ impl<'a, A: RetriedBody> Attempt<'a, A> {
                     _ => endpoint.answered(),
                 }
             }
-            Ok(_) => self.peer.answered(),
-            Err(Fault::Reset | Fault::Timeout) => self.peer.forget_h2(),
+            Ok(_) => peer.answered(),
+            Err(Fault::Reset | Fault::Timeout) => peer.forget_h2(),
             Err(_) => {}
         }
         let r = match &result {
@@ -221,9 +240,9 @@ impl<'a, A: RetriedBody> Attempt<'a, A> {
         if self.up.endpoints.ejects() {
             let report = self.endpoint_report(&result);
             // Only a failure puts an endpoint out: its state is read around that alone.
-            let health = || &self.peer.health;
+            let health = || &peer.health;
             let was_in = report == EndpointReport::Failure && !health().is_out();
-            self.up.endpoints.report(&self.peer, report);
+            self.up.endpoints.report(peer, report);
             ejected = was_in && health().is_out();
         }
         record.finish(&result, r);
@@ -306,6 +325,8 @@ impl<'a, A: RetriedBody> Attempt<'a, A> {
 struct Record<'a, A> {
     up: &'a Upstream<A>,
     endpoint: &'a Endpoint<ReplayBody<A>>,
+    /// The endpoint that carried the attempt instead, once one did.
+    carried: Option<Arc<Endpoint<ReplayBody<A>>>>,
     started: Instant,
     slow_after: Option<std::time::Duration>,
     done: bool,
@@ -350,9 +371,8 @@ impl<A> Drop for Record<'_, A> {
             // Abandoned for being slow: another attempt answered first, or the app left.
             self.up.metrics().attempt(AttemptResult::Timeout);
             if self.up.endpoints.ejects() {
-                self.up
-                    .endpoints
-                    .report(self.endpoint, EndpointReport::Failure);
+                let endpoint = self.carried.as_deref().unwrap_or(self.endpoint);
+                self.up.endpoints.report(endpoint, EndpointReport::Failure);
             }
         } else {
             self.up.metrics().attempt(AttemptResult::Cancelled);

@@ -120,6 +120,11 @@ pub struct Trail {
     later_peers: Option<Box<[u32]>>,
 }
 
+/// An endpoint's number as the trail keeps it.
+fn id32(id: usize) -> u32 {
+    u32::try_from(id).unwrap_or(NO_PEER)
+}
+
 impl Default for Trail {
     fn default() -> Self {
         Trail {
@@ -135,13 +140,23 @@ impl Trail {
     /// An attempt went to the endpoint numbered `id`.
     #[inline]
     pub(super) fn went_to(&mut self, id: usize, first: bool) {
-        let id = u32::try_from(id).unwrap_or(NO_PEER);
+        let id = id32(id);
         if first {
             self.first_peer = id;
         } else {
             let mut later = self.later_peers.take().map(Vec::from).unwrap_or_default();
             later.push(id);
             self.later_peers = Some(later.into_boxed_slice());
+        }
+    }
+
+    /// The attempt that went to endpoint `from` (the last that did) was carried by
+    /// endpoint `to`: its connect was slow, and one raced beside it was made first.
+    pub(super) fn moved(&mut self, from: usize, to: usize) {
+        let (from, to) = (id32(from), id32(to));
+        let later = self.later_peers.iter_mut().flat_map(|v| v.iter_mut().rev());
+        if let Some(p) = later.chain([&mut self.first_peer]).find(|p| **p == from) {
+            *p = to;
         }
     }
 

@@ -517,6 +517,7 @@ impl<'a, A: RetriedBody> Forwarding<'a, A> {
             endpoint: endpoint.id,
             peer: endpoint,
             own_connection,
+            held: self.stuck.is_some(),
             number: self.number(),
             hedge: beside == Some(Beside::Hedge),
             want: self.want,
@@ -677,6 +678,9 @@ impl<'a, A: RetriedBody> Forwarding<'a, A> {
     /// What a finished attempt means: the answer, a failure to decide on, or, while
     /// `others` are in flight, a failure (or a `retry-rejected`) put aside.
     fn judge(&mut self, ran: Ran<A>, slot: Slot, others: bool) -> Step {
+        if let Some(from) = ran.moved_from {
+            self.trail.moved(from, ran.endpoint);
+        }
         self.traced.ended(self.up, &ran, slot == Slot::Second);
         if let Some(unsent) = ran.unsent.filter(|_| slot == Slot::First) {
             self.body.give_back(unsent);

@@ -6,7 +6,7 @@
 //! so a test with paused time runs a script of seconds in no time.
 
 use std::collections::VecDeque;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio::time::Instant;
@@ -15,6 +15,7 @@ use crate::fault::Fault;
 use crate::retry::forward::attempt::Attempt;
 use crate::retry::forward::attempt::{NoHead, Transport};
 use crate::retry::forward::replay::{ReplayBody, RetriedBody};
+use crate::upstream::pool::Endpoint;
 use crate::upstream::response::UpstreamResponse;
 use crate::upstream::scripted;
 
@@ -83,6 +84,7 @@ impl<A: RetriedBody> Transport<A> for Script {
         &self,
         a: &Attempt<'_, A>,
         body: &mut Option<ReplayBody<A>>,
+        _carried: &mut Option<Arc<Endpoint<ReplayBody<A>>>>,
     ) -> Result<UpstreamResponse, NoHead> {
         self.play(a, body).await.map_err(NoHead::from)
     }

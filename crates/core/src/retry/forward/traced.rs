@@ -71,15 +71,10 @@ impl<'t> Traced<'t> {
     /// A CLIENT span for the attempt starting `now`: the `traceparent` it carries.
     pub fn start<A>(&mut self, a: Starting<'_, A>, now: Instant) -> Option<HeaderValue> {
         let s = self.0.as_deref_mut()?;
-        let addr = &a.endpoint.addr;
         let start = AttemptStart {
             number: a.number,
             hedge: a.hedge,
-            endpoint: addr
-                .host
-                .parse::<IpAddr>()
-                .ok()
-                .map(|ip| SocketAddr::new(ip, addr.port)),
+            endpoint: address(a.endpoint),
             reason: a.reason.filter(|_| !a.hedge),
             deadline_left: a.deadline.remaining(now),
         };
@@ -115,6 +110,11 @@ impl<'t> Traced<'t> {
             ejected: ran.ejected,
         };
         let now = Instant::now();
+        if ran.moved_from.is_some() {
+            let carried = up.endpoints.by_id(ran.endpoint);
+            s.trace
+                .attempt_moved(id, carried.as_deref().and_then(address));
+        }
         s.trace.attempt_ended(id, end, now);
         s.last = Some(id);
         s.available = up.config.budget.as_ref().map(|_| up.budget.available(now));
@@ -161,4 +161,11 @@ impl State<'_> {
         };
         self.trace.after_failure(id, after);
     }
+}
+
+/// The address of `endpoint`, when it is one (not a name).
+fn address<A>(endpoint: &Endpoint<ReplayBody<A>>) -> Option<SocketAddr> {
+    let addr = &endpoint.addr;
+    let ip = addr.host.parse::<IpAddr>().ok()?;
+    Some(SocketAddr::new(ip, addr.port))
 }

@@ -5,6 +5,8 @@
 //! descriptor shortage counted, a TLS failure of one endpoint warned about and named
 //! for the app).
 
+use std::sync::Arc;
+
 use super::attempt::NoHead;
 use crate::descriptors::Throttled;
 use crate::fault::Fault;
@@ -25,9 +27,16 @@ impl<A: RetriedBody> Transport<A> for Upstream<A> {
         &self,
         a: &Attempt<'_, A>,
         body: &mut Option<ReplayBody<A>>,
+        carried: &mut Option<Arc<Endpoint<ReplayBody<A>>>>,
     ) -> Result<UpstreamResponse, NoHead> {
         let cfg = &self.config;
         let endpoint = &*a.peer;
+        // A slow connect races one to another endpoint, unless the request is held to
+        // this one (its key is known only there).
+        let beside = || match a.held {
+            true => None,
+            false => self.endpoints.pick(Some(endpoint.id)),
+        };
         let reach = Reach {
             want: a.want,
             tls: self.tls.as_deref(),
@@ -35,12 +44,14 @@ impl<A: RetriedBody> Transport<A> for Upstream<A> {
             started: a.started,
             by: a.by,
             own_connection: a.own_connection,
-            alone: Some(&|| self.endpoints.len() == 1),
+            beside: Some(&beside),
         };
-        let failed = match exchange::send(endpoint, reach, |now| a.head_at(now), body).await {
+        let head = |now| a.head_at(now);
+        let failed = match exchange::send(endpoint, reach, head, body, carried).await {
             Ok(resp) => return Ok(resp),
             Err(f) => f,
         };
+        let endpoint = carried.as_deref().unwrap_or(endpoint);
         let wire = match &cfg.tls {
             Some(t) => Wire::Tls {
                 client_cert: t.client_cert.is_some(),
