@@ -521,6 +521,24 @@ async fn a_name_that_does_not_resolve_is_a_prompt_502() {
     tg.stop().await;
 }
 
+/// Waits (bounded) until `upstream` holds `n` connections: the connect that lost a race
+/// ran on, and its connection was pooled once made.
+async fn pooled_loser(tg: &Tollgate, upstream: &str, n: f64) {
+    let limit = Instant::now() + Duration::from_secs(10);
+    loop {
+        let (connections, _) = gauges(tg, upstream).await;
+        if connections == n {
+            return;
+        }
+        assert!(
+            Instant::now() < limit,
+            "{upstream}: {connections} connections, not {n}: the connect that lost the race \
+             was not pooled"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
 /// `TcpExt: ListenOverflows` of this network namespace: SYNs a full accept queue
 /// dropped.
 fn listen_overflows() -> u64 {
@@ -599,6 +617,9 @@ async fn a_connect_slower_than_connect_timeout_is_waited_for_as_a_direct_call_wa
         Some(0.0),
         "{m}"
     );
+    // The connect that lost the race ran on: its connection is pooled beside the one
+    // that carried the request, not closed.
+    pooled_loser(&tg, "faulty", 2.0).await;
     drop(server);
     tg.stop().await;
 }
@@ -763,6 +784,7 @@ async fn every_pod_slow_to_accept_is_waited_for_as_a_direct_call_waits() {
         Some(0.0),
         "{m}"
     );
+    pooled_loser(&tg, "pods", 2.0).await;
     drop(servers);
     tg.stop().await;
 }

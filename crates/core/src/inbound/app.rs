@@ -201,7 +201,7 @@ pub async fn send<'a, B: OutgoingBody>(
         started: Instant::now(),
         by: fields.deadline.at(),
         own_connection: false,
-        beside: None,
+        race: None,
     };
     let at = |now| RequestHead {
         fields: fields.at(now),

@@ -425,7 +425,7 @@ async fn send(
         started,
         by: None,
         own_connection: false,
-        beside: None,
+        race: None,
     };
     let at = |_| RequestHead {
         fields: AttemptFields::default(),

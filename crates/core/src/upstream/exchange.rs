@@ -9,6 +9,8 @@
 //! the one [`Fault`] it is ([`Failed::fault`]); what each side then does with it is its
 //! own.
 
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -47,11 +49,21 @@ pub struct Reach<'a, B> {
     /// failed the request (behind a Service's virtual IP a new connection may reach
     /// another pod; the pooled one reaches the same).
     pub own_connection: bool,
-    /// Where a second connect goes when the first is still not made at
-    /// `connect_timeout`: another endpoint, or none (`None` from it: the same endpoint
-    /// again, on a connection of its own). Asked only then. Without it (`None`), a
-    /// connect not made within `connect_timeout` fails.
-    pub beside: Option<&'a (dyn Fn() -> Option<Arc<Endpoint<B>>> + Sync)>,
+    /// How a connect still not made at `connect_timeout` is raced; without it
+    /// (`None`), such a connect fails.
+    pub race: Option<&'a Race<'a, B>>,
+}
+
+/// What racing a second connect beside a slow one takes: the endpoint and the TLS
+/// client owned, since a connect that loses runs on in a task of its own (its
+/// connection is pooled if it is made), and where the second connect goes.
+pub struct Race<'a, B> {
+    /// The endpoint the exchange is sent to.
+    pub endpoint: &'a Arc<Endpoint<B>>,
+    pub tls: Option<&'a Arc<TlsClient>>,
+    /// Another endpoint for the second connect, asked only when one is due (`None`:
+    /// the same endpoint again, on a connection of its own).
+    pub other: &'a (dyn Fn() -> Option<Arc<Endpoint<B>>> + Sync),
 }
 
 impl<B> Clone for Reach<'_, B> {
@@ -163,6 +175,7 @@ pub async fn send<'h, B: OutgoingBody>(
     let mut closed = None;
     for turn in 0..=MAX_STALE {
         let on = carried.as_deref().unwrap_or(endpoint);
+        let owned = carried.as_ref().or(reach.race.map(|r| r.endpoint));
         let pooled = match reach.own_connection && turn == 0 {
             true => None,
             false => on.pooled(reach.want, reach.started),
@@ -170,7 +183,8 @@ pub async fn send<'h, B: OutgoingBody>(
         let (conn, fresh) = match pooled {
             Some(c) => (c, false),
             None => {
-                let (conn, moved) = connect(on, reach, reach.own_connection && turn == 0).await?;
+                let own = reach.own_connection && turn == 0;
+                let (conn, moved) = connect(on, owned, reach, own).await?;
                 if moved.is_some() {
                     *carried = moved;
                 }
@@ -204,32 +218,60 @@ pub async fn send<'h, B: OutgoingBody>(
 /// `true` with a new one; given up after `timeout`.
 async fn open<B: OutgoingBody>(
     on: &Endpoint<B>,
-    reach: Reach<'_, B>,
+    want: Want,
+    tls: Option<&TlsClient>,
     own: bool,
     timeout: Duration,
 ) -> Result<(Conn<B>, bool), ConnectError> {
     if own {
-        on.open_new(reach.want, reach.tls, timeout).await
+        on.open_new(want, tls, timeout).await
     } else {
-        on.checkout(reach.want, reach.tls, timeout).await
+        on.checkout(want, tls, timeout).await
     }
 }
 
+/// A connect in a race: owning what it uses, so that it can run on alone.
+type Racing<B> = Pin<Box<dyn Future<Output = Result<(Conn<B>, bool), ConnectError>> + Send>>;
+
+/// [`open`], owning what it uses.
+fn racing<B: OutgoingBody>(
+    on: Arc<Endpoint<B>>,
+    want: Want,
+    tls: Option<Arc<TlsClient>>,
+    own: bool,
+    timeout: Duration,
+) -> Racing<B> {
+    Box::pin(async move { open(&on, want, tls.as_deref(), own, timeout).await })
+}
+
+/// A connect that lost its race runs on in a task of its own: a connection it makes is
+/// pooled (an HTTP/2 one is its worker's shared connection already); a failure counts
+/// against its endpoint as any refused connect does.
+fn run_on<B: OutgoingBody>(loser: Racing<B>) {
+    tokio::spawn(async move {
+        if let Ok((conn, _)) = loser.await {
+            conn.keep();
+        }
+    });
+}
+
 /// A new connection to `endpoint` (`own`: never a pooled one), `true` with it, or one
-/// to the endpoint a connect raced beside it went to (returned with it).
+/// to the endpoint a connect raced beside it went to (returned with it). `owned` is
+/// `endpoint`, owned, where the exchange may race ([`Reach::race`]).
 ///
 /// A connect not made within `connect_timeout` is not a failure: where the exchange may
-/// race ([`Reach::beside`]), another connect starts beside the slow one, to another
-/// endpoint when there is one, else to the same on a connection of its own (a full
-/// accept queue drops SYNs and the kernel resends them only after a second; behind a
-/// Service's virtual IP a new connection may reach another pod). The first connection
-/// made carries the exchange, the other connect is dropped, and one of the two that is
-/// refused leaves the other to finish. An endpoint outraced by another is passed over
-/// for a while ([`Endpoint::outraced`]). Given up at the deadline, or after
-/// [`CONNECT_MAX`] without one. Without a race, a connect not made within
+/// race, another connect starts beside the slow one, to another endpoint when there is
+/// one, else to the same on a connection of its own (a full accept queue drops SYNs and
+/// the kernel resends them only after a second; behind a Service's virtual IP a new
+/// connection may reach another pod). The first connection made carries the exchange;
+/// the other connect runs on alone and its connection is pooled if it is made; one of
+/// the two that is refused leaves the other to finish. An endpoint outraced by another
+/// is passed over for a while ([`Endpoint::outraced`]). Given up at the deadline, or
+/// after [`CONNECT_MAX`] without one. Without a race, a connect not made within
 /// `connect_timeout` fails.
 async fn connect<B: OutgoingBody>(
     endpoint: &Endpoint<B>,
+    owned: Option<&Arc<Endpoint<B>>>,
     reach: Reach<'_, B>,
     own: bool,
 ) -> Result<((Conn<B>, bool), Option<Arc<Endpoint<B>>>), Failed> {
@@ -239,16 +281,18 @@ async fn connect<B: OutgoingBody>(
     };
     let now = Instant::now();
     let slow_at = now + reach.connect_timeout;
-    let Some(beside) = reach.beside else {
+    let (Some(race), Some(owned)) = (reach.race, owned) else {
         let by = reach.by.map_or(slow_at, |by| slow_at.min(by));
         // Boxed: connecting (TLS included) is a large future, and inline it would make
         // every request's future that large to move.
-        return match timeout_at(
-            by,
-            Box::pin(open(endpoint, reach, own, reach.connect_timeout)),
-        )
-        .await
-        {
+        let opening = Box::pin(open(
+            endpoint,
+            reach.want,
+            reach.tls,
+            own,
+            reach.connect_timeout,
+        ));
+        return match timeout_at(by, opening).await {
             Ok(r) => r.map(|c| (c, None)).map_err(Failed::Connect),
             Err(_) => Err(timed_out()),
         };
@@ -256,46 +300,60 @@ async fn connect<B: OutgoingBody>(
     let give_up = reach
         .by
         .map_or(now + CONNECT_MAX, |by| by.min(now + CONNECT_MAX));
-    let mut first = Box::pin(open(
-        endpoint,
-        reach,
-        own,
-        give_up.saturating_duration_since(now),
-    ));
+    let tls = race.tls.cloned();
+    let left = |now: Instant| give_up.saturating_duration_since(now);
+    let mut first = racing(owned.clone(), reach.want, tls.clone(), own, left(now));
     match timeout_at(slow_at.min(give_up), &mut first).await {
         Ok(r) => return r.map(|c| (c, None)).map_err(Failed::Connect),
         Err(_) if Instant::now() >= give_up => return Err(timed_out()),
         Err(_) => {}
     }
-    let other = beside().filter(|o| o.id != endpoint.id);
+    let other = (race.other)().filter(|o| o.id != endpoint.id);
     let (second_on, second_own) = match &other {
-        Some(o) => (&**o, false),
-        None => (endpoint, true),
+        Some(o) => (o.clone(), false),
+        None => (owned.clone(), true),
     };
-    let left = give_up.saturating_duration_since(Instant::now());
-    let mut second = Box::pin(open(second_on, reach, second_own, left));
-    // Which connect carries the exchange (`true`: the first), and whether the first
-    // was still not made when the second was.
+    let mut second = racing(second_on, reach.want, tls, second_own, left(Instant::now()));
+    let (mut first_done, mut second_done) = (false, false);
+    // The connection made first, `true` when it is the first connect's.
     let raced = async {
-        let (done, first_done) = tokio::select! {
-            r = &mut first => (r, true),
-            r = &mut second => (r, false),
-        };
-        match (done, first_done) {
-            (Ok(c), true) => Ok((c, true, false)),
-            (Ok(c), false) => Ok((c, false, true)),
-            // One failed: the other may still connect.
-            (Err(_), true) => second.await.map(|c| (c, false, false)),
-            (Err(_), false) => first.await.map(|c| (c, true, false)),
+        loop {
+            tokio::select! {
+                r = &mut first, if !first_done => {
+                    first_done = true;
+                    match r {
+                        Ok(c) => return Ok((c, true)),
+                        Err(e) if second_done => return Err(e),
+                        Err(_) => {}
+                    }
+                }
+                r = &mut second, if !second_done => {
+                    second_done = true;
+                    match r {
+                        Ok(c) => return Ok((c, false)),
+                        Err(e) if first_done => return Err(e),
+                        Err(_) => {}
+                    }
+                }
+            }
         }
     };
-    match timeout_at(give_up, raced).await {
-        Ok(Ok((c, true, _))) => Ok((c, None)),
-        Ok(Ok((c, false, outraced))) => {
-            if outraced && other.is_some() {
+    let won = timeout_at(give_up, raced).await;
+    if won.as_ref().is_ok_and(Result::is_ok) {
+        if !first_done {
+            run_on(first);
+        }
+        if !second_done {
+            run_on(second);
+        }
+    }
+    match won {
+        Ok(Ok((c, true))) => Ok((c, None)),
+        Ok(Ok((c, false))) => {
+            if other.is_some() && !first_done {
                 endpoint.outraced();
             }
-            Ok((c, other.clone()))
+            Ok((c, other))
         }
         Ok(Err(e)) => Err(Failed::Connect(e)),
         Err(_) => Err(timed_out()),

@@ -453,6 +453,14 @@ pub enum Conn<B> {
 }
 
 impl<B: OutgoingBody> Conn<B> {
+    /// Keeps the connection for later requests, unused: a new HTTP/1.1 one goes to its
+    /// endpoint's idle ones; an HTTP/2 one is its worker's shared connection already.
+    pub fn keep(self) {
+        if let Conn::Http1(lease) = self {
+            lease.release();
+        }
+    }
+
     /// Sends the request and waits for the response head. An HTTP/1.1 connection
     /// travels on in the response's body, which returns it to the pool once read to
     /// the end.

@@ -14,7 +14,7 @@ use crate::http::response::is_head_too_large;
 use crate::retry::forward::attempt::{Attempt, Transport};
 use crate::retry::forward::replay::{ReplayBody, RetriedBody};
 use crate::retry::upstream::Upstream;
-use crate::upstream::exchange::{self, Reach, Wire};
+use crate::upstream::exchange::{self, Race, Reach, Wire};
 use crate::upstream::pool::{Endpoint, clock_ms};
 use crate::upstream::response::UpstreamResponse;
 
@@ -33,9 +33,14 @@ impl<A: RetriedBody> Transport<A> for Upstream<A> {
         let endpoint = &*a.peer;
         // A slow connect races one to another endpoint, unless the request is held to
         // this one (its key is known only there).
-        let beside = || match a.held {
+        let other = || match a.held {
             true => None,
             false => self.endpoints.pick(Some(endpoint.id)),
+        };
+        let race = Race {
+            endpoint: &a.peer,
+            tls: self.tls.as_ref(),
+            other: &other,
         };
         let reach = Reach {
             want: a.want,
@@ -44,7 +49,7 @@ impl<A: RetriedBody> Transport<A> for Upstream<A> {
             started: a.started,
             by: a.by,
             own_connection: a.own_connection,
-            beside: Some(&beside),
+            race: Some(&race),
         };
         let head = |now| a.head_at(now);
         let failed = match exchange::send(endpoint, reach, head, body, carried).await {
