@@ -352,7 +352,12 @@ pub async fn serve_after<S: Service>(
         b.timer(TokioTimer::new())
             .max_header_list_size(u32::try_from(settings.max_header_bytes).unwrap_or(u32::MAX))
             .max_concurrent_streams(1024)
-            .keep_alive_interval(Some(Duration::from_secs(30)))
+            // Pings find a peer gone without a word; over loopback (the app beside the
+            // sidecar) the kernel says so at once, and hyper's pinger reads the clock
+            // under a lock at every frame received.
+            .keep_alive_interval(
+                (!peer.ip().to_canonical().is_loopback()).then_some(Duration::from_secs(30)),
+            )
             .keep_alive_timeout(Duration::from_secs(10));
         // Boxed: an HTTP/2 connection's state is far larger than an HTTP/1.1 one's, and
         // inline in this future every connection would pay for it.

@@ -51,12 +51,16 @@ pub fn prepare_request(
     let (mut hop, mut deadline) = (false, false);
     let mut own: Vec<HeaderName> = Vec::new();
     let mut upgrade = None;
-    let (mut asks_upgrade, mut typed) = (false, false);
+    let (mut asks_upgrade, mut typed, mut te_trailers) = (false, false, false);
     for (name, value) in headers.iter() {
         if *name == header::CONTENT_TYPE {
             // The first, as a lookup by name would read it.
             facts.grpc |= !typed && value.as_bytes().starts_with(b"application/grpc");
             typed = true;
+        } else if *name == header::TE && !te_trailers && value.as_bytes() == b"trailers" {
+            // What every gRPC client sends, and the one `TE` that goes on as it is: by
+            // itself, nothing to strip.
+            te_trailers = true;
         } else if is_hop_by_hop(name) {
             hop = true;
             if *name == header::UPGRADE {
@@ -199,6 +203,48 @@ mod tests {
             "Upgrade alone asks nothing"
         );
         assert!(h.is_empty());
+    }
+
+    #[test]
+    fn te_goes_on_only_as_trailers() {
+        fn cleaned(pairs: &[(&'static str, &'static str)]) -> Vec<(String, String)> {
+            let mut h = fields(pairs);
+            prepare_request(&mut h, &[], false);
+            let mut left: Vec<(String, String)> = h
+                .iter()
+                .map(|(n, v)| (n.to_string(), v.to_str().unwrap_or("?").to_string()))
+                .collect();
+            left.sort();
+            left
+        }
+        fn kept(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
+            pairs
+                .iter()
+                .map(|(n, v)| (n.to_string(), v.to_string()))
+                .collect()
+        }
+        // A gRPC call's `te: trailers` goes on untouched.
+        let grpc = [("content-type", "application/grpc"), ("te", "trailers")];
+        assert_eq!(cleaned(&grpc), kept(&grpc));
+        // Anything else of TE is cut back to `trailers`, or goes.
+        assert_eq!(
+            cleaned(&[("te", "trailers"), ("te", "trailers")]),
+            kept(&[("te", "trailers")])
+        );
+        assert_eq!(
+            cleaned(&[("te", "gzip, trailers")]),
+            kept(&[("te", "trailers")])
+        );
+        assert_eq!(cleaned(&[("te", "gzip")]), kept(&[]));
+        // A field `Connection` names goes, `te: trailers` stays.
+        assert_eq!(
+            cleaned(&[
+                ("te", "trailers"),
+                ("connection", "te, x-hop"),
+                ("x-hop", "1")
+            ]),
+            kept(&[("te", "trailers")])
+        );
     }
 
     #[test]
