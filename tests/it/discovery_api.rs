@@ -251,3 +251,121 @@ async fn a_refused_token_is_counted_and_publishes_nothing() {
     assert_eq!(*w.subscribe().borrow(), Found::default());
     assert_eq!(w.dns_name(), None, "the port's number was never read");
 }
+
+/// The API server's watches of EndpointSlices running now, from its own metrics.
+async fn slice_watches(cluster: &Cluster) -> f64 {
+    let (status, text) = cluster.get("/metrics").await;
+    assert_eq!(status, 200, "the API server's metrics");
+    let text = text.as_str().unwrap_or_default();
+    let series: Vec<&str> = text
+        .lines()
+        .filter(|l| l.starts_with("apiserver_longrunning_requests{"))
+        .collect();
+    assert!(!series.is_empty(), "no apiserver_longrunning_requests");
+    series
+        .iter()
+        .filter(|l| l.contains("resource=\"endpointslices\"") && l.contains("verb=\"WATCH\""))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+/// Two upstreams naming two ports of one Service: one watch of its slices in the API,
+/// each upstream with its own port's endpoints, both following a change.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_watch_serves_every_port_of_a_service() {
+    let Some(cluster) = Cluster::start().await else {
+        return;
+    };
+    cluster.create_namespace(NS).await;
+    let (status, body) = cluster
+        .post(
+            &format!("/api/v1/namespaces/{NS}/services"),
+            serde_json::json!({
+                "apiVersion": "v1",
+                "kind": "Service",
+                "metadata": {"name": "orders", "namespace": NS},
+                "spec": {"ports": [
+                    {"name": "http", "port": 80, "targetPort": 8080, "protocol": "TCP"},
+                    {"name": "grpc", "port": 9090, "targetPort": 9091, "protocol": "TCP"},
+                ]},
+            }),
+        )
+        .await;
+    assert_eq!(status, 201, "{body}");
+    let slice = |n: u8| {
+        serde_json::json!({
+            "apiVersion": "discovery.k8s.io/v1",
+            "kind": "EndpointSlice",
+            "metadata": {
+                "name": "orders-a",
+                "namespace": NS,
+                "labels": {"kubernetes.io/service-name": "orders"},
+            },
+            "addressType": "IPv4",
+            "ports": [
+                {"name": "http", "port": 8080, "protocol": "TCP"},
+                {"name": "grpc", "port": 9091, "protocol": "TCP"},
+            ],
+            "endpoints": (1..=n).map(|i| serde_json::json!({
+                "addresses": [format!("10.1.0.{i}")],
+                "conditions": {"ready": true},
+            })).collect::<Vec<_>>(),
+        })
+    };
+    let slices = format!("/apis/discovery.k8s.io/v1/namespaces/{NS}/endpointslices");
+    let (status, body) = cluster.post(&slices, slice(2)).await;
+    assert_eq!(status, 201, "{body}");
+    let before = slice_watches(&cluster).await;
+
+    let kube = KubernetesConfig {
+        kubeconfig: Some(cluster.kubeconfig().to_path_buf()),
+    };
+    let metrics = Metrics::new();
+    let port = |name: &str| ServiceRef {
+        name: "orders".into(),
+        namespace: Some(NS.into()),
+        port: ServicePort::Name(name.into()),
+    };
+    let http = discovery::watch(&port("http"), &kube, metrics.discovery("orders-http")).unwrap();
+    let grpc = discovery::watch(&port("grpc"), &kube, metrics.discovery("orders-grpc")).unwrap();
+    let (mut rx_http, mut rx_grpc) = (http.subscribe(), grpc.subscribe());
+    let listed = until(&mut rx_http, Duration::from_secs(10), "http's list", |f| {
+        count(f) == Some(2)
+    })
+    .await;
+    assert_eq!(addrs(&listed), ["10.1.0.1:8080", "10.1.0.2:8080"]);
+    let listed = until(&mut rx_grpc, CHANGE, "grpc's list", |f| count(f) == Some(2)).await;
+    assert_eq!(addrs(&listed), ["10.1.0.1:9091", "10.1.0.2:9091"]);
+    assert_eq!(http.dns_name().map(|(_, p)| p), Some(80));
+    assert_eq!(grpc.dns_name().map(|(_, p)| p), Some(9090));
+
+    // Both follow a change: one slice event, published on both ports.
+    let (status, current) = cluster.get(&format!("{slices}/orders-a")).await;
+    assert_eq!(status, 200, "{current}");
+    let mut three = slice(3);
+    three["metadata"]["resourceVersion"] = current["metadata"]["resourceVersion"].clone();
+    let (status, body) = cluster.put(&format!("{slices}/orders-a"), three).await;
+    assert_eq!(status, 200, "{body}");
+    until(&mut rx_http, CHANGE, "http's three", |f| {
+        count(f) == Some(3)
+    })
+    .await;
+    until(&mut rx_grpc, CHANGE, "grpc's three", |f| {
+        count(f) == Some(3)
+    })
+    .await;
+    assert_eq!(metrics.discovery("orders-grpc").endpoints(), 3);
+
+    // One watch in the API for the two ports (the watch runs from the list on; waited
+    // for, bounded, as the API server counts it once its request is in).
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut running = slice_watches(&cluster).await - before;
+    while running < 1.0 && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        running = slice_watches(&cluster).await - before;
+    }
+    assert_eq!(
+        running, 1.0,
+        "one watch of the Service's slices, not one per port"
+    );
+}

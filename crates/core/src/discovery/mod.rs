@@ -16,8 +16,9 @@
 //! request, its failures classified), [`objects`] (the JSON of the objects and the
 //! ready set they make), [`events`] (the watch's stream of events) and [`task`] (the
 //! loop of list, watch, publish and back off). This file holds the process's registry:
-//! one watch per Service and port (and credentials), shared by every upstream that
-//! names it through a [`ServiceWatch`] each, and stopped when the last is dropped.
+//! one watch per Service (and credentials), shared by every upstream that names it,
+//! whatever its port, through a [`ServiceWatch`] each, and stopped when the last is
+//! dropped.
 //!
 //! Nothing here runs for an upstream without discovery: no task, no registry entry,
 //! nothing on the request path (subscribers read the channel when it changes).
@@ -40,7 +41,7 @@ use tokio::task::AbortHandle;
 
 use crate::config::{KubernetesConfig, ServicePort, ServiceRef};
 pub use crate::metrics::discovery::DiscoveryMetrics;
-use task::{State, Target};
+use task::{Port, State, Target};
 
 /// How long `/readyz` waits for a watch's first list before it stops waiting.
 pub const FIRST_LIST_WAIT: Duration = Duration::from_secs(10);
@@ -75,7 +76,6 @@ struct Shared {
     task: AbortHandle,
     namespace: String,
     name: String,
-    port: ServicePort,
 }
 
 impl Drop for Shared {
@@ -84,8 +84,8 @@ impl Drop for Shared {
     }
 }
 
-/// The watches of the process: one per (kubeconfig, namespace, name, port).
-type Key = (Option<PathBuf>, String, String, ServicePort);
+/// The watches of the process: one per (kubeconfig, namespace, name).
+type Key = (Option<PathBuf>, String, String);
 
 /// The live watches, each by its key; the dead ones are pruned at every look.
 type Live = Vec<(Key, Weak<Shared>)>;
@@ -99,16 +99,18 @@ fn registry() -> MutexGuard<'static, Live> {
     guard
 }
 
-/// An upstream's hold on a watched Service: dropping it stops its metrics being
-/// updated, and the watch itself once no upstream holds it.
+/// An upstream's hold on a port of a watched Service: dropping it stops its metrics
+/// being updated, the port being published once no upstream names it, and the watch
+/// itself once no upstream holds it.
 pub struct ServiceWatch {
     shared: Arc<Shared>,
+    port: Arc<Port>,
     id: u64,
 }
 
 impl Drop for ServiceWatch {
     fn drop(&mut self) {
-        self.shared.state.unsubscribe(self.id);
+        self.shared.state.unsubscribe(&self.port, self.id);
     }
 }
 
@@ -117,7 +119,7 @@ impl std::fmt::Debug for ServiceWatch {
         f.debug_struct("ServiceWatch")
             .field("namespace", &self.shared.namespace)
             .field("name", &self.shared.name)
-            .field("port", &self.shared.port)
+            .field("port", &self.port.port)
             .finish()
     }
 }
@@ -141,7 +143,6 @@ pub fn watch(
         kube.kubeconfig.clone(),
         namespace.clone(),
         service.name.clone(),
-        service.port.clone(),
     );
     let shared = {
         let mut live = registry();
@@ -152,11 +153,10 @@ pub fn watch(
         match running {
             Some(shared) => shared,
             None => {
-                let state = Arc::new(State::new(&service.port));
+                let state = Arc::new(State::new());
                 let target = Target {
                     namespace: namespace.clone(),
                     name: service.name.clone(),
-                    port: service.port.clone(),
                 };
                 let task = runtime.spawn(task::run(state.clone(), creds, target));
                 let shared = Arc::new(Shared {
@@ -164,7 +164,6 @@ pub fn watch(
                     task: task.abort_handle(),
                     namespace,
                     name: service.name.clone(),
-                    port: service.port.clone(),
                 });
                 live.push((key, Arc::downgrade(&shared)));
                 shared
@@ -173,24 +172,24 @@ pub fn watch(
     };
     static IDS: AtomicU64 = AtomicU64::new(0);
     let id = IDS.fetch_add(1, Ordering::Relaxed);
-    shared.state.subscribe(id, metrics);
-    Ok(Arc::new(ServiceWatch { shared, id }))
+    let port = shared.state.subscribe(&service.port, id, metrics);
+    Ok(Arc::new(ServiceWatch { shared, port, id }))
 }
 
 impl ServiceWatch {
     /// The endpoints as they change; the current value at once.
     pub fn subscribe(&self) -> tokio::sync::watch::Receiver<Found> {
-        self.shared.state.tx.subscribe()
+        self.port.tx.subscribe()
     }
 
     /// The Service's DNS name, `NAME.NAMESPACE.svc.<cluster domain>`, and its port's
     /// number, for the upstream to call until the first list (as a direct call would).
     /// `None` while the port is named and the Service has not been read yet.
     pub fn dns_name(&self) -> Option<(String, u16)> {
-        let port = match &self.shared.port {
+        let port = match &self.port.port {
             ServicePort::Number(n) => *n,
             ServicePort::Name(_) => {
-                let n = self.shared.state.port_number.load(Ordering::Relaxed);
+                let n = self.port.number.load(Ordering::Relaxed);
                 u16::try_from(n).ok().filter(|n| *n != 0)?
             }
         };
@@ -310,7 +309,14 @@ mod tests {
             m.discovery("d"),
         )
         .unwrap();
-        assert!(!Arc::ptr_eq(&a.shared, &other_port.shared));
+        assert!(
+            Arc::ptr_eq(&a.shared, &other_port.shared),
+            "one watch for every port of the Service"
+        );
+        assert!(
+            !Arc::ptr_eq(&a.port, &other_port.port),
+            "a channel per port"
+        );
         assert_eq!(
             other_port.dns_name(),
             Some((format!("{name}.shop.svc.{}", cluster_domain()), 80))
@@ -336,6 +342,17 @@ mod tests {
         drop((a, c));
         assert!(!task.is_finished(), "b still holds it");
         drop(b);
+        assert_eq!(
+            ports_published(&other_port),
+            1,
+            "the named port no upstream names any more is not published"
+        );
+        tokio::task::yield_now().await;
+        assert!(
+            !task.is_finished(),
+            "the other port's upstream still holds it"
+        );
+        drop(other_port);
         tokio::task::yield_now().await;
         assert!(
             task.is_finished(),
@@ -347,7 +364,11 @@ mod tests {
             "each upstream counts each failure once, however many handles it has"
         );
         let live = registry().iter().filter(|(k, _)| k.2 == name).count();
-        assert_eq!(live, 1, "only the watch of the other port is left");
-        drop(other_port);
+        assert_eq!(live, 0, "no watch of the Service is left");
+    }
+
+    /// The ports the watch behind `w` publishes.
+    fn ports_published(w: &ServiceWatch) -> usize {
+        w.shared.state.port_count()
     }
 }

@@ -33,61 +33,170 @@ const WATCH_IDLE: Duration = Duration::from_secs(WATCH_SECONDS + 30);
 /// The same failure is logged at most this often per Service.
 const WARN_EVERY: Duration = Duration::from_secs(60);
 
-/// What the watch shares with its handles: the channel, the subscribers' metrics, and
-/// what readiness and the DNS fallback read.
+/// What the watch shares with its handles: what is known of the Service, the ports
+/// named (each with its channel and its subscribers' metrics), and what readiness reads.
 pub struct State {
-    pub tx: watch::Sender<Found>,
-    subscribers: Mutex<Vec<(u64, DiscoveryMetrics)>>,
+    /// The Service and its slices as last seen: read to publish each port's set, also
+    /// for a port named once the watch is running.
+    known: Mutex<Known>,
+    ports: Mutex<Vec<Arc<Port>>>,
     /// The first list has arrived.
     pub listed: AtomicBool,
     pub started: Instant,
-    /// The Service port's number once known (0: not yet).
-    pub port_number: AtomicU32,
 }
 
-impl State {
-    pub fn new(port: &ServicePort) -> Self {
+/// The Service and its slices, as the watch last saw them.
+#[derive(Default)]
+struct Known {
+    service: Option<Service>,
+    slices: HashMap<String, Slice>,
+}
+
+/// One port of the Service that upstreams name: its ready set on a channel, and the
+/// metrics of the upstreams that name it.
+pub struct Port {
+    pub port: ServicePort,
+    pub tx: watch::Sender<Found>,
+    subscribers: Mutex<Vec<(u64, DiscoveryMetrics)>>,
+    /// The port's number once known (0: not yet).
+    pub number: AtomicU32,
+}
+
+/// The lock's value: a panic while it was held leaves a value that is still whole.
+fn locked<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+impl Port {
+    fn new(port: &ServicePort) -> Self {
         let number = match port {
             ServicePort::Number(n) => u32::from(*n),
             ServicePort::Name(_) => 0,
         };
-        State {
+        Port {
+            port: port.clone(),
             tx: watch::channel(Found::default()).0,
             subscribers: Mutex::new(Vec::new()),
+            number: AtomicU32::new(number),
+        }
+    }
+
+    /// The set `known` makes for this port now, sent when it differs from what
+    /// subscribers have. The metrics move first, so whoever sees the change on the
+    /// channel sees them too.
+    fn publish(&self, known: &Known, service_label: &dyn Fn() -> String) {
+        let Some(service) = &known.service else {
+            return;
+        };
+        if let Some(n) = service.port_number(&self.port) {
+            self.number.store(u32::from(n), Ordering::Relaxed);
+        }
+        let ready = objects::ready(&known.slices, service, &self.port);
+        let cluster_ip = service.cluster_addr(&self.port);
+        let (set_changed, ip_changed) = {
+            let now = self.tx.borrow();
+            (
+                now.ready.as_deref() != Some(ready.as_slice()),
+                now.cluster_ip != cluster_ip,
+            )
+        };
+        if set_changed {
+            let n = ready.len();
+            for (_, m) in locked(&self.subscribers).iter() {
+                m.published(n);
+            }
+            tracing::debug!(service = %service_label(), port = %self.port, endpoints = n, "discovery: endpoints changed");
+        }
+        if set_changed || ip_changed {
+            self.tx.send_modify(|found| {
+                if set_changed {
+                    found.ready = Some(ready.as_slice().into());
+                }
+                found.cluster_ip = cluster_ip;
+            });
+        }
+    }
+}
+
+impl State {
+    pub fn new() -> Self {
+        State {
+            known: Mutex::default(),
+            ports: Mutex::default(),
             listed: AtomicBool::new(false),
             started: Instant::now(),
-            port_number: AtomicU32::new(number),
         }
     }
 
-    fn subscribers(&self) -> MutexGuard<'_, Vec<(u64, DiscoveryMetrics)>> {
-        // A panic while holding it leaves a list that is still whole.
-        self.subscribers.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
-    /// Adds an upstream's handles, its gauge set to the set as it stands.
-    pub fn subscribe(&self, id: u64, metrics: DiscoveryMetrics) {
-        let ready = self.tx.borrow().ready.as_ref().map_or(0, |r| r.len());
+    /// Port `port`, with an upstream's handles subscribed (its gauge set to the set as
+    /// it stands): the one the watch already publishes, or a new one, published at once
+    /// from what is known.
+    pub fn subscribe(&self, port: &ServicePort, id: u64, metrics: DiscoveryMetrics) -> Arc<Port> {
+        let known = locked(&self.known);
+        let mut ports = locked(&self.ports);
+        let found = ports.iter().find(|p| p.port == *port).cloned();
+        let port = found.unwrap_or_else(|| {
+            let p = Arc::new(Port::new(port));
+            p.publish(&known, &String::new);
+            ports.push(p.clone());
+            p
+        });
+        let ready = port.tx.borrow().ready.as_ref().map_or(0, |r| r.len());
         metrics.set_endpoints(ready);
-        self.subscribers().push((id, metrics));
+        locked(&port.subscribers).push((id, metrics));
+        port
     }
 
-    pub fn unsubscribe(&self, id: u64) {
-        self.subscribers().retain(|(i, _)| *i != id);
+    /// An upstream's handles let go of `port`; a port no upstream names any more is no
+    /// longer published.
+    pub fn unsubscribe(&self, port: &Arc<Port>, id: u64) {
+        let mut ports = locked(&self.ports);
+        let mut subscribers = locked(&port.subscribers);
+        subscribers.retain(|(i, _)| *i != id);
+        if subscribers.is_empty() {
+            ports.retain(|p| !Arc::ptr_eq(p, port));
+        }
     }
 
-    /// `f` on each upstream's handles once, however many of its handles subscribe
-    /// (a reload's old and new configs of one upstream, both alive for a moment).
+    /// `f` on each upstream's handles once, whatever ports it names and however many of
+    /// its handles subscribe (a reload's old and new configs of one upstream, both
+    /// alive for a moment).
     fn each(&self, f: impl Fn(&DiscoveryMetrics)) {
-        let subscribers = self.subscribers();
-        for (i, (_, m)) in subscribers.iter().enumerate() {
-            let seen = subscribers[..i]
-                .iter()
-                .any(|(_, earlier)| earlier.upstream() == m.upstream());
-            if !seen {
-                f(m);
+        let ports = locked(&self.ports);
+        let mut seen: Vec<DiscoveryMetrics> = Vec::new();
+        for port in ports.iter() {
+            for (_, m) in locked(&port.subscribers).iter() {
+                if !seen
+                    .iter()
+                    .any(|earlier| earlier.upstream() == m.upstream())
+                {
+                    f(m);
+                    seen.push(m.clone());
+                }
             }
         }
+    }
+
+    /// Every port's set, published from what is known now.
+    fn publish(&self, service_label: &dyn Fn() -> String) {
+        let known = locked(&self.known);
+        for port in locked(&self.ports).iter() {
+            port.publish(&known, service_label);
+        }
+    }
+
+    /// How many ports the watch publishes.
+    #[cfg(test)]
+    pub fn port_count(&self) -> usize {
+        locked(&self.ports).len()
+    }
+
+    /// The ready endpoints of the first port named, when a list has arrived: what a
+    /// warning says is kept.
+    fn kept(&self) -> Option<usize> {
+        let ports = locked(&self.ports);
+        let first = ports.first()?;
+        first.tx.borrow().ready.as_ref().map(|r| r.len())
     }
 }
 
@@ -95,7 +204,6 @@ impl State {
 pub struct Target {
     pub namespace: String,
     pub name: String,
-    pub port: ServicePort,
 }
 
 impl Target {
@@ -126,8 +234,6 @@ struct Watcher {
     state: Arc<State>,
     creds: Credentials,
     target: Target,
-    slices: HashMap<String, Slice>,
-    service: Option<Service>,
     /// The version to watch from; `None`: list first.
     version: Option<String>,
     last_warning: Option<Instant>,
@@ -139,8 +245,6 @@ pub async fn run(state: Arc<State>, creds: Credentials, target: Target) {
         state,
         creds,
         target,
-        slices: HashMap::new(),
-        service: None,
         version: None,
         last_warning: None,
     };
@@ -173,7 +277,7 @@ impl Watcher {
         self.get_service().await?;
         let body = client::get(&self.creds, &self.target.slices_path()).await?;
         let list = List::from_slice(&body).map_err(Failure::Decode)?;
-        self.slices = list
+        locked(&self.state.known).slices = list
             .slices
             .into_iter()
             .map(|s| (s.name.clone(), s))
@@ -190,19 +294,16 @@ impl Watcher {
     async fn get_service(&mut self) -> Result<(), Failure> {
         let body = client::get(&self.creds, &self.target.service_path()).await?;
         let service = Service::from_slice(&body).map_err(Failure::Decode)?;
-        if let Some(n) = service.port_number(&self.target.port) {
-            self.state
-                .port_number
-                .store(u32::from(n), Ordering::Relaxed);
+        for port in locked(&self.state.ports).iter() {
+            if service.port_name(&port.port).is_none() {
+                tracing::warn!(
+                    service = %self.label(),
+                    port = %port.port,
+                    "discovery: the Service has no such port; the upstream has no endpoints"
+                );
+            }
         }
-        if service.port_name(&self.target.port).is_none() {
-            tracing::warn!(
-                service = %self.label(),
-                port = %self.target.port,
-                "discovery: the Service has no such port; the upstream has no endpoints"
-            );
-        }
-        self.service = Some(service);
+        locked(&self.state.known).service = Some(service);
         Ok(())
     }
 
@@ -248,14 +349,16 @@ impl Watcher {
                 if let Some(v) = &slice.resource_version {
                     self.version = Some(v.clone());
                 }
-                self.slices.insert(slice.name.clone(), slice);
+                locked(&self.state.known)
+                    .slices
+                    .insert(slice.name.clone(), slice);
             }
             Event::Deleted {
                 name,
                 resource_version,
             } => {
                 self.version = resource_version.or(self.version.take());
-                self.slices.remove(&name);
+                locked(&self.state.known).slices.remove(&name);
             }
             Event::Bookmark(version) => {
                 self.version = version.or(self.version.take());
@@ -279,34 +382,10 @@ impl Watcher {
         Ok(())
     }
 
-    /// The set the slices make now, sent when it differs from what subscribers have.
-    /// The metrics move first, so whoever sees the change on the channel sees them too.
+    /// Every port's set as the slices make it now, sent where it differs from what
+    /// subscribers have.
     fn publish(&self) {
-        let Some(service) = &self.service else {
-            return;
-        };
-        let ready = objects::ready(&self.slices, service, &self.target.port);
-        let cluster_ip = service.cluster_addr(&self.target.port);
-        let (set_changed, ip_changed) = {
-            let now = self.state.tx.borrow();
-            (
-                now.ready.as_deref() != Some(ready.as_slice()),
-                now.cluster_ip != cluster_ip,
-            )
-        };
-        if set_changed {
-            let n = ready.len();
-            self.state.each(|m| m.published(n));
-            tracing::debug!(service = %self.label(), endpoints = n, "discovery: endpoints changed");
-        }
-        if set_changed || ip_changed {
-            self.state.tx.send_modify(|found| {
-                if set_changed {
-                    found.ready = Some(ready.as_slice().into());
-                }
-                found.cluster_ip = cluster_ip;
-            });
-        }
+        self.state.publish(&|| self.label());
     }
 
     /// Counts `failure` for every subscriber, and logs it unless a warning went out in
@@ -319,8 +398,8 @@ impl Watcher {
             return;
         }
         self.last_warning = Some(now);
-        let kept = match &self.state.tx.borrow().ready {
-            Some(r) => format!("the last known {} endpoints keep serving", r.len()),
+        let kept = match self.state.kept() {
+            Some(n) => format!("the last known {n} endpoints keep serving"),
             None => "the Service's DNS name serves until the first list".to_string(),
         };
         let service = self.label();
@@ -404,7 +483,6 @@ mod tests {
         let t = Target {
             namespace: "shop".into(),
             name: "payments".into(),
-            port: ServicePort::Name("http".into()),
         };
         assert_eq!(
             t.service_path(),

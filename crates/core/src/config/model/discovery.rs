@@ -4,8 +4,9 @@
 //! API is when tollgate does not run in a pod.
 //!
 //! Plain data: the watch itself is `crate::discovery`'s, built from these values. A
-//! `ServiceRef` is what the process shares one watch by, so it is `Hash + Eq`; its
-//! namespace is `None` when the file names none (the pod's own, known only at run time).
+//! `ServiceRef` without its port is what the process shares one watch by, and with it
+//! one channel of that watch, so it is `Hash + Eq`; its namespace is `None` when the file
+//! names none (the pod's own, known only at run time).
 
 use std::fmt;
 use std::path::PathBuf;
