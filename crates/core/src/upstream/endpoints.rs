@@ -940,6 +940,81 @@ mod tests {
         assert_eq!(e.shared.room.out(), 2);
     }
 
+    /// The log lines written while `f` runs on this thread.
+    async fn logged<F: std::future::Future<Output = ()>>(f: F) -> String {
+        use std::sync::Mutex;
+        #[derive(Clone, Default)]
+        struct Sink(Arc<Mutex<Vec<u8>>>);
+        impl std::io::Write for Sink {
+            fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+                self.0
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .extend_from_slice(b);
+                Ok(b.len())
+            }
+            fn flush(&mut self) -> std::io::Result<()> {
+                Ok(())
+            }
+        }
+        let sink = Sink::default();
+        let writer = sink.clone();
+        let subscriber = tracing_subscriber::fmt()
+            .with_writer(move || writer.clone())
+            .with_ansi(false)
+            .finish();
+        let guard = tracing::subscriber::set_default(subscriber);
+        f.await;
+        drop(guard);
+        let bytes = sink.0.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        String::from_utf8_lossy(&bytes).into_owned()
+    }
+
+    /// A name that leads to one address off loopback, on an upstream that retries: most
+    /// likely a Service's virtual IP, warned about once, however often it is followed;
+    /// not for several addresses, nor without retries.
+    #[tokio::test(start_paused = true)]
+    async fn one_address_behind_a_name_is_warned_about_once_where_retries_are_on() {
+        use std::net::{IpAddr, Ipv4Addr};
+        let vip = |last: u8| SocketAddr::new(IpAddr::V4(Ipv4Addr::new(10, 96, 0, last)), 80);
+        let follow = |answer: Vec<SocketAddr>, attempts: u32| async move {
+            let lookups = dns::Lookups::limited(
+                move |_, _| {
+                    let now = answer.clone();
+                    Box::pin(async move { Ok(now) })
+                },
+                4,
+            );
+            let config = crate::config::parse(
+                "t.toml",
+                &format!(
+                    "[upstreams.u]\nauthorities = [\"u\"]\nendpoints = [\"payments:80\"]\n\
+                     [upstreams.u.retry]\nmax_attempts = {attempts}\n"
+                ),
+                std::path::Path::new("."),
+            )
+            .unwrap_or_else(|e| panic!("{e}"));
+            let e: Endpoints<NoBody> = Endpoints::with_lookups(&config.upstreams[0], lookups);
+            // Followed while in use: three rounds of lookups.
+            for _ in 0..3 {
+                let _ = e.pick(None);
+                tokio::time::sleep(FOLLOW_EVERY + Duration::from_millis(100)).await;
+            }
+            assert!(e.now().iter().all(|x| x.peer.is_some()), "looked up");
+        };
+        let warning = "one address: a Service VIP?";
+        let one = logged(follow(vec![vip(10)], 3)).await;
+        assert_eq!(one.matches(warning).count(), 1, "{one}");
+        assert!(
+            one.contains("upstream=u") && one.contains("10.96.0.10:80"),
+            "{one}"
+        );
+        let pods = logged(follow(vec![vip(1), vip(2), vip(3)], 3)).await;
+        assert!(!pods.contains(warning), "{pods}");
+        let no_retries = logged(follow(vec![vip(10)], 1)).await;
+        assert!(!no_retries.contains(warning), "{no_retries}");
+    }
+
     /// A name whose addresses the test sets: every address is an endpoint of its own,
     /// an address that appears takes requests at once, one that goes takes no new
     /// request and keeps none of its connections, and one that stays keeps its health.
