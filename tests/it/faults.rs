@@ -561,15 +561,8 @@ async fn a_connect_slower_than_connect_timeout_is_waited_for_as_a_direct_call_wa
     // them again a second later. A connect timeout of 200 ms used to give up (and each
     // retry too); a direct call simply connects late. Now another connect is raced
     // beside the slow one, and the first made carries the request.
-    let sock = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
-    sock.bind(&"127.0.0.1:0".parse::<SocketAddr>().unwrap().into())
-        .unwrap();
-    sock.listen(0).unwrap();
-    sock.set_nonblocking(true).unwrap();
-    let std_listener: std::net::TcpListener = sock.into();
-    let addr = std_listener.local_addr().unwrap();
-    // The queue's one place, taken.
-    let filler = std::net::TcpStream::connect(addr).unwrap();
+    let queue = full_accept_queue();
+    let addr = queue.0.local_addr().unwrap();
     let ok = healthy().await;
     let tg = tollgate(addr, ok.addr, |u| {
         u.connect_timeout("200ms")
@@ -589,39 +582,7 @@ async fn a_connect_slower_than_connect_timeout_is_waited_for_as_a_direct_call_wa
     })
     .await;
     assert!(overflowed, "the accept queue never overflowed");
-    let listener = tokio::net::TcpListener::from_std(std_listener).unwrap();
-    let server = Upstream::serve(listener, |req| async move {
-        respond(200, format!("served {}", req.uri().path()))
-    });
-    drop(filler);
-    let direct = timeout(Duration::from_secs(15), direct)
-        .await
-        .unwrap()
-        .unwrap();
-    let (r, tg) = timeout(Duration::from_secs(15), through)
-        .await
-        .unwrap()
-        .unwrap();
-    assert_eq!(direct.status, 200, "direct");
-    assert_eq!(
-        (r.status.as_u16(), &r.body[..], r.attempts()),
-        (200, &b"served /slow-connect"[..], 1),
-        "through tollgate, as directly: one attempt, connected late"
-    );
-    let m = tg.metrics().await;
-    assert_eq!(
-        metric(
-            &m,
-            "tollgate_attempts_total{result=\"connect-failure\",upstream=\"faulty\"}"
-        ),
-        Some(0.0),
-        "{m}"
-    );
-    // The connect that lost the race ran on: its connection is pooled beside the one
-    // that carried the request, not closed.
-    pooled_loser(&tg, "faulty", 2.0).await;
-    drop(server);
-    tg.stop().await;
+    served_late(vec![queue], direct, through, "faulty", "/slow-connect").await;
 }
 
 /// A listener on loopback whose accept queue is full (`listen(0)`, its one place taken
@@ -636,6 +597,48 @@ fn full_accept_queue() -> (std::net::TcpListener, std::net::TcpStream) {
     let listener: std::net::TcpListener = sock.into();
     let filler = std::net::TcpStream::connect(listener.local_addr().unwrap()).unwrap();
     (listener, filler)
+}
+
+/// The full queues given room (each listener served, its connection let go), then: the
+/// direct call and the call through tollgate to `upstream` both answered, tollgate's in
+/// one attempt and with no connect failure, and the connect that lost its race pooled
+/// beside the one that carried the request, not closed.
+async fn served_late(
+    queues: Vec<(std::net::TcpListener, std::net::TcpStream)>,
+    direct: JoinHandle<Got>,
+    through: JoinHandle<(Got, Tollgate)>,
+    upstream: &str,
+    path: &str,
+) {
+    let mut servers = Vec::new();
+    for (listener, filler) in queues {
+        let listener = tokio::net::TcpListener::from_std(listener).unwrap();
+        servers.push(Upstream::serve(listener, |req| async move {
+            respond(200, format!("served {}", req.uri().path()))
+        }));
+        drop(filler);
+    }
+    let direct = timeout(Duration::from_secs(15), direct)
+        .await
+        .unwrap()
+        .unwrap();
+    let (r, tg) = timeout(Duration::from_secs(15), through)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(direct.status, 200, "direct");
+    assert_eq!(
+        (r.status.as_u16(), &r.body[..], r.attempts()),
+        (200, format!("served {path}").as_bytes(), 1),
+        "through tollgate, as directly: one attempt, connected late"
+    );
+    let m = tg.metrics().await;
+    let failures =
+        format!("tollgate_attempts_total{{result=\"connect-failure\",upstream=\"{upstream}\"}}");
+    assert_eq!(metric(&m, &failures), Some(0.0), "{m}");
+    pooled_loser(&tg, upstream, 2.0).await;
+    drop(servers);
+    tg.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -723,9 +726,8 @@ async fn every_pod_slow_to_accept_is_waited_for_as_a_direct_call_waits() {
     // queues have room and the kernel sends a SYN again) carries the request, as a
     // direct call connects late. Each slow connect used to be a connect failure, and
     // the request's attempts ran out before the queues had room.
-    let (a, a_filler) = full_accept_queue();
-    let (b, b_filler) = full_accept_queue();
-    let (a_addr, b_addr) = (a.local_addr().unwrap(), b.local_addr().unwrap());
+    let (a, b) = (full_accept_queue(), full_accept_queue());
+    let (a_addr, b_addr) = (a.0.local_addr().unwrap(), b.0.local_addr().unwrap());
     let ok = healthy().await;
     let tg = Tollgate::start(
         &Config::new()
@@ -753,40 +755,7 @@ async fn every_pod_slow_to_accept_is_waited_for_as_a_direct_call_waits() {
     })
     .await;
     assert!(overflowed, "the accept queues never overflowed");
-    let serve = |l: std::net::TcpListener| {
-        let l = tokio::net::TcpListener::from_std(l).unwrap();
-        Upstream::serve(l, |req| async move {
-            respond(200, format!("served {}", req.uri().path()))
-        })
-    };
-    let servers = (serve(a), serve(b));
-    drop((a_filler, b_filler));
-    let direct = timeout(Duration::from_secs(15), direct)
-        .await
-        .unwrap()
-        .unwrap();
-    let (r, tg) = timeout(Duration::from_secs(15), through)
-        .await
-        .unwrap()
-        .unwrap();
-    assert_eq!(direct.status, 200, "direct");
-    assert_eq!(
-        (r.status.as_u16(), &r.body[..], r.attempts()),
-        (200, &b"served /late"[..], 1),
-        "through tollgate, as directly: one attempt, connected late"
-    );
-    let m = tg.metrics().await;
-    assert_eq!(
-        metric(
-            &m,
-            "tollgate_attempts_total{result=\"connect-failure\",upstream=\"pods\"}"
-        ),
-        Some(0.0),
-        "{m}"
-    );
-    pooled_loser(&tg, "pods", 2.0).await;
-    drop(servers);
-    tg.stop().await;
+    served_late(vec![a, b], direct, through, "pods", "/late").await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
