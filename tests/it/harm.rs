@@ -116,12 +116,13 @@ fn the_lab_names_the_harm_scenario_and_refuses_what_it_does_not_take() {
 }
 
 /// The rows of the clients teams run, in the order they run.
-const CLIENT_ROWS: [&str; 7] = [
+const CLIENT_ROWS: [&str; 8] = [
     "undici-proxy",
     "grpc-proxy",
     "requests-post",
     "half-close",
     "accept-queue-full",
+    "accept-queue-full-two",
     "dual-stack",
     "many-fields",
 ];

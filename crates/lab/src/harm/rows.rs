@@ -659,6 +659,22 @@ fn client_rows() -> Vec<Row> {
             )
         },
         Row {
+            replicas: Replicas::Two,
+            note: Some(
+                "both replicas pause together, as a load step finds every pod at once; every \
+                 answer closes its connection; direct: the same client takes the two in turn",
+            ),
+            ..row(
+                "accept-queue-full-two",
+                "two replicas, each stops accepting for 400 ms every 1.7 s, its accept queue (32) full; Zipf over 100 URLs, 200/s",
+                Behaviour {
+                    accept_pauses: Some((ms(1700), ms(400))),
+                    ..connecting
+                },
+                traffic(200.0, 5, Urls::Zipf(100)),
+            )
+        },
+        Row {
             replicas: Replicas::DualStack,
             note: Some(
                 "the endpoints [::1]:PORT then 127.0.0.1:PORT, nothing listening on ::1; every                  answer closes its connection; direct: the same client takes the two in turn                  and dials the other when a connection is refused",
