@@ -720,6 +720,68 @@ async fn a_slow_connect_races_one_to_another_endpoint_and_is_no_failure() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_raced_connect_that_is_refused_hands_its_place_to_a_third_pod() {
+    // Three pods in this order: one dropping SYNs (its accept queue full), one gone
+    // (connections refused), one healthy. The first request goes to the slow one; at
+    // `connect_timeout` a connect to the next pod is raced beside it and refused at
+    // once; a connect to the third then takes its place (at most two in flight, three
+    // pods an attempt) and carries the request. Before, the refusal left the slow
+    // connect to finish alone: the request waited out its deadline.
+    let (stuck, _filler) = full_accept_queue();
+    let stuck_addr = stuck.local_addr().unwrap();
+    let gone = dead_port().await;
+    let ok = Upstream::start(|req| async move { respond(200, format!("ok {}", req.uri().path())) })
+        .await;
+    let tg = Tollgate::start(
+        &Config::new()
+            .upstream("pods", |u| {
+                u.authorities(["pods"])
+                    .endpoint(stuck_addr)
+                    .endpoint(gone)
+                    .endpoint(ok.addr)
+                    .connect_timeout("200ms")
+                    .retry(|r| r.max_attempts(3).backoff_base("1ms"))
+                    .budget(|b| b.ratio(0.0).min_per_sec(0.0))
+            })
+            .to_toml(),
+    )
+    .await;
+    let dropped = listen_overflows();
+    let req = request("GET", "/first", "pods")
+        .header("x-timeout-ms", "3000")
+        .body(empty())
+        .unwrap();
+    let r = timeout(Duration::from_secs(10), send(tg.addr, req))
+        .await
+        .expect("the request outlived its deadline");
+    assert_eq!(
+        (r.status.as_u16(), &r.body[..], r.attempts()),
+        (200, &b"ok /first"[..], 1),
+        "{:?}",
+        r.outcome()
+    );
+    assert!(
+        listen_overflows() > dropped,
+        "the request did not start at the pod whose accept queue is full"
+    );
+    let m = tg.metrics().await;
+    for (series, want) in [
+        (
+            "tollgate_attempts_total{result=\"connect-failure\",upstream=\"pods\"}",
+            0.0,
+        ),
+        (
+            "tollgate_attempts_total{result=\"2xx\",upstream=\"pods\"}",
+            1.0,
+        ),
+    ] {
+        assert_eq!(metric(&m, series), Some(want), "{series}\n{m}");
+    }
+    tg.stop().await;
+    drop(stuck);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_pod_slow_to_accept_is_waited_for_as_a_direct_call_waits() {
     // Both pods' accept queues full: tollgate's connect to the first is slow, the one
     // raced beside it to the second is slow too, and whichever is made first (once the

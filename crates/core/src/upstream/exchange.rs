@@ -12,6 +12,7 @@
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
+use std::task::Poll;
 use std::time::Duration;
 
 use tokio::time::{Instant, timeout_at};
@@ -264,8 +265,10 @@ fn run_on<B: OutgoingBody>(loser: Racing<B>) {
 /// one, else to the same on a connection of its own (a full accept queue drops SYNs and
 /// the kernel resends them only after a second; behind a Service's virtual IP a new
 /// connection may reach another pod). The first connection made carries the exchange;
-/// the other connect runs on alone and its connection is pooled if it is made; one of
-/// the two that is refused leaves the other to finish. An endpoint outraced by another
+/// the other connect runs on alone and its connection is pooled if it is made. A
+/// refused one hands its place to a connect to a third endpoint, if there is one not yet
+/// tried ([`MAX_RACED`]: three endpoints, two connects at a time); else it leaves the
+/// other to finish. An endpoint outraced by another
 /// is passed over for a while ([`Endpoint::outraced`]). Given up at the deadline, or
 /// after [`CONNECT_MAX`] without one. Without a race, a connect not made within
 /// `connect_timeout` fails.
@@ -308,55 +311,115 @@ async fn connect<B: OutgoingBody>(
         Err(_) if Instant::now() >= give_up => return Err(timed_out()),
         Err(_) => {}
     }
-    let other = (race.other)().filter(|o| o.id != endpoint.id);
-    let (second_on, second_own) = match &other {
-        Some(o) => (o.clone(), false),
-        None => (owned.clone(), true),
+    // The connects of the race: the slow one first; `None` where a connect goes to
+    // `endpoint` itself.
+    let mut racers: Vec<Racer<B>> = Vec::with_capacity(MAX_RACED);
+    racers.push(Racer {
+        connect: first,
+        to: None,
+        done: false,
+    });
+    let second = match (race.other)().filter(|o| o.id != endpoint.id) {
+        Some(o) => Racer::to(o, reach, &tls, left(Instant::now())),
+        // The same endpoint again, on a connection of its own.
+        None => Racer {
+            connect: racing(
+                owned.clone(),
+                reach.want,
+                tls.clone(),
+                true,
+                left(Instant::now()),
+            ),
+            to: None,
+            done: false,
+        },
     };
-    let mut second = racing(second_on, reach.want, tls, second_own, left(Instant::now()));
-    let (mut first_done, mut second_done) = (false, false);
-    // The connection made first, `true` when it is the first connect's.
-    let raced = async {
-        loop {
-            tokio::select! {
-                r = &mut first, if !first_done => {
-                    first_done = true;
-                    match r {
-                        Ok(c) => return Ok((c, true)),
-                        Err(e) if second_done => return Err(e),
-                        Err(_) => {}
-                    }
-                }
-                r = &mut second, if !second_done => {
-                    second_done = true;
-                    match r {
-                        Ok(c) => return Ok((c, false)),
-                        Err(e) if first_done => return Err(e),
-                        Err(_) => {}
-                    }
+    racers.push(second);
+    let mut failed = None;
+    // The index of the connect made first; a refused one hands its place to another
+    // endpoint's, while fewer than MAX_RACED have started.
+    let raced = std::future::poll_fn(|cx| {
+        let mut i = 0;
+        while i < racers.len() {
+            let r = &mut racers[i];
+            i += 1;
+            if r.done {
+                continue;
+            }
+            let Poll::Ready(result) = r.connect.as_mut().poll(cx) else {
+                continue;
+            };
+            r.done = true;
+            match result {
+                Ok(c) => return Poll::Ready(Ok((c, i - 1))),
+                Err(e) => failed = Some(e),
+            }
+            if racers.len() < MAX_RACED {
+                let next = (race.other)().filter(|o| {
+                    o.id != endpoint.id
+                        && racers
+                            .iter()
+                            .all(|r| r.to.as_ref().is_none_or(|t| t.id != o.id))
+                });
+                if let Some(next) = next {
+                    racers.push(Racer::to(next, reach, &tls, left(Instant::now())));
                 }
             }
         }
-    };
-    let won = timeout_at(give_up, raced).await;
-    if won.as_ref().is_ok_and(Result::is_ok) {
-        if !first_done {
-            run_on(first);
+        match racers.iter().all(|r| r.done) {
+            true => Poll::Ready(Err(failed.take())),
+            false => Poll::Pending,
         }
-        if !second_done {
-            run_on(second);
+    });
+    let won = timeout_at(give_up, raced).await;
+    let Ok(won) = won else {
+        return Err(timed_out());
+    };
+    let (conn, winner) = match won {
+        Ok(w) => w,
+        Err(Some(e)) => return Err(Failed::Connect(e)),
+        Err(None) => return Err(timed_out()),
+    };
+    let slow_outraced = !racers[0].done && winner != 0;
+    let mut carried = None;
+    for (i, r) in racers.into_iter().enumerate() {
+        if i == winner {
+            carried = r.to;
+        } else if !r.done {
+            run_on(r.connect);
         }
     }
-    match won {
-        Ok(Ok((c, true))) => Ok((c, None)),
-        Ok(Ok((c, false))) => {
-            if other.is_some() && !first_done {
-                endpoint.outraced();
-            }
-            Ok((c, other))
+    if slow_outraced && carried.is_some() {
+        endpoint.outraced();
+    }
+    Ok((conn, carried))
+}
+
+/// The most connects one exchange starts: the slow one, the one raced beside it, and
+/// one more in place of one of them that is refused; never more than two at a time.
+const MAX_RACED: usize = 3;
+
+/// One connect of a race, and the endpoint it goes to (`None`: the exchange's own).
+struct Racer<B> {
+    connect: Racing<B>,
+    to: Option<Arc<Endpoint<B>>>,
+    done: bool,
+}
+
+impl<B: OutgoingBody> Racer<B> {
+    /// A connect to another endpoint than the exchange's, a pooled connection if one is
+    /// ready.
+    fn to(
+        to: Arc<Endpoint<B>>,
+        reach: Reach<'_, B>,
+        tls: &Option<Arc<TlsClient>>,
+        left: Duration,
+    ) -> Self {
+        Racer {
+            connect: racing(to.clone(), reach.want, tls.clone(), false, left),
+            to: Some(to),
+            done: false,
         }
-        Ok(Err(e)) => Err(Failed::Connect(e)),
-        Err(_) => Err(timed_out()),
     }
 }
 
