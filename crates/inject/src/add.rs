@@ -7,7 +7,7 @@
 use yaml_rust2::Yaml;
 
 use super::configmap::{self, Called};
-use super::pod::{Owner, position, with_parts};
+use super::pod::{self, Owner, position, with_parts};
 use super::probes::{self, ADMIN_PORT, Probes};
 use super::rbac::Watchers;
 use super::record::{ANNOTATION, Record};
@@ -144,7 +144,9 @@ fn inject_parts(
         mode: ann.mode.unwrap_or(opts.mode),
         ..opts.clone()
     };
-    if owner.runs_to_completion() && opts.mode == Mode::Plain {
+    if (owner.runs_to_completion() || pod::runs_to_completion(meta, spec))
+        && opts.mode == Mode::Plain
+    {
         return Ok(Injected::LeftAlone(
             "its pods run to completion and a plain sidecar would keep them running: \
              skipped (the native sidecar, without --plain, ends with them)"

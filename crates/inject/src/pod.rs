@@ -36,6 +36,17 @@ impl Owner {
     }
 }
 
+/// Whether a pod's own fields say it runs to completion: a pod that is never restarted
+/// when it ends (`restartPolicy` `Never` or `OnFailure`, as every Job's pod is), or one
+/// a Job owns. A webhook sees only the pod, never the Job that made it.
+pub fn runs_to_completion(meta: &Yaml, spec: &Yaml) -> bool {
+    let restarts = str_at(spec, "restartPolicy").unwrap_or("Always");
+    let owned_by_job = get(meta, "ownerReferences")
+        .and_then(Yaml::as_vec)
+        .is_some_and(|refs| refs.iter().any(|r| str_at(r, "kind") == Some("Job")));
+    restarts != "Always" || owned_by_job
+}
+
 /// What a document is to `inject`.
 pub enum Found {
     /// A pod (or a workload's pod template): its owner.

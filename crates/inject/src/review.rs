@@ -250,6 +250,45 @@ mod tests {
     }
 
     #[test]
+    fn a_jobs_pod_gets_the_native_sidecar_and_no_plain_one() {
+        // A webhook sees the pod a Job made, never the Job: its restartPolicy and its
+        // owner say it runs to completion, where a plain sidecar would keep it running.
+        let mut job_pod = app();
+        job_pod["restartPolicy"] = json!("Never");
+        let mut owned = pod(job_pod);
+        owned["metadata"]["ownerReferences"] =
+            json!([{"apiVersion": "batch/v1", "kind": "Job", "name": "report", "uid": "j-1"}]);
+        let plain = Options {
+            mode: Mode::Plain,
+            ..opts()
+        };
+        let r = review(&review_of(owned.clone()), &plain).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(r.outcome, Outcome::LeftAlone);
+        assert!(r.response["response"]["patch"].is_null());
+        assert!(
+            r.notes.iter().any(|n| n.contains("run to completion")),
+            "{:?}",
+            r.notes
+        );
+        // A bare pod that is never restarted, owned by nothing, the same.
+        let mut bare = app();
+        bare["restartPolicy"] = json!("OnFailure");
+        let r = review(&review_of(pod(bare)), &plain).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(r.outcome, Outcome::LeftAlone);
+        // Natively, its sidecar ends with it.
+        let r = review(&review_of(owned.clone()), &opts()).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(r.outcome, Outcome::Injected);
+        let after = patched(&owned, &r);
+        assert_eq!(
+            after["spec"]["initContainers"][0]["restartPolicy"],
+            "Always"
+        );
+        // A Deployment's pod (restarted always) still gets a plain one.
+        let r = review(&review_of(pod(app())), &plain).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(r.outcome, Outcome::Injected);
+    }
+
+    #[test]
     fn anything_but_a_review_is_a_bad_request_and_anything_but_a_pod_passes() {
         assert!(review(b"{}", &opts()).is_err());
         assert!(review(b"not json", &opts()).is_err());
