@@ -254,6 +254,9 @@ def check_capture(where, inits, tg, config):
     }
     if "inbound" in config:
         want["inbound-port"] = port_of(config["inbound"]["addr"])
+    elif int(flags.get("inbound-port") or 15006) != 0:
+        problem(where, f"{name}: the pod's callers are sent to --inbound-port={flags.get('inbound-port') or 15006}, "
+                       "but the ConfigMap has no [inbound] listening there: use --inbound-port=0")
     defaults = {"outbound-port": 15001, "inbound-port": 15006, "admin-port": 15090}
     for flag, port in want.items():
         given = int(flags.get(flag) or defaults[flag])

@@ -136,4 +136,21 @@ fn the_capture_rules_install_idempotently_and_clean_up() {
     // Cleaning what is already clean is no error.
     let (out, ok) = ns.run(&[bin, "iptables", "--clean"]);
     assert!(ok, "{out}");
+
+    // A pod without an inbound side: its outbound captured, its callers left alone.
+    let (out, ok) = ns.run(&[bin, "iptables", "--inbound-port", "0"]);
+    assert!(ok, "{out}");
+    let outbound_only = ns.nat("iptables");
+    assert!(
+        outbound_only.contains("-A TOLLGATE_OUTPUT -p tcp -j REDIRECT --to-ports 15001"),
+        "{outbound_only}"
+    );
+    assert!(
+        !outbound_only.contains("-A PREROUTING -p tcp -j TOLLGATE_INBOUND")
+            && !outbound_only.contains("-A TOLLGATE_INBOUND"),
+        "{outbound_only}"
+    );
+    let (out, ok) = ns.run(&[bin, "iptables", "--clean"]);
+    assert!(ok, "{out}");
+    assert!(!ns.nat("iptables").contains("TOLLGATE"));
 }

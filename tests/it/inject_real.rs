@@ -195,7 +195,8 @@ fn redis_is_never_an_upstream_and_capture_leaves_its_port_alone() {
     ] {
         assert!(ports.contains(&p), "{p} not in {outbound}");
     }
-    // Redis's own pod: no inbound side in front of it, and capture spares its port.
+    // Redis's own pod: no inbound side in front of it, and capture leaves its callers
+    // alone (its port too).
     let redis = kind_named(&got, "ConfigMap", "redis-cart-tollgate")["data"]["tollgate.toml"]
         .as_str()
         .unwrap();
@@ -207,10 +208,40 @@ fn redis_is_never_an_upstream_and_capture_leaves_its_port_alone() {
             .as_vec()
             .unwrap()
             .iter()
-            .any(|a| a.as_str() == Some("--exclude-inbound-ports=6379")),
+            .any(|a| a.as_str() == Some("--inbound-port=0")),
         "{:?}",
         iptables["args"]
     );
+}
+
+#[test]
+fn capture_leaves_the_callers_of_a_pod_without_an_http_port_alone() {
+    // No containerPort, no HTTP probe: no inbound side is written, so the callers must
+    // reach the app as they would without tollgate, not a port nothing listens on.
+    let manifest = "apiVersion: apps/v1\nkind: Deployment\nmetadata:\n  name: worker\nspec:\n  \
+                    selector: {matchLabels: {app: worker}}\n  template:\n    metadata:\n      \
+                    labels: {app: worker}\n    spec:\n      containers:\n      - name: worker\n        \
+                    image: worker:1\n        env:\n        - {name: API, value: \"http://api:8080\"}\n";
+    let (out, notes) = inject_ok(&["--capture", "-"], Some(manifest));
+    let got = docs(&out);
+    let config = kind_named(&got, "ConfigMap", "worker-tollgate")["data"]["tollgate.toml"]
+        .as_str()
+        .unwrap();
+    assert!(!config.contains("[inbound]"), "{config}");
+    assert!(config.contains("[upstreams.api]"), "{config}");
+    let spec = &kind_named(&got, "Deployment", "worker")["spec"]["template"]["spec"];
+    let args: Vec<&str> = container(&spec["initContainers"], "tollgate-iptables")["args"]
+        .as_vec()
+        .unwrap()
+        .iter()
+        .filter_map(Yaml::as_str)
+        .collect();
+    assert!(args.contains(&"--inbound-port=0"), "{args:?}");
+    assert!(
+        notes.contains("capture leaves inbound connections alone"),
+        "{notes}"
+    );
+    validate("worker", &out);
 }
 
 #[test]

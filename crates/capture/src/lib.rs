@@ -33,7 +33,8 @@ pub struct IptablesArgs {
     /// The outbound listener's port (`[listener].addr`).
     #[arg(long, default_value_t = 15001)]
     pub outbound_port: u16,
-    /// The inbound listener's port (`[inbound].addr`).
+    /// The inbound listener's port (`[inbound].addr`); 0: inbound connections are left
+    /// alone (a pod whose tollgate has no inbound side).
     #[arg(long, default_value_t = 15006)]
     pub inbound_port: u16,
     /// The admin port, never redirected inbound.
@@ -109,13 +110,6 @@ pub fn install(a: &IptablesArgs, loopback: &str) -> Vec<Step> {
         v.extend(rule.iter().map(|s| s.to_string()));
         Step::Run(v)
     };
-    let mut spared = vec![a.admin_port];
-    spared.extend(&a.exclude_inbound_ports);
-    for p in spared {
-        steps.push(inb(&spare(&p.to_string())));
-    }
-    let to_in = a.inbound_port.to_string();
-    steps.push(inb(&["-p", "tcp", "-j", "REDIRECT", "--to-ports", &to_in]));
     steps.push(Step::Ensure(args(&[
         "-t",
         "nat",
@@ -126,6 +120,18 @@ pub fn install(a: &IptablesArgs, loopback: &str) -> Vec<Step> {
         "-j",
         OUTBOUND_CHAIN,
     ])));
+    if a.inbound_port == 0 {
+        // No inbound side: callers reach the pod's ports as without tollgate (a jump
+        // left by an earlier run leads to the chain, now empty).
+        return steps;
+    }
+    let mut spared = vec![a.admin_port];
+    spared.extend(&a.exclude_inbound_ports);
+    for p in spared {
+        steps.push(inb(&spare(&p.to_string())));
+    }
+    let to_in = a.inbound_port.to_string();
+    steps.push(inb(&["-p", "tcp", "-j", "REDIRECT", "--to-ports", &to_in]));
     steps.push(Step::Ensure(args(&[
         "-t",
         "nat",
@@ -336,6 +342,21 @@ mod tests {
             !text.contains("65532"),
             "distroless's nonroot is spared: {text}"
         );
+    }
+
+    #[test]
+    fn an_inbound_port_of_0_leaves_inbound_connections_alone() {
+        let text: Vec<String> = install(&parse(&["--inbound-port", "0"]), "127.0.0.0/8")
+            .iter()
+            .map(|s| describe("iptables", s))
+            .collect();
+        let text = text.join("\n");
+        assert!(
+            text.contains("-A TOLLGATE_OUTPUT -p tcp -j REDIRECT --to-ports 15001"),
+            "{text}"
+        );
+        assert!(!text.contains("-A TOLLGATE_INBOUND"), "{text}");
+        assert!(!text.contains("PREROUTING"), "{text}");
     }
 
     #[test]

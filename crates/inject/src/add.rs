@@ -184,7 +184,18 @@ fn inject_parts(
             }
         }
     }
-    add_containers(spec, opts, &ann, &exclude_inbound)?;
+    // Without an app port there is no inbound side to capture callers for: they reach
+    // the app directly, as they would without tollgate.
+    let inbound = app_port.map(|_| exclude_inbound.as_slice());
+    if opts.capture && app_port.is_none() {
+        warnings.push(
+            "no HTTP port of the app found (no containerPort, no HTTP probe): capture leaves \
+             inbound connections alone; declare the app's containerPort to put tollgate's \
+             inbound side in front of it"
+                .to_string(),
+        );
+    }
+    add_containers(spec, opts, &ann, inbound)?;
     if opts.capture {
         check_capture_uid(spec, &mut warnings);
     } else {
@@ -563,10 +574,10 @@ fn add_containers(
     spec: &mut Yaml,
     opts: &Options,
     ann: &Annotations,
-    exclude_inbound: &[u16],
+    inbound: Option<&[u16]>,
 ) -> Result<(), String> {
     let tollgate = sidecar::tollgate(&opts.image, opts.mode, &ann.resources)?;
-    let iptables = sidecar::iptables(&opts.iptables_image, exclude_inbound, &ann.exclude_outbound)?;
+    let iptables = sidecar::iptables(&opts.iptables_image, inbound, &ann.exclude_outbound)?;
     let inits = "initContainers";
     if opts.mode == Mode::Native || opts.capture {
         super::yaml::make_list_before(spec, inits, "containers");

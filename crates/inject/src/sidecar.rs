@@ -123,17 +123,24 @@ volumeMounts:
 }
 
 /// The capture init container: `tollgate iptables` once, as root with `NET_ADMIN` only.
+/// `inbound`: the pod's ports reached directly from outside, when its inbound connections
+/// are captured at all (`None`: the pod has no inbound side, and they are left alone).
 pub fn iptables(
     image: &str,
-    exclude_inbound: &[u16],
+    inbound: Option<&[u16]>,
     exclude_outbound: &[u16],
 ) -> Result<Yaml, String> {
     let mut args = vec![
         format!("--uid={UID}"),
         "--outbound-port=15001".to_string(),
-        "--inbound-port=15006".to_string(),
+        match inbound {
+            Some(_) => "--inbound-port=15006",
+            None => "--inbound-port=0",
+        }
+        .to_string(),
         "--admin-port=15090".to_string(),
     ];
+    let exclude_inbound = inbound.unwrap_or_default();
     if !exclude_outbound.is_empty() {
         let ports: Vec<String> = exclude_outbound.iter().map(u16::to_string).collect();
         args.push(format!("--exclude-outbound-ports={}", ports.join(",")));
@@ -205,12 +212,19 @@ mod tests {
             assert_eq!(str_at(&c, "image"), Some("registry.example/tollgate:1"));
             assert_eq!(get(&c, "restartPolicy").is_some(), mode == Mode::Native);
         }
-        let c = iptables("i:1", &[9000, 9001], &[6379]).unwrap_or(Yaml::Null);
+        let c = iptables("i:1", Some(&[9000, 9001]), &[6379]).unwrap_or(Yaml::Null);
         let args = crate::yaml::items(&c, "args");
         assert_eq!(
             args.last().and_then(Yaml::as_str),
             Some("--exclude-inbound-ports=9000,9001")
         );
+        let c = iptables("i:1", None, &[]).unwrap_or(Yaml::Null);
+        let args: Vec<_> = crate::yaml::items(&c, "args")
+            .iter()
+            .filter_map(Yaml::as_str)
+            .map(str::to_string)
+            .collect();
+        assert!(args.contains(&"--inbound-port=0".to_string()), "{args:?}");
         assert!(volume("x-tollgate").is_ok());
         for ok in ["100m", "0.5", "64Mi", "1Gi", "2"] {
             assert!(is_quantity(ok), "{ok}");
