@@ -176,9 +176,13 @@ async fn each_pod_a_service_has_is_an_endpoint_as_the_api_says() {
     };
     let (port, _servers) = pods().await;
     cluster.create_namespace(NS).await;
-    cluster
+    let service = cluster
         .create_service(NS, "payments", "http", 80, false)
         .await;
+    let cluster_ip: std::net::IpAddr = service["spec"]["clusterIP"]
+        .as_str()
+        .and_then(|ip| ip.parse().ok())
+        .unwrap_or_else(|| panic!("no cluster IP: {service}"));
     set_pods(&cluster, port, &ready(&[2, 3, 4])).await;
     let config = format!(
         "[kubernetes]\nkubeconfig = \"{}\"\n\n\
@@ -193,6 +197,19 @@ async fn each_pod_a_service_has_is_an_endpoint_as_the_api_says() {
 
     // Three ready pods: every one takes calls (the first list may still be on its way).
     until_answering(&tg, &[2, 3, 4], Duration::from_secs(10), "three pods").await;
+    // Under capture the app dials the Service's cluster IP: that `clusterIP:port` is
+    // the upstream's, so the connection is served as HTTP to it, not passed through.
+    let snap = tg.server().shared().snapshot();
+    let dialled = |port| {
+        snap.destinations
+            .upstream_of(&snap.upstreams, std::net::SocketAddr::new(cluster_ip, port))
+    };
+    assert_eq!(
+        dialled(80).await,
+        Some(0),
+        "the cluster IP is the upstream's"
+    );
+    assert_eq!(dialled(81).await, None, "another port of it is not");
     let m = tg.metrics().await;
     assert_eq!(
         metric(&m, "tollgate_discovery_endpoints{upstream=\"payments\"}"),

@@ -182,6 +182,11 @@ impl ServiceWatch {
         self.port.tx.subscribe()
     }
 
+    /// The Service's `clusterIP:port`, once it has been read (none when headless).
+    pub fn cluster_ip(&self) -> Option<SocketAddr> {
+        self.port.tx.borrow().cluster_ip
+    }
+
     /// The Service's DNS name, `NAME.NAMESPACE.svc.<cluster domain>`, and its port's
     /// number, for the upstream to call until the first list (as a direct call would).
     /// `None` while the port is named and the Service has not been read yet.

@@ -4,7 +4,8 @@
 //! an IP from its own config) and the connection arrives at the outbound listener
 //! redirected. The address it was meant for belongs to an upstream when it is one of
 //! the upstream's endpoints (an IP literal, or a name's address as tollgate resolves it
-//! for connecting) or an `ip:port` among its authorities. Such a connection is HTTP to
+//! for connecting), the `clusterIP:port` of the Service it watches (`discovery =
+//! "kubernetes"`), or an `ip:port` among its authorities. Such a connection is HTTP to
 //! that upstream; any other is passed through untouched.
 //!
 //! Built once per snapshot: the literals are a map; names are asked of the endpoints'
@@ -75,6 +76,10 @@ impl Destinations {
         for (i, up) in upstreams.iter().enumerate() {
             if up.config().tls.is_some() {
                 continue;
+            }
+            // A watched Service: its cluster IP, as the app dials it.
+            if up.endpoints().service_ips().any(|a| a.canonical() == dst) {
+                return Some(i);
             }
             let names = up
                 .endpoints()

@@ -718,7 +718,7 @@ impl<B> Endpoints<B> {
     /// connection to one of them dials.
     pub fn service_ips(&self) -> impl Iterator<Item = SocketAddr> + '_ {
         self.shared.sources.iter().filter_map(|s| match s {
-            Source::Service(w) => w.subscribe().borrow().cluster_ip,
+            Source::Service(w) => w.cluster_ip(),
             _ => None,
         })
     }
