@@ -193,6 +193,49 @@ async fn a_dead_upstream_sinks_the_share_below_ratio_and_gets_fewer_retries() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dependency_that_recovers_gets_its_share_back_without_a_retry() {
+    // Dead: retries keep failing, the share sinks below ratio and the floor is off.
+    // Back: its first attempts succeed and need no retry, so no retry can succeed to
+    // lift the share; a first attempt's success does, back to ratio and the floor on.
+    let dead = Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let up = {
+        let dead = dead.clone();
+        Upstream::start(move |_req| {
+            let status = if dead.load(Ordering::SeqCst) {
+                503
+            } else {
+                200
+            };
+            async move { respond(status, "") }
+        })
+        .await
+    };
+    let tg = Tollgate::start(&adaptive_with(
+        up.addr,
+        |r| r.max_attempts(3),
+        |b| b.ratio(0.2).max_ratio(0.6).min_per_sec(0).window("100ms"),
+    ))
+    .await;
+    for i in 0..200 {
+        let r = get(tg.addr, &format!("/dead/{i}"), "api").await;
+        assert_eq!(r.status, 503);
+    }
+    let sunk = share(&tg.metrics().await);
+    assert!(sunk < 0.2, "retries kept failing: below ratio, {sunk}");
+    dead.store(false, Ordering::SeqCst);
+    for i in 0..5 {
+        let r = get(tg.addr, &format!("/back/{i}"), "api").await;
+        assert_eq!((r.status.as_u16(), r.attempts()), (200, 1));
+    }
+    let back = share(&tg.metrics().await);
+    assert!(
+        (back - 0.2).abs() < 1e-9,
+        "first attempts served: the share is back at ratio, not {back}"
+    );
+    tg.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_reload_keeps_what_the_share_learnt_unless_the_budget_changed() {
     let up = first_attempts_fail(Arc::new(AtomicU8::new(FAIL_PLAIN))).await;
     let dir = tempdir::TempDir::new("adaptive");

@@ -133,6 +133,19 @@ impl AdaptiveShare {
         });
     }
 
+    /// A first attempt got an answer that is not a failure `retry.on` lists: the
+    /// upstream serves again, so a share that sank below `ratio` while retries kept
+    /// failing is back at `ratio`, and the floor is on again (else a dependency that
+    /// recovered, and now needs no retry, would keep the share it had while dead). One
+    /// load on the path of every success; a store only after a dead spell.
+    pub fn first_succeeded(&self) {
+        if self.floor_suspended.load(Relaxed) || self.share() < self.ratio {
+            self.failing.store(0, Relaxed);
+            self.floor_suspended.store(false, Relaxed);
+            self.update(|s| s.max(self.ratio));
+        }
+    }
+
     /// A retry failed (a listed failure, or no answer at all).
     pub fn retry_failed(&self) {
         let n = self.failing.fetch_add(1, Relaxed) + 1;
@@ -270,6 +283,27 @@ mod tests {
         a.retry_succeeded(Instant::now());
         assert!(a.floor_on(), "a retry that succeeds restores the floor");
         assert!(close(a.share(), 0.22), "{}", a.share());
+    }
+
+    #[test]
+    fn a_first_attempt_that_succeeds_lifts_a_sunk_share_back_to_ratio() {
+        let a = share(0.2, 0.6);
+        a.first_succeeded();
+        assert_eq!(a.share(), 0.2, "a healthy upstream's share is not moved");
+        for _ in 0..10 * KEEP_FAILING {
+            a.retry_failed();
+        }
+        assert!(!a.floor_on());
+        assert!(a.share() < 0.05, "{}", a.share());
+        a.first_succeeded();
+        assert!(a.floor_on(), "the dependency serves again");
+        assert_eq!(a.share(), 0.2);
+        for _ in 0..5 {
+            a.retry_succeeded(Instant::now());
+        }
+        let grown = a.share();
+        a.first_succeeded();
+        assert_eq!(a.share(), grown, "a share above ratio is not moved");
     }
 
     #[test]

@@ -90,11 +90,11 @@ pub(crate) fn attempt_done<A>(up: &Upstream<A>, seen: &Seen<'_>, now: Instant) {
     } else if seen.failure == Some(Fault::Timeout) {
         share.slow(now);
     }
-    if seen.number >= 2 {
-        match seen.failure {
-            None => share.retry_succeeded(now),
-            Some(_) => share.retry_failed(),
-        }
+    match (seen.number >= 2, seen.failure) {
+        (true, None) => share.retry_succeeded(now),
+        (true, Some(_)) => share.retry_failed(),
+        (false, None) => share.first_succeeded(),
+        (false, Some(_)) => {}
     }
 }
 
