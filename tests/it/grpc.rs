@@ -176,22 +176,23 @@ async fn tollgates_own_failures_are_grpc_statuses_a_client_does_not_retry() {
     in_flight.abort();
     let _ = in_flight.await;
 
-    // The upstream's own UNAVAILABLE, given up on (a POST is not retried): it passes
-    // through with the verdict and the pushback added.
+    // The upstream's own UNAVAILABLE, given up on (`max_attempts = 1`: attempts
+    // exhausted, whatever the method): it passes through with the verdict and the
+    // pushback added.
     let fail = Ask {
         fail: Code::Unavailable as i32,
         ..Ask::default()
     };
     let s = client.unary(fail, None).await.unwrap_err();
     assert_eq!(s.message(), "asked to fail", "the upstream's own status");
-    assert_tollgate_status(&s, Code::Unavailable, "not-retryable");
+    assert_tollgate_status(&s, Code::Unavailable, "attempts-exhausted");
 
     let m = tg.metrics().await;
     for (outcome, upstream, n) in [
         ("no-route", "", 1.0),
         ("upstream-unreachable", "down", 1.0),
         ("overloaded", "busy", 1.0),
-        ("not-retryable", "greeter", 1.0),
+        ("attempts-exhausted", "greeter", 1.0),
         ("deadline-exceeded", "greeter", 1.0),
     ] {
         let series = format!(

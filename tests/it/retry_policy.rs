@@ -239,6 +239,50 @@ async fn conditions_not_listed_are_not_retried() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_attempt_allowed_is_attempts_exhausted_whatever_the_method() {
+    // `max_attempts = 1`, and an upstream with no [retry] section (one attempt): a
+    // listed failure ends with `attempts-exhausted` and a denial for `attempts`, not
+    // `not-retryable` for a method that is retried elsewhere.
+    let up = Upstream::start(|_req| async { respond(503, "busy") }).await;
+    let tg = Tollgate::start(
+        &Config::new()
+            .upstream("once", |u| {
+                u.authorities(["once"])
+                    .endpoint(up.addr)
+                    .retry(|r| r.max_attempts(1))
+            })
+            .upstream("plain", |u| u.authorities(["plain"]).endpoint(up.addr))
+            .to_toml(),
+    )
+    .await;
+    for upstream in ["once", "plain"] {
+        for method in ["GET", "POST"] {
+            let req = request(method, "/", upstream).body(empty()).unwrap();
+            let r = send(tg.addr, req).await;
+            assert_eq!(
+                (r.status.as_u16(), r.attempts(), r.outcome()),
+                (503, 1, Some("attempts-exhausted")),
+                "{method} to {upstream}"
+            );
+        }
+    }
+    let m = tg.metrics().await;
+    for upstream in ["once", "plain"] {
+        let denied = |reason: &str| {
+            metric(
+                &m,
+                &format!(
+                    "tollgate_retries_denied_total{{reason=\"{reason}\",upstream=\"{upstream}\"}}"
+                ),
+            )
+        };
+        assert_eq!(denied("attempts"), Some(2.0), "{upstream}\n{m}");
+        assert_eq!(denied("method"), Some(0.0), "{upstream}\n{m}");
+    }
+    tg.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn grpc_unavailable_in_a_trailers_only_response_is_retried() {
     let up = Upstream::start(|req: http::Request<hyper::body::Incoming>| async move {
         let attempt = req.headers()["x-tollgate-attempt"]

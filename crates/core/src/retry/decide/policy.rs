@@ -234,17 +234,18 @@ impl Policy<'_> {
         Ok(())
     }
 
-    /// The failure is one `retry.on` lists, the request may be sent again, and an
-    /// attempt is left.
+    /// The failure is one `retry.on` lists, an attempt is left, and the request may be
+    /// sent again. Attempts first: with none left (`max_attempts = 1` too) the answer is
+    /// `attempts-exhausted`, whatever the method.
     fn may_send_again(&self, s: &Situation<'_>) -> Result<(), Stop> {
         if !listed(s.failure, &self.retry.on) {
             return Err(Stop::NotListed);
         }
-        if s.failure.maybe_sent() && !s.request_retryable {
-            return Err(Stop::Method);
-        }
         if s.attempts >= self.retry.max_attempts {
             return Err(Stop::Attempts);
+        }
+        if s.failure.maybe_sent() && !s.request_retryable {
+            return Err(Stop::Method);
         }
         Ok(())
     }
