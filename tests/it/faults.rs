@@ -211,6 +211,45 @@ async fn a_reset_before_the_head_is_retried_then_a_502() {
     tg.stop().await;
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_that_reached_the_upstream_once_is_not_called_unreachable() {
+    // The first attempt is reset after the request went out (it may have run); then the
+    // upstream is gone and every retry's connect is refused. The app must not be told
+    // the upstream was never reached: `attempts-exhausted`, not `upstream-unreachable`.
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let once = tokio::spawn(async move {
+        let (mut s, _) = listener.accept().await.unwrap();
+        read_head(&mut s).await;
+        let _ = s.set_zero_linger();
+        // The connection reset, and the listener closed with it.
+    });
+    let ok = healthy().await;
+    let tg = tollgate(addr, ok.addr, |u| {
+        u.retry(|r| r.max_attempts(3).backoff_base("1ms"))
+    })
+    .await;
+    let r = get(tg.addr, "/", "faulty").await;
+    once.await.unwrap();
+    assert_eq!(
+        (r.status.as_u16(), r.attempts(), r.outcome()),
+        (502, 3, Some("attempts-exhausted"))
+    );
+    // Never connected at all: unreachable, as before.
+    let dead = dead_port().await;
+    let tg2 = tollgate(dead, ok.addr, |u| {
+        u.retry(|r| r.max_attempts(3).backoff_base("1ms"))
+    })
+    .await;
+    let r = get(tg2.addr, "/", "faulty").await;
+    assert_eq!(
+        (r.status.as_u16(), r.outcome()),
+        (502, Some("upstream-unreachable"))
+    );
+    tg.stop().await;
+    tg2.stop().await;
+}
+
 /// An upstream that answers the head and five of a hundred body bytes, then nothing,
 /// ever: it waits for tollgate to hang up.
 async fn hangs_after_first_bytes() -> Scripted {

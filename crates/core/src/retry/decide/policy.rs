@@ -114,6 +114,18 @@ impl Stop {
         })
     }
 
+    /// [`Stop::outcome`], knowing whether any attempt of the request got a connection:
+    /// `upstream-unreachable` only when none did (an earlier attempt may have run it).
+    pub fn outcome_after(self, failure: Fault, connected: bool) -> Outcome {
+        match self.outcome(failure) {
+            Outcome::UpstreamUnreachable if connected => match self {
+                Stop::NotListed => Outcome::NotRetryable,
+                _ => Outcome::AttemptsExhausted,
+            },
+            o => o,
+        }
+    }
+
     /// The `x-tollgate-outcome` for giving up on `failure` for this reason.
     pub fn outcome(self, failure: Fault) -> Outcome {
         match self {

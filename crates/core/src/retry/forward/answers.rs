@@ -97,7 +97,7 @@ impl<'a, A: RetriedBody> Forwarding<'a, A> {
             self.up.metrics().denied(d);
             self.trail.denied = Some(d);
         }
-        let outcome = stop.outcome(failure);
+        let outcome = stop.outcome_after(failure, self.connected);
         match response {
             Some(resp) if stop == Stop::Ownership => {
                 let callee = Callee::of(resp.status(), Fields::of(&resp));

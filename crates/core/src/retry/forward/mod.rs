@@ -155,6 +155,8 @@ struct Forwarding<'a, A> {
     /// many endpoints it has moved past ([`Forwarding::walk`]).
     walk_to: Option<Arc<Endpoint<ReplayBody<A>>>>,
     walked: u8,
+    /// Whether any attempt got a connection: `upstream-unreachable` only when none did.
+    connected: bool,
     traced: Traced<'a>,
 }
 
@@ -373,6 +375,7 @@ impl<'a, A: RetriedBody> Forwarding<'a, A> {
             previous: None,
             walk_to: None,
             walked: 0,
+            connected: false,
             traced: Traced::new(ex.trace),
         }
     }
@@ -729,6 +732,7 @@ impl<'a, A: RetriedBody> Forwarding<'a, A> {
             }
             Err(f) => return Step::Answer(self.not_the_peers(f)),
         };
+        self.connected |= response.is_some() || !failure.unreachable();
         if failure == Fault::Tls {
             self.tls_failed |= 1 << (ran.endpoint % 64);
         }
