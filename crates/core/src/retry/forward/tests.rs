@@ -260,7 +260,8 @@ async fn every_reason_to_stop_has_its_outcome() {
             (502, Outcome::UpstreamUnreachable, 3, Some(Denied::Attempts)),
         ),
         case(
-            "a reset, then every other endpoint refused",
+            "a reset (the request went out, it may have run), then every other endpoint \
+             refused: not unreachable",
             vec![
                 Step::Reset(MS),
                 Step::Refuse,
@@ -272,7 +273,7 @@ async fn every_reason_to_stop_has_its_outcome() {
             ],
             Method::GET,
             None,
-            (502, Outcome::UpstreamUnreachable, 3, Some(Denied::Attempts)),
+            (502, Outcome::AttemptsExhausted, 3, Some(Denied::Attempts)),
         ),
         case(
             "nothing before the deadline",
