@@ -179,3 +179,37 @@ async fn auto_sends_http2_apps_as_http1_to_an_endpoint_that_speaks_only_http1() 
     );
     tg.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_http2_response_head_is_limited_by_its_size_as_over_http11() {
+    // A head of 20 KiB passes (hyper's own HTTP/2 limit is 16 KiB); one far past the
+    // limit is `502 not-retryable` after one attempt, as over HTTP/1.1: the same
+    // request would get the same head again.
+    let up = Upstream::start(|req| async move {
+        let size: usize = req.uri().path()[1..].parse().unwrap_or(0);
+        http::Response::builder()
+            .header("x-big", "b".repeat(size))
+            .body(full("ok"))
+            .unwrap()
+    })
+    .await;
+    let tg = Tollgate::start(&upstream(up.addr, "h2c", |u| {
+        u.retry(|r| {
+            r.max_attempts(3)
+                .backoff_base("1ms")
+                .on(["reset", "502", "503"])
+        })
+    }))
+    .await;
+    let r = get(tg.addr, "/20000", "api").await;
+    assert_eq!(r.status, 200, "{:?}", r.outcome());
+    assert_eq!(r.header("x-big").map(str::len), Some(20_000));
+    let before = up.hits();
+    let r = get(tg.addr, "/200000", "api").await;
+    assert_eq!(
+        (r.status.as_u16(), r.attempts(), r.outcome()),
+        (502, 1, Some("not-retryable"))
+    );
+    assert_eq!(up.hits() - before, 1, "not sent again");
+    tg.stop().await;
+}

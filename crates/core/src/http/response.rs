@@ -45,7 +45,10 @@ fn too_large() -> io::Error {
     io::Error::new(io::ErrorKind::InvalidData, HeadTooLarge)
 }
 
-/// Whether `e`, or an error in its chain of sources, is [`HeadTooLarge`].
+/// Whether `e`, or an error in its chain of sources, is [`HeadTooLarge`], or an
+/// HTTP/2 upstream's response head refused here: the stream reset by tollgate's own
+/// HTTP/2 stack with `PROTOCOL_ERROR` before a head came (larger than the limit, or
+/// malformed). Either way the same request would get the same head again.
 pub fn is_head_too_large(e: &(dyn std::error::Error + 'static)) -> bool {
     let mut at = Some(e);
     while let Some(e) = at {
@@ -53,6 +56,9 @@ pub fn is_head_too_large(e: &(dyn std::error::Error + 'static)) -> bool {
             || e.downcast_ref::<io::Error>()
                 .and_then(|io| io.get_ref())
                 .is_some_and(|inner| inner.is::<HeadTooLarge>())
+            || e.downcast_ref::<h2::Error>().is_some_and(|h| {
+                h.is_library() && h.is_reset() && h.reason() == Some(h2::Reason::PROTOCOL_ERROR)
+            })
         {
             return true;
         }

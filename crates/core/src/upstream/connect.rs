@@ -340,6 +340,10 @@ impl<T: AsyncRead + AsyncWrite + Unpin> AsyncWrite for Sniffed<T> {
     }
 }
 
+/// The largest response head taken from an HTTP/2 upstream, as HTTP/2 counts it (each
+/// field's name and value and 32 bytes): twice [`MAX_HEAD`](crate::http::response::MAX_HEAD).
+const H2_MAX_HEAD: u32 = 2 * crate::http::response::MAX_HEAD as u32;
+
 /// The HTTP/2 handshake on `transport`. With `sniff` (cleartext, protocol not known
 /// yet) the connection is handed out only once the endpoint's first bytes are in:
 /// [`ConnectError::SpeaksHttp1`] when they are an HTTP/1.1 status line.
@@ -358,7 +362,11 @@ where
         .adaptive_window(true)
         .keep_alive_interval(Duration::from_secs(20))
         .keep_alive_timeout(Duration::from_secs(10))
-        .max_concurrent_reset_streams(1024);
+        .max_concurrent_reset_streams(1024)
+        // A response head is limited by its size as over HTTP/1.1 (64 KiB), here as
+        // HTTP/2 counts it: 32 bytes more a field, so room is made for as many fields
+        // as an HTTP/1.1 head of that size holds. hyper's own default is 16 KiB.
+        .max_header_list_size(H2_MAX_HEAD);
     macro_rules! go {
         ($io:expr) => {{
             let (sender, conn) = builder
