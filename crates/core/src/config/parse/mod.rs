@@ -515,6 +515,61 @@ mod tests {
     }
 
     #[test]
+    fn an_endpoint_that_is_tollgate_itself_is_refused() {
+        // Every request to it would come back to the same upstream, and again.
+        for (listener, endpoint, said) in [
+            (
+                "127.0.0.1:25101",
+                "127.0.0.1:25101",
+                "t.toml:4:14: upstreams.me.endpoints: 127.0.0.1:25101 is tollgate's own \
+                 listener.addr: every request would come back round",
+            ),
+            (
+                "0.0.0.0:15001",
+                "localhost:15001",
+                "is tollgate's own listener.addr",
+            ),
+            (
+                "0.0.0.0:15001",
+                "127.0.0.1:15001",
+                "is tollgate's own listener.addr",
+            ),
+            (
+                "127.0.0.1:15001",
+                "[::1]:15001",
+                "is tollgate's own listener.addr",
+            ),
+        ] {
+            let text = format!(
+                "[listener]\naddr = \"{listener}\"\n[upstreams.me]\nendpoints = [\"{endpoint}\"]\n\
+                 authorities = [\"me\"]\n"
+            );
+            let Err(e) = parse("t.toml", &text, Path::new(".")) else {
+                panic!("{endpoint} was taken with the listener at {listener}");
+            };
+            assert!(e.to_string().contains(said), "{endpoint}: {e}");
+        }
+        let own_listen =
+            "[upstreams.me]\nlisten = \"127.0.0.1:7001\"\nendpoints = [\"127.0.0.1:7001\"]\n";
+        let Err(e) = parse("t.toml", own_listen, Path::new(".")) else {
+            panic!("its own listen port was taken");
+        };
+        assert!(
+            e.to_string()
+                .contains("is tollgate's own upstreams.me.listen"),
+            "{e}"
+        );
+        // Another port, another address: no loop.
+        for endpoint in ["127.0.0.1:15002", "10.0.0.5:15001", "api:15001"] {
+            let text = format!(
+                "[listener]\naddr = \"127.0.0.1:15001\"\n[upstreams.me]\nauthorities = [\"me\"]\n\
+                 endpoints = [\"{endpoint}\"]\n"
+            );
+            parse("t.toml", &text, Path::new(".")).unwrap_or_else(|e| panic!("{endpoint}: {e}"));
+        }
+    }
+
+    #[test]
     fn probe_ports_is_replaced_by_probes_and_says_so() {
         let text = "[admin]\nprobe_ports = [8080]\n\
                     [upstreams.p]\nauthorities = [\"p\"]\nendpoints = [\"127.0.0.1:1\"]\n";

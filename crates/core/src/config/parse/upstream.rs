@@ -49,6 +49,8 @@ impl Claim {
 struct Claims {
     authorities: HashMap<String, Claim>,
     ports: HashMap<SocketAddr, Claim>,
+    /// `listener.addr`: an endpoint there is tollgate itself.
+    listener: SocketAddr,
     /// Every authority written, where, and by which upstream: for the names it
     /// stands for in the pod's namespace.
     written: Vec<(String, Range<usize>, String)>,
@@ -66,6 +68,7 @@ impl Claims {
         Claims {
             authorities: HashMap::new(),
             ports,
+            listener: listener.addr,
             written: Vec::new(),
         }
     }
@@ -227,7 +230,11 @@ fn upstream(
         name: name.to_string(),
         authorities,
         listen,
-        endpoints: endpoints(w, t, &name_span, found.needs_endpoints),
+        endpoints: endpoints(w, t, &name_span, found.needs_endpoints, &{
+            let mut ours = vec![(claims.listener, "listener.addr".to_string())];
+            ours.extend(listen.map(|l| (l, t.key(key::listen))));
+            ours
+        }),
         discovery: found.discovery,
         host: host(w, t),
         protocol,
@@ -290,11 +297,14 @@ fn authorities(w: &mut Walker<'_>, t: &Table) -> Vec<At<String>> {
 }
 
 /// `endpoints`; `needed` when the upstream has no other way to find them.
+/// `endpoints`; `ours` are tollgate's own listening addresses that would send a request
+/// back to this upstream (the listener, the upstream's own `listen`), each with its key.
 fn endpoints(
     w: &mut Walker<'_>,
     t: &Table,
     name_span: &Range<usize>,
     needed: bool,
+    ours: &[(SocketAddr, String)],
 ) -> Vec<EndpointAddr> {
     let full = t.key(key::endpoints);
     let Some(list) = w.strings(t, key::endpoints) else {
@@ -320,6 +330,13 @@ fn endpoints(
     let mut out = Vec::new();
     for (text, span) in list {
         match parse_endpoint(&text) {
+            Ok(e) if let Some((_, by)) = ours.iter().find(|(a, _)| is_tollgate(*a, &e)) => w
+                .reject(
+                    span,
+                    &full,
+                    format!("{e} is tollgate's own {by}: every request would come back round"),
+                    "write the address of the service itself (its Service name and port)",
+                ),
             Ok(e) => out.push(e),
             Err(msg) => w.reject(
                 span,
@@ -330,6 +347,25 @@ fn endpoints(
         }
     }
     out
+}
+
+/// Whether endpoint `e` is tollgate's own socket `ours`: the same port at the same
+/// address, or at loopback (an IP or `localhost`) where tollgate listens on loopback or
+/// on every address.
+fn is_tollgate(ours: SocketAddr, e: &EndpointAddr) -> bool {
+    if ours.port() == 0 || ours.port() != e.port {
+        return false;
+    }
+    let on_loopback = ours.ip().is_loopback() || ours.ip().is_unspecified();
+    match e.ip() {
+        Some(a) => {
+            let ip = a.ip().to_canonical();
+            ip == ours.ip().to_canonical()
+                || ip.is_unspecified()
+                || (ip.is_loopback() && on_loopback)
+        }
+        None => e.host.eq_ignore_ascii_case("localhost") && on_loopback,
+    }
 }
 
 fn host(w: &mut Walker<'_>, t: &Table) -> Option<HeaderValue> {
