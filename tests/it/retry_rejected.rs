@@ -240,3 +240,128 @@ async fn a_rejection_is_an_overload_signal_for_the_adaptive_share() {
     assert_eq!(share(&tg.metrics().await), 0.1, "back to ratio at once");
     tg.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_grpc_retry_the_callee_refuses_answers_the_previous_failure() {
+    // A callee's refusal of a retry, to a gRPC call, is its trailers-only answer: HTTP
+    // 200 with RESOURCE_EXHAUSTED and `retry-rejected` in the head. The caller's app
+    // gets the UNAVAILABLE the retry retried, not the refusal.
+    let up = Upstream::start(|req: http::Request<hyper::body::Incoming>| async move {
+        let first = req
+            .headers()
+            .get("x-tollgate-attempt")
+            .is_some_and(|v| v == "1");
+        let mut b = http::Response::builder().header("content-type", "application/grpc");
+        b = if first {
+            b.header("grpc-status", "14")
+                .header("grpc-message", "app down")
+        } else {
+            b.header("grpc-status", "8")
+                .header("grpc-message", "the app's retry budget is spent")
+                .header("x-tollgate-outcome", "retry-rejected")
+                .header("grpc-retry-pushback-ms", "-1")
+        };
+        b.body(empty()).unwrap()
+    })
+    .await;
+    let tg = Tollgate::start(
+        &Config::new()
+            .upstream("greeter", |u| {
+                u.authorities(["greeter"])
+                    .endpoint(up.addr)
+                    .protocol("h2c")
+                    .retry(|r| {
+                        r.max_attempts(3)
+                            .methods(["POST"])
+                            .backoff_base("1ms")
+                            .backoff_max("2ms")
+                    })
+                    .budget(|b| b.ratio(1.0).min_per_sec(100))
+            })
+            .to_toml(),
+    )
+    .await;
+    let req = http::Request::builder()
+        .method("POST")
+        .uri("http://greeter/helloworld.Greeter/SayHello")
+        .header("content-type", "application/grpc")
+        .header("te", "trailers")
+        .body(full(&b"\x00\x00\x00\x00\x00"[..]))
+        .unwrap();
+    let r = send_h2(tg.addr, req).await;
+    assert_eq!(
+        (
+            r.status.as_u16(),
+            r.header("grpc-status"),
+            r.header("grpc-message")
+        ),
+        (200, Some("14"), Some("app down")),
+        "the previous failure, as it came"
+    );
+    assert_eq!(r.outcome(), Some("retry-rejected"));
+    assert_eq!(r.attempts(), 2, "no attempt after the refusal");
+    assert_eq!(up.hits(), 2);
+    let m = tg.metrics().await;
+    assert_eq!(
+        metric(
+            &m,
+            "tollgate_retries_denied_total{reason=\"upstream-rejected\",upstream=\"greeter\"}"
+        ),
+        Some(1.0),
+        "{m}"
+    );
+    tg.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_grpc_callee_whose_app_is_unreachable_is_passed_over_as_over_http() {
+    // Pod A's sidecar says, to a gRPC call, that its app is unreachable (HTTP 200,
+    // UNAVAILABLE, `app-unreachable; ran=no` in the head); pod B serves. As with the
+    // HTTP `502 app-unreachable`, pod A is passed over for a while rather than taking
+    // every other call (each then retried).
+    let dead = Upstream::start(|_req| async move {
+        http::Response::builder()
+            .header("content-type", "application/grpc")
+            .header("grpc-status", "14")
+            .header("x-tollgate-outcome", "app-unreachable; ran=no")
+            .body(empty())
+            .unwrap()
+    })
+    .await;
+    let ok = Upstream::start(|_req| async move {
+        http::Response::builder()
+            .header("content-type", "application/grpc")
+            .header("grpc-status", "0")
+            .body(empty())
+            .unwrap()
+    })
+    .await;
+    let tg = Tollgate::start(
+        &Config::new()
+            .upstream("greeter", |u| {
+                u.authorities(["greeter"])
+                    .endpoint(dead.addr)
+                    .endpoint(ok.addr)
+                    .protocol("h2c")
+                    .retry(|r| r.max_attempts(3).methods(["POST"]).backoff_base("1ms"))
+                    .budget(|b| b.ratio(1.0).min_per_sec(100))
+            })
+            .to_toml(),
+    )
+    .await;
+    for i in 0..20 {
+        let req = http::Request::builder()
+            .method("POST")
+            .uri(format!("http://greeter/helloworld.Greeter/Say{i}"))
+            .header("content-type", "application/grpc")
+            .header("te", "trailers")
+            .body(full(&b"\x00\x00\x00\x00\x00"[..]))
+            .unwrap();
+        let r = send_h2(tg.addr, req).await;
+        assert_eq!(r.header("grpc-status"), Some("0"), "call {i}");
+    }
+    // Passed over after its answer, for 250 ms and doubling: a few calls at most,
+    // where round-robin alone gives it every other one (10).
+    assert!(dead.hits() <= 5, "pod A took {} of 20 calls", dead.hits());
+    tg.stop().await;
+}

@@ -143,10 +143,12 @@ fn known(v: &[u8]) -> Option<Outcome> {
 }
 
 /// Whether a callee's inbound side refused the attempt from its fleet-wide retry
-/// budget (`503` with `x-tollgate-outcome: retry-rejected`).
+/// budget (`503` with `x-tollgate-outcome: retry-rejected`; to a gRPC call, its
+/// trailers-only answer: HTTP 200 with the status and the outcome in the head).
 pub fn refused_as_retry(status: StatusCode, fields: Fields<'_>) -> bool {
-    status == StatusCode::SERVICE_UNAVAILABLE
-        && fields.get(&OUTCOME_HEADER) == Some(Outcome::RetryRejected.as_str().as_bytes())
+    fields.get(&OUTCOME_HEADER) == Some(Outcome::RetryRejected.as_str().as_bytes())
+        && (status == StatusCode::SERVICE_UNAVAILABLE
+            || (status == StatusCode::OK && fields.contains(&GRPC_STATUS)))
 }
 
 /// The outcome another tollgate put on a response, for our own metrics (`ok` when it

@@ -28,6 +28,7 @@ use crate::contract::headers::{ATTEMPT_HEADER, HEDGE_HEADER, HEDGE_VALUE, count_
 use crate::contract::outcome::Callee;
 use crate::deadline;
 use crate::fault::Fault;
+use crate::http::grpc::GRPC_STATUS;
 use crate::http::response::Fields;
 use crate::metrics::AttemptResult;
 use crate::retry::forward::replay::{ReplayBody, RetriedBody};
@@ -197,16 +198,21 @@ impl<'a, A: RetriedBody> Attempt<'a, A> {
             ejected,
         };
         match &result {
-            // Only a 502 or a 504 may be a callee's word about its own app.
+            // Only a 502 or a 504 may be a callee's word about its own app, or to a
+            // gRPC call its trailers-only answer (HTTP 200, the status in the head).
             Ok(resp)
                 if matches!(
                     resp.status(),
                     StatusCode::BAD_GATEWAY | StatusCode::GATEWAY_TIMEOUT
-                ) =>
+                ) || (resp.status() == StatusCode::OK
+                    && Fields::of(resp).contains(&GRPC_STATUS)) =>
             {
                 let endpoint = peer;
+                let grpc = resp.status() == StatusCode::OK;
                 match Callee::of(resp.status(), Fields::of(resp)) {
-                    Callee::AppUnreachable(_) if resp.status() == StatusCode::BAD_GATEWAY => {
+                    Callee::AppUnreachable(_)
+                        if grpc || resp.status() == StatusCode::BAD_GATEWAY =>
+                    {
                         endpoint.unreachable_behind();
                         // No new stream on the connection that carried it: behind a
                         // virtual IP another connection may reach another pod.
