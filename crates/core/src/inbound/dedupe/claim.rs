@@ -31,9 +31,10 @@ use http_body::{Body, Frame, SizeHint};
 use tokio::task::JoinHandle;
 
 use super::kept::{Keeper, keeps};
+use super::memory::MemoryStore;
 use super::scope::{Fingerprint, Fingerprinter, Scope};
-use super::store::{Ending, Store, Token};
-use super::{Backend, Core};
+use super::store::{Ending, Found, Store, Token};
+use super::{Backend, Core, Outage};
 
 /// How a claim ended, for the service's log and for tests.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -71,6 +72,10 @@ struct Held {
     core: Arc<Core>,
     delivery: Arc<Delivery>,
     renewal: Option<JoinHandle<()>>,
+    /// With `on_store_error = "open"` and the claim in the shared store: this replica's
+    /// memory, where the ending goes when the shared store fails as the request ends
+    /// (written to the shared store once it answers again).
+    fallback: Option<(Arc<MemoryStore>, Arc<Outage>)>,
 }
 
 impl std::fmt::Debug for Claim {
@@ -82,7 +87,13 @@ impl std::fmt::Debug for Claim {
 }
 
 impl Claim {
-    pub(super) fn new(scope: Scope, token: Token, store: Backend, core: Arc<Core>) -> Claim {
+    pub(super) fn new(
+        scope: Scope,
+        token: Token,
+        store: Backend,
+        core: Arc<Core>,
+        fallback: Option<(Arc<MemoryStore>, Arc<Outage>)>,
+    ) -> Claim {
         let renewal = store.shared().then(|| {
             let store = store.clone();
             let (lease, every, ttl) = (core.lease, core.renew_every, core.config.ttl);
@@ -104,6 +115,7 @@ impl Claim {
                 core,
                 delivery: Arc::default(),
                 renewal,
+                fallback,
             }),
         }
     }
@@ -250,7 +262,23 @@ impl Held {
             Ok(false) => Ended::Lost,
             Err(e) => {
                 self.core.store_failed(&e);
-                Ended::Lost
+                // The request ran: kept in this replica's memory until the shared store
+                // has it, so a duplicate here never runs it again.
+                let Some((memory, outage)) = &self.fallback else {
+                    return Ended::Lost;
+                };
+                let held = memory.claim_now(&self.scope, self.token) == Found::Claimed
+                    && memory.finish_now(&self.scope, self.token, &ending, ttl);
+                if !held {
+                    return Ended::Lost;
+                }
+                outage.add(self.scope);
+                self.core.notices.wake(&self.scope);
+                if kept {
+                    Ended::Kept
+                } else {
+                    Ended::NotReplayable
+                }
             }
         }
     }

@@ -323,7 +323,13 @@ impl Dedupe {
         };
         if found == Found::Claimed {
             self.core.metrics().count(DedupeResult::First);
-            return Begin::Run(Claim::new(scope, token, store, self.core.clone()));
+            // Claimed in the shared store: should it fail when the request ends, the
+            // ending is kept in this replica's memory (`on_store_error = "open"`).
+            let fallback = match (&store, &self.fallback, &self.outage) {
+                (Backend::Redis(_), Some(f), Some(o)) => Some((f.clone(), o.clone())),
+                _ => None,
+            };
+            return Begin::Run(Claim::new(scope, token, store, self.core.clone(), fallback));
         }
         Begin::Duplicate(Duplicate {
             scope,
@@ -444,7 +450,7 @@ impl Core {
 /// The keys the fallback memory store ran while the shared store failed, until they
 /// are written to it. Looked at by every keyed request only while there are some.
 #[derive(Debug, Default)]
-struct Outage {
+pub(super) struct Outage {
     keys: std::sync::Mutex<Vec<Scope>>,
     /// `keys.len()`, read without the lock.
     count: AtomicUsize,
@@ -461,7 +467,7 @@ impl Outage {
         self.keys.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    fn add(&self, scope: Scope) {
+    pub(super) fn add(&self, scope: Scope) {
         let mut keys = self.lock();
         keys.push(scope);
         self.count.store(keys.len(), Ordering::Release);

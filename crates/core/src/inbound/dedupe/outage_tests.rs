@@ -148,6 +148,52 @@ async fn with_on_store_error_open_this_replicas_memory_stands_in() {
 }
 
 #[tokio::test]
+async fn open_a_request_claimed_in_redis_that_ends_while_it_is_down_never_runs_twice_here() {
+    // Claimed in Redis; Redis dies while the app runs it; it ends. A duplicate on this
+    // replica is answered from its memory (replayed), never run again, and the key is
+    // written to Redis once it is back.
+    let Some(mut redis) = RedisServer::start("claimed_in_redis_ends_while_down") else {
+        return;
+    };
+    let d = dedupe(&redis, OnStoreError::Open);
+    let Begin::Run(first) = d.begin(scope(&d, "k")).await else {
+        panic!("the first did not run")
+    };
+    redis.kill();
+    assert_eq!(complete(first, b"x").await, Ended::Kept, "kept in memory");
+    let Begin::Duplicate(dup) = d.begin(scope(&d, "k")).await else {
+        panic!("a duplicate on the same replica ran again")
+    };
+    let answer = dup.settle(Fingerprint::of(b"x"), None).await;
+    assert!(matches!(answer, Answer::Replay(_)), "{answer:?}");
+
+    redis.restart();
+    let (c, _) = runs_within(&d, "probe", Duration::from_secs(10)).await;
+    c.release().await;
+    let Backend::Redis(store) = &d.primary else {
+        panic!("not redis")
+    };
+    let start = Instant::now();
+    while !matches!(store.look(&scope(&d, "k")).await, Ok(Found::Done { .. })) {
+        assert!(
+            start.elapsed() < Duration::from_secs(5),
+            "not written to the store"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // Closed: nothing to fall back on, the ending is lost as before.
+    let Some(mut redis) = RedisServer::start("claimed_in_redis_ends_while_down_closed") else {
+        return;
+    };
+    let d = dedupe(&redis, OnStoreError::Closed);
+    let Begin::Run(first) = d.begin(scope(&d, "k")).await else {
+        panic!("the first did not run")
+    };
+    redis.kill();
+    assert_eq!(complete(first, b"x").await, Ended::Lost);
+}
+
+#[tokio::test]
 async fn a_stalled_redis_counts_as_failing_after_store_timeout() {
     let Some(mut redis) = RedisServer::start("a_stalled_redis_counts_as_failing") else {
         return;
