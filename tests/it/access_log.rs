@@ -362,3 +362,28 @@ async fn a_traced_requests_line_carries_its_trace_id() {
     let plain = line("path=/plain ");
     assert!(!plain.contains("trace_id"), "{plain}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_first_request_to_a_name_names_the_address_it_reached() {
+    // An endpoint given by name: its first request goes out before the name has been
+    // followed into one endpoint per address, and its line still names the address
+    // the connection reached, not `-`.
+    let up = Upstream::start(|_req| async { respond(200, "ok") }).await;
+    let p = Process::start_logged(
+        &Config::new()
+            .upstream("named", |u| {
+                u.authorities(["named"])
+                    .endpoint(format!("localhost:{}", up.addr.port()))
+            })
+            .access_log(|a| a.enabled(true))
+            .to_toml_for_process(),
+    )
+    .await;
+    assert_eq!(get(p.addr, "/", "named").await.status, 200);
+    let lines = wait_lines(&p, 1, false).await;
+    assert!(
+        lines[0].contains(&format!("attempts=1 peer=127.0.0.1:{} ", up.addr.port())),
+        "{}",
+        lines[0]
+    );
+}

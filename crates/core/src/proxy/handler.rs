@@ -455,7 +455,7 @@ fn log_answer(e: &mut Entry, up: &Upstream, answer: &Answer, start: Instant) {
         e.peers = answer
             .trail
             .peers()
-            .map(|id| endpoints.by_id(id).and_then(|p| p.peer))
+            .map(|id| endpoints.address_of(id))
             .collect();
     }
     e.denied = answer.trail.denied.map(Denied::as_str);

@@ -36,6 +36,8 @@ pub const FOLLOW_EVERY: Duration = dns::DNS_TTL;
 /// [`FOLLOW_EVERY`] (a minute) stops having its names looked up, until its next
 /// request: 2,000 idle upstreams cost no lookups.
 const IDLE_ROUNDS: u32 = 12;
+/// How many endpoints that left the set are remembered by number, for the access log.
+const GONE: usize = 64;
 /// How long one round of lookups may wait for a name.
 const LOOKUP_PATIENCE: Duration = Duration::from_secs(10);
 
@@ -69,6 +71,11 @@ struct Shared<B> {
     next_id: AtomicUsize,
     /// Said once: the upstream retries but its name leads to one address.
     warned_one: AtomicBool,
+    /// The endpoints that went last (at most [`GONE`], retired: no connection is kept
+    /// for them): an access log line written after its pod left the set still names it,
+    /// as does one of a name's first request, which may connect after the name was
+    /// followed into addresses.
+    gone: std::sync::Mutex<std::collections::VecDeque<Arc<Endpoint<B>>>>,
     /// Whether requests to it may be retried (for that warning).
     retries: bool,
     make: Make,
@@ -246,6 +253,7 @@ impl<B: OutgoingBody> Endpoints<B> {
             room: Room::default(),
             next_id: AtomicUsize::new(0),
             warned_one: AtomicBool::new(false),
+            gone: std::sync::Mutex::default(),
             retries: config.retry.max_attempts > 1,
             make: Make {
                 open: open.clone(),
@@ -328,6 +336,11 @@ impl<B: OutgoingBody> Shared<B> {
             if gone.retire() {
                 self.room.release();
             }
+            let mut g = self.gone.lock().unwrap_or_else(|p| p.into_inner());
+            if g.len() == GONE {
+                g.pop_front();
+            }
+            g.push_back(Arc::clone(gone));
             tracing::info!(upstream = %self.name, endpoint = %gone.addr, "endpoint gone: no new request goes to it");
         }
         if !old.is_empty() {
@@ -691,6 +704,19 @@ impl<B> Endpoints<B> {
     /// The endpoint numbered `id`, while it is one of the endpoints.
     pub fn by_id(&self, id: usize) -> Option<Arc<Endpoint<B>>> {
         self.shared.set.load().iter().find(|e| e.id == id).cloned()
+    }
+
+    /// The address of the endpoint numbered `id`: one in the set, or one that left it
+    /// a moment ago.
+    pub fn address_of(&self, id: usize) -> Option<SocketAddr> {
+        if let Some(e) = self.shared.set.load().iter().find(|e| e.id == id) {
+            return e.address();
+        }
+        let gone = self.shared.gone.lock().unwrap_or_else(|p| p.into_inner());
+        gone.iter()
+            .rev()
+            .find(|g| g.id == id)
+            .and_then(|g| g.address())
     }
 
     /// The endpoints now.
@@ -1083,6 +1109,11 @@ mod tests {
         tokio::time::sleep(FOLLOW_EVERY + Duration::from_millis(100)).await;
         assert_eq!(peers(&e), [addr(2), addr(3), addr(4)]);
         assert!(one.retired(), "the gone pod takes no connection back");
+        assert_eq!(
+            e.address_of(one.id),
+            Some(addr(1)),
+            "an access log line written after the pod left still names it"
+        );
         assert_eq!(
             e.readmit_due(),
             0,

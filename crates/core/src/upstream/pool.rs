@@ -77,6 +77,9 @@ pub struct Endpoint<B> {
     pub id: usize,
     /// Its address, when it is one (not a name still to resolve).
     pub peer: Option<std::net::SocketAddr>,
+    /// A name's: the address its first connection went to (for the access log, which
+    /// names the address an attempt went to).
+    resolved: std::sync::OnceLock<std::net::SocketAddr>,
     /// Taken out of its upstream's endpoints: its connections are not kept.
     retired: AtomicBool,
     resolver: Resolver,
@@ -148,6 +151,7 @@ impl<B: OutgoingBody> Endpoint<B> {
             addr: resolver.addr().clone(),
             id: 0,
             peer: resolver.addr().ip(),
+            resolved: std::sync::OnceLock::new(),
             retired: AtomicBool::new(false),
             resolver,
             idle: Arc::new(IdleQueues::new(workers, max_age)),
@@ -296,6 +300,9 @@ impl<B: OutgoingBody> Endpoint<B> {
                 return Err(e);
             }
         };
+        if self.peer.is_none() {
+            let _ = self.resolved.set(addr);
+        }
         let transport = match connect::open(addr, tls, timeout).await {
             Ok(t) => t,
             Err(e) => {
@@ -353,6 +360,12 @@ impl<B: OutgoingBody> Endpoint<B> {
 }
 
 impl<B> Endpoint<B> {
+    /// The address its requests go to: its own, or for a name the one its first
+    /// connection reached.
+    pub fn address(&self) -> Option<std::net::SocketAddr> {
+        self.peer.or_else(|| self.resolved.get().copied())
+    }
+
     /// The same endpoint with number `id` among its upstream's.
     pub fn numbered(mut self, id: usize) -> Self {
         self.id = id;
