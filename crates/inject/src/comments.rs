@@ -16,13 +16,13 @@ pub fn carry(original: &str, written: &str) -> String {
     }
     let lines: Vec<&str> = written.lines().collect();
     let in_block = block_lines(&lines);
+    let anchors = anchors(&lines, &in_block);
     // Comment lines to put before a written line, and a trailing comment after it.
     let mut before: Vec<Vec<String>> = vec![Vec::new(); lines.len() + 1];
     let mut after: Vec<Option<String>> = vec![None; lines.len()];
     let mut cursor = 0;
     for note in notes {
-        let found =
-            (cursor..lines.len()).find(|&i| !in_block[i] && normalized(lines[i]) == note.anchor);
+        let found = (cursor..lines.len()).find(|&i| !in_block[i] && anchors[i] == note.anchor);
         match (found, note.kind) {
             (Some(i), Kind::Before(text)) => {
                 let indent = indent_of(lines[i]);
@@ -80,6 +80,7 @@ struct Note {
 fn comments_of(text: &str) -> Vec<Note> {
     let lines: Vec<&str> = text.lines().collect();
     let in_block = block_lines(&lines);
+    let anchors = anchors(&lines, &in_block);
     let mut notes = Vec::new();
     let mut pending: Vec<String> = Vec::new();
     let mut started = false;
@@ -98,7 +99,7 @@ fn comments_of(text: &str) -> Vec<Note> {
             continue;
         }
         started = true;
-        let anchor = normalized(line);
+        let anchor = anchors[i].clone();
         if !pending.is_empty() {
             notes.push(Note {
                 kind: Kind::Before(std::mem::take(&mut pending)),
@@ -119,6 +120,47 @@ fn comments_of(text: &str) -> Vec<Note> {
         });
     }
     notes
+}
+
+/// Each line's anchor: its [`normalized`] content after the keys of the maps it is in
+/// (`metadata:/name: web` is not `containers:/name: web`), found by indentation, a list
+/// item's content counting as indented past its dash (however the list is indented).
+/// Empty for lines in a block scalar, blank lines and comments.
+fn anchors(lines: &[&str], in_block: &[bool]) -> Vec<String> {
+    let mut out = vec![String::new(); lines.len()];
+    // The keys of the maps the line is in, each with its content's indentation.
+    let mut open: Vec<(usize, String)> = Vec::new();
+    for (i, line) in lines.iter().enumerate() {
+        let t = line.trim();
+        if in_block[i] || t.is_empty() || t.starts_with('#') {
+            continue;
+        }
+        if t == "---" || t == "..." {
+            open.clear();
+            continue;
+        }
+        let mut at = indent_of(line).len();
+        let mut rest = line.trim_start();
+        while let Some(r) = rest.strip_prefix("- ") {
+            at += 2 + (r.len() - r.trim_start().len());
+            rest = r.trim_start();
+        }
+        while open.last().is_some_and(|(n, _)| *n >= at) {
+            open.pop();
+        }
+        let here = normalized(line);
+        let mut anchor = String::new();
+        for (_, k) in &open {
+            anchor.push_str(k);
+            anchor.push('/');
+        }
+        anchor.push_str(&here);
+        if here.ends_with(':') {
+            open.push((at, here));
+        }
+        out[i] = anchor;
+    }
+    out
 }
 
 /// Which lines are inside a block scalar: those after a line whose value opens one
@@ -244,5 +286,19 @@ mod tests {
              # not a comment\n              run\n# the end\n"
         );
         assert_eq!(carry("a: 1\n", "a: 1\n"), "a: 1\n");
+    }
+
+    #[test]
+    fn a_line_that_repeats_keeps_its_comment_where_it_was() {
+        // The workload and its container share a name: the comment is the container's.
+        let original = "kind: Deployment\nmetadata:\n  name: web\nspec:\n  template:\n    spec:\n      \
+                        containers:\n      - name: web   # the app\n        image: web:1\n";
+        let written = "kind: Deployment\nmetadata:\n  name: web\nspec:\n  template:\n    spec:\n      \
+                       containers:\n        - name: web\n          image: web:1\n";
+        assert_eq!(
+            carry(original, written),
+            "kind: Deployment\nmetadata:\n  name: web\nspec:\n  template:\n    spec:\n      \
+             containers:\n        - name: web  # the app\n          image: web:1\n"
+        );
     }
 }
