@@ -299,14 +299,11 @@ async fn grpc_unavailable_in_a_trailers_only_response_is_retried() {
     .await;
     // gRPC calls are POSTs: a gRPC upstream whose calls are safe to repeat lists POST.
     let tg = Tollgate::start(&retrying("greeter", &[up.addr], |r| r.methods(["POST"]))).await;
-    let req = http::Request::builder()
-        .method("POST")
-        .uri("http://greeter/helloworld.Greeter/SayHello")
-        .header("content-type", "application/grpc")
-        .header("te", "trailers")
-        .body(full(&b"\x00\x00\x00\x00\x00"[..]))
-        .unwrap();
-    let r = send_h2(tg.addr, req).await;
+    let r = send_h2(
+        tg.addr,
+        grpc_call("greeter", "/helloworld.Greeter/SayHello"),
+    )
+    .await;
     assert_eq!(r.status, 200);
     assert_eq!(
         r.header("grpc-status"),

@@ -281,14 +281,11 @@ async fn a_grpc_retry_the_callee_refuses_answers_the_previous_failure() {
             .to_toml(),
     )
     .await;
-    let req = http::Request::builder()
-        .method("POST")
-        .uri("http://greeter/helloworld.Greeter/SayHello")
-        .header("content-type", "application/grpc")
-        .header("te", "trailers")
-        .body(full(&b"\x00\x00\x00\x00\x00"[..]))
-        .unwrap();
-    let r = send_h2(tg.addr, req).await;
+    let r = send_h2(
+        tg.addr,
+        grpc_call("greeter", "/helloworld.Greeter/SayHello"),
+    )
+    .await;
     assert_eq!(
         (
             r.status.as_u16(),
@@ -350,14 +347,8 @@ async fn a_grpc_callee_whose_app_is_unreachable_is_passed_over_as_over_http() {
     )
     .await;
     for i in 0..20 {
-        let req = http::Request::builder()
-            .method("POST")
-            .uri(format!("http://greeter/helloworld.Greeter/Say{i}"))
-            .header("content-type", "application/grpc")
-            .header("te", "trailers")
-            .body(full(&b"\x00\x00\x00\x00\x00"[..]))
-            .unwrap();
-        let r = send_h2(tg.addr, req).await;
+        let call = grpc_call("greeter", &format!("/helloworld.Greeter/Say{i}"));
+        let r = send_h2(tg.addr, call).await;
         assert_eq!(r.header("grpc-status"), Some("0"), "call {i}");
     }
     // Passed over after its answer, for 250 ms and doubling: a few calls at most,

@@ -341,6 +341,18 @@ pub async fn read(resp: Response<Incoming>) -> Got {
 }
 
 /// `GET path` with `Host: host`.
+/// A unary gRPC call to `host` at `path` as a client writes it: a POST of one empty
+/// message, `te: trailers`.
+pub fn grpc_call(host: &str, path: &str) -> Request<BoxBody> {
+    http::Request::builder()
+        .method("POST")
+        .uri(format!("http://{host}{path}"))
+        .header("content-type", "application/grpc")
+        .header("te", "trailers")
+        .body(full(&b"\x00\x00\x00\x00\x00"[..]))
+        .unwrap()
+}
+
 pub async fn get(addr: SocketAddr, path: &str, host: &str) -> Got {
     send(addr, request("GET", path, host).body(empty()).unwrap()).await
 }

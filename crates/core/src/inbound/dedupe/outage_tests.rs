@@ -49,6 +49,21 @@ fn store_errors(d: &Dedupe) -> u64 {
     d.core.metrics().counted(DedupeResult::StoreError)
 }
 
+/// Waits, bounded, for `key`'s ending to be in Redis.
+async fn written_to_redis(d: &Dedupe, key: &str) {
+    let Backend::Redis(store) = &d.primary else {
+        panic!("not redis")
+    };
+    let start = Instant::now();
+    while !matches!(store.look(&scope(d, key)).await, Ok(Found::Done { .. })) {
+        assert!(
+            start.elapsed() < Duration::from_secs(5),
+            "not written to the store"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
 /// Begins `key` until it runs, for at most `bound`; how long that took.
 async fn runs_within(d: &Dedupe, key: &str, bound: Duration) -> (Claim, Duration) {
     let start = Instant::now();
@@ -128,17 +143,7 @@ async fn with_on_store_error_open_this_replicas_memory_stands_in() {
     let answer = dup.settle(Fingerprint::of(b"x"), None).await;
     assert!(matches!(answer, Answer::Replay(_)), "{answer:?}");
     // ... and it is written to the store, where every replica finds it.
-    let Backend::Redis(store) = &d.primary else {
-        panic!("not redis")
-    };
-    let start = Instant::now();
-    while !matches!(store.look(&scope(&d, "k")).await, Ok(Found::Done { .. })) {
-        assert!(
-            start.elapsed() < Duration::from_secs(5),
-            "not written to the store"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    written_to_redis(&d, "k").await;
     let other = dedupe(&redis, OnStoreError::Open);
     let Begin::Duplicate(dup) = other.begin(scope(&other, "k")).await else {
         panic!("another replica ran it again")
@@ -170,17 +175,7 @@ async fn open_a_request_claimed_in_redis_that_ends_while_it_is_down_never_runs_t
     redis.restart();
     let (c, _) = runs_within(&d, "probe", Duration::from_secs(10)).await;
     c.release().await;
-    let Backend::Redis(store) = &d.primary else {
-        panic!("not redis")
-    };
-    let start = Instant::now();
-    while !matches!(store.look(&scope(&d, "k")).await, Ok(Found::Done { .. })) {
-        assert!(
-            start.elapsed() < Duration::from_secs(5),
-            "not written to the store"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    written_to_redis(&d, "k").await;
     // Closed: nothing to fall back on, the ending is lost as before.
     let Some(mut redis) = RedisServer::start("claimed_in_redis_ends_while_down_closed") else {
         return;
