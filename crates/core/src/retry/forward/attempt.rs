@@ -28,7 +28,6 @@ use crate::contract::headers::{ATTEMPT_HEADER, HEDGE_HEADER, HEDGE_VALUE, count_
 use crate::contract::outcome::Callee;
 use crate::deadline;
 use crate::fault::Fault;
-use crate::http::grpc::GRPC_STATUS;
 use crate::http::response::Fields;
 use crate::metrics::AttemptResult;
 use crate::retry::forward::replay::{ReplayBody, RetriedBody};
@@ -153,6 +152,9 @@ pub(super) struct Ran<A> {
     pub number: u32,
     /// Its failure ejected its endpoint.
     pub ejected: bool,
+    /// What the answer's `x-tollgate-outcome` says, read once (`Silent` without an
+    /// answer).
+    pub callee: Callee,
 }
 
 impl<'a, A: RetriedBody> Attempt<'a, A> {
@@ -188,6 +190,10 @@ impl<'a, A: RetriedBody> Attempt<'a, A> {
             // Whatever the exchange then failed with, the app's body broke first.
             result = Err(Fault::CallerBody);
         }
+        let callee = match &result {
+            Ok(resp) => Callee::of(resp.status(), Fields::of(resp)),
+            Err(_) => Callee::Silent,
+        };
         let ran = |result, ejected| Ran {
             result,
             unsent: body,
@@ -196,36 +202,34 @@ impl<'a, A: RetriedBody> Attempt<'a, A> {
             moved_from,
             number: self.number,
             ejected,
+            callee,
         };
         match &result {
-            // Only a 502 or a 504 may be a callee's word about its own app, or to a
-            // gRPC call its trailers-only answer (HTTP 200, the status in the head).
-            Ok(resp)
-                if matches!(
-                    resp.status(),
-                    StatusCode::BAD_GATEWAY | StatusCode::GATEWAY_TIMEOUT
-                ) || (resp.status() == StatusCode::OK
-                    && Fields::of(resp).contains(&GRPC_STATUS)) =>
-            {
-                let endpoint = peer;
-                let grpc = resp.status() == StatusCode::OK;
-                match Callee::of(resp.status(), Fields::of(resp)) {
+            Ok(resp) => {
+                // Only a 502 or a 504 may be a callee's word about its own app, or to a
+                // gRPC call its trailers-only answer (HTTP 200, the status in the head:
+                // without it, an outcome on a 200 is read as stray).
+                let status = resp.status();
+                let about_app = matches!(
+                    status,
+                    StatusCode::OK | StatusCode::BAD_GATEWAY | StatusCode::GATEWAY_TIMEOUT
+                );
+                match callee {
                     Callee::AppUnreachable(_)
-                        if grpc || resp.status() == StatusCode::BAD_GATEWAY =>
+                        if about_app && status != StatusCode::GATEWAY_TIMEOUT =>
                     {
-                        endpoint.unreachable_behind();
+                        peer.unreachable_behind();
                         // No new stream on the connection that carried it: behind a
                         // virtual IP another connection may reach another pod.
-                        endpoint.forget_h2();
+                        peer.forget_h2();
                     }
-                    Callee::AppTimeout => {
-                        endpoint.answered();
-                        endpoint.forget_h2();
+                    Callee::AppTimeout if about_app => {
+                        peer.answered();
+                        peer.forget_h2();
                     }
-                    _ => endpoint.answered(),
+                    _ => peer.answered(),
                 }
             }
-            Ok(_) => peer.answered(),
             Err(Fault::Reset | Fault::Timeout) => peer.forget_h2(),
             Err(_) => {}
         }
@@ -244,7 +248,7 @@ impl<'a, A: RetriedBody> Attempt<'a, A> {
         };
         let mut ejected = false;
         if self.up.endpoints.ejects() {
-            let report = self.endpoint_report(&result);
+            let report = self.endpoint_report(&result, callee);
             // Only a failure puts an endpoint out: its state is read around that alone.
             let health = || &peer.health;
             let was_in = report == EndpointReport::Failure && !health().is_out();
@@ -262,9 +266,13 @@ impl<'a, A: RetriedBody> Attempt<'a, A> {
     }
 
     /// What the result says about the endpoint.
-    fn endpoint_report(&self, result: &Result<UpstreamResponse, Fault>) -> EndpointReport {
+    fn endpoint_report(
+        &self,
+        result: &Result<UpstreamResponse, Fault>,
+        callee: Callee,
+    ) -> EndpointReport {
         match result {
-            Ok(resp) => match Callee::of(resp.status(), Fields::of(resp)) {
+            Ok(resp) => match callee {
                 // The callee's inbound side ran out of the time this attempt gave it (the
                 // request's deadline) before the attempt timeout, as this attempt would
                 // have: judged as a timeout of its own is.

@@ -703,7 +703,7 @@ impl<'a, A: RetriedBody> Forwarding<'a, A> {
                 let fields = Fields::of(&resp);
                 let own = self.up.config.retry.idempotency_header.as_ref();
                 self.up.dedupes.saw(ran.endpoint, fields, own);
-                let callee = Callee::of(resp.status(), fields);
+                let callee = ran.callee;
                 let failure = policy::classify_response(resp.status(), fields, callee, on);
                 self.learn(ran.number, failure, Some(&resp));
                 if ran.number > 1 && refused_as_retry(resp.status(), fields) {
